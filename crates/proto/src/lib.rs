@@ -1,0 +1,1 @@
+//! fastcp-proto.
