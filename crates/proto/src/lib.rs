@@ -1,1 +1,64 @@
-//! fastcp-proto.
+//! The fastcp wire protocol, sans-IO.
+//!
+//! This crate knows how fastcp's bytes look on the wire and nothing else: it has no sockets,
+//! no clock and no async runtime. The engine (`fastcp-stream`) and the transports
+//! (`fastcp-transport`) feed it bytes and take frames out, or the other way round.
+//!
+//! - [`Frame`] is every message fastcp sends: the [`Hello`] handshake, the session
+//!   [`Request`] and [`Accept`], manifest entries ([`DirEntry`], [`FileEntry`],
+//!   [`SymlinkEntry`]), file [`Data`] chunks, [`FileEnd`] with the BLAKE3 hash, [`ErrorFrame`]
+//!   and [`Done`].
+//! - [`encode`] appends a frame to a buffer; [`Decoder`] takes frames out of a buffer
+//!   incrementally, returning `Ok(None)` while it needs more bytes and checking every length
+//!   against a cap before it allocates.
+//! - [`Handshake`] negotiates the protocol version and frame size from two [`Hello`]s.
+//! - [`path`] validates the relative paths that travel in entries.
+//!
+//! The full format is specified in `docs/protocol.md`.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use fastcp_proto::{encode, Decoder, Frame, FileEnd};
+//!
+//! let mut wire = BytesMut::new();
+//! encode(&Frame::FileEnd(FileEnd { id: 7, hash: [0xab; 32] }), &mut wire);
+//!
+//! let mut decoder = Decoder::new(fastcp_proto::DEFAULT_MAX_FRAME);
+//! // Half a frame is not a frame yet.
+//! let mut partial = wire.split_to(10);
+//! assert!(decoder.decode(&mut partial).unwrap().is_none());
+//! partial.unsplit(wire);
+//! let frame = decoder.decode(&mut partial).unwrap().unwrap();
+//! assert_eq!(frame, Frame::FileEnd(FileEnd { id: 7, hash: [0xab; 32] }));
+//! ```
+#![deny(missing_docs)]
+
+mod codec;
+mod frame;
+mod handshake;
+pub mod path;
+
+pub use codec::{DecodeError, Decoder, encode, encode_data_header};
+pub use frame::*;
+pub use handshake::{Handshake, HandshakeError, Negotiated};
+
+/// The first bytes of every [`Hello`] payload.
+pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The oldest protocol version this build still speaks.
+pub const MIN_PROTOCOL_VERSION: u16 = 1;
+/// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.
+pub const HEADER_LEN: usize = 5;
+/// The default cap on a frame's payload, offered in [`Hello::max_frame`].
+pub const DEFAULT_MAX_FRAME: u32 = 4 << 20;
+/// No peer may make us accept a frame larger than this, whatever it offers.
+pub const HARD_MAX_FRAME: u32 = 64 << 20;
+/// The cap on a path's length in bytes.
+pub const MAX_PATH: usize = 4096;
+/// The cap on a single path component's length in bytes.
+pub const MAX_NAME: usize = 255;
+/// The cap on human-readable text (error messages, software versions) in bytes.
+pub const MAX_TEXT: usize = 4096;

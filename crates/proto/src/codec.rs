@@ -1,0 +1,676 @@
+//! Encoding frames to bytes and decoding them back, incrementally.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::frame::*;
+use crate::{HARD_MAX_FRAME, HEADER_LEN, MAX_PATH, MAX_TEXT};
+
+/// Why bytes from the peer are not a valid frame. Any of these means the peer is broken or
+/// hostile: the stream cannot be trusted past this point.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The frame's kind byte is not one this version knows.
+    #[error("unknown frame kind 0x{0:02x}")]
+    UnknownKind(u8),
+    /// The frame announces a payload larger than the negotiated cap.
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge {
+        /// The announced payload length.
+        len: u32,
+        /// The cap in force.
+        max: u32,
+    },
+    /// A field inside the payload ran past the payload's end.
+    #[error("{0} frame is truncated")]
+    Truncated(&'static str),
+    /// The payload has bytes left over after its last field.
+    #[error("{0} frame has trailing bytes")]
+    Trailing(&'static str),
+    /// A field's value is out of range.
+    #[error("{frame} frame: {what}")]
+    Invalid {
+        /// The frame's name.
+        frame: &'static str,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
+
+/// Appends `frame`, header and payload, to `dst`.
+pub fn encode(frame: &Frame, dst: &mut BytesMut) {
+    let start = dst.len();
+    dst.put_u8(frame.kind());
+    dst.put_u32(0); // patched below
+    match frame {
+        Frame::Hello(h) => {
+            dst.put_slice(&crate::MAGIC);
+            dst.put_u16(h.version);
+            dst.put_u16(h.min_version);
+            dst.put_u32(h.cpu_features);
+            put_bytes(dst, &h.ciphers);
+            put_bytes(dst, &h.compression);
+            dst.put_u32(h.max_frame);
+            put_bytes(dst, h.software.as_bytes());
+        }
+        Frame::Request(r) => {
+            dst.put_u8(match r.direction {
+                Direction::Push => 0,
+                Direction::Pull => 1,
+            });
+            dst.put_u32(r.flags);
+            dst.put_u16(r.streams);
+            dst.put_u8(match r.transport {
+                TransportKind::Inline => 0,
+                TransportKind::Unix => 1,
+                TransportKind::Tcp => 2,
+            });
+            dst.put_u8(r.cipher);
+            dst.put_u8(r.compression);
+            dst.put_slice(&r.client_random);
+            dst.put_u32(r.paths.len() as u32);
+            for p in &r.paths {
+                put_bytes(dst, p);
+            }
+        }
+        Frame::Accept(a) => {
+            dst.put_u16(a.streams);
+            match &a.rendezvous {
+                Rendezvous::None => dst.put_u8(0),
+                Rendezvous::Unix(path) => {
+                    dst.put_u8(1);
+                    put_bytes(dst, path);
+                }
+                Rendezvous::Tcp(port) => {
+                    dst.put_u8(2);
+                    dst.put_u16(*port);
+                }
+            }
+            dst.put_slice(&a.server_random);
+        }
+        Frame::Challenge(c) => dst.put_slice(&c.nonce),
+        Frame::Join(j) => {
+            dst.put_u16(j.index);
+            dst.put_slice(&j.proof);
+        }
+        Frame::Dir(d) => {
+            put_bytes(dst, &d.path);
+            put_meta(dst, &d.meta);
+        }
+        Frame::File(f) => {
+            dst.put_u64(f.id);
+            put_bytes(dst, &f.path);
+            dst.put_u64(f.size);
+            put_meta(dst, &f.meta);
+        }
+        Frame::Symlink(s) => {
+            put_bytes(dst, &s.path);
+            put_bytes(dst, &s.target);
+        }
+        Frame::Data(d) => {
+            dst.put_u64(d.id);
+            dst.put_u64(d.offset);
+            dst.put_slice(&d.bytes);
+        }
+        Frame::FileEnd(e) => {
+            dst.put_u64(e.id);
+            dst.put_slice(&e.hash);
+        }
+        Frame::Error(e) => {
+            dst.put_u16(e.code.to_u16());
+            dst.put_u8(e.fatal as u8);
+            put_bytes(dst, &e.path);
+            put_bytes(dst, truncate_text(&e.message).as_bytes());
+        }
+        Frame::Done(s) => {
+            dst.put_u64(s.files);
+            dst.put_u64(s.dirs);
+            dst.put_u64(s.symlinks);
+            dst.put_u64(s.bytes);
+            dst.put_u64(s.errors);
+        }
+    }
+    let len = (dst.len() - start - HEADER_LEN) as u32;
+    dst[start + 1..start + HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Appends the header of a [`Data`] frame carrying `len` bytes, without the bytes themselves.
+///
+/// Write the returned header and then the `len` bytes to send a `Data` frame without copying
+/// its payload into the header buffer.
+pub fn encode_data_header(id: u64, offset: u64, len: usize, dst: &mut BytesMut) {
+    dst.put_u8(kind::DATA);
+    dst.put_u32((16 + len) as u32);
+    dst.put_u64(id);
+    dst.put_u64(offset);
+}
+
+/// Takes frames out of a byte buffer as they become complete.
+///
+/// It never allocates more than the frame cap for a frame, whatever the peer announces.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    max_frame: u32,
+}
+
+impl Decoder {
+    /// A decoder that accepts payloads up to `max_frame` bytes (capped at
+    /// [`HARD_MAX_FRAME`]).
+    pub fn new(max_frame: u32) -> Decoder {
+        Decoder {
+            max_frame: max_frame.min(HARD_MAX_FRAME),
+        }
+    }
+
+    /// The cap in force.
+    pub fn max_frame(&self) -> u32 {
+        self.max_frame
+    }
+
+    /// Changes the cap, for instance once the handshake has agreed on one.
+    pub fn set_max_frame(&mut self, max_frame: u32) {
+        self.max_frame = max_frame.min(HARD_MAX_FRAME);
+    }
+
+    /// Decodes one frame from the front of `src`.
+    ///
+    /// Returns `Ok(None)` when `src` does not yet hold a whole frame (it may reserve room for
+    /// the rest, never more than the cap), and consumes the frame's bytes when it returns one.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, DecodeError> {
+        if src.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let kind = src[0];
+        let len = u32::from_be_bytes([src[1], src[2], src[3], src[4]]);
+        if !known_kind(kind) {
+            return Err(DecodeError::UnknownKind(kind));
+        }
+        if len > self.max_frame {
+            return Err(DecodeError::TooLarge {
+                len,
+                max: self.max_frame,
+            });
+        }
+        let total = HEADER_LEN + len as usize;
+        if src.len() < total {
+            src.reserve(total - src.len());
+            return Ok(None);
+        }
+        let mut frame = src.split_to(total);
+        frame.advance(HEADER_LEN);
+        decode_payload(kind, frame.freeze()).map(Some)
+    }
+}
+
+fn known_kind(k: u8) -> bool {
+    matches!(
+        k,
+        kind::HELLO
+            | kind::REQUEST
+            | kind::ACCEPT
+            | kind::CHALLENGE
+            | kind::JOIN
+            | kind::DIR
+            | kind::FILE
+            | kind::SYMLINK
+            | kind::DATA
+            | kind::FILE_END
+            | kind::ERROR
+            | kind::DONE
+    )
+}
+
+fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
+    let mut r = Reader {
+        buf: payload,
+        frame: "",
+    };
+    let frame = match k {
+        kind::HELLO => {
+            r.frame = "Hello";
+            if r.array()? != crate::MAGIC {
+                return Err(r.invalid("bad magic"));
+            }
+            Frame::Hello(Hello {
+                version: r.u16()?,
+                min_version: r.u16()?,
+                cpu_features: r.u32()?,
+                ciphers: r.bytes(64)?.to_vec(),
+                compression: r.bytes(64)?.to_vec(),
+                max_frame: r.u32()?,
+                software: r.text()?,
+            })
+        }
+        kind::REQUEST => {
+            r.frame = "Request";
+            let direction = match r.u8()? {
+                0 => Direction::Push,
+                1 => Direction::Pull,
+                _ => return Err(r.invalid("unknown direction")),
+            };
+            let flags = r.u32()?;
+            let streams = r.u16()?;
+            let transport = match r.u8()? {
+                0 => TransportKind::Inline,
+                1 => TransportKind::Unix,
+                2 => TransportKind::Tcp,
+                _ => return Err(r.invalid("unknown transport")),
+            };
+            let cipher = r.u8()?;
+            let compression = r.u8()?;
+            let client_random = r.array()?;
+            let count = r.u32()?;
+            let mut paths = Vec::new();
+            for _ in 0..count {
+                // Each path costs at least its 4-byte length, so the frame cap bounds this loop.
+                paths.push(r.bytes(MAX_PATH)?);
+            }
+            Frame::Request(Request {
+                direction,
+                paths,
+                flags,
+                streams,
+                transport,
+                cipher,
+                compression,
+                client_random,
+            })
+        }
+        kind::ACCEPT => {
+            r.frame = "Accept";
+            let streams = r.u16()?;
+            let rendezvous = match r.u8()? {
+                0 => Rendezvous::None,
+                1 => Rendezvous::Unix(r.bytes(MAX_PATH)?),
+                2 => Rendezvous::Tcp(r.u16()?),
+                _ => return Err(r.invalid("unknown rendezvous")),
+            };
+            Frame::Accept(Accept {
+                streams,
+                rendezvous,
+                server_random: r.array()?,
+            })
+        }
+        kind::CHALLENGE => {
+            r.frame = "Challenge";
+            Frame::Challenge(Challenge { nonce: r.array()? })
+        }
+        kind::JOIN => {
+            r.frame = "Join";
+            Frame::Join(Join {
+                index: r.u16()?,
+                proof: r.array()?,
+            })
+        }
+        kind::DIR => {
+            r.frame = "Dir";
+            Frame::Dir(DirEntry {
+                path: r.bytes(MAX_PATH)?,
+                meta: r.meta()?,
+            })
+        }
+        kind::FILE => {
+            r.frame = "File";
+            Frame::File(FileEntry {
+                id: r.u64()?,
+                path: r.bytes(MAX_PATH)?,
+                size: r.u64()?,
+                meta: r.meta()?,
+            })
+        }
+        kind::SYMLINK => {
+            r.frame = "Symlink";
+            Frame::Symlink(SymlinkEntry {
+                path: r.bytes(MAX_PATH)?,
+                target: r.bytes(MAX_PATH)?,
+            })
+        }
+        kind::DATA => {
+            r.frame = "Data";
+            let id = r.u64()?;
+            let offset = r.u64()?;
+            let bytes = r.buf.split_off(0);
+            if offset.checked_add(bytes.len() as u64).is_none() {
+                return Err(r.invalid("offset overflows"));
+            }
+            Frame::Data(Data { id, offset, bytes })
+        }
+        kind::FILE_END => {
+            r.frame = "FileEnd";
+            Frame::FileEnd(FileEnd {
+                id: r.u64()?,
+                hash: r.array()?,
+            })
+        }
+        kind::ERROR => {
+            r.frame = "Error";
+            Frame::Error(ErrorFrame {
+                code: ErrorCode::from_u16(r.u16()?),
+                fatal: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(r.invalid("fatal flag is not 0 or 1")),
+                },
+                path: r.bytes(MAX_PATH)?,
+                message: r.text()?,
+            })
+        }
+        kind::DONE => {
+            r.frame = "Done";
+            Frame::Done(Summary {
+                files: r.u64()?,
+                dirs: r.u64()?,
+                symlinks: r.u64()?,
+                bytes: r.u64()?,
+                errors: r.u64()?,
+            })
+        }
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    if r.buf.has_remaining() {
+        return Err(DecodeError::Trailing(r.frame));
+    }
+    Ok(frame)
+}
+
+fn put_bytes(dst: &mut BytesMut, b: &[u8]) {
+    dst.put_u32(b.len() as u32);
+    dst.put_slice(b);
+}
+
+fn put_meta(dst: &mut BytesMut, m: &Meta) {
+    dst.put_u32(m.mode);
+    dst.put_i64(m.mtime);
+    dst.put_u32(m.mtime_nsec);
+}
+
+fn truncate_text(s: &str) -> &str {
+    if s.len() <= MAX_TEXT {
+        return s;
+    }
+    let mut end = MAX_TEXT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Checked reads from one frame's payload.
+struct Reader {
+    buf: Bytes,
+    frame: &'static str,
+}
+
+impl Reader {
+    fn need(&self, n: usize) -> Result<(), DecodeError> {
+        if self.buf.remaining() < n {
+            Err(DecodeError::Truncated(self.frame))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn invalid(&self, what: &'static str) -> DecodeError {
+        DecodeError::Invalid {
+            frame: self.frame,
+            what,
+        }
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        self.need(1)?;
+        Ok(self.buf.get_u8())
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        self.need(2)?;
+        Ok(self.buf.get_u16())
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32())
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64())
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        self.need(N)?;
+        let mut out = [0u8; N];
+        self.buf.copy_to_slice(&mut out);
+        Ok(out)
+    }
+
+    /// A length-prefixed byte string of at most `cap` bytes, checked before any copy.
+    fn bytes(&mut self, cap: usize) -> Result<Bytes, DecodeError> {
+        let len = self.u32()? as usize;
+        if len > cap {
+            return Err(self.invalid("field longer than its cap"));
+        }
+        self.need(len)?;
+        Ok(self.buf.split_to(len))
+    }
+
+    fn text(&mut self) -> Result<String, DecodeError> {
+        let b = self.bytes(MAX_TEXT)?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    fn meta(&mut self) -> Result<Meta, DecodeError> {
+        let mode = self.u32()?;
+        let mtime = self.u64()? as i64;
+        let mtime_nsec = self.u32()?;
+        if mtime_nsec >= 1_000_000_000 {
+            return Err(self.invalid("nanoseconds out of range"));
+        }
+        Ok(Meta {
+            mode: mode & 0o7777,
+            mtime,
+            mtime_nsec,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(frame: Frame) {
+        let mut buf = BytesMut::new();
+        encode(&frame, &mut buf);
+        let encoded = buf.clone();
+        let mut dec = Decoder::new(crate::DEFAULT_MAX_FRAME);
+        // Feed it one byte at a time: every prefix must ask for more, never fail.
+        let mut partial = BytesMut::new();
+        for (i, b) in encoded.iter().enumerate() {
+            partial.put_u8(*b);
+            let got = dec.decode(&mut partial).unwrap();
+            if i + 1 < encoded.len() {
+                assert!(got.is_none(), "{} decoded early at byte {i}", frame.name());
+            } else {
+                assert_eq!(got.as_ref(), Some(&frame));
+                assert!(partial.is_empty());
+            }
+        }
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            mode: 0o644,
+            mtime: -12345,
+            mtime_nsec: 999_999_999,
+        }
+    }
+
+    #[test]
+    fn hello_roundtrip() {
+        roundtrip(Frame::Hello(Hello {
+            version: 1,
+            min_version: 1,
+            cpu_features: 0b10_1011,
+            ciphers: vec![1, 3, 2],
+            compression: vec![0, 1],
+            max_frame: 4 << 20,
+            software: "fastcp 0.1.0".into(),
+        }));
+    }
+
+    #[test]
+    fn request_roundtrip() {
+        for (direction, transport) in [
+            (Direction::Push, TransportKind::Inline),
+            (Direction::Pull, TransportKind::Unix),
+            (Direction::Pull, TransportKind::Tcp),
+        ] {
+            roundtrip(Frame::Request(Request {
+                direction,
+                paths: vec![
+                    Bytes::from_static(b"a/b"),
+                    Bytes::from_static(b"\xff odd\nname"),
+                ],
+                flags: flags::RECURSIVE | flags::PRESERVE,
+                streams: 4,
+                transport,
+                cipher: 1,
+                compression: 0,
+                client_random: [9; 32],
+            }));
+        }
+    }
+
+    #[test]
+    fn accept_roundtrip() {
+        for rendezvous in [
+            Rendezvous::None,
+            Rendezvous::Unix(Bytes::from_static(b"/tmp/fastcp-x/sock")),
+            Rendezvous::Tcp(40123),
+        ] {
+            roundtrip(Frame::Accept(Accept {
+                streams: 8,
+                rendezvous,
+                server_random: [7; 32],
+            }));
+        }
+    }
+
+    #[test]
+    fn challenge_and_join_roundtrip() {
+        roundtrip(Frame::Challenge(Challenge { nonce: [3; 32] }));
+        roundtrip(Frame::Join(Join {
+            index: 3,
+            proof: [4; 32],
+        }));
+    }
+
+    #[test]
+    fn entry_roundtrips() {
+        roundtrip(Frame::Dir(DirEntry {
+            path: Bytes::from_static(b"src/empty dir"),
+            meta: meta(),
+        }));
+        roundtrip(Frame::File(FileEntry {
+            id: u64::MAX,
+            path: Bytes::from_static("dir/ünïcode -leading".as_bytes()),
+            size: 5 << 30,
+            meta: meta(),
+        }));
+        roundtrip(Frame::Symlink(SymlinkEntry {
+            path: Bytes::from_static(b"link"),
+            target: Bytes::from_static(b"../../dangling"),
+        }));
+    }
+
+    #[test]
+    fn data_roundtrip_and_header() {
+        let data = Data {
+            id: 42,
+            offset: 1 << 33,
+            bytes: Bytes::from(vec![0x5a; 70_000]),
+        };
+        roundtrip(Frame::Data(data.clone()));
+        roundtrip(Frame::Data(Data {
+            bytes: Bytes::new(),
+            ..data.clone()
+        }));
+        // The header-only encoder plus the payload is the same frame as the full encoder.
+        let mut full = BytesMut::new();
+        encode(&Frame::Data(data.clone()), &mut full);
+        let mut split = BytesMut::new();
+        encode_data_header(data.id, data.offset, data.bytes.len(), &mut split);
+        split.extend_from_slice(&data.bytes);
+        assert_eq!(full, split);
+    }
+
+    #[test]
+    fn file_end_error_done_roundtrip() {
+        roundtrip(Frame::FileEnd(FileEnd {
+            id: 1,
+            hash: [0xee; 32],
+        }));
+        roundtrip(Frame::Error(ErrorFrame {
+            code: ErrorCode::UnsafePath,
+            fatal: true,
+            path: Bytes::from_static(b"../etc/passwd"),
+            message: "path escapes the destination".into(),
+        }));
+        roundtrip(Frame::Done(Summary {
+            files: 1,
+            dirs: 2,
+            symlinks: 3,
+            bytes: 4,
+            errors: 5,
+        }));
+    }
+
+    #[test]
+    fn oversized_frame_is_refused_before_buffering() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(kind::DATA);
+        buf.put_u32(u32::MAX);
+        let mut dec = Decoder::new(1024);
+        assert_eq!(
+            dec.decode(&mut buf),
+            Err(DecodeError::TooLarge {
+                len: u32::MAX,
+                max: 1024
+            })
+        );
+        assert!(buf.capacity() < 1024);
+    }
+
+    #[test]
+    fn unknown_kind_and_trailing_bytes_are_errors() {
+        let mut buf = BytesMut::from(&[0x7f, 0, 0, 0, 0][..]);
+        assert_eq!(
+            Decoder::new(1024).decode(&mut buf),
+            Err(DecodeError::UnknownKind(0x7f))
+        );
+        let mut buf = BytesMut::new();
+        encode(&Frame::Challenge(Challenge { nonce: [0; 32] }), &mut buf);
+        buf[4] += 1;
+        buf.put_u8(0);
+        assert_eq!(
+            Decoder::new(1024).decode(&mut buf),
+            Err(DecodeError::Trailing("Challenge"))
+        );
+    }
+
+    #[test]
+    fn inner_length_past_its_cap_is_refused() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(kind::SYMLINK);
+        buf.put_u32(8);
+        buf.put_u32(u32::MAX); // path length, far past MAX_PATH
+        buf.put_u32(0);
+        assert!(matches!(
+            Decoder::new(1024).decode(&mut buf),
+            Err(DecodeError::Invalid {
+                frame: "Symlink",
+                ..
+            })
+        ));
+    }
+}

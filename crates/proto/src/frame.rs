@@ -1,0 +1,348 @@
+//! The frames fastcp sends, as plain data.
+
+use bytes::Bytes;
+
+/// One protocol message.
+///
+/// Every frame travels as a one-byte [`Frame::kind`], a four-byte big-endian payload length and
+/// the payload. See `docs/protocol.md` for each payload's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// First frame on the control stream, in both directions.
+    Hello(Hello),
+    /// Client to server: what this session does.
+    Request(Request),
+    /// Server to client: the request is accepted; where the extra streams connect.
+    Accept(Accept),
+    /// Server to client on a freshly opened data connection: prove you know the session secret.
+    Challenge(Challenge),
+    /// Client to server, first frame on every extra data stream.
+    Join(Join),
+    /// A directory of the manifest.
+    Dir(DirEntry),
+    /// A regular file of the manifest. Its bytes follow in [`Data`] frames on any stream.
+    File(FileEntry),
+    /// A symbolic link of the manifest, kept as a link.
+    Symlink(SymlinkEntry),
+    /// A chunk of a file's bytes.
+    Data(Data),
+    /// All of a file's chunks have been sent; carries the BLAKE3 hash of the whole file.
+    FileEnd(FileEnd),
+    /// Something went wrong with one entry, or with the whole session.
+    Error(ErrorFrame),
+    /// The end of a stream (sender to receiver) or the final report (receiver to sender).
+    Done(Summary),
+}
+
+/// Frame kinds, the first byte of every frame.
+#[allow(missing_docs)]
+pub mod kind {
+    pub const HELLO: u8 = 0x01;
+    pub const REQUEST: u8 = 0x02;
+    pub const ACCEPT: u8 = 0x03;
+    pub const CHALLENGE: u8 = 0x04;
+    pub const JOIN: u8 = 0x05;
+    pub const DIR: u8 = 0x10;
+    pub const FILE: u8 = 0x11;
+    pub const SYMLINK: u8 = 0x12;
+    pub const DATA: u8 = 0x13;
+    pub const FILE_END: u8 = 0x14;
+    pub const ERROR: u8 = 0x20;
+    pub const DONE: u8 = 0x21;
+}
+
+impl Frame {
+    /// The kind byte that introduces this frame on the wire.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Frame::Hello(_) => kind::HELLO,
+            Frame::Request(_) => kind::REQUEST,
+            Frame::Accept(_) => kind::ACCEPT,
+            Frame::Challenge(_) => kind::CHALLENGE,
+            Frame::Join(_) => kind::JOIN,
+            Frame::Dir(_) => kind::DIR,
+            Frame::File(_) => kind::FILE,
+            Frame::Symlink(_) => kind::SYMLINK,
+            Frame::Data(_) => kind::DATA,
+            Frame::FileEnd(_) => kind::FILE_END,
+            Frame::Error(_) => kind::ERROR,
+            Frame::Done(_) => kind::DONE,
+        }
+    }
+
+    /// A short name for messages, such as "Data".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello(_) => "Hello",
+            Frame::Request(_) => "Request",
+            Frame::Accept(_) => "Accept",
+            Frame::Challenge(_) => "Challenge",
+            Frame::Join(_) => "Join",
+            Frame::Dir(_) => "Dir",
+            Frame::File(_) => "File",
+            Frame::Symlink(_) => "Symlink",
+            Frame::Data(_) => "Data",
+            Frame::FileEnd(_) => "FileEnd",
+            Frame::Error(_) => "Error",
+            Frame::Done(_) => "Done",
+        }
+    }
+}
+
+/// The handshake: who we are and what we can do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The newest protocol version this side speaks.
+    pub version: u16,
+    /// The oldest protocol version this side still speaks.
+    pub min_version: u16,
+    /// CPU feature bits, as defined by `fastcp-crypto` (bit 0: hardware AES, ...).
+    pub cpu_features: u32,
+    /// Cipher suite ids this side accepts, most preferred first.
+    pub ciphers: Vec<u8>,
+    /// Compression ids this side accepts (0 = none, 1 = zstd).
+    pub compression: Vec<u8>,
+    /// The largest frame payload this side accepts.
+    pub max_frame: u32,
+    /// The software and its version, such as "fastcp 0.1.0", for diagnostics.
+    pub software: String,
+}
+
+/// What the session does, sent by the client after the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Which way the files flow.
+    pub direction: Direction,
+    /// For [`Direction::Push`], exactly one path: the destination. For [`Direction::Pull`],
+    /// the source paths on the server.
+    pub paths: Vec<Bytes>,
+    /// Option bits, see [`flags`].
+    pub flags: u32,
+    /// How many data streams the client wants, at least 1.
+    pub streams: u16,
+    /// How the extra data streams reach the server.
+    pub transport: TransportKind,
+    /// The cipher suite id for sealed transports (0 when unused).
+    pub cipher: u8,
+    /// The compression id (0 = none).
+    pub compression: u8,
+    /// The client's contribution to the session secret.
+    pub client_random: [u8; 32],
+}
+
+/// Option bits of [`Request::flags`].
+pub mod flags {
+    /// Copy directories recursively (scp's `-r`).
+    pub const RECURSIVE: u32 = 1 << 0;
+    /// Preserve modes and modification times (scp's `-p`).
+    pub const PRESERVE: u32 = 1 << 1;
+    /// Follow symbolic links instead of copying them as links.
+    pub const FOLLOW_LINKS: u32 = 1 << 2;
+    /// List what would be copied, write nothing.
+    pub const DRY_RUN: u32 = 1 << 3;
+    /// All bits this version knows.
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN;
+}
+
+/// Which way the files flow in a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// The client sends, the server receives.
+    Push,
+    /// The server sends, the client receives.
+    Pull,
+}
+
+/// How the extra data streams of a session reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Only the control stream carries data.
+    Inline,
+    /// Extra streams connect to a Unix socket on the server (forwarded SSH channels).
+    Unix,
+    /// Extra streams are raw TCP connections sealed with the session's AEAD.
+    Tcp,
+}
+
+/// The server's answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accept {
+    /// How many data streams the session will use.
+    pub streams: u16,
+    /// Where the extra streams connect.
+    pub rendezvous: Rendezvous,
+    /// The server's contribution to the session secret.
+    pub server_random: [u8; 32],
+}
+
+/// Where a session's extra data streams connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// No extra streams: everything travels on the control stream.
+    None,
+    /// A Unix socket path on the server.
+    Unix(Bytes),
+    /// A TCP port on the server; the client uses the address it reached the server at.
+    Tcp(u16),
+}
+
+/// A random challenge the server sends on a new data connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    /// Fresh random bytes.
+    pub nonce: [u8; 32],
+}
+
+/// The first frame on an extra data stream: which stream it is, and proof of the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Join {
+    /// The stream's index, 1 for the first extra stream.
+    pub index: u16,
+    /// A MAC over the challenge (if any) and the index, keyed with the session secret.
+    pub proof: [u8; 32],
+}
+
+/// File metadata common to manifest entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Meta {
+    /// Permission bits (the low 12 bits of `st_mode`).
+    pub mode: u32,
+    /// Modification time, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// Nanoseconds within [`Meta::mtime`], below 1e9.
+    pub mtime_nsec: u32,
+}
+
+/// A directory of the manifest. It may be empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Relative path, '/'-separated; see [`crate::path`].
+    pub path: Bytes,
+    /// Mode and mtime.
+    pub meta: Meta,
+}
+
+/// A regular file of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// The id that this file's [`Data`] and [`FileEnd`] frames carry; unique in a session.
+    pub id: u64,
+    /// Relative path, '/'-separated; see [`crate::path`].
+    pub path: Bytes,
+    /// The file's size in bytes. The receiver expects exactly this many.
+    pub size: u64,
+    /// Mode and mtime.
+    pub meta: Meta,
+}
+
+/// A symbolic link of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymlinkEntry {
+    /// Relative path, '/'-separated; see [`crate::path`].
+    pub path: Bytes,
+    /// The link's target, as stored in the link (never followed by the receiver).
+    pub target: Bytes,
+}
+
+/// A chunk of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    /// The [`FileEntry::id`].
+    pub id: u64,
+    /// Where the bytes go in the file.
+    pub offset: u64,
+    /// The bytes.
+    pub bytes: Bytes,
+}
+
+/// The end of a file, with its BLAKE3 hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEnd {
+    /// The [`FileEntry::id`].
+    pub id: u64,
+    /// The BLAKE3 hash of the file's whole content.
+    pub hash: [u8; 32],
+}
+
+/// Error codes carried by [`ErrorFrame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// Anything else.
+    Other,
+    /// A path did not exist.
+    NotFound,
+    /// Permission was denied.
+    PermissionDenied,
+    /// A local I/O error, such as a full disk.
+    Io,
+    /// A path from the peer was rejected as unsafe.
+    UnsafePath,
+    /// A hash or tag did not match.
+    Integrity,
+    /// The peer broke the protocol.
+    Protocol,
+    /// The request cannot be served, such as a directory without `-r`.
+    Unsupported,
+}
+
+impl ErrorCode {
+    /// The code's number on the wire.
+    pub fn to_u16(self) -> u16 {
+        match self {
+            ErrorCode::Other => 0,
+            ErrorCode::NotFound => 1,
+            ErrorCode::PermissionDenied => 2,
+            ErrorCode::Io => 3,
+            ErrorCode::UnsafePath => 4,
+            ErrorCode::Integrity => 5,
+            ErrorCode::Protocol => 6,
+            ErrorCode::Unsupported => 7,
+        }
+    }
+
+    /// The code for a number from the wire; unknown numbers become [`ErrorCode::Other`].
+    pub fn from_u16(n: u16) -> ErrorCode {
+        match n {
+            1 => ErrorCode::NotFound,
+            2 => ErrorCode::PermissionDenied,
+            3 => ErrorCode::Io,
+            4 => ErrorCode::UnsafePath,
+            5 => ErrorCode::Integrity,
+            6 => ErrorCode::Protocol,
+            7 => ErrorCode::Unsupported,
+            _ => ErrorCode::Other,
+        }
+    }
+}
+
+/// An error report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorFrame {
+    /// What kind of failure.
+    pub code: ErrorCode,
+    /// True when the session cannot go on.
+    pub fatal: bool,
+    /// The path concerned, or empty.
+    pub path: Bytes,
+    /// A human-readable message.
+    pub message: String,
+}
+
+/// Totals of a session or of one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// Regular files.
+    pub files: u64,
+    /// Directories.
+    pub dirs: u64,
+    /// Symbolic links.
+    pub symlinks: u64,
+    /// File content bytes.
+    pub bytes: u64,
+    /// Entries that failed.
+    pub errors: u64,
+}
+
+/// Alias kept short for the `Done` frame's payload.
+pub type Done = Summary;
