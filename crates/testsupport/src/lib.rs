@@ -1,0 +1,449 @@
+//! Test fixtures for fastcp: a throwaway OpenSSH `sshd` on 127.0.0.1.
+//!
+//! [`Sshd::start`] runs `/usr/sbin/sshd -D -e -f <temp sshd_config>` on a free loopback port
+//! with its own host key, its own `authorized_keys` and a fresh client key pair, all in a
+//! temporary directory. It writes a client `ssh_config` for the host alias
+//! (`HostName 127.0.0.1`, `Port`, `User` = the current user, `IdentityFile`,
+//! `IdentitiesOnly yes`, `UserKnownHostsFile` with the host key already recorded,
+//! `StrictHostKeyChecking yes`), so both the system `ssh -F <config> <alias>` and fastcp's
+//! own client can log in without touching `~/.ssh`.
+//!
+//! [`Sshd::start_agent`] starts an `ssh-agent` on a temp socket holding the client key, and
+//! [`Sshd::start_jump`] starts a second sshd to use as a `ProxyJump` hop. Every process is
+//! killed when its guard is dropped.
+//!
+//! Works as root (it creates `/run/sshd`, which Debian's sshd needs) and as a normal user
+//! (sshd then only lets that user in, which is who the fixture logs in as).
+//!
+//! ```no_run
+//! let sshd = fastcp_testsupport::Sshd::start().unwrap();
+//! let status = std::process::Command::new("ssh")
+//!     .arg("-F").arg(sshd.ssh_config())
+//!     .arg(sshd.alias())
+//!     .arg("true")
+//!     .status()
+//!     .unwrap();
+//! assert!(status.success());
+//! ```
+
+use std::fs;
+use std::io::{self, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the OpenSSH server binary.
+pub const SSHD: &str = "/usr/sbin/sshd";
+
+/// A running OpenSSH sshd on 127.0.0.1, killed on drop.
+#[derive(Debug)]
+pub struct Sshd {
+    dir: tempfile::TempDir,
+    child: Child,
+    port: u16,
+    alias: String,
+    user: String,
+    host_key_line: String,
+}
+
+/// A running `ssh-agent` holding the fixture's client key, killed on drop.
+#[derive(Debug)]
+pub struct Agent {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Agent {
+    /// The agent's socket: the value for `SSH_AUTH_SOCK`.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sshd {
+    /// Starts an sshd reachable as the host alias `fastcp-test`.
+    pub fn start() -> io::Result<Sshd> {
+        Sshd::start_named("fastcp-test")
+    }
+
+    /// Starts an sshd reachable as `alias` through [`Sshd::ssh_config`].
+    pub fn start_named(alias: &str) -> io::Result<Sshd> {
+        let dir = tempfile::Builder::new().prefix("fastcp-sshd-").tempdir()?;
+        let d = dir.path();
+        keygen(&d.join("host_ed25519"))?;
+        keygen(&d.join("id_ed25519"))?;
+        fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys"))?;
+        let host_key_line = fs::read_to_string(d.join("host_ed25519.pub"))?
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let user = current_user()?;
+        ensure_privsep_dir()?;
+
+        // The free port can be taken between probing and sshd's bind; retry a few times.
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            write_sshd_config(d, port)?;
+            match spawn_sshd(d, port) {
+                Ok(child) => {
+                    let sshd = Sshd {
+                        dir,
+                        child,
+                        port,
+                        alias: alias.to_owned(),
+                        user,
+                        host_key_line,
+                    };
+                    fs::write(sshd.known_hosts(), format!("{}\n", sshd.known_hosts_line()))?;
+                    fs::write(sshd.ssh_config(), sshd.host_block(alias))?;
+                    return Ok(sshd);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("sshd did not start")))
+    }
+
+    /// Starts a second sshd, trusting the same client key, to use as a `ProxyJump` hop.
+    ///
+    /// Its alias is `<alias>-jump`; a `Host` block for it is appended to this server's
+    /// [`ssh_config`](Sshd::ssh_config) and its host key to this server's
+    /// [`known_hosts`](Sshd::known_hosts). Add `ProxyJump <alias>-jump` where you need it.
+    pub fn start_jump(&self) -> io::Result<Sshd> {
+        let jump = Sshd::start_named(&format!("{}-jump", self.alias))?;
+        fs::copy(self.authorized_keys(), jump.authorized_keys())?;
+        let mut known = fs::OpenOptions::new().append(true).open(self.known_hosts())?;
+        writeln!(known, "{}", jump.known_hosts_line())?;
+        let mut cfg = fs::OpenOptions::new().append(true).open(self.ssh_config())?;
+        write!(cfg, "\n{}", self.host_block_for(&jump))?;
+        Ok(jump)
+    }
+
+    /// Starts an `ssh-agent` on a temp socket and adds the client key to it.
+    pub fn start_agent(&self) -> io::Result<Agent> {
+        let socket = self.dir.path().join(format!("agent.{}", std::process::id()));
+        let _ = fs::remove_file(&socket);
+        let child = Command::new("ssh-agent")
+            .arg("-D")
+            .arg("-a")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let agent = Agent { child, socket };
+        wait_until(|| agent.socket.exists(), "ssh-agent socket")?;
+        let out = Command::new("ssh-add")
+            .arg(self.client_key())
+            .env("SSH_AUTH_SOCK", agent.socket())
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "ssh-add failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(agent)
+    }
+
+    /// The TCP port sshd listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The host alias defined in [`Sshd::ssh_config`].
+    pub fn alias(&self) -> &str {
+        &self.alias
+    }
+
+    /// The user the client config logs in as (the current user).
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The temporary directory holding every file of this fixture.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The client `ssh_config` file (use with `ssh -F`).
+    pub fn ssh_config(&self) -> PathBuf {
+        self.dir.path().join("ssh_config")
+    }
+
+    /// The client `known_hosts` file, with this server's host key recorded.
+    pub fn known_hosts(&self) -> PathBuf {
+        self.dir.path().join("known_hosts")
+    }
+
+    /// The `known_hosts` line for this server: `[127.0.0.1]:PORT ssh-ed25519 AAAA...`.
+    pub fn known_hosts_line(&self) -> String {
+        format!("[127.0.0.1]:{} {}", self.port, self.host_key_line)
+    }
+
+    /// The server's public host key as `ssh-ed25519 AAAA...`.
+    pub fn host_public_key(&self) -> &str {
+        &self.host_key_line
+    }
+
+    /// The server's private host key file (tests can replace it to simulate a changed key).
+    pub fn host_key(&self) -> PathBuf {
+        self.dir.path().join("host_ed25519")
+    }
+
+    /// The client's private key (unencrypted ed25519).
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.path().join("id_ed25519")
+    }
+
+    /// The `authorized_keys` file sshd reads for every user.
+    pub fn authorized_keys(&self) -> PathBuf {
+        self.dir.path().join("authorized_keys")
+    }
+
+    /// What sshd printed so far (it runs with `-e` and `LogLevel DEBUG1`).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// The `Host` block for this server, under another alias.
+    pub fn host_block(&self, alias: &str) -> String {
+        format!(
+            "Host {alias}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n  UserKnownHostsFile {}\n  GlobalKnownHostsFile /dev/null\n  \
+             StrictHostKeyChecking yes\n  BatchMode yes\n",
+            self.port,
+            self.user,
+            self.client_key().display(),
+            self.known_hosts().display(),
+        )
+    }
+
+    /// The `Host` block for `other`, reached with this fixture's key and known_hosts.
+    fn host_block_for(&self, other: &Sshd) -> String {
+        format!(
+            "Host {}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n  UserKnownHostsFile {}\n  GlobalKnownHostsFile /dev/null\n  \
+             StrictHostKeyChecking yes\n  BatchMode yes\n",
+            other.alias,
+            other.port,
+            self.user,
+            self.client_key().display(),
+            self.known_hosts().display(),
+        )
+    }
+
+    /// Restarts sshd with a new host key (same port), so its key no longer matches
+    /// `known_hosts`.
+    pub fn change_host_key(&mut self) -> io::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let d = self.dir.path();
+        fs::remove_file(d.join("host_ed25519"))?;
+        fs::remove_file(d.join("host_ed25519.pub"))?;
+        keygen(&d.join("host_ed25519"))?;
+        self.host_key_line = fs::read_to_string(d.join("host_ed25519.pub"))?
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.child = spawn_sshd(d, self.port)?;
+        Ok(())
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keygen(path: &Path) -> io::Result<()> {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "fastcp-test", "-f"])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "ssh-keygen failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+fn current_user() -> io::Result<String> {
+    let out = Command::new("id").arg("-un").output()?;
+    if !out.status.success() {
+        return Err(io::Error::other("`id -un` failed"));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Debian's sshd refuses to start as root without its privilege separation directory.
+fn ensure_privsep_dir() -> io::Result<()> {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.trim_ascii() == b"0")?;
+    if is_root && !Path::new("/run/sshd").exists() {
+        fs::create_dir_all("/run/sshd")?;
+    }
+    Ok(())
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn write_sshd_config(d: &Path, port: u16) -> io::Result<()> {
+    let cfg = format!(
+        "Port {port}\n\
+         ListenAddress 127.0.0.1\n\
+         HostKey {host_key}\n\
+         PidFile none\n\
+         AuthorizedKeysFile {auth}\n\
+         StrictModes no\n\
+         UsePAM no\n\
+         PubkeyAuthentication yes\n\
+         PasswordAuthentication no\n\
+         KbdInteractiveAuthentication no\n\
+         PermitRootLogin prohibit-password\n\
+         AllowTcpForwarding yes\n\
+         AllowStreamLocalForwarding yes\n\
+         X11Forwarding no\n\
+         PrintMotd no\n\
+         MaxSessions 64\n\
+         MaxStartups 64\n\
+         LogLevel DEBUG1\n",
+        host_key = d.join("host_ed25519").display(),
+        auth = d.join("authorized_keys").display(),
+    );
+    fs::write(d.join("sshd_config"), cfg)
+}
+
+fn spawn_sshd(d: &Path, port: u16) -> io::Result<Child> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.join("sshd.log"))?;
+    let mut child = Command::new(SSHD)
+        .arg("-D")
+        .arg("-e")
+        .arg("-f")
+        .arg(d.join("sshd_config"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Err(io::Error::other(format!(
+                "sshd exited with {status}: {}",
+                fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
+            )));
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "sshd did not listen within 10 s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_until(mut ready: impl FnMut() -> bool, what: &str) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} not ready within 10 s"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_ssh_logs_in_with_the_generated_config() {
+        let sshd = Sshd::start().unwrap();
+        let out = Command::new("ssh")
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .arg(sshd.alias())
+            .arg("echo hello")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ssh failed: {}\nsshd log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            sshd.log()
+        );
+        assert_eq!(out.stdout, b"hello\n");
+    }
+
+    #[test]
+    fn agent_holds_the_client_key() {
+        let sshd = Sshd::start().unwrap();
+        let agent = sshd.start_agent().unwrap();
+        let out = Command::new("ssh-add")
+            .arg("-l")
+            .env("SSH_AUTH_SOCK", agent.socket())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("fastcp-test"));
+    }
+
+    #[test]
+    fn system_ssh_jumps_through_a_second_sshd() {
+        let sshd = Sshd::start().unwrap();
+        let jump = sshd.start_jump().unwrap();
+        let out = Command::new("ssh")
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .arg("-J")
+            .arg(jump.alias())
+            .arg(sshd.alias())
+            .arg("echo via-jump")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ssh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"via-jump\n");
+        assert!(jump.log().contains("direct-tcpip"), "{}", jump.log());
+    }
+}
