@@ -140,8 +140,10 @@ pub mod flags {
     pub const FOLLOW_LINKS: u32 = 1 << 2;
     /// List what would be copied, write nothing.
     pub const DRY_RUN: u32 = 1 << 3;
+    /// The destination must be an existing directory (several sources, or a trailing '/').
+    pub const TARGET_IS_DIR: u32 = 1 << 4;
     /// All bits this version knows.
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN;
+    pub const KNOWN: u32 = RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR;
 }
 
 /// Which way the files flow in a session.
