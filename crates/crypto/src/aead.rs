@@ -372,7 +372,14 @@ mod tests {
         for &p in Provider::available() {
             let err = new_aead(p, CipherSuite::Aes128Gcm, &[0; 32], &[0; 12]).unwrap_err();
             assert!(
-                matches!(err, Error::KeyLength { expected: 16, got: 32, .. }),
+                matches!(
+                    err,
+                    Error::KeyLength {
+                        expected: 16,
+                        got: 32,
+                        ..
+                    }
+                ),
                 "{err}"
             );
         }
@@ -384,7 +391,10 @@ mod tests {
         if cfg!(feature = "aws-lc-rs") {
             assert!(r.is_ok());
         } else {
-            assert!(matches!(r, Err(Error::ProviderUnavailable(Provider::AwsLc))));
+            assert!(matches!(
+                r,
+                Err(Error::ProviderUnavailable(Provider::AwsLc))
+            ));
         }
     }
 
@@ -394,7 +404,10 @@ mod tests {
         let mut buf = [0u8; 15];
         assert!(matches!(
             aead.open_trailing(0, b"", &mut buf),
-            Err(Error::Truncated { len: 15, tag_len: 16 })
+            Err(Error::Truncated {
+                len: 15,
+                tag_len: 16
+            })
         ));
     }
 }

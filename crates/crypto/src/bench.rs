@@ -115,7 +115,10 @@ fn measure(
         n += 1;
     }
     let bytes = (size as u64 * n) as f64;
-    Ok((bytes / seal.as_secs_f64() / 1e9, bytes / open.as_secs_f64() / 1e9))
+    Ok((
+        bytes / seal.as_secs_f64() / 1e9,
+        bytes / open.as_secs_f64() / 1e9,
+    ))
 }
 
 fn size_name(size: usize) -> String {

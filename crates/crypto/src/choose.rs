@@ -134,13 +134,19 @@ mod tests {
                             (false, true) => {
                                 (CipherSuite::ChaCha20Poly1305, Reason::LocalLacksHwAes)
                             }
-                            (true, false) => (CipherSuite::ChaCha20Poly1305, Reason::PeerLacksHwAes),
+                            (true, false) => {
+                                (CipherSuite::ChaCha20Poly1305, Reason::PeerLacksHwAes)
+                            }
                             (false, false) => {
                                 (CipherSuite::ChaCha20Poly1305, Reason::NeitherHasHwAes)
                             }
                         },
                     };
-                    assert_eq!((c.suite, c.reason), (suite, reason), "{l:#b} {p:#b} {pref:?}");
+                    assert_eq!(
+                        (c.suite, c.reason),
+                        (suite, reason),
+                        "{l:#b} {p:#b} {pref:?}"
+                    );
                     assert_eq!(c.provider, Provider::fastest_for(suite));
                     assert!(c.provider.is_available());
                     seen += 1;
@@ -167,7 +173,10 @@ mod tests {
             choose(f(FULL), f(0), None).suite,
             CipherSuite::ChaCha20Poly1305
         );
-        assert_eq!(choose(f(0), f(0), None).suite, CipherSuite::ChaCha20Poly1305);
+        assert_eq!(
+            choose(f(0), f(0), None).suite,
+            CipherSuite::ChaCha20Poly1305
+        );
     }
 
     #[test]

@@ -12,9 +12,7 @@ use crate::{CipherSuite, Provider};
 pub enum Error {
     /// A record did not authenticate: it was tampered with, truncated, reordered, replayed,
     /// dropped before this one, or sealed under another key.
-    #[error(
-        "record failed authentication (tampered, truncated, reordered, replayed or wrong key)"
-    )]
+    #[error("record failed authentication (tampered, truncated, reordered, replayed or wrong key)")]
     Open,
     /// A record is shorter than the tag it must end with.
     #[error("record of {len} bytes is shorter than its {tag_len}-byte tag")]

@@ -44,7 +44,7 @@ use ring::hkdf;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use crate::aead::{Aead, NONCE_LEN, Tag, new_aead};
-use crate::{CipherSuite, Choice, Error, Provider, Result};
+use crate::{Choice, CipherSuite, Error, Provider, Result};
 
 /// Bytes in a [`SessionSecret`] and in every traffic secret.
 pub const SECRET_LEN: usize = 32;

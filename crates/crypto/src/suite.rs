@@ -245,9 +245,6 @@ mod tests {
             assert!(Provider::fastest_for(s).is_available());
             assert_ne!(Provider::fastest_for(s), Provider::RustCrypto);
         }
-        assert_eq!(
-            Provider::AwsLc.is_available(),
-            cfg!(feature = "aws-lc-rs")
-        );
+        assert_eq!(Provider::AwsLc.is_available(), cfg!(feature = "aws-lc-rs"));
     }
 }

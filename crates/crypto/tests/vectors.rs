@@ -110,7 +110,7 @@ const VECTORS: &[Vector] = &[
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
@@ -160,8 +160,13 @@ fn every_provider_matches_every_vector() {
 fn every_provider_rejects_a_flipped_bit_in_each_part_of_a_vector() {
     for &provider in Provider::available() {
         for v in VECTORS {
-            let aead = new_aead(provider, v.suite, &hex(v.key), &hex(v.nonce).try_into().unwrap())
-                .unwrap();
+            let aead = new_aead(
+                provider,
+                v.suite,
+                &hex(v.key),
+                &hex(v.nonce).try_into().unwrap(),
+            )
+            .unwrap();
             let aad = hex(v.aad);
             let ct = hex(v.ciphertext);
             let tag: Tag = hex(v.tag).try_into().unwrap();
@@ -170,24 +175,40 @@ fn every_provider_rejects_a_flipped_bit_in_each_part_of_a_vector() {
             bad_tag[15] ^= 1;
             let mut buf = ct.clone();
             let r = aead.open_in_place(0, &aad, &mut buf, &bad_tag);
-            assert!(matches!(r, Err(Error::Open)), "{} / {provider}: tag", v.name);
+            assert!(
+                matches!(r, Err(Error::Open)),
+                "{} / {provider}: tag",
+                v.name
+            );
 
             if !ct.is_empty() {
                 let mut buf = ct.clone();
                 buf[0] ^= 0x80;
                 let r = aead.open_in_place(0, &aad, &mut buf, &tag);
-                assert!(matches!(r, Err(Error::Open)), "{} / {provider}: body", v.name);
+                assert!(
+                    matches!(r, Err(Error::Open)),
+                    "{} / {provider}: body",
+                    v.name
+                );
             }
 
             let mut other_aad = aad.clone();
             other_aad.push(0);
             let mut buf = ct.clone();
             let r = aead.open_in_place(0, &other_aad, &mut buf, &tag);
-            assert!(matches!(r, Err(Error::Open)), "{} / {provider}: aad", v.name);
+            assert!(
+                matches!(r, Err(Error::Open)),
+                "{} / {provider}: aad",
+                v.name
+            );
 
             let mut buf = ct.clone();
             let r = aead.open_in_place(1, &aad, &mut buf, &tag);
-            assert!(matches!(r, Err(Error::Open)), "{} / {provider}: seq", v.name);
+            assert!(
+                matches!(r, Err(Error::Open)),
+                "{} / {provider}: seq",
+                v.name
+            );
         }
     }
 }
