@@ -1,1 +1,254 @@
-fn main() {}
+//! `cargo xtask`: fastcp's development tasks.
+//!
+//! - `cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]`: a deterministic tree
+//!   shaped like a kernel source tree (file-size histogram, directory count and depth, files per
+//!   directory, symlinks) read from `source-tree-shape.tsv`.
+//! - `cargo xtask gen file PATH --size 2GiB [--seed N]`: random, incompressible bytes.
+//! - `cargo xtask bench local|ssh|tcp [...]`: times fastcp against cp, tar, scp, rsync,
+//!   `tar | ssh` and nc on tmpfs, checks every copy, prints a Markdown report and with
+//!   `--write` records it in BENCHMARKS.md.
+//! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
+
+mod bench;
+mod data;
+mod report;
+mod rng;
+mod sshd;
+mod verify;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage:
+  cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
+  cargo xtask gen file PATH --size SIZE [--seed N]
+  cargo xtask bench local|ssh|tcp [options]
+  cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
+
+bench options:
+  --runs N             timed runs per contender (default 5), after one warm-up run
+  --data DIR           where data sets and copies live (default /dev/shm/fastcp-bench)
+  --only big|tree      run one data set only
+  --write              replace this benchmark's section of BENCHMARKS.md
+  --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
+  --fastcp-args ARGS   extra arguments for every fastcp run, e.g. \"-j 8\"
+  --size SIZE          size of the big file (default 2GiB)
+  --scale F            scale of the tree (default 1)
+  --shape FILE         tree shape (default ../shared/data/source-tree-shape.tsv from the repo)
+  --timeout SECS       kill a run after this long and count it as failed (default 600)
+
+SIZE accepts K/M/G (powers of 1024, also KiB/MiB/GiB) and KB/MB/GB (powers of 1000).";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Command-line options: positional words plus `--name value` / `--name=value` / `--flag`.
+struct Args {
+    positional: Vec<String>,
+    options: Vec<(String, Option<String>)>,
+}
+
+impl Args {
+    /// Splits `args`; options named in `with_value` take the next word as their value.
+    fn parse(args: &[String], with_value: &[&str]) -> Result<Args> {
+        let mut positional = Vec::new();
+        let mut options = Vec::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if let Some(name) = a.strip_prefix("--") {
+                if let Some((n, v)) = name.split_once('=') {
+                    options.push((n.to_owned(), Some(v.to_owned())));
+                } else if with_value.contains(&name) {
+                    let v = it
+                        .next()
+                        .with_context(|| format!("--{name} needs a value"))?;
+                    options.push((name.to_owned(), Some(v.clone())));
+                } else {
+                    options.push((name.to_owned(), None));
+                }
+            } else {
+                positional.push(a.clone());
+            }
+        }
+        Ok(Args {
+            positional,
+            options,
+        })
+    }
+
+    /// Removes and returns the value of `--name`.
+    fn value(&mut self, name: &str) -> Result<Option<String>> {
+        match self.options.iter().position(|(n, _)| n == name) {
+            Some(i) => match self.options.remove(i).1 {
+                Some(v) => Ok(Some(v)),
+                None => bail!("--{name} needs a value"),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// Removes `--name` and says whether it was there.
+    fn flag(&mut self, name: &str) -> Result<bool> {
+        match self.options.iter().position(|(n, _)| n == name) {
+            Some(i) => match self.options.remove(i).1 {
+                None => Ok(true),
+                Some(_) => bail!("--{name} takes no value"),
+            },
+            None => Ok(false),
+        }
+    }
+
+    /// Fails on any option nobody asked for.
+    fn finish(&self) -> Result<()> {
+        if let Some((n, _)) = self.options.first() {
+            bail!("unknown option --{n}\n\n{USAGE}");
+        }
+        Ok(())
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the repository")
+        .to_owned()
+}
+
+fn default_shape() -> PathBuf {
+    repo_root().join("../shared/data/source-tree-shape.tsv")
+}
+
+fn parse_seed(v: Option<String>) -> Result<u64> {
+    match v {
+        None => Ok(data::DEFAULT_SEED),
+        Some(s) => s.parse().with_context(|| format!("bad --seed {s:?}")),
+    }
+}
+
+fn run() -> Result<()> {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let value_opts = [
+        "scale",
+        "shape",
+        "seed",
+        "size",
+        "runs",
+        "data",
+        "only",
+        "fastcp",
+        "fastcp-args",
+        "timeout",
+    ];
+    let mut args = Args::parse(&raw, &value_opts)?;
+    if args.flag("help")? || args.positional.is_empty() {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let positional = std::mem::take(&mut args.positional);
+    let words: Vec<&str> = positional.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["gen", "tree", dir] => {
+            let dir = PathBuf::from(dir);
+            let scale: f64 = match args.value("scale")? {
+                Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
+                None => 1.0,
+            };
+            let shape = args
+                .value("shape")?
+                .map_or_else(default_shape, PathBuf::from);
+            let seed = parse_seed(args.value("seed")?)?;
+            args.finish()?;
+            let shape = data::Shape::load(&shape)?;
+            eprintln!(
+                "shape: {} files, {} bytes, {} directories, {} symlinks (scale {scale})",
+                shape.files(),
+                shape.bytes(),
+                shape.dirs,
+                shape.symlinks
+            );
+            let t = Instant::now();
+            let summary = data::gen_tree(&dir, &shape, scale, seed)?;
+            println!("{}: {summary}", dir.display());
+            eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
+            Ok(())
+        }
+        ["gen", "file", path] => {
+            let size =
+                data::parse_size(&args.value("size")?.context("gen file needs --size SIZE")?)?;
+            let seed = parse_seed(args.value("seed")?)?;
+            args.finish()?;
+            let t = Instant::now();
+            data::gen_file(Path::new(path), size, seed)?;
+            println!("{path}: {size} random bytes");
+            eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
+            Ok(())
+        }
+        ["bench", mode] => {
+            let mode = bench::Mode::parse(mode)?;
+            let runs = match args.value("runs")? {
+                Some(s) => s.parse().with_context(|| format!("bad --runs {s:?}"))?,
+                None => 5,
+            };
+            let opts = bench::BenchOptions {
+                mode,
+                runs,
+                root: args
+                    .value("data")?
+                    .map_or_else(|| PathBuf::from("/dev/shm/fastcp-bench"), PathBuf::from),
+                only: args
+                    .value("only")?
+                    .map(|s| bench::DataSet::parse(&s))
+                    .transpose()?,
+                write: args.flag("write")?,
+                timeout: Duration::from_secs(match args.value("timeout")? {
+                    Some(s) => s.parse().with_context(|| format!("bad --timeout {s:?}"))?,
+                    None => 600,
+                }),
+                fastcp: args.value("fastcp")?.map(PathBuf::from),
+                fastcp_args: args
+                    .value("fastcp-args")?
+                    .map(|s| s.split_whitespace().map(str::to_owned).collect())
+                    .unwrap_or_default(),
+                big_size: data::parse_size(&args.value("size")?.unwrap_or_else(|| "2GiB".into()))?,
+                scale: match args.value("scale")? {
+                    Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
+                    None => 1.0,
+                },
+                shape: args
+                    .value("shape")?
+                    .map_or_else(default_shape, PathBuf::from),
+                repo: repo_root(),
+                command_line: std::iter::once("cargo xtask".to_owned())
+                    .chain(raw.iter().map(|a| bench::sq(a)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            args.finish()?;
+            bench::run(&opts)?;
+            Ok(())
+        }
+        ["verify", src, dst] => {
+            args.finish()?;
+            let (src, dst) = (Path::new(src), Path::new(dst));
+            if std::fs::symlink_metadata(src)?.is_dir() {
+                verify::compare_trees(src, dst)?;
+            } else {
+                verify::compare_files(src, dst)?;
+            }
+            println!("{} equals {}", dst.display(), src.display());
+            Ok(())
+        }
+        _ => bail!("unknown command {:?}\n\n{USAGE}", words.join(" ")),
+    }
+}

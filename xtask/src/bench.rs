@@ -1,0 +1,717 @@
+//! `cargo xtask bench local|ssh|tcp`: times fastcp against the usual tools on tmpfs.
+//!
+//! Each contender is a bash command line (so pipelines like `tar | ssh` are measured whole).
+//! Every contender runs once as a warm-up, then `runs` timed rounds follow with the contenders
+//! alternated inside each round (ABCABC...). The destination is removed before each run (not
+//! timed) and every run's output is checked against the source after the clock stops. A
+//! contender that exits non-zero, times out or produces a wrong copy is reported as failed and
+//! the benchmark carries on with the others.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::data::{self, Shape};
+use crate::report::{self, Report};
+use crate::sshd::{ALIAS, Sshd};
+use crate::verify::{self, Kind, Manifest};
+
+/// Which benchmark to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Local copies: fastcp vs `cp -a` vs `tar | tar`.
+    Local,
+    /// Over a loopback sshd: fastcp `--transport ssh` vs scp, rsync and `tar | ssh`.
+    Ssh,
+    /// fastcp `--transport tcp` vs scp, `tar | ssh` and plain `nc`.
+    Tcp,
+}
+
+impl Mode {
+    /// The mode's name on the command line and in BENCHMARKS.md.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Local => "local",
+            Mode::Ssh => "ssh",
+            Mode::Tcp => "tcp",
+        }
+    }
+
+    /// Parses `local`, `ssh` or `tcp`.
+    pub fn parse(s: &str) -> Result<Mode> {
+        Ok(match s {
+            "local" => Mode::Local,
+            "ssh" => Mode::Ssh,
+            "tcp" => Mode::Tcp,
+            _ => bail!("unknown benchmark {s:?} (expected local, ssh or tcp)"),
+        })
+    }
+}
+
+/// The two data sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataSet {
+    /// One big random file.
+    Big,
+    /// The kernel-shaped tree.
+    Tree,
+}
+
+impl DataSet {
+    /// Parses `big` or `tree`.
+    pub fn parse(s: &str) -> Result<DataSet> {
+        Ok(match s {
+            "big" => DataSet::Big,
+            "tree" => DataSet::Tree,
+            _ => bail!("unknown data set {s:?} (expected big or tree)"),
+        })
+    }
+}
+
+/// Everything `bench` needs to know.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Which benchmark.
+    pub mode: Mode,
+    /// Timed runs per contender.
+    pub runs: usize,
+    /// Where data sets and copies live (should be tmpfs).
+    pub root: PathBuf,
+    /// Run only one data set.
+    pub only: Option<DataSet>,
+    /// Replace this mode's section of BENCHMARKS.md.
+    pub write: bool,
+    /// Longest a single run may take before it is killed and counted as failed.
+    pub timeout: Duration,
+    /// Use this fastcp binary instead of building one.
+    pub fastcp: Option<PathBuf>,
+    /// Extra arguments for every fastcp run (e.g. `-j 8`).
+    pub fastcp_args: Vec<String>,
+    /// Size of the big file.
+    pub big_size: u64,
+    /// Scale of the tree (1.0 = the full shape).
+    pub scale: f64,
+    /// The tree's shape file.
+    pub shape: PathBuf,
+    /// The repository root (for building fastcp and finding BENCHMARKS.md).
+    pub repo: PathBuf,
+    /// The command line, recorded in the report.
+    pub command_line: String,
+}
+
+/// A prepared data set: source path and what the copy must equal.
+pub struct Data {
+    /// Which data set.
+    pub set: DataSet,
+    /// The source (a file or a directory).
+    pub src: PathBuf,
+    /// Listing of the source tree (empty for the big file).
+    pub manifest: Manifest,
+    /// Bytes of file data.
+    pub bytes: u64,
+    /// One-line description for the report.
+    pub description: String,
+}
+
+/// One contender: a name and the bash command that performs the copy.
+#[derive(Clone, Debug)]
+pub struct Contender {
+    /// Short name ("scp", "tar | ssh").
+    pub name: String,
+    /// The command, run with `bash -c` and `set -o pipefail`.
+    pub command: String,
+    /// For `nc`: the listener started (untimed until the client starts) before the command.
+    pub listener: Option<String>,
+    /// Known unusable before any run (e.g. fastcp did not build).
+    pub broken: Option<String>,
+}
+
+/// What happened to one contender on one data set.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Duration of the warm-up run, if it ran.
+    pub warmup: Option<Duration>,
+    /// Durations of the timed runs that succeeded.
+    pub times: Vec<Duration>,
+    /// Why the contender failed, if it did.
+    pub failure: Option<String>,
+}
+
+/// Results for one data set.
+pub struct DataResult {
+    /// The data set.
+    pub data: Data,
+    /// Contenders with their outcomes, in run order.
+    pub contenders: Vec<(Contender, Outcome)>,
+}
+
+/// Shell-quotes `s` for bash when it needs it.
+pub fn sq(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:=,@".contains(&b))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn p(path: &Path) -> String {
+    sq(&path.to_string_lossy())
+}
+
+/// Runs the whole benchmark and prints (and with `--write`, records) the report.
+pub fn run(opts: &BenchOptions) -> Result<Report> {
+    let root = &opts.root;
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    let root = root.canonicalize()?;
+    match fs_type(&root) {
+        Some(t) if t == "tmpfs" => {}
+        other => eprintln!(
+            "warning: {} is on {} rather than tmpfs; disk speed will be part of the figures",
+            root.display(),
+            other.unwrap_or_else(|| "an unknown file system".into())
+        ),
+    }
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+
+    let sets: Vec<DataSet> = match opts.only {
+        Some(s) => vec![s],
+        None => vec![DataSet::Big, DataSet::Tree],
+    };
+    let mut datas = Vec::new();
+    for set in sets {
+        datas.push(prepare(set, &root.join("data"), opts)?);
+    }
+
+    let fastcp = fastcp_binary(opts);
+    let sshd = match opts.mode {
+        Mode::Local => None,
+        Mode::Ssh | Mode::Tcp => {
+            let sshd = Sshd::start(&root.join(format!("sshd-{}", std::process::id())))?;
+            let out = Command::new("ssh")
+                .arg("-F")
+                .arg(sshd.ssh_config())
+                .args([ALIAS, "true"])
+                .env_remove("SSH_AUTH_SOCK")
+                .stdin(Stdio::null())
+                .output()?;
+            if !out.status.success() {
+                bail!(
+                    "cannot log in to the benchmark sshd: {}\nsshd log:\n{}",
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    sshd.log()
+                );
+            }
+            eprintln!(
+                "benchmark sshd on 127.0.0.1:{} (config {})",
+                sshd.port(),
+                sshd.ssh_config().display()
+            );
+            Some(sshd)
+        }
+    };
+    let cfg = sshd.as_ref().map(|s| s.ssh_config());
+
+    let out = root.join("out");
+    let logs = root.join("logs");
+    fs::create_dir_all(&logs)?;
+    let mut results = Vec::new();
+    for data in datas {
+        let dst = out.join(data.src.file_name().unwrap());
+        let contenders = contenders(opts, &fastcp, &data, &dst);
+        let outcomes = measure(opts, &data, &contenders, &out, &dst, &logs, cfg.as_deref())?;
+        results.push(DataResult {
+            data,
+            contenders: contenders.into_iter().zip(outcomes).collect(),
+        });
+    }
+    let _ = fs::remove_dir_all(&out);
+    drop(sshd);
+
+    let report = Report::new(opts, &root, load, results);
+    let markdown = report.markdown();
+    println!("{markdown}");
+    if opts.write {
+        let path = opts.repo.join("BENCHMARKS.md");
+        report::write_section(&path, &format!("## bench {}", opts.mode.name()), &markdown)?;
+        eprintln!(
+            "updated section \"## bench {}\" of {}",
+            opts.mode.name(),
+            path.display()
+        );
+    }
+    Ok(report)
+}
+
+/// Generates (once) and scans a data set under `data_dir`.
+fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
+    fs::create_dir_all(data_dir)?;
+    match set {
+        DataSet::Big => {
+            let src = data_dir.join(format!(
+                "big-{}.bin",
+                report::human_size(opts.big_size).replace(' ', "")
+            ));
+            if !src.exists() {
+                eprintln!("generating {} ...", src.display());
+                let t = Instant::now();
+                data::gen_file(&src, opts.big_size, data::DEFAULT_SEED)?;
+                eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
+            }
+            let bytes = fs::metadata(&src)?.len();
+            if bytes != opts.big_size {
+                bail!(
+                    "{} has {} bytes, expected {}; remove it to regenerate",
+                    src.display(),
+                    bytes,
+                    opts.big_size
+                );
+            }
+            Ok(Data {
+                set,
+                src,
+                manifest: Manifest::default(),
+                bytes,
+                description: format!(
+                    "{} random file ({} bytes)",
+                    report::human_size(bytes),
+                    report::thousands(bytes)
+                ),
+            })
+        }
+        DataSet::Tree => {
+            let name = if opts.scale == 1.0 {
+                "tree".to_owned()
+            } else {
+                format!("tree-scale{}", opts.scale)
+            };
+            let src = data_dir.join(name);
+            if !src.exists() {
+                let shape = Shape::load(&opts.shape)?;
+                let partial = data::partial_name(&src);
+                if partial.exists() {
+                    fs::remove_dir_all(&partial)?;
+                }
+                eprintln!("generating {} ...", src.display());
+                let t = Instant::now();
+                let summary = data::gen_tree(&partial, &shape, opts.scale, data::DEFAULT_SEED)?;
+                fs::rename(&partial, &src)?;
+                eprintln!("  {summary}\n  done in {:.1} s", t.elapsed().as_secs_f64());
+            }
+            let manifest = verify::scan(&src)?;
+            let bytes = manifest.bytes();
+            let description = format!(
+                "Kernel-shaped tree: {} files, {} directories, {} symlinks, {} ({} bytes)",
+                report::thousands(manifest.count(&Kind::File) as u64),
+                report::thousands(manifest.count(&Kind::Dir) as u64 + 1),
+                manifest.count(&Kind::Symlink(PathBuf::new())),
+                report::human_size(bytes),
+                report::thousands(bytes),
+            );
+            Ok(Data {
+                set,
+                src,
+                manifest,
+                bytes,
+                description,
+            })
+        }
+    }
+}
+
+/// The fastcp binary, built unless one was given; `Err` holds why it is unusable.
+fn fastcp_binary(opts: &BenchOptions) -> Result<PathBuf, String> {
+    if let Some(path) = &opts.fastcp {
+        return Ok(path.clone());
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("building fastcp: cargo build --release -p fastcp");
+    let status = Command::new(cargo)
+        .args(["build", "--release", "-p", "fastcp"])
+        .current_dir(&opts.repo)
+        .stdin(Stdio::null())
+        .status();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| opts.repo.join("target"));
+    let bin = target.join("release").join("fastcp");
+    match status {
+        Ok(s) if s.success() && bin.exists() => Ok(bin),
+        Ok(s) if s.success() => Err(format!("no binary at {} after the build", bin.display())),
+        Ok(s) => Err(format!("`cargo build --release -p fastcp` failed ({s})")),
+        Err(e) => Err(format!("cannot run cargo: {e}")),
+    }
+}
+
+/// The contenders of `opts.mode` for one data set, copying `data.src` to `dst`.
+fn contenders(
+    opts: &BenchOptions,
+    fastcp: &Result<PathBuf, String>,
+    data: &Data,
+    dst: &Path,
+) -> Vec<Contender> {
+    let tree = data.set == DataSet::Tree;
+    let (src, dstq) = (p(&data.src), p(dst));
+    let src_parent = p(data.src.parent().unwrap());
+    let dst_parent = p(dst.parent().unwrap());
+    let name = sq(&data.src.file_name().unwrap().to_string_lossy());
+    let r = if tree { "-r " } else { "" };
+    let extra: String = opts
+        .fastcp_args
+        .iter()
+        .map(|a| format!(" {}", sq(a)))
+        .collect();
+    let (fastcp_bin, broken) = match fastcp {
+        Ok(bin) => (p(bin), None),
+        Err(why) => ("target/release/fastcp".to_owned(), Some(why.clone())),
+    };
+    let cmd = |name: &str, command: String| Contender {
+        name: name.into(),
+        command,
+        listener: None,
+        broken: None,
+    };
+    let fastcp_remote = |transport: &str| Contender {
+        name: "fastcp".into(),
+        command: format!(
+            "{fastcp_bin} {r}--transport {transport} -F \"$CFG\" --remote-path {fastcp_bin}{extra} {src} {ALIAS}:{dstq}"
+        ),
+        listener: None,
+        broken: broken.clone(),
+    };
+    // scp follows symlinks and fails on dangling ones; that is recorded, not hidden.
+    let scp = cmd(
+        "scp",
+        format!("scp -q -F \"$CFG\" -c aes128-gcm@openssh.com {r}{src} {ALIAS}:{dstq}"),
+    );
+    let remote_tar = if tree {
+        format!("mkdir -p {dstq} && tar -C {dstq} -xf -")
+    } else {
+        format!("tar -C {dst_parent} -xf -")
+    };
+    let tar_ssh = cmd(
+        "tar | ssh",
+        if tree {
+            format!(
+                "tar -C {src} -cf - . | ssh -F \"$CFG\" {ALIAS} {}",
+                sq(&remote_tar)
+            )
+        } else {
+            format!(
+                "tar -C {src_parent} -cf - {name} | ssh -F \"$CFG\" {ALIAS} {}",
+                sq(&remote_tar)
+            )
+        },
+    );
+    match opts.mode {
+        Mode::Local => vec![
+            Contender {
+                name: "fastcp".into(),
+                command: format!("{fastcp_bin}{extra} {r}{src} {dstq}"),
+                listener: None,
+                broken: broken.clone(),
+            },
+            cmd("cp -a", format!("cp -a {src} {dstq}")),
+            cmd(
+                "tar | tar",
+                if tree {
+                    format!("mkdir -p {dstq} && tar -C {src} -cf - . | tar -C {dstq} -xf -")
+                } else {
+                    format!("tar -C {src_parent} -cf - {name} | tar -C {dst_parent} -xf -")
+                },
+            ),
+        ],
+        Mode::Ssh => vec![
+            fastcp_remote("ssh"),
+            scp,
+            cmd(
+                "rsync",
+                if tree {
+                    format!("rsync -a -e \"ssh -F $CFG\" {src}/ {ALIAS}:{dstq}/")
+                } else {
+                    format!("rsync -a -e \"ssh -F $CFG\" {src} {ALIAS}:{dstq}")
+                },
+            ),
+            tar_ssh,
+        ],
+        Mode::Tcp => {
+            let mut v = vec![fastcp_remote("tcp"), scp, tar_ssh];
+            if !tree {
+                v.push(Contender {
+                    name: "nc".into(),
+                    command: format!("nc -N 127.0.0.1 \"$PORT\" < {src}"),
+                    listener: Some(format!("nc -l -d 127.0.0.1 \"$PORT\" > {dstq}")),
+                    broken: None,
+                });
+            }
+            v
+        }
+    }
+}
+
+/// Warm-up plus `opts.runs` alternated rounds.
+fn measure(
+    opts: &BenchOptions,
+    data: &Data,
+    contenders: &[Contender],
+    out: &Path,
+    dst: &Path,
+    logs: &Path,
+    cfg: Option<&Path>,
+) -> Result<Vec<Outcome>> {
+    let label = format!(
+        "{}/{}",
+        opts.mode.name(),
+        if data.set == DataSet::Big {
+            "big"
+        } else {
+            "tree"
+        }
+    );
+    let mut outcomes: Vec<Outcome> = vec![Outcome::default(); contenders.len()];
+    let run = |c: &Contender, i: usize| -> Result<Result<Duration, String>> {
+        let log = logs.join(format!("{}-{}.log", label.replace('/', "-"), i));
+        run_once(c, data, out, dst, &log, cfg, opts.timeout)
+    };
+    for (i, c) in contenders.iter().enumerate() {
+        if let Some(why) = &c.broken {
+            eprintln!("[{label}] {}: skipped: {why}", c.name);
+            outcomes[i].failure = Some(why.clone());
+            continue;
+        }
+        match run(c, i)? {
+            Ok(t) => {
+                eprintln!("[{label}] warm-up {}: {:.2} s", c.name, t.as_secs_f64());
+                outcomes[i].warmup = Some(t);
+            }
+            Err(why) => {
+                eprintln!("[{label}] warm-up {}: FAILED: {why}", c.name);
+                outcomes[i].failure = Some(why);
+            }
+        }
+    }
+    for round in 1..=opts.runs {
+        for (i, c) in contenders.iter().enumerate() {
+            if outcomes[i].failure.is_some() {
+                continue;
+            }
+            match run(c, i)? {
+                Ok(t) => {
+                    eprintln!(
+                        "[{label}] round {round}/{} {}: {:.2} s",
+                        opts.runs,
+                        c.name,
+                        t.as_secs_f64()
+                    );
+                    outcomes[i].times.push(t);
+                }
+                Err(why) => {
+                    eprintln!(
+                        "[{label}] round {round}/{} {}: FAILED: {why}",
+                        opts.runs, c.name
+                    );
+                    outcomes[i].failure = Some(format!("run {round}: {why}"));
+                }
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// One run: clear the destination, time the command, check the copy.
+///
+/// The outer `Err` is a harness problem (abort); the inner `Err` is the contender's failure.
+fn run_once(
+    c: &Contender,
+    data: &Data,
+    out: &Path,
+    dst: &Path,
+    log: &Path,
+    cfg: Option<&Path>,
+    timeout: Duration,
+) -> Result<Result<Duration, String>> {
+    if out.exists() {
+        fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    fs::create_dir_all(out)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let shell = |script: &str, log_file: &Path| -> Result<std::process::Child> {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("set -o pipefail\n{script}"))
+            .env("PORT", port.to_string())
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log_file)?);
+        if let Some(cfg) = cfg {
+            cmd.env("CFG", cfg);
+        }
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Ok(cmd.spawn()?)
+    };
+
+    let listener = match &c.listener {
+        Some(script) => {
+            let child = shell(script, &log.with_extension("listener.log"))?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !is_listening(port) {
+                if Instant::now() > deadline {
+                    kill_group(child.id());
+                    return Ok(Err("the listener did not start within 10 s".into()));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Some(child)
+        }
+        None => None,
+    };
+
+    let start = Instant::now();
+    let child = shell(&c.command, log)?;
+    let (status, timed_out) = wait_with_timeout(child, timeout)?;
+    let mut listener_result = None;
+    if let Some(l) = listener {
+        let left = timeout
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_secs(1));
+        listener_result = Some(wait_with_timeout(l, left)?);
+    }
+    let elapsed = start.elapsed();
+
+    let tail = |path: &Path| -> String {
+        let text = fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(2)..].join(" / ")
+    };
+    if timed_out {
+        return Ok(Err(format!("killed after {} s", timeout.as_secs())));
+    }
+    if !status.success() {
+        return Ok(Err(format!(
+            "{status} after {:.1} s: {}",
+            elapsed.as_secs_f64(),
+            tail(log)
+        )));
+    }
+    if let Some((status, timed_out)) = listener_result
+        && (timed_out || !status.success())
+    {
+        return Ok(Err(format!(
+            "listener {status}: {}",
+            tail(&log.with_extension("listener.log"))
+        )));
+    }
+    let check = match data.set {
+        DataSet::Big => verify::compare_files(&data.src, dst),
+        DataSet::Tree => verify::compare_tree_to(&data.src, &data.manifest, dst),
+    };
+    Ok(match check {
+        Ok(()) => Ok(elapsed),
+        Err(e) => Err(format!(
+            "wrong copy (run took {:.1} s): {e:#}",
+            elapsed.as_secs_f64()
+        )),
+    })
+}
+
+/// Waits for `child`; after `timeout` kills its whole process group. Returns the status and
+/// whether it was killed.
+fn wait_with_timeout(
+    mut child: std::process::Child,
+    timeout: Duration,
+) -> Result<(ExitStatus, bool)> {
+    let pid = child.id();
+    let (done, wait) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if wait.recv_timeout(timeout).is_err() {
+            kill_group(pid);
+            true
+        } else {
+            false
+        }
+    });
+    let status = child.wait()?;
+    let _ = done.send(());
+    let timed_out = watchdog.join().unwrap_or(false);
+    Ok((status, timed_out))
+}
+
+/// Kills the process group led by `pid` (a group this harness created).
+fn kill_group(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
+}
+
+/// Whether something listens on 127.0.0.1:`port` (read from /proc/net/tcp).
+fn is_listening(port: u16) -> bool {
+    let want = format!("0100007F:{port:04X}");
+    fs::read_to_string("/proc/net/tcp")
+        .map(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1] == want && f[3] == "0A"
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// The file system type of the mount holding `path`.
+pub fn fs_type(path: &Path) -> Option<String> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2).then(|| (f[1].replace("\\040", " "), f[2].to_owned()))
+        })
+        .filter(|(mnt, _)| path.starts_with(mnt))
+        .max_by_key(|(mnt, _)| mnt.len())
+        .map(|(_, t)| t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(sq("/dev/shm/a-b_c.bin"), "/dev/shm/a-b_c.bin");
+        assert_eq!(sq("a b"), "'a b'");
+        assert_eq!(sq("it's"), r"'it'\''s'");
+        assert_eq!(sq(""), "''");
+    }
+
+    #[test]
+    fn timeout_kills_the_whole_group() {
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", "sleep 30 | sleep 30"]);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let t = Instant::now();
+        let (status, timed_out) =
+            wait_with_timeout(cmd.spawn().unwrap(), Duration::from_millis(200)).unwrap();
+        assert!(timed_out);
+        assert!(!status.success());
+        assert!(t.elapsed() < Duration::from_secs(20));
+    }
+
+    #[test]
+    fn dev_shm_is_found_in_mounts() {
+        // Whatever it is, the root file system has a type.
+        assert!(fs_type(Path::new("/")).is_some());
+    }
+}

@@ -1,0 +1,441 @@
+//! The benchmark report: a Markdown section with the machine, the versions, the command, one
+//! table per data set (median, min, max, throughput, ratio to the baselines) and the targets.
+//! `write_section` replaces only this benchmark's own `## bench <mode>` section of
+//! BENCHMARKS.md, leaving the rest of the file as it is.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::bench::{BenchOptions, DataResult, DataSet, Mode, Outcome};
+
+/// A finished benchmark, ready to render.
+pub struct Report {
+    mode: Mode,
+    runs: usize,
+    command_line: String,
+    date: String,
+    machine: String,
+    versions: String,
+    root: String,
+    fs_type: String,
+    load: String,
+    /// Results per data set.
+    pub results: Vec<DataResult>,
+}
+
+/// A target from the specification: fastcp's median over a baseline's median.
+struct Target {
+    baseline: &'static str,
+    max_ratio: f64,
+    /// "faster than": the ratio must be strictly below `max_ratio`.
+    strict: bool,
+}
+
+/// Baselines that ratios are computed against.
+fn baselines(mode: Mode, set: DataSet) -> &'static [&'static str] {
+    match (mode, set) {
+        (Mode::Local, DataSet::Big) => &["cp -a"],
+        (Mode::Local, DataSet::Tree) => &["tar | tar"],
+        (Mode::Ssh, DataSet::Big) => &["scp"],
+        (Mode::Ssh, DataSet::Tree) => &["tar | ssh"],
+        (Mode::Tcp, DataSet::Big) => &["scp", "nc"],
+        (Mode::Tcp, DataSet::Tree) => &["tar | ssh"],
+    }
+}
+
+fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
+    let t = |baseline, max_ratio, strict| Target {
+        baseline,
+        max_ratio,
+        strict,
+    };
+    match (mode, set) {
+        (Mode::Local, DataSet::Big) => vec![t("cp -a", 1.5, false)],
+        (Mode::Local, DataSet::Tree) => vec![t("tar | tar", 1.0, false)],
+        (Mode::Ssh, DataSet::Big) => vec![t("scp", 0.8, false)],
+        (Mode::Ssh, DataSet::Tree) => vec![t("tar | ssh", 0.7, false)],
+        (Mode::Tcp, DataSet::Big) => vec![t("scp", 0.35, false), t("nc", 1.0, true)],
+        (Mode::Tcp, DataSet::Tree) => vec![t("tar | ssh", 0.5, false)],
+    }
+}
+
+/// Median of the timed runs (mean of the middle two for an even count).
+pub fn median(times: &[Duration]) -> Option<Duration> {
+    let mut v = times.to_vec();
+    v.sort_unstable();
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2),
+    }
+}
+
+fn first_line(program: &str, args: &[&str]) -> String {
+    match Command::new(program).args(args).output() {
+        Ok(out) => {
+            let text = if out.stdout.is_empty() {
+                out.stderr
+            } else {
+                out.stdout
+            };
+            let text = String::from_utf8_lossy(&text);
+            text.lines()
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        Err(_) => format!("{program}: not found"),
+    }
+}
+
+fn machine() -> String {
+    let lscpu = Command::new("lscpu")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let model = lscpu
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("Model name:").map(|m| m.trim().to_owned()))
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_kib: u64 = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0);
+    format!(
+        "{model}, {cores} cores, {:.1} GiB RAM, Linux {}",
+        mem_kib as f64 / (1 << 20) as f64,
+        first_line("uname", &["-r"])
+    )
+}
+
+fn fastcp_rev(repo: &Path) -> String {
+    let rev = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    if rev.is_empty() {
+        "unknown revision".into()
+    } else if dirty {
+        format!("{rev} (with uncommitted changes in the work tree)")
+    } else {
+        rev
+    }
+}
+
+impl Report {
+    /// Gathers the environment and wraps the results.
+    pub fn new(opts: &BenchOptions, root: &Path, load: String, results: Vec<DataResult>) -> Report {
+        let versions = [
+            format!("fastcp {}", fastcp_rev(&opts.repo)),
+            first_line("ssh", &["-V"]),
+            first_line("rsync", &["--version"]),
+            first_line("tar", &["--version"]),
+        ]
+        .join("; ");
+        Report {
+            mode: opts.mode,
+            runs: opts.runs,
+            command_line: opts.command_line.clone(),
+            date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            machine: machine(),
+            versions,
+            root: root.display().to_string(),
+            fs_type: crate::bench::fs_type(root).unwrap_or_else(|| "unknown".into()),
+            load,
+            results,
+        }
+    }
+
+    /// Renders the `## bench <mode>` section.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "## bench {}\n", self.mode.name());
+        let _ = writeln!(s, "`{}`, run on {}.\n", self.command_line, self.date);
+        let _ = writeln!(s, "- Machine: {}.", self.machine);
+        let _ = writeln!(s, "- Versions: {}.", self.versions);
+        let _ = writeln!(
+            s,
+            "- Data and copies on {} ({}); load average at start: {}.",
+            self.root, self.fs_type, self.load
+        );
+        let _ = writeln!(
+            s,
+            "- Method: one warm-up run per contender, then {} timed runs each, contenders alternated \
+             within every round; the destination is deleted before each run (not timed); every \
+             output is checked against the source (paths, types, sizes, symlink targets, bytes) \
+             after the clock stops. Times are wall clock around the whole command.",
+            self.runs
+        );
+        if self.mode != Mode::Local {
+            let _ = writeln!(
+                s,
+                "- Transport: OpenSSH sshd on 127.0.0.1 started by the harness (temp host key, \
+                 client key, known_hosts; `$CFG` below is its temp ssh_config, alias `{}`). \
+                 ssh, rsync and `tar | ssh` use the default cipher negotiation; scp forces \
+                 aes128-gcm.",
+                crate::sshd::ALIAS
+            );
+        }
+        for r in &self.results {
+            s.push('\n');
+            self.table(&mut s, r);
+        }
+        s
+    }
+
+    fn table(&self, s: &mut String, r: &DataResult) {
+        let set = r.data.set;
+        let _ = writeln!(s, "### {}\n", r.data.description);
+        let bases = baselines(self.mode, set);
+        let base_median = |name: &str| -> Option<Duration> {
+            r.contenders
+                .iter()
+                .find(|(c, _)| c.name == name)
+                .and_then(|(_, o)| median(&o.times))
+        };
+        let mut header = "| contender | median | min | max | MiB/s |".to_owned();
+        let mut rule = "|---|---:|---:|---:|---:|".to_owned();
+        for b in bases {
+            let _ = write!(header, " vs {} |", b.replace('|', "\\|"));
+            rule.push_str("---:|");
+        }
+        header.push_str(" result |");
+        rule.push_str("---|");
+        let _ = writeln!(s, "{header}\n{rule}");
+        for (c, o) in &r.contenders {
+            let m = median(&o.times);
+            let secs = |d: Option<Duration>| {
+                d.map_or("—".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+            };
+            let rate = m.map_or("—".to_owned(), |d| {
+                format!(
+                    "{:.0}",
+                    r.data.bytes as f64 / (1 << 20) as f64 / d.as_secs_f64()
+                )
+            });
+            let _ = write!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                c.name.replace('|', "\\|"),
+                secs(m),
+                secs(o.times.iter().min().copied()),
+                secs(o.times.iter().max().copied()),
+                rate
+            );
+            for b in bases {
+                let ratio = match (m, base_median(b)) {
+                    (Some(m), Some(bm)) => format!("{:.2}x", m.as_secs_f64() / bm.as_secs_f64()),
+                    _ => "—".into(),
+                };
+                let _ = write!(s, " {ratio} |");
+            }
+            let _ = writeln!(s, " {} |", result_text(o));
+        }
+        s.push('\n');
+        let fastcp = r
+            .contenders
+            .iter()
+            .find(|(c, _)| c.name == "fastcp")
+            .map(|(_, o)| median(&o.times));
+        for t in targets(self.mode, set) {
+            let want = format!(
+                "fastcp {} {:.2}x `{}`",
+                if t.strict { "<" } else { "≤" },
+                t.max_ratio,
+                t.baseline
+            );
+            let verdict = match (fastcp.flatten(), base_median(t.baseline)) {
+                (Some(f), Some(b)) => {
+                    let ratio = f.as_secs_f64() / b.as_secs_f64();
+                    let met = if t.strict {
+                        ratio < t.max_ratio
+                    } else {
+                        ratio <= t.max_ratio
+                    };
+                    format!(
+                        "{} ({:.2}x)",
+                        if met { "met" } else { "**not met**" },
+                        ratio
+                    )
+                }
+                (None, _) => "not measured (fastcp did not complete)".into(),
+                (_, None) => "not measured (the baseline did not complete)".into(),
+            };
+            let _ = writeln!(s, "- Target {want}: {verdict}.");
+        }
+        let _ = writeln!(s, "\nCommands (run with `bash -c`, `set -o pipefail`):\n");
+        for (c, _) in &r.contenders {
+            if let Some(l) = &c.listener {
+                let _ = writeln!(
+                    s,
+                    "- {}: `{l} &` (untimed until it listens), then `{}`",
+                    c.name, c.command
+                );
+            } else {
+                let _ = writeln!(s, "- {}: `{}`", c.name, c.command);
+            }
+        }
+    }
+}
+
+fn result_text(o: &Outcome) -> String {
+    let text = match &o.failure {
+        None => format!("ok ({} runs)", o.times.len()),
+        Some(why) => {
+            let mut why: String = why.chars().take(200).collect();
+            if why.len() < o.failure.as_ref().unwrap().len() {
+                why.push('…');
+            }
+            if o.times.is_empty() {
+                format!("**failed**: {why}")
+            } else {
+                format!("**failed** after {} good runs: {why}", o.times.len())
+            }
+        }
+    };
+    text.replace('|', "\\|")
+        .replace('`', "'")
+        .replace('\n', " ")
+}
+
+/// Replaces the section that starts with the line `heading` (up to the next `## ` heading) with
+/// `section`, or appends `section` if there is none.
+pub fn replace_section(doc: &str, heading: &str, section: &str) -> String {
+    let section = format!("{}\n", section.trim_end());
+    let lines: Vec<&str> = doc.split_inclusive('\n').collect();
+    let start = lines.iter().position(|l| l.trim_end() == heading);
+    match start {
+        Some(start) => {
+            let end = lines[start + 1..]
+                .iter()
+                .position(|l| l.starts_with("## ") || l.starts_with("# "))
+                .map_or(lines.len(), |i| start + 1 + i);
+            let mut out: String = lines[..start].concat();
+            out.push_str(&section);
+            if end < lines.len() {
+                out.push('\n');
+                out.push_str(&lines[end..].concat());
+            }
+            out
+        }
+        None => {
+            let mut out = doc.trim_end().to_owned();
+            if !out.is_empty() {
+                out.push_str("\n\n");
+            }
+            out.push_str(&section);
+            out
+        }
+    }
+}
+
+/// Replaces (or appends) `heading`'s section of the Markdown file at `path`.
+pub fn write_section(path: &Path, heading: &str, section: &str) -> Result<()> {
+    let doc = match fs::read_to_string(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_owned(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let new = replace_section(&doc, heading, section);
+    let tmp = path.with_extension("md.partial");
+    fs::write(&tmp, new).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+/// `2 GiB`, `1.42 GiB`, `300 MiB`, `12 KiB`, `17 B`.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    let mut v = bytes as f64;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v} {}", UNITS[unit])
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_only_its_own_section() {
+        let doc = "# Benchmarks\n\nintro\n\n## bench local\n\nold local\n### sub\nold\n\n## bench ssh\n\nssh stays\n";
+        let new = replace_section(doc, "## bench local", "## bench local\n\nnew local\n");
+        assert_eq!(
+            new,
+            "# Benchmarks\n\nintro\n\n## bench local\n\nnew local\n\n## bench ssh\n\nssh stays\n"
+        );
+        let new = replace_section(doc, "## bench ssh", "## bench ssh\n\nnew ssh");
+        assert_eq!(
+            new,
+            "# Benchmarks\n\nintro\n\n## bench local\n\nold local\n### sub\nold\n\n## bench ssh\n\nnew ssh\n"
+        );
+        let new = replace_section(doc, "## bench tcp", "## bench tcp\n\ntcp");
+        assert!(new.starts_with(doc.trim_end()));
+        assert!(new.ends_with("ssh stays\n\n## bench tcp\n\ntcp\n"));
+        // A heading that merely starts the same way is not ours.
+        let doc2 = "## bench local extra\n\nkeep\n";
+        assert!(replace_section(doc2, "## bench local", "## bench local\n\nx").contains("keep"));
+    }
+
+    #[test]
+    fn medians_sizes_and_numbers() {
+        let s = Duration::from_secs;
+        assert_eq!(median(&[s(3), s(1), s(2)]), Some(s(2)));
+        assert_eq!(
+            median(&[s(4), s(1), s(2), s(3)]),
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(median(&[]), None);
+        assert_eq!(human_size(2 << 30), "2 GiB");
+        assert_eq!(human_size(1_500_000_000), "1.40 GiB");
+        assert_eq!(thousands(78_579), "78,579");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+    }
+}
