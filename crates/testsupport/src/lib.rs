@@ -122,16 +122,23 @@ impl Sshd {
     pub fn start_jump(&self) -> io::Result<Sshd> {
         let jump = Sshd::start_named(&format!("{}-jump", self.alias))?;
         fs::copy(self.authorized_keys(), jump.authorized_keys())?;
-        let mut known = fs::OpenOptions::new().append(true).open(self.known_hosts())?;
+        let mut known = fs::OpenOptions::new()
+            .append(true)
+            .open(self.known_hosts())?;
         writeln!(known, "{}", jump.known_hosts_line())?;
-        let mut cfg = fs::OpenOptions::new().append(true).open(self.ssh_config())?;
+        let mut cfg = fs::OpenOptions::new()
+            .append(true)
+            .open(self.ssh_config())?;
         write!(cfg, "\n{}", self.host_block_for(&jump))?;
         Ok(jump)
     }
 
     /// Starts an `ssh-agent` on a temp socket and adds the client key to it.
     pub fn start_agent(&self) -> io::Result<Agent> {
-        let socket = self.dir.path().join(format!("agent.{}", std::process::id()));
+        let socket = self
+            .dir
+            .path()
+            .join(format!("agent.{}", std::process::id()));
         let _ = fs::remove_file(&socket);
         let child = Command::new("ssh-agent")
             .arg("-D")

@@ -1,1 +1,185 @@
-//! fastcp-transport.
+//! fastcp-transport: duplex byte streams to a peer running `fastcp server`.
+//!
+//! The crate knows nothing about files. It reaches a peer, starts the fixed remote command
+//! `fastcp server` (its stdio is the *control stream*), and opens more streams to a
+//! rendezvous the server announces (a unix socket or a loopback TCP port on the peer).
+//!
+//! - [`Transport`]: the small trait the engine uses.
+//! - [`SshSession`]: the built-in SSH client (russh). Reads ssh_config ([`SshOptions`],
+//!   [`HostConfig`]), checks known_hosts, authenticates with ssh-agent then identity
+//!   files, and multiplexes N channels over one connection; [`SshSession::reconnect`] adds
+//!   connections, each served by its own sshd process. Tuned by [`SshClientConfig`].
+//! - [`SshProgram`]: runs the system `ssh` instead (`--ssh-program ssh`); one stream only.
+//! - [`AnyTransport`]: picks one of the two from [`SshOptions::ssh_program`].
+//!
+//! ```no_run
+//! use fastcp_transport::{AnyTransport, Rendezvous, SshOptions, Transport};
+//! use tokio::io::AsyncWriteExt;
+//!
+//! # async fn demo() -> Result<(), fastcp_transport::Error> {
+//! let options = SshOptions::default();
+//! let peer = AnyTransport::connect("backup@nas", &options).await?;
+//! let mut server = peer.start_server().await?;
+//! server.stderr.forward_to_stderr();
+//! server.stream.write_all(b"hello").await.map_err(|e| fastcp_transport::Error::Io {
+//!     context: "write".into(),
+//!     source: e,
+//! })?;
+//! // ...the server answers with its rendezvous; then, if the transport allows it:
+//! if peer.supports_extra_streams() {
+//!     let _data = peer.open_stream(&Rendezvous::UnixSocket("/tmp/x/s".into())).await?;
+//! }
+//! let status = server.exit.wait().await?;
+//! assert!(status.success());
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub mod ssh;
+
+pub use ssh::{
+    Error, ExitStatus, ExitWaiter, HostConfig, ProcessStream, RemoteProcess, SshClientConfig,
+    SshOptions, SshProgram, SshSession, SshStream, Stderr, StrictHostKeyChecking,
+};
+
+/// A duplex byte stream: what every transport hands out.
+pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Duplex for T {}
+
+/// A boxed [`Duplex`] stream.
+pub type BoxStream = Box<dyn Duplex>;
+
+/// Where extra streams meet the server on the peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// A unix socket path on the peer (in a private 0700 directory).
+    UnixSocket(String),
+    /// A TCP port on the peer's loopback (127.0.0.1).
+    TcpPort(u16),
+}
+
+/// A way to reach a peer and talk to `fastcp server` there.
+pub trait Transport: Send + Sync + Sized {
+    /// Reaches `destination` (`[user@]host`) as `options` say.
+    fn connect(
+        destination: &str,
+        options: &SshOptions,
+    ) -> impl Future<Output = Result<Self, Error>> + Send;
+
+    /// Starts `fastcp server` (or `--remote-path`'s program, with the fixed argument
+    /// `server`) and returns its control stream, stderr and exit status.
+    fn start_server(&self) -> impl Future<Output = Result<RemoteProcess, Error>> + Send;
+
+    /// Opens one more stream to `rendezvous` on the peer.
+    /// Fails with [`Error::SingleStream`] when [`supports_extra_streams`] is false.
+    ///
+    /// [`supports_extra_streams`]: Transport::supports_extra_streams
+    fn open_stream(
+        &self,
+        rendezvous: &Rendezvous,
+    ) -> impl Future<Output = Result<BoxStream, Error>> + Send;
+
+    /// Whether [`open_stream`](Transport::open_stream) can be used.
+    fn supports_extra_streams(&self) -> bool;
+}
+
+impl Transport for SshSession {
+    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
+        SshSession::connect(destination, options).await
+    }
+
+    async fn start_server(&self) -> Result<RemoteProcess, Error> {
+        let cmd = self.server_command()?;
+        Ok(self.exec(&cmd).await?.boxed())
+    }
+
+    async fn open_stream(&self, rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
+        let s = match rendezvous {
+            Rendezvous::UnixSocket(path) => self.open_streamlocal(path).await?,
+            Rendezvous::TcpPort(port) => self.open_direct_tcpip("127.0.0.1", *port).await?,
+        };
+        Ok(Box::new(s))
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        true
+    }
+}
+
+impl Transport for SshProgram {
+    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
+        SshProgram::new(destination, options)
+    }
+
+    async fn start_server(&self) -> Result<RemoteProcess, Error> {
+        Ok(self.start().await?.boxed())
+    }
+
+    async fn open_stream(&self, _rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
+        Err(Error::SingleStream("--ssh-program"))
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        false
+    }
+}
+
+/// The built-in client, or the system ssh program when [`SshOptions::ssh_program`] is set.
+#[derive(Debug)]
+pub enum AnyTransport {
+    /// Built-in client.
+    Builtin(SshSession),
+    /// System OpenSSH client.
+    Program(SshProgram),
+}
+
+impl Transport for AnyTransport {
+    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
+        Ok(match options.ssh_program {
+            Some(_) => AnyTransport::Program(SshProgram::new(destination, options)?),
+            None => AnyTransport::Builtin(SshSession::connect(destination, options).await?),
+        })
+    }
+
+    async fn start_server(&self) -> Result<RemoteProcess, Error> {
+        match self {
+            AnyTransport::Builtin(s) => s.start_server().await,
+            AnyTransport::Program(p) => p.start_server().await,
+        }
+    }
+
+    async fn open_stream(&self, rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
+        match self {
+            AnyTransport::Builtin(s) => Transport::open_stream(s, rendezvous).await,
+            AnyTransport::Program(p) => Transport::open_stream(p, rendezvous).await,
+        }
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        match self {
+            AnyTransport::Builtin(s) => s.supports_extra_streams(),
+            AnyTransport::Program(p) => p.supports_extra_streams(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn public_types_are_thread_safe() {
+        assert_send_sync::<SshSession>();
+        assert_send_sync::<SshProgram>();
+        assert_send_sync::<Error>();
+        assert_send::<SshStream>();
+        assert_send::<RemoteProcess>();
+    }
+}

@@ -1,0 +1,608 @@
+//! The built-in SSH client (russh): connect (through ProxyJump hops), check the host key,
+//! authenticate, run commands and open forwarded streams.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use russh::client::{Handle, Msg, Session};
+use russh::keys::{PublicKey, PublicKeyOrCertificate};
+use russh::{Channel, ChannelId, ChannelMsg, Sig};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use super::Error;
+use super::auth::{self, AuthUsed};
+use super::config::{self, HostConfig, SshOptions, StrictHostKeyChecking};
+use super::known_hosts::{self, HostKeyStatus, fingerprint, key_type_name};
+use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command};
+use super::stream::SshStream;
+
+/// Tuning of the built-in SSH client.
+///
+/// The defaults come from measurements on loopback (see BENCHMARKS.md, "SSH transport
+/// tuning"). Note that for data *we send*, the peer's window and packet size govern
+/// (OpenSSH's sshd advertises 2 MiB / 32 KiB per channel); ours govern data we receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshClientConfig {
+    /// Receive window per channel, in bytes: how much the peer may send before we
+    /// acknowledge. Default 8 MiB.
+    pub window_size: u32,
+    /// Largest packet the peer may send us, in bytes. OpenSSH caps channel packets at
+    /// 256 KiB; default 64 KiB.
+    pub max_packet_size: u32,
+    /// Packets queued per channel before the connection waits for the reader. Default 64.
+    pub channel_buffer_size: usize,
+    /// Disable Nagle's algorithm on the TCP socket. Default `true`: SSH frames its own
+    /// packets, and delaying small ones (handshake, window adjustments) only adds latency.
+    pub nodelay: bool,
+    /// Cipher preference, most preferred first (`aes128-gcm@openssh.com`,
+    /// `aes256-gcm@openssh.com`, `chacha20-poly1305@openssh.com`, `aes*-ctr`). Pass the
+    /// order from fastcp-crypto's CPU probe. Default: AES-GCM first, then ChaCha20-Poly1305.
+    pub ciphers: Vec<String>,
+    /// Send a keepalive after this much silence from the server. Default: none.
+    pub keepalive_interval: Option<Duration>,
+}
+
+impl Default for SshClientConfig {
+    fn default() -> Self {
+        SshClientConfig {
+            window_size: 8 << 20,
+            max_packet_size: 64 << 10,
+            channel_buffer_size: 64,
+            nodelay: true,
+            ciphers: vec![
+                "aes128-gcm@openssh.com".into(),
+                "aes256-gcm@openssh.com".into(),
+                "chacha20-poly1305@openssh.com".into(),
+            ],
+            keepalive_interval: None,
+        }
+    }
+}
+
+impl SshClientConfig {
+    fn to_russh(&self) -> Result<russh::client::Config, Error> {
+        let mut preferred = russh::Preferred::default();
+        if !self.ciphers.is_empty() {
+            let names = self
+                .ciphers
+                .iter()
+                .map(|c| {
+                    russh::cipher::Name::try_from(c.as_str()).map_err(|()| {
+                        Error::Config(format!(
+                            "cipher {c:?} is not supported by the built-in client"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            preferred.cipher = names.into();
+        }
+        Ok(russh::client::Config {
+            client_id: russh::SshId::Standard(
+                concat!("SSH-2.0-fastcp_", env!("CARGO_PKG_VERSION")).into(),
+            ),
+            window_size: self.window_size,
+            maximum_packet_size: self.max_packet_size,
+            channel_buffer_size: self.channel_buffer_size,
+            nodelay: self.nodelay,
+            preferred,
+            keepalive_interval: self.keepalive_interval,
+            ..Default::default()
+        })
+    }
+}
+
+struct ExecSinks {
+    stderr: mpsc::UnboundedSender<Bytes>,
+    exit: Option<oneshot::Sender<ExitStatus>>,
+}
+
+type ExecMap = Arc<Mutex<HashMap<ChannelId, ExecSinks>>>;
+
+/// russh's callbacks for one connection: host key check, stderr and exit status.
+pub(crate) struct ClientHandler {
+    host: Arc<HostConfig>,
+    warnings: Arc<Mutex<Vec<String>>>,
+    exec: ExecMap,
+}
+
+impl russh::client::Handler for ClientHandler {
+    type Error = Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Error> {
+        match key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => {
+                verify_host_key(&self.host, key, &self.warnings).await?;
+                Ok(true)
+            }
+            PublicKeyOrCertificate::Certificate(_) => Err(Error::HostKeyRejected {
+                host: self.host.known_hosts_name(),
+                reason: "the server presented a host certificate, which fastcp does not verify"
+                    .into(),
+            }),
+        }
+    }
+
+    async fn extended_data(
+        &mut self,
+        channel: ChannelId,
+        ext: u32,
+        data: &[u8],
+        _session: &mut Session,
+    ) -> Result<(), Error> {
+        if ext == 1
+            && let Some(s) = self.exec.lock().expect("exec map").get(&channel)
+        {
+            let _ = s.stderr.send(Bytes::copy_from_slice(data));
+        }
+        Ok(())
+    }
+
+    async fn exit_status(
+        &mut self,
+        channel: ChannelId,
+        exit_status: u32,
+        _session: &mut Session,
+    ) -> Result<(), Error> {
+        self.report_exit(channel, ExitStatus::Code(exit_status));
+        Ok(())
+    }
+
+    async fn exit_signal(
+        &mut self,
+        channel: ChannelId,
+        signal_name: Sig,
+        core_dumped: bool,
+        error_message: &str,
+        _lang_tag: &str,
+        _session: &mut Session,
+    ) -> Result<(), Error> {
+        let name = format!("{signal_name:?}");
+        let name = name
+            .strip_prefix("Custom(\"")
+            .and_then(|n| n.strip_suffix("\")"))
+            .unwrap_or(&name)
+            .to_owned();
+        self.report_exit(
+            channel,
+            ExitStatus::Signal {
+                name,
+                core_dumped,
+                message: error_message.to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Error> {
+        // Dropping the sinks ends the stderr stream; a missing exit status becomes
+        // `Error::NoExitStatus`.
+        self.exec.lock().expect("exec map").remove(&channel);
+        Ok(())
+    }
+}
+
+impl ClientHandler {
+    fn report_exit(&self, channel: ChannelId, status: ExitStatus) {
+        if let Some(s) = self.exec.lock().expect("exec map").get_mut(&channel)
+            && let Some(tx) = s.exit.take()
+        {
+            let _ = tx.send(status);
+        }
+    }
+}
+
+/// Checks `key` against the host's known_hosts files and its StrictHostKeyChecking policy.
+async fn verify_host_key(
+    host: &HostConfig,
+    key: &PublicKey,
+    warnings: &Mutex<Vec<String>>,
+) -> Result<(), Error> {
+    let name = host.known_hosts_name();
+    let files: Vec<_> = host
+        .user_known_hosts_files
+        .iter()
+        .chain(&host.global_known_hosts_files)
+        .cloned()
+        .collect();
+    let status = known_hosts::check(&files, &name, key).map_err(|e| Error::HostKeyRejected {
+        host: name.clone(),
+        reason: format!("cannot read known_hosts: {e}"),
+    })?;
+    let key_type = key_type_name(key);
+    let fp = fingerprint(key);
+    let first_file = host.user_known_hosts_files.first().cloned();
+    match status {
+        HostKeyStatus::Known { .. } => Ok(()),
+        HostKeyStatus::Revoked { file, line } => Err(Error::HostKeyRejected {
+            host: name,
+            reason: format!(
+                "its {key_type} key {fp} is marked as revoked in {}:{line}",
+                file.display()
+            ),
+        }),
+        HostKeyStatus::Changed { file, line } => Err(Error::HostKeyChanged {
+            host: name,
+            key_type,
+            fingerprint: fp,
+            file,
+            line,
+        }),
+        HostKeyStatus::Unknown => {
+            let unknown = || Error::HostKeyUnknown {
+                host: name.clone(),
+                key_type: key_type.clone(),
+                fingerprint: fp.clone(),
+                known_hosts: first_file
+                    .clone()
+                    .unwrap_or_else(|| "~/.ssh/known_hosts".into()),
+            };
+            let accept = match host.strict_host_key_checking {
+                StrictHostKeyChecking::Yes => false,
+                StrictHostKeyChecking::AcceptNew | StrictHostKeyChecking::No => true,
+                StrictHostKeyChecking::Ask if host.batch_mode => false,
+                StrictHostKeyChecking::Ask => {
+                    let prompt = format!(
+                        "The authenticity of host '{name}' can't be established.\n\
+                         {key_type} key fingerprint is {fp}.\n\
+                         Are you sure you want to continue connecting (yes/no/[fingerprint])? "
+                    );
+                    let fp2 = fp.clone();
+                    tokio::task::spawn_blocking(move || {
+                        loop {
+                            match auth::read_tty_line(&prompt, true) {
+                                Ok(Some(a)) => {
+                                    let a = a.trim();
+                                    if a.eq_ignore_ascii_case("yes") || a == fp2 {
+                                        return true;
+                                    }
+                                    if a.eq_ignore_ascii_case("no") {
+                                        return false;
+                                    }
+                                }
+                                _ => return false, // no terminal: like `yes`
+                            }
+                        }
+                    })
+                    .await
+                    .unwrap_or(false)
+                }
+            };
+            if !accept {
+                return Err(unknown());
+            }
+            let Some(file) = first_file else {
+                return Err(unknown());
+            };
+            known_hosts::record(&file, &name, key, host.hash_known_hosts).map_err(|e| {
+                Error::io(format!("cannot record host key in {}", file.display()), e)
+            })?;
+            warnings.lock().expect("warnings").push(format!(
+                "Warning: Permanently added '{name}' ({key_type}) to the list of known hosts."
+            ));
+            Ok(())
+        }
+    }
+}
+
+/// One authenticated SSH connection (possibly through ProxyJump hops).
+///
+/// Open as many channels as needed on it ([`exec`](SshSession::exec),
+/// [`open_streamlocal`](SshSession::open_streamlocal),
+/// [`open_direct_tcpip`](SshSession::open_direct_tcpip)); open more connections to the same
+/// host, each served by its own sshd process, with [`reconnect`](SshSession::reconnect).
+pub struct SshSession {
+    handle: Handle<ClientHandler>,
+    exec: ExecMap,
+    host: Arc<HostConfig>,
+    client: SshClientConfig,
+    auth: AuthUsed,
+    via: Option<Arc<SshSession>>,
+    warnings: Vec<String>,
+    remote_path: Option<String>,
+}
+
+impl std::fmt::Debug for SshSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshSession")
+            .field("host", &self.host.alias)
+            .field("user", &self.host.user)
+            .field("via", &self.via.as_ref().map(|v| &v.host.alias))
+            .finish()
+    }
+}
+
+impl SshSession {
+    /// Resolves `destination` (`[user@]host`) through ssh_config and `options`, then
+    /// connects, through each ProxyJump hop in turn, checks host keys and authenticates.
+    pub async fn connect(destination: &str, options: &SshOptions) -> Result<SshSession, Error> {
+        let chain = config::resolve_chain(destination, options)?;
+        let mut s = SshSession::connect_chain(chain, &options.client).await?;
+        s.remote_path = options.remote_path.clone();
+        Ok(s)
+    }
+
+    /// Connects through an already resolved chain: hops first, destination last.
+    pub async fn connect_chain(
+        chain: Vec<HostConfig>,
+        client: &SshClientConfig,
+    ) -> Result<SshSession, Error> {
+        let mut via: Option<Arc<SshSession>> = None;
+        let n = chain.len();
+        if n == 0 {
+            return Err(Error::Config("nothing to connect to".into()));
+        }
+        let mut warnings = Vec::new();
+        for (i, host) in chain.into_iter().enumerate() {
+            let mut s = connect_one(Arc::new(host), via.take(), client, None).await?;
+            warnings.append(&mut s.warnings);
+            if i + 1 == n {
+                s.warnings = warnings;
+                return Ok(s);
+            }
+            via = Some(Arc::new(s));
+        }
+        unreachable!("the loop returns on the last host")
+    }
+
+    /// Opens another connection to the same host (through the same jump connection, if
+    /// any), authenticating as this one did without asking again for a passphrase.
+    pub async fn reconnect(&self) -> Result<SshSession, Error> {
+        let mut s = connect_one(
+            self.host.clone(),
+            self.via.clone(),
+            &self.client,
+            Some(&self.auth),
+        )
+        .await?;
+        s.remote_path = self.remote_path.clone();
+        Ok(s)
+    }
+
+    /// The destination's resolved settings.
+    pub fn host(&self) -> &HostConfig {
+        &self.host
+    }
+
+    /// Warnings to show the user (for example a host key just recorded in known_hosts).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Runs `command` through the remote user's shell. The stream is the command's stdin
+    /// and stdout; shut it down to send EOF.
+    ///
+    /// Callers of fastcp use [`start_server`](crate::Transport::start_server), whose
+    /// command line is fixed; this method is for tests and tools.
+    pub async fn exec(&self, command: &str) -> Result<RemoteProcess<SshStream>, Error> {
+        let mut ch = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| channel_error("session channel", e, ""))?;
+        let (etx, erx) = mpsc::unbounded_channel();
+        let (xtx, xrx) = oneshot::channel();
+        self.exec.lock().expect("exec map").insert(
+            ch.id(),
+            ExecSinks {
+                stderr: etx,
+                exit: Some(xtx),
+            },
+        );
+        ch.exec(true, command).await?;
+        let early = wait_request_reply(&mut ch)
+            .await
+            .map_err(|reason| Error::Channel {
+                what: "exec".into(),
+                reason,
+            })?;
+        let mut stream = SshStream::new(ch, false);
+        stream.prepend(early);
+        Ok(RemoteProcess {
+            stream,
+            stderr: Stderr(erx),
+            exit: ExitWaiter(xrx),
+        })
+    }
+
+    /// Opens a `direct-streamlocal@openssh.com` channel: a stream to the unix socket at
+    /// `socket_path` on the remote host, connected by sshd as the remote user.
+    pub async fn open_streamlocal(&self, socket_path: &str) -> Result<SshStream, Error> {
+        let ch = self
+            .handle
+            .channel_open_direct_streamlocal(socket_path)
+            .await
+            .map_err(|e| {
+                channel_error(
+                    &format!("direct-streamlocal to {socket_path}"),
+                    e,
+                    "check that the socket exists and that sshd allows it \
+                     (AllowStreamLocalForwarding yes or local, DisableForwarding no)",
+                )
+            })?;
+        Ok(SshStream::new(ch, true))
+    }
+
+    /// Opens a `direct-tcpip` channel: a stream to `host:port` as seen from the remote
+    /// host (use `127.0.0.1` for the remote loopback).
+    pub async fn open_direct_tcpip(&self, host: &str, port: u16) -> Result<SshStream, Error> {
+        let ch = self
+            .handle
+            .channel_open_direct_tcpip(host, u32::from(port), "127.0.0.1", 0)
+            .await
+            .map_err(|e| {
+                channel_error(
+                    &format!("direct-tcpip to {host}:{port}"),
+                    e,
+                    "check that something listens there and that sshd allows it \
+                     (AllowTcpForwarding yes or local, DisableForwarding no)",
+                )
+            })?;
+        Ok(SshStream::new(ch, true))
+    }
+
+    /// Ends the connection politely.
+    pub async fn close(self) -> Result<(), Error> {
+        self.handle
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) fn remote_path(&self) -> Option<&str> {
+        self.remote_path.as_deref()
+    }
+
+    /// The fixed command line that starts `fastcp server`.
+    pub(crate) fn server_command(&self) -> Result<String, Error> {
+        server_command(self.remote_path())
+    }
+}
+
+/// Waits for the reply to a `want_reply` channel request, keeping any data that arrives
+/// before it.
+async fn wait_request_reply(ch: &mut Channel<Msg>) -> Result<Vec<Bytes>, String> {
+    let mut early = Vec::new();
+    loop {
+        match ch.wait().await {
+            Some(ChannelMsg::Success) => return Ok(early),
+            Some(ChannelMsg::Failure) => return Err("the server refused to run the command".into()),
+            Some(ChannelMsg::Data { data }) => early.push(data),
+            Some(ChannelMsg::Close) | None => {
+                return Err("the server closed the channel before running the command".into());
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+fn channel_error(what: &str, e: russh::Error, hint: &str) -> Error {
+    let reason = match e {
+        russh::Error::ChannelOpenFailure(f) => {
+            let mut r = format!("refused by the server ({f:?})");
+            if !hint.is_empty() {
+                r.push_str("; ");
+                r.push_str(hint);
+            }
+            r
+        }
+        other => other.to_string(),
+    };
+    Error::Channel {
+        what: what.to_owned(),
+        reason,
+    }
+}
+
+/// Connects to one host, directly or through `via`, and authenticates.
+async fn connect_one(
+    host: Arc<HostConfig>,
+    via: Option<Arc<SshSession>>,
+    client: &SshClientConfig,
+    previous: Option<&AuthUsed>,
+) -> Result<SshSession, Error> {
+    let config = Arc::new(client.to_russh()?);
+    let exec: ExecMap = Arc::default();
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let handler = ClientHandler {
+        host: host.clone(),
+        warnings: warnings.clone(),
+        exec: exec.clone(),
+    };
+    let timeout = host.connect_timeout;
+    let timed_out = || Error::Timeout {
+        host: host.host_name.clone(),
+        port: host.port,
+        timeout: timeout.unwrap_or_default(),
+    };
+    let handshake = async {
+        match &via {
+            None => {
+                let tcp = tcp_connect(&host.host_name, host.port, timeout).await?;
+                if client.nodelay {
+                    let _ = tcp.set_nodelay(true);
+                }
+                russh::client::connect_stream(config, tcp, handler).await
+            }
+            Some(jump) => {
+                let stream = jump
+                    .open_direct_tcpip(&host.host_name, host.port)
+                    .await
+                    .map_err(|e| Error::Connect {
+                        host: host.host_name.clone(),
+                        port: host.port,
+                        source: std::io::Error::other(format!("through {}: {e}", jump.host.alias)),
+                    })?;
+                russh::client::connect_stream(config, stream, handler).await
+            }
+        }
+    };
+    let mut handle = match timeout {
+        Some(t) => tokio::time::timeout(t, handshake)
+            .await
+            .map_err(|_| timed_out())??,
+        None => handshake.await?,
+    };
+    let auth = auth::authenticate(&mut handle, &host, previous).await?;
+    let warnings = std::mem::take(&mut *warnings.lock().expect("warnings"));
+    Ok(SshSession {
+        handle,
+        exec,
+        host,
+        client: client.clone(),
+        auth,
+        via,
+        warnings,
+        remote_path: None,
+    })
+}
+
+/// Connects to each address of `host:port` in turn, each attempt limited by `timeout`.
+async fn tcp_connect(host: &str, port: u16, timeout: Option<Duration>) -> Result<TcpStream, Error> {
+    let err = |source| Error::Connect {
+        host: host.to_owned(),
+        port,
+        source,
+    };
+    let addrs: Vec<_> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| {
+            err(std::io::Error::new(
+                e.kind(),
+                format!("could not resolve hostname {host}: {e}"),
+            ))
+        })?
+        .collect();
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for addr in addrs {
+        let attempt = TcpStream::connect(addr);
+        let res = match timeout {
+            Some(t) => match tokio::time::timeout(t, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "Connection timed out",
+                )),
+            },
+            None => attempt.await,
+        };
+        match res {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    if last.kind() == std::io::ErrorKind::TimedOut {
+        return Err(Error::Timeout {
+            host: host.to_owned(),
+            port,
+            timeout: timeout.unwrap_or_default(),
+        });
+    }
+    Err(err(last))
+}

@@ -1,0 +1,180 @@
+//! The transport's error type.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong while reaching a peer or talking to it.
+///
+/// Each message says what happened in OpenSSH's words where OpenSSH has them, and what to do
+/// about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The ssh_config file or an option could not be used.
+    #[error("ssh_config: {0}")]
+    Config(String),
+
+    /// The TCP connection (or a ProxyJump hop's channel) could not be made.
+    #[error(
+        "ssh: connect to host {host} port {port}: {source}\n\
+         Check the host name and port (ssh_config HostName/Port), and that sshd runs there."
+    )]
+    Connect {
+        /// Host name or address tried.
+        host: String,
+        /// Port tried.
+        port: u16,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// ConnectTimeout expired before the SSH handshake completed.
+    #[error(
+        "ssh: connect to host {host} port {port}: Connection timed out after {}s (ConnectTimeout).\n\
+         Check that the host is up and the port is right, or raise ConnectTimeout.",
+        timeout.as_secs_f32()
+    )]
+    Timeout {
+        /// Host name or address tried.
+        host: String,
+        /// Port tried.
+        port: u16,
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+
+    /// The server's host key is not in any known_hosts file and checking is strict.
+    #[error(
+        "No {key_type} host key is known for {host} and you have requested strict checking.\n\
+         Host key verification failed.\n\
+         The server's {key_type} key fingerprint is {fingerprint}. If you trust it, add it to \
+         {known_hosts} (for example by connecting once with `ssh` and checking the fingerprint), \
+         or connect with -o StrictHostKeyChecking=accept-new."
+    )]
+    HostKeyUnknown {
+        /// `host` or `[host]:port`, as looked up in known_hosts.
+        host: String,
+        /// OpenSSH's name of the key type (`ED25519`, `RSA`, `ECDSA`...).
+        key_type: String,
+        /// `SHA256:...` fingerprint of the key the server sent.
+        fingerprint: String,
+        /// The known_hosts file a new key would be recorded in.
+        known_hosts: PathBuf,
+    },
+
+    /// The server's host key differs from the one recorded for this host.
+    #[error(
+        "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n\
+         @    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n\
+         @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n\
+         IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n\
+         Someone could be eavesdropping on you right now (man-in-the-middle attack)!\n\
+         It is also possible that a host key has just been changed.\n\
+         The fingerprint for the {key_type} key sent by the remote host is\n\
+         {fingerprint}.\n\
+         Please contact your system administrator.\n\
+         Add correct host key in {} to get rid of this message.\n\
+         Offending {key_type} key in {}:{line}\n\
+         Host key for {host} has changed and you have requested strict checking.\n\
+         Host key verification failed.",
+        file.display(),
+        file.display()
+    )]
+    HostKeyChanged {
+        /// `host` or `[host]:port`, as looked up in known_hosts.
+        host: String,
+        /// OpenSSH's name of the key type.
+        key_type: String,
+        /// `SHA256:...` fingerprint of the key the server sent.
+        fingerprint: String,
+        /// The known_hosts file holding the other key.
+        file: PathBuf,
+        /// Its line number (1-based).
+        line: usize,
+    },
+
+    /// The server's host key is marked `@revoked`, or is of a kind fastcp cannot verify.
+    #[error("Host key verification failed for {host}: {reason}")]
+    HostKeyRejected {
+        /// `host` or `[host]:port`.
+        host: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// No authentication method worked.
+    #[error(
+        "{user}@{host}: Permission denied (publickey).\nTried: {}.\n\
+         Check that one of these keys is in the remote user's authorized_keys, load a key into \
+         ssh-agent (ssh-add), or name one with -i / IdentityFile.",
+        if tried.is_empty() { "no key at all (no agent, no identity file found)".to_owned() } else { tried.join(", ") }
+    )]
+    Auth {
+        /// Remote user name.
+        user: String,
+        /// Host as typed.
+        host: String,
+        /// What was offered, in order.
+        tried: Vec<String>,
+    },
+
+    /// A channel could not be opened or was refused by the server.
+    #[error("ssh: {what}: {reason}")]
+    Channel {
+        /// What was being opened, e.g. `direct-streamlocal to /run/x.sock`.
+        what: String,
+        /// Why it failed, and what to do.
+        reason: String,
+    },
+
+    /// The operation needs more than one stream, and this transport has only one.
+    #[error(
+        "{0} gives a single stream; use the built-in SSH client (no --ssh-program) for parallel streams"
+    )]
+    SingleStream(&'static str),
+
+    /// The remote command ended without reporting an exit status (connection lost?).
+    #[error("the remote command ended without an exit status (the connection was probably lost)")]
+    NoExitStatus,
+
+    /// The SSH protocol layer failed (key exchange, disconnect, broken packet...).
+    #[error("ssh: {0}")]
+    Protocol(#[from] russh::Error),
+
+    /// A local I/O error (reading a key file, starting the ssh program...).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True for host key failures (unknown, changed or rejected key).
+    pub fn is_host_key(&self) -> bool {
+        matches!(
+            self,
+            Error::HostKeyUnknown { .. }
+                | Error::HostKeyChanged { .. }
+                | Error::HostKeyRejected { .. }
+        )
+    }
+}
+
+impl From<russh::keys::Error> for Error {
+    fn from(e: russh::keys::Error) -> Self {
+        Error::Protocol(russh::Error::from(e))
+    }
+}

@@ -1,0 +1,267 @@
+//! The escape hatch: run the system OpenSSH client (`--ssh-program ssh`).
+//!
+//! It serves configs the built-in client cannot (Match, ProxyCommand, GSSAPI, ...), at the
+//! cost of a single stream: the remote command's stdio over ssh's stdio.
+//!
+//! The argv is built from [`SshOptions`] only: `ssh -T -x -a [-F cfg] [-p port] [-l user]
+//! [-i id]... [-J jump] [-o opt]... [-c ciphers] -- destination '<remote program>' server`.
+//! No path or other user data goes on the remote command line.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Error;
+use super::config::SshOptions;
+use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command};
+
+/// Runs `fastcp server` on the peer through the system `ssh` program.
+#[derive(Clone, Debug)]
+pub struct SshProgram {
+    program: PathBuf,
+    destination: String,
+    options: SshOptions,
+}
+
+impl SshProgram {
+    /// Prepares to run `options.ssh_program` (default `ssh`) to reach `destination`
+    /// (`[user@]host`). Nothing runs until [`start`](SshProgram::start).
+    pub fn new(destination: &str, options: &SshOptions) -> Result<SshProgram, Error> {
+        if destination.is_empty()
+            || destination.starts_with('-')
+            || destination
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(Error::Config(format!(
+                "invalid destination {destination:?}"
+            )));
+        }
+        server_command(options.remote_path.as_deref())?;
+        Ok(SshProgram {
+            program: options
+                .ssh_program
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("ssh")),
+            destination: destination.to_owned(),
+            options: options.clone(),
+        })
+    }
+
+    /// The full command line: program first.
+    pub fn argv(&self) -> Result<Vec<OsString>, Error> {
+        let o = &self.options;
+        let mut a: Vec<OsString> = vec![self.program.clone().into()];
+        // No pty, no X11, no agent forwarding: a plain byte pipe.
+        a.extend(["-T", "-x", "-a"].map(OsString::from));
+        if let Some(f) = &o.config_file {
+            a.push("-F".into());
+            a.push(f.into());
+        }
+        if let Some(p) = o.port {
+            a.push("-p".into());
+            a.push(p.to_string().into());
+        }
+        if let Some(u) = &o.user {
+            a.push("-l".into());
+            a.push(u.into());
+        }
+        for i in &o.identity_files {
+            a.push("-i".into());
+            a.push(i.into());
+        }
+        if let Some(j) = &o.jump {
+            a.push("-J".into());
+            a.push(j.into());
+        }
+        for opt in &o.options {
+            a.push("-o".into());
+            a.push(opt.into());
+        }
+        if !o.client.ciphers.is_empty() {
+            a.push("-c".into());
+            a.push(o.client.ciphers.join(",").into());
+        }
+        a.push("--".into());
+        a.push((&self.destination).into());
+        a.push(server_command(o.remote_path.as_deref())?.into());
+        Ok(a)
+    }
+
+    /// Starts ssh, which runs `fastcp server` on the peer.
+    pub async fn start(&self) -> Result<RemoteProcess<ProcessStream>, Error> {
+        let argv = self.argv()?;
+        self.spawn(&argv)
+    }
+
+    fn spawn(&self, argv: &[OsString]) -> Result<RemoteProcess<ProcessStream>, Error> {
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::io(format!("cannot run {}", self.program.display()), e))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr = child.stderr.take().expect("piped stderr");
+
+        let (etx, erx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 || etx.send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                    break;
+                }
+            }
+        });
+        let (xtx, xrx) = oneshot::channel();
+        tokio::spawn(async move {
+            if let Ok(status) = child.wait().await {
+                let _ = xtx.send(exit_status(status));
+            }
+        });
+        Ok(RemoteProcess {
+            stream: ProcessStream {
+                stdout,
+                stdin: Some(stdin),
+            },
+            stderr: Stderr(erx),
+            exit: ExitWaiter(xrx),
+        })
+    }
+}
+
+fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return ExitStatus::Code(code as u32);
+    }
+    let sig = status.signal().unwrap_or(0);
+    let name = match sig {
+        1 => "HUP".to_owned(),
+        2 => "INT".to_owned(),
+        6 => "ABRT".to_owned(),
+        9 => "KILL".to_owned(),
+        13 => "PIPE".to_owned(),
+        15 => "TERM".to_owned(),
+        n => format!("signal {n}"),
+    };
+    ExitStatus::Signal {
+        name,
+        core_dumped: status.core_dumped(),
+        message: String::new(),
+    }
+}
+
+/// The ssh program's stdout (read) and stdin (write) as one duplex stream.
+/// `poll_shutdown` closes stdin, which the remote command sees as EOF.
+#[derive(Debug)]
+pub struct ProcessStream {
+    stdout: ChildStdout,
+    stdin: Option<ChildStdin>,
+}
+
+impl AsyncRead for ProcessStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stdout).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ProcessStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.stdin.as_mut() {
+            Some(s) => Pin::new(s).poll_write(cx, buf),
+            None => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            ))),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.stdin.as_mut() {
+            Some(s) => Pin::new(s).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if let Some(s) = self.stdin.as_mut() {
+            std::task::ready!(Pin::new(s).poll_flush(cx))?;
+        }
+        self.stdin = None; // closing the pipe is the EOF
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_is_built_from_options_only() {
+        let opts = SshOptions {
+            config_file: Some("/tmp/cfg".into()),
+            port: Some(2222),
+            user: Some("u".into()),
+            identity_files: vec!["/k/id".into()],
+            jump: Some("j1,j2".into()),
+            options: vec!["StrictHostKeyChecking=yes".into()],
+            remote_path: Some("/opt/my fastcp".into()),
+            ssh_program: Some("/usr/bin/ssh".into()),
+            client: Default::default(),
+        };
+        let p = SshProgram::new("host", &opts).unwrap();
+        let argv: Vec<String> = p
+            .argv()
+            .unwrap()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            argv,
+            [
+                "/usr/bin/ssh",
+                "-T",
+                "-x",
+                "-a",
+                "-F",
+                "/tmp/cfg",
+                "-p",
+                "2222",
+                "-l",
+                "u",
+                "-i",
+                "/k/id",
+                "-J",
+                "j1,j2",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-c",
+                "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
+                "--",
+                "host",
+                "'/opt/my fastcp' server",
+            ]
+        );
+        assert!(SshProgram::new("-oProxyCommand=x", &opts).is_err());
+        assert!(SshProgram::new("a b", &opts).is_err());
+    }
+}

@@ -1,0 +1,181 @@
+//! A command started on the peer: its stdio stream, its stderr and its exit status.
+
+use std::fmt;
+
+use bytes::Bytes;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Error;
+use crate::BoxStream;
+
+/// How a remote command ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(u32),
+    /// It was killed by a signal.
+    Signal {
+        /// Signal name without `SIG` (`TERM`, `KILL`...).
+        name: String,
+        /// Whether it dumped core.
+        core_dumped: bool,
+        /// Message from the server, often empty.
+        message: String,
+    },
+}
+
+impl ExitStatus {
+    /// Exit code 0.
+    pub fn success(&self) -> bool {
+        matches!(self, ExitStatus::Code(0))
+    }
+
+    /// The exit code, if it exited normally.
+    pub fn code(&self) -> Option<u32> {
+        match self {
+            ExitStatus::Code(c) => Some(*c),
+            ExitStatus::Signal { .. } => None,
+        }
+    }
+
+    /// Exit code 127: the remote shell did not find the program (fastcp is not installed
+    /// there, or not on the non-interactive `PATH`; see `--remote-path`).
+    pub fn is_command_not_found(&self) -> bool {
+        matches!(self, ExitStatus::Code(127))
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exit code {c}"),
+            ExitStatus::Signal {
+                name, core_dumped, ..
+            } => write!(
+                f,
+                "killed by signal {name}{}",
+                if *core_dumped { " (core dumped)" } else { "" }
+            ),
+        }
+    }
+}
+
+/// The remote command's stderr, chunk by chunk, until the command's channel closes.
+#[derive(Debug)]
+pub struct Stderr(pub(crate) mpsc::UnboundedReceiver<Bytes>);
+
+impl Stderr {
+    /// The next chunk, or `None` once the remote side is done.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        self.0.recv().await
+    }
+
+    /// Copies everything to `out` (for example `tokio::io::stderr()`) until the end.
+    pub async fn copy_to<W: AsyncWrite + Unpin>(mut self, mut out: W) -> std::io::Result<()> {
+        while let Some(chunk) = self.0.recv().await {
+            out.write_all(&chunk).await?;
+            out.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Spawns a task that copies everything to this process's stderr.
+    pub fn forward_to_stderr(self) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        tokio::spawn(self.copy_to(tokio::io::stderr()))
+    }
+}
+
+/// Resolves to the remote command's exit status.
+#[derive(Debug)]
+pub struct ExitWaiter(pub(crate) oneshot::Receiver<ExitStatus>);
+
+impl ExitWaiter {
+    /// Waits for the command to end. [`Error::NoExitStatus`] if the channel closed without
+    /// a status (connection lost).
+    pub async fn wait(self) -> Result<ExitStatus, Error> {
+        self.0.await.map_err(|_| Error::NoExitStatus)
+    }
+}
+
+/// A command running on the peer.
+#[derive(Debug)]
+pub struct RemoteProcess<S = BoxStream> {
+    /// Its stdin (write) and stdout (read). Shut it down to send EOF to its stdin.
+    pub stream: S,
+    /// Its stderr.
+    pub stderr: Stderr,
+    /// Its exit status.
+    pub exit: ExitWaiter,
+}
+
+impl<S: crate::Duplex> RemoteProcess<S> {
+    /// The same process with its stream boxed.
+    pub fn boxed(self) -> RemoteProcess<BoxStream> {
+        RemoteProcess {
+            stream: Box::new(self.stream),
+            stderr: self.stderr,
+            exit: self.exit,
+        }
+    }
+}
+
+/// The remote command line for `fastcp server`: the program (default `fastcp`, or
+/// `remote_path`) quoted for a POSIX shell, then the fixed argument `server`.
+///
+/// No other input ever reaches the remote command line. A leading `~/` is left unquoted so
+/// the remote shell expands it. Control characters are refused.
+pub fn server_command(remote_path: Option<&str>) -> Result<String, Error> {
+    let program = remote_path.unwrap_or("fastcp");
+    if program.is_empty() || program.chars().any(char::is_control) {
+        return Err(Error::Config(format!(
+            "remote path {program:?} is empty or has control characters"
+        )));
+    }
+    let quoted = match program.strip_prefix("~/") {
+        Some(rest) if !rest.is_empty() => format!("~/{}", shell_quote(rest)),
+        _ => shell_quote(program),
+    };
+    Ok(format!("{quoted} server"))
+}
+
+/// Quotes `s` as one word for a POSIX shell (plain when it is made of safe characters).
+pub fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%=".contains(&b));
+    if safe {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_command_is_fixed_and_quoted() {
+        assert_eq!(server_command(None).unwrap(), "fastcp server");
+        assert_eq!(
+            server_command(Some("/opt/fastcp/bin/fastcp")).unwrap(),
+            "/opt/fastcp/bin/fastcp server"
+        );
+        assert_eq!(
+            server_command(Some("/a b/it's; rm -rf ~")).unwrap(),
+            r"'/a b/it'\''s; rm -rf ~' server"
+        );
+        assert_eq!(
+            server_command(Some("~/bin/fastcp")).unwrap(),
+            "~/bin/fastcp server"
+        );
+        assert_eq!(server_command(Some("~/x y")).unwrap(), "~/'x y' server");
+        assert_eq!(server_command(Some("$(id)")).unwrap(), "'$(id)' server");
+        assert_eq!(server_command(Some("-x")).unwrap(), "'-x' server");
+        assert!(server_command(Some("a\nb")).is_err());
+        assert!(server_command(Some("")).is_err());
+    }
+}
