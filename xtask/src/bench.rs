@@ -89,6 +89,8 @@ pub struct BenchOptions {
     pub timeout: Duration,
     /// Use this fastcp binary instead of building one.
     pub fastcp: Option<PathBuf>,
+    /// Cipher for the `ssh` that rsync and `tar | ssh` run (OpenSSH's default if `None`).
+    pub ssh_cipher: Option<String>,
     /// Extra arguments for every fastcp run (e.g. `-j 8`).
     pub fastcp_args: Vec<String>,
     /// Size of the big file.
@@ -195,13 +197,18 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     }
 
     let fastcp = fastcp_binary(opts);
+    let mut notes = Vec::new();
     let sshd = match opts.mode {
         Mode::Local => None,
         Mode::Ssh | Mode::Tcp => {
             let sshd = Sshd::start(&root.join(format!("sshd-{}", std::process::id())))?;
-            let out = Command::new("ssh")
-                .arg("-F")
-                .arg(sshd.ssh_config())
+            // Log in once (verbosely, to learn which cipher plain `ssh` negotiates).
+            let mut probe = Command::new("ssh");
+            probe.arg("-v").arg("-F").arg(sshd.ssh_config());
+            if let Some(c) = &opts.ssh_cipher {
+                probe.args(["-c", c]);
+            }
+            let out = probe
                 .args([ALIAS, "true"])
                 .env_remove("SSH_AUTH_SOCK")
                 .stdin(Stdio::null())
@@ -213,8 +220,20 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                     sshd.log()
                 );
             }
+            let cipher = String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .find_map(|l| {
+                    l.split("client->server cipher: ")
+                        .nth(1)
+                        .map(|c| c.split_whitespace().next().unwrap_or("").to_owned())
+                })
+                .unwrap_or_else(|| "unknown".into());
+            notes.push(format!(
+                "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{}; scp is forced to aes128-gcm@openssh.com",
+                if opts.ssh_cipher.is_some() { " (set with --ssh-cipher)" } else { ", OpenSSH's default" }
+            ));
             eprintln!(
-                "benchmark sshd on 127.0.0.1:{} (config {})",
+                "benchmark sshd on 127.0.0.1:{} (config {}); ssh negotiates {cipher}",
                 sshd.port(),
                 sshd.ssh_config().display()
             );
@@ -239,7 +258,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let _ = fs::remove_dir_all(&out);
     drop(sshd);
 
-    let report = Report::new(opts, &root, load, results);
+    let report = Report::new(opts, &root, load, notes, results);
     let markdown = report.markdown();
     println!("{markdown}");
     if opts.write {
@@ -333,7 +352,8 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
 /// The fastcp binary, built unless one was given; `Err` holds why it is unusable.
 fn fastcp_binary(opts: &BenchOptions) -> Result<PathBuf, String> {
     if let Some(path) = &opts.fastcp {
-        return Ok(path.clone());
+        // Absolute, so that it also works as --remote-path in the ssh session.
+        return Ok(path.canonicalize().unwrap_or_else(|_| path.clone()));
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("building fastcp: cargo build --release -p fastcp");
@@ -376,6 +396,10 @@ fn contenders(
         Ok(bin) => (p(bin), None),
         Err(why) => ("target/release/fastcp".to_owned(), Some(why.clone())),
     };
+    let c = opts
+        .ssh_cipher
+        .as_deref()
+        .map_or(String::new(), |c| format!(" -c {}", sq(c)));
     let cmd = |name: &str, command: String| Contender {
         name: name.into(),
         command,
@@ -404,12 +428,12 @@ fn contenders(
         "tar | ssh",
         if tree {
             format!(
-                "tar -C {src} -cf - . | ssh -F \"$CFG\" {ALIAS} {}",
+                "tar -C {src} -cf - . | ssh -F \"$CFG\"{c} {ALIAS} {}",
                 sq(&remote_tar)
             )
         } else {
             format!(
-                "tar -C {src_parent} -cf - {name} | ssh -F \"$CFG\" {ALIAS} {}",
+                "tar -C {src_parent} -cf - {name} | ssh -F \"$CFG\"{c} {ALIAS} {}",
                 sq(&remote_tar)
             )
         },
@@ -438,9 +462,9 @@ fn contenders(
             cmd(
                 "rsync",
                 if tree {
-                    format!("rsync -a -e \"ssh -F $CFG\" {src}/ {ALIAS}:{dstq}/")
+                    format!("rsync -a -e \"ssh -F $CFG{c}\" {src}/ {ALIAS}:{dstq}/")
                 } else {
-                    format!("rsync -a -e \"ssh -F $CFG\" {src} {ALIAS}:{dstq}")
+                    format!("rsync -a -e \"ssh -F $CFG{c}\" {src} {ALIAS}:{dstq}")
                 },
             ),
             tar_ssh,
@@ -595,7 +619,17 @@ fn run_once(
     let tail = |path: &Path| -> String {
         let text = fs::read_to_string(path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines[lines.len().saturating_sub(2)..].join(" / ")
+        lines[lines.len().saturating_sub(2)..]
+            .iter()
+            .map(|l| {
+                let l = l.trim();
+                match l.char_indices().nth(120) {
+                    Some((at, _)) => format!("{}…", &l[..at]),
+                    None => l.to_owned(),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" / ")
     };
     if timed_out {
         return Ok(Err(format!("killed after {} s", timeout.as_secs())));

@@ -8,6 +8,7 @@
 //!   `tar | ssh` and nc on tmpfs, checks every copy, prints a Markdown report and with
 //!   `--write` records it in BENCHMARKS.md.
 //! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
+//! - `cargo xtask sshd`: runs the benchmark sshd (and prints its ssh_config) until Enter.
 
 mod bench;
 mod data;
@@ -28,6 +29,7 @@ usage:
   cargo xtask gen file PATH --size SIZE [--seed N]
   cargo xtask bench local|ssh|tcp [options]
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
+  cargo xtask sshd [--data DIR]    run the benchmark sshd until Enter, for experiments
 
 bench options:
   --runs N             timed runs per contender (default 5), after one warm-up run
@@ -36,6 +38,7 @@ bench options:
   --write              replace this benchmark's section of BENCHMARKS.md
   --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
   --fastcp-args ARGS   extra arguments for every fastcp run, e.g. \"-j 8\"
+  --ssh-cipher C       cipher for the ssh of rsync and tar | ssh (default: OpenSSH's choice)
   --size SIZE          size of the big file (default 2GiB)
   --scale F            scale of the tree (default 1)
   --shape FILE         tree shape (default ../shared/data/source-tree-shape.tsv from the repo)
@@ -216,6 +219,7 @@ fn run() -> Result<()> {
                     None => 600,
                 }),
                 fastcp: args.value("fastcp")?.map(PathBuf::from),
+                ssh_cipher: args.value("ssh-cipher")?,
                 fastcp_args: args
                     .value("fastcp-args")?
                     .map(|s| s.split_whitespace().map(str::to_owned).collect())
@@ -236,6 +240,23 @@ fn run() -> Result<()> {
             };
             args.finish()?;
             bench::run(&opts)?;
+            Ok(())
+        }
+        ["sshd"] => {
+            let dir = args
+                .value("data")?
+                .map_or_else(|| PathBuf::from("/dev/shm/fastcp-bench"), PathBuf::from);
+            args.finish()?;
+            let sshd = sshd::Sshd::start(&dir.join(format!("sshd-{}", std::process::id())))?;
+            println!("sshd listening on 127.0.0.1:{}", sshd.port());
+            println!(
+                "try: ssh -F {} {} true",
+                sshd.ssh_config().display(),
+                sshd::ALIAS
+            );
+            println!("press Enter (or close stdin) to stop it");
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
             Ok(())
         }
         ["verify", src, dst] => {

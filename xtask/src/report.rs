@@ -24,6 +24,7 @@ pub struct Report {
     root: String,
     fs_type: String,
     load: String,
+    notes: Vec<String>,
     /// Results per data set.
     pub results: Vec<DataResult>,
 }
@@ -150,7 +151,13 @@ fn fastcp_rev(repo: &Path) -> String {
 
 impl Report {
     /// Gathers the environment and wraps the results.
-    pub fn new(opts: &BenchOptions, root: &Path, load: String, results: Vec<DataResult>) -> Report {
+    pub fn new(
+        opts: &BenchOptions,
+        root: &Path,
+        load: String,
+        notes: Vec<String>,
+        results: Vec<DataResult>,
+    ) -> Report {
         let versions = [
             format!("fastcp {}", fastcp_rev(&opts.repo)),
             first_line("ssh", &["-V"]),
@@ -168,6 +175,7 @@ impl Report {
             root: root.display().to_string(),
             fs_type: crate::bench::fs_type(root).unwrap_or_else(|| "unknown".into()),
             load,
+            notes,
             results,
         }
     }
@@ -196,11 +204,12 @@ impl Report {
             let _ = writeln!(
                 s,
                 "- Transport: OpenSSH sshd on 127.0.0.1 started by the harness (temp host key, \
-                 client key, known_hosts; `$CFG` below is its temp ssh_config, alias `{}`). \
-                 ssh, rsync and `tar | ssh` use the default cipher negotiation; scp forces \
-                 aes128-gcm.",
+                 client key and known_hosts; `$CFG` below is its temp ssh_config, host alias `{}`).",
                 crate::sshd::ALIAS
             );
+        }
+        for note in &self.notes {
+            let _ = writeln!(s, "- {note}.");
         }
         for r in &self.results {
             s.push('\n');
@@ -306,6 +315,7 @@ impl Report {
 
 fn result_text(o: &Outcome) -> String {
     let text = match &o.failure {
+        None if o.times.len() == 1 => "ok (1 run)".to_owned(),
         None => format!("ok ({} runs)", o.times.len()),
         Some(why) => {
             let mut why: String = why.chars().take(200).collect();
