@@ -43,6 +43,7 @@ mod bench;
 mod choose;
 mod cpu;
 mod error;
+mod join;
 pub mod keys;
 mod suite;
 
@@ -51,5 +52,6 @@ pub use bench::{BENCH_SIZES, BenchRow, BenchTable, bench_table};
 pub use choose::{Choice, Reason, choose};
 pub use cpu::{CpuFeatures, NO_HW_AES_ENV};
 pub use error::{Error, Result};
+pub use join::{JoinKind, PROOF_LEN, join_proof, random_bytes, session_secret, verify_join};
 pub use keys::{Direction, KeyConfig, KeyLimits, Opener, SECRET_LEN, Sealer, SessionSecret};
 pub use suite::{CipherSuite, Provider};
