@@ -76,6 +76,12 @@ impl Sshd {
 
     /// Starts an sshd reachable as `alias` through [`Sshd::ssh_config`].
     pub fn start_named(alias: &str) -> io::Result<Sshd> {
+        Sshd::start_logging(alias, "VERBOSE")
+    }
+
+    /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
+    /// into each session's stderr; VERBOSE keeps sessions clean.
+    fn start_logging(alias: &str, log_level: &str) -> io::Result<Sshd> {
         let dir = tempfile::Builder::new().prefix("fastcp-sshd-").tempdir()?;
         let d = dir.path();
         keygen(&d.join("host_ed25519"))?;
@@ -93,7 +99,7 @@ impl Sshd {
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
-            write_sshd_config(d, port)?;
+            write_sshd_config(d, port, log_level)?;
             match spawn_sshd(d, port) {
                 Ok(child) => {
                     let sshd = Sshd {
@@ -115,12 +121,13 @@ impl Sshd {
     }
 
     /// Starts a second sshd, trusting the same client key, to use as a `ProxyJump` hop.
+    /// It logs at DEBUG1, so [`log`](Sshd::log) shows each `direct-tcpip` it forwards.
     ///
     /// Its alias is `<alias>-jump`; a `Host` block for it is appended to this server's
     /// [`ssh_config`](Sshd::ssh_config) and its host key to this server's
     /// [`known_hosts`](Sshd::known_hosts). Add `ProxyJump <alias>-jump` where you need it.
     pub fn start_jump(&self) -> io::Result<Sshd> {
-        let jump = Sshd::start_named(&format!("{}-jump", self.alias))?;
+        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1")?;
         fs::copy(self.authorized_keys(), jump.authorized_keys())?;
         let mut known = fs::OpenOptions::new()
             .append(true)
@@ -219,7 +226,8 @@ impl Sshd {
         self.dir.path().join("authorized_keys")
     }
 
-    /// What sshd printed so far (it runs with `-e` and `LogLevel DEBUG1`).
+    /// What sshd printed so far (it runs with `-e`; `LogLevel VERBOSE`, or `DEBUG1` for a
+    /// jump host, so that its log shows the forwarding requests).
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }
@@ -317,7 +325,7 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn write_sshd_config(d: &Path, port: u16) -> io::Result<()> {
+fn write_sshd_config(d: &Path, port: u16, log_level: &str) -> io::Result<()> {
     let cfg = format!(
         "Port {port}\n\
          ListenAddress 127.0.0.1\n\
@@ -336,7 +344,7 @@ fn write_sshd_config(d: &Path, port: u16) -> io::Result<()> {
          PrintMotd no\n\
          MaxSessions 64\n\
          MaxStartups 64\n\
-         LogLevel DEBUG1\n",
+         LogLevel {log_level}\n",
         host_key = d.join("host_ed25519").display(),
         auth = d.join("authorized_keys").display(),
     );

@@ -1,0 +1,581 @@
+//! The SSH transport against a real OpenSSH sshd on 127.0.0.1.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fastcp_testsupport::Sshd;
+use fastcp_transport::{
+    Error, ExitStatus, Rendezvous, SshOptions, SshProgram, SshSession, Transport,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Options for the fixture's host: its ssh_config, and no agent unless a test asks.
+fn opts(sshd: &Sshd) -> SshOptions {
+    SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    }
+}
+
+/// A config for the fixture's host without an IdentityFile line, plus `extra` lines.
+fn config_with(sshd: &Sshd, dir: &Path, extra: &str) -> PathBuf {
+    let text = format!(
+        "Host t\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  UserKnownHostsFile {}\n  \
+         GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n{extra}",
+        sshd.port(),
+        sshd.user(),
+        sshd.known_hosts().display()
+    );
+    let p = dir.join("config");
+    fs::write(&p, text).unwrap();
+    p
+}
+
+async fn connect(sshd: &Sshd) -> SshSession {
+    match SshSession::connect(sshd.alias(), &opts(sshd)).await {
+        Ok(s) => s,
+        Err(e) => panic!("connect failed: {e}\nsshd log:\n{}", sshd.log()),
+    }
+}
+
+/// Writes `data` and closes, while reading everything back.
+async fn round_trip<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
+    stream: S,
+    data: Vec<u8>,
+) -> Vec<u8> {
+    let (mut r, mut w) = tokio::io::split(stream);
+    let writer = tokio::spawn(async move {
+        for chunk in data.chunks(256 << 10) {
+            w.write_all(chunk).await.unwrap();
+        }
+        w.shutdown().await.unwrap();
+        w
+    });
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    let _keep_open_until_read = writer.await.unwrap();
+    out
+}
+
+fn payload(len: usize, seed: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 32);
+    let mut block = *blake3::hash(&[seed]).as_bytes();
+    while out.len() < len {
+        block = *blake3::hash(&block).as_bytes();
+        out.extend_from_slice(&block);
+    }
+    out.truncate(len);
+    out
+}
+
+async fn stderr_text(mut p: fastcp_transport::Stderr) -> String {
+    let mut all = Vec::new();
+    while let Some(c) = p.recv().await {
+        all.extend_from_slice(&c);
+    }
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+#[tokio::test]
+async fn exec_cat_round_trip_with_eof_and_exit_status() {
+    let sshd = Sshd::start().unwrap();
+    let s = connect(&sshd).await;
+    let p = s.exec("cat").await.unwrap();
+    let out = round_trip(p.stream, b"hello through sshd\n".to_vec()).await;
+    assert_eq!(out, b"hello through sshd\n");
+    assert_eq!(p.exit.wait().await.unwrap(), ExitStatus::Code(0));
+}
+
+#[tokio::test]
+async fn exec_forwards_stdout_stderr_and_exit_code() {
+    let sshd = Sshd::start().unwrap();
+    let s = connect(&sshd).await;
+    let mut p = s.exec("echo out; echo err >&2; exit 3").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "out\n");
+    assert_eq!(stderr_text(p.stderr).await, "err\n");
+    let status = p.exit.wait().await.unwrap();
+    assert_eq!(status, ExitStatus::Code(3));
+    assert!(!status.success());
+}
+
+#[tokio::test]
+async fn exit_status_arrives_even_if_stdout_is_dropped() {
+    let sshd = Sshd::start().unwrap();
+    let s = connect(&sshd).await;
+    let p = s.exec("exit 7").await.unwrap();
+    drop(p.stream);
+    assert_eq!(p.exit.wait().await.unwrap(), ExitStatus::Code(7));
+}
+
+#[tokio::test]
+async fn exec_signal_is_reported() {
+    let sshd = Sshd::start().unwrap();
+    let s = connect(&sshd).await;
+    let p = s.exec("kill -TERM $$").await.unwrap();
+    match p.exit.wait().await.unwrap() {
+        ExitStatus::Signal { name, .. } => assert_eq!(name, "TERM"),
+        other => panic!("expected a signal, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn multi_mib_payload_through_cat_keeps_its_hash() {
+    let sshd = Sshd::start().unwrap();
+    let s = connect(&sshd).await;
+    let data = payload(24 << 20, 1);
+    let want = blake3::hash(&data);
+    let p = s.exec("cat").await.unwrap();
+    let out = round_trip(p.stream, data).await;
+    assert_eq!(out.len(), 24 << 20);
+    assert_eq!(blake3::hash(&out), want);
+    assert!(p.exit.wait().await.unwrap().success());
+}
+
+#[tokio::test]
+async fn several_channels_in_parallel_on_one_connection() {
+    let sshd = Sshd::start().unwrap();
+    let s = std::sync::Arc::new(connect(&sshd).await);
+    let mut tasks = Vec::new();
+    for i in 0..6u8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = payload(3 << 20, i);
+            let p = s.exec("cat").await.unwrap();
+            let out = round_trip(p.stream, data.clone()).await;
+            assert!(out == data, "channel {i} corrupted");
+            assert!(p.exit.wait().await.unwrap().success());
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn direct_streamlocal_reaches_a_unix_socket() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("rendezvous.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    let server = tokio::spawn(async move {
+        // Two connections: each echoes what it gets, prefixed.
+        for _ in 0..2 {
+            let (mut c, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                c.read_to_end(&mut buf).await.unwrap();
+                c.write_all(b"got:").await.unwrap();
+                c.write_all(&buf).await.unwrap();
+                c.shutdown().await.unwrap();
+            });
+        }
+    });
+    let s = connect(&sshd).await;
+    let a = s.open_streamlocal(sock.to_str().unwrap()).await.unwrap();
+    let b = Transport::open_stream(&s, &Rendezvous::UnixSocket(sock.to_str().unwrap().into()))
+        .await
+        .unwrap();
+    let big = payload(5 << 20, 9);
+    let (ra, rb) = tokio::join!(round_trip(a, b"one".to_vec()), round_trip(b, big.clone()));
+    assert_eq!(ra, b"got:one");
+    assert_eq!(&rb[..4], b"got:");
+    assert!(rb[4..] == big[..]);
+    server.await.unwrap();
+
+    let e = s
+        .open_streamlocal("/nonexistent/dir/sock")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Channel { .. }), "{e}");
+}
+
+#[tokio::test]
+async fn direct_tcpip_reaches_a_loopback_port() {
+    let sshd = Sshd::start().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut c, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).await.unwrap();
+        buf.reverse();
+        c.write_all(&buf).await.unwrap();
+    });
+    let s = connect(&sshd).await;
+    let st = Transport::open_stream(&s, &Rendezvous::TcpPort(port))
+        .await
+        .unwrap();
+    assert_eq!(round_trip(st, b"abc".to_vec()).await, b"cba");
+}
+
+#[tokio::test]
+async fn agent_authentication() {
+    let sshd = Sshd::start().unwrap();
+    let agent = sshd.start_agent().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The only identity file named does not exist: only the agent can log us in.
+    let cfg = config_with(
+        &sshd,
+        dir.path(),
+        &format!(
+            "  IdentityFile {}/missing_key\n  IdentityAgent {}\n",
+            dir.path().display(),
+            agent.socket().display()
+        ),
+    );
+    let o = SshOptions {
+        config_file: Some(cfg.clone()),
+        ..SshOptions::default()
+    };
+    let s = SshSession::connect("t", &o).await.unwrap();
+    let mut p = s.exec("echo agent-ok").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "agent-ok\n");
+
+    // Same config without the agent: refused, and the error says what was tried.
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let e = SshSession::connect("t", &o).await.unwrap_err();
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+    assert!(e.to_string().contains("missing_key (no such file)"), "{e}");
+}
+
+#[tokio::test]
+async fn wrong_user_key_is_refused() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("other_key");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cfg = config_with(
+        &sshd,
+        dir.path(),
+        &format!("  IdentityFile {}\n", key.display()),
+    );
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let e = SshSession::connect("t", &o).await.unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Auth { .. }), "{msg}");
+    assert!(msg.contains("Permission denied (publickey)"), "{msg}");
+    assert!(msg.contains(&key.display().to_string()), "{msg}");
+}
+
+#[tokio::test]
+async fn encrypted_key_without_a_terminal_fails_cleanly() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("locked");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "secret phrase", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // BatchMode yes (in the config): never prompt, as without a terminal.
+    let cfg = config_with(
+        &sshd,
+        dir.path(),
+        &format!("  IdentityFile {}\n", key.display()),
+    );
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let e = SshSession::connect("t", &o).await.unwrap_err();
+    assert!(e.to_string().contains("encrypted"), "{e}");
+}
+
+#[tokio::test]
+async fn unknown_host_key_is_refused() {
+    let sshd = Sshd::start().unwrap();
+    fs::write(sshd.known_hosts(), "").unwrap();
+    let e = SshSession::connect(sshd.alias(), &opts(&sshd))
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::HostKeyUnknown { .. }), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "No ED25519 host key is known for [127.0.0.1]:{} and you have requested strict checking.\nHost key verification failed.",
+            sshd.port()
+        )),
+        "{msg}"
+    );
+    // Nothing was recorded.
+    assert_eq!(fs::read_to_string(sshd.known_hosts()).unwrap(), "");
+}
+
+#[tokio::test]
+async fn changed_host_key_is_refused() {
+    let mut sshd = Sshd::start().unwrap();
+    let kh = sshd.known_hosts();
+    sshd.change_host_key().unwrap();
+    let e = SshSession::connect(sshd.alias(), &opts(&sshd))
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::HostKeyChanged { line: 1, .. }), "{msg}");
+    assert!(
+        msg.contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("Offending ED25519 key in {}:1", kh.display())),
+        "{msg}"
+    );
+    // accept-new does not accept a changed key either.
+    let mut o = opts(&sshd);
+    o.options.push("StrictHostKeyChecking=accept-new".into());
+    let e = SshSession::connect(sshd.alias(), &o).await.unwrap_err();
+    assert!(matches!(e, Error::HostKeyChanged { .. }), "{e}");
+}
+
+#[tokio::test]
+async fn accept_new_records_the_key() {
+    let sshd = Sshd::start().unwrap();
+    for hashed in [false, true] {
+        fs::write(sshd.known_hosts(), "").unwrap();
+        let mut o = opts(&sshd);
+        o.options.push("StrictHostKeyChecking=accept-new".into());
+        o.options.push(format!(
+            "HashKnownHosts={}",
+            if hashed { "yes" } else { "no" }
+        ));
+        let s = SshSession::connect(sshd.alias(), &o).await.unwrap();
+        assert_eq!(s.warnings().len(), 1, "{:?}", s.warnings());
+        assert!(s.warnings()[0].contains("Permanently added"));
+        let recorded = fs::read_to_string(sshd.known_hosts()).unwrap();
+        if hashed {
+            assert!(recorded.starts_with("|1|"), "{recorded}");
+            assert!(!recorded.contains("127.0.0.1"), "{recorded}");
+        } else {
+            assert_eq!(recorded, format!("{}\n", sshd.known_hosts_line()));
+        }
+        // Now known: strict checking passes and OpenSSH's ssh agrees with what we wrote.
+        let s = SshSession::connect(sshd.alias(), &opts(&sshd))
+            .await
+            .unwrap();
+        assert!(s.warnings().is_empty());
+        let out = Command::new("ssh")
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .arg(sshd.alias())
+            .arg("true")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test]
+async fn hashed_known_hosts_entry_from_ssh_keygen_is_accepted() {
+    let sshd = Sshd::start().unwrap();
+    let st = Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(sshd.known_hosts())
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let text = fs::read_to_string(sshd.known_hosts()).unwrap();
+    assert!(
+        text.starts_with("|1|") && !text.contains("127.0.0.1"),
+        "{text}"
+    );
+    let s = connect(&sshd).await;
+    assert!(
+        s.exec("true")
+            .await
+            .unwrap()
+            .exit
+            .wait()
+            .await
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test]
+async fn proxy_jump_through_a_second_sshd() {
+    let sshd = Sshd::start().unwrap();
+    let jump = sshd.start_jump().unwrap();
+    let mut o = opts(&sshd);
+    o.jump = Some(jump.alias().to_owned());
+    let s = SshSession::connect(sshd.alias(), &o).await.unwrap();
+    let mut p = s.exec("echo via-jump").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "via-jump\n");
+    let log = jump.log();
+    assert!(
+        log.contains(&format!("target 127.0.0.1 port {}", sshd.port())),
+        "the jump host did not forward: {log}"
+    );
+
+    // The same through ssh_config's ProxyJump, and a second connection through the jump.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config");
+    fs::write(
+        &cfg,
+        format!(
+            "Host via\n  ProxyJump {}\n{}\n{}",
+            jump.alias(),
+            sshd.host_block("via").replacen("Host via\n", "", 1),
+            fs::read_to_string(sshd.ssh_config()).unwrap()
+        ),
+    )
+    .unwrap();
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let s = SshSession::connect("via", &o).await.unwrap();
+    let s2 = s.reconnect().await.unwrap();
+    assert!(
+        s2.exec("true")
+            .await
+            .unwrap()
+            .exit
+            .wait()
+            .await
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test]
+async fn connect_timeout_against_a_port_that_never_answers() {
+    // A listener that never accepts: the TCP handshake completes in the kernel, but no SSH
+    // banner ever comes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config");
+    fs::write(
+        &cfg,
+        format!(
+            "Host silent\n  HostName 127.0.0.1\n  Port {port}\n  ConnectTimeout 1\n  \
+             UserKnownHostsFile {}/kh\n  IdentityFile {}/none\n",
+            dir.path().display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let res = tokio::time::timeout(Duration::from_secs(60), SshSession::connect("silent", &o))
+        .await
+        .expect("ConnectTimeout was not honoured");
+    let e = res.unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("ConnectTimeout"), "{e}");
+    drop(listener);
+}
+
+#[tokio::test]
+async fn reconnect_gives_a_separate_sshd_process() {
+    let sshd = Sshd::start().unwrap();
+    let a = connect(&sshd).await;
+    let b = a.reconnect().await.unwrap();
+    async fn ppid(s: &SshSession) -> String {
+        let mut p = s.exec("echo $PPID").await.unwrap();
+        let mut out = String::new();
+        p.stream.read_to_string(&mut out).await.unwrap();
+        out
+    }
+    let (a1, a2, b1) = (ppid(&a).await, ppid(&a).await, ppid(&b).await);
+    assert_eq!(a1, a2, "channels of one connection share an sshd process");
+    assert_ne!(a1, b1, "a second connection has its own sshd process");
+}
+
+/// A stand-in for `fastcp server`: echoes its stdin, and checks its only argument.
+fn fake_server(dir: &Path) -> PathBuf {
+    let p = dir.join("fake fastcp");
+    fs::write(
+        &p,
+        "#!/bin/sh\n[ \"$#\" = 1 ] && [ \"$1\" = server ] || { echo \"bad args: $*\" >&2; exit 2; }\n\
+         echo started >&2\nexec cat\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn start_server_runs_the_fixed_command_with_remote_path() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(&sshd);
+    o.remote_path = Some(fake_server(dir.path()).to_str().unwrap().to_owned());
+    let s = SshSession::connect(sshd.alias(), &o).await.unwrap();
+    let p = s.start_server().await.unwrap();
+    let out = round_trip(p.stream, b"ping".to_vec()).await;
+    assert_eq!(out, b"ping");
+    assert_eq!(stderr_text(p.stderr).await, "started\n");
+    assert!(p.exit.wait().await.unwrap().success());
+}
+
+#[tokio::test]
+async fn missing_remote_binary_gives_exit_127_and_the_shell_message() {
+    let sshd = Sshd::start().unwrap();
+    let mut o = opts(&sshd);
+    o.remote_path = Some("/nonexistent/fastcp".into());
+    let s = SshSession::connect(sshd.alias(), &o).await.unwrap();
+    let mut p = s.start_server().await.unwrap();
+    let mut out = Vec::new();
+    p.stream.read_to_end(&mut out).await.unwrap();
+    let status = p.exit.wait().await.unwrap();
+    assert!(status.is_command_not_found(), "{status}");
+    assert!(stderr_text(p.stderr).await.contains("/nonexistent/fastcp"));
+}
+
+#[tokio::test]
+async fn system_ssh_program_gives_one_stream() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(&sshd);
+    o.options.clear();
+    o.remote_path = Some(fake_server(dir.path()).to_str().unwrap().to_owned());
+    o.ssh_program = Some("ssh".into());
+    let t = SshProgram::connect(sshd.alias(), &o).await.unwrap();
+    assert!(!t.supports_extra_streams());
+    let p = t.start_server().await.unwrap();
+    let data = payload(2 << 20, 3);
+    let out = round_trip(p.stream, data.clone()).await;
+    assert!(out == data);
+    assert!(stderr_text(p.stderr).await.contains("started"));
+    assert!(p.exit.wait().await.unwrap().success());
+    let e = t
+        .open_stream(&Rendezvous::TcpPort(1))
+        .await
+        .err()
+        .expect("single stream");
+    assert!(matches!(e, Error::SingleStream(_)));
+}
