@@ -39,6 +39,7 @@ use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub mod ssh;
+pub mod tcp;
 
 pub use ssh::{
     Error, ExitStatus, ExitWaiter, HostConfig, ProcessStream, RemoteProcess, SshClientConfig,

@@ -1,0 +1,782 @@
+//! The sealed TCP transport: record layer attacks, and joins on 127.0.0.1.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use fastcp_crypto::{
+    CipherSuite, Direction, JoinKind, KeyConfig, Provider, SessionSecret, join_proof,
+};
+use fastcp_proto::{Frame, Join};
+use fastcp_transport::tcp::{
+    self, Error, MAX_RECORD_LEN, RecordError, Rejection, SealedStream, TcpConfig, TcpRendezvous,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A small deterministic generator, so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn keys(suite: CipherSuite) -> KeyConfig {
+    KeyConfig::new(suite, Provider::fastest_for(suite))
+}
+
+fn secret() -> SessionSecret {
+    SessionSecret::from_bytes([7; 32])
+}
+
+fn sealed<S>(inner: S, secret: &SessionSecret, sends: Direction, index: u16) -> SealedStream<S> {
+    SealedStream::new(
+        inner,
+        secret,
+        &keys(CipherSuite::Aes128Gcm),
+        sends,
+        index,
+        1 << 16,
+    )
+    .unwrap()
+}
+
+/// The wire bytes of a client-to-server stream 1 carrying `records`, one record each,
+/// followed by the end record when `end` is set.
+async fn wire(records: &[&[u8]], end: bool) -> Vec<u8> {
+    let mut w = sealed(Vec::new(), &secret(), Direction::ClientToServer, 1);
+    for r in records {
+        w.write_all(r).await.unwrap();
+        w.flush().await.unwrap();
+    }
+    if end {
+        w.shutdown().await.unwrap();
+    }
+    w.get_ref().clone()
+}
+
+/// Where each record of `wire` starts and ends, from the headers.
+fn record_spans(wire: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let mut at = 0;
+    while at < wire.len() {
+        let word = u32::from_be_bytes(wire[at..at + 4].try_into().unwrap());
+        let end = at + 4 + (word & 0x7fff_ffff) as usize + 16;
+        spans.push(at..end);
+        at = end;
+    }
+    spans
+}
+
+/// Reads `wire` as server-side stream `index` with `secret`, in small reads: what came out
+/// before the first error, and how it ended.
+async fn read_all(wire: &[u8], secret: &SessionSecret, index: u16) -> (Vec<u8>, io::Result<()>) {
+    let mut r = sealed(wire, secret, Direction::ServerToClient, index);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1000];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) => return (got, Ok(())),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => {
+                // Poisoned: the same error again, and still nothing more.
+                let again = r.read(&mut buf).await.unwrap_err();
+                assert_eq!(again.kind(), e.kind());
+                assert_eq!(again.to_string(), e.to_string());
+                return (got, Err(e));
+            }
+        }
+    }
+}
+
+fn record_error(e: &io::Error) -> &RecordError {
+    RecordError::from_io(e).unwrap_or_else(|| panic!("not a record error: {e:?}"))
+}
+
+#[tokio::test]
+async fn clean_round_trip_through_records() {
+    let (got, end) = read_all(&wire(&[b"first", b"second", b""], true).await, &secret(), 1).await;
+    end.unwrap();
+    assert_eq!(got, b"firstsecond");
+    // Only a shutdown with nothing written: an empty stream, cleanly ended.
+    let (got, end) = read_all(&wire(&[], true).await, &secret(), 1).await;
+    end.unwrap();
+    assert!(got.is_empty());
+}
+
+/// Several MiB both ways at once over a small in-memory pipe, with random write and read
+/// sizes, for each suite and for record sizes from 1 byte to the maximum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_random_sizes_both_directions() {
+    for (suite, record_len, size) in [
+        (CipherSuite::Aes128Gcm, 1 << 16, 6 << 20),
+        (CipherSuite::ChaCha20Poly1305, 256 << 10, 6 << 20),
+        (CipherSuite::Aes256Gcm, MAX_RECORD_LEN, 5 << 20),
+        (CipherSuite::Aes128Gcm, 1000, 1 << 20),
+        (CipherSuite::ChaCha20Poly1305, 1, 20_000),
+    ] {
+        let secret = SessionSecret::generate().unwrap();
+        let k = keys(suite);
+        let (a, b) = tokio::io::duplex(50_000);
+        let a =
+            SealedStream::new(a, &secret, &k, Direction::ClientToServer, 3, record_len).unwrap();
+        let b =
+            SealedStream::new(b, &secret, &k, Direction::ServerToClient, 3, record_len).unwrap();
+        let up = Rng(size as u64).bytes(size);
+        let down = Rng(!(size as u64)).bytes(size / 2 + 17);
+        let (ar, aw) = tokio::io::split(a);
+        let (br, bw) = tokio::io::split(b);
+        let t1 = tokio::spawn(pump(aw, up.clone(), 1));
+        let t2 = tokio::spawn(pump(bw, down.clone(), 2));
+        let t3 = tokio::spawn(drain(br, 3));
+        let t4 = tokio::spawn(drain(ar, 4));
+        t1.await.unwrap();
+        t2.await.unwrap();
+        assert!(
+            t3.await.unwrap() == up,
+            "{suite} {record_len}: upstream differs"
+        );
+        assert!(
+            t4.await.unwrap() == down,
+            "{suite} {record_len}: downstream differs"
+        );
+    }
+}
+
+async fn pump<W: AsyncWrite + Unpin>(mut w: W, data: Vec<u8>, seed: u64) {
+    let mut rng = Rng(seed);
+    let mut at = 0;
+    while at < data.len() {
+        let n = (1 + rng.below(300_000)).min(data.len() - at);
+        w.write_all(&data[at..at + n]).await.unwrap();
+        if rng.below(8) == 0 {
+            w.flush().await.unwrap();
+        }
+        at += n;
+    }
+    w.shutdown().await.unwrap();
+}
+
+async fn drain<R: AsyncRead + Unpin>(mut r: R, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 400_000];
+    loop {
+        let want = 1 + rng.below(buf.len());
+        match r.read(&mut buf[..want]).await.unwrap() {
+            0 => return got,
+            n => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Flipping any bit of the second record (header, ciphertext or tag) fails the stream, and
+/// no byte of that record comes out.
+#[tokio::test]
+async fn altered_record_fails_and_returns_none_of_it() {
+    let first = vec![1u8; 3000];
+    let second = vec![2u8; 100];
+    let clean = wire(&[&first, &second], true).await;
+    let spans = record_spans(&clean);
+    assert_eq!(spans.len(), 3);
+    for pos in spans[1].clone() {
+        for bit in [0, 7] {
+            let mut bad = clean.clone();
+            bad[pos] ^= 1 << bit;
+            let (got, end) = read_all(&bad, &secret(), 1).await;
+            let err = end.expect_err("an altered record must fail");
+            assert_eq!(
+                got, first,
+                "byte {pos} bit {bit}: only the first record comes out"
+            );
+            let rec = record_error(&err);
+            if pos >= spans[1].start + 4 {
+                assert_eq!(rec, &RecordError::Authentication { stream: 1 });
+                assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+                assert_eq!(
+                    err.to_string(),
+                    "data stream 1: authentication failed: the data was altered in transit"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn replayed_record_fails() {
+    let clean = wire(&[b"pay 10", b"then stop"], true).await;
+    let spans = record_spans(&clean);
+    let mut bad = clean[..spans[0].end].to_vec();
+    bad.extend_from_slice(&clean[spans[0].clone()]);
+    bad.extend_from_slice(&clean[spans[1].start..]);
+    let (got, end) = read_all(&bad, &secret(), 1).await;
+    assert_eq!(got, b"pay 10");
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::Authentication { stream: 1 }
+    );
+}
+
+#[tokio::test]
+async fn reordered_records_fail() {
+    let clean = wire(&[b"one", b"two"], true).await;
+    let spans = record_spans(&clean);
+    let mut bad = clean[spans[1].clone()].to_vec();
+    bad.extend_from_slice(&clean[spans[0].clone()]);
+    bad.extend_from_slice(&clean[spans[2].clone()]);
+    let (got, end) = read_all(&bad, &secret(), 1).await;
+    assert!(got.is_empty());
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::Authentication { stream: 1 }
+    );
+}
+
+#[tokio::test]
+async fn dropped_record_fails() {
+    let clean = wire(&[b"one", b"two", b"three"], true).await;
+    let spans = record_spans(&clean);
+    let mut bad = clean[spans[0].clone()].to_vec();
+    bad.extend_from_slice(&clean[spans[2].start..]);
+    let (got, end) = read_all(&bad, &secret(), 1).await;
+    assert_eq!(got, b"one");
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::Authentication { stream: 1 }
+    );
+}
+
+/// Cut anywhere: inside a record it is truncation, between records a missing end; never a
+/// clean end of stream, and never a byte of the cut record.
+#[tokio::test]
+async fn truncation_anywhere_is_an_error() {
+    let clean = wire(&[b"alpha", b"beta"], true).await;
+    let spans = record_spans(&clean);
+    for cut in 0..clean.len() {
+        let (got, end) = read_all(&clean[..cut], &secret(), 1).await;
+        let err = end.expect_err("a cut stream must not end cleanly");
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "cut at {cut}");
+        let whole = spans.iter().filter(|s| s.end <= cut).count();
+        let expected: &[u8] = match whole {
+            0 => b"",
+            1 => b"alpha",
+            _ => b"alphabeta",
+        };
+        assert_eq!(got, expected, "cut at {cut}");
+        let rec = record_error(&err);
+        if spans.iter().any(|s| s.end == cut) || cut == 0 {
+            assert_eq!(
+                rec,
+                &RecordError::Unterminated { stream: 1 },
+                "cut at {cut}"
+            );
+        } else {
+            assert_eq!(rec, &RecordError::Truncated { stream: 1 }, "cut at {cut}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn wrong_key_direction_or_stream_fails() {
+    let clean = wire(&[b"secret data"], true).await;
+    // Another session's secret.
+    let (got, end) = read_all(&clean, &SessionSecret::from_bytes([8; 32]), 1).await;
+    assert!(got.is_empty());
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::Authentication { stream: 1 }
+    );
+    // The same session, another stream.
+    let (got, end) = read_all(&clean, &secret(), 2).await;
+    assert!(got.is_empty());
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::Authentication { stream: 2 }
+    );
+    // Reflected back to the end that sealed it (it opens the other direction).
+    let mut r = sealed(&clean[..], &secret(), Direction::ClientToServer, 1);
+    let err = r.read_to_end(&mut Vec::new()).await.unwrap_err();
+    assert_eq!(
+        record_error(&err),
+        &RecordError::Authentication { stream: 1 }
+    );
+    // Another suite.
+    let mut r = SealedStream::new(
+        &clean[..],
+        &secret(),
+        &keys(CipherSuite::ChaCha20Poly1305),
+        Direction::ServerToClient,
+        1,
+        1 << 16,
+    )
+    .unwrap();
+    let err = r.read_to_end(&mut Vec::new()).await.unwrap_err();
+    assert_eq!(
+        record_error(&err),
+        &RecordError::Authentication { stream: 1 }
+    );
+}
+
+#[tokio::test]
+async fn oversized_header_is_refused_before_reading_the_body() {
+    for word in [MAX_RECORD_LEN as u32 + 1, 0x7fff_ffff, 0xffff_ffff] {
+        let bad = word.to_be_bytes();
+        let (got, end) = read_all(&bad, &secret(), 1).await;
+        assert!(got.is_empty());
+        let err = end.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(matches!(record_error(&err), RecordError::TooLong { len, .. } if *len == word));
+    }
+}
+
+/// An end record with data (properly sealed, so only a broken peer could send it).
+#[tokio::test]
+async fn end_record_with_data_is_refused() {
+    let mut sealer = secret()
+        .sealer(&keys(CipherSuite::Aes128Gcm), Direction::ClientToServer, 1)
+        .unwrap();
+    let header = (3u32 | 1 << 31).to_be_bytes();
+    let mut body = b"abc".to_vec();
+    sealer.seal_record(&header, &mut body).unwrap();
+    let mut bad = header.to_vec();
+    bad.extend_from_slice(&body);
+    let (got, end) = read_all(&bad, &secret(), 1).await;
+    assert!(got.is_empty());
+    assert_eq!(
+        record_error(&end.unwrap_err()),
+        &RecordError::BadEnd { stream: 1, len: 3 }
+    );
+}
+
+#[tokio::test]
+async fn write_after_shutdown_fails() {
+    let mut w = sealed(Vec::new(), &secret(), Direction::ClientToServer, 1);
+    w.write_all(b"x").await.unwrap();
+    w.shutdown().await.unwrap();
+    let err = w.write_all(b"y").await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    assert_eq!(record_error(&err), &RecordError::Closed { stream: 1 });
+}
+
+/// Writes buffer up to a record: nothing reaches the wire before a record fills or a flush.
+#[tokio::test]
+async fn writes_are_gathered_into_records() {
+    let mut w = sealed(Vec::new(), &secret(), Direction::ClientToServer, 1);
+    for _ in 0..100 {
+        w.write_all(&[5; 100]).await.unwrap();
+    }
+    assert!(w.get_ref().is_empty());
+    w.flush().await.unwrap();
+    assert_eq!(record_spans(w.get_ref()).len(), 1);
+    w.write_all(&vec![6; (1 << 16) * 2 + 1]).await.unwrap();
+    w.shutdown().await.unwrap();
+    // 1 record + 3 records (64 KiB, 64 KiB, 1 byte) + the end record.
+    assert_eq!(record_spans(w.get_ref()).len(), 5);
+}
+
+// ---------------------------------------------------------------------------------------
+// Joining over TCP on 127.0.0.1.
+
+fn quick() -> TcpConfig {
+    let mut c = TcpConfig::default();
+    c.join_timeout = Duration::from_millis(300);
+    c.connect_timeout = Duration::from_secs(2);
+    c
+}
+
+async fn rendezvous() -> (TcpRendezvous, SocketAddr) {
+    let r = TcpRendezvous::bind(LOCALHOST, None, quick()).unwrap();
+    let addr = r.local_addr();
+    (r, addr)
+}
+
+type Accepted = tokio::task::JoinHandle<Result<Vec<SealedStream<TcpStream>>, Error>>;
+
+fn spawn_accept(r: TcpRendezvous, n: u16, secret: &SessionSecret, suite: CipherSuite) -> Accepted {
+    let secret = secret.clone();
+    tokio::spawn(async move {
+        r.accept(n, &secret, &keys(suite), Duration::from_secs(10))
+            .await
+    })
+}
+
+/// Connects by hand: reads the challenge and returns it with the connection.
+async fn raw_challenge(addr: SocketAddr) -> (TcpStream, [u8; 32]) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 37];
+    conn.read_exact(&mut buf).await.unwrap();
+    assert_eq!(buf[0], fastcp_proto::kind::CHALLENGE);
+    (conn, buf[5..].try_into().unwrap())
+}
+
+fn join_bytes(index: u16, proof: [u8; 32]) -> BytesMut {
+    let mut out = BytesMut::new();
+    fastcp_proto::encode(&Frame::Join(Join { index, proof }), &mut out);
+    out
+}
+
+fn rejection(result: Result<Vec<SealedStream<TcpStream>>, Error>) -> Rejection {
+    match result {
+        Err(Error::Rejected { reason, .. }) => reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn good_joins_both_suites() {
+    for suite in [CipherSuite::Aes128Gcm, CipherSuite::ChaCha20Poly1305] {
+        let secret = SessionSecret::generate().unwrap();
+        let (r, addr) = rendezvous().await;
+        let server = spawn_accept(r, 4, &secret, suite);
+        let mut client = tcp::connect(addr, 4, &secret, &keys(suite), &quick())
+            .await
+            .unwrap();
+        let mut server = server.await.unwrap().unwrap();
+        assert_eq!(client.len(), 4);
+        assert_eq!(server.len(), 4);
+        for (i, (c, s)) in client.iter_mut().zip(server.iter_mut()).enumerate() {
+            let index = i as u16 + 1;
+            assert_eq!((c.index(), s.index()), (index, index));
+            let up = Rng(u64::from(index)).bytes(300_000);
+            c.write_all(&up).await.unwrap();
+            c.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            assert!(got == up, "stream {index} upstream");
+            s.write_all(format!("reply {index}").as_bytes())
+                .await
+                .unwrap();
+            s.shutdown().await.unwrap();
+            let mut got = String::new();
+            c.read_to_string(&mut got).await.unwrap();
+            assert_eq!(got, format!("reply {index}"));
+        }
+    }
+}
+
+/// The streams' halves work from separate tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_halves() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap();
+    let server = server.await.unwrap().unwrap();
+    let (mut cr, mut cw) = client.into_iter().next().unwrap().into_split();
+    let (mut sr, mut sw) = server.into_iter().next().unwrap().into_split();
+    let data = Rng(9).bytes(2 << 20);
+    let sent = data.clone();
+    let t = tokio::spawn(async move {
+        cw.write_all(&sent).await.unwrap();
+        cw.shutdown().await.unwrap();
+    });
+    let echo = tokio::spawn(async move {
+        let mut got = Vec::new();
+        sr.read_to_end(&mut got).await.unwrap();
+        sw.write_all(&got[..1000]).await.unwrap();
+        sw.shutdown().await.unwrap();
+        got
+    });
+    let mut back = Vec::new();
+    cr.read_to_end(&mut back).await.unwrap();
+    t.await.unwrap();
+    assert!(echo.await.unwrap() == data);
+    assert_eq!(back, data[..1000]);
+}
+
+#[tokio::test]
+async fn wrong_secret_is_rejected() {
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret(), CipherSuite::Aes128Gcm);
+    let other = SessionSecret::from_bytes([9; 32]);
+    let client = tcp::connect(addr, 1, &other, &keys(CipherSuite::Aes128Gcm), &quick()).await;
+    // The client's side joined (it cannot tell yet); the server refuses it.
+    let mut client = client.unwrap();
+    assert_eq!(
+        rejection(server.await.unwrap()),
+        Rejection::BadProof { index: 1 }
+    );
+    // ...and the client learns at its first read: the connection is gone, not a clean end.
+    let err = client[0].read_to_end(&mut Vec::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+        ),
+        "{err:?}"
+    );
+}
+
+/// A stranger that connects during the join window with a made-up proof aborts the session.
+#[tokio::test]
+async fn foreign_connection_aborts_the_session() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 2, &secret, CipherSuite::Aes128Gcm);
+    let (mut conn, _) = raw_challenge(addr).await;
+    conn.write_all(&join_bytes(1, [0x42; 32])).await.unwrap();
+    let err = server.await.unwrap().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("failed to authenticate (wrong proof of the session secret for stream 1)"),
+        "{err}"
+    );
+    // The port is closed now.
+    let again = TcpStream::connect(addr).await;
+    assert_eq!(again.unwrap_err().kind(), io::ErrorKind::ConnectionRefused);
+}
+
+/// A Join seen on one connection is worthless on another: the challenge differs.
+#[tokio::test]
+async fn replayed_join_is_rejected() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 2, &secret, CipherSuite::Aes128Gcm);
+    let (mut first, nonce) = raw_challenge(addr).await;
+    let seen = join_bytes(1, join_proof(&secret, JoinKind::Tcp, &nonce, 1));
+    first.write_all(&seen).await.unwrap();
+    let (mut second, _) = raw_challenge(addr).await;
+    second.write_all(&seen).await.unwrap();
+    assert_eq!(
+        rejection(server.await.unwrap()),
+        Rejection::BadProof { index: 1 }
+    );
+}
+
+#[tokio::test]
+async fn duplicate_and_out_of_range_indices_are_rejected() {
+    let secret = SessionSecret::generate().unwrap();
+    for (indices, want) in [
+        (vec![2, 2], Rejection::Duplicate { index: 2 }),
+        (
+            vec![3],
+            Rejection::IndexOutOfRange {
+                index: 3,
+                streams: 2,
+            },
+        ),
+        (
+            vec![0],
+            Rejection::IndexOutOfRange {
+                index: 0,
+                streams: 2,
+            },
+        ),
+    ] {
+        let (r, addr) = rendezvous().await;
+        let server = spawn_accept(r, 2, &secret, CipherSuite::Aes128Gcm);
+        let mut keep = Vec::new();
+        for index in indices {
+            let (mut conn, nonce) = raw_challenge(addr).await;
+            let proof = join_proof(&secret, JoinKind::Tcp, &nonce, index);
+            conn.write_all(&join_bytes(index, proof)).await.unwrap();
+            keep.push(conn);
+        }
+        assert_eq!(rejection(server.await.unwrap()), want);
+    }
+}
+
+/// Once every stream joined the port is closed: extra connections are refused.
+#[tokio::test]
+async fn connections_beyond_n_are_refused() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let _client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap();
+    assert_eq!(server.await.unwrap().unwrap().len(), 1);
+    let extra = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick()).await;
+    let err = extra.unwrap_err();
+    assert!(err.is_unreachable(), "{err}");
+}
+
+/// A client that asks for more streams than the server takes: the server returns exactly its
+/// n, or aborts on the out-of-range index if that one came first.
+#[tokio::test]
+async fn surplus_client_streams_are_not_taken() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let client = tcp::connect(addr, 2, &secret, &keys(CipherSuite::Aes128Gcm), &quick()).await;
+    match server.await.unwrap() {
+        // Index 1 came first: the surplus index 2 is out of range, or never challenged.
+        Ok(streams) => assert_eq!(streams.len(), 1),
+        // Index 2 came first: out of range, the session aborts.
+        Err(Error::Rejected {
+            reason:
+                Rejection::IndexOutOfRange {
+                    index: 2,
+                    streams: 1,
+                },
+            ..
+        }) => {}
+        Err(e) => panic!("unexpected {e}"),
+    }
+    drop(client);
+}
+
+/// A connection that never sends its Join is dropped after the join timeout and does not
+/// stop the real client.
+#[tokio::test]
+async fn silent_connection_is_dropped_and_ignored() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let (mut silent, _) = raw_challenge(addr).await;
+    // The server hangs up on it after its join timeout (300 ms here).
+    let mut rest = Vec::new();
+    assert_eq!(silent.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    // A connection that closes without a byte is ignored too.
+    drop(TcpStream::connect(addr).await.unwrap());
+    let _client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap();
+    assert_eq!(server.await.unwrap().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn nobody_joining_times_out() {
+    let (r, _addr) = rendezvous().await;
+    let err = r
+        .accept(
+            2,
+            &secret(),
+            &keys(CipherSuite::Aes128Gcm),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::JoinTimeout {
+                joined: 0,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn garbage_and_partial_joins_are_rejected() {
+    for (bytes, want) in [
+        (
+            b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+            Rejection::NotAJoin("bytes starting with 0x47".into()),
+        ),
+        (
+            join_bytes(1, [0; 32])[..20].to_vec(),
+            Rejection::Incomplete { got: 20 },
+        ),
+    ] {
+        let (r, addr) = rendezvous().await;
+        let server = spawn_accept(r, 1, &secret(), CipherSuite::Aes128Gcm);
+        let (mut conn, _) = raw_challenge(addr).await;
+        conn.write_all(&bytes).await.unwrap();
+        conn.shutdown().await.unwrap();
+        assert_eq!(rejection(server.await.unwrap()), want);
+    }
+}
+
+/// A connection that is cut (not shut down) reads as an error on the other side.
+#[tokio::test]
+async fn cut_connection_is_an_error_not_an_end() {
+    let secret = SessionSecret::generate().unwrap();
+    let (r, addr) = rendezvous().await;
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let mut client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap();
+    let mut server = server.await.unwrap().unwrap();
+    client[0].write_all(&[1; 100_000]).await.unwrap();
+    client[0].flush().await.unwrap();
+    drop(client);
+    let mut got = Vec::new();
+    let err = server[0].read_to_end(&mut got).await.unwrap_err();
+    // Every flushed byte arrived; then the cut.
+    assert_eq!(got.len(), 100_000);
+    assert_eq!(record_error(&err), &RecordError::Unterminated { stream: 1 });
+}
+
+#[tokio::test]
+async fn closed_port_is_unreachable() {
+    let addr = {
+        let l = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
+        l.local_addr().unwrap()
+    };
+    let err = tcp::connect(addr, 2, &secret(), &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap_err();
+    assert!(err.is_unreachable(), "{err}");
+    assert!(
+        err.to_string().contains("cannot reach the data port"),
+        "{err}"
+    );
+}
+
+/// Something else on the port (an SSH server, say) is a join failure, not "unreachable".
+#[tokio::test]
+async fn foreign_server_fails_the_join() {
+    let l = tokio::net::TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut c, _) = l.accept().await.unwrap();
+        c.write_all(b"SSH-2.0-OpenSSH_9.6 something else entirely\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let err = tcp::connect(addr, 1, &secret(), &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap_err();
+    assert!(!err.is_unreachable());
+    assert!(matches!(err, Error::Join { index: 1, .. }), "{err}");
+}
+
+#[tokio::test]
+async fn port_range_is_honoured() {
+    let taken = TcpRendezvous::bind(LOCALHOST, None, quick()).unwrap();
+    let p = taken.port();
+    // A range of one taken port.
+    let err = TcpRendezvous::bind(LOCALHOST, Some(p..=p), quick()).unwrap_err();
+    assert!(matches!(err, Error::NoFreePort { .. }), "{err}");
+    // Invalid ranges.
+    #[allow(clippy::reversed_empty_ranges)]
+    let empty = 5..=4;
+    assert!(matches!(
+        TcpRendezvous::bind(LOCALHOST, Some(empty), quick()),
+        Err(Error::PortRange { .. })
+    ));
+    assert!(matches!(
+        TcpRendezvous::bind(LOCALHOST, Some(0..=10), quick()),
+        Err(Error::PortRange { .. })
+    ));
+    // Once free, the port is found.
+    drop(taken);
+    for _ in 0..5 {
+        let r = TcpRendezvous::bind(LOCALHOST, Some(p..=p), quick()).unwrap();
+        assert_eq!(r.port(), p);
+    }
+}
