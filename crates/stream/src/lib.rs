@@ -1,1 +1,122 @@
-//! fastcp-stream.
+//! The fastcp copy engine: walk, chunk, schedule, reassemble and verify a tree of files over
+//! any number of byte streams.
+//!
+//! The engine is modelled on `tar | ssh`: one pipelined stream of many files with no round
+//! trip per file. It goes further in two ways: big files are cut into chunks spread over
+//! several streams, and every file is verified with BLAKE3 before it is renamed into place.
+//!
+//! - [`send`] walks the sources ([`walk`]) and streams the manifest and the file contents over
+//!   `N` streams; [`receive`] writes them beneath a destination. Both run over any
+//!   `AsyncRead + AsyncWrite` streams that a session has already set up (SSH channels, sealed
+//!   TCP, in-memory pipes) and speak the frames of [`fastcp_proto`].
+//! - [`copy_local`] runs both in one process over in-memory pipes: the local copy.
+//! - [`Progress`] holds counters a user interface polls; [`Report`] is what a finished
+//!   transfer returns, with the entries that failed on either side; [`Error`] is what stops
+//!   one.
+//!
+//! Memory stays bounded whatever the size of the tree or of its files: every queue between
+//! the stages is bounded in bytes or entries.
+//!
+//! # Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use fastcp_stream::{copy_local, Progress, ReceiveConfig, SendConfig};
+//!
+//! let src = tempfile::tempdir()?;
+//! let dst = tempfile::tempdir()?;
+//! std::fs::create_dir(src.path().join("project"))?;
+//! std::fs::write(src.path().join("project/notes.txt"), b"fast")?;
+//!
+//! let send = SendConfig { recursive: true, ..SendConfig::default() };
+//! let receive = ReceiveConfig { recursive: true, ..ReceiveConfig::default() };
+//! let report = copy_local(
+//!     &[src.path().join("project")],
+//!     dst.path(),
+//!     &send,
+//!     &receive,
+//!     4,
+//!     Arc::new(Progress::default()),
+//! )
+//! .await?;
+//! assert!(report.is_complete());
+//! assert_eq!(report.local.files, 1);
+//! assert_eq!(std::fs::read(dst.path().join("project/notes.txt"))?, b"fast");
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod budget;
+mod dest;
+mod display;
+mod error;
+mod progress;
+mod receive;
+mod report;
+mod send;
+mod walk;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use display::escape;
+pub use error::Error;
+pub use fastcp_proto::{ErrorCode, Meta, Summary};
+pub use progress::{Progress, Snapshot};
+pub use receive::{
+    DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,
+};
+pub use report::{Failure, MAX_FAILURES, Report, Side};
+pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send};
+pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
+
+/// The buffer of each in-memory pipe [`copy_local`] uses.
+pub const LOCAL_PIPE_BUFFER: usize = 1 << 20;
+
+/// Copies `sources` to `dest` on this machine, through the same engine and protocol as a
+/// network copy: [`send`] and [`receive`] in one process, over `streams` in-memory pipes.
+///
+/// Returns the receiver's [`Report`]: `local` is what was written, `peer` what was sent, and
+/// `failures` lists the entries that failed on either side. See the [crate example](crate).
+pub async fn copy_local(
+    sources: &[PathBuf],
+    dest: &Path,
+    send_config: &SendConfig,
+    receive_config: &ReceiveConfig,
+    streams: usize,
+    progress: Arc<Progress>,
+) -> Result<Report, Error> {
+    let n = streams.max(1);
+    let (ours, theirs): (Vec<_>, Vec<_>) = (0..n)
+        .map(|_| tokio::io::duplex(LOCAL_PIPE_BUFFER))
+        .unzip();
+    let mut receive_config = receive_config.clone();
+    // Both ends are ours: accept the chunks we send.
+    let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
+    receive_config.max_frame = receive_config.max_frame.max(needed);
+    let (sent, received) = tokio::join!(
+        send(sources, ours, send_config, progress.clone()),
+        receive(dest, theirs, &receive_config, progress),
+    );
+    match (sent, received) {
+        (Ok(_), Ok(report)) => Ok(report),
+        (Err(e), Ok(_)) => Err(e),
+        // The sender's own failure explains a receiver that saw its streams close.
+        (Err(e), Err(r)) if r.is_disconnect() => Err(e),
+        (_, Err(r)) => Err(r),
+    }
+}
+
+/// Maps an I/O error on a stream: a closed connection or another failure.
+pub(crate) fn stream_error(stream: usize, e: io::Error, during: &'static str) -> Error {
+    match e.kind() {
+        io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::UnexpectedEof => Error::ConnectionClosed { stream, during },
+        _ => Error::Stream { stream, source: e },
+    }
+}

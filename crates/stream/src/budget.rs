@@ -1,0 +1,89 @@
+//! A byte budget shared by a producer thread and the tasks that drain its queues.
+
+use std::sync::{Condvar, Mutex};
+
+/// Bounds the bytes in flight between a blocking producer and async consumers: the producer
+/// waits in [`Budget::acquire`] until consumers [`Budget::release`] enough.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    cap: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+#[derive(Debug)]
+struct State {
+    used: usize,
+    closed: bool,
+}
+
+/// The budget was closed: the transfer is being torn down.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+impl Budget {
+    pub(crate) fn new(cap: usize) -> Budget {
+        Budget {
+            cap: cap.max(1),
+            state: Mutex::new(State {
+                used: 0,
+                closed: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Takes `n` bytes of the budget (at most the whole budget), blocking while it is spent.
+    /// Returns how much was taken, to be given back with [`Budget::release`].
+    pub(crate) fn acquire(&self, n: usize) -> Result<usize, Closed> {
+        let n = n.min(self.cap);
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if st.closed {
+                return Err(Closed);
+            }
+            if st.used + n <= self.cap {
+                st.used += n;
+                return Ok(n);
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Gives back bytes taken by [`Budget::acquire`].
+    pub(crate) fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.used = st.used.saturating_sub(n);
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Wakes every waiter with [`Closed`], now and from now on.
+    pub(crate) fn close(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Closes a budget when dropped, so that a producer never outlives an aborted transfer.
+pub(crate) struct CloseOnDrop(pub(crate) std::sync::Arc<Budget>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Aborts spawned tasks when dropped, so that an aborted transfer leaves nothing running.
+pub(crate) struct AbortOnDrop<T>(pub(crate) Vec<tokio::task::JoinHandle<T>>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}

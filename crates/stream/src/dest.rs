@@ -1,0 +1,852 @@
+//! The destination tree: resolving paths beneath the root without following symlinks, and
+//! the blocking writer threads that create, fill, verify and rename files.
+//!
+//! **Architecture invariant:** every file system call on the receiving side goes through a
+//! directory fd obtained from the root fd by [`Resolver`], one component at a time, with
+//! `O_NOFOLLOW`: a symlink already in the destination is never traversed, so nothing is ever
+//! written outside the root.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::hash::{BuildHasher, RandomState};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use bytes::Bytes;
+use fastcp_proto::Meta;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
+use rustix::io::Errno;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use crate::receive::Shared;
+use crate::{Error, display::escape};
+
+/// How many directory fds each writer keeps open.
+const DIR_CACHE: usize = 512;
+
+/// Block size for reading back out-of-order chunks to hash them.
+const READBACK: usize = 1 << 20;
+
+/// One job for a writer thread.
+pub(crate) enum Op {
+    /// A new file: create its temp file.
+    Create {
+        id: u64,
+        wire: Bytes,
+        size: u64,
+        meta: Meta,
+    },
+    /// A chunk of a file. The permit holds the receiver's byte budget until written.
+    Data {
+        id: u64,
+        offset: u64,
+        bytes: Bytes,
+        _permit: Option<OwnedSemaphorePermit>,
+    },
+    /// The sender's hash of a file.
+    End { id: u64, hash: [u8; 32] },
+    /// The sender gave up on a file: drop it.
+    Abandon { id: u64 },
+    /// A directory.
+    Dir { wire: Bytes, meta: Meta },
+    /// A symbolic link.
+    Symlink { wire: Bytes, target: Bytes },
+}
+
+/// Where the tree goes.
+#[derive(Debug)]
+pub(crate) struct Root {
+    /// The root directory, opened once.
+    pub(crate) fd: Arc<OwnedFd>,
+    /// Its path, for messages.
+    pub(crate) path: PathBuf,
+    /// When the destination is not an existing directory: the name that replaces the single
+    /// top-level wire name.
+    pub(crate) rename_top: Option<Vec<u8>>,
+}
+
+impl Root {
+    /// The path beneath the root that a wire path maps to.
+    pub(crate) fn local(&self, wire: &[u8]) -> Vec<u8> {
+        match &self.rename_top {
+            None => wire.to_vec(),
+            Some(name) => {
+                let rest = match wire.iter().position(|&b| b == b'/') {
+                    Some(i) => &wire[i..],
+                    None => &[][..],
+                };
+                let mut v = Vec::with_capacity(name.len() + rest.len());
+                v.extend_from_slice(name);
+                v.extend_from_slice(rest);
+                v
+            }
+        }
+    }
+
+    /// The full path of a local relative path, for messages.
+    pub(crate) fn display(&self, local: &[u8]) -> PathBuf {
+        if local.is_empty() {
+            self.path.clone()
+        } else {
+            self.path.join(OsStr::from_bytes(local))
+        }
+    }
+}
+
+/// Directories created or to be fixed up, shared by the writers.
+#[derive(Debug, Default)]
+pub(crate) struct DirState {
+    /// Local paths of directories this transfer created.
+    created: HashSet<Vec<u8>>,
+    /// Mode and mtime to apply at the very end.
+    pub(crate) fixups: Vec<Fixup>,
+}
+
+/// Metadata applied to a directory once everything is written.
+#[derive(Debug)]
+pub(crate) struct Fixup {
+    pub(crate) local: Vec<u8>,
+    pub(crate) wire: Bytes,
+    pub(crate) mode: Option<u32>,
+    pub(crate) mtime: Option<(i64, u32)>,
+}
+
+/// What the writers did, for the report.
+#[derive(Debug, Default)]
+pub(crate) struct Written {
+    pub(crate) files: AtomicU64,
+    pub(crate) dirs: AtomicU64,
+    pub(crate) symlinks: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+}
+
+/// Splits a local path into its parent directory and its last component.
+fn split_parent(local: &[u8]) -> (&[u8], &[u8]) {
+    match local.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&local[..i], &local[i + 1..]),
+        None => (&[][..], local),
+    }
+}
+
+/// Opens directories beneath the root one component at a time, never following a symlink,
+/// creating missing ones on demand, and caching the fds.
+pub(crate) struct Resolver {
+    shared: Arc<Shared>,
+    cache: HashMap<Vec<u8>, Arc<OwnedFd>>,
+    create: bool,
+}
+
+impl Resolver {
+    pub(crate) fn new(shared: Arc<Shared>, create: bool) -> Resolver {
+        Resolver {
+            shared,
+            cache: HashMap::new(),
+            create,
+        }
+    }
+
+    /// The directory at `local` (relative to the root; empty for the root itself).
+    pub(crate) fn dir(&mut self, local: &[u8]) -> Result<Arc<OwnedFd>, Error> {
+        if local.is_empty() {
+            return Ok(self.shared.root.fd.clone());
+        }
+        if let Some(fd) = self.cache.get(local) {
+            return Ok(fd.clone());
+        }
+        // Ends of each component's prefix.
+        let ends: Vec<usize> = local
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'/')
+            .map(|(i, _)| i)
+            .chain(std::iter::once(local.len()))
+            .collect();
+        // Start from the longest cached prefix.
+        let mut base = self.shared.root.fd.clone();
+        let mut from = 0;
+        for j in (0..ends.len() - 1).rev() {
+            if let Some(fd) = self.cache.get(&local[..ends[j]]) {
+                base = fd.clone();
+                from = j + 1;
+                break;
+            }
+        }
+        if self.cache.len() + ends.len() > DIR_CACHE {
+            self.cache.clear();
+        }
+        for j in from..ends.len() {
+            let start = if j == 0 { 0 } else { ends[j - 1] + 1 };
+            let name = &local[start..ends[j]];
+            let prefix = &local[..ends[j]];
+            let fd = Arc::new(self.open_dir(&base, name, prefix)?);
+            self.cache.insert(prefix.to_vec(), fd.clone());
+            base = fd;
+        }
+        Ok(base)
+    }
+
+    fn open_dir(&self, parent: &OwnedFd, name: &[u8], prefix: &[u8]) -> Result<OwnedFd, Error> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::NOENT) if self.create => {
+                // Entries may arrive before their directory's own entry: create it now,
+                // private until its entry (or the end) sets its mode.
+                let mut dirs = self.shared.lock_dirs();
+                match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                    Ok(()) => {
+                        dirs.created.insert(prefix.to_vec());
+                    }
+                    Err(Errno::EXIST) => {}
+                    Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
+                }
+            }
+            Err(Errno::LOOP | Errno::NOTDIR) => return Err(self.not_a_dir(parent, name, prefix)),
+            Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
+        }
+        match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => Ok(fd),
+            Err(Errno::LOOP | Errno::NOTDIR) => Err(self.not_a_dir(parent, name, prefix)),
+            Err(e) => Err(Error::io(self.shared.root.display(prefix), e.into())),
+        }
+    }
+
+    fn not_a_dir(&self, parent: &OwnedFd, name: &[u8], prefix: &[u8]) -> Error {
+        let path = self.shared.root.display(prefix);
+        match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                Error::UnsafePath {
+                    path: escape(path.as_os_str().as_bytes()),
+                    reason: "is a symbolic link in the destination; refusing to write through it"
+                        .into(),
+                }
+            }
+            _ => Error::io(path, std::io::Error::from_raw_os_error(libc_enotdir())),
+        }
+    }
+}
+
+fn libc_enotdir() -> i32 {
+    Errno::NOTDIR.raw_os_error()
+}
+
+/// A fresh temporary name beside `name`: `.NAME.fastcp-XXXXXXXX`, short enough for any file
+/// system.
+fn temp_name(name: &[u8]) -> Vec<u8> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static SEED: RandomState = RandomState::new());
+    let r = SEED.with(|s| s.hash_one(COUNTER.fetch_add(1, Relaxed))) as u32;
+    let keep = &name[..name.len().min(200)];
+    let mut v = Vec::with_capacity(keep.len() + 18);
+    v.push(b'.');
+    v.extend_from_slice(keep);
+    v.extend_from_slice(format!(".fastcp-{r:08x}").as_bytes());
+    v
+}
+
+/// A file being received.
+struct OpenFile {
+    wire: Bytes,
+    local: Vec<u8>,
+    parent: Arc<OwnedFd>,
+    name_at: usize,
+    temp: Vec<u8>,
+    fd: OwnedFd,
+    size: u64,
+    got: u64,
+    meta: Meta,
+    hasher: blake3::Hasher,
+    /// Bytes [0, hashed) are hashed.
+    hashed: u64,
+    /// Written but not yet hashed: start -> end, all beyond `hashed`.
+    pending: BTreeMap<u64, u64>,
+    expected: Option<[u8; 32]>,
+}
+
+impl OpenFile {
+    fn name(&self) -> &[u8] {
+        &self.local[self.name_at..]
+    }
+
+    /// Removes the temp file.
+    fn discard(self) {
+        let _ = rustix::fs::unlinkat(&self.parent, &self.temp[..], AtFlags::empty());
+    }
+}
+
+/// A file whose bytes are dropped: it failed here, and we wait for the rest of its frames.
+struct Skipped {
+    size: u64,
+    got: u64,
+    end: bool,
+}
+
+enum FileState {
+    Open(Box<OpenFile>),
+    Skipped(Skipped),
+}
+
+/// One blocking writer thread.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    resolver: Resolver,
+    files: HashMap<u64, FileState>,
+    readback: Vec<u8>,
+}
+
+impl Writer {
+    pub(crate) fn new(shared: Arc<Shared>) -> Writer {
+        Writer {
+            resolver: Resolver::new(shared.clone(), true),
+            shared,
+            files: HashMap::new(),
+            readback: Vec::new(),
+        }
+    }
+
+    /// Runs until the channel closes or the transfer aborts; removes every temp file it
+    /// still has.
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Op>) {
+        while let Some(op) = rx.blocking_recv() {
+            if self.shared.abort.is_set() {
+                break;
+            }
+            if let Err(e) = self.handle(op) {
+                self.shared.abort.trigger(e);
+                break;
+            }
+        }
+        drop(rx);
+        let aborted = self.shared.abort.is_set();
+        let mut incomplete = None;
+        for (_, state) in self.files.drain() {
+            if let FileState::Open(f) = state {
+                incomplete.get_or_insert_with(|| escape(&f.wire));
+                f.discard();
+            }
+        }
+        if let (Some(path), false) = (incomplete, aborted) {
+            self.shared.abort.trigger(Error::Protocol(format!(
+                "{path}: the transfer ended before the file was complete"
+            )));
+        }
+    }
+
+    fn handle(&mut self, op: Op) -> Result<(), Error> {
+        match op {
+            Op::Create {
+                id,
+                wire,
+                size,
+                meta,
+            } => self.create(id, wire, size, meta),
+            Op::Data {
+                id, offset, bytes, ..
+            } => self.data(id, offset, bytes),
+            Op::End { id, hash } => self.end(id, hash),
+            Op::Abandon { id } => {
+                if let Some(FileState::Open(f)) = self.files.remove(&id) {
+                    f.discard();
+                }
+                Ok(())
+            }
+            Op::Dir { wire, meta } => {
+                self.dir(wire, meta);
+                Ok(())
+            }
+            Op::Symlink { wire, target } => {
+                self.symlink(wire, target);
+                Ok(())
+            }
+        }
+    }
+
+    fn skip(&mut self, id: u64, size: u64) {
+        self.files.insert(
+            id,
+            FileState::Skipped(Skipped {
+                size,
+                got: 0,
+                end: false,
+            }),
+        );
+    }
+
+    fn create(&mut self, id: u64, wire: Bytes, size: u64, meta: Meta) -> Result<(), Error> {
+        self.shared.progress.set_current(&wire);
+        let local = self.shared.root.local(&wire);
+        let (parent_path, name) = split_parent(&local);
+        let name_at = local.len() - name.len();
+        let parent = match self.resolver.dir(parent_path) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.shared.entry_failed(&wire, &e);
+                self.skip(id, size);
+                return Ok(());
+            }
+        };
+        // Created with its final permission bits (the umask applies, as for scp), so that
+        // fchmod is only needed for bits the umask removed under `preserve`.
+        let mode = Mode::from_raw_mode(meta.mode & 0o777);
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let (fd, temp) = loop {
+            let temp = temp_name(name);
+            match rustix::fs::openat(&parent, &temp[..], flags, mode) {
+                Ok(fd) => break (fd, temp),
+                Err(Errno::EXIST) => continue,
+                Err(e) => {
+                    let e = Error::io(self.shared.root.display(&local), e.into());
+                    self.shared.entry_failed(&wire, &e);
+                    self.skip(id, size);
+                    return Ok(());
+                }
+            }
+        };
+        let file = OpenFile {
+            wire,
+            local,
+            parent,
+            name_at,
+            temp,
+            fd,
+            size,
+            got: 0,
+            meta,
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            pending: BTreeMap::new(),
+            expected: None,
+        };
+        self.files.insert(id, FileState::Open(Box::new(file)));
+        Ok(())
+    }
+
+    fn data(&mut self, id: u64, offset: u64, bytes: Bytes) -> Result<(), Error> {
+        let len = bytes.len() as u64;
+        let Some(state) = self.files.get_mut(&id) else {
+            // Abandoned by the sender after this chunk was queued.
+            return Ok(());
+        };
+        let f = match state {
+            FileState::Skipped(s) => {
+                s.got += len;
+                if s.got >= s.size && s.end {
+                    self.files.remove(&id);
+                }
+                return Ok(());
+            }
+            FileState::Open(f) => f,
+        };
+        let end = offset + len;
+        if offset < f.hashed || overlaps(&f.pending, offset, end) {
+            let e = Error::Protocol(format!(
+                "{}: overlapping chunks at offset {offset}",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        }
+        if let Err(e) = pwrite_all(&f.fd, &bytes, offset) {
+            let e = Error::io(self.shared.root.display(&f.local), e);
+            return Err(self.fail_file(id, e));
+        }
+        f.got += len;
+        self.shared.progress.add_done_bytes(len);
+        if offset == f.hashed {
+            f.hasher.update(&bytes);
+            f.hashed = end;
+            // Chunks that arrived early and are now contiguous: hash them from the file.
+            while let Some((&start, &stop)) = f.pending.first_key_value() {
+                if start != f.hashed {
+                    break;
+                }
+                f.pending.pop_first();
+                if self.readback.is_empty() {
+                    self.readback = vec![0; READBACK];
+                }
+                let mut at = start;
+                while at < stop {
+                    let n = ((stop - at) as usize).min(READBACK);
+                    let buf = &mut self.readback[..n];
+                    if let Err(e) = pread_exact(&f.fd, buf, at) {
+                        let e = Error::io(self.shared.root.display(&f.local), e);
+                        return Err(self.fail_file(id, e));
+                    }
+                    f.hasher.update(buf);
+                    at += n as u64;
+                }
+                f.hashed = stop;
+            }
+        } else {
+            f.pending.insert(offset, end);
+        }
+        self.finish_if_complete(id)
+    }
+
+    fn end(&mut self, id: u64, hash: [u8; 32]) -> Result<(), Error> {
+        match self.files.get_mut(&id) {
+            None => Ok(()),
+            Some(FileState::Skipped(s)) => {
+                s.end = true;
+                if s.got >= s.size {
+                    self.files.remove(&id);
+                }
+                Ok(())
+            }
+            Some(FileState::Open(f)) => {
+                f.expected = Some(hash);
+                self.finish_if_complete(id)
+            }
+        }
+    }
+
+    /// Removes a file's temp file and returns `e`, for a fatal error.
+    fn fail_file(&mut self, id: u64, e: Error) -> Error {
+        if let Some(FileState::Open(f)) = self.files.remove(&id) {
+            f.discard();
+        }
+        e
+    }
+
+    /// Verifies and renames a file into place once all its bytes and its hash are in.
+    fn finish_if_complete(&mut self, id: u64) -> Result<(), Error> {
+        let Some(FileState::Open(f)) = self.files.get(&id) else {
+            return Ok(());
+        };
+        if f.got < f.size || f.expected.is_none() {
+            return Ok(());
+        }
+        let Some(FileState::Open(f)) = self.files.remove(&id) else {
+            return Ok(());
+        };
+        let f = *f;
+        if f.hashed != f.size || f.hasher.finalize().as_bytes() != &f.expected.unwrap_or_default()
+        {
+            let path = escape(&f.wire);
+            f.discard();
+            return Err(Error::Integrity { path });
+        }
+        let shared = self.shared.clone();
+        let display = || shared.root.display(&f.local);
+        if shared.config.preserve {
+            let want = f.meta.mode & 0o7777;
+            if want != f.meta.mode & 0o777 & !shared.umask
+                && let Err(e) = rustix::fs::fchmod(&f.fd, Mode::from_raw_mode(want))
+            {
+                shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+                f.discard();
+                return Ok(());
+            }
+            let times = Timestamps {
+                last_access: Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                },
+                last_modification: Timespec {
+                    tv_sec: f.meta.mtime,
+                    tv_nsec: f.meta.mtime_nsec as _,
+                },
+            };
+            if let Err(e) = rustix::fs::futimens(&f.fd, &times) {
+                shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+                f.discard();
+                return Ok(());
+            }
+        }
+        match rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name()) {
+            Ok(()) => {
+                shared.written.files.fetch_add(1, Relaxed);
+                shared.written.bytes.fetch_add(f.size, Relaxed);
+                shared.progress.add_done_file();
+            }
+            Err(e) => {
+                let e = match e {
+                    Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => Error::Unsupported {
+                        path: display(),
+                        reason: "a directory is in the way; file not copied".into(),
+                    },
+                    e => Error::io(display(), e.into()),
+                };
+                shared.entry_failed(&f.wire, &e);
+                f.discard();
+            }
+        }
+        Ok(())
+    }
+
+    fn dir(&mut self, wire: Bytes, meta: Meta) {
+        let shared = self.shared.clone();
+        let local = shared.root.local(&wire);
+        let (parent_path, name) = split_parent(&local);
+        let parent = match self.resolver.dir(parent_path) {
+            Ok(fd) => fd,
+            Err(e) => return shared.entry_failed(&wire, &e),
+        };
+        let preserve = shared.config.preserve;
+        let mode = meta.mode & 0o777;
+        let created_mode = (mode | 0o700) & !shared.umask;
+        let mut dirs = shared.lock_dirs();
+        let new = match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(mode | 0o700)) {
+            Ok(()) => {
+                dirs.created.insert(local.clone());
+                Some(created_mode)
+            }
+            Err(Errno::EXIST) => {
+                match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+                        FileType::Directory => {
+                            // Ours (made on demand for an earlier entry) or already there.
+                            dirs.created.contains(&local).then_some(0o700 & !shared.umask)
+                        }
+                        FileType::Symlink => {
+                            drop(dirs);
+                            let e = Error::UnsafePath {
+                                path: escape(shared.root.display(&local).as_os_str().as_bytes()),
+                                reason: "is a symbolic link in the destination; not replaced \
+                                         by the directory"
+                                    .into(),
+                            };
+                            return shared.entry_failed(&wire, &e);
+                        }
+                        _ => {
+                            drop(dirs);
+                            let e = Error::Unsupported {
+                                path: shared.root.display(&local),
+                                reason: "exists and is not a directory".into(),
+                            };
+                            return shared.entry_failed(&wire, &e);
+                        }
+                    },
+                    Err(e) => {
+                        drop(dirs);
+                        return shared
+                            .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+                    }
+                }
+            }
+            Err(e) => {
+                drop(dirs);
+                return shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+            }
+        };
+        // Modes and times are applied at the very end, deepest first: a read-only directory
+        // must not block writing into it, and writing into it would change its mtime.
+        let fixup = match (new, preserve) {
+            (_, true) => Some(Fixup {
+                local,
+                wire,
+                mode: Some(meta.mode & 0o7777),
+                mtime: Some((meta.mtime, meta.mtime_nsec)),
+            }),
+            (Some(created), false) => {
+                let want = mode & !shared.umask;
+                (want != created).then_some(Fixup {
+                    local,
+                    wire,
+                    mode: Some(want),
+                    mtime: None,
+                })
+            }
+            (None, false) => None,
+        };
+        if let Some(fixup) = fixup {
+            dirs.fixups.push(fixup);
+        }
+        drop(dirs);
+        shared.written.dirs.fetch_add(1, Relaxed);
+    }
+
+    fn symlink(&mut self, wire: Bytes, target: Bytes) {
+        let shared = self.shared.clone();
+        let local = shared.root.local(&wire);
+        let (parent_path, name) = split_parent(&local);
+        let parent = match self.resolver.dir(parent_path) {
+            Ok(fd) => fd,
+            Err(e) => return shared.entry_failed(&wire, &e),
+        };
+        // Made under a temp name and renamed over whatever has the name: atomic replace.
+        let temp = loop {
+            let temp = temp_name(name);
+            match rustix::fs::symlinkat(&target[..], &parent, &temp[..]) {
+                Ok(()) => break temp,
+                Err(Errno::EXIST) => continue,
+                Err(e) => {
+                    return shared
+                        .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+                }
+            }
+        };
+        match rustix::fs::renameat(&parent, &temp[..], &parent, name) {
+            Ok(()) => {
+                shared.written.symlinks.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(&parent, &temp[..], AtFlags::empty());
+                let e = match e {
+                    Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => Error::Unsupported {
+                        path: shared.root.display(&local),
+                        reason: "a directory is in the way; symbolic link not copied".into(),
+                    },
+                    e => Error::io(shared.root.display(&local), e.into()),
+                };
+                shared.entry_failed(&wire, &e);
+            }
+        }
+    }
+}
+
+/// Applies directory modes and times, deepest first.
+pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
+    fixups.sort_by_key(|f| std::cmp::Reverse(f.local.iter().filter(|&&b| b == b'/').count()));
+    let mut resolver = Resolver::new(shared.clone(), false);
+    for f in fixups {
+        let fd = match resolver.dir(&f.local) {
+            Ok(fd) => fd,
+            Err(e) => {
+                shared.entry_failed(&f.wire, &e);
+                continue;
+            }
+        };
+        let display = || shared.root.display(&f.local);
+        if let Some((sec, nsec)) = f.mtime {
+            let times = Timestamps {
+                last_access: Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rustix::fs::UTIME_OMIT,
+                },
+                last_modification: Timespec {
+                    tv_sec: sec,
+                    tv_nsec: nsec as _,
+                },
+            };
+            if let Err(e) = rustix::fs::futimens(&*fd, &times) {
+                shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+            }
+        }
+        if let Some(mode) = f.mode
+            && let Err(e) = rustix::fs::fchmod(&*fd, Mode::from_raw_mode(mode))
+        {
+            shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+        }
+    }
+}
+
+/// True when [start, end) overlaps a range in `pending`.
+fn overlaps(pending: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    if let Some((_, &e)) = pending.range(..=start).next_back()
+        && e > start
+    {
+        return true;
+    }
+    if let Some((&s, _)) = pending.range(start..).next()
+        && s < end
+    {
+        return true;
+    }
+    false
+}
+
+fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::pwrite(fd, buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn pread_exact(fd: &OwnedFd, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::pread(fd, &mut *buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A set of ids stored as ranges: tiny when ids complete roughly in order.
+#[derive(Debug, Default)]
+pub(crate) struct IdSet {
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl IdSet {
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        matches!(self.ranges.range(..=id).next_back(), Some((_, &end)) if end > id)
+    }
+
+    pub(crate) fn insert(&mut self, id: u64) {
+        if self.contains(id) {
+            return;
+        }
+        let mut start = id;
+        let mut end = id + 1;
+        if let Some((&s, &e)) = self.ranges.range(..id).next_back()
+            && e == id
+        {
+            start = s;
+        }
+        if let Some(&e) = self.ranges.get(&end) {
+            self.ranges.remove(&end);
+            end = e;
+        }
+        self.ranges.insert(start, end);
+    }
+}
+
+/// The receiver's lock on the directory state, tolerant of poisoning.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_set_merges() {
+        let mut s = IdSet::default();
+        for id in [0, 2, 1, 5, 4, 3, 10] {
+            s.insert(id);
+        }
+        assert_eq!(s.ranges.len(), 2);
+        assert!((0..=5).all(|i| s.contains(i)));
+        assert!(!s.contains(6) && s.contains(10) && !s.contains(11));
+    }
+
+    #[test]
+    fn overlap_detection() {
+        let mut p = BTreeMap::new();
+        p.insert(10, 20);
+        p.insert(30, 40);
+        assert!(!overlaps(&p, 0, 10));
+        assert!(!overlaps(&p, 20, 30));
+        assert!(overlaps(&p, 15, 16));
+        assert!(overlaps(&p, 5, 11));
+        assert!(overlaps(&p, 19, 31));
+        assert!(overlaps(&p, 10, 20));
+    }
+
+    #[test]
+    fn temp_names_fit() {
+        let t = temp_name(&[b'x'; 255]);
+        assert!(t.len() <= 255);
+        assert!(t.starts_with(b".x"));
+        assert_ne!(temp_name(b"a"), temp_name(b"a"));
+    }
+}

@@ -1,0 +1,113 @@
+//! Live counters that a user interface polls while a transfer runs.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use bytes::Bytes;
+
+/// Counters updated by the engine as it goes, cheap enough for the hot path (relaxed atomics
+/// and a lock that is only ever tried).
+///
+/// The sender updates the walk counters ([`files_seen`](Snapshot::files_seen),
+/// [`bytes_seen`](Snapshot::bytes_seen), [`walk_complete`](Snapshot::walk_complete)) and the
+/// `sent` counters; the receiver updates the `done` counters. [`crate::copy_local`] gives both
+/// sides the same `Progress`, so one object shows the walk and what is written.
+///
+/// ```
+/// use std::sync::Arc;
+/// use fastcp_stream::Progress;
+///
+/// let progress = Arc::new(Progress::default());
+/// // ... hand a clone to `send`, `receive` or `copy_local`, then poll from a timer:
+/// let now = progress.snapshot();
+/// assert_eq!(now.bytes_done, 0);
+/// assert!(!now.walk_complete);
+/// ```
+#[derive(Debug, Default)]
+pub struct Progress {
+    files_seen: AtomicU64,
+    bytes_seen: AtomicU64,
+    walk_complete: AtomicBool,
+    files_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    files_done: AtomicU64,
+    bytes_done: AtomicU64,
+    current: Mutex<Bytes>,
+}
+
+/// A copy of the [`Progress`] counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// Regular files the walk has found so far.
+    pub files_seen: u64,
+    /// Total size of those files.
+    pub bytes_seen: u64,
+    /// The walk has finished: `files_seen` and `bytes_seen` are the totals.
+    pub walk_complete: bool,
+    /// Files whose last byte the sender has written to a stream.
+    pub files_sent: u64,
+    /// File bytes the sender has written to the streams.
+    pub bytes_sent: u64,
+    /// Files the receiver has verified and renamed into place.
+    pub files_done: u64,
+    /// File bytes the receiver has written to disk.
+    pub bytes_done: u64,
+}
+
+impl Progress {
+    /// All counters at once.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            files_seen: self.files_seen.load(Relaxed),
+            bytes_seen: self.bytes_seen.load(Relaxed),
+            walk_complete: self.walk_complete.load(Relaxed),
+            files_sent: self.files_sent.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            files_done: self.files_done.load(Relaxed),
+            bytes_done: self.bytes_done.load(Relaxed),
+        }
+    }
+
+    /// The wire path of the file most recently started (raw bytes: escape it with
+    /// [`crate::escape`] before printing). Empty before the first file.
+    pub fn current(&self) -> Bytes {
+        match self.current.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn set_current(&self, path: &Bytes) {
+        // Never wait: a reader holding the lock just means this update is skipped.
+        if let Ok(mut g) = self.current.try_lock() {
+            *g = path.clone();
+        }
+    }
+
+    pub(crate) fn add_seen(&self, files: u64, bytes: u64) {
+        self.files_seen.fetch_add(files, Relaxed);
+        self.bytes_seen.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn set_walk_complete(&self) {
+        self.walk_complete.store(true, Relaxed);
+    }
+
+    pub(crate) fn add_sent(&self, files: u64, bytes: u64) {
+        if files != 0 {
+            self.files_sent.fetch_add(files, Relaxed);
+        }
+        if bytes != 0 {
+            self.bytes_sent.fetch_add(bytes, Relaxed);
+        }
+    }
+
+    pub(crate) fn add_done_bytes(&self, bytes: u64) {
+        self.bytes_done.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn add_done_file(&self) {
+        self.files_done.fetch_add(1, Relaxed);
+    }
+}

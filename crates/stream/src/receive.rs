@@ -1,0 +1,922 @@
+//! The receiving side: decode frames from every stream, check them, and hand the file system
+//! work to a few blocking writer threads.
+//!
+//! One reader task per stream decodes frames and checks each against the session: paths are
+//! validated and matched against what was asked for, file ids and byte counts are accounted
+//! in a shared table, and anything out of place is a protocol error that ends the transfer.
+//! File system work goes to [`crate::dest::Writer`] threads through bounded channels; all the
+//! frames of one file go to the same writer, in order.
+//!
+//! # Why waiting for a file's entry cannot deadlock
+//!
+//! A `Data` or `FileEnd` frame may arrive on one stream before the `File` entry that
+//! announces its id has been read from another; its reader then waits (and stops reading its
+//! stream) until the entry is announced. This cannot deadlock:
+//!
+//! - the sender queues a file's entry before any of its chunks and its end, and each stream
+//!   is a FIFO, so give every frame the time the sender queued it;
+//! - a reader waits only for an entry queued *earlier* than the frame it holds, and only
+//!   while that entry sits on another stream behind that stream's own current frame, which
+//!   was therefore queued earlier still;
+//! - so along any chain of waiting readers the queue times strictly decrease: no chain can
+//!   close into a cycle, and the reader holding the earliest frame is never waiting;
+//! - nothing else blocks a reader for good: writer threads and the byte budget drain on their
+//!   own (disk I/O only), and the sender's writer tasks drain every stream independently.
+//!
+//! If every other stream has ended and the entry still has not come, it never will: that is
+//! a protocol error, not a wait.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fastcp_proto::{Decoder, ErrorFrame, Frame, Summary};
+use rustix::fs::{Mode, OFlags};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
+use crate::report::{Failure, Report, Side};
+use crate::{Error, Progress, display::escape, stream_error};
+
+/// The default number of blocking writer threads.
+pub const DEFAULT_WRITER_THREADS: usize = 2;
+
+/// The default bound on received file bytes not yet written to disk.
+pub const DEFAULT_RECEIVE_IN_FLIGHT: usize = 16 << 20;
+
+/// Jobs queued per writer thread.
+const WRITER_QUEUE: usize = 1024;
+
+/// Each reader's read size.
+const READ_BUFFER: usize = 256 << 10;
+
+/// How long to try telling the sender why we stop.
+const NOTICE_WAIT: Duration = Duration::from_secs(5);
+
+/// How to receive.
+///
+/// ```
+/// use fastcp_stream::ReceiveConfig;
+///
+/// // A pull of `host:src` into `dst`: only "src" may arrive at the top level.
+/// let config = ReceiveConfig {
+///     recursive: true,
+///     expected_top_level: Some(vec![b"src".to_vec()]),
+///     ..ReceiveConfig::default()
+/// };
+/// assert!(!config.preserve);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReceiveConfig {
+    /// Apply the sender's exact mode bits and modification times (nanoseconds) to files and
+    /// directories (scp's `-p`). Without it, new files and directories get the sender's
+    /// permission bits less the umask, and existing directories are left alone. Default:
+    /// false.
+    pub preserve: bool,
+    /// Accept directories (scp's `-r`). Without it a directory, or any path below the top
+    /// level, is a protocol error. Default: false.
+    pub recursive: bool,
+    /// The destination must be an existing directory (the user gave several sources or a
+    /// trailing '/'): otherwise fail before writing anything. Default: false.
+    pub target_must_be_dir: bool,
+    /// The only names accepted at the top level, or `None` for any. In a pull the client
+    /// knows which names it asked for and refuses anything else (scp's CVE-2019-6111).
+    /// Default: `None`.
+    pub expected_top_level: Option<Vec<Vec<u8>>>,
+    /// The largest frame payload accepted, as negotiated in the handshake. Default:
+    /// [`fastcp_proto::DEFAULT_MAX_FRAME`].
+    pub max_frame: u32,
+    /// Blocking threads that write files. Default: [`DEFAULT_WRITER_THREADS`].
+    pub writer_threads: usize,
+    /// File bytes received and not yet written before the readers stop reading. Default:
+    /// [`DEFAULT_RECEIVE_IN_FLIGHT`] (16 MiB).
+    pub max_in_flight: usize,
+}
+
+impl Default for ReceiveConfig {
+    fn default() -> ReceiveConfig {
+        ReceiveConfig {
+            preserve: false,
+            recursive: false,
+            target_must_be_dir: false,
+            expected_top_level: None,
+            max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
+            writer_threads: DEFAULT_WRITER_THREADS,
+            max_in_flight: DEFAULT_RECEIVE_IN_FLIGHT,
+        }
+    }
+}
+
+/// The first fatal error, and a way to wait for one.
+#[derive(Debug, Default)]
+pub(crate) struct Abort {
+    flag: AtomicBool,
+    error: Mutex<Option<Error>>,
+    notify: Notify,
+}
+
+impl Abort {
+    pub(crate) fn trigger(&self, e: Error) {
+        let mut g = lock(&self.error);
+        if g.is_none() && !self.flag.load(Relaxed) {
+            *g = Some(e);
+        }
+        self.flag.store(true, Relaxed);
+        drop(g);
+        self.notify.notify_waiters();
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.flag.load(Relaxed)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn take(&self) -> Option<Error> {
+        lock(&self.error).take()
+    }
+}
+
+/// A file announced by a `File` entry and not yet complete.
+#[derive(Debug)]
+struct Live {
+    path: Bytes,
+    size: u64,
+    seen: u64,
+    end: bool,
+    /// The entry has been handed to its writer; frames for it may follow.
+    announced: bool,
+    /// The sender gave up on it: its remaining frames are dropped.
+    abandoned: bool,
+}
+
+/// What the readers share about the session's files and names.
+#[derive(Debug, Default)]
+struct Table {
+    live: HashMap<u64, Live>,
+    done: IdSet,
+    /// The top-level name, when the destination is not a directory.
+    top: Option<Bytes>,
+    /// Wire paths of the symlinks sent in this session.
+    symlinks: HashSet<Bytes>,
+    /// Wire paths of the directories entries were sent as or into.
+    dirs: HashSet<Bytes>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+/// State shared by the readers, the writers and the main task.
+pub(crate) struct Shared {
+    pub(crate) config: ReceiveConfig,
+    pub(crate) root: Root,
+    pub(crate) umask: u32,
+    pub(crate) progress: Arc<Progress>,
+    pub(crate) abort: Abort,
+    pub(crate) written: Written,
+    dirs: Mutex<DirState>,
+    table: Mutex<Table>,
+    announced: Notify,
+    finished: AtomicUsize,
+    n_streams: usize,
+    failures: Mutex<Report>,
+    local_errors: std::sync::atomic::AtomicU64,
+    replies: mpsc::Sender<Frame>,
+}
+
+impl Shared {
+    pub(crate) fn lock_dirs(&self) -> MutexGuard<'_, DirState> {
+        lock(&self.dirs)
+    }
+
+    /// Records a failed entry and tells the sender; the transfer goes on.
+    pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
+        let frame = ErrorFrame {
+            code: e.code(),
+            fatal: false,
+            path: Bytes::copy_from_slice(wire),
+            message: e.to_string(),
+        };
+        lock(&self.failures).push_failure(Failure::from_frame(Side::Receiver, &frame));
+        self.local_errors.fetch_add(1, Relaxed);
+        // Fails only once the reply stream is gone, when nobody is listening any more.
+        let _ = self.replies.blocking_send(Frame::Error(frame));
+    }
+
+    /// Checks an entry's path against the session: safe, asked for, not through a symlink
+    /// sent earlier.
+    fn check_entry(&self, path: &Bytes, kind: Kind) -> Result<(), Error> {
+        fastcp_proto::path::validate(path).map_err(|e| Error::unsafe_path(path, e.to_string()))?;
+        let first = match path.iter().position(|&b| b == b'/') {
+            Some(i) => &path[..i],
+            None => &path[..],
+        };
+        if let Some(expected) = &self.config.expected_top_level
+            && !expected.iter().any(|n| n[..] == *first)
+        {
+            return Err(Error::unsafe_path(
+                path,
+                format!("\"{}\" was not requested", escape(first)),
+            ));
+        }
+        if !self.config.recursive && (kind == Kind::Dir || first.len() != path.len()) {
+            return Err(Error::Protocol(format!(
+                "{}: a directory entry, but the copy is not recursive",
+                escape(path)
+            )));
+        }
+        let mut t = lock(&self.table);
+        if self.root.rename_top.is_some() {
+            match &t.top {
+                None => t.top = Some(path.slice_ref(first)),
+                Some(top) if top[..] == *first => {}
+                Some(top) => {
+                    return Err(Error::Protocol(format!(
+                        "a second top-level entry \"{}\" after \"{}\", but the destination {} \
+                         is not a directory",
+                        escape(first),
+                        escape(top),
+                        escape(self.root.display(b"").as_os_str().as_encoded_bytes()),
+                    )));
+                }
+            }
+        }
+        if !t.symlinks.is_empty() {
+            for (i, _) in path.iter().enumerate().filter(|&(_, &b)| b == b'/') {
+                if t.symlinks.contains(&path[..i]) {
+                    return Err(Error::unsafe_path(
+                        path,
+                        format!(
+                            "goes through the symbolic link \"{}\" sent earlier",
+                            escape(&path[..i])
+                        ),
+                    ));
+                }
+            }
+        }
+        match kind {
+            Kind::Symlink => {
+                if t.dirs.contains(path) {
+                    return Err(Error::unsafe_path(
+                        path,
+                        "a symbolic link in place of a directory that entries were sent into",
+                    ));
+                }
+                t.symlinks.insert(path.clone());
+            }
+            Kind::Dir => {
+                if t.symlinks.contains(path) {
+                    return Err(Error::unsafe_path(
+                        path,
+                        "a directory in place of a symbolic link sent earlier",
+                    ));
+                }
+                t.dirs.insert(path.clone());
+            }
+            Kind::File => {}
+        }
+        // Remember every directory an entry goes into.
+        let mut p = path.clone();
+        while let Some(i) = p.iter().rposition(|&b| b == b'/') {
+            p = p.slice(..i);
+            if !t.dirs.insert(p.clone()) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One reader's handles.
+struct Reader {
+    shared: Arc<Shared>,
+    writers: Vec<mpsc::Sender<Op>>,
+    budget: Arc<Semaphore>,
+    budget_cap: usize,
+    stream: usize,
+    counts: Summary,
+    next_writer: usize,
+}
+
+/// What accounting said about a `Data` or `FileEnd` frame.
+enum Accounted {
+    /// Hand it to the file's writer.
+    Forward,
+    /// The sender gave up on the file: drop it.
+    Drop,
+    /// The file's entry has not arrived yet.
+    Wait,
+}
+
+impl Reader {
+    fn writer(&self, id: u64) -> &mpsc::Sender<Op> {
+        &self.writers[(id % self.writers.len() as u64) as usize]
+    }
+
+    async fn send(&self, to: &mpsc::Sender<Op>, op: Op) -> Result<(), Error> {
+        to.send(op).await.map_err(|_| {
+            // A writer stopped: the abort carries the reason.
+            Error::Stream {
+                stream: self.stream,
+                source: io::Error::other("transfer aborted"),
+            }
+        })
+    }
+
+    /// Handles one frame; returns the sender's totals at the stream's `Done`.
+    async fn frame(&mut self, frame: Frame) -> Result<Option<Summary>, Error> {
+        match frame {
+            Frame::Dir(d) => {
+                self.shared.check_entry(&d.path, Kind::Dir)?;
+                self.counts.dirs += 1;
+                let w = self.next_writer % self.writers.len();
+                self.next_writer += 1;
+                self.send(
+                    &self.writers[w],
+                    Op::Dir {
+                        wire: d.path,
+                        meta: d.meta,
+                    },
+                )
+                .await?;
+            }
+            Frame::Symlink(s) => {
+                self.shared.check_entry(&s.path, Kind::Symlink)?;
+                self.counts.symlinks += 1;
+                let w = self.next_writer % self.writers.len();
+                self.next_writer += 1;
+                self.send(
+                    &self.writers[w],
+                    Op::Symlink {
+                        wire: s.path,
+                        target: s.target,
+                    },
+                )
+                .await?;
+            }
+            Frame::File(f) => {
+                self.shared.check_entry(&f.path, Kind::File)?;
+                self.counts.files += 1;
+                {
+                    let mut t = lock(&self.shared.table);
+                    if t.live.contains_key(&f.id) || t.done.contains(f.id) {
+                        return Err(Error::Protocol(format!(
+                            "{}: file id {} is already in use",
+                            escape(&f.path),
+                            f.id
+                        )));
+                    }
+                    t.live.insert(
+                        f.id,
+                        Live {
+                            path: f.path.clone(),
+                            size: f.size,
+                            seen: 0,
+                            end: false,
+                            announced: false,
+                            abandoned: false,
+                        },
+                    );
+                }
+                let op = Op::Create {
+                    id: f.id,
+                    wire: f.path,
+                    size: f.size,
+                    meta: f.meta,
+                };
+                self.send(self.writer(f.id), op).await?;
+                {
+                    let mut t = lock(&self.shared.table);
+                    if let Some(l) = t.live.get_mut(&f.id) {
+                        l.announced = true;
+                    }
+                }
+                self.shared.announced.notify_waiters();
+            }
+            Frame::Data(d) => {
+                let len = d.bytes.len() as u64;
+                self.counts.bytes += len;
+                loop {
+                    match self.account(d.id, Some((d.offset, len)))? {
+                        Accounted::Forward => break,
+                        Accounted::Drop => return Ok(None),
+                        Accounted::Wait => self.wait_announced(d.id).await?,
+                    }
+                }
+                let permit = if d.bytes.is_empty() {
+                    None
+                } else {
+                    let n = d.bytes.len().min(self.budget_cap) as u32;
+                    Some(
+                        self.budget
+                            .clone()
+                            .acquire_many_owned(n)
+                            .await
+                            .map_err(|_| Error::Stream {
+                                stream: self.stream,
+                                source: io::Error::other("transfer aborted"),
+                            })?,
+                    )
+                };
+                let op = Op::Data {
+                    id: d.id,
+                    offset: d.offset,
+                    bytes: d.bytes,
+                    _permit: permit,
+                };
+                self.send(self.writer(d.id), op).await?;
+            }
+            Frame::FileEnd(e) => {
+                loop {
+                    match self.account(e.id, None)? {
+                        Accounted::Forward => break,
+                        Accounted::Drop => return Ok(None),
+                        Accounted::Wait => self.wait_announced(e.id).await?,
+                    }
+                }
+                let op = Op::End {
+                    id: e.id,
+                    hash: e.hash,
+                };
+                self.send(self.writer(e.id), op).await?;
+            }
+            Frame::Error(e) => {
+                self.counts.errors += 1;
+                if e.fatal {
+                    return Err(Error::from_frame(&e));
+                }
+                lock(&self.shared.failures).push_failure(Failure::from_frame(Side::Sender, &e));
+                // A file the sender gave up on after announcing it: drop it.
+                let abandoned = {
+                    let mut t = lock(&self.shared.table);
+                    let id = t
+                        .live
+                        .iter()
+                        .find(|(_, l)| l.announced && !l.abandoned && l.path == e.path)
+                        .map(|(&id, _)| id);
+                    if let Some(id) = id
+                        && let Some(l) = t.live.get_mut(&id)
+                    {
+                        l.abandoned = true;
+                    }
+                    id
+                };
+                if let Some(id) = abandoned {
+                    self.send(self.writer(id), Op::Abandon { id }).await?;
+                }
+            }
+            Frame::Done(summary) => {
+                if summary != self.counts {
+                    return Err(Error::Protocol(format!(
+                        "stream {}: the sender's totals ({}) do not match what arrived ({})",
+                        self.stream,
+                        totals(&summary),
+                        totals(&self.counts)
+                    )));
+                }
+                return Ok(Some(summary));
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {} frame on stream {}",
+                    other.name(),
+                    self.stream
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Accounts a chunk (`Some((offset, len))`) or a file's end (`None`) against its file.
+    fn account(&self, id: u64, chunk: Option<(u64, u64)>) -> Result<Accounted, Error> {
+        let mut t = lock(&self.shared.table);
+        let Some(l) = t.live.get_mut(&id) else {
+            if t.done.contains(id) {
+                return Err(Error::Protocol(format!(
+                    "{} for file id {id} after the file was complete",
+                    if chunk.is_some() { "data" } else { "a second end" }
+                )));
+            }
+            return Ok(Accounted::Wait);
+        };
+        if !l.announced {
+            return Ok(Accounted::Wait);
+        }
+        match chunk {
+            Some((offset, len)) => {
+                if offset.saturating_add(len) > l.size {
+                    return Err(Error::Protocol(format!(
+                        "{}: data past the end of the file ({} bytes at offset {offset}, size {})",
+                        escape(&l.path),
+                        len,
+                        l.size
+                    )));
+                }
+                l.seen += len;
+                if l.seen > l.size {
+                    return Err(Error::Protocol(format!(
+                        "{}: more data than the file's size of {} (repeated or overlapping \
+                         chunks)",
+                        escape(&l.path),
+                        l.size
+                    )));
+                }
+            }
+            None => {
+                if l.end {
+                    return Err(Error::Protocol(format!(
+                        "{}: a second end for the file",
+                        escape(&l.path)
+                    )));
+                }
+                l.end = true;
+            }
+        }
+        let out = if l.abandoned {
+            Accounted::Drop
+        } else {
+            Accounted::Forward
+        };
+        self.complete_if_done(&mut t, id);
+        Ok(out)
+    }
+
+    fn complete_if_done(&self, t: &mut Table, id: u64) {
+        if let Some(l) = t.live.get(&id)
+            && l.seen == l.size
+            && l.end
+        {
+            t.live.remove(&id);
+            t.done.insert(id);
+        }
+    }
+
+    /// Waits until file `id` is announced on some stream; an error when it never can be.
+    async fn wait_announced(&self, id: u64) -> Result<(), Error> {
+        let shared = &self.shared;
+        loop {
+            let notified = shared.announced.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let t = lock(&shared.table);
+                if t.live.get(&id).is_some_and(|l| l.announced) || t.done.contains(id) {
+                    return Ok(());
+                }
+            }
+            if shared.finished.load(Relaxed) + 1 >= shared.n_streams {
+                return Err(Error::Protocol(format!(
+                    "stream {}: data for file id {id}, which no stream announced",
+                    self.stream
+                )));
+            }
+            notified.await;
+        }
+    }
+}
+
+fn totals(s: &Summary) -> String {
+    format!(
+        "{} files, {} dirs, {} symlinks, {} bytes, {} errors",
+        s.files, s.dirs, s.symlinks, s.bytes, s.errors
+    )
+}
+
+/// Reads and handles one stream's frames until its `Done`.
+async fn read_stream<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Result<Summary, Error> {
+    let i = reader.stream;
+    let mut decoder = Decoder::new(reader.shared.config.max_frame);
+    let mut buf = BytesMut::with_capacity(READ_BUFFER);
+    loop {
+        while let Some(frame) = decoder
+            .decode(&mut buf)
+            .map_err(|source| Error::Decode { stream: i, source })?
+        {
+            if let Some(done) = reader.frame(frame).await? {
+                reader.shared.finished.fetch_add(1, Relaxed);
+                reader.shared.announced.notify_waiters();
+                return Ok(done);
+            }
+        }
+        if buf.capacity() - buf.len() < READ_BUFFER / 4 {
+            buf.reserve(READ_BUFFER);
+        }
+        let n = r
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| stream_error(i, e, "while receiving"))?;
+        if n == 0 {
+            return Err(Error::ConnectionClosed {
+                stream: i,
+                during: if buf.is_empty() {
+                    "before the end of the transfer"
+                } else {
+                    "in the middle of a frame"
+                },
+            });
+        }
+    }
+}
+
+/// Writes replies to the sender on stream 0 until the final `Done` or a fatal error.
+async fn write_replies<W: AsyncWrite + Unpin>(
+    w: W,
+    mut rx: mpsc::Receiver<Frame>,
+) -> Result<W, Error> {
+    let mut w = BufWriter::new(w);
+    let fail = |e| stream_error(0, e, "while sending replies");
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = match rx.try_recv() {
+            Ok(f) => f,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                w.flush().await.map_err(fail)?;
+                match rx.recv().await {
+                    Some(f) => f,
+                    None => break,
+                }
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+        };
+        buf.clear();
+        fastcp_proto::encode(&frame, &mut buf);
+        w.write_all(&buf).await.map_err(fail)?;
+        let last = matches!(&frame, Frame::Done(_)) || matches!(&frame, Frame::Error(e) if e.fatal);
+        if last {
+            break;
+        }
+    }
+    w.flush().await.map_err(fail)?;
+    Ok(w.into_inner())
+}
+
+/// Opens the destination: the directory entries go into, and the name the single top-level
+/// entry takes when `dest` is not a directory.
+fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> {
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match std::fs::metadata(dest) {
+        Ok(m) if m.is_dir() => {
+            // Following a symlink for the destination itself is fine: the user named it.
+            let fd = rustix::fs::open(dest, dir_flags, Mode::empty())
+                .map_err(|e| Error::io(dest, e.into()))?;
+            return Ok(Root {
+                fd: Arc::new(fd),
+                path: dest.to_path_buf(),
+                rename_top: None,
+            });
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(dest, e)),
+    }
+    if config.target_must_be_dir {
+        return Err(Error::InvalidArgument(format!(
+            "{}: not a directory",
+            escape(dest.as_os_str().as_encoded_bytes())
+        )));
+    }
+    let name = dest.file_name().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{}: not a valid destination name",
+            escape(dest.as_os_str().as_encoded_bytes())
+        ))
+    })?;
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let fd =
+        rustix::fs::open(parent, dir_flags, Mode::empty()).map_err(|e| Error::io(parent, e.into()))?;
+    Ok(Root {
+        fd: Arc::new(fd),
+        path: parent.to_path_buf(),
+        rename_top: Some(name.as_encoded_bytes().to_vec()),
+    })
+}
+
+/// The process umask, read without changing it (which would race with other threads).
+fn read_umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
+}
+
+/// Receives a tree into `dest` from `streams`.
+///
+/// `dest` maps as with scp: if it is an existing directory, entries go beneath it under the
+/// names they were sent with; otherwise its parent must exist and the single top-level entry
+/// is created as `dest` (a second top-level name is then an error). Stream 0 also carries
+/// the replies: per-entry errors, then the final report once every file is verified and in
+/// place.
+///
+/// Every file is written to a temporary file beside its target, verified against the
+/// sender's BLAKE3 hash and renamed into place: a file under its final name is never partial.
+/// Paths are resolved beneath the destination one component at a time without following any
+/// symlink, so nothing is written outside it.
+///
+/// See [`crate::send`] for an example with both sides.
+pub async fn receive<S>(
+    dest: &Path,
+    streams: Vec<S>,
+    config: &ReceiveConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    if streams.is_empty() {
+        return Err(Error::InvalidArgument("no streams to receive on".into()));
+    }
+    let n = streams.len();
+    let mut reads = Vec::with_capacity(n);
+    let mut writes = Vec::with_capacity(n);
+    for s in streams {
+        let (r, w) = tokio::io::split(s);
+        reads.push(r);
+        writes.push(w);
+    }
+    let mut writes = writes.into_iter();
+    let reply_half = writes.next().expect("at least one stream");
+    // Nothing is sent back on the other streams; their write halves stay open until the end.
+    let _idle_writes: Vec<_> = writes.collect();
+    let (reply_tx, reply_rx) = mpsc::channel(256);
+    let mut replier = crate::budget::AbortOnDrop(vec![tokio::spawn(write_replies(
+        reply_half, reply_rx,
+    ))]);
+
+    let root = match open_destination(dest, config) {
+        Ok(r) => r,
+        Err(e) => {
+            notify_fatal(&reply_tx, &mut replier, &e).await;
+            return Err(e);
+        }
+    };
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        root,
+        umask: read_umask(),
+        progress,
+        abort: Abort::default(),
+        written: Written::default(),
+        dirs: Mutex::new(DirState::default()),
+        table: Mutex::new(Table::default()),
+        announced: Notify::new(),
+        finished: AtomicUsize::new(0),
+        n_streams: n,
+        failures: Mutex::new(Report::default()),
+        local_errors: Default::default(),
+        replies: reply_tx.clone(),
+    });
+
+    let mut writer_txs = Vec::new();
+    let mut writer_threads = Vec::new();
+    for _ in 0..config.writer_threads.max(1) {
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
+        writer_txs.push(tx);
+        let writer = Writer::new(shared.clone());
+        writer_threads.push(tokio::task::spawn_blocking(move || writer.run(rx)));
+    }
+    let budget_cap = config.max_in_flight.clamp(1 << 20, u32::MAX as usize >> 1);
+    let budget = Arc::new(Semaphore::new(budget_cap));
+
+    let mut readers = JoinSet::new();
+    for (i, r) in reads.into_iter().enumerate() {
+        let reader = Reader {
+            shared: shared.clone(),
+            writers: writer_txs.clone(),
+            budget: budget.clone(),
+            budget_cap,
+            stream: i,
+            counts: Summary::default(),
+            next_writer: i,
+        };
+        readers.spawn(read_stream(r, reader));
+    }
+    drop(writer_txs);
+
+    // Wait for every stream's end, or the first fatal error anywhere.
+    let mut peer = Summary::default();
+    let outcome: Result<(), Error> = loop {
+        tokio::select! {
+            r = readers.join_next() => match r {
+                None => break Ok(()),
+                Some(Ok(Ok(s))) => {
+                    peer.files += s.files;
+                    peer.dirs += s.dirs;
+                    peer.symlinks += s.symlinks;
+                    peer.bytes += s.bytes;
+                    peer.errors += s.errors;
+                }
+                Some(Ok(Err(e))) => break Err(e),
+                Some(Err(join)) => break Err(Error::Stream {
+                    stream: 0,
+                    source: io::Error::other(format!("reader task failed: {join}")),
+                }),
+            },
+            _ = shared.abort.wait() => break Err(Error::Protocol("aborted".into())),
+        }
+    };
+    let outcome = outcome.and_then(|()| {
+        // Every stream has ended: a file still missing bytes or its end never completes.
+        let t = lock(&shared.table);
+        match t.live.values().find(|l| !l.abandoned) {
+            Some(l) => Err(Error::Protocol(format!(
+                "{}: the sender finished with {} of {} bytes{}",
+                escape(&l.path),
+                l.seen,
+                l.size,
+                if l.end { "" } else { " and no end of file" }
+            ))),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = outcome {
+        shared.abort.trigger(e);
+    }
+    readers.abort_all();
+    while readers.join_next().await.is_some() {}
+    // The writers finish the files they have (or, after an abort, remove their temp files).
+    for h in writer_threads {
+        if let Err(join) = h.await {
+            shared.abort.trigger(Error::Stream {
+                stream: 0,
+                source: io::Error::other(format!("writer thread failed: {join}")),
+            });
+        }
+    }
+    if shared.abort.is_set() {
+        let e = shared
+            .abort
+            .take()
+            .unwrap_or_else(|| Error::Protocol("aborted".into()));
+        notify_fatal(&reply_tx, &mut replier, &e).await;
+        return Err(e);
+    }
+
+    let fixups = std::mem::take(&mut shared.lock_dirs().fixups);
+    let fix_shared = shared.clone();
+    let _ = tokio::task::spawn_blocking(move || dest::apply_fixups(&fix_shared, fixups)).await;
+
+    let mut report = std::mem::take(&mut *lock(&shared.failures));
+    report.local = Summary {
+        files: shared.written.files.load(Relaxed),
+        dirs: shared.written.dirs.load(Relaxed),
+        symlinks: shared.written.symlinks.load(Relaxed),
+        bytes: shared.written.bytes.load(Relaxed),
+        errors: shared.local_errors.load(Relaxed),
+    };
+    report.peer = peer;
+    let _ = reply_tx.send(Frame::Done(report.local)).await;
+    drop(reply_tx);
+    drop(shared);
+    match (&mut replier.0[0]).await {
+        Ok(Ok(mut w)) => {
+            let _ = w.shutdown().await;
+        }
+        Ok(Err(e)) => return Err(e),
+        Err(join) => {
+            return Err(Error::Stream {
+                stream: 0,
+                source: io::Error::other(format!("reply task failed: {join}")),
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// Tells the sender why we stop, if the reply stream still works.
+async fn notify_fatal(
+    tx: &mpsc::Sender<Frame>,
+    replier: &mut crate::budget::AbortOnDrop<Result<impl Sized, Error>>,
+    e: &Error,
+) {
+    let frame = e.to_frame(b"", true);
+    if tx.send(Frame::Error(frame)).await.is_ok() {
+        let _ = tokio::time::timeout(NOTICE_WAIT, &mut replier.0[0]).await;
+    }
+}

@@ -1,0 +1,81 @@
+//! What a finished transfer reports.
+
+use std::fmt;
+
+use bytes::Bytes;
+use fastcp_proto::{ErrorCode, ErrorFrame, Summary};
+
+/// The most [`Failure`]s a [`Report`] keeps; later ones are only counted.
+pub const MAX_FAILURES: usize = 10_000;
+
+/// Which side of the transfer an entry failed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The side that reads the source files.
+    Sender,
+    /// The side that writes the destination.
+    Receiver,
+}
+
+/// One entry that could not be copied. The transfer went on without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Where it failed.
+    pub side: Side,
+    /// The path concerned: the wire path (relative to the transfer's root) or, for a source
+    /// that could not even be named, the local path. Raw bytes; see [`crate::escape`].
+    pub path: Bytes,
+    /// What kind of failure.
+    pub code: ErrorCode,
+    /// A human-readable message, which already names the file.
+    pub message: String,
+}
+
+impl Failure {
+    pub(crate) fn from_frame(side: Side, frame: &ErrorFrame) -> Failure {
+        Failure {
+            side,
+            path: frame.path.clone(),
+            code: frame.code,
+            message: frame.message.clone(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The message names the file already; the path is kept for programs.
+        f.write_str(&self.message)
+    }
+}
+
+/// The outcome of a transfer that ran to its end.
+///
+/// A transfer that ends with `Ok(Report)` may still have skipped entries: check
+/// [`Report::is_complete`] and list [`Report::failures`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// This side's totals: what the sender sent, or what the receiver wrote.
+    pub local: Summary,
+    /// The peer's totals: the receiver's final report to a sender, or the sum of the
+    /// sender's per-stream totals to a receiver.
+    pub peer: Summary,
+    /// Entries that failed on either side, at most [`MAX_FAILURES`] of them.
+    pub failures: Vec<Failure>,
+    /// How many failures there were in all, including any not kept in `failures`.
+    pub failure_count: u64,
+}
+
+impl Report {
+    /// True when every entry was copied.
+    pub fn is_complete(&self) -> bool {
+        self.failure_count == 0
+    }
+
+    pub(crate) fn push_failure(&mut self, failure: Failure) {
+        self.failure_count += 1;
+        if self.failures.len() < MAX_FAILURES {
+            self.failures.push(failure);
+        }
+    }
+}

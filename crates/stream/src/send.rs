@@ -1,0 +1,748 @@
+//! The sending side: walk, read, hash, schedule frames over the streams.
+//!
+//! Three stages, each bounded:
+//!
+//! 1. the **walk** runs on a blocking thread and feeds entries through a bounded channel;
+//! 2. the **producer**, another blocking thread, opens and reads each file in large blocks,
+//!    hashes it with BLAKE3 as it reads, encodes the frames and queues them on the streams.
+//!    A small file goes whole (File, Data, FileEnd back to back) on one stream; a big file's
+//!    File entry goes on one stream, its chunks are spread over all of them, and its FileEnd is
+//!    queued after its last chunk. Each message goes to the stream with the fewest bytes
+//!    queued, so a slow stream gets less;
+//! 3. one **writer task** per stream drains its queue into the stream.
+//!
+//! A byte [`Budget`] shared by all queues bounds the memory in flight: the producer waits
+//! when it is spent. Meanwhile a task reads stream 0 for the receiver's per-entry errors and
+//! its final report.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fastcp_proto::{
+    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, encode,
+    encode_data_header,
+};
+use rustix::fs::{FileType, Mode, OFlags};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::mpsc;
+
+use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed};
+use crate::report::{Failure, Report, Side};
+use crate::walk::{EntryKind, WalkConfig, walk};
+use crate::{Error, Progress, stream_error};
+
+/// The default chunk size: files up to this size travel whole on one stream, bigger ones are
+/// cut into chunks of this size.
+pub const DEFAULT_CHUNK_SIZE: usize = 1 << 20;
+
+/// The default bound on bytes queued for the streams and not yet written.
+pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
+
+/// How many walked entries may wait for the producer.
+const WALK_QUEUE: usize = 1024;
+
+/// Each writer task's buffer: small frames are gathered into it, payloads at least this big
+/// bypass it.
+const WRITE_BUFFER: usize = 256 << 10;
+
+/// The cap on a frame from the receiver (errors and the final report are small).
+const REPLY_MAX_FRAME: u32 = 64 << 10;
+
+/// How long to wait for the receiver's explanation once a stream broke.
+const EXPLANATION_WAIT: Duration = Duration::from_secs(5);
+
+/// How to send.
+///
+/// ```
+/// use fastcp_stream::SendConfig;
+///
+/// let config = SendConfig { recursive: true, ..SendConfig::default() };
+/// assert_eq!(config.chunk_size, 1 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    /// Files up to this size go whole on one stream; bigger files are cut into chunks of this
+    /// size spread over all streams. It must fit in the peer's frame cap (16 bytes of header
+    /// less). Default: [`DEFAULT_CHUNK_SIZE`] (1 MiB).
+    pub chunk_size: usize,
+    /// Descend into directories (scp's `-r`). Default: false.
+    pub recursive: bool,
+    /// Follow symbolic links instead of sending them as links. Default: false.
+    pub follow_links: bool,
+    /// Send modification times. Without it the mtime fields are sent as zero, and only the
+    /// permission bits travel (as scp does without `-p`). Default: false.
+    pub preserve: bool,
+    /// Bytes that may be queued for the streams before the reader waits. Default:
+    /// [`DEFAULT_SEND_IN_FLIGHT`] (16 MiB).
+    pub max_in_flight: usize,
+}
+
+impl Default for SendConfig {
+    fn default() -> SendConfig {
+        SendConfig {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            recursive: false,
+            follow_links: false,
+            preserve: false,
+            max_in_flight: DEFAULT_SEND_IN_FLIGHT,
+        }
+    }
+}
+
+/// One message for a writer task: up to three byte strings written back to back.
+struct Msg {
+    parts: [Bytes; 3],
+    /// Budget bytes to give back once written.
+    permit: usize,
+    /// Files whose last byte this message carries, for [`Progress`].
+    files: u64,
+    /// File content bytes in this message, for [`Progress`].
+    data: u64,
+}
+
+impl Msg {
+    fn frame(frame: &Frame) -> Msg {
+        Msg::parts(frame_bytes(frame), Bytes::new(), Bytes::new())
+    }
+
+    fn parts(a: Bytes, b: Bytes, c: Bytes) -> Msg {
+        Msg {
+            parts: [a, b, c],
+            permit: 0,
+            files: 0,
+            data: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
+    }
+}
+
+fn frame_bytes(frame: &Frame) -> Bytes {
+    let mut b = BytesMut::new();
+    encode(frame, &mut b);
+    b.freeze()
+}
+
+/// Sends `sources` over `streams` and waits for the receiver's final report.
+///
+/// The streams must be set up already (handshake and request done); stream 0 also carries the
+/// receiver's replies. Returns when the receiver has confirmed the whole transfer, with the
+/// entries that failed on either side in [`Report::failures`]. A fatal error on either side
+/// ends the transfer with `Err`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use fastcp_stream::{receive, send, Progress, ReceiveConfig, SendConfig};
+///
+/// let src = tempfile::tempdir()?;
+/// let dst = tempfile::tempdir()?;
+/// std::fs::write(src.path().join("hello.txt"), b"hello")?;
+///
+/// // Two in-memory streams; a real session would use SSH channels or sealed TCP.
+/// let (a0, b0) = tokio::io::duplex(1 << 16);
+/// let (a1, b1) = tokio::io::duplex(1 << 16);
+/// let progress = Arc::new(Progress::default());
+/// let sources = [src.path().join("hello.txt")];
+/// let (sent, received) = tokio::join!(
+///     send(&sources, vec![a0, a1], &SendConfig::default(), progress.clone()),
+///     receive(dst.path(), vec![b0, b1], &ReceiveConfig::default(), progress),
+/// );
+/// assert_eq!(sent?.peer.files, 1);
+/// assert!(received?.is_complete());
+/// assert_eq!(std::fs::read(dst.path().join("hello.txt"))?, b"hello");
+/// # Ok(()) }
+/// ```
+pub async fn send<S>(
+    sources: &[PathBuf],
+    streams: Vec<S>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    if streams.is_empty() {
+        return Err(Error::InvalidArgument("no streams to send on".into()));
+    }
+    if config.chunk_size == 0 || config.chunk_size > fastcp_proto::HARD_MAX_FRAME as usize - 16
+    {
+        return Err(Error::InvalidArgument(format!(
+            "chunk size {} is out of range",
+            config.chunk_size
+        )));
+    }
+    let n = streams.len();
+    let mut reads = Vec::with_capacity(n);
+    let mut writes = Vec::with_capacity(n);
+    for s in streams {
+        let (r, w) = tokio::io::split(s);
+        reads.push(r);
+        writes.push(w);
+    }
+    let mut reads = reads.into_iter();
+    let reply_half = reads.next().expect("at least one stream");
+    // The other read halves stay open (the receiver writes nothing on them) until the end.
+    let _idle_reads: Vec<_> = reads.collect();
+
+    let budget = Arc::new(Budget::new(
+        config.max_in_flight.max(config.chunk_size + (64 << 10)),
+    ));
+    let _close_budget = CloseOnDrop(budget.clone());
+    let queued: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+
+    let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(reply_half))]);
+
+    let mut txs = Vec::with_capacity(n);
+    let mut writers = AbortOnDrop(Vec::with_capacity(n));
+    for (i, w) in writes.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        txs.push(tx);
+        writers.0.push(tokio::spawn(write_stream(
+            i,
+            w,
+            rx,
+            budget.clone(),
+            queued.clone(),
+            progress.clone(),
+        )));
+    }
+
+    let (walk_tx, walk_rx) = mpsc::channel(WALK_QUEUE);
+    let walk_config = WalkConfig::new(config.recursive, config.follow_links);
+    let walk_sources = sources.to_vec();
+    let walk_progress = progress.clone();
+    let walker = tokio::task::spawn_blocking(move || {
+        for item in walk(&walk_sources, &walk_config) {
+            if let Ok(entry) = &item
+                && let EntryKind::File { size } = entry.kind
+            {
+                walk_progress.add_seen(1, size);
+            }
+            if walk_tx.blocking_send(item).is_err() {
+                return;
+            }
+        }
+        walk_progress.set_walk_complete();
+    });
+
+    let producer_config = config.clone();
+    let producer_progress = progress.clone();
+    let producer_budget = budget.clone();
+    let producer = tokio::task::spawn_blocking(move || {
+        let mut out = Out {
+            txs,
+            queued,
+            counts: vec![Summary::default(); n],
+            budget: producer_budget,
+            next: 0,
+        };
+        let mut p = Producer {
+            config: producer_config,
+            progress: producer_progress,
+            out: &mut out,
+            next_id: 0,
+            failures: Vec::new(),
+        };
+        let result = p.run(walk_rx);
+        let failures = std::mem::take(&mut p.failures);
+        result.map(|()| (out.counts, failures))
+    });
+
+    // The producer and the writers, in that order; a writer's error explains a stopped
+    // producer.
+    let work = async {
+        let produced = producer.await;
+        let mut halves = Vec::with_capacity(n);
+        let mut first_err = None;
+        for h in writers.0.iter_mut() {
+            match h.await {
+                Ok(Ok(w)) => halves.push(w),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(join) => {
+                    first_err.get_or_insert(Error::Stream {
+                        stream: 0,
+                        source: io::Error::other(format!("writer task failed: {join}")),
+                    });
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        match produced {
+            Ok(Ok(result)) => Ok((result, halves)),
+            Ok(Err(Closed)) => Err(Error::Stream {
+                stream: 0,
+                source: io::Error::other("transfer aborted"),
+            }),
+            Err(join) => Err(Error::Stream {
+                stream: 0,
+                source: io::Error::other(format!("reader thread failed: {join}")),
+            }),
+        }
+    };
+    tokio::pin!(work);
+
+    let mut replied = None;
+    let worked = loop {
+        tokio::select! {
+            r = &mut reply.0[0], if replied.is_none() => {
+                let r = flatten_reply(r);
+                if let Err(e) = r {
+                    // The receiver gave up (or the reply stream broke): stop at once.
+                    return Err(e);
+                }
+                replied = Some(r);
+            }
+            w = &mut work => break w,
+        }
+    };
+    let ((counts, local_failures), mut halves) = match worked {
+        Ok(v) => v,
+        Err(e) => {
+            // A stream broke: the receiver probably said why on stream 0.
+            let r = match replied {
+                Some(r) => r,
+                None => match tokio::time::timeout(EXPLANATION_WAIT, &mut reply.0[0]).await {
+                    Ok(r) => flatten_reply(r),
+                    Err(_) => return Err(e),
+                },
+            };
+            return Err(match r {
+                Err(remote) => remote,
+                Ok(_) => e,
+            });
+        }
+    };
+    drop(walker);
+    let (peer, remote_failures) = match replied {
+        Some(r) => r?,
+        None => flatten_reply((&mut reply.0[0]).await)?,
+    };
+    for w in halves.iter_mut() {
+        // The transfer is complete; a failing shutdown changes nothing.
+        let _ = w.shutdown().await;
+    }
+
+    let mut report = Report::default();
+    for c in &counts {
+        report.local.files += c.files;
+        report.local.dirs += c.dirs;
+        report.local.symlinks += c.symlinks;
+        report.local.bytes += c.bytes;
+        report.local.errors += c.errors;
+    }
+    report.peer = peer;
+    for f in local_failures.into_iter().chain(remote_failures) {
+        report.push_failure(f);
+    }
+    Ok(report)
+}
+
+type ReplyResult = Result<(Summary, Vec<Failure>), Error>;
+
+fn flatten_reply(r: Result<ReplyResult, tokio::task::JoinError>) -> ReplyResult {
+    match r {
+        Ok(r) => r,
+        Err(join) => Err(Error::Stream {
+            stream: 0,
+            source: io::Error::other(format!("reply task failed: {join}")),
+        }),
+    }
+}
+
+/// Reads the receiver's replies on stream 0: per-entry errors, then the final `Done`.
+async fn read_replies<R: AsyncRead + Unpin>(mut r: R) -> ReplyResult {
+    let mut decoder = Decoder::new(REPLY_MAX_FRAME);
+    let mut buf = BytesMut::with_capacity(8 << 10);
+    let mut failures = Vec::new();
+    loop {
+        while let Some(frame) = decoder
+            .decode(&mut buf)
+            .map_err(|source| Error::Decode { stream: 0, source })?
+        {
+            match frame {
+                Frame::Error(e) if e.fatal => return Err(Error::from_frame(&e)),
+                Frame::Error(e) => {
+                    if failures.len() < crate::report::MAX_FAILURES {
+                        failures.push(Failure::from_frame(Side::Receiver, &e));
+                    }
+                }
+                Frame::Done(summary) => return Ok((summary, failures)),
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "unexpected {} frame from the receiver",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        let n = r
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| stream_error(0, e, "waiting for the receiver's report"))?;
+        if n == 0 {
+            return Err(Error::ConnectionClosed {
+                stream: 0,
+                during: "waiting for the receiver's report",
+            });
+        }
+    }
+}
+
+/// Drains one stream's queue into the stream.
+async fn write_stream<W: AsyncWrite + Unpin>(
+    i: usize,
+    w: W,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    budget: Arc<Budget>,
+    queued: Arc<Vec<AtomicUsize>>,
+    progress: Arc<Progress>,
+) -> Result<W, Error> {
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
+    let fail = |e| stream_error(i, e, "while sending");
+    loop {
+        let msg = match rx.try_recv() {
+            Ok(m) => m,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                // Nothing queued: push out what is buffered before waiting.
+                w.flush().await.map_err(fail)?;
+                match rx.recv().await {
+                    Some(m) => m,
+                    None => break,
+                }
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+        };
+        for part in &msg.parts {
+            if !part.is_empty() {
+                w.write_all(part).await.map_err(fail)?;
+            }
+        }
+        queued[i].fetch_sub(msg.len(), Relaxed);
+        budget.release(msg.permit);
+        progress.add_sent(msg.files, msg.data);
+    }
+    w.flush().await.map_err(fail)?;
+    Ok(w.into_inner())
+}
+
+/// The producer's handle on the stream queues.
+struct Out {
+    txs: Vec<mpsc::UnboundedSender<Msg>>,
+    queued: Arc<Vec<AtomicUsize>>,
+    /// What was queued on each stream, for its `Done`.
+    counts: Vec<Summary>,
+    budget: Arc<Budget>,
+    next: usize,
+}
+
+impl Out {
+    /// The stream with the fewest bytes queued, starting the search round-robin so that ties
+    /// spread.
+    fn pick(&mut self) -> usize {
+        let n = self.txs.len();
+        let start = self.next;
+        self.next = (self.next + 1) % n;
+        let mut best = start;
+        let mut best_q = self.queued[start].load(Relaxed);
+        for k in 1..n {
+            if best_q == 0 {
+                break;
+            }
+            let i = (start + k) % n;
+            let q = self.queued[i].load(Relaxed);
+            if q < best_q {
+                best = i;
+                best_q = q;
+            }
+        }
+        best
+    }
+
+    fn push(&mut self, i: usize, mut msg: Msg) -> Result<(), Closed> {
+        let len = msg.len();
+        msg.permit = self.budget.acquire(len)?;
+        self.queued[i].fetch_add(len, Relaxed);
+        self.txs[i].send(msg).map_err(|_| Closed)
+    }
+}
+
+struct Producer<'a> {
+    config: SendConfig,
+    progress: Arc<Progress>,
+    out: &'a mut Out,
+    next_id: u64,
+    failures: Vec<Failure>,
+}
+
+impl Producer<'_> {
+    fn run(&mut self, mut walk: mpsc::Receiver<Result<crate::Entry, Error>>) -> Result<(), Closed> {
+        while let Some(item) = walk.blocking_recv() {
+            match item {
+                Err(e) => {
+                    let path = match &e {
+                        Error::Io { path, .. }
+                        | Error::Unsupported { path, .. }
+                        | Error::SourceChanged { path } => {
+                            Bytes::copy_from_slice(path.as_os_str().as_encoded_bytes())
+                        }
+                        _ => Bytes::new(),
+                    };
+                    let s = self.out.pick();
+                    self.fail(s, path, &e)?;
+                }
+                Ok(entry) => match entry.kind {
+                    EntryKind::Dir => {
+                        let s = self.out.pick();
+                        let frame = Frame::Dir(DirEntry {
+                            path: entry.wire,
+                            meta: self.meta(entry.meta),
+                        });
+                        self.out.counts[s].dirs += 1;
+                        self.out.push(s, Msg::frame(&frame))?;
+                    }
+                    EntryKind::Symlink { target } => {
+                        let s = self.out.pick();
+                        let frame = Frame::Symlink(SymlinkEntry {
+                            path: entry.wire,
+                            target,
+                        });
+                        self.out.counts[s].symlinks += 1;
+                        self.out.push(s, Msg::frame(&frame))?;
+                    }
+                    EntryKind::File { .. } => self.file(&entry.path, entry.wire)?,
+                },
+            }
+        }
+        for s in 0..self.out.txs.len() {
+            let done = Frame::Done(self.out.counts[s]);
+            self.out.push(s, Msg::frame(&done))?;
+        }
+        Ok(())
+    }
+
+    fn meta(&self, meta: Meta) -> Meta {
+        if self.config.preserve {
+            meta
+        } else {
+            Meta {
+                mode: meta.mode,
+                mtime: 0,
+                mtime_nsec: 0,
+            }
+        }
+    }
+
+    /// Records a failed entry and tells the receiver on stream `s`.
+    fn fail(&mut self, s: usize, path: Bytes, e: &Error) -> Result<(), Closed> {
+        let frame = ErrorFrame {
+            code: e.code(),
+            fatal: false,
+            path,
+            message: e.to_string(),
+        };
+        if self.failures.len() < crate::report::MAX_FAILURES {
+            self.failures.push(Failure::from_frame(Side::Sender, &frame));
+        }
+        self.out.counts[s].errors += 1;
+        self.out.push(s, Msg::frame(&Frame::Error(frame)))
+    }
+
+    /// Sends one regular file.
+    fn file(&mut self, path: &Path, wire: Bytes) -> Result<(), Closed> {
+        let (fd, size, meta) = match open_source(path, self.config.follow_links) {
+            Ok(v) => v,
+            Err(e) => {
+                let s = self.out.pick();
+                return self.fail(s, wire, &e);
+            }
+        };
+        self.progress.set_current(&wire);
+        let id = self.next_id;
+        self.next_id += 1;
+        let entry = Frame::File(FileEntry {
+            id,
+            path: wire.clone(),
+            size,
+            meta: self.meta(meta),
+        });
+        let chunk = self.config.chunk_size as u64;
+
+        if size <= chunk {
+            // Small: the whole file in one message on one stream.
+            let content = match read_small(&fd, size) {
+                Ok(c) => c,
+                Err(ReadError::Io(source)) => {
+                    let s = self.out.pick();
+                    return self.fail(s, wire, &Error::io(path, source));
+                }
+                Err(ReadError::Changed) => {
+                    let s = self.out.pick();
+                    return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
+                }
+            };
+            let hash = blake3::hash(&content);
+            let mut b = BytesMut::with_capacity(128 + wire.len());
+            encode(&entry, &mut b);
+            if size > 0 {
+                encode_data_header(id, 0, content.len(), &mut b);
+            }
+            let head = b.split().freeze();
+            encode(
+                &Frame::FileEnd(FileEnd {
+                    id,
+                    hash: *hash.as_bytes(),
+                }),
+                &mut b,
+            );
+            let tail = b.freeze();
+            let s = self.out.pick();
+            let counts = &mut self.out.counts[s];
+            counts.files += 1;
+            counts.bytes += size;
+            let mut msg = Msg::parts(head, content, tail);
+            msg.files = 1;
+            msg.data = size;
+            return self.out.push(s, msg);
+        }
+
+        // Big: the entry on one stream, chunks on whichever streams are least loaded.
+        let home = self.out.pick();
+        self.out.counts[home].files += 1;
+        self.out.push(home, Msg::frame(&entry))?;
+        let mut hasher = blake3::Hasher::new();
+        let mut offset = 0u64;
+        while offset < size {
+            let n = chunk.min(size - offset) as usize;
+            let bytes = match read_chunk(&fd, offset, n) {
+                Ok(b) => b,
+                Err(ReadError::Io(source)) => {
+                    return self.fail(home, wire, &Error::io(path, source));
+                }
+                Err(ReadError::Changed) => {
+                    return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
+                }
+            };
+            hasher.update(&bytes);
+            let mut head = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
+            encode_data_header(id, offset, n, &mut head);
+            let s = self.out.pick();
+            self.out.counts[s].bytes += n as u64;
+            let mut msg = Msg::parts(head.freeze(), bytes, Bytes::new());
+            msg.data = n as u64;
+            self.out.push(s, msg)?;
+            offset += n as u64;
+        }
+        match at_eof(&fd, size) {
+            Ok(true) => {}
+            Ok(false) => {
+                return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
+            }
+            Err(source) => return self.fail(home, wire, &Error::io(path, source)),
+        }
+        let end = Frame::FileEnd(FileEnd {
+            id,
+            hash: *hasher.finalize().as_bytes(),
+        });
+        let s = self.out.pick();
+        let mut msg = Msg::frame(&end);
+        msg.files = 1;
+        self.out.push(s, msg)
+    }
+}
+
+enum ReadError {
+    Io(io::Error),
+    /// The file is not the size it had when opened.
+    Changed,
+}
+
+/// Opens a source file for reading and checks that it is a regular file; returns its size and
+/// metadata as of the open.
+fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta), Error> {
+    // O_NONBLOCK: a FIFO swapped in since the walk must not hang us.
+    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| Error::io(path, e.into()))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(path, e.into()))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(Error::SourceChanged { path: path.into() });
+    }
+    let meta = Meta {
+        mode: st.st_mode & 0o7777,
+        mtime: st.st_mtime,
+        mtime_nsec: (st.st_mtime_nsec as u64).min(999_999_999) as u32,
+    };
+    Ok((fd, st.st_size as u64, meta))
+}
+
+fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r.map_err(Into::into),
+        }
+    }
+}
+
+/// Reads a whole file of `size` bytes, checking that it has exactly that many.
+fn read_small(fd: &OwnedFd, size: u64) -> Result<Bytes, ReadError> {
+    let size = size as usize;
+    let mut v: Vec<u8> = Vec::with_capacity(size + 1);
+    loop {
+        let want = v.capacity() - v.len();
+        let off = v.len() as u64;
+        let n = retry(|| rustix::io::pread(fd, rustix::buffer::spare_capacity(&mut v), off))
+            .map_err(ReadError::Io)?;
+        if v.len() > size {
+            return Err(ReadError::Changed);
+        }
+        if n == 0 {
+            return if v.len() == size {
+                Ok(Bytes::from(v))
+            } else {
+                Err(ReadError::Changed)
+            };
+        }
+        // A regular file returns less than asked only at its end: one read, not two.
+        if n < want && v.len() == size {
+            return Ok(Bytes::from(v));
+        }
+    }
+}
+
+/// Reads exactly `n` bytes at `offset`.
+fn read_chunk(fd: &OwnedFd, offset: u64, n: usize) -> Result<Bytes, ReadError> {
+    let mut v: Vec<u8> = Vec::with_capacity(n);
+    while v.len() < n {
+        let off = offset + v.len() as u64;
+        let got = retry(|| rustix::io::pread(fd, rustix::buffer::spare_capacity(&mut v), off))
+            .map_err(ReadError::Io)?;
+        if got == 0 {
+            return Err(ReadError::Changed);
+        }
+    }
+    v.truncate(n);
+    Ok(Bytes::from(v))
+}
+
+/// True when the file has no byte at `size`.
+fn at_eof(fd: &OwnedFd, size: u64) -> io::Result<bool> {
+    let mut one = [0u8; 1];
+    let n = retry(|| rustix::io::pread(fd, &mut one, size))?;
+    Ok(n == 0)
+}

@@ -1,0 +1,308 @@
+//! Walking the sources: the manifest, streamed.
+
+use std::ffi::OsString;
+use std::fs::{self, Metadata};
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use bytes::Bytes;
+use fastcp_proto::{MAX_PATH, Meta};
+
+use crate::Error;
+
+/// What to walk.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct WalkConfig {
+    /// Descend into directories (scp's `-r`). Without it a directory source is an error for
+    /// that source and the others are still walked. Default: false.
+    pub recursive: bool,
+    /// Follow symbolic links and copy what they point to. Without it links are copied as
+    /// links, dangling and absolute ones included. A top-level source written with a trailing
+    /// '/' is always followed. Default: false.
+    pub follow_links: bool,
+}
+
+impl WalkConfig {
+    /// A config with `recursive` and `follow_links` as given.
+    pub fn new(recursive: bool, follow_links: bool) -> WalkConfig {
+        WalkConfig {
+            recursive,
+            follow_links,
+        }
+    }
+}
+
+/// One entry of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Where it is on this machine.
+    pub path: PathBuf,
+    /// Its name on the wire: '/'-separated, relative, starting with the source's base name.
+    pub wire: Bytes,
+    /// What it is.
+    pub kind: EntryKind,
+    /// Permission bits and modification time, as the walk saw them.
+    pub meta: Meta,
+}
+
+/// The kind of a manifest [`Entry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A directory; its contents follow it.
+    Dir,
+    /// A regular file of this size (when walked; the sender re-reads it when it opens the
+    /// file).
+    File {
+        /// Size in bytes.
+        size: u64,
+    },
+    /// A symbolic link, kept as a link.
+    Symlink {
+        /// The link's target, as stored.
+        target: Bytes,
+    },
+}
+
+/// Walks `sources` depth first, each directory before its contents, names sorted within a
+/// directory.
+///
+/// The walk is lazy and its memory is bounded by the depth of the tree and the size of the
+/// directories on the current path, so it suits trees of millions of files. An entry that
+/// cannot be read yields an `Err` and the walk goes on with the next one.
+///
+/// Each source's wire name is its base name: `a/b/` and `a/b` give `b`; `.` and `..` give the
+/// name of the directory they stand for; `/` has no name and is an error.
+///
+/// ```
+/// use fastcp_stream::{walk, EntryKind, WalkConfig};
+///
+/// let dir = tempfile::tempdir()?;
+/// std::fs::create_dir(dir.path().join("src"))?;
+/// std::fs::write(dir.path().join("src/a.txt"), b"hello")?;
+///
+/// let entries: Vec<_> = walk(&[dir.path().join("src")], &WalkConfig::new(true, false))
+///     .collect::<Result<_, _>>()?;
+/// assert_eq!(entries[0].wire, "src");
+/// assert_eq!(entries[0].kind, EntryKind::Dir);
+/// assert_eq!(entries[1].wire, "src/a.txt");
+/// assert_eq!(entries[1].kind, EntryKind::File { size: 5 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn walk(sources: &[PathBuf], config: &WalkConfig) -> Walk {
+    Walk {
+        config: config.clone(),
+        sources: sources.to_vec().into_iter(),
+        stack: Vec::new(),
+        pending: None,
+    }
+}
+
+/// The iterator [`walk`] returns.
+#[derive(Debug)]
+pub struct Walk {
+    config: WalkConfig,
+    sources: std::vec::IntoIter<PathBuf>,
+    stack: Vec<Level>,
+    pending: Option<Error>,
+}
+
+/// One directory being listed.
+#[derive(Debug)]
+struct Level {
+    dir: PathBuf,
+    wire: Vec<u8>,
+    names: std::vec::IntoIter<OsString>,
+    /// (device, inode), to detect loops when following links.
+    id: (u64, u64),
+}
+
+impl Iterator for Walk {
+    type Item = Result<Entry, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.pending.take() {
+            return Some(Err(e));
+        }
+        loop {
+            if let Some(level) = self.stack.last_mut() {
+                match level.names.next() {
+                    Some(name) => {
+                        let path = level.dir.join(&name);
+                        let mut wire = Vec::with_capacity(level.wire.len() + 1 + name.len());
+                        wire.extend_from_slice(&level.wire);
+                        wire.push(b'/');
+                        wire.extend_from_slice(name.as_bytes());
+                        return Some(self.visit(path, wire, false));
+                    }
+                    None => {
+                        self.stack.pop();
+                        continue;
+                    }
+                }
+            }
+            let source = self.sources.next()?;
+            return Some(match top_name(&source) {
+                Ok(name) => self.visit(source, name, true),
+                Err(e) => Err(e),
+            });
+        }
+    }
+}
+
+impl Walk {
+    fn visit(&mut self, path: PathBuf, wire: Vec<u8>, top: bool) -> Result<Entry, Error> {
+        let follow = self.config.follow_links || (top && ends_with_slash(&path));
+        let lmeta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        let meta = if follow && lmeta.file_type().is_symlink() {
+            match fs::metadata(&path) {
+                Ok(m) => m,
+                // A dangling link cannot be followed: copy it as the link it is.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => lmeta,
+                Err(e) => return Err(Error::io(&path, e)),
+            }
+        } else {
+            lmeta
+        };
+        if wire.len() > MAX_PATH {
+            return Err(Error::Unsupported {
+                path,
+                reason: format!("path longer than {MAX_PATH} bytes"),
+            });
+        }
+        let ft = meta.file_type();
+        let kind = if ft.is_file() {
+            EntryKind::File { size: meta.len() }
+        } else if ft.is_dir() {
+            if !self.config.recursive {
+                return Err(Error::Unsupported {
+                    path,
+                    reason: "not a regular file (a directory: copy it with -r)".into(),
+                });
+            }
+            let id = (meta.dev(), meta.ino());
+            if self.stack.iter().any(|l| l.id == id) {
+                return Err(Error::Unsupported {
+                    path,
+                    reason: "symbolic link loop: the directory contains itself".into(),
+                });
+            }
+            match list(&path) {
+                Ok(names) => self.stack.push(Level {
+                    dir: path.clone(),
+                    wire: wire.clone(),
+                    names: names.into_iter(),
+                    id,
+                }),
+                // Send the directory itself; its contents are lost and reported.
+                Err(e) => self.pending = Some(Error::io(&path, e)),
+            }
+            EntryKind::Dir
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
+            let target = target.into_os_string().into_vec();
+            if target.len() > MAX_PATH {
+                return Err(Error::Unsupported {
+                    path,
+                    reason: format!("symbolic link target longer than {MAX_PATH} bytes"),
+                });
+            }
+            EntryKind::Symlink {
+                target: Bytes::from(target),
+            }
+        } else {
+            let what = if ft.is_fifo() {
+                "a named pipe"
+            } else if ft.is_socket() {
+                "a socket"
+            } else if ft.is_block_device() || ft.is_char_device() {
+                "a device"
+            } else {
+                "of an unknown type"
+            };
+            return Err(Error::Unsupported {
+                path,
+                reason: format!("not a regular file ({what})"),
+            });
+        };
+        Ok(Entry {
+            path,
+            wire: Bytes::from(wire),
+            kind,
+            meta: meta_of(&meta),
+        })
+    }
+}
+
+/// The names in a directory, sorted by their bytes.
+fn list(dir: &Path) -> io::Result<Vec<OsString>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        names.push(entry?.file_name());
+    }
+    names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names)
+}
+
+/// Mode bits and mtime of a file's metadata.
+pub(crate) fn meta_of(m: &Metadata) -> Meta {
+    Meta {
+        mode: m.mode() & 0o7777,
+        mtime: m.mtime(),
+        mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
+    }
+}
+
+fn ends_with_slash(path: &Path) -> bool {
+    let b = path.as_os_str().as_bytes();
+    b.ends_with(b"/") || b.ends_with(b"/.")
+}
+
+/// The wire name of a top-level source: its base name.
+fn top_name(source: &Path) -> Result<Vec<u8>, Error> {
+    let last = source.components().next_back();
+    let name = match last {
+        Some(Component::Normal(name)) => name.to_os_string(),
+        Some(Component::CurDir | Component::ParentDir) => {
+            // `.`, `..`, `a/..`: the name of the directory they stand for.
+            let canonical = fs::canonicalize(source).map_err(|e| Error::io(source, e))?;
+            match canonical.file_name() {
+                Some(n) => n.to_os_string(),
+                None => return Err(no_name(source)),
+            }
+        }
+        _ => return Err(no_name(source)),
+    };
+    Ok(name.into_vec())
+}
+
+fn no_name(source: &Path) -> Error {
+    Error::Unsupported {
+        path: source.to_path_buf(),
+        reason: "has no name to copy it under (copy its contents instead)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_names() {
+        assert_eq!(top_name(Path::new("a/b/")).unwrap(), b"b");
+        assert_eq!(top_name(Path::new("a/b")).unwrap(), b"b");
+        assert_eq!(top_name(Path::new("b")).unwrap(), b"b");
+        assert!(top_name(Path::new("/")).is_err());
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            top_name(Path::new(".")).unwrap(),
+            cwd.file_name().unwrap().as_bytes()
+        );
+        assert_eq!(
+            top_name(Path::new("..")).unwrap(),
+            cwd.parent().unwrap().file_name().unwrap().as_bytes()
+        );
+    }
+}
