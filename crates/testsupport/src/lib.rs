@@ -26,6 +26,8 @@
 //! assert!(status.success());
 //! ```
 
+pub mod wan;
+
 use std::fs;
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
