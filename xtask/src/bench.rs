@@ -91,6 +91,8 @@ pub struct BenchOptions {
     pub fastcp: Option<PathBuf>,
     /// Cipher for the `ssh` that rsync and `tar | ssh` run (OpenSSH's default if `None`).
     pub ssh_cipher: Option<String>,
+    /// Run only the contenders with these ids (all if empty).
+    pub contenders: Vec<String>,
     /// Extra arguments for every fastcp run (e.g. `-j 8`).
     pub fastcp_args: Vec<String>,
     /// Size of the big file.
@@ -130,6 +132,17 @@ pub struct Contender {
     pub listener: Option<String>,
     /// Known unusable before any run (e.g. fastcp did not build).
     pub broken: Option<String>,
+}
+
+impl Contender {
+    /// Short id for `--contenders`: the name without options and pipes (`cp`, `tar-ssh`).
+    pub fn id(&self) -> String {
+        self.name
+            .split_whitespace()
+            .filter(|w| *w != "|" && !w.starts_with('-'))
+            .collect::<Vec<_>>()
+            .join("-")
+    }
 }
 
 /// What happened to one contender on one data set.
@@ -180,12 +193,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
             other.unwrap_or_else(|| "an unknown file system".into())
         ),
     }
-    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load = load
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let load_at_start = load_average();
 
     let sets: Vec<DataSet> = match opts.only {
         Some(s) => vec![s],
@@ -248,7 +256,22 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let mut results = Vec::new();
     for data in datas {
         let dst = out.join(data.src.file_name().unwrap());
-        let contenders = contenders(opts, &fastcp, &data, &dst);
+        let mut contenders = contenders(opts, &fastcp, &data, &dst);
+        if !opts.contenders.is_empty() {
+            let ids: Vec<String> = contenders.iter().map(Contender::id).collect();
+            for want in &opts.contenders {
+                // nc only copies the big file; asking for it is fine when the tree runs too.
+                let known = ids.contains(want) || (want == "nc" && data.set == DataSet::Tree);
+                if !known {
+                    bail!(
+                        "no contender {want:?} in bench {} (there are: {})",
+                        opts.mode.name(),
+                        ids.join(", ")
+                    );
+                }
+            }
+            contenders.retain(|c| opts.contenders.contains(&c.id()));
+        }
         let outcomes = measure(opts, &data, &contenders, &out, &dst, &logs, cfg.as_deref())?;
         results.push(DataResult {
             data,
@@ -258,6 +281,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let _ = fs::remove_dir_all(&out);
     drop(sshd);
 
+    let load = format!("{load_at_start} at start, {} at the end", load_average());
     let report = Report::new(opts, &root, load, notes, results);
     let markdown = report.markdown();
     println!("{markdown}");
@@ -282,10 +306,17 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
                 "big-{}.bin",
                 report::human_size(opts.big_size).replace(' ', "")
             ));
-            if !src.exists() {
+            let stamp = format!(
+                "generator {}, seed {}, size {}\n",
+                data::GENERATOR_VERSION,
+                data::DEFAULT_SEED,
+                opts.big_size
+            );
+            if !stamp_matches(&src, &stamp)? {
                 eprintln!("generating {} ...", src.display());
                 let t = Instant::now();
                 data::gen_file(&src, opts.big_size, data::DEFAULT_SEED)?;
+                fs::write(stamp_path(&src), &stamp)?;
                 eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
             }
             let bytes = fs::metadata(&src)?.len();
@@ -316,7 +347,20 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
                 format!("tree-scale{}", opts.scale)
             };
             let src = data_dir.join(name);
-            if !src.exists() {
+            let shape_text = fs::read(&opts.shape).with_context(|| {
+                format!(
+                    "cannot read the source-tree shape file {} (pass another one with --shape PATH)",
+                    opts.shape.display()
+                )
+            })?;
+            let stamp = format!(
+                "generator {}, seed {}, scale {}, shape {:016x}\n",
+                data::GENERATOR_VERSION,
+                data::DEFAULT_SEED,
+                opts.scale,
+                fnv1a(&shape_text)
+            );
+            if !stamp_matches(&src, &stamp)? {
                 let shape = Shape::load(&opts.shape)?;
                 let partial = data::partial_name(&src);
                 if partial.exists() {
@@ -326,6 +370,7 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
                 let t = Instant::now();
                 let summary = data::gen_tree(&partial, &shape, opts.scale, data::DEFAULT_SEED)?;
                 fs::rename(&partial, &src)?;
+                fs::write(stamp_path(&src), &stamp)?;
                 eprintln!("  {summary}\n  done in {:.1} s", t.elapsed().as_secs_f64());
             }
             let manifest = verify::scan(&src)?;
@@ -347,6 +392,41 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
             })
         }
     }
+}
+
+/// Where the parameters a data set was generated with are recorded.
+fn stamp_path(src: &Path) -> PathBuf {
+    let mut name = src.file_name().unwrap_or_default().to_os_string();
+    name.push(".stamp");
+    src.with_file_name(name)
+}
+
+/// Whether `src` exists and was generated with the parameters in `stamp`. A data set that
+/// exists with other (or unknown) parameters is removed so it can be generated again.
+fn stamp_matches(src: &Path, stamp: &str) -> Result<bool> {
+    let Ok(meta) = fs::symlink_metadata(src) else {
+        return Ok(false);
+    };
+    if fs::read_to_string(stamp_path(src)).is_ok_and(|s| s == stamp) {
+        return Ok(true);
+    }
+    eprintln!(
+        "{} was generated with other parameters; generating it again",
+        src.display()
+    );
+    if meta.is_dir() {
+        fs::remove_dir_all(src)?;
+    } else {
+        fs::remove_file(src)?;
+    }
+    Ok(false)
+}
+
+/// FNV-1a, to fingerprint the shape file in the stamp.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The fastcp binary, built unless one was given; `Err` holds why it is unusable.
@@ -691,6 +771,15 @@ fn kill_group(pid: u32) {
         .status();
 }
 
+/// The 1, 5 and 15 minute load averages, as /proc/loadavg gives them.
+fn load_average() -> String {
+    let text = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Whether something listens on 127.0.0.1:`port` (read from /proc/net/tcp).
 fn is_listening(port: u16) -> bool {
     let want = format!("0100007F:{port:04X}");
@@ -721,6 +810,35 @@ pub fn fs_type(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contender_ids() {
+        let c = |name: &str| Contender {
+            name: name.into(),
+            command: String::new(),
+            listener: None,
+            broken: None,
+        };
+        assert_eq!(c("cp -a").id(), "cp");
+        assert_eq!(c("tar | tar").id(), "tar-tar");
+        assert_eq!(c("tar | ssh").id(), "tar-ssh");
+        assert_eq!(c("fastcp").id(), "fastcp");
+    }
+
+    #[test]
+    fn stamps_and_fingerprints() {
+        assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
+        let dir = std::env::temp_dir().join(format!("xtask-stamp-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("set")).unwrap();
+        assert!(!stamp_matches(&dir.join("missing"), "x").unwrap());
+        fs::write(stamp_path(&dir.join("set")), "v1").unwrap();
+        assert!(stamp_matches(&dir.join("set"), "v1").unwrap());
+        // Other parameters: the stale data set is removed.
+        assert!(!stamp_matches(&dir.join("set"), "v2").unwrap());
+        assert!(!dir.join("set").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn quoting() {

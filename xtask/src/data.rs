@@ -15,6 +15,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::rng::Rng;
 
+/// Bumped whenever a generator's output changes, so stale benchmark data is regenerated.
+pub const GENERATOR_VERSION: u32 = 1;
+
 /// Default seed of every generator.
 pub const DEFAULT_SEED: u64 = 0xfa57_c0de_2026;
 

@@ -35,6 +35,8 @@ bench options:
   --runs N             timed runs per contender (default 5), after one warm-up run
   --data DIR           where data sets and copies live (default /dev/shm/fastcp-bench)
   --only big|tree      run one data set only
+  --contenders LIST    run only these, e.g. fastcp,tar-tar (ids: fastcp cp tar-tar scp rsync
+                       tar-ssh nc)
   --write              replace this benchmark's section of BENCHMARKS.md
   --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
   --fastcp-args ARGS   extra arguments for every fastcp run, e.g. \"-j 8\"
@@ -220,6 +222,10 @@ fn run() -> Result<()> {
                 }),
                 fastcp: args.value("fastcp")?.map(PathBuf::from),
                 ssh_cipher: args.value("ssh-cipher")?,
+                contenders: args
+                    .value("contenders")?
+                    .map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
+                    .unwrap_or_default(),
                 fastcp_args: args
                     .value("fastcp-args")?
                     .map(|s| s.split_whitespace().map(str::to_owned).collect())

@@ -189,7 +189,7 @@ impl Report {
         let _ = writeln!(s, "- Versions: {}.", self.versions);
         let _ = writeln!(
             s,
-            "- Data and copies on {} ({}); load average at start: {}.",
+            "- Data and copies on {} ({}); load average (1/5/15 min) {}.",
             self.root, self.fs_type, self.load
         );
         let _ = writeln!(
