@@ -74,6 +74,9 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                     let k = agent_keys.remove(i);
                     agent_keys.insert(0, k);
                 }
+                if agent_keys.is_empty() {
+                    tried.push(format!("agent at {} (no usable key)", sock.display()));
+                }
                 for key in &agent_keys {
                     tried.push(format!(
                         "agent key {} {}",
