@@ -579,3 +579,132 @@ async fn system_ssh_program_gives_one_stream() {
         .expect("single stream");
     assert!(matches!(e, Error::SingleStream(_)));
 }
+
+/// Runs under a pseudo-terminal (see `passphrase_is_asked_on_the_terminal`): connects with
+/// an encrypted key whose passphrase is typed on the terminal.
+#[tokio::test]
+#[ignore = "run by passphrase_is_asked_on_the_terminal inside `script`"]
+async fn tty_child_connects_with_encrypted_key() {
+    let Ok(cfg) = std::env::var("FASTCP_TEST_TTY_CONFIG") else {
+        return;
+    };
+    let o = SshOptions {
+        config_file: Some(cfg.into()),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let s = SshSession::connect("t", &o).await.unwrap();
+    let mut p = s.exec("echo tty-key-ok").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "tty-key-ok\n");
+}
+
+#[tokio::test]
+async fn passphrase_is_asked_on_the_terminal() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("locked");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "secret phrase", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let pubkey = fs::read_to_string(key.with_extension("pub")).unwrap();
+    fs::write(sshd.authorized_keys(), pubkey).unwrap();
+    let cfg = config_with(
+        &sshd,
+        dir.path(),
+        &format!("  IdentityFile {}\n  BatchMode no\n", key.display()),
+    );
+    let (ok, text) = run_in_tty(
+        "tty_child_connects_with_encrypted_key",
+        &cfg,
+        "Enter passphrase for key",
+        "secret phrase",
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+    assert!(
+        !text.contains("secret phrase"),
+        "the passphrase was echoed: {text}"
+    );
+}
+
+/// Runs the ignored test `name` of this binary under `script(1)` (a pseudo-terminal) with
+/// `FASTCP_TEST_TTY_CONFIG=config`, types `answer` once `prompt` shows, and returns whether
+/// it succeeded and what the terminal showed.
+fn run_in_tty(name: &str, config: &Path, prompt: &str, answer: &str) -> (bool, String) {
+    use std::io::{Read, Write};
+    let exe = std::env::current_exe().unwrap();
+    let cmd = format!("{} --ignored --exact {name} --nocapture", exe.display());
+    let mut child = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("FASTCP_TEST_TTY_CONFIG", config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    // Type the answer only once the prompt is up (echo is off by then for passphrases).
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(prompt) {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "no prompt: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{answer}\n").as_bytes()).unwrap();
+    stdout.read_to_end(&mut seen).unwrap();
+    let ok = child.wait().unwrap().success();
+    (ok, String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// Runs under a pseudo-terminal: connects to a host whose key is unknown, with
+/// StrictHostKeyChecking ask.
+#[tokio::test]
+#[ignore = "run by unknown_host_key_is_asked_on_the_terminal inside `script`"]
+async fn tty_child_connects_to_unknown_host() {
+    let Ok(cfg) = std::env::var("FASTCP_TEST_TTY_CONFIG") else {
+        return;
+    };
+    let o = SshOptions {
+        config_file: Some(cfg.into()),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    SshSession::connect("t", &o).await.unwrap();
+}
+
+#[tokio::test]
+async fn unknown_host_key_is_asked_on_the_terminal() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kh = dir.path().join("known_hosts");
+    let cfg = dir.path().join("config");
+    let block = sshd
+        .host_block("t")
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &kh.display().to_string(),
+        )
+        .replace("StrictHostKeyChecking yes", "StrictHostKeyChecking ask")
+        .replace("BatchMode yes", "BatchMode no");
+    fs::write(&cfg, block).unwrap();
+    let prompt = "Are you sure you want to continue connecting (yes/no/[fingerprint])?";
+    let (ok, text) = run_in_tty("tty_child_connects_to_unknown_host", &cfg, prompt, "no");
+    assert!(!ok, "answering no must refuse: {text}");
+    assert!(
+        text.contains("ED25519 key fingerprint is SHA256:"),
+        "{text}"
+    );
+    assert!(!kh.exists() || fs::read_to_string(&kh).unwrap().is_empty());
+    let (ok, text) = run_in_tty("tty_child_connects_to_unknown_host", &cfg, prompt, "yes");
+    assert!(ok, "{text}");
+    assert_eq!(
+        fs::read_to_string(&kh).unwrap(),
+        format!("{}\n", sshd.known_hosts_line())
+    );
+}

@@ -206,14 +206,14 @@ pub(crate) fn read_tty_line(
     if !echo && let Some(t) = &saved {
         let mut quiet = t.clone();
         quiet.local_modes.remove(LocalModes::ECHO);
-        tcsetattr(&tty, OptionalActions::Flush, &quiet)?;
+        tcsetattr(&tty, OptionalActions::Now, &quiet)?;
     }
     (&tty).write_all(prompt.as_bytes())?;
     let mut line = Zeroizing::new(String::new());
     let res = BufReader::new(&tty).read_line(&mut line);
     if !echo {
         if let Some(t) = &saved {
-            let _ = tcsetattr(&tty, OptionalActions::Flush, t);
+            let _ = tcsetattr(&tty, OptionalActions::Now, t);
         }
         let _ = (&tty).write_all(b"\n");
     }
