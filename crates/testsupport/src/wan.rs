@@ -15,14 +15,18 @@
 //!   would. The relay stops reading while the window is full, and the sender's own socket
 //!   buffer fills up behind it.
 //!
+//! Optionally, [`WanConfig::link_rate`] caps all connections of the relay together, as one
+//! bottleneck link would; a relay can listen on several ports ([`WanRelay::spawn_routes`]),
+//! all on that one link.
+//!
 //! Memory is bounded by `max_in_flight` per connection and direction, and by
 //! [`WanConfig::max_connections`]. The relay stops by itself: when its [`WanRelay`] is dropped,
 //! or after [`WanConfig::lifetime`]; every relayed connection is closed then.
 //!
-//! Relaying a fastcp session: point the SSH connection at one relay (in front of sshd) and
-//! the data port at others. The client dials the data port at the address it reached the
-//! server at, so let the relays listen on another loopback address, say 127.0.0.2, one per
-//! port of the server's data port range, each forwarding to the same port on 127.0.0.1.
+//! Relaying a fastcp session: give one relay a route in front of sshd and one per port of
+//! the server's data port range. The client dials the data port at the address it reached
+//! the server at, so let the relay listen on another loopback address, say 127.0.0.2, each
+//! route forwarding to the same port on 127.0.0.1.
 //!
 //! ```
 //! use std::time::Duration;
@@ -67,15 +71,19 @@ const CHUNK: usize = 64 << 10;
 /// Window the relay waits for before reading (less when the window is smaller).
 const MIN_GRAB: usize = 4 << 10;
 
-/// What the relay does to each connection. Every limit applies to each connection and each
-/// direction separately.
+/// What the relay does to the connections through it. Except for
+/// [`WanConfig::link_rate`], every limit applies to each connection and each direction
+/// separately.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WanConfig {
     /// One-way latency. Default zero.
     pub delay: Duration,
-    /// Bytes per second; `None` (the default) for no cap.
+    /// Bytes per second for each connection; `None` (the default) for no cap.
     pub rate: Option<u64>,
+    /// Bytes per second for the relay as a whole, in each direction: one bottleneck link
+    /// that all its connections (on all its ports) share. `None` (the default) for none.
+    pub link_rate: Option<u64>,
     /// Bytes in flight, standing in for the TCP window (see the [module docs](self)).
     /// Default 64 MiB, which is above any window Linux grants by default.
     pub max_in_flight: usize,
@@ -91,6 +99,7 @@ impl Default for WanConfig {
         WanConfig {
             delay: Duration::ZERO,
             rate: None,
+            link_rate: None,
             max_in_flight: 64 << 20,
             max_connections: 256,
             lifetime: None,
@@ -107,13 +116,19 @@ impl WanConfig {
         }
     }
 
-    /// Caps the rate at `bytes_per_second`.
+    /// Caps each connection's rate at `bytes_per_second`.
     pub fn with_rate(mut self, bytes_per_second: u64) -> WanConfig {
         self.rate = Some(bytes_per_second);
         self
     }
 
-    /// Caps the bytes in flight at `bytes`.
+    /// Caps the rate of all connections together at `bytes_per_second`.
+    pub fn with_link_rate(mut self, bytes_per_second: u64) -> WanConfig {
+        self.link_rate = Some(bytes_per_second);
+        self
+    }
+
+    /// Caps each connection's bytes in flight at `bytes`.
     pub fn with_max_in_flight(mut self, bytes: usize) -> WanConfig {
         self.max_in_flight = bytes;
         self
@@ -129,7 +144,7 @@ impl WanConfig {
 /// A running relay; dropping it stops it and closes every connection through it.
 #[derive(Debug)]
 pub struct WanRelay {
-    local: SocketAddr,
+    local: Vec<SocketAddr>,
     runner: Runner,
 }
 
@@ -150,9 +165,23 @@ impl WanRelay {
         upstream: SocketAddr,
         config: WanConfig,
     ) -> io::Result<WanRelay> {
-        let listener = TcpListener::bind(listen).await?;
-        let local = listener.local_addr()?;
-        let task = tokio::spawn(serve(listener, upstream, Arc::new(config)));
+        WanRelay::start_routes(&[(listen, upstream)], config).await
+    }
+
+    /// Like [`WanRelay::start`] with several `(listen, upstream)` routes, all on one
+    /// emulated link.
+    pub async fn start_routes(
+        routes: &[(SocketAddr, SocketAddr)],
+        config: WanConfig,
+    ) -> io::Result<WanRelay> {
+        let mut listeners = Vec::new();
+        let mut local = Vec::new();
+        for &(listen, upstream) in routes {
+            let l = TcpListener::bind(listen).await?;
+            local.push(l.local_addr()?);
+            listeners.push((l, upstream));
+        }
+        let task = tokio::spawn(serve(listeners, Shared::new(config)));
         Ok(WanRelay {
             local,
             runner: Runner::Task(task),
@@ -166,22 +195,40 @@ impl WanRelay {
         upstream: SocketAddr,
         config: WanConfig,
     ) -> io::Result<WanRelay> {
-        let listener = std::net::TcpListener::bind(listen)?;
-        listener.set_nonblocking(true)?;
-        let local = listener.local_addr()?;
+        WanRelay::spawn_routes(&[(listen, upstream)], config)
+    }
+
+    /// Like [`WanRelay::spawn`] with several `(listen, upstream)` routes, all on one
+    /// emulated link: an SSH port and a data port range, for example.
+    pub fn spawn_routes(
+        routes: &[(SocketAddr, SocketAddr)],
+        config: WanConfig,
+    ) -> io::Result<WanRelay> {
+        let mut listeners = Vec::new();
+        let mut local = Vec::new();
+        for &(listen, upstream) in routes {
+            let l = std::net::TcpListener::bind(listen)?;
+            l.set_nonblocking(true)?;
+            local.push(l.local_addr()?);
+            listeners.push((l, upstream));
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
-            .name(format!("wan-relay-{}", local.port()))
+            .name("wan-relay".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let Ok(listener) = TcpListener::from_std(listener) else {
+                    let Ok(listeners) = listeners
+                        .into_iter()
+                        .map(|(l, up)| Ok((TcpListener::from_std(l)?, up)))
+                        .collect::<io::Result<Vec<_>>>()
+                    else {
                         return;
                     };
                     tokio::select! {
-                        () = serve(listener, upstream, Arc::new(config)) => {}
+                        () = serve(listeners, Shared::new(config)) => {}
                         _ = stopped => {}
                     }
                 });
@@ -195,14 +242,19 @@ impl WanRelay {
         })
     }
 
-    /// Where clients connect.
+    /// Where clients connect (the first route's address).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.local[0]
     }
 
-    /// The port clients connect to.
+    /// Every route's listening address, in the order given.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local
+    }
+
+    /// The port clients connect to (the first route's).
     pub fn port(&self) -> u16 {
-        self.local.port()
+        self.local[0].port()
     }
 }
 
@@ -222,25 +274,89 @@ impl Drop for WanRelay {
     }
 }
 
-/// Accepts and relays connections until the lifetime ends (or the caller drops this future).
-async fn serve(listener: TcpListener, upstream: SocketAddr, config: Arc<WanConfig>) {
-    let deadline = config.lifetime.map(|l| Instant::now() + l);
+/// What all connections of one relay share.
+struct Shared {
+    config: WanConfig,
+    /// The bottleneck from clients to upstream.
+    up: Link,
+    /// The bottleneck from upstream back to clients.
+    down: Link,
+}
+
+impl Shared {
+    fn new(config: WanConfig) -> Arc<Shared> {
+        Arc::new(Shared {
+            up: Link::new(config.link_rate),
+            down: Link::new(config.link_rate),
+            config,
+        })
+    }
+}
+
+/// A serializing link: each chunk leaves after the ones before it, at `rate`.
+struct Link {
+    rate: Option<u64>,
+    free: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Link {
+    fn new(rate: Option<u64>) -> Link {
+        Link {
+            rate,
+            free: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// When a chunk of `n` bytes that reaches the link at `at` has left it.
+    fn pass(&self, at: Instant, n: usize) -> Instant {
+        let Some(rate) = self.rate.filter(|&r| r > 0) else {
+            return at;
+        };
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let start = free.map_or(at, |f| f.max(at));
+        let done = start + Duration::from_secs_f64(n as f64 / rate as f64);
+        *free = Some(done);
+        done
+    }
+}
+
+/// Accepts and relays connections on every listener until the lifetime ends (or the caller
+/// drops this future, which aborts everything it started).
+async fn serve(listeners: Vec<(TcpListener, SocketAddr)>, shared: Arc<Shared>) {
+    let deadline = shared.config.lifetime.map(|l| Instant::now() + l);
+    let (tx, mut arrivals) = mpsc::channel(16);
+    let mut tasks = JoinSet::new();
+    for (listener, upstream) in listeners {
+        let tx = tx.clone();
+        tasks.spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((conn, _)) => {
+                        if tx.send((conn, upstream)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // Out of file descriptors, say: let the relayed connections finish.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        });
+    }
+    drop(tx);
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((conn, _)) = accepted else { continue };
-                if connections.len() >= config.max_connections {
+            Some((conn, upstream)) = arrivals.recv() => {
+                if connections.len() >= shared.config.max_connections {
                     drop(conn);
                     continue;
                 }
-                connections.spawn(relay(conn, upstream, config.clone()));
+                connections.spawn(relay(conn, upstream, shared.clone()));
             }
             Some(_) = connections.join_next() => {}
             () = sleep_until(deadline) => return,
         }
     }
-    // Dropping `connections` aborts every relay task, closing their sockets.
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -251,15 +367,15 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// Relays one connection both ways until both directions have ended, or either fails.
-async fn relay(client: TcpStream, upstream: SocketAddr, config: Arc<WanConfig>) -> io::Result<()> {
+async fn relay(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) -> io::Result<()> {
     let server = TcpStream::connect(upstream).await?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
     let (client_r, client_w) = client.into_split();
     let (server_r, server_w) = server.into_split();
     tokio::try_join!(
-        pipe(client_r, server_w, &config),
-        pipe(server_r, client_w, &config),
+        pipe(client_r, server_w, &shared.config, &shared.up),
+        pipe(server_r, client_w, &shared.config, &shared.down),
     )?;
     Ok(())
 }
@@ -282,6 +398,7 @@ async fn pipe(
     mut src: OwnedReadHalf,
     mut dst: OwnedWriteHalf,
     config: &WanConfig,
+    link: &Link,
 ) -> io::Result<()> {
     let window_bytes = config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
     let chunk = CHUNK.min(window_bytes);
@@ -290,11 +407,11 @@ async fn pipe(
     let delay = config.delay;
     let rate = config.rate;
     // Unbounded channels, but bounded by the window: every queued chunk holds its permits.
-    let (link, mut arrivals) = mpsc::unbounded_channel::<Segment>();
+    let (queue, mut arrivals) = mpsc::unbounded_channel::<Segment>();
     let (acks, mut acked) = mpsc::unbounded_channel::<(Instant, OwnedSemaphorePermit)>();
 
     let read = async move {
-        let mut link_free = Instant::now();
+        let mut own_free = Instant::now();
         loop {
             // Wait for a little window (a segment's worth, as TCP avoids tiny segments), then
             // take whatever else is free, up to a chunk. This task is the only taker, so
@@ -315,8 +432,8 @@ async fn pipe(
             let n = src.read(&mut bytes).await?;
             let now = Instant::now();
             if n == 0 {
-                let _ = link.send(Segment::End {
-                    deliver_at: link_free.max(now) + delay,
+                let _ = queue.send(Segment::End {
+                    deliver_at: own_free.max(now) + delay,
                 });
                 return Ok::<(), io::Error>(());
             }
@@ -324,17 +441,19 @@ async fn pipe(
             // Keep permits for the bytes read; hand back the rest.
             let used = permit.split(n).expect("n <= grabbed permits");
             drop(permit);
-            let start = link_free.max(now);
-            link_free = match rate {
+            // This connection's own cap first, then the shared bottleneck.
+            let start = own_free.max(now);
+            own_free = match rate {
                 Some(rate) if rate > 0 => start + Duration::from_secs_f64(n as f64 / rate as f64),
                 _ => start,
             };
+            let departed = link.pass(own_free, n);
             let segment = Segment::Data {
                 bytes,
-                deliver_at: link_free + delay,
+                deliver_at: departed + delay,
                 window: used,
             };
-            if link.send(segment).is_err() {
+            if queue.send(segment).is_err() {
                 return Ok(());
             }
         }
@@ -501,6 +620,41 @@ mod tests {
         let mut rest = Vec::new();
         let n = second.read_to_end(&mut rest).await.unwrap_or(0);
         assert_eq!(n, 0);
+    }
+
+    /// Two connections on two routes share one link: together they take twice as long as
+    /// one would alone.
+    #[tokio::test]
+    async fn shares_the_link_between_routes() {
+        let upstream = echo().await;
+        let config = WanConfig::default().with_link_rate(1 << 20);
+        let relay = WanRelay::start_routes(&[(any(), upstream), (any(), upstream)], config)
+            .await
+            .unwrap();
+        assert_eq!(relay.local_addrs().len(), 2);
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for &addr in relay.local_addrs() {
+            tasks.spawn(async move {
+                // 128 KiB each way per connection: 256 KiB per direction on the link.
+                let data = pattern(128 << 10);
+                let c = TcpStream::connect(addr).await.unwrap();
+                let (mut r, mut w) = c.into_split();
+                let sent = data.clone();
+                tokio::spawn(async move {
+                    w.write_all(&sent).await.unwrap();
+                    w.shutdown().await.unwrap();
+                });
+                let mut back = Vec::new();
+                r.read_to_end(&mut back).await.unwrap();
+                assert!(back == data);
+            });
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(250), "{elapsed:?}");
     }
 
     #[test]
