@@ -1,0 +1,599 @@
+//! A hostile or broken sender: crafted frames written straight into the receiver's streams.
+//! Each case must end with a clear error, leave nothing outside the destination, and leave
+//! no partial or temporary file behind.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::{assert_no_temp, scan};
+use fastcp_proto::{
+    Data, DirEntry, ErrorCode, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, encode,
+};
+use fastcp_stream::{Error, Progress, ReceiveConfig, Report, receive};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+/// A destination inside a sandbox, with a sibling directory that must stay empty.
+struct Sandbox {
+    _dir: tempfile::TempDir,
+    dest: PathBuf,
+    outside: PathBuf,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("dest");
+        let outside = dir.path().join("outside");
+        fs::create_dir(&dest).unwrap();
+        fs::create_dir(&outside).unwrap();
+        Sandbox {
+            _dir: dir,
+            dest,
+            outside,
+        }
+    }
+
+    /// Nothing was written outside the destination, and no temp file is left inside.
+    fn assert_contained(&self) {
+        assert!(
+            scan(&self.outside).is_empty(),
+            "written outside: {:?}",
+            scan(&self.outside).keys().collect::<Vec<_>>()
+        );
+        let parent = self.dest.parent().unwrap();
+        let mut names: Vec<_> = fs::read_dir(parent)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["dest", "outside"]);
+        assert_no_temp(&self.dest);
+    }
+}
+
+fn meta() -> Meta {
+    Meta {
+        mode: 0o644,
+        mtime: 1_600_000_000,
+        mtime_nsec: 0,
+    }
+}
+
+fn file(id: u64, path: &[u8], size: u64) -> Frame {
+    Frame::File(FileEntry {
+        id,
+        path: Bytes::copy_from_slice(path),
+        size,
+        meta: meta(),
+    })
+}
+
+fn data(id: u64, offset: u64, bytes: &[u8]) -> Frame {
+    Frame::Data(Data {
+        id,
+        offset,
+        bytes: Bytes::copy_from_slice(bytes),
+    })
+}
+
+fn end(id: u64, content: &[u8]) -> Frame {
+    Frame::FileEnd(FileEnd {
+        id,
+        hash: *blake3::hash(content).as_bytes(),
+    })
+}
+
+fn dir(path: &[u8]) -> Frame {
+    Frame::Dir(DirEntry {
+        path: Bytes::copy_from_slice(path),
+        meta: Meta {
+            mode: 0o755,
+            ..meta()
+        },
+    })
+}
+
+fn link(path: &[u8], target: &[u8]) -> Frame {
+    Frame::Symlink(SymlinkEntry {
+        path: Bytes::copy_from_slice(path),
+        target: Bytes::copy_from_slice(target),
+    })
+}
+
+fn done(files: u64, dirs: u64, symlinks: u64, bytes: u64) -> Frame {
+    Frame::Done(Summary {
+        files,
+        dirs,
+        symlinks,
+        bytes,
+        errors: 0,
+    })
+}
+
+fn wire(frames: &[Frame]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    for f in frames {
+        encode(f, &mut b);
+    }
+    b.to_vec()
+}
+
+/// What the peer saw on stream 0, and what `receive` returned.
+struct Outcome {
+    result: Result<Report, Error>,
+    replies: Vec<Frame>,
+}
+
+/// Runs `receive` into `dest` over one stream per entry of `streams`, writing each stream's
+/// bytes and then closing it if `close` is set (else keeping it open until receive returns).
+async fn run(dest: &Path, config: ReceiveConfig, streams: Vec<Vec<u8>>, close: bool) -> Outcome {
+    let (ours, theirs): (Vec<DuplexStream>, Vec<DuplexStream>) =
+        streams.iter().map(|_| tokio::io::duplex(1 << 20)).unzip();
+    let progress = Arc::new(Progress::default());
+    let dest = dest.to_path_buf();
+    let recv = tokio::spawn(async move { receive(&dest, theirs, &config, progress).await });
+    let mut ours = ours.into_iter();
+    let mut first = ours.next().unwrap();
+    let mut others = Vec::new();
+    let mut streams = streams.into_iter();
+    first.write_all(&streams.next().unwrap()).await.unwrap_or(());
+    for (mut s, bytes) in ours.zip(streams) {
+        s.write_all(&bytes).await.unwrap_or(());
+        others.push(s);
+    }
+    if close {
+        first.shutdown().await.unwrap_or(());
+        for s in &mut others {
+            s.shutdown().await.unwrap_or(());
+        }
+        drop(others);
+    }
+    let result = tokio::time::timeout(Duration::from_secs(60), recv)
+        .await
+        .expect("receive hung")
+        .unwrap();
+    // Everything the receiver replied on stream 0.
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), first.read_to_end(&mut raw)).await;
+    let mut buf = BytesMut::from(&raw[..]);
+    let mut decoder = fastcp_proto::Decoder::new(1 << 20);
+    let mut replies = Vec::new();
+    while let Ok(Some(f)) = decoder.decode(&mut buf) {
+        replies.push(f);
+    }
+    Outcome { result, replies }
+}
+
+fn recursive() -> ReceiveConfig {
+    ReceiveConfig {
+        recursive: true,
+        ..ReceiveConfig::default()
+    }
+}
+
+/// The error, checked to be fatal and reported to the peer as such.
+fn fatal(outcome: Outcome) -> Error {
+    let err = match outcome.result {
+        Ok(report) => panic!("expected an error, got {report:?}"),
+        Err(e) => e,
+    };
+    let told = outcome
+        .replies
+        .iter()
+        .any(|f| matches!(f, Frame::Error(e) if e.fatal));
+    assert!(told, "the sender was not told: {:?}", outcome.replies);
+    err
+}
+
+#[tokio::test]
+async fn unsafe_paths_are_refused() {
+    let cases: &[&[u8]] = &[
+        b"../x",
+        b"/abs",
+        b"/tmp/abs",
+        b"a/../../x",
+        b"",
+        b".",
+        b"..",
+        b"a/./b",
+        b"a//b",
+        b"a/",
+        b"nul\0byte",
+    ];
+    for &path in cases {
+        for frame in [file(0, path, 1), dir(path), link(path, b"target")] {
+            let sb = Sandbox::new();
+            let stream = wire(&[frame.clone(), data(0, 0, b"x"), end(0, b"x"), done(1, 0, 0, 1)]);
+            let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+            assert!(
+                matches!(err, Error::UnsafePath { .. }),
+                "{:?} {}: {err}",
+                String::from_utf8_lossy(path),
+                frame.name()
+            );
+            assert!(err.is_peer_fault());
+            assert!(err.to_string().contains("unsafe path"), "{err}");
+            sb.assert_contained();
+            assert!(scan(&sb.dest).is_empty());
+        }
+    }
+}
+
+#[tokio::test]
+async fn symlink_then_write_through_it_is_refused() {
+    let sb = Sandbox::new();
+    let target = sb.outside.as_os_str().as_encoded_bytes().to_vec();
+    let stream = wire(&[
+        link(b"evil", &target),
+        file(0, b"evil/pwned", 5),
+        data(0, 0, b"owned"),
+        end(0, b"owned"),
+        done(1, 0, 1, 5),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
+    assert!(err.to_string().contains("evil"), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn symlink_over_a_directory_with_entries_is_refused() {
+    // The reverse order, across two streams: entries into "d", then "d" as a symlink.
+    let sb = Sandbox::new();
+    let target = sb.outside.as_os_str().as_encoded_bytes().to_vec();
+    let s0 = wire(&[
+        dir(b"d"),
+        file(0, b"d/x", 1),
+        data(0, 0, b"x"),
+        end(0, b"x"),
+        link(b"d", &target),
+        file(1, b"d/y", 1),
+        data(1, 0, b"y"),
+        end(1, b"y"),
+        done(2, 1, 1, 2),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![s0], true).await);
+    assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn existing_symlink_in_destination_is_not_followed() {
+    let sb = Sandbox::new();
+    symlink(&sb.outside, sb.dest.join("evil")).unwrap();
+    let stream = wire(&[
+        file(0, b"evil/pwned", 5),
+        data(0, 0, b"owned"),
+        end(0, b"owned"),
+        file(1, b"fine", 2),
+        data(1, 0, b"ok"),
+        end(1, b"ok"),
+        done(2, 0, 0, 7),
+    ]);
+    let outcome = run(&sb.dest, recursive(), vec![stream], true).await;
+    let report = outcome.result.expect("a per-entry failure, not a fatal one");
+    assert_eq!(report.failure_count, 1, "{:?}", report.failures);
+    let f = &report.failures[0];
+    assert_eq!(f.code, ErrorCode::UnsafePath);
+    assert!(f.message.contains("symbolic link"), "{}", f.message);
+    // The sender heard about it, and the rest was copied.
+    assert!(outcome.replies.iter().any(
+        |r| matches!(r, Frame::Error(e) if !e.fatal && e.code == ErrorCode::UnsafePath)
+    ));
+    assert!(matches!(outcome.replies.last(), Some(Frame::Done(s)) if s.files == 1 && s.errors == 1));
+    assert_eq!(fs::read(sb.dest.join("fine")).unwrap(), b"ok");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn data_past_the_end_is_refused() {
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 4),
+        data(0, 0, b"1234"),
+        data(0, 4, b"5"),
+        end(0, b"12345"),
+        done(1, 0, 0, 5),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("past the end"), "{err}");
+    assert!(!sb.dest.join("f").exists());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn overlapping_chunks_are_refused() {
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 8),
+        data(0, 0, b"abcd"),
+        data(0, 2, b"cdef"),
+        end(0, b"abcdefgh"),
+        done(1, 0, 0, 8),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("overlapping"), "{err}");
+    assert!(!sb.dest.join("f").exists());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn wrong_hash_leaves_nothing() {
+    let sb = Sandbox::new();
+    // An existing file of that name must survive intact.
+    fs::write(sb.dest.join("victim"), b"original").unwrap();
+    let stream = wire(&[
+        file(0, b"victim", 8),
+        data(0, 0, b"tampered"),
+        end(0, b"expected"),
+        done(1, 0, 0, 8),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Integrity { .. }), "{err}");
+    assert!(err.to_string().contains("victim"), "{err}");
+    assert_eq!(fs::read(sb.dest.join("victim")).unwrap(), b"original");
+    // A new file must not exist at all.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"new", 8),
+        data(0, 4, b"ered"),
+        data(0, 0, b"tamp"),
+        end(0, b"expected"),
+        done(1, 0, 0, 8),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Integrity { .. }), "{err}");
+    assert!(!sb.dest.join("new").exists());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn duplicate_file_ids_are_refused() {
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(7, b"a", 1),
+        data(7, 0, b"a"),
+        end(7, b"a"),
+        file(7, b"b", 1),
+        data(7, 0, b"b"),
+        end(7, b"b"),
+        done(2, 0, 0, 2),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("id 7"), "{err}");
+    sb.assert_contained();
+    // The same id on two streams at once.
+    let sb = Sandbox::new();
+    let s0 = wire(&[file(3, b"a", 1), data(3, 0, b"a"), end(3, b"a"), done(1, 0, 0, 1)]);
+    let s1 = wire(&[file(3, b"b", 1), data(3, 0, b"b"), end(3, b"b"), done(1, 0, 0, 1)]);
+    let err = fatal(run(&sb.dest, recursive(), vec![s0, s1], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn data_for_an_unknown_id_then_eof() {
+    // One stream: the entry can never come.
+    let sb = Sandbox::new();
+    let stream = wire(&[data(99, 0, b"orphan")]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("99"), "{err}");
+    sb.assert_contained();
+    // Two streams: the other one ends properly, so the entry can never come either.
+    let sb = Sandbox::new();
+    let s0 = wire(&[data(99, 0, b"orphan")]);
+    let s1 = wire(&[done(0, 0, 0, 0)]);
+    let err = fatal(run(&sb.dest, recursive(), vec![s0, s1], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    sb.assert_contained();
+    // Two streams, the other one cut: a closed connection.
+    let sb = Sandbox::new();
+    let s0 = wire(&[data(99, 0, b"orphan")]);
+    let s1 = wire(&[]);
+    let err = run(&sb.dest, recursive(), vec![s0, s1], true)
+        .await
+        .result
+        .unwrap_err();
+    assert!(err.is_disconnect() || err.is_peer_fault(), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn cut_stream_mid_file_leaves_no_partial_file() {
+    let sb = Sandbox::new();
+    fs::write(sb.dest.join("big"), b"previous version").unwrap();
+    let chunk = vec![0x5a; 100_000];
+    let stream = wire(&[
+        file(0, b"small", 2),
+        data(0, 0, b"ok"),
+        end(0, b"ok"),
+        file(1, b"big", 1_000_000),
+        data(1, 0, &chunk),
+        data(1, 100_000, &chunk),
+    ]);
+    // Cut in the middle of a frame, too.
+    let mut cut = stream.clone();
+    cut.extend_from_slice(&wire(&[data(1, 200_000, &chunk)])[..50_000]);
+    for bytes in [stream, cut] {
+        let outcome = run(&sb.dest, recursive(), vec![bytes], true).await;
+        let err = fatal(outcome);
+        assert!(err.is_disconnect(), "{err}");
+        assert!(matches!(err, Error::ConnectionClosed { .. }), "{err}");
+        assert_eq!(fs::read(sb.dest.join("big")).unwrap(), b"previous version");
+        sb.assert_contained();
+    }
+}
+
+#[tokio::test]
+async fn file_end_before_all_bytes_then_done() {
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"short", 10),
+        data(0, 0, b"12345"),
+        end(0, b"1234567890"),
+        done(1, 0, 0, 5),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("5 of 10 bytes"), "{err}");
+    assert!(!sb.dest.join("short").exists());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn done_with_wrong_counts_is_refused() {
+    let sb = Sandbox::new();
+    let stream = wire(&[file(0, b"f", 1), data(0, 0, b"x"), end(0, b"x"), done(2, 0, 0, 1)]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("do not match"), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn second_top_level_name_when_dest_is_not_a_dir() {
+    let sb = Sandbox::new();
+    let target = sb.dest.join("renamed");
+    let stream = wire(&[
+        file(0, b"one", 1),
+        data(0, 0, b"1"),
+        end(0, b"1"),
+        file(1, b"two", 1),
+        data(1, 0, b"2"),
+        end(1, b"2"),
+        done(2, 0, 0, 2),
+    ]);
+    let err = fatal(run(&target, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("not a directory"), "{err}");
+    assert!(!sb.dest.join("two").exists());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn pull_refuses_names_not_asked_for() {
+    // CVE-2019-6111: the client asked for "wanted" and the server sends something else.
+    let sb = Sandbox::new();
+    let config = ReceiveConfig {
+        recursive: true,
+        expected_top_level: Some(vec![b"wanted".to_vec()]),
+        ..ReceiveConfig::default()
+    };
+    let stream = wire(&[
+        file(0, b"wanted", 1),
+        data(0, 0, b"w"),
+        end(0, b"w"),
+        file(1, b".bashrc", 4),
+        data(1, 0, b"evil"),
+        end(1, b"evil"),
+        done(2, 0, 0, 5),
+    ]);
+    let err = fatal(run(&sb.dest, config.clone(), vec![stream], true).await);
+    assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
+    assert!(err.to_string().contains("not requested"), "{err}");
+    assert!(!sb.dest.join(".bashrc").exists());
+    sb.assert_contained();
+    // Below a requested name anything goes.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        dir(b"wanted"),
+        file(0, b"wanted/inner", 1),
+        data(0, 0, b"i"),
+        end(0, b"i"),
+        done(1, 1, 0, 1),
+    ]);
+    let report = run(&sb.dest, config, vec![stream], true).await.result.unwrap();
+    assert!(report.is_complete());
+    assert_eq!(fs::read(sb.dest.join("wanted/inner")).unwrap(), b"i");
+}
+
+#[tokio::test]
+async fn directory_without_recursive_is_refused() {
+    let sb = Sandbox::new();
+    let stream = wire(&[dir(b"d"), done(0, 1, 0, 0)]);
+    let err = fatal(run(&sb.dest, ReceiveConfig::default(), vec![stream], true).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(scan(&sb.dest).is_empty());
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn target_must_be_dir_fails_before_writing() {
+    let sb = Sandbox::new();
+    let config = ReceiveConfig {
+        target_must_be_dir: true,
+        ..recursive()
+    };
+    for target in [sb.dest.join("missing"), sb.dest.join("a-file")] {
+        if target.ends_with("a-file") {
+            fs::write(&target, b"keep").unwrap();
+        }
+        let stream = wire(&[file(0, b"x", 1), data(0, 0, b"x"), end(0, b"x"), done(1, 0, 0, 1)]);
+        let err = fatal(run(&target, config.clone(), vec![stream], true).await);
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+    assert_eq!(fs::read(sb.dest.join("a-file")).unwrap(), b"keep");
+    assert_eq!(scan(&sb.dest).len(), 1);
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn garbage_bytes_are_a_decode_error() {
+    let sb = Sandbox::new();
+    let err = fatal(run(&sb.dest, recursive(), vec![vec![0x7f, 0, 0, 0, 0]], true).await);
+    assert!(matches!(err, Error::Decode { .. }), "{err}");
+    assert!(err.is_peer_fault());
+    // A frame announcing more than the cap is refused before it is buffered.
+    let mut huge = vec![fastcp_proto::kind::DATA];
+    huge.extend_from_slice(&u32::MAX.to_be_bytes());
+    let err = fatal(run(&sb.dest, recursive(), vec![huge], false).await);
+    assert!(matches!(err, Error::Decode { .. }), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
+async fn sender_error_frames_are_reported_and_abandon_the_file() {
+    // The sender announces a file, sends part of it, then gives up on it.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"changing", 10),
+        data(0, 0, b"12345"),
+        Frame::Error(fastcp_proto::ErrorFrame {
+            code: ErrorCode::Io,
+            fatal: false,
+            path: Bytes::from_static(b"changing"),
+            message: "changing: file changed while being read; not copied".into(),
+        }),
+        file(1, b"stable", 2),
+        data(1, 0, b"ok"),
+        end(1, b"ok"),
+        Frame::Done(Summary {
+            files: 2,
+            dirs: 0,
+            symlinks: 0,
+            bytes: 7,
+            errors: 1,
+        }),
+    ]);
+    let report = run(&sb.dest, recursive(), vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.failure_count, 1);
+    assert_eq!(report.failures[0].side, fastcp_stream::Side::Sender);
+    assert!(!sb.dest.join("changing").exists());
+    assert_eq!(fs::read(sb.dest.join("stable")).unwrap(), b"ok");
+    assert_eq!(report.local.files, 1);
+    sb.assert_contained();
+}
