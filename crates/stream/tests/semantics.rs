@@ -1,0 +1,318 @@
+//! scp-like semantics of a whole transfer: destination mapping, overwrites, what cannot be
+//! copied, per-entry failures that let the rest go on.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::*;
+use fastcp_stream::{
+    EntryKind, Error, ErrorCode, Progress, ReceiveConfig, SendConfig, Side, WalkConfig,
+    copy_local, walk,
+};
+
+fn configs(recursive: bool) -> (SendConfig, ReceiveConfig) {
+    (
+        SendConfig {
+            recursive,
+            ..SendConfig::default()
+        },
+        ReceiveConfig {
+            recursive,
+            ..ReceiveConfig::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_to_new_name_and_over_existing_file() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a"), b"content of a", 0o640);
+    let (s, r) = configs(false);
+    // dest does not exist: the file takes its name.
+    let target = dst.path().join("renamed");
+    let (sent, received) = run_pair(&[src.path().join("a")], &target, &s, &r, 2).await;
+    assert!(sent.unwrap().is_complete());
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(&target).unwrap(), b"content of a");
+    // dest exists as a file: it is replaced, atomically, with the new mode less the umask.
+    fs::write(&target, b"old").unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, received) = run_pair(&[src.path().join("a")], &target, &s, &r, 1).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(&target).unwrap(), b"content of a");
+    assert_eq!(
+        fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o640 & !umask()
+    );
+    assert_no_temp(dst.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_to_new_name_and_into_existing_dir() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write(&tree.join("sub/f"), b"f", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(true);
+    // Into an existing directory: dst/tree.
+    let (_, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 3).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst.path().join("tree/sub/f")).unwrap(), b"f");
+    // To a new name: dst/copy is the tree.
+    let (_, received) = run_pair(&[tree.clone()], &dst.path().join("copy"), &s, &r, 3).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst.path().join("copy/sub/f")).unwrap(), b"f");
+    // Trailing slash on the source: same name.
+    let mut slashed = tree.into_os_string();
+    slashed.push("/");
+    let dst2 = tempfile::tempdir().unwrap();
+    let (_, received) = run_pair(&[PathBuf::from(slashed)], dst2.path(), &s, &r, 1).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst2.path().join("tree/sub/f")).unwrap(), b"f");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_sources_into_a_directory() {
+    let src = tempfile::tempdir().unwrap();
+    write(&src.path().join("one"), b"1", 0o644);
+    write(&src.path().join("two"), b"22", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (s, mut r) = configs(false);
+    r.target_must_be_dir = true;
+    let sources = [src.path().join("one"), src.path().join("two")];
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+    let sent = sent.unwrap();
+    assert_eq!(sent.local.files, 2);
+    assert_eq!(sent.peer.files, 2);
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst.path().join("two")).unwrap(), b"22");
+    // The same into a name that is not a directory: refused before anything is written,
+    // and the sender hears why.
+    let (sent, received) = run_pair(&sources, &dst.path().join("nope"), &s, &r, 2).await;
+    let err = received.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let err = sent.unwrap_err();
+    assert!(matches!(err, Error::Remote { .. }), "{err}");
+    assert!(err.to_string().contains("not a directory"), "{err}");
+    assert!(!dst.path().join("nope").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_without_recursive_is_skipped_and_others_copied() {
+    let src = tempfile::tempdir().unwrap();
+    fs::create_dir(src.path().join("dir")).unwrap();
+    write(&src.path().join("file"), b"x", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(false);
+    let sources = [src.path().join("dir"), src.path().join("file")];
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 1).await;
+    let sent = sent.unwrap();
+    let received = received.unwrap();
+    assert_eq!(sent.failure_count, 1);
+    assert_eq!(sent.failures[0].side, Side::Sender);
+    assert!(
+        sent.failures[0].message.contains("not a regular file"),
+        "{}",
+        sent.failures[0].message
+    );
+    // The receiver was told too, and copied the rest.
+    assert_eq!(received.failure_count, 1);
+    assert_eq!(received.local.files, 1);
+    assert!(dst.path().join("file").exists());
+    assert!(!dst.path().join("dir").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_and_unreadable_sources_are_reported() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        tree.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    write(&tree.join("ok"), b"ok", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(true);
+    let sources = [tree.clone(), src.path().join("missing")];
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+    let sent = sent.unwrap();
+    let received = received.unwrap();
+    let messages: Vec<_> = sent.failures.iter().map(|f| f.message.clone()).collect();
+    assert_eq!(sent.failure_count, 2, "{messages:?}");
+    assert!(messages.iter().any(|m| m.contains("named pipe")), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m.contains("missing") && m.contains("no such file")),
+        "{messages:?}"
+    );
+    assert!(sent.failures.iter().any(|f| f.code == ErrorCode::NotFound));
+    assert_eq!(received.failure_count, 2);
+    assert_eq!(fs::read(dst.path().join("t/ok")).unwrap(), b"ok");
+    assert!(!dst.path().join("t/fifo").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_that_changes_while_read_is_not_sent_as_good() {
+    // A procfs file says it has 0 bytes, then reads as many: it "grew" while being read.
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(false);
+    let (sent, received) = run_pair(&[PathBuf::from("/proc/self/stat")], dst.path(), &s, &r, 1).await;
+    let sent = sent.unwrap();
+    assert_eq!(sent.failure_count, 1, "{:?}", sent.failures);
+    assert!(sent.failures[0].message.contains("changed while being read"));
+    assert_eq!(received.unwrap().local.files, 0);
+    assert!(!dst.path().join("stat").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_where_a_directory_exists_is_a_per_entry_error() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    write(&tree.join("clash"), b"file", 0o644);
+    write(&tree.join("fine"), b"fine", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dst.path().join("t/clash/keep")).unwrap();
+    let (s, r) = configs(true);
+    let (sent, received) = run_pair(&[tree], dst.path(), &s, &r, 2).await;
+    let received = received.unwrap();
+    assert_eq!(received.failure_count, 1, "{:?}", received.failures);
+    assert_eq!(received.failures[0].side, Side::Receiver);
+    assert!(received.failures[0].message.contains("directory is in the way"));
+    // The sender heard about it.
+    let sent = sent.unwrap();
+    assert_eq!(sent.failure_count, 1);
+    assert_eq!(sent.peer.errors, 1);
+    assert!(dst.path().join("t/clash/keep").is_dir());
+    assert_eq!(fs::read(dst.path().join("t/fine")).unwrap(), b"fine");
+    assert_no_temp(dst.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinks_replace_existing_entries() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    symlink("new-target", tree.join("link")).unwrap();
+    symlink("/abs/target", tree.join("was-file")).unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    fs::create_dir(dst.path().join("t")).unwrap();
+    symlink("old-target", dst.path().join("t/link")).unwrap();
+    fs::write(dst.path().join("t/was-file"), b"x").unwrap();
+    let (s, r) = configs(true);
+    let (_, received) = run_pair(&[tree], dst.path(), &s, &r, 1).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(
+        fs::read_link(dst.path().join("t/link")).unwrap(),
+        PathBuf::from("new-target")
+    );
+    assert_eq!(
+        fs::read_link(dst.path().join("t/was-file")).unwrap(),
+        PathBuf::from("/abs/target")
+    );
+    assert_no_temp(dst.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_links_copies_what_they_point_to() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("real")).unwrap();
+    write(&tree.join("real/f"), b"f", 0o644);
+    symlink("real", tree.join("alias")).unwrap();
+    symlink("nowhere", tree.join("dangling")).unwrap();
+    symlink(".", tree.join("real/loop")).unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, r) = configs(true);
+    s.follow_links = true;
+    let (sent, received) = run_pair(&[tree], dst.path(), &s, &r, 2).await;
+    let sent = sent.unwrap();
+    received.unwrap();
+    assert!(dst.path().join("t/alias").is_dir());
+    assert_eq!(fs::read(dst.path().join("t/alias/f")).unwrap(), b"f");
+    // A dangling link cannot be followed and stays a link; a loop is reported.
+    assert!(fs::symlink_metadata(dst.path().join("t/dangling")).unwrap().is_symlink());
+    assert!(sent.failures.iter().any(|f| f.message.contains("loop")), "{:?}", sent.failures);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_local_reports_progress() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    for i in 0..10 {
+        write(&tree.join(format!("f{i}")), &pseudo_random(1000 * i, i as u64), 0o644);
+    }
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(true);
+    let progress = Arc::new(Progress::default());
+    let report = copy_local(&[tree.clone()], dst.path(), &s, &r, 3, progress.clone())
+        .await
+        .unwrap();
+    assert!(report.is_complete());
+    assert_eq!(report.local.files, 10);
+    assert_eq!(report.local.dirs, 1);
+    assert_eq!(report.local.bytes, 45_000);
+    assert_eq!(report.peer, report.local);
+    let p = progress.snapshot();
+    assert!(p.walk_complete);
+    assert_eq!((p.files_seen, p.bytes_seen), (10, 45_000));
+    assert_eq!((p.files_sent, p.bytes_sent), (10, 45_000));
+    assert_eq!((p.files_done, p.bytes_done), (10, 45_000));
+    assert!(progress.current().starts_with(b"t/f"));
+    assert_same_tree(src.path(), dst.path(), false);
+}
+
+#[test]
+fn walk_lists_directories_before_contents() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("b/c")).unwrap();
+    write(&tree.join("a"), b"a", 0o644);
+    write(&tree.join("b/c/d"), b"dd", 0o644);
+    symlink("a", tree.join("l")).unwrap();
+    let entries: Vec<_> = walk(&[tree], &WalkConfig::new(true, false))
+        .map(Result::unwrap)
+        .map(|e| (String::from_utf8(e.wire.to_vec()).unwrap(), e.kind))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("t".to_string(), EntryKind::Dir),
+            ("t/a".into(), EntryKind::File { size: 1 }),
+            ("t/b".into(), EntryKind::Dir),
+            ("t/b/c".into(), EntryKind::Dir),
+            ("t/b/c/d".into(), EntryKind::File { size: 2 }),
+            (
+                "t/l".into(),
+                EntryKind::Symlink {
+                    target: bytes::Bytes::from_static(b"a")
+                }
+            ),
+        ]
+    );
+    // `/` has no name to copy it under.
+    let mut root = walk(&[PathBuf::from("/")], &WalkConfig::new(true, false));
+    assert!(matches!(root.next(), Some(Err(Error::Unsupported { .. }))));
+    assert!(root.next().is_none());
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Error>();
+    check::<Progress>();
+    check::<fastcp_stream::Report>();
+    check::<SendConfig>();
+    check::<ReceiveConfig>();
+}
