@@ -780,3 +780,33 @@ async fn port_range_is_honoured() {
         assert_eq!(r.port(), p);
     }
 }
+
+/// A port that drops connection attempts (a full accept queue stands in for a firewall)
+/// is unreachable after the connect timeout.
+#[tokio::test]
+async fn filtered_port_times_out_as_unreachable() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(LOCALHOST, 0)).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Fill the accept queue; the kernel then drops further SYNs.
+    let mut fillers = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+            Ok(Ok(c)) => fillers.push(c),
+            _ => break,
+        }
+        assert!(fillers.len() < 64, "the accept queue never filled");
+    }
+    let mut config = quick();
+    config.connect_timeout = Duration::from_millis(300);
+    let err = tcp::connect(addr, 1, &secret(), &keys(CipherSuite::Aes128Gcm), &config)
+        .await
+        .unwrap_err();
+    assert!(err.is_unreachable(), "{err}");
+    match &err {
+        Error::Unreachable { source, .. } => assert_eq!(source.kind(), io::ErrorKind::TimedOut),
+        other => panic!("{other}"),
+    }
+    drop(listener);
+}
