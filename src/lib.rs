@@ -1,1 +1,59 @@
-//! fastcp
+//! fastcp: fast, secure file copy over SSH, as a library.
+//!
+//! This facade is what the `fastcp` command is built on, and what an embedding program uses:
+//!
+//! - [`Location`] parses scp-style operands (`file`, `host:path`, `user@host:path`).
+//! - [`Plan`] checks a copy's operands and [`CopyOptions`]; [`copy_local`] runs a local copy
+//!   through the engine.
+//! - [`run_session`] drives a remote copy over a transport's control stream, and
+//!   [`server::serve`] is the remote side (`fastcp server`).
+//! - The building blocks are re-exported: [`proto`] (the wire format), [`crypto`] (ciphers,
+//!   the CPU probe, the key schedule), [`transport`] (SSH and TCP streams) and [`stream`] (the
+//!   parallel chunked copy engine).
+//!
+//! # Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), fastcp::Error> {
+//! use std::sync::Arc;
+//! use fastcp::{CopyOptions, Location, Plan, Progress};
+//!
+//! let dir = tempfile::tempdir()?;
+//! std::fs::write(dir.path().join("a.txt"), b"hello")?;
+//! let plan = Plan::new(
+//!     vec![Location::Local(dir.path().join("a.txt"))],
+//!     Location::Local(dir.path().join("b.txt")),
+//!     CopyOptions::default(),
+//! )?;
+//! let outcome = fastcp::copy_local(&plan, Arc::new(Progress::default())).await?;
+//! assert_eq!(outcome.report.files, 1);
+//! assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod client;
+mod error;
+mod location;
+pub mod server;
+mod session;
+pub mod stdio;
+mod wire;
+
+pub use client::{
+    CopyOptions, DEFAULT_SSH_STREAMS, Outcome, Plan, TransportChoice, copy_local, copy_remote,
+    run_session,
+};
+pub use error::{Error, exit};
+pub use location::{Location, RemotePath};
+pub use session::SOFTWARE;
+pub use wire::Prefixed;
+
+pub use fastcp_crypto as crypto;
+pub use fastcp_proto as proto;
+pub use fastcp_stream as stream;
+pub use fastcp_stream::{Progress, Report};
+pub use fastcp_transport as transport;
+
+pub use fastcp_transport::{BoxStream, Duplex};

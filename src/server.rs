@@ -1,0 +1,279 @@
+//! `fastcp server`: the remote side, started over SSH the way rsync starts `rsync --server`.
+//!
+//! It speaks the protocol on its stdin and stdout (the control stream), sets up the extra
+//! data streams the client asked for, and runs the engine: it receives for a push and sends
+//! for a pull. Paths arrive inside the protocol, never on its command line.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fastcp_proto::{
+    Accept, Direction, ErrorCode, ErrorFrame, Frame, Rendezvous, Request, TransportKind, flags,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::UnixListener;
+
+use crate::session::{self, random32};
+use crate::wire::FrameReader;
+use crate::{BoxStream, Error, Report};
+
+/// How `fastcp server` behaves. The defaults suit a server started over SSH.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// How long extra streams may take to connect and prove themselves. Default 15 s.
+    pub join_timeout: Duration,
+    /// The most data streams a client may ask for. Default 64.
+    pub max_streams: u16,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            join_timeout: Duration::from_secs(15),
+            max_streams: 64,
+        }
+    }
+}
+
+/// Serves one session on `control` (the server's stdin and stdout) and returns what the engine
+/// reported.
+pub async fn serve<S>(control: S, config: &ServerConfig) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut reader = FrameReader::new(control, session::MAX_FRAME);
+    let agreed = session::handshake(&mut reader).await?;
+    let request = match reader.next("waiting for the request").await? {
+        Frame::Request(r) => r,
+        other => {
+            return Err(Error::UnexpectedFrame {
+                expected: "Request",
+                got: other.name(),
+            });
+        }
+    };
+    match run(reader, &agreed, request, config).await {
+        Ok(report) => Ok(report),
+        Err((reader, err)) => {
+            // Tell the client why, if the control stream still works.
+            if let Some(mut reader) = reader {
+                let _ = reader
+                    .send(&Frame::Error(ErrorFrame {
+                        code: err.code(),
+                        fatal: true,
+                        path: Bytes::new(),
+                        message: err.to_string(),
+                    }))
+                    .await;
+            }
+            Err(err)
+        }
+    }
+}
+
+type Failure<S> = (Option<FrameReader<S>>, Error);
+
+async fn run<S>(
+    mut reader: FrameReader<S>,
+    agreed: &fastcp_proto::Negotiated,
+    request: Request,
+    config: &ServerConfig,
+) -> Result<Report, Failure<S>>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    if let Err(e) = check_request(&request, config) {
+        return Err((Some(reader), e));
+    }
+    let server_random = random32();
+    let secret = fastcp_crypto::session_secret(&request.client_random, &server_random);
+    let streams = request.streams.max(1);
+    let (rendezvous, listener) = match request.transport {
+        TransportKind::Inline => (Rendezvous::None, None),
+        TransportKind::Unix => match UnixRendezvous::bind() {
+            Ok(r) => (Rendezvous::Unix(r.path_bytes()), Some(r)),
+            Err(e) => return Err((Some(reader), e)),
+        },
+        TransportKind::Tcp => {
+            return Err((
+                Some(reader),
+                Error::Unsupported("this server does not offer the TCP transport yet".into()),
+            ));
+        }
+    };
+    let accept = Frame::Accept(Accept {
+        streams,
+        rendezvous,
+        server_random,
+    });
+    if let Err(e) = reader.send(&accept).await {
+        return Err((None, e.into()));
+    }
+    let mut data: Vec<BoxStream> = vec![Box::new(reader.into_stream())];
+    if let Some(listener) = listener {
+        match listener
+            .accept_joins(&secret, streams - 1, config.join_timeout)
+            .await
+        {
+            Ok(extra) => data.extend(extra),
+            Err(e) => return Err((None, e)),
+        }
+    }
+    let _ = agreed;
+    let progress = Arc::new(fastcp_stream::Progress::default());
+    let result = match request.direction {
+        Direction::Push => {
+            let dest = remote_path(request.paths.first().map(|p| &p[..]).unwrap_or(b""));
+            let cfg = fastcp_stream::ReceiveConfig {
+                preserve: request.flags & flags::PRESERVE != 0,
+                recursive: request.flags & flags::RECURSIVE != 0,
+                target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
+                ..Default::default()
+            };
+            fastcp_stream::receive(&dest, data, &cfg, progress).await
+        }
+        Direction::Pull => {
+            let sources: Vec<PathBuf> = request.paths.iter().map(|p| remote_path(p)).collect();
+            let cfg = fastcp_stream::SendConfig {
+                preserve: request.flags & flags::PRESERVE != 0,
+                recursive: request.flags & flags::RECURSIVE != 0,
+                follow_links: request.flags & flags::FOLLOW_LINKS != 0,
+                ..Default::default()
+            };
+            fastcp_stream::send(&sources, data, &cfg, progress).await
+        }
+    };
+    result.map_err(|e| (None, Error::Engine(e)))
+}
+
+fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> {
+    if request.flags & !flags::KNOWN != 0 {
+        return Err(Error::Unsupported(format!(
+            "unknown request flags 0x{:x}; upgrade fastcp on the server",
+            request.flags & !flags::KNOWN
+        )));
+    }
+    if request.streams > config.max_streams {
+        return Err(Error::Unsupported(format!(
+            "{} streams requested; this server allows at most {}",
+            request.streams, config.max_streams
+        )));
+    }
+    if request.transport == TransportKind::Inline && request.streams > 1 {
+        return Err(Error::Unsupported(
+            "several streams need a rendezvous transport".into(),
+        ));
+    }
+    match request.direction {
+        Direction::Push if request.paths.len() != 1 => Err(Error::Unsupported(
+            "a push names exactly one destination".into(),
+        )),
+        Direction::Pull if request.paths.is_empty() => {
+            Err(Error::Unsupported("a pull names at least one source".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A path as the client named it on this host: relative paths are relative to the server's
+/// working directory (the login directory under sshd), an empty path is that directory, and a
+/// leading `~/` is the home directory, as scp does.
+fn remote_path(raw: &[u8]) -> PathBuf {
+    if raw.is_empty() || raw == b"~" {
+        return home().unwrap_or_else(|| ".".into());
+    }
+    if let Some(rest) = raw.strip_prefix(b"~/")
+        && let Some(home) = home()
+    {
+        return home.join(OsStr::from_bytes(rest));
+    }
+    PathBuf::from(OsStr::from_bytes(raw))
+}
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
+/// A Unix socket in a fresh private (0700) directory, where forwarded SSH channels join.
+struct UnixRendezvous {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+impl UnixRendezvous {
+    fn bind() -> Result<UnixRendezvous, Error> {
+        let dir = tempfile::Builder::new()
+            .prefix("fastcp-")
+            .tempdir()
+            .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("creating the rendezvous directory: {e}"))))?;
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path)?;
+        Ok(UnixRendezvous {
+            _dir: dir,
+            path,
+            listener,
+        })
+    }
+
+    fn path_bytes(&self) -> Bytes {
+        Bytes::copy_from_slice(self.path.as_os_str().as_bytes())
+    }
+
+    /// Accepts `n` streams, each proving the secret, and returns them ordered by index.
+    async fn accept_joins(
+        self,
+        secret: &fastcp_crypto::SessionSecret,
+        n: u16,
+        timeout: Duration,
+    ) -> Result<Vec<BoxStream>, Error> {
+        let mut slots: Vec<Option<BoxStream>> = (0..n).map(|_| None).collect();
+        let joined = async {
+            for _ in 0..n {
+                let (conn, _) = self.listener.accept().await?;
+                let mut reader = FrameReader::new(conn, session::MAX_FRAME);
+                let join = match reader.next("joining").await? {
+                    Frame::Join(j) => j,
+                    other => {
+                        return Err(Error::UnexpectedFrame {
+                            expected: "Join",
+                            got: other.name(),
+                        });
+                    }
+                };
+                let slot = (join.index as usize)
+                    .checked_sub(1)
+                    .and_then(|i| slots.get_mut(i))
+                    .filter(|s| s.is_none());
+                match slot {
+                    Some(slot)
+                        if session::verify_join(secret, session::JoinKind::Unix, b"", join.index, &join.proof) =>
+                    {
+                        *slot = Some(Box::new(reader.into_stream()));
+                    }
+                    _ => return Err(Error::JoinRejected(join.index)),
+                }
+            }
+            Ok::<_, Error>(())
+        };
+        tokio::time::timeout(timeout, joined)
+            .await
+            .map_err(|_| Error::Timeout("waiting for the data streams to connect".into()))??;
+        Ok(slots.into_iter().map(|s| s.expect("every slot filled")).collect())
+    }
+}
+
+impl Error {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Error::Unsupported(_) => ErrorCode::Unsupported,
+            Error::Protocol(_) | Error::UnexpectedFrame { .. } => ErrorCode::Protocol,
+            Error::Io(_) => ErrorCode::Io,
+            _ => ErrorCode::Other,
+        }
+    }
+}

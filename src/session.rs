@@ -1,0 +1,89 @@
+//! The session exchange on the control stream, shared by client and server.
+//!
+//! ```text
+//! client                                  server (`fastcp server`)
+//!   Hello  ----------------------------->
+//!          <-----------------------------  Hello
+//!   Request (direction, paths, flags,
+//!            streams, transport, random) ->
+//!          <-----------------------------  Accept (streams, rendezvous, random)
+//!                                          or Error (fatal)
+//!   extra streams connect to the rendezvous; each sends Join (index, proof)
+//!   the engine runs over the data streams
+//! ```
+//!
+//! Both randoms are exchanged inside the control stream (an SSH channel), never on a command
+//! line or in the environment; the session secret derived from them keys the join proofs and,
+//! for the TCP transport, the AEAD.
+
+use fastcp_proto::{Handshake, Hello, MIN_PROTOCOL_VERSION, Negotiated, PROTOCOL_VERSION};
+use ring::rand::SecureRandom;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::Error;
+use crate::wire::FrameReader;
+
+/// The software string this build puts in its hello.
+pub const SOFTWARE: &str = concat!("fastcp ", env!("CARGO_PKG_VERSION"));
+
+/// The largest frame this build accepts.
+pub const MAX_FRAME: u32 = fastcp_proto::DEFAULT_MAX_FRAME + 64 * 1024;
+
+/// Our hello: protocol versions, CPU features, ciphers in our order of preference.
+pub(crate) fn local_hello() -> Hello {
+    let cpu = fastcp_crypto::CpuFeatures::probe();
+    let local_choice = fastcp_crypto::choose(cpu, cpu, None);
+    let mut ciphers = vec![local_choice.suite.id()];
+    for suite in fastcp_crypto::CipherSuite::ALL {
+        if !ciphers.contains(&suite.id()) {
+            ciphers.push(suite.id());
+        }
+    }
+    Hello {
+        version: PROTOCOL_VERSION,
+        min_version: MIN_PROTOCOL_VERSION,
+        cpu_features: cpu.to_bits(),
+        ciphers,
+        compression: vec![0],
+        max_frame: MAX_FRAME,
+        software: SOFTWARE.into(),
+    }
+}
+
+/// Sends our hello and reads the peer's.
+pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    reader: &mut FrameReader<S>,
+) -> Result<Negotiated, Error> {
+    let hs = Handshake::new(local_hello());
+    reader.send(&hs.hello()).await?;
+    loop {
+        if let Some(agreed) = hs.decode_peer_hello(reader.buffer())? {
+            return Ok(agreed);
+        }
+        if !reader.fill().await? {
+            let seen = String::from_utf8_lossy(reader.buffer()).into_owned();
+            return Err(Error::ConnectionClosed(if seen.is_empty() {
+                "the peer closed the connection before the handshake".into()
+            } else {
+                format!(
+                    "the peer closed the connection during the handshake after sending: {}",
+                    seen.escape_default()
+                )
+            }));
+        }
+    }
+}
+
+/// 32 fresh random bytes.
+pub(crate) fn random32() -> [u8; 32] {
+    let mut out = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut out)
+        .expect("the system random number generator failed");
+    out
+}
+
+// The session secret and the join proofs live in fastcp-crypto, with their byte formats
+// (docs/protocol.md, "Session").
+pub(crate) use fastcp_crypto::{JoinKind, verify_join};
+
