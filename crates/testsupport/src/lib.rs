@@ -26,6 +26,7 @@
 //! assert!(status.success());
 //! ```
 
+pub mod tree;
 pub mod wan;
 
 use std::fs;

@@ -1,0 +1,260 @@
+//! End to end: the `fastcp` command against a real OpenSSH sshd on 127.0.0.1.
+//!
+//! Each test starts its own sshd (temp host key, temp authorized_keys, free port) through
+//! `fastcp-testsupport`, and runs the built `fastcp` binary as both the client and, through
+//! `--remote-path`, the remote `fastcp server`. Nothing touches ~/.ssh.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, build_mixed, build_tiny, write};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
+
+/// A `fastcp` command set up for `sshd`: its ssh_config and the remote binary.
+fn fastcp(sshd: &Sshd) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(BIN)
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+fn remote(sshd: &Sshd, path: &Path) -> String {
+    format!("{}:{}", sshd.alias(), path.display())
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run fastcp");
+    if !out.status.success() {
+        eprintln!(
+            "fastcp failed: {:?}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn mixed_tree(root: &Path) {
+    build_mixed(root);
+    build_tiny(&root.join("tiny"), 2_000);
+}
+
+#[test]
+fn push_tree_over_one_two_and_four_streams() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    for streams in ["1", "2", "4"] {
+        let dst = work.path().join(format!("pushed-{streams}"));
+        let out = run(fastcp(&sshd)
+            .args(["-r", "-p", "-j", streams, "--transport", "ssh"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_same_tree(&src, &dst, true);
+        assert_no_temp(&dst);
+    }
+}
+
+#[test]
+fn pull_tree_over_one_and_four_streams() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    for streams in ["1", "4"] {
+        let dst = work.path().join(format!("pulled-{streams}"));
+        let out = run(fastcp(&sshd)
+            .args(["-r", "-p", "-j", streams, "--transport", "ssh"])
+            .arg(remote(&sshd, &src))
+            .arg(&dst));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_same_tree(&src, &dst, true);
+        assert_no_temp(&dst);
+    }
+}
+
+#[test]
+fn push_and_pull_single_files_like_scp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a.txt");
+    write(&a, b"alpha", 0o640);
+    let b = work.path().join("b.txt");
+    write(&b, b"bravo", 0o644);
+    let into = work.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+
+    // Several sources into an existing directory.
+    let out = run(fastcp(&sshd).arg(&a).arg(&b).arg(remote(&sshd, &into)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(into.join("a.txt")).unwrap(), b"alpha");
+    assert_eq!(std::fs::read(into.join("b.txt")).unwrap(), b"bravo");
+
+    // One source to a new name.
+    let renamed = work.path().join("renamed.txt");
+    let out = run(fastcp(&sshd).arg(&a).arg(remote(&sshd, &renamed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&renamed).unwrap(), b"alpha");
+
+    // Pull back to a new local name.
+    let back = work.path().join("back.txt");
+    let out = run(fastcp(&sshd).arg(remote(&sshd, &renamed)).arg(&back));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&back).unwrap(), b"alpha");
+
+    // Several sources to a target that is not a directory: an error, nothing written.
+    let missing = work.path().join("not-a-dir");
+    let out = run(fastcp(&sshd).arg(&a).arg(&b).arg(remote(&sshd, &missing)));
+    assert!(!out.status.success());
+    assert!(!missing.exists());
+}
+
+#[test]
+fn missing_remote_binary_says_how_to_fix_it() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = Command::new(BIN)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .args(["--remote-path", "/nonexistent/fastcp"])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b")))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--remote-path"), "{err}");
+    assert!(!work.path().join("b").exists());
+}
+
+#[test]
+fn unknown_host_key_is_refused() {
+    let sshd = Sshd::start().unwrap();
+    std::fs::write(sshd.known_hosts(), "").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(fastcp(&sshd)
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Host key verification failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("b").exists());
+}
+
+#[test]
+fn changed_host_key_is_refused() {
+    let mut sshd = Sshd::start().unwrap();
+    sshd.change_host_key().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(fastcp(&sshd)
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("b").exists());
+}
+
+#[test]
+fn wrong_user_key_is_refused() {
+    let sshd = Sshd::start().unwrap();
+    std::fs::write(sshd.authorized_keys(), "").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(fastcp(&sshd)
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn agent_authentication() {
+    let sshd = Sshd::start().unwrap();
+    let agent = sshd.start_agent().unwrap();
+    // A config without identity files (and without IdentitiesOnly, which would restrict the
+    // agent to them): the agent must do the work.
+    let config = sshd.dir().join("agent_config");
+    let text = std::fs::read_to_string(sshd.ssh_config()).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            !l.starts_with("IdentityFile") && !l.starts_with("IdentitiesOnly")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&config, text).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"via agent", 0o644);
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN])
+        .env("SSH_AUTH_SOCK", agent.socket())
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"via agent");
+}
+
+#[test]
+fn proxy_jump_through_a_second_sshd() {
+    let sshd = Sshd::start().unwrap();
+    let jump = sshd.start_jump().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("t");
+    build_tiny(&src, 50);
+    let dst = work.path().join("through-jump");
+    let out = run(fastcp(&sshd)
+        .args(["-r", "-J", jump.alias()])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+}
+
+#[test]
+fn system_ssh_program_escape_hatch() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    let dst = work.path().join("via-ssh");
+    let out = run(fastcp(&sshd)
+        .args(["-r", "-p", "--ssh-program", "ssh"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, true);
+}
