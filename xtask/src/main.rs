@@ -48,6 +48,22 @@ bench options:
 
 SIZE accepts K/M/G (powers of 1024, also KiB/MiB/GiB) and KB/MB/GB (powers of 1000).";
 
+/// Options that take a value (every other `--name` is a flag).
+const VALUE_OPTIONS: &[&str] = &[
+    "scale",
+    "shape",
+    "seed",
+    "size",
+    "runs",
+    "data",
+    "only",
+    "fastcp",
+    "fastcp-args",
+    "timeout",
+    "ssh-cipher",
+    "contenders",
+];
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -143,19 +159,7 @@ fn parse_seed(v: Option<String>) -> Result<u64> {
 
 fn run() -> Result<()> {
     let raw: Vec<String> = std::env::args().skip(1).collect();
-    let value_opts = [
-        "scale",
-        "shape",
-        "seed",
-        "size",
-        "runs",
-        "data",
-        "only",
-        "fastcp",
-        "fastcp-args",
-        "timeout",
-    ];
-    let mut args = Args::parse(&raw, &value_opts)?;
+    let mut args = Args::parse(&raw, VALUE_OPTIONS)?;
     if args.flag("help")? || args.positional.is_empty() {
         println!("{USAGE}");
         return Ok(());
@@ -277,5 +281,56 @@ fn run() -> Result<()> {
             Ok(())
         }
         _ => bail!("unknown command {:?}\n\n{USAGE}", words.join(" ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_value_option_takes_a_value() {
+        for line in USAGE.lines() {
+            let line = line.trim_start();
+            let Some(rest) = line.strip_prefix("--") else {
+                continue;
+            };
+            let mut words = rest.split_whitespace();
+            let name = words.next().unwrap();
+            let takes_value = words
+                .next()
+                .is_some_and(|w| w.contains('|') || w.chars().all(|c| c.is_ascii_uppercase()));
+            assert_eq!(VALUE_OPTIONS.contains(&name), takes_value, "--{name}");
+        }
+    }
+
+    #[test]
+    fn options_and_positionals_are_split() {
+        let raw: Vec<String> = [
+            "bench",
+            "ssh",
+            "--ssh-cipher",
+            "aes128-gcm@openssh.com",
+            "--contenders=fastcp,nc",
+            "--write",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut args = Args::parse(&raw, VALUE_OPTIONS).unwrap();
+        assert_eq!(args.positional, ["bench", "ssh"]);
+        assert_eq!(
+            args.value("ssh-cipher").unwrap().as_deref(),
+            Some("aes128-gcm@openssh.com")
+        );
+        assert_eq!(
+            args.value("contenders").unwrap().as_deref(),
+            Some("fastcp,nc")
+        );
+        assert!(args.flag("write").unwrap());
+        args.finish().unwrap();
+        let mut bad = Args::parse(&["--bogus".to_string()], VALUE_OPTIONS).unwrap();
+        assert!(!bad.flag("write").unwrap());
+        assert!(bad.finish().is_err());
     }
 }
