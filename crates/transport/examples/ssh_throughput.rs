@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p fastcp-transport --example ssh_throughput -- \
-//!     --bytes 2G --channels 4 --connections 1 --window 8M --packet 64K \
+//!     --bytes 2G --channels 4 --connections 1 --window 8M --packet 32K --buffer 16 \
 //!     --cipher aes128-gcm@openssh.com --direction push --runs 3
 //! ```
 

@@ -27,12 +27,15 @@ use super::stream::SshStream;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SshClientConfig {
     /// Receive window per channel, in bytes: how much the peer may send before we
-    /// acknowledge. Default 8 MiB.
+    /// acknowledge. Default 8 MiB: no slower than OpenSSH's 2 MiB on loopback, and room for
+    /// a bandwidth-delay product of 1 Gbit/s x 60 ms.
     pub window_size: u32,
-    /// Largest packet the peer may send us, in bytes. OpenSSH caps channel packets at
-    /// 256 KiB; default 64 KiB.
+    /// Largest packet the peer may send us, in bytes. Default 32 KiB, OpenSSH's own: 64 KiB
+    /// measured no faster.
     pub max_packet_size: u32,
-    /// Packets queued per channel before the connection waits for the reader. Default 64.
+    /// Packets queued per channel before the whole connection waits for that channel's
+    /// reader. Default 16 (at most 512 KiB queued per channel with 32 KiB packets); 64
+    /// measured no faster.
     pub channel_buffer_size: usize,
     /// Disable Nagle's algorithm on the TCP socket. Default `true`: SSH frames its own
     /// packets, and delaying small ones (handshake, window adjustments) only adds latency.
@@ -49,8 +52,8 @@ impl Default for SshClientConfig {
     fn default() -> Self {
         SshClientConfig {
             window_size: 8 << 20,
-            max_packet_size: 64 << 10,
-            channel_buffer_size: 64,
+            max_packet_size: 32 << 10,
+            channel_buffer_size: 16,
             nodelay: true,
             ciphers: vec![
                 "aes128-gcm@openssh.com".into(),
