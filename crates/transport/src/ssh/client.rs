@@ -2,6 +2,7 @@
 //! authenticate, run commands and open forwarded streams.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +108,9 @@ type ExecMap = Arc<Mutex<HashMap<ChannelId, ExecSinks>>>;
 /// russh's callbacks for one connection: host key check, stderr and exit status.
 pub(crate) struct ClientHandler {
     host: Arc<HostConfig>,
+    /// Set once the server has sent its host key: ConnectTimeout no longer applies (it
+    /// must not cut a host key prompt short).
+    key_received: Arc<AtomicBool>,
     warnings: Arc<Mutex<Vec<String>>>,
     exec: ExecMap,
 }
@@ -115,6 +119,7 @@ impl russh::client::Handler for ClientHandler {
     type Error = Error;
 
     async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Error> {
+        self.key_received.store(true, Ordering::SeqCst);
         match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => {
                 verify_host_key(&self.host, key, &self.warnings).await?;
@@ -513,8 +518,10 @@ async fn connect_one(
     let config = Arc::new(client.to_russh()?);
     let exec: ExecMap = Arc::default();
     let warnings = Arc::new(Mutex::new(Vec::new()));
+    let key_received = Arc::new(AtomicBool::new(false));
     let handler = ClientHandler {
         host: host.clone(),
+        key_received: key_received.clone(),
         warnings: warnings.clone(),
         exec: exec.clone(),
     };
@@ -546,11 +553,22 @@ async fn connect_one(
             }
         }
     };
-    let mut handle = match timeout {
-        Some(t) => tokio::time::timeout(t, handshake)
-            .await
-            .map_err(|_| timed_out())??,
-        None => handshake.await?,
+    // As with ssh, ConnectTimeout covers the TCP connection and the start of the SSH
+    // handshake, up to the server's host key; not a host key prompt.
+    let mut handle = {
+        let mut handshake = std::pin::pin!(handshake);
+        match timeout {
+            Some(t) => tokio::select! {
+                res = &mut handshake => res?,
+                () = tokio::time::sleep(t) => {
+                    if !key_received.load(Ordering::SeqCst) {
+                        return Err(timed_out());
+                    }
+                    handshake.await?
+                }
+            },
+            None => handshake.await?,
+        }
     };
     let auth = auth::authenticate(&mut handle, &host, previous).await?;
     let warnings = std::mem::take(&mut *warnings.lock().expect("warnings"));
