@@ -708,3 +708,64 @@ async fn unknown_host_key_is_asked_on_the_terminal() {
         format!("{}\n", sshd.known_hosts_line())
     );
 }
+
+#[tokio::test]
+async fn proxy_jump_through_two_hops() {
+    let sshd = Sshd::start().unwrap();
+    let j1 = sshd.start_jump().unwrap();
+    let j2 = j1.start_jump().unwrap();
+    // One client key for all three servers, one known_hosts, one config.
+    fs::copy(sshd.authorized_keys(), j2.authorized_keys()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kh = dir.path().join("known_hosts");
+    fs::write(
+        &kh,
+        format!(
+            "{}\n{}\n{}\n",
+            sshd.known_hosts_line(),
+            j1.known_hosts_line(),
+            j2.known_hosts_line()
+        ),
+    )
+    .unwrap();
+    let block = |alias: &str, port: u16| {
+        format!(
+            "Host {alias}\n  HostName 127.0.0.1\n  Port {port}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            sshd.user(),
+            sshd.client_key().display(),
+            kh.display()
+        )
+    };
+    let cfg = dir.path().join("config");
+    fs::write(
+        &cfg,
+        format!(
+            "{}{}{}",
+            block("target", sshd.port()),
+            block("hop1", j1.port()),
+            block("hop2", j2.port())
+        ),
+    )
+    .unwrap();
+    let o = SshOptions {
+        config_file: Some(cfg),
+        jump: Some("hop1,hop2".into()),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let s = SshSession::connect("target", &o).await.unwrap();
+    let mut p = s.exec("echo two-hops").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "two-hops\n");
+    // hop1 forwarded to hop2, and hop2 to the target.
+    assert!(
+        j1.log()
+            .contains(&format!("target 127.0.0.1 port {}", j2.port()))
+    );
+    assert!(
+        j2.log()
+            .contains(&format!("target 127.0.0.1 port {}", sshd.port()))
+    );
+}
