@@ -13,7 +13,8 @@
 //! killed when its guard is dropped.
 //!
 //! Works as root (it creates `/run/sshd`, which Debian's sshd needs) and as a normal user
-//! (sshd then only lets that user in, which is who the fixture logs in as).
+//! (sshd then only lets that user in, which is who the fixture logs in as). The user needs a
+//! real login shell: sshd refuses accounts like `nobody` whose shell is `nologin`.
 //!
 //! ```no_run
 //! let sshd = fastcp_testsupport::Sshd::start().unwrap();
