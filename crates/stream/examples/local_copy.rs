@@ -41,7 +41,9 @@ fn main() {
             _ => paths.push(PathBuf::from(a)),
         }
     }
-    let dest = paths.pop().expect("usage: local_copy [options] SRC... DEST");
+    let dest = paths
+        .pop()
+        .expect("usage: local_copy [options] SRC... DEST");
     receive.max_frame = receive.max_frame.max(send.chunk_size as u32 + 64);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)

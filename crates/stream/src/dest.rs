@@ -23,12 +23,13 @@ use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::receive::Shared;
+use crate::tree::{ChunkHash, TreeHash};
 use crate::{Error, display::escape};
 
 /// How many directory fds each writer keeps open.
 const DIR_CACHE: usize = 512;
 
-/// Block size for reading back out-of-order chunks to hash them.
+/// Block size for reading a file back to hash it, when its chunks could not be hashed alone.
 const READBACK: usize = 1 << 20;
 
 /// One job for a writer thread.
@@ -40,11 +41,13 @@ pub(crate) enum Op {
         size: u64,
         meta: Meta,
     },
-    /// A chunk of a file. The permit holds the receiver's byte budget until written.
+    /// A chunk of a file, already hashed. The permit holds the receiver's byte budget until
+    /// written.
     Data {
         id: u64,
         offset: u64,
         bytes: Bytes,
+        hash: ChunkHash,
         _permit: Option<OwnedSemaphorePermit>,
     },
     /// The sender's hash of a file.
@@ -259,11 +262,9 @@ struct OpenFile {
     size: u64,
     got: u64,
     meta: Meta,
-    hasher: blake3::Hasher,
-    /// Bytes [0, hashed) are hashed.
-    hashed: u64,
-    /// Written but not yet hashed: start -> end, all beyond `hashed`.
-    pending: BTreeMap<u64, u64>,
+    /// Byte ranges written so far, start -> end, adjacent ranges merged.
+    written: BTreeMap<u64, u64>,
+    tree: TreeHash,
     expected: Option<[u8; 32]>,
 }
 
@@ -345,8 +346,12 @@ impl Writer {
                 meta,
             } => self.create(id, wire, size, meta),
             Op::Data {
-                id, offset, bytes, ..
-            } => self.data(id, offset, bytes),
+                id,
+                offset,
+                bytes,
+                hash,
+                ..
+            } => self.data(id, offset, bytes, hash),
             Op::End { id, hash } => self.end(id, hash),
             Op::Abandon { id } => {
                 if let Some(FileState::Open(f)) = self.files.remove(&id) {
@@ -392,7 +397,8 @@ impl Writer {
         // Created with its final permission bits (the umask applies, as for scp), so that
         // fchmod is only needed for bits the umask removed under `preserve`.
         let mode = Mode::from_raw_mode(meta.mode & 0o777);
-        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let (fd, temp) = loop {
             let temp = temp_name(name);
             match rustix::fs::openat(&parent, &temp[..], flags, mode) {
@@ -416,16 +422,15 @@ impl Writer {
             size,
             got: 0,
             meta,
-            hasher: blake3::Hasher::new(),
-            hashed: 0,
-            pending: BTreeMap::new(),
+            written: BTreeMap::new(),
+            tree: TreeHash::new(size),
             expected: None,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
         Ok(())
     }
 
-    fn data(&mut self, id: u64, offset: u64, bytes: Bytes) -> Result<(), Error> {
+    fn data(&mut self, id: u64, offset: u64, bytes: Bytes, hash: ChunkHash) -> Result<(), Error> {
         let len = bytes.len() as u64;
         let Some(state) = self.files.get_mut(&id) else {
             // Abandoned by the sender after this chunk was queued.
@@ -441,8 +446,11 @@ impl Writer {
             }
             FileState::Open(f) => f,
         };
+        if len == 0 {
+            return Ok(());
+        }
         let end = offset + len;
-        if offset < f.hashed || overlaps(&f.pending, offset, end) {
+        if overlaps(&f.written, offset, end) {
             let e = Error::Protocol(format!(
                 "{}: overlapping chunks at offset {offset}",
                 escape(&f.wire)
@@ -453,36 +461,10 @@ impl Writer {
             let e = Error::io(self.shared.root.display(&f.local), e);
             return Err(self.fail_file(id, e));
         }
+        insert_range(&mut f.written, offset, end);
         f.got += len;
+        f.tree.add(offset, len, hash);
         self.shared.progress.add_done_bytes(len);
-        if offset == f.hashed {
-            f.hasher.update(&bytes);
-            f.hashed = end;
-            // Chunks that arrived early and are now contiguous: hash them from the file.
-            while let Some((&start, &stop)) = f.pending.first_key_value() {
-                if start != f.hashed {
-                    break;
-                }
-                f.pending.pop_first();
-                if self.readback.is_empty() {
-                    self.readback = vec![0; READBACK];
-                }
-                let mut at = start;
-                while at < stop {
-                    let n = ((stop - at) as usize).min(READBACK);
-                    let buf = &mut self.readback[..n];
-                    if let Err(e) = pread_exact(&f.fd, buf, at) {
-                        let e = Error::io(self.shared.root.display(&f.local), e);
-                        return Err(self.fail_file(id, e));
-                    }
-                    f.hasher.update(buf);
-                    at += n as u64;
-                }
-                f.hashed = stop;
-            }
-        } else {
-            f.pending.insert(offset, end);
-        }
         self.finish_if_complete(id)
     }
 
@@ -523,8 +505,25 @@ impl Writer {
             return Ok(());
         };
         let f = *f;
-        if f.hashed != f.size || f.hasher.finalize().as_bytes() != &f.expected.unwrap_or_default()
-        {
+        let actual = match (f.size, f.tree.root()) {
+            (0, _) => *blake3::hash(b"").as_bytes(),
+            (_, Some(root)) => root,
+            (_, None) => {
+                // Chunks that could not be hashed alone: hash the file from disk, once.
+                if self.readback.is_empty() {
+                    self.readback = vec![0; READBACK];
+                }
+                match read_back_hash(&f.fd, f.size, &mut self.readback) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        let e = Error::io(self.shared.root.display(&f.local), e);
+                        f.discard();
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        if Some(actual) != f.expected {
             let path = escape(&f.wire);
             f.discard();
             return Err(Error::Integrity { path });
@@ -599,7 +598,9 @@ impl Writer {
                     Ok(st) => match FileType::from_raw_mode(st.st_mode) {
                         FileType::Directory => {
                             // Ours (made on demand for an earlier entry) or already there.
-                            dirs.created.contains(&local).then_some(0o700 & !shared.umask)
+                            dirs.created
+                                .contains(&local)
+                                .then_some(0o700 & !shared.umask)
                         }
                         FileType::Symlink => {
                             drop(dirs);
@@ -622,18 +623,23 @@ impl Writer {
                     },
                     Err(e) => {
                         drop(dirs);
-                        return shared
-                            .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+                        return shared.entry_failed(
+                            &wire,
+                            &Error::io(shared.root.display(&local), e.into()),
+                        );
                     }
                 }
             }
             Err(e) => {
                 drop(dirs);
-                return shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+                return shared
+                    .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
             }
         };
         // Modes and times are applied at the very end, deepest first: a read-only directory
         // must not block writing into it, and writing into it would change its mtime.
+        // Kept until the end: a copy, not a slice of a receive buffer.
+        let wire = Bytes::copy_from_slice(&wire);
         let fixup = match (new, preserve) {
             (_, true) => Some(Fixup {
                 local,
@@ -734,19 +740,46 @@ pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
     }
 }
 
-/// True when [start, end) overlaps a range in `pending`.
-fn overlaps(pending: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
-    if let Some((_, &e)) = pending.range(..=start).next_back()
+/// True when [start, end) overlaps a range in `ranges`.
+fn overlaps(ranges: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    if let Some((_, &e)) = ranges.range(..=start).next_back()
         && e > start
     {
         return true;
     }
-    if let Some((&s, _)) = pending.range(start..).next()
+    if let Some((&s, _)) = ranges.range(start..).next()
         && s < end
     {
         return true;
     }
     false
+}
+
+/// Adds [start, end) to `ranges`, merging it with adjacent ranges.
+fn insert_range(ranges: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
+    if let Some((&s, &e)) = ranges.range(..=start).next_back()
+        && e == start
+    {
+        ranges.remove(&s);
+        start = s;
+    }
+    if let Some(e) = ranges.remove(&end) {
+        end = e;
+    }
+    ranges.insert(start, end);
+}
+
+/// The BLAKE3 hash of the first `size` bytes of a file.
+fn read_back_hash(fd: &OwnedFd, size: u64, buf: &mut [u8]) -> std::io::Result<[u8; 32]> {
+    let mut hasher = blake3::Hasher::new();
+    let mut at = 0;
+    while at < size {
+        let n = ((size - at) as usize).min(buf.len());
+        pread_exact(fd, &mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(*hasher.finalize().as_bytes())
 }
 
 fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {

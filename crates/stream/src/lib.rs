@@ -56,6 +56,7 @@ mod progress;
 mod receive;
 mod report;
 mod send;
+mod tree;
 mod walk;
 
 use std::io;
@@ -66,9 +67,7 @@ pub use display::escape;
 pub use error::Error;
 pub use fastcp_proto::{ErrorCode, Meta, Summary};
 pub use progress::{Progress, Snapshot};
-pub use receive::{
-    DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,
-};
+pub use receive::{DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive};
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
@@ -90,9 +89,8 @@ pub async fn copy_local(
     progress: Arc<Progress>,
 ) -> Result<Report, Error> {
     let n = streams.max(1);
-    let (ours, theirs): (Vec<_>, Vec<_>) = (0..n)
-        .map(|_| tokio::io::duplex(LOCAL_PIPE_BUFFER))
-        .unzip();
+    let (ours, theirs): (Vec<_>, Vec<_>) =
+        (0..n).map(|_| tokio::io::duplex(LOCAL_PIPE_BUFFER)).unzip();
     let mut receive_config = receive_config.clone();
     // Both ends are ours: accept the chunks we send.
     let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;

@@ -248,7 +248,7 @@ impl Shared {
         let mut t = lock(&self.table);
         if self.root.rename_top.is_some() {
             match &t.top {
-                None => t.top = Some(path.slice_ref(first)),
+                None => t.top = Some(Bytes::copy_from_slice(first)),
                 Some(top) if top[..] == *first => {}
                 Some(top) => {
                     return Err(Error::Protocol(format!(
@@ -282,7 +282,7 @@ impl Shared {
                         "a symbolic link in place of a directory that entries were sent into",
                     ));
                 }
-                t.symlinks.insert(path.clone());
+                t.symlinks.insert(Bytes::copy_from_slice(path));
             }
             Kind::Dir => {
                 if t.symlinks.contains(path) {
@@ -291,17 +291,21 @@ impl Shared {
                         "a directory in place of a symbolic link sent earlier",
                     ));
                 }
-                t.dirs.insert(path.clone());
+                if !t.dirs.contains(path) {
+                    t.dirs.insert(Bytes::copy_from_slice(path));
+                }
             }
             Kind::File => {}
         }
-        // Remember every directory an entry goes into.
-        let mut p = path.clone();
+        // Remember every directory an entry goes into. These live as long as the session:
+        // copies, so that they do not pin the receive buffers the frames were cut from.
+        let mut p = &path[..];
         while let Some(i) = p.iter().rposition(|&b| b == b'/') {
-            p = p.slice(..i);
-            if !t.dirs.insert(p.clone()) {
+            p = &p[..i];
+            if t.dirs.contains(p) {
                 break;
             }
+            t.dirs.insert(Bytes::copy_from_slice(p));
         }
         Ok(())
     }
@@ -320,8 +324,8 @@ struct Reader {
 
 /// What accounting said about a `Data` or `FileEnd` frame.
 enum Accounted {
-    /// Hand it to the file's writer.
-    Forward,
+    /// Hand it to the file's writer; the file has this size.
+    Forward(u64),
     /// The sender gave up on the file: drop it.
     Drop,
     /// The file's entry has not arrived yet.
@@ -416,13 +420,16 @@ impl Reader {
             Frame::Data(d) => {
                 let len = d.bytes.len() as u64;
                 self.counts.bytes += len;
-                loop {
+                let size = loop {
                     match self.account(d.id, Some((d.offset, len)))? {
-                        Accounted::Forward => break,
+                        Accounted::Forward(size) => break size,
                         Accounted::Drop => return Ok(None),
                         Accounted::Wait => self.wait_announced(d.id).await?,
                     }
-                }
+                };
+                // Hashed here, in parallel over the streams and in whatever order chunks
+                // come; the writer only merges the values.
+                let hash = crate::tree::chunk_hash(size, d.offset, &d.bytes);
                 let permit = if d.bytes.is_empty() {
                     None
                 } else {
@@ -442,6 +449,7 @@ impl Reader {
                     id: d.id,
                     offset: d.offset,
                     bytes: d.bytes,
+                    hash,
                     _permit: permit,
                 };
                 self.send(self.writer(d.id), op).await?;
@@ -449,7 +457,7 @@ impl Reader {
             Frame::FileEnd(e) => {
                 loop {
                     match self.account(e.id, None)? {
-                        Accounted::Forward => break,
+                        Accounted::Forward(_) => break,
                         Accounted::Drop => return Ok(None),
                         Accounted::Wait => self.wait_announced(e.id).await?,
                     }
@@ -514,7 +522,11 @@ impl Reader {
             if t.done.contains(id) {
                 return Err(Error::Protocol(format!(
                     "{} for file id {id} after the file was complete",
-                    if chunk.is_some() { "data" } else { "a second end" }
+                    if chunk.is_some() {
+                        "data"
+                    } else {
+                        "a second end"
+                    }
                 )));
             }
             return Ok(Accounted::Wait);
@@ -555,7 +567,7 @@ impl Reader {
         let out = if l.abandoned {
             Accounted::Drop
         } else {
-            Accounted::Forward
+            Accounted::Forward(l.size)
         };
         self.complete_if_done(&mut t, id);
         Ok(out)
@@ -705,8 +717,8 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let fd =
-        rustix::fs::open(parent, dir_flags, Mode::empty()).map_err(|e| Error::io(parent, e.into()))?;
+    let fd = rustix::fs::open(parent, dir_flags, Mode::empty())
+        .map_err(|e| Error::io(parent, e.into()))?;
     Ok(Root {
         fd: Arc::new(fd),
         path: parent.to_path_buf(),
@@ -765,9 +777,8 @@ where
     // Nothing is sent back on the other streams; their write halves stay open until the end.
     let _idle_writes: Vec<_> = writes.collect();
     let (reply_tx, reply_rx) = mpsc::channel(256);
-    let mut replier = crate::budget::AbortOnDrop(vec![tokio::spawn(write_replies(
-        reply_half, reply_rx,
-    ))]);
+    let mut replier =
+        crate::budget::AbortOnDrop(vec![tokio::spawn(write_replies(reply_half, reply_rx))]);
 
     let root = match open_destination(dest, config) {
         Ok(r) => r,

@@ -35,7 +35,8 @@ impl Failure {
     pub(crate) fn from_frame(side: Side, frame: &ErrorFrame) -> Failure {
         Failure {
             side,
-            path: frame.path.clone(),
+            // A copy: a slice would pin the whole receive buffer it was cut from.
+            path: Bytes::copy_from_slice(&frame.path),
             code: frame.code,
             message: frame.message.clone(),
         }

@@ -152,9 +152,10 @@ fn frame_bytes(frame: &Frame) -> Bytes {
 /// let (a1, b1) = tokio::io::duplex(1 << 16);
 /// let progress = Arc::new(Progress::default());
 /// let sources = [src.path().join("hello.txt")];
+/// let (send_config, receive_config) = (SendConfig::default(), ReceiveConfig::default());
 /// let (sent, received) = tokio::join!(
-///     send(&sources, vec![a0, a1], &SendConfig::default(), progress.clone()),
-///     receive(dst.path(), vec![b0, b1], &ReceiveConfig::default(), progress),
+///     send(&sources, vec![a0, a1], &send_config, progress.clone()),
+///     receive(dst.path(), vec![b0, b1], &receive_config, progress),
 /// );
 /// assert_eq!(sent?.peer.files, 1);
 /// assert!(received?.is_complete());
@@ -173,8 +174,7 @@ where
     if streams.is_empty() {
         return Err(Error::InvalidArgument("no streams to send on".into()));
     }
-    if config.chunk_size == 0 || config.chunk_size > fastcp_proto::HARD_MAX_FRAME as usize - 16
-    {
+    if config.chunk_size == 0 || config.chunk_size > fastcp_proto::HARD_MAX_FRAME as usize - 16 {
         return Err(Error::InvalidArgument(format!(
             "chunk size {} is out of range",
             config.chunk_size
@@ -554,7 +554,8 @@ impl Producer<'_> {
             message: e.to_string(),
         };
         if self.failures.len() < crate::report::MAX_FAILURES {
-            self.failures.push(Failure::from_frame(Side::Sender, &frame));
+            self.failures
+                .push(Failure::from_frame(Side::Sender, &frame));
         }
         self.out.counts[s].errors += 1;
         self.out.push(s, Msg::frame(&Frame::Error(frame)))

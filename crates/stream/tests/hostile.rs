@@ -142,7 +142,10 @@ async fn run(dest: &Path, config: ReceiveConfig, streams: Vec<Vec<u8>>, close: b
     let mut first = ours.next().unwrap();
     let mut others = Vec::new();
     let mut streams = streams.into_iter();
-    first.write_all(&streams.next().unwrap()).await.unwrap_or(());
+    first
+        .write_all(&streams.next().unwrap())
+        .await
+        .unwrap_or(());
     for (mut s, bytes) in ours.zip(streams) {
         s.write_all(&bytes).await.unwrap_or(());
         others.push(s);
@@ -209,7 +212,12 @@ async fn unsafe_paths_are_refused() {
     for &path in cases {
         for frame in [file(0, path, 1), dir(path), link(path, b"target")] {
             let sb = Sandbox::new();
-            let stream = wire(&[frame.clone(), data(0, 0, b"x"), end(0, b"x"), done(1, 0, 0, 1)]);
+            let stream = wire(&[
+                frame.clone(),
+                data(0, 0, b"x"),
+                end(0, b"x"),
+                done(1, 0, 0, 1),
+            ]);
             let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
             assert!(
                 matches!(err, Error::UnsafePath { .. }),
@@ -277,16 +285,23 @@ async fn existing_symlink_in_destination_is_not_followed() {
         done(2, 0, 0, 7),
     ]);
     let outcome = run(&sb.dest, recursive(), vec![stream], true).await;
-    let report = outcome.result.expect("a per-entry failure, not a fatal one");
+    let report = outcome
+        .result
+        .expect("a per-entry failure, not a fatal one");
     assert_eq!(report.failure_count, 1, "{:?}", report.failures);
     let f = &report.failures[0];
     assert_eq!(f.code, ErrorCode::UnsafePath);
     assert!(f.message.contains("symbolic link"), "{}", f.message);
     // The sender heard about it, and the rest was copied.
-    assert!(outcome.replies.iter().any(
-        |r| matches!(r, Frame::Error(e) if !e.fatal && e.code == ErrorCode::UnsafePath)
-    ));
-    assert!(matches!(outcome.replies.last(), Some(Frame::Done(s)) if s.files == 1 && s.errors == 1));
+    assert!(
+        outcome
+            .replies
+            .iter()
+            .any(|r| matches!(r, Frame::Error(e) if !e.fatal && e.code == ErrorCode::UnsafePath))
+    );
+    assert!(
+        matches!(outcome.replies.last(), Some(Frame::Done(s)) if s.files == 1 && s.errors == 1)
+    );
     assert_eq!(fs::read(sb.dest.join("fine")).unwrap(), b"ok");
     sb.assert_contained();
 }
@@ -373,8 +388,18 @@ async fn duplicate_file_ids_are_refused() {
     sb.assert_contained();
     // The same id on two streams at once.
     let sb = Sandbox::new();
-    let s0 = wire(&[file(3, b"a", 1), data(3, 0, b"a"), end(3, b"a"), done(1, 0, 0, 1)]);
-    let s1 = wire(&[file(3, b"b", 1), data(3, 0, b"b"), end(3, b"b"), done(1, 0, 0, 1)]);
+    let s0 = wire(&[
+        file(3, b"a", 1),
+        data(3, 0, b"a"),
+        end(3, b"a"),
+        done(1, 0, 0, 1),
+    ]);
+    let s1 = wire(&[
+        file(3, b"b", 1),
+        data(3, 0, b"b"),
+        end(3, b"b"),
+        done(1, 0, 0, 1),
+    ]);
     let err = fatal(run(&sb.dest, recursive(), vec![s0, s1], true).await);
     assert!(matches!(err, Error::Protocol(_)), "{err}");
     sb.assert_contained();
@@ -453,7 +478,12 @@ async fn file_end_before_all_bytes_then_done() {
 #[tokio::test]
 async fn done_with_wrong_counts_is_refused() {
     let sb = Sandbox::new();
-    let stream = wire(&[file(0, b"f", 1), data(0, 0, b"x"), end(0, b"x"), done(2, 0, 0, 1)]);
+    let stream = wire(&[
+        file(0, b"f", 1),
+        data(0, 0, b"x"),
+        end(0, b"x"),
+        done(2, 0, 0, 1),
+    ]);
     let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
     assert!(matches!(err, Error::Protocol(_)), "{err}");
     assert!(err.to_string().contains("do not match"), "{err}");
@@ -512,7 +542,10 @@ async fn pull_refuses_names_not_asked_for() {
         end(0, b"i"),
         done(1, 1, 0, 1),
     ]);
-    let report = run(&sb.dest, config, vec![stream], true).await.result.unwrap();
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
     assert!(report.is_complete());
     assert_eq!(fs::read(sb.dest.join("wanted/inner")).unwrap(), b"i");
 }
@@ -538,7 +571,12 @@ async fn target_must_be_dir_fails_before_writing() {
         if target.ends_with("a-file") {
             fs::write(&target, b"keep").unwrap();
         }
-        let stream = wire(&[file(0, b"x", 1), data(0, 0, b"x"), end(0, b"x"), done(1, 0, 0, 1)]);
+        let stream = wire(&[
+            file(0, b"x", 1),
+            data(0, 0, b"x"),
+            end(0, b"x"),
+            done(1, 0, 0, 1),
+        ]);
         let err = fatal(run(&target, config.clone(), vec![stream], true).await);
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
         assert!(err.to_string().contains("not a directory"), "{err}");

@@ -45,7 +45,8 @@ async fn copy_and_compare(base: &Path, name: &str, streams: usize, chunk: usize,
         preserve,
         ..ReceiveConfig::default()
     };
-    let (sent, received) = run_pair(&[base.join(name)], dest.path(), &send, &receive, streams).await;
+    let (sent, received) =
+        run_pair(&[base.join(name)], dest.path(), &send, &receive, streams).await;
     let sent = sent.unwrap();
     let received = received.unwrap();
     assert!(sent.is_complete(), "{:?}", sent.failures);

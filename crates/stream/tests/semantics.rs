@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use common::*;
 use fastcp_stream::{
-    EntryKind, Error, ErrorCode, Progress, ReceiveConfig, SendConfig, Side, WalkConfig,
-    copy_local, walk,
+    EntryKind, Error, ErrorCode, Progress, ReceiveConfig, SendConfig, Side, WalkConfig, copy_local,
+    walk,
 };
 
 fn configs(recursive: bool) -> (SendConfig, ReceiveConfig) {
@@ -150,9 +150,14 @@ async fn special_files_and_unreadable_sources_are_reported() {
     let received = received.unwrap();
     let messages: Vec<_> = sent.failures.iter().map(|f| f.message.clone()).collect();
     assert_eq!(sent.failure_count, 2, "{messages:?}");
-    assert!(messages.iter().any(|m| m.contains("named pipe")), "{messages:?}");
     assert!(
-        messages.iter().any(|m| m.contains("missing") && m.contains("no such file")),
+        messages.iter().any(|m| m.contains("named pipe")),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("missing") && m.contains("no such file")),
         "{messages:?}"
     );
     assert!(sent.failures.iter().any(|f| f.code == ErrorCode::NotFound));
@@ -166,10 +171,15 @@ async fn file_that_changes_while_read_is_not_sent_as_good() {
     // A procfs file says it has 0 bytes, then reads as many: it "grew" while being read.
     let dst = tempfile::tempdir().unwrap();
     let (s, r) = configs(false);
-    let (sent, received) = run_pair(&[PathBuf::from("/proc/self/stat")], dst.path(), &s, &r, 1).await;
+    let (sent, received) =
+        run_pair(&[PathBuf::from("/proc/self/stat")], dst.path(), &s, &r, 1).await;
     let sent = sent.unwrap();
     assert_eq!(sent.failure_count, 1, "{:?}", sent.failures);
-    assert!(sent.failures[0].message.contains("changed while being read"));
+    assert!(
+        sent.failures[0]
+            .message
+            .contains("changed while being read")
+    );
     assert_eq!(received.unwrap().local.files, 0);
     assert!(!dst.path().join("stat").exists());
 }
@@ -188,7 +198,11 @@ async fn file_where_a_directory_exists_is_a_per_entry_error() {
     let received = received.unwrap();
     assert_eq!(received.failure_count, 1, "{:?}", received.failures);
     assert_eq!(received.failures[0].side, Side::Receiver);
-    assert!(received.failures[0].message.contains("directory is in the way"));
+    assert!(
+        received.failures[0]
+            .message
+            .contains("directory is in the way")
+    );
     // The sender heard about it.
     let sent = sent.unwrap();
     assert_eq!(sent.failure_count, 1);
@@ -241,8 +255,16 @@ async fn follow_links_copies_what_they_point_to() {
     assert!(dst.path().join("t/alias").is_dir());
     assert_eq!(fs::read(dst.path().join("t/alias/f")).unwrap(), b"f");
     // A dangling link cannot be followed and stays a link; a loop is reported.
-    assert!(fs::symlink_metadata(dst.path().join("t/dangling")).unwrap().is_symlink());
-    assert!(sent.failures.iter().any(|f| f.message.contains("loop")), "{:?}", sent.failures);
+    assert!(
+        fs::symlink_metadata(dst.path().join("t/dangling"))
+            .unwrap()
+            .is_symlink()
+    );
+    assert!(
+        sent.failures.iter().any(|f| f.message.contains("loop")),
+        "{:?}",
+        sent.failures
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,7 +273,11 @@ async fn copy_local_reports_progress() {
     let tree = src.path().join("t");
     fs::create_dir(&tree).unwrap();
     for i in 0..10 {
-        write(&tree.join(format!("f{i}")), &pseudo_random(1000 * i, i as u64), 0o644);
+        write(
+            &tree.join(format!("f{i}")),
+            &pseudo_random(1000 * i, i as u64),
+            0o644,
+        );
     }
     let dst = tempfile::tempdir().unwrap();
     let (s, r) = configs(true);

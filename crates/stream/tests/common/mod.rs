@@ -16,9 +16,19 @@ use fastcp_stream::{Progress, ReceiveConfig, Report, SendConfig};
 /// What a tree entry looks like, for comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
-    Dir { mode: u32, mtime: (i64, i64) },
-    File { mode: u32, mtime: (i64, i64), size: u64, hash: [u8; 32] },
-    Symlink { target: Vec<u8> },
+    Dir {
+        mode: u32,
+        mtime: (i64, i64),
+    },
+    File {
+        mode: u32,
+        mtime: (i64, i64),
+        size: u64,
+        hash: [u8; 32],
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
 }
 
 /// Every entry beneath `root` (not `root` itself), by relative path.
@@ -31,13 +41,22 @@ pub fn scan(root: &Path) -> BTreeMap<Vec<u8>, Node> {
 fn scan_into(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Node>) {
     for entry in fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        let rel = path.strip_prefix(root).unwrap().as_os_str().as_bytes().to_vec();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap()
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
         let m = fs::symlink_metadata(&path).unwrap();
         let mtime = (m.mtime(), m.mtime_nsec());
         let mode = m.mode() & 0o7777;
         let node = if m.file_type().is_symlink() {
             Node::Symlink {
-                target: fs::read_link(&path).unwrap().as_os_str().as_bytes().to_vec(),
+                target: fs::read_link(&path)
+                    .unwrap()
+                    .as_os_str()
+                    .as_bytes()
+                    .to_vec(),
             }
         } else if m.is_dir() {
             scan_into(root, &path, out);
@@ -83,7 +102,9 @@ pub fn assert_same_tree(orig: &Path, copy: &Path, preserve: bool) {
     let a = scan(orig);
     let b = scan(copy);
     let names = |m: &BTreeMap<Vec<u8>, Node>| -> Vec<String> {
-        m.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect()
+        m.keys()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect()
     };
     assert_eq!(
         names(&a),
@@ -101,7 +122,12 @@ pub fn assert_same_tree(orig: &Path, copy: &Path, preserve: bool) {
                 mode: mode & 0o777 & !mask,
                 mtime: (0, 0),
             },
-            (Node::File { mode, size, hash, .. }, false) => Node::File {
+            (
+                Node::File {
+                    mode, size, hash, ..
+                },
+                false,
+            ) => Node::File {
                 mode: mode & 0o777 & !mask,
                 mtime: (0, 0),
                 size: *size,
@@ -114,7 +140,12 @@ pub fn assert_same_tree(orig: &Path, copy: &Path, preserve: bool) {
                 mode: *mode,
                 mtime: (0, 0),
             },
-            (Node::File { mode, size, hash, .. }, false) => Node::File {
+            (
+                Node::File {
+                    mode, size, hash, ..
+                },
+                false,
+            ) => Node::File {
                 mode: *mode,
                 mtime: (0, 0),
                 size: *size,
@@ -186,9 +217,18 @@ pub fn build_mixed(root: &Path) {
     write(&root.join("one"), b"1", 0o600);
     write(&root.join("exec.sh"), b"#!/bin/sh\necho hi\n", 0o755);
     write(&root.join("read-only"), b"do not touch", 0o444);
-    for (i, size) in [4095usize, 4096, 4097, 3 * 4096 + 17, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 5 * (1 << 20) + 123]
-        .into_iter()
-        .enumerate()
+    for (i, size) in [
+        4095usize,
+        4096,
+        4097,
+        3 * 4096 + 17,
+        (1 << 20) - 1,
+        1 << 20,
+        (1 << 20) + 1,
+        5 * (1 << 20) + 123,
+    ]
+    .into_iter()
+    .enumerate()
     {
         write(
             &root.join(format!("sized-{size}")),
@@ -245,7 +285,11 @@ pub fn build_mixed(root: &Path) {
         .collect();
     all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for (i, p) in all.iter().enumerate() {
-        set_mtime(p, 1_500_000_000 + i as i64 * 7919, (i as i64 * 123_456_789) % 1_000_000_000);
+        set_mtime(
+            p,
+            1_500_000_000 + i as i64 * 7919,
+            (i as i64 * 123_456_789) % 1_000_000_000,
+        );
     }
     fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).unwrap();
     fs::set_permissions(&locked, fs::Permissions::from_mode(0o555)).unwrap();
