@@ -138,6 +138,17 @@ pub enum AnyTransport {
     Program(SshProgram),
 }
 
+impl AnyTransport {
+    /// Warnings to show the user, such as a host key just recorded in known_hosts (the
+    /// system ssh program prints its own).
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            AnyTransport::Builtin(s) => s.warnings(),
+            AnyTransport::Program(_) => &[],
+        }
+    }
+}
+
 impl Transport for AnyTransport {
     async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
         Ok(match options.ssh_program {

@@ -83,6 +83,10 @@ async fn stderr_text(mut p: fastcp_transport::Stderr) -> String {
 async fn exec_cat_round_trip_with_eof_and_exit_status() {
     let sshd = Sshd::start().unwrap();
     let s = connect(&sshd).await;
+    assert_eq!(
+        s.peer_addr(),
+        Some(std::net::SocketAddr::from(([127, 0, 0, 1], sshd.port())))
+    );
     let p = s.exec("cat").await.unwrap();
     let out = round_trip(p.stream, b"hello through sshd\n".to_vec()).await;
     assert_eq!(out, b"hello through sshd\n");
@@ -424,6 +428,7 @@ async fn proxy_jump_through_a_second_sshd() {
     let mut o = opts(&sshd);
     o.jump = Some(jump.alias().to_owned());
     let s = SshSession::connect(sshd.alias(), &o).await.unwrap();
+    assert_eq!(s.peer_addr(), None);
     let mut p = s.exec("echo via-jump").await.unwrap();
     let mut out = String::new();
     p.stream.read_to_string(&mut out).await.unwrap();

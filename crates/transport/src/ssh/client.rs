@@ -2,6 +2,7 @@
 //! authenticate, run commands and open forwarded streams.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -314,6 +315,7 @@ pub struct SshSession {
     via: Option<Arc<SshSession>>,
     warnings: Vec<String>,
     remote_path: Option<String>,
+    peer_addr: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for SshSession {
@@ -376,6 +378,11 @@ impl SshSession {
     /// The destination's resolved settings.
     pub fn host(&self) -> &HostConfig {
         &self.host
+    }
+
+    /// The address the TCP connection went to; `None` when reached through ProxyJump.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr
     }
 
     /// Warnings to show the user (for example a host key just recorded in known_hosts).
@@ -519,6 +526,7 @@ async fn connect_one(
     let exec: ExecMap = Arc::default();
     let warnings = Arc::new(Mutex::new(Vec::new()));
     let key_received = Arc::new(AtomicBool::new(false));
+    let peer_addr = Mutex::new(None);
     let handler = ClientHandler {
         host: host.clone(),
         key_received: key_received.clone(),
@@ -535,6 +543,7 @@ async fn connect_one(
         match &via {
             None => {
                 let tcp = tcp_connect(&host.host_name, host.port, timeout).await?;
+                *peer_addr.lock().expect("peer addr") = tcp.peer_addr().ok();
                 if client.nodelay {
                     let _ = tcp.set_nodelay(true);
                 }
@@ -581,6 +590,7 @@ async fn connect_one(
         via,
         warnings,
         remote_path: None,
+        peer_addr: peer_addr.into_inner().expect("peer addr"),
     })
 }
 
