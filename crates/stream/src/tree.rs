@@ -14,8 +14,7 @@ use std::collections::BTreeMap;
 
 use blake3::CHUNK_LEN;
 use blake3::hazmat::{
-    ChainingValue, HasherExt, Mode, left_subtree_len, merge_subtrees_non_root,
-    merge_subtrees_root,
+    ChainingValue, HasherExt, Mode, left_subtree_len, merge_subtrees_non_root, merge_subtrees_root,
 };
 
 /// The hash of one chunk, computed where it arrived.
@@ -117,7 +116,11 @@ impl TreeHash {
             match self.nodes.get(&sib_start) {
                 Some(&(l, sib)) if l == sib_len => {
                     self.nodes.remove(&sib_start);
-                    let (l, r) = if start == ps { (&cv, &sib) } else { (&sib, &cv) };
+                    let (l, r) = if start == ps {
+                        (&cv, &sib)
+                    } else {
+                        (&sib, &cv)
+                    };
                     if ps == 0 && pn == self.size {
                         self.root = Some(*merge_subtrees_root(l, r, Mode::Hash).as_bytes());
                         return;
@@ -137,7 +140,6 @@ impl TreeHash {
     pub(crate) fn root(&self) -> Option<[u8; 32]> {
         if self.unaligned { None } else { self.root }
     }
-
 }
 
 #[cfg(test)]
@@ -167,7 +169,18 @@ mod tests {
 
     #[test]
     fn any_order_gives_blake3() {
-        for size in [1, 1024, 1025, 4095, 4096, 4097, 3 * 4096 + 17, 65536, 100_000, 1 << 20] {
+        for size in [
+            1,
+            1024,
+            1025,
+            4095,
+            4096,
+            4097,
+            3 * 4096 + 17,
+            65536,
+            100_000,
+            1 << 20,
+        ] {
             let content = data(size);
             let want = *blake3::hash(&content).as_bytes();
             for chunk in [1024, 4096, 16384, 65536] {

@@ -92,9 +92,10 @@ pub enum EntryKind {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn walk(sources: &[PathBuf], config: &WalkConfig) -> Walk {
+    let sources: Vec<PathBuf> = sources.to_vec();
     Walk {
         config: config.clone(),
-        sources: sources.to_vec().into_iter(),
+        sources: sources.into_iter(),
         stack: Vec::new(),
         pending: None,
     }

@@ -78,6 +78,8 @@ matrix! {
     mixed_2_streams_large_chunks: mixed, 2, 1 << 20, true;
     mixed_4_streams_large_chunks: mixed, 4, 2 << 20, false;
     mixed_8_streams_large_chunks: mixed, 8, 1 << 20, true;
+    // Chunks that are not BLAKE3 subtrees: the receiver hashes those files from disk.
+    mixed_3_streams_odd_chunks: mixed, 3, 5000, true;
     tiny_1_stream_small_chunks: tiny, 1, 4096, false;
     tiny_2_streams_large_chunks: tiny, 2, 1 << 20, true;
     tiny_4_streams_small_chunks: tiny, 4, 4096, true;

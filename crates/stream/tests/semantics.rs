@@ -61,11 +61,18 @@ async fn directory_to_new_name_and_into_existing_dir() {
     let dst = tempfile::tempdir().unwrap();
     let (s, r) = configs(true);
     // Into an existing directory: dst/tree.
-    let (_, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 3).await;
+    let (_, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 3).await;
     assert!(received.unwrap().is_complete());
     assert_eq!(fs::read(dst.path().join("tree/sub/f")).unwrap(), b"f");
     // To a new name: dst/copy is the tree.
-    let (_, received) = run_pair(&[tree.clone()], &dst.path().join("copy"), &s, &r, 3).await;
+    let (_, received) = run_pair(
+        std::slice::from_ref(&tree),
+        &dst.path().join("copy"),
+        &s,
+        &r,
+        3,
+    )
+    .await;
     assert!(received.unwrap().is_complete());
     assert_eq!(fs::read(dst.path().join("copy/sub/f")).unwrap(), b"f");
     // Trailing slash on the source: same name.
@@ -282,9 +289,16 @@ async fn copy_local_reports_progress() {
     let dst = tempfile::tempdir().unwrap();
     let (s, r) = configs(true);
     let progress = Arc::new(Progress::default());
-    let report = copy_local(&[tree.clone()], dst.path(), &s, &r, 3, progress.clone())
-        .await
-        .unwrap();
+    let report = copy_local(
+        std::slice::from_ref(&tree),
+        dst.path(),
+        &s,
+        &r,
+        3,
+        progress.clone(),
+    )
+    .await
+    .unwrap();
     assert!(report.is_complete());
     assert_eq!(report.local.files, 10);
     assert_eq!(report.local.dirs, 1);
