@@ -60,6 +60,9 @@ pub struct Args {
     /// The fastcp program on the remote host (default: fastcp on its PATH).
     #[arg(long, value_name = "PATH")]
     pub remote_path: Option<String>,
+    /// Ports the server may use for TCP data streams, as LOW-HIGH.
+    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_ports)]
+    pub tcp_ports: Option<(u16, u16)>,
     /// Use this OpenSSH client program instead of the built-in SSH client (one stream).
     #[arg(long, value_name = "PROGRAM")]
     pub ssh_program: Option<std::path::PathBuf>,
@@ -80,12 +83,37 @@ pub enum TransportArg {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The remote side, started over SSH; speaks the protocol on stdin/stdout.
-    Server,
+    Server(ServerArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+/// Options of `fastcp server`, for the administrator of the server host.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Address to listen on for TCP data streams [env: FASTCP_TCP_BIND] (default: the
+    /// address the SSH connection arrived on).
+    #[arg(long, value_name = "ADDR", env = "FASTCP_TCP_BIND")]
+    pub bind: Option<std::net::IpAddr>,
+    /// Ports the TCP data streams may use, as LOW-HIGH [env: FASTCP_TCP_PORTS].
+    #[arg(long, value_name = "LOW-HIGH", env = "FASTCP_TCP_PORTS", value_parser = parse_ports)]
+    pub ports: Option<(u16, u16)>,
+}
+
+/// Parses "LOW-HIGH" or a single port.
+fn parse_ports(s: &str) -> Result<(u16, u16), String> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let lo: u16 = lo.trim().parse().map_err(|_| format!("bad port {lo:?}"))?;
+    let hi: u16 = hi.trim().parse().map_err(|_| format!("bad port {hi:?}"))?;
+    if lo == 0 || lo > hi {
+        return Err(format!(
+            "bad port range {s:?}: want LOW-HIGH with 0 < LOW <= HIGH"
+        ));
+    }
+    Ok((lo, hi))
 }
 
 /// `fastcp bench ...`
@@ -111,7 +139,7 @@ fn version_text() -> &'static str {
 /// Runs the parsed command and returns the exit code.
 pub async fn run(args: Args) -> anyhow::Result<u8> {
     match &args.command {
-        Some(Command::Server) => return server().await,
+        Some(Command::Server(server_args)) => return server(server_args).await,
         Some(Command::Bench {
             what: BenchCommand::Ciphers,
         }) => {
@@ -135,6 +163,7 @@ pub async fn run(args: Args) -> anyhow::Result<u8> {
             TransportArg::Tcp => TransportChoice::Tcp,
         },
         cipher: args.cipher,
+        tcp_ports: args.tcp_ports,
         ..Default::default()
     };
     let plan = Plan::new(
@@ -185,9 +214,14 @@ fn summary_json(outcome: &fastcp::Outcome) -> serde_json::Value {
     })
 }
 
-async fn server() -> anyhow::Result<u8> {
+async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
     let stdio = fastcp::stdio::Stdio::new();
-    match fastcp::server::serve(stdio, &fastcp::server::ServerConfig::default()).await {
+    let config = fastcp::server::ServerConfig {
+        tcp_bind: args.bind,
+        tcp_ports: args.ports.map(|(lo, hi)| lo..=hi),
+        ..Default::default()
+    };
+    match fastcp::server::serve(stdio, &config).await {
         Ok(report) => {
             for failure in &report.failures {
                 eprintln!("fastcp server: {failure}");

@@ -12,9 +12,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::location::{Location, RemotePath};
 use crate::session::{self, random32};
-use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
 use crate::wire::FrameReader;
 use crate::{BoxStream, Error, Progress, Report};
+use fastcp_crypto::{CpuFeatures, JoinKind, KeyConfig};
+use fastcp_transport::tcp::TcpConfig;
+use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
+use std::net::{IpAddr, SocketAddr};
 
 /// Which transport carries the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,6 +48,9 @@ pub struct CopyOptions {
     pub cipher: Option<fastcp_crypto::CipherSuite>,
     /// Chunk size for splitting big files; `None` uses the engine's default.
     pub chunk_size: Option<usize>,
+    /// The ports the server may listen on for TCP data streams, inclusive; `None` lets it
+    /// choose.
+    pub tcp_ports: Option<(u16, u16)>,
 }
 
 /// How a finished copy went.
@@ -76,7 +82,11 @@ pub struct Plan {
 impl Plan {
     /// Checks the operands the way scp does: at least one source, and not remote on both
     /// ends.
-    pub fn new(sources: Vec<Location>, dest: Location, options: CopyOptions) -> Result<Plan, Error> {
+    pub fn new(
+        sources: Vec<Location>,
+        dest: Location,
+        options: CopyOptions,
+    ) -> Result<Plan, Error> {
         if sources.is_empty() {
             return Err(Error::Usage("no source given".into()));
         }
@@ -93,10 +103,14 @@ impl Plan {
         }
         if remote_sources > 0 {
             let first = sources[0].remote().expect("remote");
-            if sources.iter().filter_map(Location::remote).any(|r| {
-                (&r.user, &r.host, r.port) != (&first.user, &first.host, first.port)
-            }) {
-                return Err(Error::Usage("remote sources must all be on the same host".into()));
+            if sources
+                .iter()
+                .filter_map(Location::remote)
+                .any(|r| (&r.user, &r.host, r.port) != (&first.user, &first.host, first.port))
+            {
+                return Err(Error::Usage(
+                    "remote sources must all be on the same host".into(),
+                ));
             }
         }
         Ok(Plan {
@@ -197,8 +211,11 @@ pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     })
 }
 
-/// Copies to or from a remote host over SSH: starts `fastcp server` there, sets up the data
-/// streams and runs the engine.
+/// Copies to or from a remote host: starts `fastcp server` there over SSH, sets up the data
+/// streams (SSH channels or sealed TCP connections) and runs the engine.
+///
+/// With [`TransportChoice::Auto`] it tries TCP first when the host can be reached directly,
+/// and falls back to SSH channels (saying so on stderr) when the data port is unreachable.
 pub async fn copy_remote(
     plan: &Plan,
     ssh: &SshOptions,
@@ -217,58 +234,142 @@ pub async fn copy_remote(
         None => remote.host.clone(),
     };
     let peer = AnyTransport::connect(&destination, &ssh).await?;
-    let server = peer.start_server().await?;
-    let stderr = server.stderr.forward_to_stderr();
-    let wanted = plan.options.streams.unwrap_or(DEFAULT_SSH_STREAMS).max(1);
-    let (kind, streams) = if wanted > 1 && peer.supports_extra_streams() {
-        (TransportKind::Unix, wanted)
-    } else {
-        (TransportKind::Inline, 1)
+    let tcp_addr = match plan.options.transport {
+        TransportChoice::Ssh => None,
+        TransportChoice::Auto => direct_address(&peer).await,
+        TransportChoice::Tcp => Some(direct_address(&peer).await.ok_or_else(|| {
+            Error::Usage(
+                "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
+                 or --ssh-program); use --transport ssh"
+                    .into(),
+            )
+        })?),
     };
-    let session = run_session(plan, server.stream, kind, streams, &peer, progress).await;
-    let status = server.exit.wait().await;
-    let _ = stderr.await;
-    let (report, streams) = match (session, status) {
-        (Ok(done), _) => done,
-        (Err(err), Ok(status)) if status.is_command_not_found() => {
-            return Err(Error::RemoteCommand(format!(
-                "fastcp is not installed on {} (or not on its PATH): the remote shell could not run `{}`. \
-                 Install it there (cargo install fastcp) or name it with --remote-path /path/to/fastcp. ({err})",
-                remote.host,
-                ssh.remote_path.as_deref().unwrap_or("fastcp"),
-            )));
+    if let Some(addr) = tcp_addr {
+        let mode = Mode::Tcp {
+            addr,
+            streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
+        };
+        match session_over(plan, &peer, &ssh, mode, progress.clone()).await {
+            Err(Error::Tcp(e))
+                if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
+            {
+                eprintln!("fastcp: {e}; falling back to SSH channels");
+            }
+            other => return other.map(|done| done.into_outcome("tcp", started)),
         }
-        (Err(err), _) => return Err(err),
+    }
+    let wanted = plan.options.streams.unwrap_or(DEFAULT_SSH_STREAMS).max(1);
+    let mode = if wanted > 1 && peer.supports_extra_streams() {
+        Mode::Unix { streams: wanted }
+    } else {
+        Mode::Inline
     };
-    Ok(Outcome {
-        report,
-        transport: "ssh",
-        streams,
-        cipher: None,
-        elapsed: started.elapsed(),
-    })
+    session_over(plan, &peer, &ssh, mode, progress)
+        .await
+        .map(|done| done.into_outcome("ssh", started))
 }
 
 /// Data streams over one SSH connection unless `-j` says otherwise.
 pub const DEFAULT_SSH_STREAMS: u16 = 2;
 
+/// Sealed TCP data streams unless `-j` says otherwise.
+pub const DEFAULT_TCP_STREAMS: u16 = 4;
+
+/// How a session's data streams reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Only the control stream.
+    Inline,
+    /// The control stream plus `streams - 1` forwarded SSH channels to a Unix socket.
+    Unix {
+        /// Data streams in all.
+        streams: u16,
+    },
+    /// `streams` sealed TCP connections to `addr`; the control stream carries no data.
+    Tcp {
+        /// The server's address.
+        addr: IpAddr,
+        /// Data streams in all.
+        streams: u16,
+    },
+}
+
+/// What a finished session reports.
+#[derive(Debug, Clone)]
+pub struct SessionDone {
+    /// The engine's report.
+    pub report: Report,
+    /// Data streams used.
+    pub streams: usize,
+    /// The AEAD suite fastcp sealed the data with, for TCP.
+    pub cipher: Option<fastcp_crypto::CipherSuite>,
+}
+
+impl SessionDone {
+    fn into_outcome(self, transport: &'static str, started: Instant) -> Outcome {
+        Outcome {
+            report: self.report,
+            transport,
+            streams: self.streams,
+            cipher: self.cipher,
+            elapsed: started.elapsed(),
+        }
+    }
+}
+
+/// Starts `fastcp server` on `peer` and runs one session with it, turning a failure to start
+/// the remote program into advice.
+async fn session_over(
+    plan: &Plan,
+    peer: &AnyTransport,
+    ssh: &SshOptions,
+    mode: Mode,
+    progress: Arc<Progress>,
+) -> Result<SessionDone, Error> {
+    let server = peer.start_server().await?;
+    let stderr = server.stderr.forward_to_stderr();
+    let session = run_session(plan, server.stream, mode, peer, progress).await;
+    let status = server.exit.wait().await;
+    let _ = stderr.await;
+    match (session, status) {
+        (Ok(done), _) => Ok(done),
+        (Err(err), Ok(status)) if status.is_command_not_found() => {
+            Err(Error::RemoteCommand(format!(
+                "fastcp is not installed on the remote host (or not on its PATH): the remote \
+                 shell could not run `{}`. Install it there (cargo install fastcp) or name it \
+                 with --remote-path /path/to/fastcp. ({err})",
+                ssh.remote_path.as_deref().unwrap_or("fastcp"),
+            )))
+        }
+        (Err(err), _) => Err(err),
+    }
+}
+
+/// The address to open TCP data streams to: the SSH host itself, when fastcp's own client
+/// reached it directly.
+async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
+    match peer {
+        AnyTransport::Builtin(session) => session.peer_addr().map(|a| a.ip()),
+        _ => None,
+    }
+}
+
 /// Runs the client side of a session over `control`, the remote `fastcp server`'s stdio, and
-/// opens any extra data streams through `peer`. Returns the engine's report and the number of
-/// data streams used.
+/// opens any extra data streams as `mode` says, through `peer` for SSH channels.
 pub async fn run_session<S, T>(
     plan: &Plan,
     control: S,
-    transport: TransportKind,
-    streams: u16,
+    mode: Mode,
     peer: &T,
     progress: Arc<Progress>,
-) -> Result<(Report, usize), Error>
+) -> Result<SessionDone, Error>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     T: Transport,
 {
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
-    let _agreed = session::handshake(&mut reader).await?;
+    let agreed = session::handshake(&mut reader).await?;
     let remote = plan
         .remote()
         .ok_or_else(|| Error::Usage("a session needs a remote operand".into()))?;
@@ -283,6 +384,15 @@ where
             .collect();
         (Direction::Pull, paths)
     };
+    let (transport, streams, choice) = match mode {
+        Mode::Inline => (TransportKind::Inline, 1, None),
+        Mode::Unix { streams } => (TransportKind::Unix, streams, None),
+        Mode::Tcp { streams, .. } => {
+            let peer_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
+            let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer_cpu, plan.options.cipher);
+            (TransportKind::Tcp, streams, Some(choice))
+        }
+    };
     let client_random = random32();
     reader
         .send(&Frame::Request(Request {
@@ -291,9 +401,10 @@ where
             flags: plan.flags(),
             streams,
             transport,
-            cipher: 0,
+            cipher: choice.as_ref().map_or(0, |c| c.suite.id()),
             compression: 0,
             client_random,
+            tcp_ports: plan.options.tcp_ports.unwrap_or((0, 0)),
         }))
         .await?;
     let accept = match reader.next("waiting for the server to accept").await? {
@@ -307,24 +418,45 @@ where
         }
     };
     let secret = fastcp_crypto::session_secret(&client_random, &accept.server_random);
-    let mut data: Vec<BoxStream> = vec![Box::new(reader.into_stream())];
-    for index in 1..accept.streams.max(1) {
-        let rendezvous = match &accept.rendezvous {
-            Rendezvous::Unix(path) => {
-                transport::Rendezvous::UnixSocket(String::from_utf8_lossy(path).into_owned())
+    let control: BoxStream = Box::new(reader.into_stream());
+    // With TCP the control stream carries no data but stays open until the end.
+    let (data, _control): (Vec<BoxStream>, Option<BoxStream>) = match (&accept.rendezvous, mode) {
+        (Rendezvous::None, _) => (vec![control], None),
+        (Rendezvous::Unix(path), Mode::Unix { .. }) => {
+            let path = String::from_utf8_lossy(path).into_owned();
+            let mut data = vec![control];
+            for index in 1..accept.streams.max(1) {
+                let rendezvous = transport::Rendezvous::UnixSocket(path.clone());
+                let mut stream = peer.open_stream(&rendezvous).await?;
+                let proof = fastcp_crypto::join_proof(&secret, JoinKind::Unix, b"", index);
+                crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
+                data.push(stream);
             }
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "the server offered {other:?} for {} streams",
-                    accept.streams
-                )));
-            }
-        };
-        let mut stream = peer.open_stream(&rendezvous).await?;
-        let proof = fastcp_crypto::join_proof(&secret, fastcp_crypto::JoinKind::Unix, b"", index);
-        crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
-        data.push(stream);
-    }
+            (data, None)
+        }
+        (Rendezvous::Tcp(port), Mode::Tcp { addr, .. }) => {
+            let choice = choice.as_ref().expect("a TCP session has a cipher");
+            let keys = KeyConfig::new(choice.suite, choice.provider);
+            let sealed = fastcp_transport::tcp::connect(
+                SocketAddr::new(addr, *port),
+                accept.streams,
+                &secret,
+                &keys,
+                &TcpConfig::default(),
+            )
+            .await?;
+            let data = sealed
+                .into_iter()
+                .map(|s| Box::new(s) as BoxStream)
+                .collect();
+            (data, Some(control))
+        }
+        (other, _) => {
+            return Err(Error::Unsupported(format!(
+                "the server offered a rendezvous this session did not ask for: {other:?}"
+            )));
+        }
+    };
     let n = data.len();
     let report = match direction {
         Direction::Push => {
@@ -345,7 +477,11 @@ where
             fastcp_stream::receive(dest, data, &cfg, progress).await?
         }
     };
-    Ok((report, n))
+    Ok(SessionDone {
+        report,
+        streams: n,
+        cipher: choice.map(|c| c.suite),
+    })
 }
 
 /// The name a remote source arrives under: its last path component.

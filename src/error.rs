@@ -50,6 +50,9 @@ pub enum Error {
     /// The transport failed: connecting, authenticating, host keys, channels.
     #[error(transparent)]
     Transport(#[from] fastcp_transport::Error),
+    /// Setting up the TCP data streams failed.
+    #[error(transparent)]
+    Tcp(#[from] fastcp_transport::tcp::Error),
     /// The cipher layer failed.
     #[error(transparent)]
     Crypto(#[from] fastcp_crypto::Error),
@@ -74,7 +77,9 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => exit::USAGE,
-            Error::Transport(_) | Error::Timeout(_) | Error::JoinRejected(_) => exit::CONNECTION,
+            Error::Transport(_) | Error::Tcp(_) | Error::Timeout(_) | Error::JoinRejected(_) => {
+                exit::CONNECTION
+            }
             Error::RemoteCommand(_) | Error::Handshake(_) => exit::CONNECTION,
             Error::Engine(e) if e.code() == fastcp_proto::ErrorCode::Integrity => exit::INTEGRITY,
             Error::Crypto(_) => exit::INTEGRITY,

@@ -42,8 +42,8 @@ pub mod stdio;
 mod wire;
 
 pub use client::{
-    CopyOptions, DEFAULT_SSH_STREAMS, Outcome, Plan, TransportChoice, copy_local, copy_remote,
-    run_session,
+    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Mode, Outcome, Plan, SessionDone,
+    TransportChoice, copy_local, copy_remote, run_session,
 };
 pub use error::{Error, exit};
 pub use location::{Location, RemotePath};

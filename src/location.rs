@@ -172,10 +172,16 @@ mod tests {
             ("host:/abs", remote(None, "host", None, "/abs")),
             ("bob@host:p", remote(Some("bob"), "host", None, "p")),
             ("[::1]:p", remote(None, "::1", None, "p")),
-            ("bob@[fe80::1]:/x", remote(Some("bob"), "fe80::1", None, "/x")),
+            (
+                "bob@[fe80::1]:/x",
+                remote(Some("bob"), "fe80::1", None, "/x"),
+            ),
             ("host:a:b", remote(None, "host", None, "a:b")),
             ("scp://h/p", remote(None, "h", None, "p")),
-            ("scp://u@h:2222/d/f", remote(Some("u"), "h", Some(2222), "d/f")),
+            (
+                "scp://u@h:2222/d/f",
+                remote(Some("u"), "h", Some(2222), "d/f"),
+            ),
             ("scp://[::1]:22/x", remote(None, "::1", Some(22), "x")),
         ];
         for (arg, want) in cases {

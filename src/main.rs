@@ -1,15 +1,18 @@
 //! The `fastcp` command: scp's habits, fastcp's engine.
 
-use std::io::Write;
-use std::process::ExitCode;
 use clap::Parser;
 use fastcp::exit;
+use std::io::Write;
+use std::process::ExitCode;
 
 mod cli;
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fastcp: cannot start the async runtime: {e}");

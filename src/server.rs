@@ -14,8 +14,13 @@ use bytes::Bytes;
 use fastcp_proto::{
     Accept, Direction, ErrorCode, ErrorFrame, Frame, Rendezvous, Request, TransportKind, flags,
 };
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::UnixListener;
+
+use fastcp_crypto::{CipherSuite, CpuFeatures, KeyConfig};
+use fastcp_transport::tcp::{TcpConfig, TcpRendezvous};
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::RangeInclusive;
 
 use crate::session::{self, random32};
 use crate::wire::FrameReader;
@@ -28,6 +33,14 @@ pub struct ServerConfig {
     pub join_timeout: Duration,
     /// The most data streams a client may ask for. Default 64.
     pub max_streams: u16,
+    /// Where the TCP transport listens. Default: the address the SSH connection arrived on
+    /// (from `SSH_CONNECTION`), or 127.0.0.1 outside SSH.
+    pub tcp_bind: Option<IpAddr>,
+    /// The ports the TCP transport may use on this server; a client's range must fall
+    /// inside. Default: any free port.
+    pub tcp_ports: Option<RangeInclusive<u16>>,
+    /// Knobs of the sealed TCP streams.
+    pub tcp: TcpConfig,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +48,44 @@ impl Default for ServerConfig {
         ServerConfig {
             join_timeout: Duration::from_secs(15),
             max_streams: 64,
+            tcp_bind: None,
+            tcp_ports: None,
+            tcp: TcpConfig::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The address to listen on for TCP data streams.
+    pub fn tcp_address(&self) -> IpAddr {
+        self.tcp_bind.unwrap_or_else(|| {
+            // SSH_CONNECTION is "client_ip client_port server_ip server_port".
+            std::env::var("SSH_CONNECTION")
+                .ok()
+                .and_then(|v| v.split_whitespace().nth(2).and_then(|ip| ip.parse().ok()))
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        })
+    }
+
+    /// The port range for a session: the client's wish within this server's limits.
+    fn port_range(&self, wish: (u16, u16)) -> Result<Option<RangeInclusive<u16>>, Error> {
+        let wish = (wish != (0, 0)).then_some(wish.0..=wish.1);
+        match (wish, &self.tcp_ports) {
+            (None, mine) => Ok(mine.clone()),
+            (Some(w), None) => Ok(Some(w)),
+            (Some(w), Some(m)) => {
+                let (lo, hi) = ((*w.start()).max(*m.start()), (*w.end()).min(*m.end()));
+                if lo > hi {
+                    return Err(Error::Unsupported(format!(
+                        "the requested data ports {}-{} are outside this server's {}-{}",
+                        w.start(),
+                        w.end(),
+                        m.start(),
+                        m.end()
+                    )));
+                }
+                Ok(Some(lo..=hi))
+            }
         }
     }
 }
@@ -92,38 +143,55 @@ where
     let server_random = random32();
     let secret = fastcp_crypto::session_secret(&request.client_random, &server_random);
     let streams = request.streams.max(1);
-    let (rendezvous, listener) = match request.transport {
-        TransportKind::Inline => (Rendezvous::None, None),
-        TransportKind::Unix => match UnixRendezvous::bind() {
-            Ok(r) => (Rendezvous::Unix(r.path_bytes()), Some(r)),
-            Err(e) => return Err((Some(reader), e)),
-        },
-        TransportKind::Tcp => {
-            return Err((
-                Some(reader),
-                Error::Unsupported("this server does not offer the TCP transport yet".into()),
-            ));
-        }
+    let pending = match prepare(&request, agreed, config) {
+        Ok(p) => p,
+        Err(e) => return Err((Some(reader), e)),
     };
     let accept = Frame::Accept(Accept {
         streams,
-        rendezvous,
+        rendezvous: pending.rendezvous(),
         server_random,
     });
     if let Err(e) = reader.send(&accept).await {
         return Err((None, e.into()));
     }
-    let mut data: Vec<BoxStream> = vec![Box::new(reader.into_stream())];
-    if let Some(listener) = listener {
-        match listener
-            .accept_joins(&secret, streams - 1, config.join_timeout)
-            .await
-        {
-            Ok(extra) => data.extend(extra),
-            Err(e) => return Err((None, e)),
+    let control: BoxStream = Box::new(reader.into_stream());
+    // With TCP the control stream only carries the setup; keep it open until the end.
+    let (data, _control) = match pending {
+        Pending::Inline => (vec![control], None),
+        Pending::Unix(listener) => {
+            match listener
+                .accept_joins(&secret, streams - 1, config.join_timeout)
+                .await
+            {
+                Ok(extra) => (std::iter::once(control).chain(extra).collect(), None),
+                Err(e) => return Err((None, e)),
+            }
         }
-    }
-    let _ = agreed;
+        Pending::Tcp(listener, keys) => {
+            let mut control = control;
+            // A client that cannot reach the port gives up and closes the control stream;
+            // stop waiting then rather than at the join timeout.
+            let joined = tokio::select! {
+                joined = listener.accept(streams, &secret, &keys, config.join_timeout) => {
+                    joined.map_err(Error::Tcp)
+                }
+                _ = closed(&mut control) => Err(Error::ConnectionClosed(
+                    "the client closed the session while the data streams were joining".into(),
+                )),
+            };
+            match joined {
+                Ok(sealed) => (
+                    sealed
+                        .into_iter()
+                        .map(|s| Box::new(s) as BoxStream)
+                        .collect(),
+                    Some(control),
+                ),
+                Err(e) => return Err((None, e)),
+            }
+        }
+    };
     let progress = Arc::new(fastcp_stream::Progress::default());
     let result = match request.direction {
         Direction::Push => {
@@ -150,6 +218,57 @@ where
     result.map_err(|e| (None, Error::Engine(e)))
 }
 
+/// Returns once `control` reaches end of stream (or fails); anything read is dropped.
+async fn closed(control: &mut BoxStream) {
+    let mut buf = [0u8; 256];
+    while let Ok(n) = control.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// A rendezvous waiting for the client's extra streams.
+enum Pending {
+    Inline,
+    Unix(UnixRendezvous),
+    Tcp(TcpRendezvous, KeyConfig),
+}
+
+impl Pending {
+    fn rendezvous(&self) -> Rendezvous {
+        match self {
+            Pending::Inline => Rendezvous::None,
+            Pending::Unix(r) => Rendezvous::Unix(r.path_bytes()),
+            Pending::Tcp(r, _) => Rendezvous::Tcp(r.port()),
+        }
+    }
+}
+
+/// Opens the rendezvous the request asks for.
+fn prepare(
+    request: &Request,
+    agreed: &fastcp_proto::Negotiated,
+    config: &ServerConfig,
+) -> Result<Pending, Error> {
+    match request.transport {
+        TransportKind::Inline => Ok(Pending::Inline),
+        TransportKind::Unix => Ok(Pending::Unix(UnixRendezvous::bind()?)),
+        TransportKind::Tcp => {
+            let suite = CipherSuite::from_id(request.cipher).ok_or_else(|| {
+                Error::Unsupported(format!("unknown cipher id {}", request.cipher))
+            })?;
+            let peer = CpuFeatures::from_bits(agreed.peer.cpu_features);
+            let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer, Some(suite));
+            let keys = KeyConfig::new(choice.suite, choice.provider);
+            let ports = config.port_range(request.tcp_ports)?;
+            let listener = TcpRendezvous::bind(config.tcp_address(), ports, config.tcp.clone())
+                .map_err(Error::Tcp)?;
+            Ok(Pending::Tcp(listener, keys))
+        }
+    }
+}
+
 fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> {
     if request.flags & !flags::KNOWN != 0 {
         return Err(Error::Unsupported(format!(
@@ -172,9 +291,9 @@ fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> 
         Direction::Push if request.paths.len() != 1 => Err(Error::Unsupported(
             "a push names exactly one destination".into(),
         )),
-        Direction::Pull if request.paths.is_empty() => {
-            Err(Error::Unsupported("a pull names at least one source".into()))
-        }
+        Direction::Pull if request.paths.is_empty() => Err(Error::Unsupported(
+            "a pull names at least one source".into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -210,7 +329,12 @@ impl UnixRendezvous {
         let dir = tempfile::Builder::new()
             .prefix("fastcp-")
             .tempdir()
-            .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("creating the rendezvous directory: {e}"))))?;
+            .map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("creating the rendezvous directory: {e}"),
+                ))
+            })?;
         let path = dir.path().join("s");
         let listener = UnixListener::bind(&path)?;
         Ok(UnixRendezvous {
@@ -251,7 +375,13 @@ impl UnixRendezvous {
                     .filter(|s| s.is_none());
                 match slot {
                     Some(slot)
-                        if session::verify_join(secret, session::JoinKind::Unix, b"", join.index, &join.proof) =>
+                        if session::verify_join(
+                            secret,
+                            session::JoinKind::Unix,
+                            b"",
+                            join.index,
+                            &join.proof,
+                        ) =>
                     {
                         *slot = Some(Box::new(reader.into_stream()));
                     }
@@ -263,7 +393,10 @@ impl UnixRendezvous {
         tokio::time::timeout(timeout, joined)
             .await
             .map_err(|_| Error::Timeout("waiting for the data streams to connect".into()))??;
-        Ok(slots.into_iter().map(|s| s.expect("every slot filled")).collect())
+        Ok(slots
+            .into_iter()
+            .map(|s| s.expect("every slot filled"))
+            .collect())
     }
 }
 

@@ -24,8 +24,8 @@ pub struct Stdio(tokio::io::Join<Reader, Writer>);
 impl Stdio {
     /// Takes over stdin and stdout. Call it once, inside a tokio runtime.
     pub fn new() -> Stdio {
-        let read = reader(io::stdin().as_fd())
-            .unwrap_or_else(|_| Box::new(tokio::io::stdin()) as Reader);
+        let read =
+            reader(io::stdin().as_fd()).unwrap_or_else(|_| Box::new(tokio::io::stdin()) as Reader);
         let write = writer(io::stdout().as_fd())
             .unwrap_or_else(|_| Box::new(tokio::io::stdout()) as Writer);
         Stdio(tokio::io::join(read, write))

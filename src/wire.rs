@@ -42,7 +42,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FrameReader<S> {
     /// The next frame, or an error naming `what` when the stream ends first.
     pub(crate) async fn next(&mut self, what: &str) -> Result<Frame, Error> {
         loop {
-            if let Some(frame) = self.decoder.decode(&mut self.buf).map_err(Error::Protocol)? {
+            if let Some(frame) = self
+                .decoder
+                .decode(&mut self.buf)
+                .map_err(Error::Protocol)?
+            {
                 return Ok(frame);
             }
             if !self.fill().await? {

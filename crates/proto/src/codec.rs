@@ -68,6 +68,8 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u8(r.cipher);
             dst.put_u8(r.compression);
             dst.put_slice(&r.client_random);
+            dst.put_u16(r.tcp_ports.0);
+            dst.put_u16(r.tcp_ports.1);
             dst.put_u32(r.paths.len() as u32);
             for p in &r.paths {
                 put_bytes(dst, p);
@@ -259,6 +261,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             let cipher = r.u8()?;
             let compression = r.u8()?;
             let client_random = r.array()?;
+            let tcp_ports = (r.u16()?, r.u16()?);
             let count = r.u32()?;
             let mut paths = Vec::new();
             for _ in 0..count {
@@ -274,6 +277,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 cipher,
                 compression,
                 client_random,
+                tcp_ports,
             })
         }
         kind::ACCEPT => {
@@ -537,6 +541,7 @@ mod tests {
                 cipher: 1,
                 compression: 0,
                 client_random: [9; 32],
+                tcp_ports: (40000, 40100),
             }));
         }
     }

@@ -128,6 +128,9 @@ pub struct Request {
     pub compression: u8,
     /// The client's contribution to the session secret.
     pub client_random: [u8; 32],
+    /// For [`TransportKind::Tcp`]: the ports the server may listen on, inclusive; `(0, 0)`
+    /// lets the server choose.
+    pub tcp_ports: (u16, u16),
 }
 
 /// Option bits of [`Request::flags`].
