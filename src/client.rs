@@ -6,15 +6,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fastcp_proto::{Direction, Frame, Join, Rendezvous, Request, TransportKind, flags};
+use fastcp_proto::{
+    DirEntry, Direction, FileEntry, Frame, Join, Rendezvous, Request, Summary, SymlinkEntry,
+    TransportKind, flags,
+};
+use fastcp_stream::{EntryKind, Failure, Side, WalkConfig, escape};
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::compress;
+use crate::limit::{Limited, RateLimit};
 use crate::location::{Location, RemotePath};
+use crate::log::Log;
 use crate::session::{self, random32};
 use crate::wire::FrameReader;
 use crate::{BoxStream, Error, Progress, Report};
-use fastcp_crypto::{CpuFeatures, JoinKind, KeyConfig};
+use fastcp_crypto::{CipherSuite, CpuFeatures, JoinKind, KeyConfig, Provider};
 use fastcp_transport::tcp::TcpConfig;
 use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
 use std::net::{IpAddr, SocketAddr};
@@ -51,6 +58,17 @@ pub struct CopyOptions {
     /// The ports the server may listen on for TCP data streams, inclusive; `None` lets it
     /// choose.
     pub tcp_ports: Option<(u16, u16)>,
+    /// List what would be copied in [`Outcome::listing`] and write nothing (`-n`). A pull
+    /// asks the server for the listing; a push checks that the server accepts the target.
+    pub dry_run: bool,
+    /// Compress the data streams with zstd (`-C`) when the server offers it; without that
+    /// offer the copy goes on uncompressed, with a warning in the [`Log`].
+    pub compress: bool,
+    /// The most bytes a second all data streams together may carry (`-l`, `--bwlimit`);
+    /// `None` or `Some(0)` for no limit. Counts the bytes on the wire, after compression.
+    pub bwlimit: Option<u64>,
+    /// Where the copy reports its steps and choices.
+    pub log: Log,
 }
 
 /// How a finished copy went.
@@ -64,8 +82,27 @@ pub struct Outcome {
     pub streams: usize,
     /// The AEAD suite sealing the data, where fastcp seals it itself.
     pub cipher: Option<fastcp_crypto::CipherSuite>,
+    /// The library running that suite on this side.
+    pub provider: Option<Provider>,
+    /// The compression the data streams used, if any ("zstd").
+    pub compression: Option<&'static str>,
+    /// The remote side's software string, such as "fastcp 0.1.0", for a remote copy. It came
+    /// from the peer: escape it before printing.
+    pub remote_software: Option<String>,
+    /// For a dry run, what would be copied, in walk order.
+    pub listing: Vec<Listed>,
     /// Wall-clock time of the whole copy.
     pub elapsed: Duration,
+}
+
+/// One entry a dry run would copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its path relative to the target, '/'-separated, starting with the source's name. Raw
+    /// bytes (they may come from the peer): escape them with [`crate::stream::escape`].
+    pub path: Bytes,
+    /// A directory, a file and its size, or a link and its target.
+    pub kind: EntryKind,
 }
 
 /// A copy that can run: checked operands and options.
@@ -175,6 +212,14 @@ impl Plan {
         f
     }
 
+    /// The bandwidth limit, if any.
+    fn rate_limit(&self) -> Option<Arc<RateLimit>> {
+        self.options
+            .bwlimit
+            .filter(|&rate| rate > 0)
+            .map(RateLimit::new)
+    }
+
     fn local_sources(&self) -> Vec<PathBuf> {
         self.sources
             .iter()
@@ -193,22 +238,120 @@ pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     };
     let started = Instant::now();
     let streams = plan.options.streams.unwrap_or(2).max(1) as usize;
-    let report = fastcp_stream::copy_local(
-        &plan.local_sources(),
-        dest,
-        &plan.send_config(),
-        &plan.receive_config(),
-        streams,
-        progress,
-    )
-    .await?;
-    Ok(Outcome {
-        report,
+    let mut outcome = Outcome {
+        report: Report::default(),
         transport: "local",
         streams,
         cipher: None,
-        elapsed: started.elapsed(),
-    })
+        provider: None,
+        compression: None,
+        remote_software: None,
+        listing: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    if plan.options.dry_run {
+        (outcome.listing, outcome.report) = list_local(plan);
+        outcome.elapsed = started.elapsed();
+        return Ok(outcome);
+    }
+    if plan.options.compress {
+        plan.options
+            .log
+            .debug(|| "compression (-C) only applies to remote copies".into());
+    }
+    outcome.report = match plan.rate_limit() {
+        None => {
+            fastcp_stream::copy_local(
+                &plan.local_sources(),
+                dest,
+                &plan.send_config(),
+                &plan.receive_config(),
+                streams,
+                progress,
+            )
+            .await?
+        }
+        Some(limit) => copy_local_limited(plan, dest, streams, limit, progress).await?,
+    };
+    outcome.elapsed = started.elapsed();
+    Ok(outcome)
+}
+
+/// [`fastcp_stream::copy_local`] with the sender's ends of the pipes paced by `limit`.
+async fn copy_local_limited(
+    plan: &Plan,
+    dest: &std::path::Path,
+    streams: usize,
+    limit: Arc<RateLimit>,
+    progress: Arc<Progress>,
+) -> Result<Report, Error> {
+    let (ours, theirs): (Vec<_>, Vec<_>) = (0..streams)
+        .map(|_| {
+            let (a, b) = tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER);
+            (Limited::new(a, limit.clone()), b)
+        })
+        .unzip();
+    let send_config = plan.send_config();
+    let mut receive_config = plan.receive_config();
+    let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
+    receive_config.max_frame = receive_config.max_frame.max(needed);
+    let sources = plan.local_sources();
+    let (sent, received) = tokio::join!(
+        fastcp_stream::send(&sources, ours, &send_config, progress.clone()),
+        fastcp_stream::receive(dest, theirs, &receive_config, progress),
+    );
+    match (sent, received) {
+        (Ok(_), Ok(report)) => Ok(report),
+        (Err(e), Ok(_)) => Err(e.into()),
+        (Err(e), Err(r)) if r.is_disconnect() => Err(e.into()),
+        (_, Err(r)) => Err(r.into()),
+    }
+}
+
+/// Walks the local sources: what a dry run of a local copy or a push lists.
+fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
+    let config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
+    let mut listing = Vec::new();
+    let mut report = Report::default();
+    for entry in fastcp_stream::walk(&plan.local_sources(), &config) {
+        match entry {
+            Ok(entry) => {
+                count(&mut report.local, &entry.kind);
+                listing.push(Listed {
+                    path: entry.wire,
+                    kind: entry.kind,
+                });
+            }
+            Err(e) => push_failure(
+                &mut report,
+                Failure {
+                    side: Side::Sender,
+                    path: Bytes::new(),
+                    code: e.code(),
+                    message: e.to_string(),
+                },
+            ),
+        }
+    }
+    (listing, report)
+}
+
+fn count(summary: &mut Summary, kind: &EntryKind) {
+    match kind {
+        EntryKind::Dir => summary.dirs += 1,
+        EntryKind::File { size } => {
+            summary.files += 1;
+            summary.bytes += size;
+        }
+        EntryKind::Symlink { .. } => summary.symlinks += 1,
+    }
+}
+
+fn push_failure(report: &mut Report, failure: Failure) {
+    report.failure_count += 1;
+    if report.failures.len() < fastcp_stream::MAX_FAILURES {
+        report.failures.push(failure);
+    }
 }
 
 /// Copies to or from a remote host: starts `fastcp server` there over SSH, sets up the data
@@ -222,6 +365,35 @@ pub async fn copy_remote(
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
     let started = Instant::now();
+    let job = if plan.options.dry_run {
+        Job::DryRun
+    } else {
+        Job::Copy
+    };
+    let (done, transport) = connect_and_run(plan, ssh, progress, job).await?;
+    Ok(done.into_outcome(transport, started))
+}
+
+/// What a session does once its streams are up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Job {
+    /// Copy files with the engine.
+    Copy,
+    /// List what would be copied; write nothing.
+    DryRun,
+    /// Send generated bytes for this long to a server that discards them.
+    Measure(Duration),
+}
+
+/// Connects to the plan's remote host, chooses the transport and runs `job` in one session;
+/// returns what it did and the transport that carried it ("tcp" or "ssh").
+async fn connect_and_run(
+    plan: &Plan,
+    ssh: &SshOptions,
+    progress: Arc<Progress>,
+    job: Job,
+) -> Result<(SessionDone, &'static str), Error> {
+    let log = &plan.options.log;
     let remote = plan
         .remote()
         .ok_or_else(|| Error::Usage("copy_remote needs a remote operand".into()))?;
@@ -233,7 +405,19 @@ pub async fn copy_remote(
         Some(user) => format!("{user}@{}", remote.host),
         None => remote.host.clone(),
     };
-    let peer = AnyTransport::connect(&destination, &ssh).await?;
+    let peer = connect(&destination, &ssh, log).await?;
+    if job == Job::DryRun {
+        let done = session_over(
+            plan,
+            std::slice::from_ref(&peer),
+            &ssh,
+            Mode::Inline,
+            progress,
+            job,
+        )
+        .await?;
+        return Ok((done, "ssh"));
+    }
     let tcp_addr = match plan.options.transport {
         TransportChoice::Ssh => None,
         TransportChoice::Auto => direct_address(&peer).await,
@@ -250,13 +434,23 @@ pub async fn copy_remote(
             addr,
             streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
         };
-        match session_over(plan, &peer, &ssh, mode, progress.clone()).await {
+        log.info(|| format!("transport: sealed TCP to {addr}, {mode:?}"));
+        match session_over(
+            plan,
+            std::slice::from_ref(&peer),
+            &ssh,
+            mode,
+            progress.clone(),
+            job,
+        )
+        .await
+        {
             Err(Error::Tcp(e))
                 if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
             {
-                eprintln!("fastcp: {e}; falling back to SSH channels");
+                log.warn(|| format!("{e}; falling back to SSH channels"));
             }
-            other => return other.map(|done| done.into_outcome("tcp", started)),
+            other => return other.map(|done| (done, "tcp")),
         }
     }
     let wanted = plan.options.streams.unwrap_or(DEFAULT_SSH_STREAMS).max(1);
@@ -265,13 +459,71 @@ pub async fn copy_remote(
     } else {
         Mode::Inline
     };
-    session_over(plan, &peer, &ssh, mode, progress)
+    // One sshd process encrypts everything on its connection, so extra streams go over
+    // extra connections, up to DEFAULT_SSH_CONNECTIONS (see BENCHMARKS.md).
+    let mut peers = vec![peer];
+    if let (Mode::Unix { streams }, AnyTransport::Builtin(first)) = (mode, &peers[0]) {
+        let extra = streams.min(DEFAULT_SSH_CONNECTIONS).saturating_sub(1);
+        let mut more = Vec::new();
+        for _ in 0..extra {
+            more.push(AnyTransport::Builtin(first.reconnect().await?));
+        }
+        peers.extend(more);
+    }
+    log.info(|| {
+        format!(
+            "transport: SSH, {mode:?} over {} connection(s)",
+            peers.len()
+        )
+    });
+    session_over(plan, &peers, &ssh, mode, progress, job)
         .await
-        .map(|done| done.into_outcome("ssh", started))
+        .map(|done| (done, "ssh"))
+}
+
+/// Connects as [`AnyTransport::connect`] does, telling `log` where and how.
+async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTransport, Error> {
+    if let Some(program) = &ssh.ssh_program {
+        log.info(|| format!("running {} to reach {destination}", program.display()));
+    } else if let Ok(chain) = transport::ssh::resolve_chain(destination, ssh) {
+        for (i, hop) in chain.iter().enumerate() {
+            let role = if i + 1 == chain.len() {
+                "host"
+            } else {
+                "jump host"
+            };
+            log.info(|| {
+                format!(
+                    "connecting to {role} {}@{} port {} ({})",
+                    hop.user, hop.host_name, hop.port, hop.alias
+                )
+            });
+            log.debug(|| {
+                format!(
+                    "  identity files {:?}, known hosts {:?}, StrictHostKeyChecking {:?}",
+                    hop.identity_files, hop.user_known_hosts_files, hop.strict_host_key_checking
+                )
+            });
+        }
+    }
+    let peer = AnyTransport::connect(destination, ssh).await?;
+    if let AnyTransport::Builtin(session) = &peer {
+        match session.peer_addr() {
+            Some(addr) => log.info(|| format!("authenticated to {addr}")),
+            None => log.info(|| "authenticated (through a proxy)".into()),
+        }
+    }
+    for warning in peer.warnings() {
+        log.warn(|| warning.clone());
+    }
+    Ok(peer)
 }
 
 /// Data streams over one SSH connection unless `-j` says otherwise.
 pub const DEFAULT_SSH_STREAMS: u16 = 2;
+
+/// SSH connections a session's streams are spread over, at most.
+pub const DEFAULT_SSH_CONNECTIONS: u16 = 2;
 
 /// Sealed TCP data streams unless `-j` says otherwise.
 pub const DEFAULT_TCP_STREAMS: u16 = 4;
@@ -304,6 +556,16 @@ pub struct SessionDone {
     pub streams: usize,
     /// The AEAD suite fastcp sealed the data with, for TCP.
     pub cipher: Option<fastcp_crypto::CipherSuite>,
+    /// The library that ran `cipher` on this side.
+    pub provider: Option<Provider>,
+    /// The compression the data streams used, if any.
+    pub compression: Option<&'static str>,
+    /// The server's software string, from its hello (escape it before printing).
+    pub remote_software: String,
+    /// For a dry run, what would be copied.
+    pub listing: Vec<Listed>,
+    /// How long the data phase took, after the session was set up.
+    pub data_time: Duration,
 }
 
 impl SessionDone {
@@ -313,37 +575,51 @@ impl SessionDone {
             transport,
             streams: self.streams,
             cipher: self.cipher,
+            provider: self.provider,
+            compression: self.compression,
+            remote_software: Some(self.remote_software),
+            listing: self.listing,
             elapsed: started.elapsed(),
         }
     }
 }
 
-/// Starts `fastcp server` on `peer` and runs one session with it, turning a failure to start
-/// the remote program into advice.
+/// Starts `fastcp server` on the first of `peers` and runs one session with it, turning a
+/// failure to start the remote program into advice.
 async fn session_over(
     plan: &Plan,
-    peer: &AnyTransport,
+    peers: &[AnyTransport],
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
+    job: Job,
 ) -> Result<SessionDone, Error> {
-    let server = peer.start_server().await?;
+    plan.options.log.debug(|| {
+        format!(
+            "starting `{} server` on the remote host",
+            ssh.remote_path.as_deref().unwrap_or("fastcp")
+        )
+    });
+    let server = peers[0].start_server().await?;
     let stderr = server.stderr.forward_to_stderr();
-    let session = run_session(plan, server.stream, mode, peer, progress).await;
+    let session = run_job(plan, server.stream, mode, peers, progress, job).await;
     let status = server.exit.wait().await;
     let _ = stderr.await;
     match (session, status) {
         (Ok(done), _) => Ok(done),
-        (Err(err), Ok(status)) if status.is_command_not_found() => {
-            Err(Error::RemoteCommand(format!(
-                "fastcp is not installed on the remote host (or not on its PATH): the remote \
-                 shell could not run `{}`. Install it there (cargo install fastcp) or name it \
-                 with --remote-path /path/to/fastcp. ({err})",
-                ssh.remote_path.as_deref().unwrap_or("fastcp"),
-            )))
-        }
+        (Err(err), Ok(status)) if status.is_command_not_found() => Err(not_installed(ssh, &err)),
         (Err(err), _) => Err(err),
     }
+}
+
+/// The advice for a remote host where `fastcp server` could not start.
+fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
+    Error::RemoteCommand(format!(
+        "fastcp is not installed on the remote host (or not on its PATH): the remote \
+         shell could not run `{}`. Install it there (cargo install fastcp) or name it \
+         with --remote-path /path/to/fastcp. ({err})",
+        ssh.remote_path.as_deref().unwrap_or("fastcp"),
+    ))
 }
 
 /// The address to open TCP data streams to: the SSH host itself, when fastcp's own client
@@ -356,20 +632,58 @@ async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
 }
 
 /// Runs the client side of a session over `control`, the remote `fastcp server`'s stdio, and
-/// opens any extra data streams as `mode` says, through `peer` for SSH channels.
+/// opens any extra data streams as `mode` says. Extra SSH channels go round-robin over
+/// `peers`, connections to the same host (the first one runs the server).
+///
+/// With [`CopyOptions::dry_run`] the session only lists what would be copied.
 pub async fn run_session<S, T>(
     plan: &Plan,
     control: S,
     mode: Mode,
-    peer: &T,
+    peers: &[T],
     progress: Arc<Progress>,
 ) -> Result<SessionDone, Error>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     T: Transport,
 {
+    let job = if plan.options.dry_run {
+        Job::DryRun
+    } else {
+        Job::Copy
+    };
+    run_job(plan, control, mode, peers, progress, job).await
+}
+
+async fn run_job<S, T>(
+    plan: &Plan,
+    control: S,
+    mode: Mode,
+    peers: &[T],
+    progress: Arc<Progress>,
+    job: Job,
+) -> Result<SessionDone, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    T: Transport,
+{
+    let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     let agreed = session::handshake(&mut reader).await?;
+    let peer_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
+    log.info(|| {
+        format!(
+            "remote: {}, protocol version {}",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )
+    });
+    log.debug(|| {
+        format!(
+            "CPU features: here {}; there {peer_cpu}",
+            CpuFeatures::probe()
+        )
+    });
     let remote = plan
         .remote()
         .ok_or_else(|| Error::Usage("a session needs a remote operand".into()))?;
@@ -388,21 +702,43 @@ where
         Mode::Inline => (TransportKind::Inline, 1, None),
         Mode::Unix { streams } => (TransportKind::Unix, streams, None),
         Mode::Tcp { streams, .. } => {
-            let peer_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
             let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer_cpu, plan.options.cipher);
+            log.info(|| format!("cipher: {choice}"));
             (TransportKind::Tcp, streams, Some(choice))
         }
     };
+    let compression = if plan.options.compress && job == Job::Copy {
+        if agreed.peer.compression.contains(&compress::ZSTD) {
+            log.info(|| "compression: zstd".into());
+            compress::ZSTD
+        } else {
+            log.warn(|| {
+                format!(
+                    "the remote {} does not offer zstd compression; copying uncompressed",
+                    escape(agreed.peer.software.as_bytes())
+                )
+            });
+            compress::NONE
+        }
+    } else {
+        compress::NONE
+    };
+    let mut request_flags = plan.flags();
+    match job {
+        Job::Copy => {}
+        Job::DryRun => request_flags |= flags::DRY_RUN,
+        Job::Measure(_) => request_flags |= flags::THROUGHPUT,
+    }
     let client_random = random32();
     reader
         .send(&Frame::Request(Request {
             direction,
             paths,
-            flags: plan.flags(),
+            flags: request_flags,
             streams,
             transport,
             cipher: choice.as_ref().map_or(0, |c| c.suite.id()),
-            compression: 0,
+            compression,
             client_random,
             tcp_ports: plan.options.tcp_ports.unwrap_or((0, 0)),
         }))
@@ -417,6 +753,12 @@ where
             });
         }
     };
+    log.debug(|| {
+        format!(
+            "accepted: {} stream(s), rendezvous {:?}",
+            accept.streams, accept.rendezvous
+        )
+    });
     let secret = fastcp_crypto::session_secret(&client_random, &accept.server_random);
     let control: BoxStream = Box::new(reader.into_stream());
     // With TCP the control stream carries no data but stays open until the end.
@@ -427,6 +769,7 @@ where
             let mut data = vec![control];
             for index in 1..accept.streams.max(1) {
                 let rendezvous = transport::Rendezvous::UnixSocket(path.clone());
+                let peer = &peers[usize::from(index) % peers.len()];
                 let mut stream = peer.open_stream(&rendezvous).await?;
                 let proof = fastcp_crypto::join_proof(&secret, JoinKind::Unix, b"", index);
                 crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
@@ -457,8 +800,50 @@ where
             )));
         }
     };
+    let limit = plan.rate_limit();
+    if let Some(limit) = &limit {
+        log.info(|| format!("bandwidth limit: {} bytes/s", limit.bytes_per_sec()));
+    }
+    let data: Vec<BoxStream> = data
+        .into_iter()
+        .map(|stream| {
+            let stream: BoxStream = match &limit {
+                Some(limit) => Box::new(Limited::new(stream, limit.clone())),
+                None => stream,
+            };
+            if compression == compress::ZSTD {
+                compress::zstd(stream)
+            } else {
+                stream
+            }
+        })
+        .collect();
     let n = data.len();
-    let report = match direction {
+    let mut done = SessionDone {
+        report: Report::default(),
+        streams: n,
+        cipher: choice.map(|c| c.suite),
+        provider: choice.map(|c| c.provider),
+        compression: (compression == compress::ZSTD).then_some("zstd"),
+        remote_software: agreed.peer.software.clone(),
+        listing: Vec::new(),
+        data_time: Duration::ZERO,
+    };
+    let data_started = Instant::now();
+    match job {
+        Job::Copy => {}
+        Job::DryRun => {
+            dry_run(plan, direction, data, &mut done).await?;
+            done.data_time = data_started.elapsed();
+            return Ok(done);
+        }
+        Job::Measure(duration) => {
+            done.report.local.bytes = measure_streams(data, duration).await?;
+            done.data_time = data_started.elapsed();
+            return Ok(done);
+        }
+    }
+    done.report = match direction {
         Direction::Push => {
             fastcp_stream::send(&plan.local_sources(), data, &plan.send_config(), progress).await?
         }
@@ -477,11 +862,151 @@ where
             fastcp_stream::receive(dest, data, &cfg, progress).await?
         }
     };
-    Ok(SessionDone {
-        report,
-        streams: n,
-        cipher: choice.map(|c| c.suite),
-    })
+    done.data_time = data_started.elapsed();
+    Ok(done)
+}
+
+/// The client's side of a dry run: a push lists its own walk and waits for the server's
+/// word that it accepts the target; a pull lists what the server sends.
+async fn dry_run(
+    plan: &Plan,
+    direction: Direction,
+    data: Vec<BoxStream>,
+    done: &mut SessionDone,
+) -> Result<(), Error> {
+    let control = data
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
+    let mut reader = FrameReader::new(control, session::MAX_FRAME);
+    if direction == Direction::Push {
+        (done.listing, done.report) = list_local(plan);
+    }
+    loop {
+        let frame = reader.next("listing what would be copied").await?;
+        let (path, kind) = match frame {
+            Frame::Done(_) => return Ok(()),
+            Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
+            Frame::Error(e) => {
+                push_failure(
+                    &mut done.report,
+                    Failure {
+                        side: Side::Sender,
+                        path: e.path,
+                        code: e.code,
+                        message: e.message,
+                    },
+                );
+                continue;
+            }
+            Frame::Dir(d) if direction == Direction::Pull => (d.path, EntryKind::Dir),
+            Frame::File(f) if direction == Direction::Pull => {
+                (f.path, EntryKind::File { size: f.size })
+            }
+            Frame::Symlink(l) if direction == Direction::Pull => {
+                (l.path, EntryKind::Symlink { target: l.target })
+            }
+            other => {
+                return Err(Error::UnexpectedFrame {
+                    expected: "a listing",
+                    got: other.name(),
+                });
+            }
+        };
+        count(&mut done.report.local, &kind);
+        // Copies: a slice would pin the whole receive buffer.
+        done.listing.push(Listed {
+            path: Bytes::copy_from_slice(&path),
+            kind,
+        });
+    }
+}
+
+/// The server's side of a dry run, on the session's only stream: for a pull, the walk of
+/// `sources` as `Dir`, `File` (no data) and `Symlink` frames and an `Error` for each entry
+/// that cannot be read; then `Done` with the totals. For a push, only `Done`, or a fatal
+/// `Error` if `target` cannot be the target. Nothing is written.
+pub(crate) async fn serve_dry_run<S>(
+    mut stream: S,
+    direction: Direction,
+    sources: &[PathBuf],
+    target: &std::path::Path,
+    flags: u32,
+) -> Result<Report, Error>
+where
+    S: AsyncWrite + Unpin,
+{
+    let mut report = Report::default();
+    let mut out = bytes::BytesMut::new();
+    if direction == Direction::Push {
+        if flags & flags::TARGET_IS_DIR != 0 && !target.is_dir() {
+            let message = format!(
+                "{}: not a directory (several sources, or a trailing '/', need an existing directory)",
+                target.display()
+            );
+            crate::wire::write_frame(
+                &mut stream,
+                &Frame::Error(fastcp_proto::ErrorFrame {
+                    code: fastcp_proto::ErrorCode::NotFound,
+                    fatal: true,
+                    path: Bytes::new(),
+                    message: message.clone(),
+                }),
+            )
+            .await?;
+            return Err(Error::Unsupported(message));
+        }
+    } else {
+        let config = WalkConfig::new(
+            flags & flags::RECURSIVE != 0,
+            flags & flags::FOLLOW_LINKS != 0,
+        );
+        let mut id = 0;
+        for entry in fastcp_stream::walk(sources, &config) {
+            let frame = match entry {
+                Ok(entry) => {
+                    count(&mut report.local, &entry.kind);
+                    match entry.kind {
+                        EntryKind::Dir => Frame::Dir(DirEntry {
+                            path: entry.wire,
+                            meta: entry.meta,
+                        }),
+                        EntryKind::File { size } => {
+                            id += 1;
+                            Frame::File(FileEntry {
+                                id,
+                                path: entry.wire,
+                                size,
+                                meta: entry.meta,
+                            })
+                        }
+                        EntryKind::Symlink { target } => Frame::Symlink(SymlinkEntry {
+                            path: entry.wire,
+                            target,
+                        }),
+                    }
+                }
+                Err(e) => {
+                    report.local.errors += 1;
+                    Frame::Error(fastcp_proto::ErrorFrame {
+                        code: e.code(),
+                        fatal: false,
+                        path: Bytes::new(),
+                        message: e.to_string(),
+                    })
+                }
+            };
+            fastcp_proto::encode(&frame, &mut out);
+            if out.len() >= 64 * 1024 {
+                stream.write_all(&out).await?;
+                out.clear();
+            }
+        }
+    }
+    fastcp_proto::encode(&Frame::Done(report.local), &mut out);
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    Ok(report)
 }
 
 /// The name a remote source arrives under: its last path component.
@@ -492,4 +1017,180 @@ fn top_level_name(path: &str) -> Option<Vec<u8>> {
         "" | "~" | "." | ".." => None,
         n => Some(n.as_bytes().to_vec()),
     }
+}
+
+/// Sends generated bytes on every stream for `duration`, ends the streams and waits for the
+/// server's count on stream 0: the bytes the server received and discarded.
+async fn measure_streams(data: Vec<BoxStream>, duration: Duration) -> Result<u64, Error> {
+    // Incompressible bytes, made once.
+    let mut block = vec![0u8; 1 << 20];
+    for chunk in block.chunks_mut(32) {
+        chunk.copy_from_slice(&random32()[..chunk.len()]);
+    }
+    let block = Bytes::from(block);
+    let deadline = tokio::time::Instant::now() + duration;
+    let writers: Vec<_> = data
+        .into_iter()
+        .map(|mut stream| {
+            let block = block.clone();
+            tokio::spawn(async move {
+                while tokio::time::Instant::now() < deadline {
+                    stream.write_all(&block).await?;
+                }
+                stream.flush().await?;
+                stream.shutdown().await?;
+                Ok::<_, std::io::Error>(stream)
+            })
+        })
+        .collect();
+    let mut first = None;
+    for writer in writers {
+        let stream = writer
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        first.get_or_insert(stream);
+    }
+    let first = first.ok_or_else(|| Error::Unsupported("no data stream to measure".into()))?;
+    let mut reader = FrameReader::new(first, session::MAX_FRAME);
+    match reader.next("waiting for the server's count").await? {
+        Frame::Done(summary) => Ok(summary.bytes),
+        Frame::Error(e) => Err(Error::Remote(e.message)),
+        other => Err(Error::UnexpectedFrame {
+            expected: "Done",
+            got: other.name(),
+        }),
+    }
+}
+
+/// What [`probe`] learned about a remote host.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Probe {
+    /// The remote side's software string, such as "fastcp 0.1.0" (from the peer: escape it
+    /// before printing).
+    pub software: String,
+    /// The protocol version both ends agreed on.
+    pub protocol: u16,
+    /// This machine's CPU features.
+    pub local_cpu: CpuFeatures,
+    /// The remote machine's CPU features.
+    pub remote_cpu: CpuFeatures,
+    /// The cipher a sealed TCP session would use, and why.
+    pub cipher: fastcp_crypto::Choice,
+    /// The compression ids the server accepts.
+    pub compression: Vec<u8>,
+    /// The transport a copy with these options tries first: "tcp" or "ssh".
+    pub transport: &'static str,
+    /// Where sealed TCP data streams would connect, when the host is reached directly.
+    pub tcp_address: Option<IpAddr>,
+}
+
+/// Connects to `remote`'s host, starts `fastcp server` there, exchanges hellos and ends the
+/// session cleanly: which fastcp runs there, on what CPU, and what a copy would choose.
+pub async fn probe(
+    remote: &RemotePath,
+    ssh: &SshOptions,
+    options: &CopyOptions,
+) -> Result<Probe, Error> {
+    let mut ssh = ssh.clone();
+    if ssh.port.is_none() {
+        ssh.port = remote.port;
+    }
+    let destination = match &remote.user {
+        Some(user) => format!("{user}@{}", remote.host),
+        None => remote.host.clone(),
+    };
+    let peer = connect(&destination, &ssh, &options.log).await?;
+    let tcp_address = match options.transport {
+        TransportChoice::Ssh => None,
+        _ => direct_address(&peer).await,
+    };
+    let server = peer.start_server().await?;
+    let stderr = server.stderr.forward_to_stderr();
+    let mut reader = FrameReader::new(server.stream, session::MAX_FRAME);
+    let agreed = session::handshake(&mut reader).await;
+    // End the session: the server takes end of stream before a request as a clean goodbye.
+    let _ = reader.stream.shutdown().await;
+    let status = server.exit.wait().await;
+    let _ = stderr.await;
+    let agreed = match (agreed, status) {
+        (Ok(agreed), _) => agreed,
+        (Err(err), Ok(status)) if status.is_command_not_found() => {
+            return Err(not_installed(&ssh, &err));
+        }
+        (Err(err), _) => return Err(err),
+    };
+    let local_cpu = CpuFeatures::probe();
+    let remote_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
+    Ok(Probe {
+        software: agreed.peer.software,
+        protocol: agreed.version,
+        local_cpu,
+        remote_cpu,
+        cipher: fastcp_crypto::choose(local_cpu, remote_cpu, options.cipher),
+        compression: agreed.peer.compression,
+        transport: if tcp_address.is_some() { "tcp" } else { "ssh" },
+        tcp_address,
+    })
+}
+
+/// What [`measure`] saw.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Measurement {
+    /// Bytes the server received.
+    pub bytes: u64,
+    /// From the first byte sent to the server's count.
+    pub elapsed: Duration,
+    /// The transport that carried them: "tcp" or "ssh".
+    pub transport: &'static str,
+    /// Data streams used.
+    pub streams: usize,
+    /// The AEAD suite, for TCP.
+    pub cipher: Option<CipherSuite>,
+    /// The library that ran it on this side.
+    pub provider: Option<Provider>,
+}
+
+impl Measurement {
+    /// Bytes a second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Measures how fast data reaches `remote`'s host: sets up a session as a copy with
+/// `options` would (transport, streams, cipher) and sends generated, incompressible bytes on
+/// every stream for `duration` to a server that counts and discards them. Nothing touches
+/// either disk.
+pub async fn measure(
+    remote: &RemotePath,
+    ssh: &SshOptions,
+    options: &CopyOptions,
+    duration: Duration,
+) -> Result<Measurement, Error> {
+    let options = CopyOptions {
+        dry_run: false,
+        compress: false,
+        ..options.clone()
+    };
+    let target = RemotePath {
+        path: String::new(),
+        ..remote.clone()
+    };
+    let plan = Plan::new(
+        vec![Location::Local(PathBuf::new())],
+        Location::Remote(target),
+        options,
+    )?;
+    let progress = Arc::new(Progress::default());
+    let (done, transport) = connect_and_run(&plan, ssh, progress, Job::Measure(duration)).await?;
+    Ok(Measurement {
+        bytes: done.report.local.bytes,
+        elapsed: done.data_time,
+        transport,
+        streams: done.streams,
+        cipher: done.cipher,
+        provider: done.provider,
+    })
 }

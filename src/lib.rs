@@ -7,6 +7,10 @@
 //!   through the engine.
 //! - [`run_session`] drives a remote copy over a transport's control stream, and
 //!   [`server::serve`] is the remote side (`fastcp server`).
+//! - [`probe`] asks a remote host which fastcp it runs and what a copy would choose;
+//!   [`measure`] times the transport to it without touching a disk (`fastcp doctor`).
+//! - [`CopyOptions`] also carry a dry run, zstd compression ([`compress`]), a bandwidth limit
+//!   ([`limit`]) and a [`Log`] for the steps a copy takes.
 //! - The building blocks are re-exported: [`proto`] (the wire format), [`crypto`] (ciphers,
 //!   the CPU probe, the key schedule), [`transport`] (SSH and TCP streams) and [`stream`] (the
 //!   parallel chunked copy engine).
@@ -34,19 +38,24 @@
 #![deny(missing_docs)]
 
 mod client;
+pub mod compress;
 mod error;
+pub mod limit;
 mod location;
+mod log;
 pub mod server;
 mod session;
 pub mod stdio;
 mod wire;
 
 pub use client::{
-    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Mode, Outcome, Plan, SessionDone,
-    TransportChoice, copy_local, copy_remote, run_session,
+    CopyOptions, DEFAULT_SSH_CONNECTIONS, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Listed,
+    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote,
+    measure, probe, run_session,
 };
 pub use error::{Error, exit};
 pub use location::{Location, RemotePath};
+pub use log::{Log, LogLevel};
 pub use session::SOFTWARE;
 pub use wire::Prefixed;
 
