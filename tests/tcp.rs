@@ -1,0 +1,329 @@
+//! End to end: the sealed TCP transport, its fallback to SSH, and a man in the middle.
+//!
+//! The SSH side is a real OpenSSH sshd on 127.0.0.1 (`fastcp-testsupport`). To put a proxy
+//! between client and server, the remote `fastcp server` is started through a wrapper that
+//! makes it listen on 127.0.0.2 at a fixed port, while the client connects to the SSH host's
+//! address, 127.0.0.1, at that port, where the test's proxy waits.
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{
+    Node, assert_no_temp, assert_same_tree, build_mixed, build_tiny, pseudo_random, scan, write,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
+
+fn fastcp(sshd: &Sshd, remote_path: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(remote_path)
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+fn remote(sshd: &Sshd, path: &Path) -> String {
+    format!("{}:{}", sshd.alias(), path.display())
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run fastcp");
+    eprintln!(
+        "fastcp exited {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).expect("a JSON summary on stdout")
+}
+
+/// A wrapper around the fastcp binary that sets the server's environment first.
+fn wrapper(dir: &Path, env: &str) -> PathBuf {
+    let path = dir.join("fastcp-wrapper");
+    std::fs::write(&path, format!("#!/bin/sh\n{env} exec '{BIN}' \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A port free on both 127.0.0.1 and 127.0.0.2.
+fn free_port() -> u16 {
+    loop {
+        let l = StdListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if StdListener::bind(("127.0.0.2", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn source_tree(root: &Path) {
+    build_mixed(root);
+    build_tiny(&root.join("tiny"), 500);
+    write(&root.join("big.bin"), &pseudo_random(24 << 20, 7), 0o644);
+}
+
+#[test]
+fn push_and_pull_over_sealed_tcp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    source_tree(&src);
+    let pushed = work.path().join("pushed");
+    let out = run(fastcp(&sshd, Path::new(BIN))
+        .args(["-r", "-p", "-j", "3", "--transport", "tcp", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["transport"], "tcp");
+    assert_eq!(json(&out)["streams"], 3);
+    assert_same_tree(&src, &pushed, true);
+
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp(&sshd, Path::new(BIN))
+        .args(["-r", "-p", "--transport", "tcp", "--json"])
+        .arg(remote(&sshd, &pushed))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["transport"], "tcp");
+    assert_same_tree(&src, &pulled, true);
+}
+
+#[test]
+fn chacha20_poly1305_end_to_end() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    source_tree(&src);
+
+    // Forced on the command line.
+    let dst = work.path().join("forced");
+    let out = run(fastcp(&sshd, Path::new(BIN))
+        .args([
+            "-r",
+            "--transport",
+            "tcp",
+            "--cipher",
+            "chacha20-poly1305",
+            "--json",
+        ])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["cipher"], "chacha20-poly1305");
+    assert_same_tree(&src, &dst, false);
+
+    // Chosen because this end behaves as if it had no AES hardware.
+    let dst = work.path().join("no-aes");
+    let out = run(fastcp(&sshd, Path::new(BIN))
+        .env("FASTCP_NO_HW_AES", "1")
+        .args(["-r", "--transport", "tcp", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["cipher"], "chacha20-poly1305");
+    assert_same_tree(&src, &dst, false);
+}
+
+#[test]
+fn blocked_port_falls_back_to_ssh_under_auto_and_fails_under_tcp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    // The server listens where the client cannot reach it: 127.0.0.2, while the client dials
+    // the SSH host's address, 127.0.0.1, where nothing listens on that port.
+    let blocked = wrapper(
+        work.path(),
+        &format!("FASTCP_TCP_BIND=127.0.0.2 FASTCP_TCP_PORTS={}", free_port()),
+    );
+    let src = work.path().join("tree");
+    build_tiny(&src, 200);
+
+    let dst = work.path().join("auto");
+    let out = run(fastcp(&sshd, &blocked)
+        .args(["-r", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["transport"], "ssh");
+    let err = stderr(&out);
+    assert_eq!(err.matches("falling back to SSH").count(), 1, "{err}");
+    assert_same_tree(&src, &dst, false);
+
+    let dst = work.path().join("forced-tcp");
+    let out = run(fastcp(&sshd, &blocked)
+        .args(["-r", "--transport", "tcp"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(!dst.exists());
+}
+
+/// What the man in the middle does.
+#[derive(Clone, Copy, Debug)]
+enum Attack {
+    /// Flip one bit of the client-to-server bytes of the first connection, well into it.
+    Flip,
+    /// Send one whole sealed record of the first connection a second time.
+    Replay,
+    /// Open a connection of its own to the server's data port and try to join.
+    Inject,
+}
+
+/// Relays 127.0.0.1:`port` to 127.0.0.2:`port`, attacking as told.
+async fn mitm(port: u16, attack: Attack, attacked: Arc<AtomicBool>) {
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let mut first = true;
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let target = std::mem::replace(&mut first, false);
+        if target && matches!(attack, Attack::Inject) {
+            // Join the session first, with a proof made up without the secret.
+            let mut foreign = TcpStream::connect(("127.0.0.2", port)).await.unwrap();
+            let mut challenge = [0u8; 5 + 32];
+            foreign.read_exact(&mut challenge).await.unwrap();
+            let mut join = vec![0x05, 0, 0, 0, 34, 0, 1];
+            join.extend_from_slice(&[0x42; 32]);
+            foreign.write_all(&join).await.unwrap();
+            attacked.store(true, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut sink = Vec::new();
+                let _ = foreign.read_to_end(&mut sink).await;
+            });
+        }
+        let Ok(server) = TcpStream::connect(("127.0.0.2", port)).await else {
+            continue;
+        };
+        let (mut cr, mut cw) = client.into_split();
+        let (mut sr, mut sw) = server.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut sr, &mut cw).await;
+        });
+        let attacked = attacked.clone();
+        tokio::spawn(async move {
+            if target && !matches!(attack, Attack::Inject) {
+                let _ = tamper(&mut cr, &mut sw, attack, &attacked).await;
+            }
+            let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            let _ = sw.shutdown().await;
+        });
+    }
+}
+
+/// Relays client to server record by record and attacks the fourth record.
+async fn tamper(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    attack: Attack,
+    attacked: &AtomicBool,
+) -> std::io::Result<()> {
+    // The Join frame travels in the clear: 5-byte header, index, 32-byte proof.
+    let mut join = [0u8; 5 + 2 + 32];
+    from.read_exact(&mut join).await?;
+    to.write_all(&join).await?;
+    let mut previous: Vec<u8> = Vec::new();
+    for n in 0.. {
+        let mut header = [0u8; 4];
+        from.read_exact(&mut header).await?;
+        let len = (u32::from_be_bytes(header) & 0x7fff_ffff) as usize + 16;
+        let mut record = header.to_vec();
+        record.resize(4 + len, 0);
+        from.read_exact(&mut record[4..]).await?;
+        if n == 3 {
+            match attack {
+                Attack::Flip => {
+                    let at = record.len() / 2;
+                    record[at] ^= 0x01;
+                }
+                Attack::Replay => to.write_all(&previous).await?,
+                Attack::Inject => {}
+            }
+            attacked.store(true, Ordering::SeqCst);
+            to.write_all(&record).await?;
+            return Ok(());
+        }
+        to.write_all(&record).await?;
+        previous = record;
+    }
+    Ok(())
+}
+
+/// Every file that exists under `dst` under its final name is complete and correct.
+fn assert_nothing_corrupt(src: &Path, dst: &Path) {
+    if !dst.exists() {
+        return;
+    }
+    assert_no_temp(dst);
+    let originals = scan(src);
+    for (rel, node) in scan(dst) {
+        let name = String::from_utf8_lossy(&rel).into_owned();
+        let orig = originals
+            .get(&rel)
+            .unwrap_or_else(|| panic!("unexpected entry {name}"));
+        if let (Node::File { hash, .. }, Node::File { hash: want, .. }) = (&node, orig) {
+            assert_eq!(hash, want, "{name} is corrupt");
+        }
+    }
+}
+
+fn attack_push(attack: Attack) {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = wrapper(
+        work.path(),
+        &format!("FASTCP_TCP_BIND=127.0.0.2 FASTCP_TCP_PORTS={port}"),
+    );
+    let src = work.path().join("tree");
+    build_tiny(&src, 300);
+    write(&src.join("big.bin"), &pseudo_random(32 << 20, 1), 0o644);
+    let dst = work.path().join("dst");
+
+    let attacked = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.spawn(mitm(port, attack, attacked.clone()));
+    let out = run(fastcp(&sshd, &server)
+        .args(["-r", "-j", "2", "--transport", "tcp"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(attacked.load(Ordering::SeqCst), "the proxy never attacked");
+    assert!(!out.status.success(), "{attack:?} went unnoticed");
+    let err = stderr(&out);
+    let expected = match attack {
+        Attack::Flip | Attack::Replay => "authentication failed",
+        Attack::Inject => "failed to authenticate",
+    };
+    assert!(err.contains(expected), "{attack:?}: {err}");
+    assert_nothing_corrupt(&src, &dst);
+}
+
+#[test]
+fn mitm_flipped_byte_fails_cleanly() {
+    attack_push(Attack::Flip);
+}
+
+#[test]
+fn mitm_replayed_record_fails_cleanly() {
+    attack_push(Attack::Replay);
+}
+
+#[test]
+fn mitm_injected_connection_fails_cleanly() {
+    attack_push(Attack::Inject);
+}
