@@ -48,7 +48,7 @@ pub mod keys;
 mod suite;
 
 pub use aead::{Aead, AeadExt, NONCE_LEN, TAG_LEN, Tag, new_aead};
-pub use bench::{BENCH_SIZES, BenchRow, BenchTable, bench_table};
+pub use bench::{BENCH_ROUNDS, BENCH_SIZES, BenchRow, BenchTable, bench_table};
 pub use choose::{Choice, Reason, choose};
 pub use cpu::{CpuFeatures, NO_HW_AES_ENV};
 pub use error::{Error, Result};
