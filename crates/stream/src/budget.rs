@@ -2,6 +2,8 @@
 
 use std::sync::{Condvar, Mutex};
 
+use bytes::Bytes;
+
 /// Bounds the bytes in flight between a blocking producer and async consumers: the producer
 /// waits in [`Budget::acquire`] until consumers [`Budget::release`] enough.
 #[derive(Debug)]
@@ -84,6 +86,40 @@ impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         for h in &self.0 {
             h.abort();
+        }
+    }
+}
+
+/// Buffers handed back once their bytes are written, so that the next read reuses memory
+/// that is already mapped instead of faulting in fresh pages for every chunk.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// How many spare chunk buffers the pool keeps.
+const POOL_MAX: usize = 8;
+
+impl Pool {
+    /// A buffer with room for `n` bytes.
+    pub(crate) fn take(&self, n: usize) -> Vec<u8> {
+        let spare = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match spare {
+            Some(mut v) if v.capacity() >= n => {
+                v.clear();
+                v
+            }
+            _ => Vec::with_capacity(n),
+        }
+    }
+
+    /// Takes back a buffer if nothing else holds it (the whole allocation it was cut from).
+    pub(crate) fn give(&self, bytes: Bytes) {
+        if let Ok(b) = bytes.try_into_mut() {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < POOL_MAX {
+                free.push(Vec::from(b));
+            }
         }
     }
 }

@@ -461,6 +461,9 @@ impl Writer {
             let e = Error::io(self.shared.root.display(&f.local), e);
             return Err(self.fail_file(id, e));
         }
+        // The block this chunk was cut from goes back to the readers once nothing else
+        // holds it.
+        self.shared.pool.give(bytes);
         insert_range(&mut f.written, offset, end);
         f.got += len;
         f.tree.add(offset, len, hash);

@@ -73,7 +73,12 @@ pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
 
 /// The buffer of each in-memory pipe [`copy_local`] uses.
-pub const LOCAL_PIPE_BUFFER: usize = 1 << 20;
+///
+/// Every byte is copied into the pipe and out again; a pipe that fits in the CPU's L2 cache
+/// keeps the second copy cheap. Measured on a 2 GiB file (2 cores, tmpfs): 64 KiB to 512 KiB
+/// cost about the same CPU time, 1 MiB about 5% more; the chunk size (256 KiB to 4 MiB)
+/// made no measurable difference.
+pub const LOCAL_PIPE_BUFFER: usize = 256 << 10;
 
 /// Copies `sources` to `dest` on this machine, through the same engine and protocol as a
 /// network copy: [`send`] and [`receive`] in one process, over `streams` in-memory pipes.

@@ -40,6 +40,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use crate::budget::Pool;
 use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
@@ -53,8 +54,11 @@ pub const DEFAULT_RECEIVE_IN_FLIGHT: usize = 16 << 20;
 /// Jobs queued per writer thread.
 const WRITER_QUEUE: usize = 1024;
 
-/// Each reader's read size.
-const READ_BUFFER: usize = 256 << 10;
+/// Each reader's buffer block: frames are cut from it without copying.
+const READ_BLOCK: usize = 2 << 20;
+
+/// A read asks for at least this much room.
+const MIN_READ: usize = 64 << 10;
 
 /// How long to try telling the sender why we stop.
 const NOTICE_WAIT: Duration = Duration::from_secs(5);
@@ -200,6 +204,8 @@ pub(crate) struct Shared {
     finished: AtomicUsize,
     n_streams: usize,
     failures: Mutex<Report>,
+    /// Receive blocks given back by the writers.
+    pub(crate) pool: Pool,
     local_errors: std::sync::atomic::AtomicU64,
     replies: mpsc::Sender<Frame>,
 }
@@ -618,8 +624,22 @@ fn totals(s: &Summary) -> String {
 async fn read_stream<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Result<Summary, Error> {
     let i = reader.stream;
     let mut decoder = Decoder::new(reader.shared.config.max_frame);
-    let mut buf = BytesMut::with_capacity(READ_BUFFER);
+    let mut buf = BytesMut::new();
     loop {
+        // Room for the whole frame being read (its length is checked against the cap before
+        // anything is allocated for it), or at least a good read.
+        let frame_left = match buf.get(..fastcp_proto::HEADER_LEN) {
+            Some(h) => {
+                let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
+                if len <= decoder.max_frame() {
+                    (fastcp_proto::HEADER_LEN + len as usize).saturating_sub(buf.len())
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        };
+        ensure_room(&mut buf, frame_left.max(MIN_READ), &reader.shared.pool);
         while let Some(frame) = decoder
             .decode(&mut buf)
             .map_err(|source| Error::Decode { stream: i, source })?
@@ -630,8 +650,8 @@ async fn read_stream<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Resu
                 return Ok(done);
             }
         }
-        if buf.capacity() - buf.len() < READ_BUFFER / 4 {
-            buf.reserve(READ_BUFFER);
+        if buf.capacity() - buf.len() < MIN_READ {
+            continue;
         }
         let n = r
             .read_buf(&mut buf)
@@ -648,6 +668,21 @@ async fn read_stream<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Resu
             });
         }
     }
+}
+
+/// Makes room for `want` more bytes in `buf`, moving what it holds into a recycled block when
+/// its own block is full (frames cut from it may still be in flight).
+fn ensure_room(buf: &mut BytesMut, want: usize, pool: &Pool) {
+    if buf.capacity() - buf.len() >= want {
+        return;
+    }
+    let need = buf.len() + want;
+    let mut block = match Bytes::from(pool.take(need.max(READ_BLOCK))).try_into_mut() {
+        Ok(b) => b,
+        Err(_) => BytesMut::with_capacity(need.max(READ_BLOCK)),
+    };
+    block.extend_from_slice(buf);
+    *buf = block;
 }
 
 /// Writes replies to the sender on stream 0 until the final `Done` or a fatal error.
@@ -800,6 +835,7 @@ where
         finished: AtomicUsize::new(0),
         n_streams: n,
         failures: Mutex::new(Report::default()),
+        pool: Pool::default(),
         local_errors: Default::default(),
         replies: reply_tx.clone(),
     });

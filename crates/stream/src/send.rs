@@ -31,7 +31,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
 
-use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed};
+use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
 use crate::report::{Failure, Report, Side};
 use crate::walk::{EntryKind, WalkConfig, walk};
 use crate::{Error, Progress, stream_error};
@@ -103,6 +103,8 @@ struct Msg {
     files: u64,
     /// File content bytes in this message, for [`Progress`].
     data: u64,
+    /// The middle part is a chunk buffer to give back to the [`Pool`].
+    recycle: bool,
 }
 
 impl Msg {
@@ -116,6 +118,7 @@ impl Msg {
             permit: 0,
             files: 0,
             data: 0,
+            recycle: false,
         }
     }
 
@@ -201,6 +204,7 @@ where
 
     let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(reply_half))]);
 
+    let pool = Arc::new(Pool::default());
     let mut txs = Vec::with_capacity(n);
     let mut writers = AbortOnDrop(Vec::with_capacity(n));
     for (i, w) in writes.into_iter().enumerate() {
@@ -213,6 +217,7 @@ where
             budget.clone(),
             queued.clone(),
             progress.clone(),
+            pool.clone(),
         )));
     }
 
@@ -235,6 +240,7 @@ where
     });
 
     let producer_config = config.clone();
+    let producer_pool = pool.clone();
     let producer_progress = progress.clone();
     let producer_budget = budget.clone();
     let producer = tokio::task::spawn_blocking(move || {
@@ -247,6 +253,7 @@ where
         };
         let mut p = Producer {
             config: producer_config,
+            pool: producer_pool,
             progress: producer_progress,
             out: &mut out,
             next_id: 0,
@@ -409,6 +416,7 @@ async fn write_stream<W: AsyncWrite + Unpin>(
     budget: Arc<Budget>,
     queued: Arc<Vec<AtomicUsize>>,
     progress: Arc<Progress>,
+    pool: Arc<Pool>,
 ) -> Result<W, Error> {
     let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
     let fail = |e| stream_error(i, e, "while sending");
@@ -433,6 +441,10 @@ async fn write_stream<W: AsyncWrite + Unpin>(
         queued[i].fetch_sub(msg.len(), Relaxed);
         budget.release(msg.permit);
         progress.add_sent(msg.files, msg.data);
+        if msg.recycle {
+            let [_, payload, _] = msg.parts;
+            pool.give(payload);
+        }
     }
     w.flush().await.map_err(fail)?;
     Ok(w.into_inner())
@@ -481,6 +493,7 @@ impl Out {
 
 struct Producer<'a> {
     config: SendConfig,
+    pool: Arc<Pool>,
     progress: Arc<Progress>,
     out: &'a mut Out,
     next_id: u64,
@@ -627,7 +640,7 @@ impl Producer<'_> {
         let mut offset = 0u64;
         while offset < size {
             let n = chunk.min(size - offset) as usize;
-            let bytes = match read_chunk(&fd, offset, n) {
+            let bytes = match read_chunk(&fd, offset, n, self.pool.take(n)) {
                 Ok(b) => b,
                 Err(ReadError::Io(source)) => {
                     return self.fail(home, wire, &Error::io(path, source));
@@ -643,6 +656,7 @@ impl Producer<'_> {
             self.out.counts[s].bytes += n as u64;
             let mut msg = Msg::parts(head.freeze(), bytes, Bytes::new());
             msg.data = n as u64;
+            msg.recycle = true;
             self.out.push(s, msg)?;
             offset += n as u64;
         }
@@ -727,8 +741,7 @@ fn read_small(fd: &OwnedFd, size: u64) -> Result<Bytes, ReadError> {
 }
 
 /// Reads exactly `n` bytes at `offset`.
-fn read_chunk(fd: &OwnedFd, offset: u64, n: usize) -> Result<Bytes, ReadError> {
-    let mut v: Vec<u8> = Vec::with_capacity(n);
+fn read_chunk(fd: &OwnedFd, offset: u64, n: usize, mut v: Vec<u8>) -> Result<Bytes, ReadError> {
     while v.len() < n {
         let off = offset + v.len() as u64;
         let got = retry(|| rustix::io::pread(fd, rustix::buffer::spare_capacity(&mut v), off))
