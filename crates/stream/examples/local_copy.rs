@@ -60,6 +60,24 @@ fn main() {
         )
     });
     let elapsed = start.elapsed();
+    if std::env::var_os("LOCAL_COPY_THREADS").is_some() {
+        // CPU seconds per thread, busiest first: which stage limits the pipeline.
+        let mut per_thread = Vec::new();
+        for t in std::fs::read_dir("/proc/self/task").unwrap() {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap();
+            let fields: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            let ticks: f64 =
+                fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+            per_thread.push(ticks / 100.0);
+        }
+        per_thread.sort_by(|a, b| b.total_cmp(a));
+        eprintln!("cpu per thread: {per_thread:?}");
+    }
     let received = received.expect("receive");
     sent.expect("send");
     let hwm = std::fs::read_to_string("/proc/self/status")
