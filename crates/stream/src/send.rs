@@ -4,10 +4,11 @@
 //!
 //! 1. the **walk** runs on a blocking thread and feeds entries through a bounded channel;
 //! 2. the **producer**, another blocking thread, opens and reads each file in large blocks,
-//!    hashes it with BLAKE3 as it reads, encodes the frames and queues them on the streams.
-//!    A small file goes whole (File, Data, FileEnd back to back) on one stream; a big file's
-//!    File entry goes on one stream, its chunks are spread over all of them, and its FileEnd is
-//!    queued after its last chunk. Each message goes to the stream with the fewest bytes
+//!    encodes the frames and queues them on the streams.
+//!    A small file goes whole (File, Data, FileEnd back to back) on one stream, and the
+//!    writer task of that stream hashes it; a big file is hashed with BLAKE3 as it is read,
+//!    its File entry goes on one stream, its chunks are spread over all of them, and its
+//!    FileEnd is queued after its last chunk. Each message goes to the stream with the fewest bytes
 //!    queued, so a slow stream gets less;
 //! 3. one **writer task** per stream drains its queue into the stream.
 //!
@@ -105,7 +106,13 @@ struct Msg {
     data: u64,
     /// The middle part is a chunk buffer to give back to the [`Pool`].
     recycle: bool,
+    /// The middle part is the whole of file `id`: hash it and send its `FileEnd` after it.
+    /// Hashing in the writer tasks spreads it over the streams instead of the reader thread.
+    end_of: Option<u64>,
 }
+
+/// The size of an encoded `FileEnd` frame.
+const FILE_END_LEN: usize = fastcp_proto::HEADER_LEN + 8 + 32;
 
 impl Msg {
     fn frame(frame: &Frame) -> Msg {
@@ -119,11 +126,17 @@ impl Msg {
             files: 0,
             data: 0,
             recycle: false,
+            end_of: None,
         }
     }
 
     fn len(&self) -> usize {
-        self.parts.iter().map(Bytes::len).sum()
+        let end = if self.end_of.is_some() {
+            FILE_END_LEN
+        } else {
+            0
+        };
+        self.parts.iter().map(Bytes::len).sum::<usize>() + end
     }
 }
 
@@ -419,6 +432,7 @@ async fn write_stream<W: AsyncWrite + Unpin>(
     pool: Arc<Pool>,
 ) -> Result<W, Error> {
     let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
+    let mut end_frame = BytesMut::with_capacity(FILE_END_LEN);
     let fail = |e| stream_error(i, e, "while sending");
     loop {
         let msg = match rx.try_recv() {
@@ -437,6 +451,12 @@ async fn write_stream<W: AsyncWrite + Unpin>(
             if !part.is_empty() {
                 w.write_all(part).await.map_err(fail)?;
             }
+        }
+        if let Some(id) = msg.end_of {
+            let hash = *blake3::hash(&msg.parts[1]).as_bytes();
+            end_frame.clear();
+            encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
+            w.write_all(&end_frame).await.map_err(fail)?;
         }
         queued[i].fetch_sub(msg.len(), Relaxed);
         budget.release(msg.permit);
@@ -607,28 +627,19 @@ impl Producer<'_> {
                     return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
                 }
             };
-            let hash = blake3::hash(&content);
             let mut b = BytesMut::with_capacity(128 + wire.len());
             encode(&entry, &mut b);
             if size > 0 {
                 encode_data_header(id, 0, content.len(), &mut b);
             }
-            let head = b.split().freeze();
-            encode(
-                &Frame::FileEnd(FileEnd {
-                    id,
-                    hash: *hash.as_bytes(),
-                }),
-                &mut b,
-            );
-            let tail = b.freeze();
             let s = self.out.pick();
             let counts = &mut self.out.counts[s];
             counts.files += 1;
             counts.bytes += size;
-            let mut msg = Msg::parts(head, content, tail);
+            let mut msg = Msg::parts(b.freeze(), content, Bytes::new());
             msg.files = 1;
             msg.data = size;
+            msg.end_of = Some(id);
             return self.out.push(s, msg);
         }
 
