@@ -8,8 +8,8 @@
 //!    A small file goes whole (File, Data, FileEnd back to back) on one stream, and the
 //!    writer task of that stream hashes it; a big file is hashed with BLAKE3 as it is read,
 //!    its File entry goes on one stream, its chunks are spread over all of them, and its
-//!    FileEnd is queued after its last chunk. Each message goes to the stream with the fewest bytes
-//!    queued, so a slow stream gets less;
+//!    FileEnd is queued after its last chunk. Each message goes to the stream with the
+//!    fewest bytes queued, so a slow stream gets less;
 //! 3. one **writer task** per stream drains its queue into the stream.
 //!
 //! A byte [`Budget`] shared by all queues bounds the memory in flight: the producer waits
