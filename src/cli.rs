@@ -1,71 +1,151 @@
 //! Command-line parsing and the commands themselves.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
-use fastcp::{CopyOptions, Location, Plan, Progress, TransportChoice, exit};
+use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
+use fastcp::stream::{EntryKind, Failure, Side, escape};
+use fastcp::{CopyOptions, Location, Log, LogLevel, Plan, Progress, TransportChoice, exit};
+use serde_json::json;
+
+use crate::progress::{self, Output, Role};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  some files failed (the others were copied)
+  2  usage error
+  3  connection or authentication failure
+  4  integrity failure (a hash or an AEAD tag did not match)";
 
 /// Fast, secure file copy: scp's habits, several times faster.
+///
+/// Operands are local paths or [user@]host:path, as with scp ([::1]:path and
+/// scp://user@host:port/path work too). A remote copy runs `fastcp server` on the remote host
+/// over SSH, so host keys, the agent and ~/.ssh/config work as they do for ssh.
 #[derive(Debug, Parser)]
 #[command(
     name = "fastcp",
     version = version_text(),
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Operands are local paths or [user@]host:path, as with scp.\nExit codes: 0 success, 1 some files failed, 2 usage error, 3 connection or authentication failure, 4 integrity failure."
+    override_usage = "fastcp [OPTIONS] SOURCE... TARGET\n       fastcp <COMMAND>",
+    after_help = EXIT_CODES,
 )]
 pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Sources, then the target.
-    #[arg(value_name = "SOURCE... TARGET", num_args = 2.., required = true)]
+    /// Sources, then the target: local paths or [user@]host:path.
+    #[arg(value_name = "PATH", num_args = 2.., required = true)]
     pub operands: Vec<String>,
     /// Copy directories recursively.
-    #[arg(short = 'r')]
+    #[arg(short = 'r', help_heading = "Copy")]
     pub recursive: bool,
     /// Preserve modification times and modes.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', help_heading = "Copy")]
     pub preserve: bool,
-    /// Number of parallel data streams (default: chosen from the cores and the transport).
-    #[arg(short = 'j', long = "streams", value_name = "N")]
+    /// List what would be copied, one entry a line on stdout; write nothing.
+    #[arg(short = 'n', long = "dry-run", help_heading = "Copy")]
+    pub dry_run: bool,
+    /// Compress the data streams with zstd (off by default; helps on slow links only).
+    #[arg(short = 'C', help_heading = "Copy")]
+    pub compress: bool,
+    /// Limit the bandwidth to LIMIT Kbit/s, as scp's -l (1 Kbit = 1024 bits).
+    #[arg(
+        short = 'l',
+        value_name = "LIMIT",
+        help_heading = "Copy",
+        conflicts_with = "bwlimit"
+    )]
+    pub limit_kbit: Option<u64>,
+    /// Limit the bandwidth, as rsync's --bwlimit: KiB/s, or with a unit: 500K, 10M, 1.5G
+    /// (powers of 1024), 10MB (powers of 1000), 4096B (bytes). 0 means no limit.
+    #[arg(long, value_name = "RATE", value_parser = fastcp::limit::parse_rate, help_heading = "Copy")]
+    pub bwlimit: Option<u64>,
+    #[command(flatten)]
+    pub link: LinkArgs,
+    #[command(flatten)]
+    pub ssh: SshArgs,
+    /// Quiet: no progress, no warnings.
+    #[arg(short = 'q', help_heading = "Output")]
+    pub quiet: bool,
+    /// Verbose: -v shows the connection steps and the transport, cipher and streams chosen;
+    /// -vv more detail.
+    #[arg(short = 'v', action = ArgAction::Count, help_heading = "Output")]
+    pub verbose: u8,
+    /// Show progress even when stderr is not a terminal: a plain line every few seconds.
+    #[arg(long, help_heading = "Output")]
+    pub progress: bool,
+    /// Print a JSON summary on stdout when done (see README.md for the schema).
+    #[arg(long, help_heading = "Output")]
+    pub json: bool,
+}
+
+/// How the data travels; shared by copies and `fastcp doctor`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LinkArgs {
+    /// Number of parallel data streams (default: 4 over TCP, 2 over SSH).
+    #[arg(
+        short = 'j',
+        long = "streams",
+        value_name = "N",
+        help_heading = "Transport"
+    )]
     pub streams: Option<u16>,
     /// Which transport carries the data.
-    #[arg(long, value_enum, default_value_t = TransportArg::Auto)]
+    #[arg(long, value_enum, default_value_t = TransportArg::Auto, help_heading = "Transport")]
     pub transport: TransportArg,
-    /// Force a cipher: aes128-gcm, aes256-gcm or chacha20-poly1305.
-    #[arg(long, value_name = "CIPHER")]
+    /// Force a cipher for sealed TCP streams: aes128-gcm, aes256-gcm or chacha20-poly1305
+    /// (default: chosen from both CPUs).
+    #[arg(long, value_name = "CIPHER", help_heading = "Transport")]
     pub cipher: Option<fastcp::crypto::CipherSuite>,
-    /// Quiet: no progress, no warnings.
-    #[arg(short = 'q')]
-    pub quiet: bool,
-    /// Print a JSON summary on stdout when done.
-    #[arg(long)]
-    pub json: bool,
+    /// Ports the server may use for TCP data streams, as LOW-HIGH.
+    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_ports, help_heading = "Transport")]
+    pub tcp_ports: Option<(u16, u16)>,
+}
+
+/// How to reach the remote host: scp's SSH flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SshArgs {
     /// Port to connect to on the remote host.
-    #[arg(short = 'P', value_name = "PORT")]
+    #[arg(short = 'P', value_name = "PORT", help_heading = "SSH")]
     pub port: Option<u16>,
     /// Identity (private key) file for public key authentication.
-    #[arg(short = 'i', value_name = "IDENTITY")]
-    pub identity: Vec<std::path::PathBuf>,
+    #[arg(short = 'i', value_name = "IDENTITY", help_heading = "SSH")]
+    pub identity: Vec<PathBuf>,
     /// Connect through these jump hosts (ProxyJump), comma-separated.
-    #[arg(short = 'J', value_name = "JUMP")]
+    #[arg(short = 'J', value_name = "JUMP", help_heading = "SSH")]
     pub jump: Option<String>,
     /// Read this ssh_config instead of ~/.ssh/config.
-    #[arg(short = 'F', value_name = "SSH_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    /// ssh_config option, as Key=Value.
-    #[arg(short = 'o', value_name = "OPTION")]
+    #[arg(short = 'F', value_name = "SSH_CONFIG", help_heading = "SSH")]
+    pub config: Option<PathBuf>,
+    /// An ssh_config option, as Key=Value (for example -o Port=2222).
+    #[arg(short = 'o', value_name = "OPTION", help_heading = "SSH")]
     pub ssh_options: Vec<String>,
     /// The fastcp program on the remote host (default: fastcp on its PATH).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "SSH")]
     pub remote_path: Option<String>,
-    /// Ports the server may use for TCP data streams, as LOW-HIGH.
-    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_ports)]
-    pub tcp_ports: Option<(u16, u16)>,
     /// Use this OpenSSH client program instead of the built-in SSH client (one stream).
-    #[arg(long, value_name = "PROGRAM")]
-    pub ssh_program: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "PROGRAM", help_heading = "SSH")]
+    pub ssh_program: Option<PathBuf>,
+}
+
+impl SshArgs {
+    fn options(&self) -> fastcp::transport::SshOptions {
+        fastcp::transport::SshOptions {
+            config_file: self.config.clone(),
+            port: self.port,
+            identity_files: self.identity.clone(),
+            jump: self.jump.clone(),
+            options: self.ssh_options.clone(),
+            remote_path: self.remote_path.clone(),
+            ssh_program: self.ssh_program.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// Transport names on the command line.
@@ -82,6 +162,16 @@ pub enum TransportArg {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Check a remote host: its fastcp version, both CPUs, the cipher and transport a copy
+    /// would use, and a few seconds of measured throughput (nothing is written on either disk).
+    Doctor(DoctorArgs),
+    /// Print a shell completion script: fastcp completions bash > /etc/bash_completion.d/fastcp
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): fastcp man | man -l -
+    Man,
     /// The remote side, started over SSH; speaks the protocol on stdin/stdout.
     Server(ServerArgs),
     /// Benchmarks.
@@ -89,6 +179,28 @@ pub enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+/// Options of `fastcp doctor`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = EXIT_CODES)]
+pub struct DoctorArgs {
+    /// The host to check: [user@]host, as in ssh (host:path and scp:// forms work too).
+    #[arg(value_name = "HOST")]
+    pub host: String,
+    /// How long to measure the throughput, in seconds (0 skips it).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0)]
+    pub seconds: f64,
+    #[command(flatten)]
+    pub link: LinkArgs,
+    #[command(flatten)]
+    pub ssh: SshArgs,
+    /// Show the connection steps (-vv: more).
+    #[arg(short = 'v', action = ArgAction::Count, help_heading = "Output")]
+    pub verbose: u8,
+    /// Print the report as JSON on stdout.
+    #[arg(long, help_heading = "Output")]
+    pub json: bool,
 }
 
 /// Options of `fastcp server`, for the administrator of the server host.
@@ -129,17 +241,59 @@ fn version_text() -> &'static str {
         .map(|p| p.to_string())
         .collect();
     let text = format!(
-        "{}\ncrypto providers: {}",
+        "{}\ncrypto providers: {}\ncompression: zstd",
         env!("CARGO_PKG_VERSION"),
         providers.join(", ")
     );
     Box::leak(text.into_boxed_str())
 }
 
+/// The clap definition, for completions and the man page.
+pub fn command() -> clap::Command {
+    Args::command()
+}
+
+/// A [`Log`] that prints on stderr through `output`: warnings unless `quiet`, steps at `-v`,
+/// detail at `-vv`.
+fn stderr_log(output: &Output, quiet: bool, verbose: u8) -> Log {
+    let output = output.clone();
+    Log::new(move |level, line| {
+        let show = match level {
+            LogLevel::Warn => !quiet || verbose > 0,
+            LogLevel::Info => verbose >= 1,
+            LogLevel::Debug => verbose >= 2,
+        };
+        if show {
+            let prefix = if level == LogLevel::Warn {
+                "fastcp: warning: "
+            } else {
+                "fastcp: "
+            };
+            output.line(&format!("{prefix}{line}"));
+        }
+    })
+}
+
+impl LinkArgs {
+    fn options(&self) -> CopyOptions {
+        CopyOptions {
+            streams: self.streams,
+            transport: match self.transport {
+                TransportArg::Auto => TransportChoice::Auto,
+                TransportArg::Ssh => TransportChoice::Ssh,
+                TransportArg::Tcp => TransportChoice::Tcp,
+            },
+            cipher: self.cipher,
+            tcp_ports: self.tcp_ports,
+            ..Default::default()
+        }
+    }
+}
+
 /// Runs the parsed command and returns the exit code.
 pub async fn run(args: Args) -> anyhow::Result<u8> {
-    match &args.command {
-        Some(Command::Server(server_args)) => return server(server_args).await,
+    match args.command {
+        Some(Command::Server(server_args)) => server(&server_args).await,
         Some(Command::Bench {
             what: BenchCommand::Ciphers,
         }) => {
@@ -148,70 +302,302 @@ pub async fn run(args: Args) -> anyhow::Result<u8> {
             })
             .await??;
             println!("{table}");
-            return Ok(exit::OK);
+            Ok(exit::OK)
         }
-        None => {}
+        Some(Command::Completions { shell }) => {
+            let mut out = std::io::stdout().lock();
+            clap_complete::generate(shell, &mut command(), "fastcp", &mut out);
+            out.flush()?;
+            Ok(exit::OK)
+        }
+        Some(Command::Man) => {
+            let mut out = std::io::stdout().lock();
+            clap_mangen::Man::new(command()).render(&mut out)?;
+            out.flush()?;
+            Ok(exit::OK)
+        }
+        Some(Command::Doctor(doctor_args)) => doctor(&doctor_args).await,
+        None => copy(&args).await,
     }
+}
+
+async fn copy(args: &Args) -> anyhow::Result<u8> {
+    let output = Output::default();
     let (dest, sources) = args.operands.split_last().context("no target given")?;
     let options = CopyOptions {
         recursive: args.recursive,
         preserve: args.preserve,
-        streams: args.streams,
-        transport: match args.transport {
-            TransportArg::Auto => TransportChoice::Auto,
-            TransportArg::Ssh => TransportChoice::Ssh,
-            TransportArg::Tcp => TransportChoice::Tcp,
-        },
-        cipher: args.cipher,
-        tcp_ports: args.tcp_ports,
-        ..Default::default()
+        dry_run: args.dry_run,
+        compress: args.compress,
+        // scp's -l: Kbit/s of 1024 bits.
+        bwlimit: args
+            .bwlimit
+            .or(args.limit_kbit.map(|k| k.saturating_mul(1024) / 8)),
+        log: stderr_log(&output, args.quiet, args.verbose),
+        ..args.link.options()
     };
     let plan = Plan::new(
         sources.iter().map(|s| Location::parse(s)).collect(),
         Location::parse(dest),
         options,
     )?;
-    let progress = Arc::new(Progress::default());
-    let outcome = if plan.remote().is_none() {
-        fastcp::copy_local(&plan, progress).await?
+    let role = if plan.remote().is_none() {
+        Role::Local
+    } else if plan.dest.remote().is_some() {
+        Role::Push
     } else {
-        let ssh = fastcp::transport::SshOptions {
-            config_file: args.config.clone(),
-            port: args.port,
-            identity_files: args.identity.clone(),
-            jump: args.jump.clone(),
-            options: args.ssh_options.clone(),
-            remote_path: args.remote_path.clone(),
-            ssh_program: args.ssh_program.clone(),
-            ..Default::default()
-        };
-        fastcp::copy_remote(&plan, &ssh, progress).await?
+        Role::Pull
+    };
+    let style = if args.quiet || args.dry_run {
+        progress::Style::Off
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        progress::Style::Bar
+    } else if args.progress {
+        progress::Style::Lines
+    } else {
+        progress::Style::Off
+    };
+    let progress = Arc::new(Progress::default());
+    let display = progress::Display::start(progress.clone(), role, style, &output);
+    let result = if role == Role::Local {
+        fastcp::copy_local(&plan, progress.clone()).await
+    } else {
+        fastcp::copy_remote(&plan, &args.ssh.options(), progress.clone()).await
+    };
+    display.finish(&progress, role, result.as_ref().ok()).await;
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            if args.json {
+                print_json(&json!({
+                    "version": 1,
+                    "exit_code": err.exit_code(),
+                    "error": format!("{err:#}"),
+                }))?;
+            }
+            return Err(err.into());
+        }
     };
     for failure in &outcome.report.failures {
-        eprintln!("fastcp: {failure}");
+        eprintln!("fastcp: {}", failure_text(failure));
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary_json(&outcome))?);
+    if outcome.report.failure_count > outcome.report.failures.len() as u64 {
+        eprintln!(
+            "fastcp: ... and {} more failures",
+            outcome.report.failure_count - outcome.report.failures.len() as u64
+        );
     }
-    Ok(if outcome.report.failures.is_empty() {
+    let code = if outcome.report.is_complete() {
         exit::OK
     } else {
         exit::PARTIAL
-    })
+    };
+    if args.json {
+        print_json(&summary_json(&outcome, code, args.dry_run))?;
+    } else if args.dry_run {
+        let mut out = std::io::stdout().lock();
+        for entry in &outcome.listing {
+            writeln!(out, "{}", listing_line(entry))?;
+        }
+        out.flush()?;
+    }
+    if !outcome.report.is_complete() && !args.quiet {
+        eprintln!(
+            "fastcp: {} of the entries could not be copied; the others were{}",
+            outcome.report.failure_count,
+            if args.dry_run { " listed" } else { " copied" },
+        );
+    }
+    Ok(code)
 }
 
-fn summary_json(outcome: &fastcp::Outcome) -> serde_json::Value {
+/// One line of a dry run's listing: directories end with '/', links show their target.
+fn listing_line(entry: &fastcp::Listed) -> String {
+    let path = escape(&entry.path);
+    match &entry.kind {
+        EntryKind::Dir => format!("{path}/"),
+        EntryKind::File { .. } => path,
+        EntryKind::Symlink { target } => format!("{path} -> {}", escape(target)),
+    }
+}
+
+/// A failure as the user reads it. The message names the file already; it may carry names
+/// from the peer, so control characters are escaped.
+fn failure_text(failure: &Failure) -> String {
+    escape(failure.message.as_bytes())
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
+    use fastcp::stream::ErrorCode as C;
+    match code {
+        C::NotFound => "not_found",
+        C::PermissionDenied => "permission_denied",
+        C::Io => "io",
+        C::UnsafePath => "unsafe_path",
+        C::Integrity => "integrity",
+        C::Protocol => "protocol",
+        C::Unsupported => "unsupported",
+        _ => "other",
+    }
+}
+
+/// The `--json` summary; README.md documents the schema.
+fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serde_json::Value {
     let secs = outcome.elapsed.as_secs_f64();
-    serde_json::json!({
-        "bytes": outcome.report.local.bytes,
-        "files": outcome.report.local.files,
+    let local = &outcome.report.local;
+    let mut value = json!({
+        "version": 1,
+        "exit_code": exit_code,
+        "dry_run": dry_run,
+        "bytes": local.bytes,
+        "files": local.files,
+        "dirs": local.dirs,
+        "symlinks": local.symlinks,
         "seconds": secs,
-        "throughput_bytes_per_sec": if secs > 0.0 { outcome.report.local.bytes as f64 / secs } else { 0.0 },
+        "throughput_bytes_per_sec": if secs > 0.0 { local.bytes as f64 / secs } else { 0.0 },
         "transport": outcome.transport,
-        "streams": outcome.streams,
         "cipher": outcome.cipher.map(|c| c.to_string()),
-        "errors": outcome.report.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
-    })
+        "provider": outcome.provider.map(|p| p.to_string()),
+        "compression": outcome.compression,
+        "streams": outcome.streams,
+        "remote": outcome.remote_software.as_deref().map(|s| escape(s.as_bytes())),
+        "error_count": outcome.report.failure_count,
+        "errors": outcome.report.failures.iter().map(|f| json!({
+            "path": escape(&f.path),
+            "side": match f.side { Side::Sender => "sender", Side::Receiver => "receiver" },
+            "code": code_name(f.code),
+            "message": f.message,
+        })).collect::<Vec<_>>(),
+    });
+    if dry_run {
+        value["entries"] = outcome
+            .listing
+            .iter()
+            .map(|e| {
+                let (kind, size, target) = match &e.kind {
+                    EntryKind::Dir => ("dir", None, None),
+                    EntryKind::File { size } => ("file", Some(*size), None),
+                    EntryKind::Symlink { target } => ("symlink", None, Some(escape(target))),
+                };
+                json!({ "path": escape(&e.path), "kind": kind, "size": size, "target": target })
+            })
+            .collect();
+    }
+    value
+}
+
+async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
+    let output = Output::default();
+    let remote = match Location::parse(&args.host) {
+        Location::Remote(r) => r,
+        Location::Local(_) => match Location::parse(&format!("{}:", args.host)) {
+            Location::Remote(r) => r,
+            Location::Local(_) => {
+                return Err(fastcp::Error::Usage(format!(
+                    "{:?} is not a host; give [user@]host",
+                    args.host
+                ))
+                .into());
+            }
+        },
+    };
+    let options = CopyOptions {
+        log: stderr_log(&output, false, args.verbose),
+        ..args.link.options()
+    };
+    let ssh = args.ssh.options();
+    let probe = fastcp::probe(&remote, &ssh, &options).await?;
+    let here = fastcp::crypto::CpuFeatures::probe();
+    let providers: Vec<String> = fastcp::crypto::Provider::available()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let zstd = probe.compression.contains(&fastcp::compress::ZSTD);
+    if !args.json {
+        println!("fastcp doctor: {}", remote.host);
+        println!(
+            "  local:       {} (crypto providers: {}), CPU: {here}",
+            fastcp::SOFTWARE,
+            providers.join(", ")
+        );
+        println!(
+            "  remote:      {} (protocol {}), CPU: {}",
+            escape(probe.software.as_bytes()),
+            probe.protocol,
+            probe.remote_cpu
+        );
+        println!("  cipher:      {}", probe.cipher);
+        println!(
+            "  transport:   {}",
+            match probe.tcp_address {
+                Some(addr) =>
+                    format!("sealed TCP to {addr} (SSH channels if its data port is blocked)"),
+                None => "SSH channels".into(),
+            }
+        );
+        println!(
+            "  compression: {}",
+            if zstd {
+                "zstd (-C)"
+            } else {
+                "not offered by the remote fastcp"
+            }
+        );
+    }
+    let measured = if args.seconds > 0.0 {
+        let duration = Duration::from_secs_f64(args.seconds.min(600.0));
+        Some(fastcp::measure(&remote, &ssh, &options, duration).await?)
+    } else {
+        None
+    };
+    if args.json {
+        print_json(&json!({
+            "version": 1,
+            "host": remote.host,
+            "local": {
+                "software": fastcp::SOFTWARE,
+                "providers": providers,
+                "cpu_features": here.names(),
+            },
+            "remote": {
+                "software": escape(probe.software.as_bytes()),
+                "protocol": probe.protocol,
+                "cpu_features": probe.remote_cpu.names(),
+                "compression": probe.compression.iter().map(|&c| fastcp::compress::name(c)).collect::<Vec<_>>(),
+            },
+            "cipher": probe.cipher.suite.to_string(),
+            "provider": probe.cipher.provider.to_string(),
+            "cipher_reason": probe.cipher.reason.to_string(),
+            "transport": probe.transport,
+            "throughput": measured.as_ref().map(|m| json!({
+                "bytes": m.bytes,
+                "seconds": m.elapsed.as_secs_f64(),
+                "bytes_per_sec": m.bytes_per_sec(),
+                "transport": m.transport,
+                "streams": m.streams,
+                "cipher": m.cipher.map(|c| c.to_string()),
+            })),
+        }))?;
+    } else if let Some(m) = &measured {
+        println!(
+            "  throughput:  {}/s over {}, {} stream(s){} ({} in {:.1}s to a sink on the remote host; no disk written)",
+            indicatif::HumanBytes(m.bytes_per_sec() as u64),
+            m.transport,
+            m.streams,
+            m.cipher.map(|c| format!(", {c}")).unwrap_or_default(),
+            indicatif::HumanBytes(m.bytes),
+            m.elapsed.as_secs_f64(),
+        );
+    }
+    Ok(exit::OK)
 }
 
 async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
@@ -236,5 +622,22 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
             eprintln!("fastcp server: {e}");
             Ok(e.exit_code())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn scp_limit_is_kbit_per_second() {
+        let args = Args::try_parse_from(["fastcp", "-l", "800", "a", "b"]).unwrap();
+        assert_eq!(args.limit_kbit, Some(800));
+        assert!(Args::try_parse_from(["fastcp", "-l", "8", "--bwlimit", "1M", "a", "b"]).is_err());
     }
 }

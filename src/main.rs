@@ -6,8 +6,10 @@ use std::io::Write;
 use std::process::ExitCode;
 
 mod cli;
+mod progress;
 
 fn main() -> ExitCode {
+    // clap exits with 2 on a usage error, 0 for --help and --version.
     let args = cli::Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -27,10 +29,30 @@ fn main() -> ExitCode {
                 .map(fastcp::Error::exit_code)
                 .unwrap_or(exit::PARTIAL);
             if !is_broken_pipe(&err) {
-                let _ = writeln!(std::io::stderr(), "fastcp: {err:#}");
+                let mut stderr = std::io::stderr().lock();
+                let _ = writeln!(stderr, "fastcp: {err:#}");
+                if let Some(hint) = err.downcast_ref::<fastcp::Error>().and_then(hint) {
+                    let _ = writeln!(stderr, "fastcp: {hint}");
+                }
             }
             ExitCode::from(code)
         }
+    }
+}
+
+/// What to do about an error, where the message alone does not say.
+fn hint(err: &fastcp::Error) -> Option<&'static str> {
+    match err.exit_code() {
+        exit::USAGE => Some("see fastcp --help"),
+        exit::CONNECTION if !err.to_string().contains("--remote-path") => Some(
+            "check the host, the port (-P) and your SSH setup with: ssh -v HOST; \
+             fastcp -v shows the steps",
+        ),
+        exit::INTEGRITY => Some(
+            "data was corrupted in transit or on a disk; nothing corrupt was kept. \
+             Run the copy again; if it recurs, check the network, memory and disks",
+        ),
+        _ => None,
     }
 }
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use fastcp_proto::{
     Accept, Direction, ErrorCode, ErrorFrame, Frame, Rendezvous, Request, TransportKind, flags,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixListener;
 
 use fastcp_crypto::{CipherSuite, CpuFeatures, KeyConfig};
@@ -22,6 +22,7 @@ use fastcp_transport::tcp::{TcpConfig, TcpRendezvous};
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::RangeInclusive;
 
+use crate::compress;
 use crate::session::{self, random32};
 use crate::wire::FrameReader;
 use crate::{BoxStream, Error, Report};
@@ -98,9 +99,14 @@ where
 {
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     let agreed = session::handshake(&mut reader).await?;
-    let request = match reader.next("waiting for the request").await? {
-        Frame::Request(r) => r,
-        other => {
+    let request = match reader.next("waiting for the request").await {
+        Ok(Frame::Request(r)) => r,
+        // A client that only wanted the hellos (`fastcp doctor`) ends here.
+        Err(Error::ConnectionClosed(_)) if reader.buffer().is_empty() => {
+            return Ok(Report::default());
+        }
+        Err(e) => return Err(e),
+        Ok(other) => {
             return Err(Error::UnexpectedFrame {
                 expected: "Request",
                 got: other.name(),
@@ -192,6 +198,28 @@ where
             }
         }
     };
+    let data: Vec<BoxStream> = if request.compression == compress::ZSTD {
+        data.into_iter().map(compress::zstd).collect()
+    } else {
+        data
+    };
+    if request.flags & flags::THROUGHPUT != 0 {
+        return discard(data).await.map_err(|e| (None, e));
+    }
+    if request.flags & flags::DRY_RUN != 0 {
+        let sources: Vec<PathBuf> = request.paths.iter().map(|p| remote_path(p)).collect();
+        let target = sources.first().cloned().unwrap_or_default();
+        let stream = data.into_iter().next().expect("at least one stream");
+        return crate::client::serve_dry_run(
+            stream,
+            request.direction,
+            &sources,
+            &target,
+            request.flags,
+        )
+        .await
+        .map_err(|e| (None, e));
+    }
     let progress = Arc::new(fastcp_stream::Progress::default());
     let result = match request.direction {
         Direction::Push => {
@@ -216,6 +244,40 @@ where
         }
     };
     result.map_err(|e| (None, Error::Engine(e)))
+}
+
+/// The server's side of a throughput test: reads every stream to its end, throwing the bytes
+/// away, then reports their number on stream 0.
+async fn discard(data: Vec<BoxStream>) -> Result<Report, Error> {
+    let mut readers = Vec::new();
+    let mut first = None;
+    for (i, stream) in data.into_iter().enumerate() {
+        let (mut read, write) = tokio::io::split(stream);
+        if i == 0 {
+            first = Some(write);
+        }
+        readers.push(tokio::spawn(async move {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut total = 0u64;
+            loop {
+                match read.read(&mut buf).await? {
+                    0 => return Ok::<_, std::io::Error>(total),
+                    n => total += n as u64,
+                }
+            }
+        }));
+    }
+    let mut report = Report::default();
+    for reader in readers {
+        report.local.bytes += reader
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    }
+    if let Some(mut w) = first {
+        crate::wire::write_frame(&mut w, &Frame::Done(report.local)).await?;
+        let _ = w.shutdown().await;
+    }
+    Ok(report)
 }
 
 /// Returns once `control` reaches end of stream (or fails); anything read is dropped.
@@ -275,6 +337,22 @@ fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> 
             "unknown request flags 0x{:x}; upgrade fastcp on the server",
             request.flags & !flags::KNOWN
         )));
+    }
+    if !compress::SUPPORTED.contains(&request.compression) {
+        return Err(Error::Unsupported(format!(
+            "unknown compression id {}; upgrade fastcp on the server",
+            request.compression
+        )));
+    }
+    if request.flags & flags::THROUGHPUT != 0 && request.direction != Direction::Push {
+        return Err(Error::Unsupported(
+            "a throughput test sends from the client".into(),
+        ));
+    }
+    if request.flags & flags::DRY_RUN != 0 && request.transport != TransportKind::Inline {
+        return Err(Error::Unsupported(
+            "a dry run runs on the control stream only".into(),
+        ));
     }
     if request.streams > config.max_streams {
         return Err(Error::Unsupported(format!(

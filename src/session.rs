@@ -44,7 +44,7 @@ pub(crate) fn local_hello() -> Hello {
         min_version: MIN_PROTOCOL_VERSION,
         cpu_features: cpu.to_bits(),
         ciphers,
-        compression: vec![0],
+        compression: crate::compress::SUPPORTED.to_vec(),
         max_frame: MAX_FRAME,
         software: SOFTWARE.into(),
     }

@@ -145,8 +145,14 @@ pub mod flags {
     pub const DRY_RUN: u32 = 1 << 3;
     /// The destination must be an existing directory (several sources, or a trailing '/').
     pub const TARGET_IS_DIR: u32 = 1 << 4;
+    /// A throughput test (with [`Direction::Push`](super::Direction::Push)): the client
+    /// sends arbitrary bytes on every data stream until it ends them, and the server counts
+    /// and discards them, then answers `Done` with the count on stream 0. No path is used and
+    /// nothing is written.
+    pub const THROUGHPUT: u32 = 1 << 5;
     /// All bits this version knows.
-    pub const KNOWN: u32 = RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR;
+    pub const KNOWN: u32 =
+        RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR | THROUGHPUT;
 }
 
 /// Which way the files flow in a session.

@@ -1,0 +1,286 @@
+//! What the `fastcp` command shows on stderr while a copy runs.
+//!
+//! On a terminal: one indicatif bar for the bytes, with the rate and the ETA, the files done
+//! out of the total, and the current file's name with its control characters escaped (scp's
+//! CVE-2019-6109). While the walk is still finding files the totals grow, and the bar says so
+//! ("+" after the totals, no ETA). Off a terminal, `--progress` prints a plain line every few
+//! seconds instead. Lines from the copy's [`fastcp::Log`] go through [`Output::line`] so that
+//! they do not tear the bar.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fastcp::stream::{Snapshot, escape};
+use fastcp::{Outcome, Progress};
+use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Which counters measure the work: the receiver's on a local copy and a pull, the sender's
+/// on a push (the remote side writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Both ends are here.
+    Local,
+    /// This side sends.
+    Push,
+    /// This side receives.
+    Pull,
+}
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// Nothing.
+    Off,
+    /// An indicatif bar on a terminal.
+    Bar,
+    /// A plain line on stderr every [`LINE_INTERVAL`].
+    Lines,
+}
+
+/// How often `--progress` prints a line off a terminal.
+pub const LINE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How often the bar reads the counters.
+const BAR_TICK: Duration = Duration::from_millis(100);
+
+/// Where stderr lines go while a progress display may be running.
+#[derive(Clone, Default)]
+pub struct Output {
+    bar: Arc<Mutex<Option<ProgressBar>>>,
+}
+
+impl Output {
+    /// Prints one line on stderr, above the bar if there is one.
+    pub fn line(&self, line: &str) {
+        let bar = self.bar.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match bar {
+            Some(bar) if !bar.is_finished() => bar.suspend(|| eprintln!("{line}")),
+            _ => eprintln!("{line}"),
+        }
+    }
+}
+
+/// The counters that measure the work, by role.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    bytes: u64,
+    files: u64,
+    /// The totals known so far: the walk's, or what is done when nobody counts a walk here.
+    total_bytes: u64,
+    total_files: u64,
+    /// The totals are final.
+    complete: bool,
+}
+
+fn counts(s: &Snapshot, role: Role) -> Counts {
+    let (bytes, files) = match role {
+        Role::Local | Role::Pull => (s.bytes_done, s.files_done),
+        Role::Push => (s.bytes_sent, s.files_sent),
+    };
+    Counts {
+        bytes,
+        files,
+        total_bytes: s.bytes_seen.max(bytes),
+        total_files: s.files_seen.max(files),
+        complete: s.walk_complete,
+    }
+}
+
+/// A running progress display; [`Display::finish`] ends it.
+pub struct Display {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    bar: Option<ProgressBar>,
+    style: Style,
+    output: Output,
+}
+
+impl Display {
+    /// Starts showing `progress` in `style`.
+    pub fn start(progress: Arc<Progress>, role: Role, style: Style, output: &Output) -> Display {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let mut bar = None;
+        let task = match style {
+            Style::Off => None,
+            Style::Bar => {
+                let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+                b.set_style(walking_style());
+                *output.bar.lock().unwrap_or_else(|p| p.into_inner()) = Some(b.clone());
+                bar = Some(b.clone());
+                Some(tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(BAR_TICK);
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => draw(&b, &progress, role),
+                            _ = &mut stopped => break,
+                        }
+                    }
+                }))
+            }
+            Style::Lines => {
+                let output = output.clone();
+                Some(tokio::spawn(async move {
+                    let started = Instant::now();
+                    let mut tick = tokio::time::interval(LINE_INTERVAL);
+                    tick.tick().await;
+                    let mut last = (Instant::now(), 0u64);
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => {
+                                let c = counts(&progress.snapshot(), role);
+                                let now = Instant::now();
+                                let secs = now.duration_since(last.0).as_secs_f64();
+                                let rate = c.bytes.saturating_sub(last.1) as f64 / secs.max(1e-3);
+                                last = (now, c.bytes);
+                                output.line(&plain_line(&c, rate, started.elapsed()));
+                            }
+                            _ = &mut stopped => break,
+                        }
+                    }
+                }))
+            }
+        };
+        Display {
+            stop: Some(stop),
+            task,
+            bar,
+            style,
+            output: output.clone(),
+        }
+    }
+
+    /// Stops the display. After a successful copy the bar is drawn full, at 100%, and
+    /// `--progress` prints a last line.
+    pub async fn finish(mut self, progress: &Progress, role: Role, outcome: Option<&Outcome>) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let c = counts(&progress.snapshot(), role);
+        match (self.style, outcome) {
+            (Style::Bar, Some(outcome)) => {
+                let bar = self.bar.take().expect("a bar");
+                // The report's totals are final even where nobody counted a walk here.
+                let total = c.bytes.max(outcome.report.local.bytes);
+                bar.set_style(done_style());
+                bar.set_length(total);
+                bar.set_position(total);
+                bar.set_prefix(format!("{} files", outcome.report.local.files));
+                bar.finish_with_message(format!("in {}", HumanDuration(outcome.elapsed)));
+            }
+            (Style::Bar, None) => {
+                if let Some(bar) = self.bar.take() {
+                    bar.abandon();
+                }
+            }
+            (Style::Lines, Some(outcome)) => {
+                let secs = outcome.elapsed.as_secs_f64().max(1e-3);
+                self.output.line(&format!(
+                    "fastcp: 100% {} in {} files, {:.1}s ({}/s)",
+                    HumanBytes(outcome.report.local.bytes),
+                    outcome.report.local.files,
+                    secs,
+                    HumanBytes((outcome.report.local.bytes as f64 / secs) as u64),
+                ));
+            }
+            _ => {}
+        }
+        *self.output.bar.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+fn template(t: &str) -> ProgressStyle {
+    ProgressStyle::with_template(t)
+        .expect("a valid template")
+        .progress_chars("=> ")
+}
+
+/// While the walk runs: the totals so far, marked with "+", and no ETA.
+fn walking_style() -> ProgressStyle {
+    template(
+        "{percent:>3}% [{bar:20}] {bytes}/{total_bytes}+ {binary_bytes_per_sec} {prefix}+ {wide_msg}",
+    )
+}
+
+/// Once the totals are known.
+fn counted_style() -> ProgressStyle {
+    template(
+        "{percent:>3}% [{bar:20}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix} {wide_msg}",
+    )
+}
+
+fn done_style() -> ProgressStyle {
+    template("{percent:>3}% [{bar:20}] {bytes} {binary_bytes_per_sec} {prefix} {wide_msg}")
+}
+
+fn draw(bar: &ProgressBar, progress: &Progress, role: Role) {
+    let c = counts(&progress.snapshot(), role);
+    if c.complete {
+        bar.set_style(counted_style());
+    }
+    bar.set_length(c.total_bytes);
+    bar.set_position(c.bytes);
+    bar.set_prefix(format!("{}/{} files", c.files, c.total_files));
+    bar.set_message(escape(&progress.current()));
+}
+
+/// One `--progress` line.
+fn plain_line(c: &Counts, rate: f64, elapsed: Duration) -> String {
+    let rate_text = format!("{}/s", HumanBytes(rate as u64));
+    if c.complete && c.total_bytes > 0 {
+        let pct = c.bytes as f64 * 100.0 / c.total_bytes as f64;
+        let eta = if rate > 0.0 {
+            HumanDuration(Duration::from_secs_f64(
+                c.total_bytes.saturating_sub(c.bytes) as f64 / rate,
+            ))
+            .to_string()
+        } else {
+            "unknown".into()
+        };
+        format!(
+            "fastcp: {pct:.0}% {} of {}, {rate_text}, ETA {eta}, {}/{} files",
+            HumanBytes(c.bytes),
+            HumanBytes(c.total_bytes),
+            c.files,
+            c.total_files,
+        )
+    } else {
+        format!(
+            "fastcp: {} of {}+ so far, {rate_text}, {}/{}+ files, {:.0}s",
+            HumanBytes(c.bytes),
+            HumanBytes(c.total_bytes),
+            c.files,
+            c.total_files,
+            elapsed.as_secs_f64(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_lines() {
+        let c = Counts {
+            bytes: 512 << 20,
+            files: 3,
+            total_bytes: 1 << 30,
+            total_files: 10,
+            complete: true,
+        };
+        let line = plain_line(&c, (256 << 20) as f64, Duration::from_secs(2));
+        assert_eq!(
+            line,
+            "fastcp: 50% 512.00 MiB of 1.00 GiB, 256.00 MiB/s, ETA 2 seconds, 3/10 files"
+        );
+        let walking = Counts {
+            complete: false,
+            ..c
+        };
+        let line = plain_line(&walking, 0.0, Duration::from_secs(2));
+        assert!(line.contains("1.00 GiB+ so far"), "{line}");
+    }
+}
