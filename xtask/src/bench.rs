@@ -1,4 +1,4 @@
-//! `cargo xtask bench local|ssh|tcp`: times fastcp against the usual tools on tmpfs.
+//! `cargo xtask bench local|ssh|tcp|wan`: times fastcp against the usual tools on tmpfs.
 //!
 //! Each contender is a bash command line (so pipelines like `tar | ssh` are measured whole).
 //! Every contender runs once as a warm-up, then `runs` timed rounds follow with the contenders
@@ -19,6 +19,7 @@ use crate::data::{self, Shape};
 use crate::report::{self, Report};
 use crate::sshd::{ALIAS, Sshd};
 use crate::verify::{self, Kind, Manifest};
+use crate::wan::{self, Wan};
 
 /// Which benchmark to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +30,8 @@ pub enum Mode {
     Ssh,
     /// fastcp `--transport tcp` vs scp, `tar | ssh` and plain `nc`.
     Tcp,
+    /// Through an emulated 50 ms, 1 Gbit/s link: fastcp's transports vs scp and rsync.
+    Wan,
 }
 
 impl Mode {
@@ -38,6 +41,7 @@ impl Mode {
             Mode::Local => "local",
             Mode::Ssh => "ssh",
             Mode::Tcp => "tcp",
+            Mode::Wan => "wan",
         }
     }
 
@@ -47,7 +51,8 @@ impl Mode {
             "local" => Mode::Local,
             "ssh" => Mode::Ssh,
             "tcp" => Mode::Tcp,
-            _ => bail!("unknown benchmark {s:?} (expected local, ssh or tcp)"),
+            "wan" => Mode::Wan,
+            _ => bail!("unknown benchmark {s:?} (expected local, ssh, tcp or wan)"),
         })
     }
 }
@@ -97,6 +102,8 @@ pub struct BenchOptions {
     pub fastcp_args: Vec<String>,
     /// Size of the big file.
     pub big_size: u64,
+    /// `bench wan`: bytes in flight per connection through the relay.
+    pub wan_window: usize,
     /// Scale of the tree (1.0 = the full shape).
     pub scale: f64,
     /// The tree's shape file.
@@ -195,9 +202,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     }
     let load_at_start = load_average();
 
-    let sets: Vec<DataSet> = match opts.only {
-        Some(s) => vec![s],
-        None => vec![DataSet::Big, DataSet::Tree],
+    let sets: Vec<DataSet> = match (opts.mode, opts.only) {
+        // Tens of thousands of files at 50 ms per round trip would take scp hours.
+        (Mode::Wan, Some(DataSet::Tree)) => bail!("bench wan copies the big file only"),
+        (Mode::Wan, _) => vec![DataSet::Big],
+        (_, Some(s)) => vec![s],
+        (_, None) => vec![DataSet::Big, DataSet::Tree],
     };
     let mut datas = Vec::new();
     for set in sets {
@@ -206,13 +216,28 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
 
     let fastcp = fastcp_binary(opts);
     let mut notes = Vec::new();
+    let mut wan = None;
     let sshd = match opts.mode {
         Mode::Local => None,
-        Mode::Ssh | Mode::Tcp => {
+        Mode::Ssh | Mode::Tcp | Mode::Wan => {
             let sshd = Sshd::start(&root.join(format!("sshd-{}", std::process::id())))?;
+            if opts.mode == Mode::Wan {
+                let bin = fastcp.as_deref().unwrap_or(Path::new("fastcp"));
+                let w = Wan::start(
+                    &sshd,
+                    &root.join(format!("wan-{}", std::process::id())),
+                    bin,
+                    opts.wan_window,
+                )?;
+                notes.extend(w.notes(sshd.port()));
+                wan = Some(w);
+            }
+            let cfg = wan
+                .as_ref()
+                .map_or(sshd.ssh_config(), |w| w.ssh_config().to_owned());
             // Log in once (verbosely, to learn which cipher plain `ssh` negotiates).
             let mut probe = Command::new("ssh");
-            probe.arg("-v").arg("-F").arg(sshd.ssh_config());
+            probe.arg("-v").arg("-F").arg(&cfg);
             if let Some(c) = &opts.ssh_cipher {
                 probe.args(["-c", c]);
             }
@@ -236,19 +261,24 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                         .map(|c| c.split_whitespace().next().unwrap_or("").to_owned())
                 })
                 .unwrap_or_else(|| "unknown".into());
-            notes.push(format!(
-                "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{}; scp is forced to aes128-gcm@openssh.com",
-                if opts.ssh_cipher.is_some() { " (set with --ssh-cipher)" } else { ", OpenSSH's default" }
-            ));
+            if opts.mode != Mode::Wan {
+                notes.push(format!(
+                    "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{}; scp is forced to aes128-gcm@openssh.com",
+                    if opts.ssh_cipher.is_some() { " (set with --ssh-cipher)" } else { ", OpenSSH's default" }
+                ));
+            }
             eprintln!(
                 "benchmark sshd on 127.0.0.1:{} (config {}); ssh negotiates {cipher}",
                 sshd.port(),
-                sshd.ssh_config().display()
+                cfg.display()
             );
             Some(sshd)
         }
     };
-    let cfg = sshd.as_ref().map(|s| s.ssh_config());
+    let cfg = match &wan {
+        Some(w) => Some(w.ssh_config().to_owned()),
+        None => sshd.as_ref().map(|s| s.ssh_config()),
+    };
 
     let out = root.join("out");
     let logs = root.join("logs");
@@ -256,7 +286,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let mut results = Vec::new();
     for data in datas {
         let dst = out.join(data.src.file_name().unwrap());
-        let mut contenders = contenders(opts, &fastcp, &data, &dst);
+        let mut contenders = contenders(opts, &fastcp, &data, &dst, wan.as_ref());
         if !opts.contenders.is_empty() {
             let ids: Vec<String> = contenders.iter().map(Contender::id).collect();
             for want in &opts.contenders {
@@ -279,6 +309,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
         });
     }
     let _ = fs::remove_dir_all(&out);
+    drop(wan);
     drop(sshd);
 
     let load = format!("{load_at_start} at start, {} at the end", load_average());
@@ -454,12 +485,14 @@ fn fastcp_binary(opts: &BenchOptions) -> Result<PathBuf, String> {
     }
 }
 
-/// The contenders of `opts.mode` for one data set, copying `data.src` to `dst`.
+/// The contenders of `opts.mode` for one data set, copying `data.src` to `dst` (through `wan`
+/// in `bench wan`).
 fn contenders(
     opts: &BenchOptions,
     fastcp: &Result<PathBuf, String>,
     data: &Data,
     dst: &Path,
+    wan: Option<&Wan>,
 ) -> Vec<Contender> {
     let tree = data.set == DataSet::Tree;
     let (src, dstq) = (p(&data.src), p(dst));
@@ -561,6 +594,15 @@ fn contenders(
             }
             v
         }
+        Mode::Wan => wan::contenders(
+            &fastcp_bin,
+            broken,
+            wan.map_or(Path::new("fastcp"), Wan::wrapper),
+            &extra,
+            &src,
+            &dstq,
+            opts.ssh_cipher.as_deref().unwrap_or(wan::SSH_CIPHER),
+        ),
     }
 }
 

@@ -7,6 +7,8 @@
 //! - `cargo xtask bench local|ssh|tcp [...]`: times fastcp against cp, tar, scp, rsync,
 //!   `tar | ssh` and nc on tmpfs, checks every copy, prints a Markdown report and with
 //!   `--write` records it in BENCHMARKS.md.
+//! - `cargo xtask bench wan [...]`: the same through an emulated 50 ms, 1 Gbit/s link
+//!   (a relay on 127.0.0.2): fastcp's TCP and SSH transports against scp and rsync.
 //! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
 //! - `cargo xtask sshd`: runs the benchmark sshd (and prints its ssh_config) until Enter.
 
@@ -16,6 +18,7 @@ mod report;
 mod rng;
 mod sshd;
 mod verify;
+mod wan;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,7 +30,7 @@ const USAGE: &str = "\
 usage:
   cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
   cargo xtask gen file PATH --size SIZE [--seed N]
-  cargo xtask bench local|ssh|tcp [options]
+  cargo xtask bench local|ssh|tcp|wan [options]
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
   cargo xtask sshd [--data DIR]    run the benchmark sshd until Enter, for experiments
 
@@ -40,11 +43,19 @@ bench options:
   --write              replace this benchmark's section of BENCHMARKS.md
   --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
   --fastcp-args ARGS   extra arguments for every fastcp run, e.g. \"-j 8\"
-  --ssh-cipher C       cipher for the ssh of rsync and tar | ssh (default: OpenSSH's choice)
-  --size SIZE          size of the big file (default 2GiB)
+  --ssh-cipher C       cipher for the ssh of rsync and tar | ssh (default: OpenSSH's choice;
+                       aes128-gcm@openssh.com in bench wan)
+  --size SIZE          size of the big file (default 2GiB; 512MiB in bench wan)
+  --window SIZE        bench wan: bytes in flight per connection, the emulated TCP window
+                       (default 4MiB)
   --scale F            scale of the tree (default 1)
   --shape FILE         tree shape (default ../shared/data/source-tree-shape.tsv from the repo)
   --timeout SECS       kill a run after this long and count it as failed (default 600)
+
+bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
+all connections together at 125 MB/s (1 Gbit/s) and the bytes in flight of each connection
+at the --window size. Contenders (ids): fastcp --transport tcp -j 1, 4 and 8 (fastcp-tcp-1,
+fastcp-tcp-4, fastcp-tcp-8), fastcp --transport ssh (fastcp-ssh), scp, rsync.
 
 SIZE accepts K/M/G (powers of 1024, also KiB/MiB/GiB) and KB/MB/GB (powers of 1000).";
 
@@ -62,6 +73,7 @@ const VALUE_OPTIONS: &[&str] = &[
     "timeout",
     "ssh-cipher",
     "contenders",
+    "window",
 ];
 
 fn main() -> ExitCode {
@@ -225,7 +237,9 @@ fn run() -> Result<()> {
                     None => 600,
                 }),
                 fastcp: args.value("fastcp")?.map(PathBuf::from),
-                ssh_cipher: args.value("ssh-cipher")?,
+                ssh_cipher: args
+                    .value("ssh-cipher")?
+                    .or_else(|| (mode == bench::Mode::Wan).then(|| wan::SSH_CIPHER.to_owned())),
                 contenders: args
                     .value("contenders")?
                     .map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
@@ -234,7 +248,18 @@ fn run() -> Result<()> {
                     .value("fastcp-args")?
                     .map(|s| s.split_whitespace().map(str::to_owned).collect())
                     .unwrap_or_default(),
-                big_size: data::parse_size(&args.value("size")?.unwrap_or_else(|| "2GiB".into()))?,
+                big_size: data::parse_size(&args.value("size")?.unwrap_or_else(|| {
+                    if mode == bench::Mode::Wan {
+                        wan::DEFAULT_SIZE.into()
+                    } else {
+                        "2GiB".into()
+                    }
+                }))?,
+                wan_window: match args.value("window")? {
+                    Some(s) => usize::try_from(data::parse_size(&s)?)
+                        .with_context(|| format!("bad --window {s:?}"))?,
+                    None => wan::DEFAULT_WINDOW,
+                },
                 scale: match args.value("scale")? {
                     Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
                     None => 1.0,
