@@ -368,14 +368,16 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(err) => {
+            let exit_code = err.exit_code();
+            let err = anyhow::Error::from(err);
             if args.json {
                 print_json(&json!({
                     "version": 1,
-                    "exit_code": err.exit_code(),
-                    "error": format!("{err:#}"),
+                    "exit_code": exit_code,
+                    "error": error_text(&err),
                 }))?;
             }
-            return Err(err.into());
+            return Err(err);
         }
     };
     for failure in &outcome.report.failures {
@@ -409,6 +411,20 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         );
     }
     Ok(code)
+}
+
+/// An error and its causes, each cause once: "a: b: c", leaving out a cause whose text the
+/// message already includes.
+pub fn error_text(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// One line of a dry run's listing: directories end with '/', links show their target.
@@ -607,21 +623,29 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
         tcp_ports: args.ports.map(|(lo, hi)| lo..=hi),
         ..Default::default()
     };
+    // The client learns of failures through the protocol and shows them; stderr (which sshd
+    // passes on to the client) is for what could not travel that way.
     match fastcp::server::serve(stdio, &config).await {
-        Ok(report) => {
-            for failure in &report.failures {
-                eprintln!("fastcp server: {failure}");
-            }
-            Ok(if report.failures.is_empty() {
-                exit::OK
-            } else {
-                exit::PARTIAL
-            })
-        }
+        Ok(report) => Ok(if report.failures.is_empty() {
+            exit::OK
+        } else {
+            exit::PARTIAL
+        }),
         Err(e) => {
-            eprintln!("fastcp server: {e}");
+            if !told_the_client(&e) {
+                eprintln!("fastcp server: {e}");
+            }
             Ok(e.exit_code())
         }
+    }
+}
+
+/// Whether a server's fatal error reached the client in an `Error` frame (or came from it).
+fn told_the_client(e: &fastcp::Error) -> bool {
+    match e {
+        fastcp::Error::Unsupported(_) => true,
+        fastcp::Error::Engine(e) => !e.is_disconnect(),
+        _ => false,
     }
 }
 

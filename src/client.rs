@@ -434,7 +434,12 @@ async fn connect_and_run(
             addr,
             streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
         };
-        log.info(|| format!("transport: sealed TCP to {addr}, {mode:?}"));
+        log.info(|| {
+            format!(
+                "transport: sealed TCP to {addr}, {} stream(s)",
+                mode.streams()
+            )
+        });
         match session_over(
             plan,
             std::slice::from_ref(&peer),
@@ -472,7 +477,8 @@ async fn connect_and_run(
     }
     log.info(|| {
         format!(
-            "transport: SSH, {mode:?} over {} connection(s)",
+            "transport: SSH channels, {} stream(s) over {} connection(s)",
+            mode.streams(),
             peers.len()
         )
     });
@@ -545,6 +551,16 @@ pub enum Mode {
         /// Data streams in all.
         streams: u16,
     },
+}
+
+impl Mode {
+    /// Data streams in all.
+    pub fn streams(&self) -> u16 {
+        match *self {
+            Mode::Inline => 1,
+            Mode::Unix { streams } | Mode::Tcp { streams, .. } => streams,
+        }
+    }
 }
 
 /// What a finished session reports.

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
                 .unwrap_or(exit::PARTIAL);
             if !is_broken_pipe(&err) {
                 let mut stderr = std::io::stderr().lock();
-                let _ = writeln!(stderr, "fastcp: {err:#}");
+                let _ = writeln!(stderr, "fastcp: {}", cli::error_text(&err));
                 if let Some(hint) = err.downcast_ref::<fastcp::Error>().and_then(hint) {
                     let _ = writeln!(stderr, "fastcp: {hint}");
                 }
@@ -44,10 +44,9 @@ fn main() -> ExitCode {
 fn hint(err: &fastcp::Error) -> Option<&'static str> {
     match err.exit_code() {
         exit::USAGE => Some("see fastcp --help"),
-        exit::CONNECTION if !err.to_string().contains("--remote-path") => Some(
-            "check the host, the port (-P) and your SSH setup with: ssh -v HOST; \
-             fastcp -v shows the steps",
-        ),
+        exit::CONNECTION if !err.to_string().contains("--remote-path") => {
+            Some("fastcp -v shows the connection steps")
+        }
         exit::INTEGRITY => Some(
             "data was corrupted in transit or on a disk; nothing corrupt was kept. \
              Run the copy again; if it recurs, check the network, memory and disks",

@@ -1,0 +1,754 @@
+//! The `fastcp` command line: flags, exit codes, the JSON summary, completions, the man page,
+//! dry runs, compression, bandwidth limits and `fastcp doctor`.
+//!
+//! Remote cases run against a real OpenSSH sshd on 127.0.0.1 started by `fastcp-testsupport`
+//! (temp host key, temp authorized_keys, free port), with the built `fastcp` as the remote
+//! `fastcp server` through `--remote-path`. Nothing touches ~/.ssh.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, build_mixed, pseudo_random, write};
+use predicates::prelude::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
+
+fn fastcp() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("SSH_AUTH_SOCK")
+        .timeout(Duration::from_secs(300));
+    cmd
+}
+
+/// A `fastcp` command set up for `sshd`: its ssh_config and the remote binary.
+fn remote_fastcp(sshd: &Sshd) -> Command {
+    let mut cmd = fastcp();
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(BIN);
+    cmd
+}
+
+fn remote(sshd: &Sshd, path: &Path) -> String {
+    format!("{}:{}", sshd.alias(), path.display())
+}
+
+fn json_of(output: &std::process::Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+fn keys(v: &Value) -> BTreeSet<String> {
+    v.as_object()
+        .expect("a JSON object")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// An ssh_config for a host nothing listens on: connection refused.
+fn dead_host_config(dir: &Path) -> PathBuf {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // The listener is closed again: nothing listens on `port` now.
+    let config = dir.join("ssh_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Host dead\n  HostName 127.0.0.1\n  Port {port}\n  BatchMode yes\n  \
+             UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            dir.join("known_hosts").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"a", 0o644);
+    let a = a.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["--no-such-flag", a, "b"],
+        &[a],
+        &["-l", "100", "--bwlimit", "1M", a, "b"],
+        &["--bwlimit", "10 parsecs", a, "b"],
+        &["-P", "notaport", a, "b"],
+        &["--cipher", "rot13", a, "b"],
+        &["--transport", "carrier-pigeon", a, "b"],
+        &["completions", "cmd.exe"],
+        &["hosta:x", "hostb:y"],
+    ];
+    for args in cases {
+        fastcp()
+            .args(*args)
+            .current_dir(work.path())
+            .assert()
+            .code(2)
+            .stderr(predicate::str::is_empty().not());
+    }
+    assert!(!work.path().join("b").exists());
+}
+
+#[test]
+fn help_names_every_flag_and_the_exit_codes() {
+    let out = fastcp().arg("--help").assert().success();
+    let help = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for flag in [
+        "-r",
+        "-p",
+        "-P <PORT>",
+        "-i <IDENTITY>",
+        "-J <JUMP>",
+        "-F <SSH_CONFIG>",
+        "-o <OPTION>",
+        "-l <LIMIT>",
+        "-q",
+        "-v",
+        "-C",
+        "-n, --dry-run",
+        "--bwlimit <RATE>",
+        "--cipher",
+        "--transport",
+        "-j, --streams",
+        "--json",
+        "--progress",
+        "doctor",
+        "completions",
+        "man",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
+    }
+    for line in [
+        "0  success",
+        "1  some files failed",
+        "2  usage error",
+        "3  connection or authentication failure",
+        "4  integrity failure",
+    ] {
+        assert!(help.contains(line), "--help lacks exit code {line:?}");
+    }
+}
+
+#[test]
+fn version_lists_the_crypto_providers() {
+    fastcp()
+        .arg("--version")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(env!("CARGO_PKG_VERSION")))
+        .stdout(predicate::str::contains(
+            "crypto providers: ring, rustcrypto",
+        ));
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef fastcp"),
+        ("fish", "complete -c fastcp"),
+    ] {
+        let out = fastcp().args(["completions", shell]).assert().success();
+        let script = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(
+            script.contains("bwlimit"),
+            "{shell} completion lacks --bwlimit"
+        );
+        assert!(script.contains("doctor"), "{shell} completion lacks doctor");
+    }
+}
+
+#[test]
+fn man_page_is_generated_from_the_cli() {
+    let out = fastcp().arg("man").assert().success();
+    let page = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH fastcp"),
+        "{page}"
+    );
+    for text in ["bwlimit", "dry\\-run", "doctor", "Exit codes", "SSH_CONFIG"] {
+        assert!(page.contains(text), "the man page lacks {text:?}");
+    }
+}
+
+#[test]
+fn json_summary_of_a_local_copy() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    let dst = work.path().join("copy");
+    let out = fastcp()
+        .args(["-r", "-p", "--json"])
+        .arg(&src)
+        .arg(&dst)
+        .assert()
+        .success();
+    let v = json_of(out.get_output());
+    assert_same_tree(&src, &dst, true);
+    let expected_bytes: u64 = walkdir_sizes(&src);
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["dry_run"], false);
+    assert_eq!(v["bytes"], expected_bytes);
+    assert!(v["files"].as_u64().unwrap() > 0);
+    assert!(v["seconds"].as_f64().unwrap() > 0.0);
+    assert!(v["throughput_bytes_per_sec"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["transport"], "local");
+    assert!(v["streams"].as_u64().unwrap() >= 1);
+    assert_eq!(v["cipher"], Value::Null);
+    assert_eq!(v["errors"], Value::Array(vec![]));
+    assert_eq!(v["error_count"], 0);
+    // The keys are the ones README.md documents.
+    assert_eq!(keys(&v), keys(&readme_json_example()));
+}
+
+/// Total size of the regular files under `root`.
+fn walkdir_sizes(root: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+        if meta.is_dir() {
+            total += walkdir_sizes(&entry.path());
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    total
+}
+
+/// The JSON example under README.md's "JSON summary" heading.
+fn readme_json_example() -> Value {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("### JSON summary")
+        .nth(1)
+        .expect("README.md has a \"### JSON summary\" section");
+    let block = section
+        .split("```json\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a ```json block in that section");
+    serde_json::from_str(block).expect("the README example is valid JSON")
+}
+
+#[test]
+fn some_files_failing_exits_1_and_names_them() {
+    let work = tempfile::tempdir().unwrap();
+    let good = work.path().join("good.txt");
+    write(&good, b"fine", 0o644);
+    let missing = work.path().join("missing.txt");
+    let into = work.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    let out = fastcp()
+        .arg("--json")
+        .arg(&good)
+        .arg(&missing)
+        .arg(format!("{}/", into.display()))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "missing.txt: no such file or directory",
+        ));
+    assert_eq!(std::fs::read(into.join("good.txt")).unwrap(), b"fine");
+    assert!(!into.join("missing.txt").exists());
+    let v = json_of(out.get_output());
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["files"], 1);
+    assert_eq!(v["error_count"], 1);
+    let error = &v["errors"][0];
+    assert_eq!(error["code"], "not_found");
+    assert_eq!(error["side"], "sender");
+    assert!(error["message"].as_str().unwrap().contains("missing.txt"));
+}
+
+#[test]
+fn dry_run_lists_and_writes_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a.txt"), b"aaaa", 0o644);
+    write(&src.join("sub/b.bin"), &[1u8; 1000], 0o644);
+    std::os::unix::fs::symlink("a.txt", src.join("link")).unwrap();
+    let dst = work.path().join("dst");
+    let out = fastcp()
+        .args(["-r", "-n"])
+        .arg(&src)
+        .arg(&dst)
+        .assert()
+        .success();
+    assert_eq!(
+        String::from_utf8_lossy(&out.get_output().stdout),
+        "src/\nsrc/a.txt\nsrc/link -> a.txt\nsrc/sub/\nsrc/sub/b.bin\n"
+    );
+    assert!(!dst.exists());
+
+    let out = fastcp()
+        .args(["-r", "--dry-run", "--json"])
+        .arg(&src)
+        .arg(&dst)
+        .assert()
+        .success();
+    let v = json_of(out.get_output());
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["files"], 2);
+    assert_eq!(v["bytes"], 1004);
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 5);
+    assert_eq!(entries[4]["path"], "src/sub/b.bin");
+    assert_eq!(entries[4]["kind"], "file");
+    assert_eq!(entries[4]["size"], 1000);
+    assert!(!dst.exists());
+}
+
+#[test]
+fn connection_refused_exits_3() {
+    let work = tempfile::tempdir().unwrap();
+    let config = dead_host_config(work.path());
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    fastcp()
+        .arg("-F")
+        .arg(&config)
+        .arg(&a)
+        .arg("dead:/tmp/never")
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("Connection refused"))
+        .stderr(predicate::str::contains("-v"));
+    let out = fastcp()
+        .arg("-F")
+        .arg(&config)
+        .arg("--json")
+        .arg("dead:x")
+        .arg(work.path().join("b"))
+        .assert()
+        .code(3);
+    let v = json_of(out.get_output());
+    assert_eq!(v["exit_code"], 3);
+    assert!(v["error"].as_str().unwrap().contains("Connection refused"));
+    assert!(!work.path().join("b").exists());
+}
+
+/// Rate limits are checked from below only: the copy cannot beat the limit.
+fn assert_took_at_least(started: Instant, bytes: u64, rate: u64) {
+    // The bucket lets one write (a tenth of a second's worth) through ahead of time.
+    let floor = Duration::from_secs_f64(bytes as f64 / rate as f64 * 0.85);
+    let took = started.elapsed();
+    assert!(
+        took >= floor,
+        "{bytes} bytes at {rate} B/s took {took:?}, less than {floor:?}"
+    );
+}
+
+#[test]
+fn bwlimit_and_scp_l_limit_a_local_copy() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data");
+    let size = 768 * 1024;
+    write(&src, &pseudo_random(size, 1), 0o644);
+    // --bwlimit 256K: 256 KiB/s, rsync's meaning.
+    let started = Instant::now();
+    fastcp()
+        .args(["--bwlimit", "256K"])
+        .arg(&src)
+        .arg(work.path().join("a"))
+        .assert()
+        .success();
+    assert_took_at_least(started, size as u64, 256 * 1024);
+    assert_eq!(std::fs::read(work.path().join("a")).unwrap().len(), size);
+    // -l 2048: 2048 Kbit/s = 256 KiB/s, scp's meaning.
+    let started = Instant::now();
+    fastcp()
+        .args(["-l", "2048"])
+        .arg(&src)
+        .arg(work.path().join("b"))
+        .assert()
+        .success();
+    assert_took_at_least(started, size as u64, 256 * 1024);
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap().len(), size);
+}
+
+#[test]
+fn progress_lines_off_a_terminal_and_quiet() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data");
+    write(&src, &pseudo_random(1536 * 1024, 2), 0o644);
+    // Off a terminal (the test captures stderr), --progress prints plain lines.
+    let out = fastcp()
+        .args(["--progress", "--bwlimit", "512K"])
+        .arg(&src)
+        .arg(work.path().join("a"))
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.len() >= 2,
+        "expected periodic lines and a last one:\n{err}"
+    );
+    assert!(lines.iter().all(|l| l.starts_with("fastcp: ")), "{err}");
+    assert!(
+        lines[0].contains("KiB/s") || lines[0].contains("MiB/s"),
+        "{err}"
+    );
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with("fastcp: 100% 1.50 MiB in 1 files"),
+        "{err}"
+    );
+    // Without --progress nothing, and -q is silent even with it.
+    for args in [&[][..], &["-q", "--progress"][..]] {
+        fastcp()
+            .args(args)
+            .arg(&src)
+            .arg(work.path().join("b"))
+            .assert()
+            .success()
+            .stderr("")
+            .stdout("");
+    }
+}
+
+#[test]
+fn compression_round_trip_over_sshd() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    // Something that compresses, and something that does not.
+    write(
+        &src.join("text.log"),
+        &b"a line of text that repeats\n".repeat(100_000),
+        0o644,
+    );
+    write(&src.join("noise.bin"), &pseudo_random(3 << 20, 9), 0o644);
+    for transport in ["ssh", "tcp"] {
+        let pushed = work.path().join(format!("pushed-{transport}"));
+        let out = remote_fastcp(&sshd)
+            .args(["-C", "-r", "-p", "--json", "--transport", transport])
+            .arg(&src)
+            .arg(remote(&sshd, &pushed))
+            .assert()
+            .success();
+        let v = json_of(out.get_output());
+        assert_eq!(v["compression"], "zstd");
+        assert_eq!(v["transport"], transport);
+        assert_same_tree(&src, &pushed, true);
+
+        let pulled = work.path().join(format!("pulled-{transport}"));
+        let out = remote_fastcp(&sshd)
+            .args([
+                "-C",
+                "-r",
+                "-p",
+                "--json",
+                "--transport",
+                transport,
+                "-j",
+                "3",
+            ])
+            .arg(remote(&sshd, &pushed))
+            .arg(&pulled)
+            .assert()
+            .success();
+        assert_eq!(json_of(out.get_output())["compression"], "zstd");
+        assert_same_tree(&src, &pulled, true);
+    }
+    // Without -C nothing is compressed.
+    let plain = work.path().join("plain");
+    let out = remote_fastcp(&sshd)
+        .args(["-r", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &plain))
+        .assert()
+        .success();
+    assert_eq!(json_of(out.get_output())["compression"], Value::Null);
+}
+
+#[test]
+fn remote_json_names_transport_cipher_and_provider() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a.bin");
+    write(&a, &pseudo_random(100_000, 3), 0o644);
+    let out = remote_fastcp(&sshd)
+        .args([
+            "--json",
+            "--transport",
+            "tcp",
+            "--cipher",
+            "chacha20-poly1305",
+            "-j",
+            "3",
+        ])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b.bin")))
+        .assert()
+        .success();
+    let v = json_of(out.get_output());
+    assert_eq!(v["transport"], "tcp");
+    assert_eq!(v["cipher"], "chacha20-poly1305");
+    assert!(v["provider"].is_string());
+    assert_eq!(v["streams"], 3);
+    assert_eq!(v["remote"], format!("fastcp {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(v["bytes"], 100_000);
+    assert_eq!(keys(&v), keys(&readme_json_example()));
+}
+
+#[test]
+fn dry_run_over_sshd_writes_nothing() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("deep")).unwrap();
+    write(&src.join("one"), b"1", 0o644);
+    write(&src.join("deep/two"), b"22", 0o644);
+    // Pull: the server lists.
+    let dst = work.path().join("dst");
+    let out = remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(remote(&sshd, &src))
+        .arg(&dst)
+        .assert()
+        .success();
+    assert_eq!(
+        String::from_utf8_lossy(&out.get_output().stdout),
+        "src/\nsrc/deep/\nsrc/deep/two\nsrc/one\n"
+    );
+    assert!(!dst.exists());
+    // A missing remote source is listed as a failure.
+    remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(remote(&sshd, &work.path().join("nope")))
+        .arg(&dst)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("nope: no such file or directory"));
+    // Push: the client lists, the server only checks the target.
+    let out = remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst))
+        .assert()
+        .success();
+    assert!(String::from_utf8_lossy(&out.get_output().stdout).contains("src/deep/two\n"));
+    assert!(!dst.exists());
+    remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(&src)
+        .arg(format!("{}/", remote(&sshd, &dst)))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("not a directory"));
+    assert!(!dst.exists());
+}
+
+#[test]
+fn bwlimit_limits_a_pull_over_sshd() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data");
+    let size = 1 << 20;
+    write(&src, &pseudo_random(size, 4), 0o644);
+    let started = Instant::now();
+    remote_fastcp(&sshd)
+        .args(["--bwlimit", "400K", "--transport", "ssh"])
+        .arg(remote(&sshd, &src))
+        .arg(work.path().join("copy"))
+        .assert()
+        .success();
+    assert_took_at_least(started, size as u64, 400 * 1024);
+    assert_eq!(std::fs::read(work.path().join("copy")).unwrap().len(), size);
+}
+
+#[test]
+fn verbose_tells_the_steps_and_choices() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"hello", 0o644);
+    let out = remote_fastcp(&sshd)
+        .args(["-v", "--transport", "tcp"])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b")))
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    for step in [
+        "connecting to host",
+        "authenticated to 127.0.0.1",
+        "transport: sealed TCP",
+        "remote: fastcp",
+        "cipher: ",
+    ] {
+        assert!(err.contains(step), "-v lacks {step:?}:\n{err}");
+    }
+    // Without -v: nothing on stderr.
+    remote_fastcp(&sshd)
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("c")))
+        .assert()
+        .success()
+        .stderr("");
+}
+
+#[test]
+fn ssh_o_option_is_applied() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let dead = dead_host_config(work.path());
+    let dead_port = std::fs::read_to_string(&dead)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Port ").map(str::to_owned))
+        .unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    // The config's port works; -o Port= overrides it.
+    remote_fastcp(&sshd)
+        .args(["-o", &format!("Port={dead_port}")])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b")))
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains(format!("port {dead_port}")));
+    assert!(!work.path().join("b").exists());
+    remote_fastcp(&sshd)
+        .args(["-o", "ConnectTimeout=20"])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b")))
+        .assert()
+        .success();
+}
+
+#[test]
+fn doctor_reports_versions_cpus_choices_and_throughput() {
+    let sshd = Sshd::start().unwrap();
+    let doctor = || {
+        let mut cmd = fastcp();
+        cmd.arg("doctor")
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .arg("--remote-path")
+            .arg(BIN);
+        cmd
+    };
+    let out = doctor()
+        .args(["--seconds", "1", "--json"])
+        .arg(sshd.alias())
+        .assert()
+        .success()
+        // The server takes a client that leaves after the hellos as a clean goodbye.
+        .stderr("");
+    let v = json_of(out.get_output());
+    let version = format!("fastcp {}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["remote"]["software"], version);
+    assert_eq!(v["local"]["software"], version);
+    assert!(v["remote"]["cpu_features"].is_array());
+    assert!(v["local"]["cpu_features"].is_array());
+    assert!(
+        v["remote"]["compression"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("zstd"))
+    );
+    assert!(v["cipher"].is_string() && v["provider"].is_string());
+    assert_eq!(v["transport"], "tcp");
+    let t = &v["throughput"];
+    assert_eq!(t["transport"], "tcp");
+    assert!(t["bytes"].as_u64().unwrap() > 0);
+    assert!(t["seconds"].as_f64().unwrap() >= 1.0);
+    assert!(t["bytes_per_sec"].as_f64().unwrap() > 0.0);
+
+    // The text report, over SSH channels this time.
+    let out = doctor()
+        .args(["--seconds", "0.5", "--transport", "ssh"])
+        .arg(sshd.alias())
+        .assert()
+        .success()
+        .stderr("");
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for line in [
+        "remote:",
+        "cipher:",
+        "transport:   SSH channels",
+        "throughput:",
+        "over ssh",
+    ] {
+        assert!(text.contains(line), "doctor lacks {line:?}:\n{text}");
+    }
+    assert!(text.contains(&version), "{text}");
+
+    // A host nothing listens on: exit 3.
+    let work = tempfile::tempdir().unwrap();
+    fastcp()
+        .arg("doctor")
+        .arg("-F")
+        .arg(dead_host_config(work.path()))
+        .arg("dead")
+        .assert()
+        .code(3);
+}
+
+#[test]
+fn integrity_failure_exits_4_and_keeps_nothing() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data");
+    write(&src, &vec![0u8; 2 << 20], 0o644);
+    // A remote "fastcp" whose output flips one byte deep inside the file's data (the frames
+    // around it stay intact), as a faulty link or a broken disk would.
+    let corrupt = work.path().join("corrupting-fastcp");
+    std::fs::write(
+        &corrupt,
+        format!(
+            "#!/bin/sh\n'{BIN}' \"$@\" | perl -e '\
+             my ($off, $at) = (0, 1500000);\
+             while (my $n = sysread(STDIN, my $buf, 65536)) {{\
+               if ($at >= $off && $at < $off + $n) {{\
+                 substr($buf, $at - $off, 1) = chr(ord(substr($buf, $at - $off, 1)) ^ 0xff) }}\
+               $off += $n; my $w = 0;\
+               while ($w < $n) {{ $w += syswrite(STDOUT, $buf, $n - $w, $w) }} }}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &corrupt,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let copy = work.path().join("copy");
+    fastcp()
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(&corrupt)
+        .args(["--transport", "ssh", "-j", "1"])
+        .arg(remote(&sshd, &src))
+        .arg(&copy)
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("hash mismatch"));
+    assert!(!copy.exists());
+}
