@@ -391,6 +391,13 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     }
     let code = if outcome.report.is_complete() {
         exit::OK
+    } else if outcome
+        .report
+        .failures
+        .iter()
+        .any(|f| f.code == fastcp::stream::ErrorCode::Integrity)
+    {
+        exit::INTEGRITY
     } else {
         exit::PARTIAL
     };

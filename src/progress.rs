@@ -70,6 +70,9 @@ struct Counts {
     total_files: u64,
     /// The totals are final.
     complete: bool,
+    /// Someone counts the totals here. A pull learns of the files as they arrive, so it
+    /// shows what is done and no total.
+    known: bool,
 }
 
 fn counts(s: &Snapshot, role: Role) -> Counts {
@@ -83,6 +86,7 @@ fn counts(s: &Snapshot, role: Role) -> Counts {
         total_bytes: s.bytes_seen.max(bytes),
         total_files: s.files_seen.max(files),
         complete: s.walk_complete,
+        known: role != Role::Pull || s.files_seen > 0 || s.walk_complete,
     }
 }
 
@@ -168,7 +172,12 @@ impl Display {
                 bar.set_length(total);
                 bar.set_position(total);
                 bar.set_prefix(format!("{} files", outcome.report.local.files));
-                bar.finish_with_message(format!("in {}", HumanDuration(outcome.elapsed)));
+                let secs = outcome.elapsed.as_secs_f64().max(1e-3);
+                bar.finish_with_message(format!(
+                    "in {}, {}/s",
+                    HumanDuration(outcome.elapsed),
+                    HumanBytes((total as f64 / secs) as u64)
+                ));
             }
             (Style::Bar, None) => {
                 if let Some(bar) = self.bar.take() {
@@ -204,6 +213,11 @@ fn walking_style() -> ProgressStyle {
     )
 }
 
+/// When nobody counts the totals here.
+fn open_ended_style() -> ProgressStyle {
+    template("{spinner} {bytes} {binary_bytes_per_sec} {elapsed} {prefix} {wide_msg}")
+}
+
 /// Once the totals are known.
 fn counted_style() -> ProgressStyle {
     template(
@@ -212,13 +226,23 @@ fn counted_style() -> ProgressStyle {
 }
 
 fn done_style() -> ProgressStyle {
-    template("{percent:>3}% [{bar:20}] {bytes} {binary_bytes_per_sec} {prefix} {wide_msg}")
+    template("{percent:>3}% [{bar:20}] {bytes} {prefix} {wide_msg}")
 }
 
 fn draw(bar: &ProgressBar, progress: &Progress, role: Role) {
     let c = counts(&progress.snapshot(), role);
+    // Nothing to measure against yet (the walk has found nothing so far), or nobody counts.
+    if !c.known || (c.total_bytes == 0 && !c.complete) {
+        bar.set_style(open_ended_style());
+        bar.set_position(c.bytes);
+        bar.set_prefix(format!("{} files", c.files));
+        bar.set_message(escape(&progress.current()));
+        return;
+    }
     if c.complete {
         bar.set_style(counted_style());
+    } else {
+        bar.set_style(walking_style());
     }
     bar.set_length(c.total_bytes);
     bar.set_position(c.bytes);
@@ -229,6 +253,14 @@ fn draw(bar: &ProgressBar, progress: &Progress, role: Role) {
 /// One `--progress` line.
 fn plain_line(c: &Counts, rate: f64, elapsed: Duration) -> String {
     let rate_text = format!("{}/s", HumanBytes(rate as u64));
+    if !c.known {
+        return format!(
+            "fastcp: {} so far, {rate_text}, {} files, {:.0}s",
+            HumanBytes(c.bytes),
+            c.files,
+            elapsed.as_secs_f64(),
+        );
+    }
     if c.complete && c.total_bytes > 0 {
         let pct = c.bytes as f64 * 100.0 / c.total_bytes as f64;
         let eta = if rate > 0.0 {
@@ -270,6 +302,7 @@ mod tests {
             total_bytes: 1 << 30,
             total_files: 10,
             complete: true,
+            known: true,
         };
         let line = plain_line(&c, (256 << 20) as f64, Duration::from_secs(2));
         assert_eq!(
