@@ -31,7 +31,7 @@
 //!     CopyOptions::default(),
 //! )?;
 //! let outcome = fastcp::copy_local(&plan, Arc::new(Progress::default())).await?;
-//! assert_eq!(outcome.report.files, 1);
+//! assert_eq!(outcome.report.local.files, 1);
 //! assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
 //! # Ok(()) }
 //! ```
