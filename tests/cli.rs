@@ -752,3 +752,56 @@ fn integrity_failure_exits_4_and_keeps_nothing() {
         .stderr(predicate::str::contains("hash mismatch"));
     assert!(!copy.exists());
 }
+
+#[test]
+fn compression_falls_back_with_a_note_when_the_server_lacks_zstd() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    // A remote "fastcp" whose hello offers compression ids [0, 0] instead of [0, 1], as a
+    // build without zstd would: the length-prefixed list is rewritten in place.
+    let old = work.path().join("fastcp-without-zstd");
+    std::fs::write(
+        &old,
+        format!(
+            "#!/bin/sh\n'{BIN}' \"$@\" | perl -e '\
+             my $first = 1;\
+             while (my $n = sysread(STDIN, my $buf, 65536)) {{\
+               if ($first) {{ $buf =~ s/\\x00\\x00\\x00\\x02\\x00\\x01/\\x00\\x00\\x00\\x02\\x00\\x00/; $first = 0 }}\
+               my $w = 0; while ($w < $n) {{ $w += syswrite(STDOUT, $buf, $n - $w, $w) }} }}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let doctor = fastcp()
+        .arg("doctor")
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(&old)
+        .args(["--seconds", "0", "--json"])
+        .arg(sshd.alias())
+        .assert()
+        .success();
+    assert_eq!(
+        json_of(doctor.get_output())["remote"]["compression"],
+        serde_json::json!(["none", "none"])
+    );
+    let a = work.path().join("a.txt");
+    write(&a, &b"compressible ".repeat(10_000), 0o644);
+    let b = work.path().join("b.txt");
+    let out = fastcp()
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(&old)
+        .args(["-C", "--json", "--transport", "ssh", "-j", "1"])
+        .arg(&a)
+        .arg(remote(&sshd, &b))
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "does not offer zstd compression; copying uncompressed",
+        ));
+    assert_eq!(json_of(out.get_output())["compression"], Value::Null);
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+}
