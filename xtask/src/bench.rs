@@ -229,7 +229,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                     bin,
                     opts.wan_window,
                 )?;
-                notes.extend(w.notes(sshd.port()));
+                notes.extend(w.notes(sshd.port(), datas.first().map(|d| d.bytes)));
                 wan = Some(w);
             }
             let cfg = wan
@@ -241,11 +241,13 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
             if let Some(c) = &opts.ssh_cipher {
                 probe.args(["-c", c]);
             }
+            let login = Instant::now();
             let out = probe
                 .args([ALIAS, "true"])
                 .env_remove("SSH_AUTH_SOCK")
                 .stdin(Stdio::null())
                 .output()?;
+            let login = login.elapsed();
             if !out.status.success() {
                 bail!(
                     "cannot log in to the benchmark sshd: {}\nsshd log:\n{}",
@@ -261,7 +263,13 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                         .map(|c| c.split_whitespace().next().unwrap_or("").to_owned())
                 })
                 .unwrap_or_else(|| "unknown".into());
-            if opts.mode != Mode::Wan {
+            if opts.mode == Mode::Wan {
+                notes.push(format!(
+                    "A login through the relay (`ssh -F \"$CFG\" {ALIAS} true`) took {:.2} s: \
+                     every contender pays it once per run",
+                    login.as_secs_f64()
+                ));
+            } else {
                 notes.push(format!(
                     "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{}; scp is forced to aes128-gcm@openssh.com",
                     if opts.ssh_cipher.is_some() { " (set with --ssh-cipher)" } else { ", OpenSSH's default" }

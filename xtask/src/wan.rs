@@ -166,10 +166,10 @@ impl Wan {
         &self.wrapper
     }
 
-    /// Report lines describing the emulated path.
-    pub fn notes(&self, sshd_port: u16) -> Vec<String> {
+    /// Report lines describing the emulated path (and what it allows for `bytes` of data).
+    pub fn notes(&self, sshd_port: u16, bytes: Option<u64>) -> Vec<String> {
         let per_conn = self.window as f64 / RTT.as_secs_f64() / 1e6;
-        vec![
+        let mut notes = vec![
             format!(
                 "WAN: `fastcp_testsupport::wan::WanRelay` on {} forwarding to 127.0.0.1:{sshd_port} \
                  (sshd) and {ip}:{lo}-{hi} → 127.0.0.1:{lo}-{hi} (fastcp's data ports); `$CFG`'s \
@@ -199,7 +199,18 @@ impl Wan {
              back by the SSH channel window (2 MiB in OpenSSH), fastcp's TCP streams only by the \
              emulated TCP window and the link"
                 .to_owned(),
-        ]
+        ];
+        if let Some(bytes) = bytes {
+            notes.push(format!(
+                "Floors for this file: {:.2} s at the link rate, {:.2} s for one connection with \
+                 this window, {:.2} s for one 2 MiB SSH channel window ({:.0} MB/s)",
+                bytes as f64 / LINK_RATE as f64,
+                bytes as f64 / (per_conn * 1e6),
+                bytes as f64 / f64::from(2u32 << 20) * RTT.as_secs_f64(),
+                f64::from(2u32 << 20) / RTT.as_secs_f64() / 1e6,
+            ));
+        }
+        notes
     }
 }
 
