@@ -169,7 +169,12 @@ impl Display {
                 // The report's totals are final even where nobody counted a walk here.
                 let total = c.bytes.max(outcome.report.local.bytes);
                 bar.set_style(done_style());
-                bar.set_length(total);
+                if outcome.report.is_complete() {
+                    bar.set_length(total);
+                } else {
+                    // Some files failed: the bar stops short of what the walk found.
+                    bar.set_length(c.total_bytes.max(total));
+                }
                 bar.set_position(total);
                 bar.set_prefix(format!("{} files", outcome.report.local.files));
                 let secs = outcome.elapsed.as_secs_f64().max(1e-3);
