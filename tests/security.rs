@@ -4,48 +4,18 @@
 //! client and writes crafted fastcp frames, so the client faces exactly what a compromised
 //! host could send.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use bytes::{Bytes, BytesMut};
+use common::*;
 use fastcp_proto::{
     Accept, Data, FileEnd, FileEntry, Frame, Hello, Meta, Rendezvous, Summary, SymlinkEntry, encode,
 };
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{assert_no_temp, scan, write};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
-
-fn fastcp(sshd: &Sshd, remote_path: &Path) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("-F")
-        .arg(sshd.ssh_config())
-        .arg("--remote-path")
-        .arg(remote_path)
-        .env_remove("SSH_AUTH_SOCK");
-    cmd
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run fastcp");
-    eprintln!(
-        "fastcp exited {:?}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
-}
 
 /// A "server" that answers any client with `frames` after a valid hello and accept.
 fn hostile_server(dir: &Path, frames: &[Frame]) -> PathBuf {
@@ -200,7 +170,7 @@ fn cve_2020_15778_remote_paths_never_reach_a_shell() {
     let dest_dir = work.path().join("dest");
     std::fs::create_dir(&dest_dir).unwrap();
     let evil = format!("x;touch {0};$(touch {0})`touch {0}`", canary.display());
-    let out = run(fastcp(&sshd, Path::new(BIN)).arg(&src).arg(format!(
+    let out = run(fastcp(&sshd, bin()).arg(&src).arg(format!(
         "{}:{}/{evil}",
         sshd.alias(),
         dest_dir.display()

@@ -4,45 +4,14 @@
 //! `fastcp-testsupport`, and runs the built `fastcp` binary as both the client and, through
 //! `--remote-path`, the remote `fastcp server`. Nothing touches ~/.ssh.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, build_mixed, build_tiny, write};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
-
-/// A `fastcp` command set up for `sshd`: its ssh_config and the remote binary.
-fn fastcp(sshd: &Sshd) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("-F")
-        .arg(sshd.ssh_config())
-        .arg("--remote-path")
-        .arg(BIN)
-        .env_remove("SSH_AUTH_SOCK");
-    cmd
-}
-
-fn remote(sshd: &Sshd, path: &Path) -> String {
-    format!("{}:{}", sshd.alias(), path.display())
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run fastcp");
-    if !out.status.success() {
-        eprintln!(
-            "fastcp failed: {:?}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn mixed_tree(root: &Path) {
     build_mixed(root);
@@ -57,7 +26,7 @@ fn push_tree_over_one_two_and_four_streams() {
     mixed_tree(&src);
     for streams in ["1", "2", "4"] {
         let dst = work.path().join(format!("pushed-{streams}"));
-        let out = run(fastcp(&sshd)
+        let out = run(fastcp(&sshd, bin())
             .args(["-r", "-p", "-j", streams, "--transport", "ssh"])
             .arg(&src)
             .arg(remote(&sshd, &dst)));
@@ -75,7 +44,7 @@ fn pull_tree_over_one_and_four_streams() {
     mixed_tree(&src);
     for streams in ["1", "4"] {
         let dst = work.path().join(format!("pulled-{streams}"));
-        let out = run(fastcp(&sshd)
+        let out = run(fastcp(&sshd, bin())
             .args(["-r", "-p", "-j", streams, "--transport", "ssh"])
             .arg(remote(&sshd, &src))
             .arg(&dst));
@@ -97,26 +66,32 @@ fn push_and_pull_single_files_like_scp() {
     std::fs::create_dir(&into).unwrap();
 
     // Several sources into an existing directory.
-    let out = run(fastcp(&sshd).arg(&a).arg(&b).arg(remote(&sshd, &into)));
+    let out = run(fastcp(&sshd, bin())
+        .arg(&a)
+        .arg(&b)
+        .arg(remote(&sshd, &into)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(into.join("a.txt")).unwrap(), b"alpha");
     assert_eq!(std::fs::read(into.join("b.txt")).unwrap(), b"bravo");
 
     // One source to a new name.
     let renamed = work.path().join("renamed.txt");
-    let out = run(fastcp(&sshd).arg(&a).arg(remote(&sshd, &renamed)));
+    let out = run(fastcp(&sshd, bin()).arg(&a).arg(remote(&sshd, &renamed)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(&renamed).unwrap(), b"alpha");
 
     // Pull back to a new local name.
     let back = work.path().join("back.txt");
-    let out = run(fastcp(&sshd).arg(remote(&sshd, &renamed)).arg(&back));
+    let out = run(fastcp(&sshd, bin()).arg(remote(&sshd, &renamed)).arg(&back));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(&back).unwrap(), b"alpha");
 
     // Several sources to a target that is not a directory: an error, nothing written.
     let missing = work.path().join("not-a-dir");
-    let out = run(fastcp(&sshd).arg(&a).arg(&b).arg(remote(&sshd, &missing)));
+    let out = run(fastcp(&sshd, bin())
+        .arg(&a)
+        .arg(&b)
+        .arg(remote(&sshd, &missing)));
     assert!(!out.status.success());
     assert!(!missing.exists());
 }
@@ -148,7 +123,7 @@ fn unknown_host_key_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let a = work.path().join("a");
     write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd)
+    let out = run(fastcp(&sshd, bin())
         .arg(&a)
         .arg(remote(&sshd, &work.path().join("b"))));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
@@ -167,7 +142,7 @@ fn changed_host_key_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let a = work.path().join("a");
     write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd)
+    let out = run(fastcp(&sshd, bin())
         .arg(&a)
         .arg(remote(&sshd, &work.path().join("b"))));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
@@ -186,7 +161,7 @@ fn wrong_user_key_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let a = work.path().join("a");
     write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd)
+    let out = run(fastcp(&sshd, bin())
         .arg(&a)
         .arg(remote(&sshd, &work.path().join("b"))));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
@@ -236,7 +211,7 @@ fn proxy_jump_through_a_second_sshd() {
     let src = work.path().join("t");
     build_tiny(&src, 50);
     let dst = work.path().join("through-jump");
-    let out = run(fastcp(&sshd)
+    let out = run(fastcp(&sshd, bin())
         .args(["-r", "-J", jump.alias()])
         .arg(&src)
         .arg(remote(&sshd, &dst)));
@@ -251,7 +226,7 @@ fn system_ssh_program_escape_hatch() {
     let src = work.path().join("tree");
     mixed_tree(&src);
     let dst = work.path().join("via-ssh");
-    let out = run(fastcp(&sshd)
+    let out = run(fastcp(&sshd, bin())
         .args(["-r", "-p", "--ssh-program", "ssh"])
         .arg(&src)
         .arg(remote(&sshd, &dst)));

@@ -5,61 +5,20 @@
 //! makes it listen on 127.0.0.2 at a fixed port, while the client connects to the SSH host's
 //! address, 127.0.0.1, at that port, where the test's proxy waits.
 
+mod common;
+
 use std::net::TcpListener as StdListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
     Node, assert_no_temp, assert_same_tree, build_mixed, build_tiny, pseudo_random, scan, write,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fastcp");
-
-fn fastcp(sshd: &Sshd, remote_path: &Path) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("-F")
-        .arg(sshd.ssh_config())
-        .arg("--remote-path")
-        .arg(remote_path)
-        .env_remove("SSH_AUTH_SOCK");
-    cmd
-}
-
-fn remote(sshd: &Sshd, path: &Path) -> String {
-    format!("{}:{}", sshd.alias(), path.display())
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run fastcp");
-    eprintln!(
-        "fastcp exited {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).expect("a JSON summary on stdout")
-}
-
-/// A wrapper around the fastcp binary that sets the server's environment first.
-fn wrapper(dir: &Path, env: &str) -> PathBuf {
-    let path = dir.join("fastcp-wrapper");
-    std::fs::write(&path, format!("#!/bin/sh\n{env} exec '{BIN}' \"$@\"\n")).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
-}
 
 /// A port free on both 127.0.0.1 and 127.0.0.2.
 fn free_port() -> u16 {
@@ -85,7 +44,7 @@ fn push_and_pull_over_sealed_tcp() {
     let src = work.path().join("tree");
     source_tree(&src);
     let pushed = work.path().join("pushed");
-    let out = run(fastcp(&sshd, Path::new(BIN))
+    let out = run(fastcp(&sshd, bin())
         .args(["-r", "-p", "-j", "3", "--transport", "tcp", "--json"])
         .arg(&src)
         .arg(remote(&sshd, &pushed)));
@@ -95,7 +54,7 @@ fn push_and_pull_over_sealed_tcp() {
     assert_same_tree(&src, &pushed, true);
 
     let pulled = work.path().join("pulled");
-    let out = run(fastcp(&sshd, Path::new(BIN))
+    let out = run(fastcp(&sshd, bin())
         .args(["-r", "-p", "--transport", "tcp", "--json"])
         .arg(remote(&sshd, &pushed))
         .arg(&pulled));
@@ -113,7 +72,7 @@ fn chacha20_poly1305_end_to_end() {
 
     // Forced on the command line.
     let dst = work.path().join("forced");
-    let out = run(fastcp(&sshd, Path::new(BIN))
+    let out = run(fastcp(&sshd, bin())
         .args([
             "-r",
             "--transport",
@@ -130,7 +89,7 @@ fn chacha20_poly1305_end_to_end() {
 
     // Chosen because this end behaves as if it had no AES hardware.
     let dst = work.path().join("no-aes");
-    let out = run(fastcp(&sshd, Path::new(BIN))
+    let out = run(fastcp(&sshd, bin())
         .env("FASTCP_NO_HW_AES", "1")
         .args(["-r", "--transport", "tcp", "--json"])
         .arg(&src)
