@@ -254,6 +254,9 @@ pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
         outcome.elapsed = started.elapsed();
         return Ok(outcome);
     }
+    plan.options
+        .log
+        .info(|| format!("transport: local, {streams} in-process stream(s)"));
     if plan.options.compress {
         plan.options
             .log
@@ -271,7 +274,12 @@ pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
             )
             .await?
         }
-        Some(limit) => copy_local_limited(plan, dest, streams, limit, progress).await?,
+        Some(limit) => {
+            plan.options
+                .log
+                .info(|| format!("bandwidth limit: {} bytes/s", limit.bytes_per_sec()));
+            copy_local_limited(plan, dest, streams, limit, progress).await?
+        }
     };
     outcome.elapsed = started.elapsed();
     Ok(outcome)
