@@ -466,17 +466,24 @@ async fn connect_and_run(
             other => return other.map(|done| (done, "tcp")),
         }
     }
-    let wanted = plan.options.streams.unwrap_or(DEFAULT_SSH_STREAMS).max(1);
+    let wanted = plan
+        .options
+        .streams
+        .unwrap_or(DEFAULT_SSH_STREAMS)
+        .clamp(1, MAX_SSH_STREAMS);
     let mode = if wanted > 1 && peer.supports_extra_streams() {
         Mode::Unix { streams: wanted }
     } else {
         Mode::Inline
     };
-    // One sshd process encrypts everything on its connection, so extra streams go over
-    // extra connections, up to DEFAULT_SSH_CONNECTIONS (see BENCHMARKS.md).
+    // Every data stream gets an SSH connection of its own. One sshd process encrypts
+    // everything on its connection, so a second connection is faster than a second channel
+    // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
+    // engine leaves one channel unread while it waits for an entry on another, the SSH
+    // client stops reading the whole connection.
     let mut peers = vec![peer];
     if let (Mode::Unix { streams }, AnyTransport::Builtin(first)) = (mode, &peers[0]) {
-        let extra = streams.min(DEFAULT_SSH_CONNECTIONS).saturating_sub(1);
+        let extra = streams.saturating_sub(1);
         let mut more = Vec::new();
         for _ in 0..extra {
             more.push(AnyTransport::Builtin(first.reconnect().await?));
@@ -536,8 +543,9 @@ async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTr
 /// Data streams over one SSH connection unless `-j` says otherwise.
 pub const DEFAULT_SSH_STREAMS: u16 = 2;
 
-/// SSH connections a session's streams are spread over, at most.
-pub const DEFAULT_SSH_CONNECTIONS: u16 = 2;
+/// The most data streams over SSH; each is an SSH connection (and an sshd process) of its
+/// own, so `-j` is capped here.
+pub const MAX_SSH_STREAMS: u16 = 16;
 
 /// Sealed TCP data streams unless `-j` says otherwise.
 pub const DEFAULT_TCP_STREAMS: u16 = 4;

@@ -49,9 +49,9 @@ pub mod stdio;
 mod wire;
 
 pub use client::{
-    CopyOptions, DEFAULT_SSH_CONNECTIONS, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Listed,
-    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote,
-    measure, probe, run_session,
+    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Listed, MAX_SSH_STREAMS, Measurement,
+    Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote, measure,
+    probe, run_session,
 };
 pub use error::{Error, exit};
 pub use location::{Location, RemotePath};

@@ -233,3 +233,34 @@ fn system_ssh_program_escape_hatch() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_same_tree(&src, &dst, true);
 }
+
+/// Regression: with several channels on one SSH connection, a pull could stall when the
+/// receiver left one channel unread while it waited for an entry on another. Every stream
+/// now has a connection of its own; a stall here shows up as the watchdog's exit 124.
+#[test]
+fn pull_with_many_streams_never_stalls() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    for (round, streams) in ["3", "3", "3", "5", "5", "8"].iter().enumerate() {
+        let dst = work.path().join(format!("pulled-{round}"));
+        let mut cmd = Command::new("timeout");
+        cmd.arg("120").arg(BIN).arg("-F").arg(sshd.ssh_config());
+        cmd.args([
+            "--remote-path",
+            BIN,
+            "-r",
+            "-j",
+            streams,
+            "--transport",
+            "ssh",
+        ])
+        .env_remove("SSH_AUTH_SOCK")
+        .arg(remote(&sshd, &src))
+        .arg(&dst);
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "-j {streams}: {}", stderr(&out));
+        assert_same_tree(&src, &dst, false);
+    }
+}
