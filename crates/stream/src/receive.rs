@@ -621,7 +621,28 @@ fn totals(s: &Summary) -> String {
 }
 
 /// Reads and handles one stream's frames until its `Done`.
-async fn read_stream<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Result<Summary, Error> {
+///
+/// A failure is recorded as the transfer's error before this returns, while the reader still
+/// holds its senders to the writers: a writer that saw its channel close first would otherwise
+/// report the files it was left with as a protocol violation instead of the real cause (a cut
+/// connection, say).
+/// Returns `None` when the stream failed; the error is then in `shared.abort`.
+async fn read_stream<R: AsyncRead + Unpin>(r: R, reader: Reader) -> Option<Summary> {
+    let shared = reader.shared.clone();
+    let writers = reader.writers.clone();
+    let result = read_frames(r, reader).await;
+    let summary = match result {
+        Ok(summary) => Some(summary),
+        Err(e) => {
+            shared.abort.trigger(e);
+            None
+        }
+    };
+    drop(writers);
+    summary
+}
+
+async fn read_frames<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Result<Summary, Error> {
     let i = reader.stream;
     let mut decoder = Decoder::new(reader.shared.config.max_frame);
     let mut buf = BytesMut::new();
@@ -872,14 +893,15 @@ where
         tokio::select! {
             r = readers.join_next() => match r {
                 None => break Ok(()),
-                Some(Ok(Ok(s))) => {
+                Some(Ok(Some(s))) => {
                     peer.files += s.files;
                     peer.dirs += s.dirs;
                     peer.symlinks += s.symlinks;
                     peer.bytes += s.bytes;
                     peer.errors += s.errors;
                 }
-                Some(Ok(Err(e))) => break Err(e),
+                // The stream's error is already recorded in `shared.abort`.
+                Some(Ok(None)) => break Err(Error::Protocol("aborted".into())),
                 Some(Err(join)) => break Err(Error::Stream {
                     stream: 0,
                     source: io::Error::other(format!("reader task failed: {join}")),
