@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use common::*;
 use fastcp_testsupport::Sshd;
@@ -116,16 +116,22 @@ fn missing_remote_binary_says_how_to_fix_it() {
     assert!(!work.path().join("b").exists());
 }
 
+/// Pushes a one-byte file `a` to `b` in a fresh temp dir, for the tests that expect a refusal.
+fn push_one_file(sshd: &Sshd) -> (Output, tempfile::TempDir) {
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(fastcp(sshd, bin())
+        .arg(&a)
+        .arg(remote(sshd, &work.path().join("b"))));
+    (out, work)
+}
+
 #[test]
 fn unknown_host_key_is_refused() {
     let sshd = Sshd::start().unwrap();
     std::fs::write(sshd.known_hosts(), "").unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let a = work.path().join("a");
-    write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd, bin())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b"))));
+    let (out, work) = push_one_file(&sshd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("Host key verification failed"),
@@ -139,12 +145,7 @@ fn unknown_host_key_is_refused() {
 fn changed_host_key_is_refused() {
     let mut sshd = Sshd::start().unwrap();
     sshd.change_host_key().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let a = work.path().join("a");
-    write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd, bin())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b"))));
+    let (out, work) = push_one_file(&sshd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
@@ -158,12 +159,7 @@ fn changed_host_key_is_refused() {
 fn wrong_user_key_is_refused() {
     let sshd = Sshd::start().unwrap();
     std::fs::write(sshd.authorized_keys(), "").unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let a = work.path().join("a");
-    write(&a, b"x", 0o644);
-    let out = run(fastcp(&sshd, bin())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b"))));
+    let (out, _work) = push_one_file(&sshd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("Permission denied"),
