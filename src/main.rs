@@ -8,6 +8,11 @@ use std::process::ExitCode;
 mod cli;
 mod progress;
 
+/// See the `jemalloc` feature in Cargo.toml: buffers stay mapped between uses.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // clap exits with 2 on a usage error, 0 for --help and --version.
     let args = cli::Args::parse();
