@@ -123,12 +123,36 @@ fn machine() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     let model = lscpu
+        .as_ref()
         .ok()
         .and_then(|t| {
             t.lines()
                 .find_map(|l| l.strip_prefix("Model name:").map(|m| m.trim().to_owned()))
         })
         .unwrap_or_else(|| "unknown CPU".into());
+    let field = |name: &str| {
+        lscpu.as_ref().ok().and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(name).map(|m| m.trim().to_owned()))
+        })
+    };
+    let family = match (field("CPU family:"), field("Model:")) {
+        (Some(f), Some(m)) => format!(" (family {f}, model {m})"),
+        _ => String::new(),
+    };
+    // The flags that decide fastcp's cipher provider and BLAKE3's code path.
+    let flags = field("Flags:").unwrap_or_default();
+    let wanted = ["aes", "vaes", "vpclmulqdq", "avx2", "avx512f"];
+    let have: Vec<&str> = wanted
+        .into_iter()
+        .filter(|w| flags.split_whitespace().any(|f| f == *w))
+        .collect();
+    let missing: Vec<&str> = wanted.into_iter().filter(|w| !have.contains(w)).collect();
+    let cpu_flags = if missing.is_empty() {
+        format!("; {}", have.join(" "))
+    } else {
+        format!("; {}; no {}", have.join(" "), missing.join(", no "))
+    };
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
@@ -141,7 +165,7 @@ fn machine() -> String {
         })
         .unwrap_or(0);
     format!(
-        "{model}, {cores} cores, {:.1} GiB RAM, Linux {}",
+        "{model}{family}{cpu_flags}, {cores} cores, {:.1} GiB RAM, Linux {}",
         mem_kib as f64 / (1 << 20) as f64,
         first_line("uname", &["-r"])
     )
