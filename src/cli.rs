@@ -426,12 +426,23 @@ pub fn error_text(err: &anyhow::Error) -> String {
     let mut text = err.to_string();
     for cause in err.chain().skip(1) {
         let cause = cause.to_string();
-        if !text.contains(&cause) {
+        if !says_already(&text, &cause) {
             text.push_str(": ");
             text.push_str(&cause);
         }
     }
     text
+}
+
+/// Whether `text` already tells `cause`: the engine words an I/O error itself
+/// ("no space left on device"), so the OS's own wording of the same error
+/// ("No space left on device (os error 28)") would only repeat it.
+fn says_already(text: &str, cause: &str) -> bool {
+    let bare = match cause.rfind(" (os error ") {
+        Some(i) if cause.ends_with(')') => &cause[..i],
+        _ => cause,
+    };
+    text.to_lowercase().contains(&bare.to_lowercase())
 }
 
 /// One line of a dry run's listing: directories end with '/', links show their target.
@@ -670,5 +681,17 @@ mod tests {
         let args = Args::try_parse_from(["fastcp", "-l", "800", "a", "b"]).unwrap();
         assert_eq!(args.limit_kbit, Some(800));
         assert!(Args::try_parse_from(["fastcp", "-l", "8", "--bwlimit", "1M", "a", "b"]).is_err());
+    }
+
+    #[test]
+    fn an_io_cause_the_message_already_words_is_not_repeated() {
+        let os = std::io::Error::from_raw_os_error(28);
+        assert!(says_already("x: no space left on device", &os.to_string()));
+        assert!(!says_already("x: permission denied", &os.to_string()));
+        let err = anyhow::Error::new(os).context("copying x");
+        assert_eq!(
+            error_text(&err),
+            "copying x: No space left on device (os error 28)"
+        );
     }
 }

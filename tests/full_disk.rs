@@ -1,0 +1,183 @@
+//! A full disk: the copy stops with a clear error, and the destination keeps no partial or
+//! corrupt file under its final name and no temp file.
+//!
+//! Each test fills a 1 MiB tmpfs that it mounts in a private mount namespace of its own
+//! (`unshare --mount --map-root-user`, as root or as a user allowed user namespaces), so
+//! nothing outside the test sees the mount. Whatever runs inside the namespace (the local
+//! copy, the pulling client, or the remote `fastcp server` through `--remote-path`) reports
+//! back what the small disk holds: every name left on it, and `CORRUPT name` for a file whose
+//! bytes differ from its source.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{pseudo_random, write};
+
+/// Shell code that mounts the small disk on `$FULL`, or fails the test with exit 99.
+const MOUNT: &str = r#"mount -t tmpfs -o size=1m tmpfs "$FULL" || exit 99"#;
+
+/// Shell code that reports what `$FULL` holds on stdout (after `--- disk`), comparing each
+/// file with the same name under `$SRC`.
+const REPORT: &str = r#"echo '--- disk'
+find "$FULL" -mindepth 1 -printf '%P\n' | sort
+find "$FULL" -type f -printf '%P\n' | while read -r f; do
+  cmp -s "$FULL/$f" "$SRC/$f" || echo "CORRUPT $f"
+done"#;
+
+/// Sources: two small files that fit and one of 3 MiB that cannot.
+fn sources(dir: &Path) {
+    std::fs::create_dir_all(dir.join("tree")).unwrap();
+    write(&dir.join("tree/a.txt"), b"small file a\n", 0o644);
+    write(&dir.join("tree/b.txt"), &pseudo_random(100_000, 1), 0o644);
+    write(&dir.join("tree/big.bin"), &pseudo_random(3 << 20, 2), 0o644);
+}
+
+/// Runs `script` in a new mount namespace with `FULL`, `SRC` and `BIN` set.
+fn in_namespace(full: &Path, src: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--map-root-user", "sh", "-c", script])
+        .env("FULL", full)
+        .env("SRC", src)
+        .env("BIN", BIN)
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+/// The lines reported after `--- disk`.
+fn disk_report(text: &str) -> Vec<String> {
+    let (_, after) = text
+        .split_once("--- disk\n")
+        .unwrap_or_else(|| panic!("no disk report in:\n{text}"));
+    after.lines().map(str::to_owned).collect()
+}
+
+/// What a full disk must look like afterwards: no temp file, nothing corrupt, no partial big
+/// file; the small files may or may not have made it (the copy stops at the first failure).
+fn assert_nothing_partial(report: &[String]) {
+    for line in report {
+        assert!(!line.starts_with("CORRUPT"), "{line}");
+        assert!(!line.contains(".fastcp-"), "temp file left: {line}");
+        assert!(
+            !line.ends_with("big.bin"),
+            "partial file under its final name: {line}"
+        );
+    }
+}
+
+fn assert_clean_failure(out: &Output, who: &str) {
+    assert_ne!(
+        out.status.code(),
+        Some(99),
+        "could not mount the small disk"
+    );
+    assert_eq!(out.status.code(), Some(1), "{who}: {}", stderr(out));
+    let err = stderr(out);
+    assert!(
+        err.contains("no space left on device"),
+        "{who} should say why: {err}"
+    );
+    assert_eq!(
+        err.matches("o space left on device").count(),
+        1,
+        "said once: {err}"
+    );
+}
+
+#[test]
+fn local_copy_into_a_full_disk() {
+    let work = tempfile::tempdir().unwrap();
+    sources(work.path());
+    let full = work.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let script = format!(
+        r#"{MOUNT}
+"$BIN" -r "$SRC/tree" "$FULL/tree" 2>"$FULL/../stderr"
+rc=$?
+{REPORT}
+exit $rc"#
+    );
+    let out = in_namespace(&full, work.path(), &script).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = std::fs::read_to_string(work.path().join("stderr")).unwrap();
+    eprintln!("stdout:\n{stdout}\nstderr:\n{err}");
+    let out = Output {
+        stderr: err.into_bytes(),
+        ..out
+    };
+    assert_clean_failure(&out, "the local copy");
+    assert_nothing_partial(&disk_report(&stdout));
+}
+
+#[test]
+fn pull_into_a_full_disk() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    sources(work.path());
+    let full = work.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let script = format!(
+        r#"{MOUNT}
+"$BIN" -F "$CFG" --remote-path "$BIN" -r "$REMOTE" "$FULL/tree" 2>"$FULL/../stderr"
+rc=$?
+{REPORT}
+exit $rc"#
+    );
+    let out = in_namespace(&full, work.path(), &script)
+        .env("CFG", sshd.ssh_config())
+        .env("REMOTE", remote(&sshd, &work.path().join("tree")))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = std::fs::read_to_string(work.path().join("stderr")).unwrap();
+    eprintln!("stdout:\n{stdout}\nstderr:\n{err}");
+    let out = Output {
+        stderr: err.into_bytes(),
+        ..out
+    };
+    assert_clean_failure(&out, "the pulling client");
+    assert_nothing_partial(&disk_report(&stdout));
+}
+
+#[test]
+fn push_to_a_remote_full_disk() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    sources(work.path());
+    let full = work.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let listing = work.path().join("listing");
+    // The remote program: fastcp server inside a namespace whose destination is the small
+    // disk; it writes its report where the test can read it.
+    let server = script(
+        work.path(),
+        "fastcp-full-disk",
+        &format!(
+            r#"export FULL='{full}' SRC='{src}'
+exec unshare --mount --map-root-user sh -c '{MOUNT}
+"{BIN}" "$@"
+rc=$?
+{{ {REPORT}
+}} > "{listing}"
+exit $rc' fastcp "$@""#,
+            full = full.display(),
+            src = work.path().display(),
+            listing = listing.display(),
+            MOUNT = MOUNT.replace('\'', r"'\''"),
+            REPORT = REPORT.replace('\'', r"'\''"),
+        ),
+    );
+    for transport in ["ssh", "tcp"] {
+        let out = run(fastcp(&sshd, &server)
+            .args(["-r", "--transport", transport])
+            .arg(work.path().join("tree"))
+            .arg(remote(&sshd, &full.join("tree"))));
+        assert_clean_failure(&out, transport);
+        let report = std::fs::read_to_string(&listing).unwrap();
+        eprintln!("{transport}: remote disk:\n{report}");
+        assert_nothing_partial(&disk_report(&report));
+    }
+}
