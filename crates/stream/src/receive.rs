@@ -90,7 +90,9 @@ pub struct ReceiveConfig {
     /// trailing '/'): otherwise fail before writing anything. Default: false.
     pub target_must_be_dir: bool,
     /// The only names accepted at the top level, or `None` for any. In a pull the client
-    /// knows which names it asked for and refuses anything else (scp's CVE-2019-6111).
+    /// knows which names it asked for and refuses anything else (scp's CVE-2019-6111). A name
+    /// with wildcards (`*.txt`) also accepts the names it matches, with the rules of
+    /// [`expand_sources`](crate::expand_sources): `*` and `?` never match a leading `.`.
     /// Default: `None`.
     pub expected_top_level: Option<Vec<Vec<u8>>>,
     /// The largest frame payload accepted, as negotiated in the handshake. Default:
@@ -238,7 +240,9 @@ impl Shared {
             None => &path[..],
         };
         if let Some(expected) = &self.config.expected_top_level
-            && !expected.iter().any(|n| n[..] == *first)
+            && !expected
+                .iter()
+                .any(|n| crate::pattern::name_matches(n, first))
         {
             return Err(Error::unsafe_path(
                 path,

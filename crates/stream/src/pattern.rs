@@ -1,0 +1,122 @@
+//! Remote wildcards, as scp has them: `fastcp 'host:logs/*.txt' .`.
+//!
+//! The sending side expands a source that does not exist as named but holds `*`, `?` or `[`
+//! ([`expand_sources`]); the receiving side then accepts at the top level only names that
+//! equal what was asked for or match it as a pattern (see
+//! [`ReceiveConfig::expected_top_level`](crate::ReceiveConfig::expected_top_level)), so a
+//! hostile sender can answer `*.txt` with `a.txt` but not with `.bashrc` or `run.sh` (scp's
+//! CVE-2019-6111). Both sides use the same rules: `*` and `?` match neither `/` nor a leading
+//! `.`, and `[...]` is a character class, as in the shell.
+
+use std::path::{Path, PathBuf};
+
+use glob::{MatchOptions, Pattern};
+
+/// Shell rules: `/` and a leading `.` only match literally.
+const OPTIONS: MatchOptions = MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: true,
+};
+
+/// Whether `s` holds a wildcard character.
+fn has_wildcard(s: &[u8]) -> bool {
+    s.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
+}
+
+/// Replaces each source that does not exist as named and holds a wildcard by the paths it
+/// matches, sorted; a source that matches nothing stays as it is, so that it fails as a
+/// missing file would.
+///
+/// ```
+/// use fastcp_stream::expand_sources;
+///
+/// let dir = tempfile::tempdir()?;
+/// for name in ["a.txt", "b.txt", "c.log", ".hidden.txt"] {
+///     std::fs::write(dir.path().join(name), name)?;
+/// }
+/// let got = expand_sources(&[dir.path().join("*.txt"), dir.path().join("none*")]);
+/// assert_eq!(got, [dir.path().join("a.txt"), dir.path().join("b.txt"), dir.path().join("none*")]);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn expand_sources(sources: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::with_capacity(sources.len());
+    for source in sources {
+        out.extend(expand(source).unwrap_or_else(|| vec![source.clone()]));
+    }
+    out
+}
+
+/// The matches of `source`, or `None` to keep it as it is.
+fn expand(source: &Path) -> Option<Vec<PathBuf>> {
+    let text = source.to_str()?;
+    if !has_wildcard(text.as_bytes()) || source.symlink_metadata().is_ok() {
+        return None;
+    }
+    let mut matches: Vec<PathBuf> = glob::glob_with(text, OPTIONS)
+        .ok()?
+        .filter_map(Result::ok)
+        .collect();
+    if matches.is_empty() {
+        return None;
+    }
+    matches.sort();
+    Some(matches)
+}
+
+/// Whether a top-level `name` that arrived is one the receiver asked for as `asked`: the same
+/// name, or a match of it as a pattern.
+pub(crate) fn name_matches(asked: &[u8], name: &[u8]) -> bool {
+    if asked == name {
+        return true;
+    }
+    if !has_wildcard(asked) {
+        return false;
+    }
+    match (std::str::from_utf8(asked), std::str::from_utf8(name)) {
+        (Ok(asked), Ok(name)) => Pattern::new(asked).is_ok_and(|p| p.matches_with(name, OPTIONS)),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_like_the_shell() {
+        assert!(name_matches(b"a.txt", b"a.txt"));
+        assert!(!name_matches(b"a.txt", b"b.txt"));
+        assert!(name_matches(b"*.txt", b"a.txt"));
+        assert!(!name_matches(b"*.txt", b".hidden.txt"));
+        assert!(!name_matches(b"*", b".bashrc"));
+        assert!(!name_matches(b"*.txt", b"run.sh"));
+        assert!(name_matches(b"file?.[ch]", b"file1.c"));
+        assert!(!name_matches(b"file?.[ch]", b"file10.c"));
+        assert!(!name_matches(b"*", b"a/b"));
+        // A name that is literally a pattern is still accepted as itself.
+        assert!(name_matches(b"[x]", b"[x]"));
+        assert!(name_matches(b"[x]", b"x"));
+    }
+
+    #[test]
+    fn existing_names_are_not_expanded() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["[x]", "x"] {
+            std::fs::write(dir.path().join(name), name).unwrap();
+        }
+        let literal = dir.path().join("[x]");
+        assert_eq!(expand_sources(std::slice::from_ref(&literal)), [literal]);
+    }
+
+    #[test]
+    fn wildcards_in_directories_expand_too() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["one", "two", ".three"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+            std::fs::write(dir.path().join(d).join("f"), d).unwrap();
+        }
+        let got = expand_sources(&[dir.path().join("*/f")]);
+        assert_eq!(got, [dir.path().join("one/f"), dir.path().join("two/f")]);
+    }
+}
