@@ -36,15 +36,38 @@ fn sources(dir: &Path) {
     write(&dir.join("tree/big.bin"), &pseudo_random(3 << 20, 2), 0o644);
 }
 
-/// Runs `script` in a new mount namespace with `FULL`, `SRC` and `BIN` set.
-fn in_namespace(full: &Path, src: &Path, script: &str) -> Command {
+/// Runs the fastcp command line `args` (shell words) in a new mount namespace whose `full`
+/// directory is the small disk, with `SRC` (the sources' directory), `FULL` and `BIN` set, and
+/// `env` besides; returns the outcome with fastcp's own stderr, and the disk report.
+fn copy_in_namespace(
+    src: &Path,
+    full: &Path,
+    args: &str,
+    env: &[(&str, &str)],
+) -> (Output, Vec<String>) {
+    let script = format!(
+        r#"{MOUNT}
+"$BIN" {args} 2>"$FULL/../stderr"
+rc=$?
+{REPORT}
+exit $rc"#
+    );
     let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--map-root-user", "sh", "-c", script])
+    cmd.args(["--mount", "--map-root-user", "sh", "-c", &script])
         .env("FULL", full)
         .env("SRC", src)
         .env("BIN", BIN)
-        .env_remove("SSH_AUTH_SOCK");
-    cmd
+        .env_remove("SSH_AUTH_SOCK")
+        .envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = std::fs::read_to_string(full.with_file_name("stderr")).unwrap_or_default();
+    eprintln!("stdout:\n{stdout}\nstderr:\n{err}");
+    let out = Output {
+        stderr: err.into_bytes(),
+        ..out
+    };
+    (out, disk_report(&stdout))
 }
 
 /// The lines reported after `--- disk`.
@@ -93,23 +116,10 @@ fn local_copy_into_a_full_disk() {
     sources(work.path());
     let full = work.path().join("full");
     std::fs::create_dir(&full).unwrap();
-    let script = format!(
-        r#"{MOUNT}
-"$BIN" -r "$SRC/tree" "$FULL/tree" 2>"$FULL/../stderr"
-rc=$?
-{REPORT}
-exit $rc"#
-    );
-    let out = in_namespace(&full, work.path(), &script).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let err = std::fs::read_to_string(work.path().join("stderr")).unwrap();
-    eprintln!("stdout:\n{stdout}\nstderr:\n{err}");
-    let out = Output {
-        stderr: err.into_bytes(),
-        ..out
-    };
+    let (out, report) =
+        copy_in_namespace(work.path(), &full, r#"-r "$SRC/tree" "$FULL/tree""#, &[]);
     assert_clean_failure(&out, "the local copy");
-    assert_nothing_partial(&disk_report(&stdout));
+    assert_nothing_partial(&report);
 }
 
 #[test]
@@ -119,27 +129,16 @@ fn pull_into_a_full_disk() {
     sources(work.path());
     let full = work.path().join("full");
     std::fs::create_dir(&full).unwrap();
-    let script = format!(
-        r#"{MOUNT}
-"$BIN" -F "$CFG" --remote-path "$BIN" -r "$REMOTE" "$FULL/tree" 2>"$FULL/../stderr"
-rc=$?
-{REPORT}
-exit $rc"#
+    let cfg = sshd.ssh_config().to_str().unwrap().to_owned();
+    let remote = remote(&sshd, &work.path().join("tree"));
+    let (out, report) = copy_in_namespace(
+        work.path(),
+        &full,
+        r#"-F "$CFG" --remote-path "$BIN" -r "$REMOTE" "$FULL/tree""#,
+        &[("CFG", &cfg), ("REMOTE", &remote)],
     );
-    let out = in_namespace(&full, work.path(), &script)
-        .env("CFG", sshd.ssh_config())
-        .env("REMOTE", remote(&sshd, &work.path().join("tree")))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let err = std::fs::read_to_string(work.path().join("stderr")).unwrap();
-    eprintln!("stdout:\n{stdout}\nstderr:\n{err}");
-    let out = Output {
-        stderr: err.into_bytes(),
-        ..out
-    };
     assert_clean_failure(&out, "the pulling client");
-    assert_nothing_partial(&disk_report(&stdout));
+    assert_nothing_partial(&report);
 }
 
 #[test]
