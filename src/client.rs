@@ -164,13 +164,19 @@ impl Plan {
             .or_else(|| self.sources.first().and_then(Location::remote))
     }
 
-    /// True when the destination must be a directory: several sources or a trailing '/'.
+    /// True when the destination must be a directory: several sources, a trailing '/', or a
+    /// remote source whose name has wildcards (it may match several entries; checking before
+    /// anything is written beats finding out at the second match).
     fn target_is_dir(&self) -> bool {
         let dest = match &self.dest {
             Location::Local(p) => p.as_os_str().as_bytes().ends_with(b"/"),
             Location::Remote(r) => r.path.ends_with('/'),
         };
-        dest || self.sources.len() > 1
+        let wildcard =
+            self.sources.iter().filter_map(Location::remote).any(|r| {
+                top_level_name(&r.path).is_some_and(|n| n.iter().any(|b| b"*?[".contains(b)))
+            });
+        dest || wildcard || self.sources.len() > 1
     }
 
     fn send_config(&self) -> fastcp_stream::SendConfig {

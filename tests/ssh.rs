@@ -92,6 +92,15 @@ fn pull_with_remote_wildcards_like_scp() {
     assert_same_tree(&src.join("sub2"), &dirs.join("sub2"), false);
     assert!(!dirs.join("other").exists());
 
+    // A pattern may match several names: the destination must be a directory, checked
+    // before anything is written.
+    let out = run(fastcp(&sshd, bin())
+        .arg(remote(&sshd, &src.join("a.*")))
+        .arg(work.path().join("new-name")));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+    assert!(!work.path().join("new-name").exists());
+
     // No match: an error naming the pattern, as for a missing file.
     let out = run(fastcp(&sshd, bin())
         .arg(remote(&sshd, &src.join("*.none")))
