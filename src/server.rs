@@ -207,7 +207,10 @@ where
         return discard(data).await.map_err(|e| (None, e));
     }
     if request.flags & flags::DRY_RUN != 0 {
-        let sources = remote_sources(&request.paths);
+        let sources: Vec<PathBuf> = match request.direction {
+            Direction::Pull => remote_sources(&request.paths),
+            Direction::Push => request.paths.iter().map(|p| remote_path(p)).collect(),
+        };
         let target = sources.first().cloned().unwrap_or_default();
         let stream = data.into_iter().next().expect("at least one stream");
         return crate::client::serve_dry_run(
@@ -376,9 +379,6 @@ fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> 
     }
 }
 
-/// A path as the client named it on this host: relative paths are relative to the server's
-/// working directory (the login directory under sshd), an empty path is that directory, and a
-/// leading `~/` is the home directory, as scp does.
 /// The paths a pull asked for, with `~` and wildcards expanded as scp's remote side does.
 /// (In a push the one path is the destination, which is never expanded.)
 fn remote_sources(paths: &[bytes::Bytes]) -> Vec<PathBuf> {
@@ -386,6 +386,9 @@ fn remote_sources(paths: &[bytes::Bytes]) -> Vec<PathBuf> {
     fastcp_stream::expand_sources(&named)
 }
 
+/// A path as the client named it on this host: relative paths are relative to the server's
+/// working directory (the login directory under sshd), an empty path is that directory, and a
+/// leading `~/` is the home directory, as scp does.
 fn remote_path(raw: &[u8]) -> PathBuf {
     if raw.is_empty() || raw == b"~" {
         return home().unwrap_or_else(|| ".".into());
