@@ -92,6 +92,14 @@ fn pull_with_remote_wildcards_like_scp() {
     assert_same_tree(&src.join("sub2"), &dirs.join("sub2"), false);
     assert!(!dirs.join("other").exists());
 
+    // A dry run lists the same matches.
+    let out = run(fastcp(&sshd, bin())
+        .arg("-n")
+        .arg(remote(&sshd, &src.join("*.txt")))
+        .arg(&files));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "a.txt\nb.txt\n");
+
     // A pattern may match several names: the destination must be a directory, checked
     // before anything is written.
     let out = run(fastcp(&sshd, bin())
