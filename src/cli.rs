@@ -50,6 +50,10 @@ pub struct Args {
     /// List what would be copied, one entry a line on stdout; write nothing.
     #[arg(short = 'n', long = "dry-run", help_heading = "Copy")]
     pub dry_run: bool,
+    /// Flush every file to disk before it takes its final name, and the directories written
+    /// into before exiting, so that a finished copy survives a crash (slower; for backups).
+    #[arg(long, help_heading = "Copy")]
+    pub fsync: bool,
     /// Compress the data streams with zstd (off by default; helps on slow links only).
     #[arg(short = 'C', help_heading = "Copy")]
     pub compress: bool,
@@ -328,6 +332,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         recursive: args.recursive,
         preserve: args.preserve,
         dry_run: args.dry_run,
+        fsync: args.fsync,
         compress: args.compress,
         // scp's -l: Kbit/s of 1024 bits.
         bwlimit: args

@@ -67,6 +67,10 @@ pub struct CopyOptions {
     /// The most bytes a second all data streams together may carry (`-l`, `--bwlimit`);
     /// `None` or `Some(0)` for no limit. Counts the bytes on the wire, after compression.
     pub bwlimit: Option<u64>,
+    /// Flush each file to stable storage before it takes its final name, and the directories
+    /// written into before reporting success (`--fsync`), on whichever side receives. See
+    /// [`fastcp_stream::ReceiveConfig::fsync`].
+    pub fsync: bool,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -197,6 +201,7 @@ impl Plan {
             recursive: self.options.recursive,
             preserve: self.options.preserve,
             target_must_be_dir: self.target_is_dir(),
+            fsync: self.options.fsync,
             ..Default::default()
         }
     }
@@ -211,6 +216,9 @@ impl Plan {
         }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
+        }
+        if self.options.fsync {
+            f |= flags::FSYNC;
         }
         if self.target_is_dir() {
             f |= flags::TARGET_IS_DIR;

@@ -231,6 +231,7 @@ where
                 preserve: request.flags & flags::PRESERVE != 0,
                 recursive: request.flags & flags::RECURSIVE != 0,
                 target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
+                fsync: request.flags & flags::FSYNC != 0,
                 ..Default::default()
             };
             fastcp_stream::receive(&dest, data, &cfg, progress).await

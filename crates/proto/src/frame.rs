@@ -150,9 +150,13 @@ pub mod flags {
     /// and discards them, then answers `Done` with the count on stream 0. No path is used and
     /// nothing is written.
     pub const THROUGHPUT: u32 = 1 << 5;
+    /// The receiver flushes each file to stable storage before it takes its final name, and
+    /// the directories it wrote into at the end (`--fsync`). A server that does not know the
+    /// bit refuses the request rather than copy without it.
+    pub const FSYNC: u32 = 1 << 6;
     /// All bits this version knows.
     pub const KNOWN: u32 =
-        RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR | THROUGHPUT;
+        RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR | THROUGHPUT | FSYNC;
 }
 
 /// Which way the files flow in a session.

@@ -297,6 +297,8 @@ pub(crate) struct Writer {
     resolver: Resolver,
     files: HashMap<u64, FileState>,
     readback: Vec<u8>,
+    /// With `fsync`: the directories entries went into, to flush at the end.
+    to_sync: HashMap<Vec<u8>, Arc<OwnedFd>>,
 }
 
 impl Writer {
@@ -306,6 +308,25 @@ impl Writer {
             shared,
             files: HashMap::new(),
             readback: Vec::new(),
+            to_sync: HashMap::new(),
+        }
+    }
+
+    /// With `fsync`, remembers that an entry went into the directory `parent` at `local`.
+    fn wrote_into(&mut self, local: &[u8], parent: &Arc<OwnedFd>) {
+        if self.shared.config.fsync && !self.to_sync.contains_key(local) {
+            self.to_sync.insert(local.to_vec(), parent.clone());
+        }
+    }
+
+    /// Flushes the directories entries went into; the first failure aborts the transfer.
+    fn sync_dirs(&mut self) {
+        for (local, fd) in self.to_sync.drain() {
+            if let Err(e) = rustix::fs::fsync(&*fd) {
+                let path = self.shared.root.display(&local);
+                self.shared.abort.trigger(Error::io(path, e.into()));
+                return;
+            }
         }
     }
 
@@ -334,6 +355,9 @@ impl Writer {
             self.shared.abort.trigger(Error::Protocol(format!(
                 "{path}: the transfer ended before the file was complete"
             )));
+        }
+        if !self.shared.abort.is_set() {
+            self.sync_dirs();
         }
     }
 
@@ -558,11 +582,19 @@ impl Writer {
                 return Ok(());
             }
         }
+        if shared.config.fsync
+            && let Err(e) = rustix::fs::fdatasync(&f.fd)
+        {
+            shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+            f.discard();
+            return Ok(());
+        }
         match rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name()) {
             Ok(()) => {
                 shared.written.files.fetch_add(1, Relaxed);
                 shared.written.bytes.fetch_add(f.size, Relaxed);
                 shared.progress.add_done_file();
+                self.wrote_into(split_parent(&f.local).0, &f.parent);
             }
             Err(e) => {
                 let e = match e {
@@ -587,6 +619,7 @@ impl Writer {
             Ok(fd) => fd,
             Err(e) => return shared.entry_failed(&wire, &e),
         };
+        self.wrote_into(parent_path, &parent);
         let preserve = shared.config.preserve;
         let mode = meta.mode & 0o777;
         let created_mode = (mode | 0o700) & !shared.umask;
@@ -691,6 +724,7 @@ impl Writer {
         match rustix::fs::renameat(&parent, &temp[..], &parent, name) {
             Ok(()) => {
                 shared.written.symlinks.fetch_add(1, Relaxed);
+                self.wrote_into(parent_path, &parent);
             }
             Err(e) => {
                 let _ = rustix::fs::unlinkat(&parent, &temp[..], AtFlags::empty());

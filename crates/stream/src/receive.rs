@@ -103,6 +103,11 @@ pub struct ReceiveConfig {
     /// File bytes received and not yet written before the readers stop reading. Default:
     /// [`DEFAULT_RECEIVE_IN_FLIGHT`] (16 MiB).
     pub max_in_flight: usize,
+    /// Flush each file's data to stable storage (`fdatasync`) before it takes its final name,
+    /// and every directory an entry went into (`fsync`) before the transfer reports success,
+    /// so that a copy that succeeded survives a crash or power loss. Slower, especially for
+    /// many small files; for backups. Default: false.
+    pub fsync: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -115,6 +120,7 @@ impl Default for ReceiveConfig {
             max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
             writer_threads: DEFAULT_WRITER_THREADS,
             max_in_flight: DEFAULT_RECEIVE_IN_FLIGHT,
+            fsync: false,
         }
     }
 }

@@ -1,0 +1,121 @@
+//! `--fsync`: the receiving side flushes every file before it takes its final name, and the
+//! directories it wrote into before it reports success. Power loss cannot be staged in a
+//! test, so these count the flushes with strace, on whichever side receives.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, build_mixed};
+
+/// Regular files in the tree at `root`.
+fn files_in(root: &Path) -> usize {
+    let mut n = 0;
+    for entry in std::fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            n += files_in(&entry.path());
+        } else if kind.is_file() {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `(fdatasync, fsync)` calls that succeeded in an strace log.
+fn flushes(log: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap();
+    // With -f a call can be split over two lines: "fsync(5 <unfinished ...>" and
+    // "<... fsync resumed>) = 0".
+    let ok = |call: &str| {
+        let (whole, resumed) = (format!(" {call}("), format!("<... {call} resumed>"));
+        text.lines()
+            .filter(|l| (l.contains(&whole) || l.contains(&resumed)) && l.ends_with("= 0"))
+            .count()
+    };
+    (ok("fdatasync"), ok("fsync"))
+}
+
+fn strace(log: &Path) -> Command {
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-e", "trace=fdatasync,fsync", "-o"])
+        .arg(log)
+        .arg(BIN);
+    cmd
+}
+
+#[test]
+fn local_copy_flushes_every_file_and_directory_only_when_asked() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_mixed(&src);
+    let files = files_in(&src);
+    assert!(files > 3);
+
+    let log = work.path().join("plain.log");
+    let out = run(strace(&log)
+        .arg("-r")
+        .arg(&src)
+        .arg(work.path().join("plain")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(flushes(&log), (0, 0), "no flush without --fsync");
+
+    let log = work.path().join("fsync.log");
+    let dst = work.path().join("synced");
+    let out = run(strace(&log).args(["-r", "--fsync"]).arg(&src).arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    let (datasyncs, syncs) = flushes(&log);
+    assert_eq!(datasyncs, files, "one fdatasync per file");
+    assert!(syncs >= 2, "the destination and its directories: {syncs}");
+}
+
+#[test]
+fn push_flushes_on_the_server_and_pull_on_the_client() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_mixed(&src);
+    let files = files_in(&src);
+
+    let server_log = work.path().join("server.log");
+    let server = script(
+        work.path(),
+        "fastcp-strace",
+        &format!(
+            "exec strace -f -qq -e trace=fdatasync,fsync -o '{}' '{BIN}' \"$@\"",
+            server_log.display()
+        ),
+    );
+    let dst = work.path().join("pushed");
+    let out = run(fastcp(&sshd, &server)
+        .args(["-r", "--fsync", "--transport", "ssh"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    let (datasyncs, syncs) = flushes(&server_log);
+    assert_eq!(datasyncs, files, "the receiving server flushes each file");
+    assert!(syncs >= 2, "{syncs}");
+
+    let client_log = work.path().join("client.log");
+    let dst = work.path().join("pulled");
+    let out = run(strace(&client_log)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(BIN)
+        .args(["-r", "--fsync", "--transport", "tcp"])
+        .arg(remote(&sshd, &src))
+        .arg(&dst)
+        .env_remove("SSH_AUTH_SOCK"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    let (datasyncs, syncs) = flushes(&client_log);
+    assert_eq!(datasyncs, files, "the receiving client flushes each file");
+    assert!(syncs >= 2, "{syncs}");
+}
