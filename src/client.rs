@@ -176,10 +176,11 @@ impl Plan {
             Location::Local(p) => p.as_os_str().as_bytes().ends_with(b"/"),
             Location::Remote(r) => r.path.ends_with('/'),
         };
-        let wildcard =
-            self.sources.iter().filter_map(Location::remote).any(|r| {
-                top_level_name(&r.path).is_some_and(|n| n.iter().any(|b| b"*?[".contains(b)))
-            });
+        let wildcard = self
+            .sources
+            .iter()
+            .filter_map(Location::remote)
+            .any(|r| top_level_name(&r.path).is_some_and(|n| fastcp_stream::has_wildcard(&n)));
         dest || wildcard || self.sources.len() > 1
     }
 

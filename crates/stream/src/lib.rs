@@ -67,7 +67,7 @@ use std::sync::Arc;
 pub use display::escape;
 pub use error::Error;
 pub use fastcp_proto::{ErrorCode, Meta, Summary};
-pub use pattern::expand_sources;
+pub use pattern::{expand_sources, has_wildcard};
 pub use progress::{Progress, Snapshot};
 pub use receive::{DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive};
 pub use report::{Failure, MAX_FAILURES, Report, Side};

@@ -19,8 +19,13 @@ const OPTIONS: MatchOptions = MatchOptions {
     require_literal_leading_dot: true,
 };
 
-/// Whether `s` holds a wildcard character.
-fn has_wildcard(s: &[u8]) -> bool {
+/// Whether `s` holds a wildcard character (`*`, `?` or `[`).
+///
+/// ```
+/// assert!(fastcp_stream::has_wildcard(b"*.txt"));
+/// assert!(!fastcp_stream::has_wildcard(b"notes.txt"));
+/// ```
+pub fn has_wildcard(s: &[u8]) -> bool {
     s.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
 }
 
