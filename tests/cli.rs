@@ -215,8 +215,21 @@ fn json_summary_of_a_local_copy() {
     assert_eq!(v["cipher"], Value::Null);
     assert_eq!(v["errors"], Value::Array(vec![]));
     assert_eq!(v["error_count"], 0);
-    // The keys are the ones README.md documents.
+    // The keys are the ones README.md documents, and in its order in the text.
     assert_eq!(keys(&v), keys(&readme_json_example()));
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert_eq!(
+        top_level_keys(&stdout),
+        top_level_keys(&readme_json_block())
+    );
+}
+
+/// The top-level keys of pretty-printed JSON, in the order the text has them.
+fn top_level_keys(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("  \""))
+        .filter_map(|l| l.split_once('"').map(|(k, _)| k.to_owned()))
+        .collect()
 }
 
 /// Total size of the regular files under `root`.
@@ -236,6 +249,11 @@ fn walkdir_sizes(root: &Path) -> u64 {
 
 /// The JSON example under README.md's "JSON summary" heading.
 fn readme_json_example() -> Value {
+    serde_json::from_str(&readme_json_block()).expect("the README example is valid JSON")
+}
+
+/// The text of that example.
+fn readme_json_block() -> String {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     let section = readme
@@ -247,7 +265,7 @@ fn readme_json_example() -> Value {
         .nth(1)
         .and_then(|b| b.split("```").next())
         .expect("a ```json block in that section");
-    serde_json::from_str(block).expect("the README example is valid JSON")
+    block.to_owned()
 }
 
 #[test]
