@@ -40,11 +40,13 @@ fn flushes(log: &Path) -> (usize, usize) {
     (ok("fdatasync"), ok("fsync"))
 }
 
+/// strace's arguments before the log file: follow threads, log the two flush calls.
+const STRACE_ARGS: [&str; 5] = ["-f", "-qq", "-e", "trace=fdatasync,fsync", "-o"];
+
+/// fastcp under strace, logging to `log`.
 fn strace(log: &Path) -> Command {
     let mut cmd = Command::new("strace");
-    cmd.args(["-f", "-qq", "-e", "trace=fdatasync,fsync", "-o"])
-        .arg(log)
-        .arg(BIN);
+    cmd.args(STRACE_ARGS).arg(log).arg(BIN);
     cmd
 }
 
@@ -87,7 +89,8 @@ fn push_flushes_on_the_server_and_pull_on_the_client() {
         work.path(),
         "fastcp-strace",
         &format!(
-            "exec strace -f -qq -e trace=fdatasync,fsync -o '{}' '{BIN}' \"$@\"",
+            "exec strace {} '{}' '{BIN}' \"$@\"",
+            STRACE_ARGS.join(" "),
             server_log.display()
         ),
     );

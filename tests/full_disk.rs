@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::*;
@@ -28,12 +28,16 @@ find "$FULL" -type f -printf '%P\n' | while read -r f; do
   cmp -s "$FULL/$f" "$SRC/$f" || echo "CORRUPT $f"
 done"#;
 
-/// Sources: two small files that fit and one of 3 MiB that cannot.
-fn sources(dir: &Path) {
+/// Sources under `dir/tree`: two small files that fit and one of 3 MiB that cannot; returns
+/// `dir/full`, the empty directory the small disk is mounted on.
+fn setup(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir.join("tree")).unwrap();
     write(&dir.join("tree/a.txt"), b"small file a\n", 0o644);
     write(&dir.join("tree/b.txt"), &pseudo_random(100_000, 1), 0o644);
     write(&dir.join("tree/big.bin"), &pseudo_random(3 << 20, 2), 0o644);
+    let full = dir.join("full");
+    std::fs::create_dir(&full).unwrap();
+    full
 }
 
 /// Runs the fastcp command line `args` (shell words) in a new mount namespace whose `full`
@@ -113,9 +117,7 @@ fn assert_clean_failure(out: &Output, who: &str) {
 #[test]
 fn local_copy_into_a_full_disk() {
     let work = tempfile::tempdir().unwrap();
-    sources(work.path());
-    let full = work.path().join("full");
-    std::fs::create_dir(&full).unwrap();
+    let full = setup(work.path());
     let (out, report) =
         copy_in_namespace(work.path(), &full, r#"-r "$SRC/tree" "$FULL/tree""#, &[]);
     assert_clean_failure(&out, "the local copy");
@@ -126,9 +128,7 @@ fn local_copy_into_a_full_disk() {
 fn pull_into_a_full_disk() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    sources(work.path());
-    let full = work.path().join("full");
-    std::fs::create_dir(&full).unwrap();
+    let full = setup(work.path());
     let cfg = sshd.ssh_config().to_str().unwrap().to_owned();
     let remote = remote(&sshd, &work.path().join("tree"));
     let (out, report) = copy_in_namespace(
@@ -145,9 +145,7 @@ fn pull_into_a_full_disk() {
 fn push_to_a_remote_full_disk() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    sources(work.path());
-    let full = work.path().join("full");
-    std::fs::create_dir(&full).unwrap();
+    let full = setup(work.path());
     let listing = work.path().join("listing");
     // The remote program: fastcp server inside a namespace whose destination is the small
     // disk; it writes its report where the test can read it.
