@@ -892,7 +892,11 @@ where
     }
     done.report = match direction {
         Direction::Push => {
-            fastcp_stream::send(&plan.local_sources(), data, &plan.send_config(), progress).await?
+            let config = fastcp_stream::SendConfig {
+                totals: agreed.version >= 2,
+                ..plan.send_config()
+            };
+            fastcp_stream::send(&plan.local_sources(), data, &config, progress).await?
         }
         Direction::Pull => {
             let Location::Local(dest) = &plan.dest else {

@@ -70,8 +70,9 @@ struct Counts {
     total_files: u64,
     /// The totals are final.
     complete: bool,
-    /// Someone counts the totals here. A pull learns of the files as they arrive, so it
-    /// shows what is done and no total.
+    /// The totals are counted here: by the walk (local copy, push), or, in a pull, from the
+    /// server's `Totals` frame once its walk is complete. Until then a pull shows what is done
+    /// and no total.
     known: bool,
 }
 

@@ -11,7 +11,9 @@ use std::process::{Command, Output};
 
 use common::*;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, build_mixed, build_tiny, write};
+use fastcp_testsupport::tree::{
+    assert_no_temp, assert_same_tree, build_mixed, build_tiny, pseudo_random, write,
+};
 
 fn mixed_tree(root: &Path) {
     build_mixed(root);
@@ -322,4 +324,35 @@ fn pull_with_many_streams_never_stalls() {
         assert!(out.status.success(), "-j {streams}: {}", stderr(&out));
         assert_same_tree(&src, &dst, false);
     }
+}
+
+#[test]
+fn pull_progress_shows_the_total_and_an_eta() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("dir");
+    std::fs::create_dir(&src).unwrap();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        write(&src.join(name), &pseudo_random(512 * 1024, i as u64), 0o644);
+    }
+    // The files arrive from the server's walk; its Totals frame gives the client the total.
+    let out = run(fastcp(&sshd, bin())
+        .args([
+            "-r",
+            "--progress",
+            "--bwlimit",
+            "512K",
+            "--transport",
+            "ssh",
+        ])
+        .arg(remote(&sshd, &src))
+        .arg(work.path().join("pulled")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(" of 1.50 MiB, ") && first.contains(", ETA ") && first.contains("/3 files"),
+        "{err}"
+    );
+    assert_same_tree(&src, &work.path().join("pulled"), false);
 }

@@ -118,6 +118,10 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(e.id);
             dst.put_slice(&e.hash);
         }
+        Frame::Totals(t) => {
+            dst.put_u64(t.files);
+            dst.put_u64(t.bytes);
+        }
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -217,6 +221,7 @@ fn known_kind(k: u8) -> bool {
             | kind::SYMLINK
             | kind::DATA
             | kind::FILE_END
+            | kind::TOTALS
             | kind::ERROR
             | kind::DONE
     )
@@ -357,6 +362,13 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 },
                 path: r.bytes(MAX_PATH)?,
                 message: r.text()?,
+            })
+        }
+        kind::TOTALS => {
+            r.frame = "Totals";
+            Frame::Totals(Totals {
+                files: r.u64()?,
+                bytes: r.u64()?,
             })
         }
         kind::DONE => {
@@ -610,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn file_end_error_done_roundtrip() {
+    fn file_end_totals_error_done_roundtrip() {
         roundtrip(Frame::FileEnd(FileEnd {
             id: 1,
             hash: [0xee; 32],
@@ -620,6 +632,10 @@ mod tests {
             fatal: true,
             path: Bytes::from_static(b"../etc/passwd"),
             message: "path escapes the destination".into(),
+        }));
+        roundtrip(Frame::Totals(Totals {
+            files: 78_579,
+            bytes: 1 << 40,
         }));
         roundtrip(Frame::Done(Summary {
             files: 1,

@@ -28,6 +28,9 @@ pub enum Frame {
     Data(Data),
     /// All of a file's chunks have been sent; carries the BLAKE3 hash of the whole file.
     FileEnd(FileEnd),
+    /// The sender's walk is complete: how many files and bytes the copy holds in all, for the
+    /// receiver's progress display (protocol version 2).
+    Totals(Totals),
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -47,6 +50,7 @@ pub mod kind {
     pub const SYMLINK: u8 = 0x12;
     pub const DATA: u8 = 0x13;
     pub const FILE_END: u8 = 0x14;
+    pub const TOTALS: u8 = 0x15;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
 }
@@ -65,6 +69,7 @@ impl Frame {
             Frame::Symlink(_) => kind::SYMLINK,
             Frame::Data(_) => kind::DATA,
             Frame::FileEnd(_) => kind::FILE_END,
+            Frame::Totals(_) => kind::TOTALS,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -83,6 +88,7 @@ impl Frame {
             Frame::Symlink(_) => "Symlink",
             Frame::Data(_) => "Data",
             Frame::FileEnd(_) => "FileEnd",
+            Frame::Totals(_) => "Totals",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -215,6 +221,18 @@ pub struct Join {
     pub index: u16,
     /// A MAC over the challenge (if any) and the index, keyed with the session secret.
     pub proof: [u8; 32],
+}
+
+/// What the sender's walk found in all, sent once the walk is complete.
+///
+/// It only feeds the receiver's progress display (a total and an ETA for a pull); nothing is
+/// checked against it, and the entries it counts may still be on their way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Totals {
+    /// Regular files found.
+    pub files: u64,
+    /// Their total size in bytes.
+    pub bytes: u64,
 }
 
 /// File metadata common to manifest entries.

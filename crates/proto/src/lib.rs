@@ -46,8 +46,8 @@ pub use handshake::{Handshake, HandshakeError, Negotiated};
 
 /// The first bytes of every [`Hello`] payload.
 pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 adds the [`Totals`] frame.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

@@ -10,7 +10,8 @@ use bytes::Bytes;
 ///
 /// The sender updates the walk counters ([`files_seen`](Snapshot::files_seen),
 /// [`bytes_seen`](Snapshot::bytes_seen), [`walk_complete`](Snapshot::walk_complete)) and the
-/// `sent` counters; the receiver updates the `done` counters. [`crate::copy_local`] gives both
+/// `sent` counters; the receiver updates the `done` counters, and sets the walk counters from
+/// the sender's `Totals` frame when the walk ran on the other side (a pull). [`crate::copy_local`] gives both
 /// sides the same `Progress`, so one object shows the walk and what is written.
 ///
 /// ```
@@ -88,6 +89,14 @@ impl Progress {
     pub(crate) fn add_seen(&self, files: u64, bytes: u64) {
         self.files_seen.fetch_add(files, Relaxed);
         self.bytes_seen.fetch_add(bytes, Relaxed);
+    }
+
+    /// The sender's final totals, from its `Totals` frame: the walk is complete. Counts the
+    /// walk already made in this process (a local copy) are not added twice.
+    pub(crate) fn set_totals(&self, files: u64, bytes: u64) {
+        self.files_seen.fetch_max(files, Relaxed);
+        self.bytes_seen.fetch_max(bytes, Relaxed);
+        self.set_walk_complete();
     }
 
     pub(crate) fn set_walk_complete(&self) {

@@ -509,6 +509,7 @@ impl Reader {
                     self.send(self.writer(id), Op::Abandon { id }).await?;
                 }
             }
+            Frame::Totals(t) => self.shared.progress.set_totals(t.files, t.bytes),
             Frame::Done(summary) => {
                 if summary != self.counts {
                     return Err(Error::Protocol(format!(

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, encode,
-    encode_data_header,
+    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, Totals,
+    encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
@@ -81,6 +81,10 @@ pub struct SendConfig {
     /// Bytes that may be queued for the streams before the reader waits. Default:
     /// [`DEFAULT_SEND_IN_FLIGHT`] (16 MiB).
     pub max_in_flight: usize,
+    /// Send a `Totals` frame as soon as the walk is complete, so that the receiver can show a
+    /// total and an ETA. Set it to false for a peer that agreed to protocol version 1, which
+    /// does not know the frame. Default: true.
+    pub totals: bool,
 }
 
 impl Default for SendConfig {
@@ -91,6 +95,7 @@ impl Default for SendConfig {
             follow_links: false,
             preserve: false,
             max_in_flight: DEFAULT_SEND_IN_FLIGHT,
+            totals: true,
         }
     }
 }
@@ -238,18 +243,30 @@ where
     let walk_config = WalkConfig::new(config.recursive, config.follow_links);
     let walk_sources = sources.to_vec();
     let walk_progress = progress.clone();
+    // The walk's totals go out on stream 0 as soon as it ends, ahead of the file data still
+    // to be read (and before the producer's `Done`, which waits for `walk_tx` to close).
+    let totals_out = config.totals.then(|| (txs[0].clone(), queued.clone()));
     let walker = tokio::task::spawn_blocking(move || {
+        let mut totals = Totals::default();
         for item in walk(&walk_sources, &walk_config) {
             if let Ok(entry) = &item
                 && let EntryKind::File { size } = entry.kind
             {
                 walk_progress.add_seen(1, size);
+                totals.files += 1;
+                totals.bytes += size;
             }
             if walk_tx.blocking_send(item).is_err() {
                 return;
             }
         }
         walk_progress.set_walk_complete();
+        if let Some((tx, queued)) = totals_out {
+            let msg = Msg::frame(&Frame::Totals(totals));
+            queued[0].fetch_add(msg.len(), Relaxed);
+            // A closed stream is reported by the producer or its writer.
+            let _ = tx.send(msg);
+        }
     });
 
     let producer_config = config.clone();

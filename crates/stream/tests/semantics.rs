@@ -356,3 +356,37 @@ fn public_types_are_send_and_sync() {
     check::<SendConfig>();
     check::<ReceiveConfig>();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_learns_the_walk_totals_from_the_sender() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a"), &[1; 3000], 0o644);
+    write(&src.path().join("b"), &[2; 5], 0o644);
+    let sources = [src.path().join("a"), src.path().join("b")];
+    for totals in [true, false] {
+        let (mut s, r) = configs(false);
+        s.totals = totals;
+        let target = dst.path().join(format!("totals-{totals}"));
+        fs::create_dir(&target).unwrap();
+        // Each side its own Progress, as in a pull: the receiver's walk counters can only
+        // come from the sender's Totals frame.
+        let (a, b): (Vec<_>, Vec<_>) = (0..2).map(|_| tokio::io::duplex(1 << 16)).unzip();
+        let theirs = Arc::new(Progress::default());
+        let (sent, received) = tokio::join!(
+            fastcp_stream::send(&sources, a, &s, Arc::new(Progress::default())),
+            fastcp_stream::receive(&target, b, &r, theirs.clone()),
+        );
+        assert!(sent.unwrap().is_complete());
+        assert!(received.unwrap().is_complete());
+        let seen = theirs.snapshot();
+        if totals {
+            assert_eq!((seen.files_seen, seen.bytes_seen), (2, 3005));
+            assert!(seen.walk_complete);
+        } else {
+            assert_eq!((seen.files_seen, seen.bytes_seen), (0, 0));
+            assert!(!seen.walk_complete);
+        }
+        assert_eq!(seen.files_done, 2);
+    }
+}
