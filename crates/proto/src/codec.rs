@@ -206,6 +206,44 @@ impl Decoder {
         frame.advance(HEADER_LEN);
         decode_payload(kind, frame.freeze()).map(Some)
     }
+
+    /// Completes a [`Data`] frame whose file bytes arrived in a buffer of their own, without
+    /// copying them: when `src` holds exactly a `Data` frame's header, id and offset, the
+    /// frame's length is within the cap, and `payload` is exactly the rest of the frame,
+    /// empties `src` and returns the frame with `payload` as its bytes.
+    ///
+    /// Otherwise returns `None` and changes nothing: append `payload` to `src` and
+    /// [`decode`](Decoder::decode) as usual (which reports whatever is wrong).
+    ///
+    /// ```
+    /// use bytes::{Bytes, BytesMut};
+    /// use fastcp_proto::{Data, Decoder, Frame, encode_data_header};
+    ///
+    /// let payload = Bytes::from(vec![7u8; 1000]);
+    /// let mut src = BytesMut::new();
+    /// encode_data_header(3, 4096, payload.len(), &mut src);
+    /// let frame = Decoder::new(1 << 20).decode_split_data(&mut src, &payload);
+    /// assert_eq!(frame, Some(Frame::Data(Data { id: 3, offset: 4096, bytes: payload })));
+    /// assert!(src.is_empty());
+    /// ```
+    pub fn decode_split_data(&self, src: &mut BytesMut, payload: &Bytes) -> Option<Frame> {
+        const FIELDS: usize = 16;
+        if src.len() != HEADER_LEN + FIELDS || src[0] != kind::DATA {
+            return None;
+        }
+        let len = u32::from_be_bytes([src[1], src[2], src[3], src[4]]);
+        if len > self.max_frame || len as usize != FIELDS + payload.len() {
+            return None;
+        }
+        let id = u64::from_be_bytes(src[HEADER_LEN..HEADER_LEN + 8].try_into().ok()?);
+        let offset = u64::from_be_bytes(src[HEADER_LEN + 8..].try_into().ok()?);
+        src.clear();
+        Some(Frame::Data(Data {
+            id,
+            offset,
+            bytes: payload.clone(),
+        }))
+    }
 }
 
 fn known_kind(k: u8) -> bool {
@@ -644,6 +682,53 @@ mod tests {
             bytes: 4,
             errors: 5,
         }));
+    }
+
+    #[test]
+    fn split_data_matches_the_whole_frame_and_checks_what_the_decoder_checks() {
+        let payload = Bytes::from(vec![9u8; 300]);
+        let data = Data {
+            id: 5,
+            offset: 1 << 33,
+            bytes: payload.clone(),
+        };
+        let mut head = BytesMut::new();
+        encode_data_header(data.id, data.offset, payload.len(), &mut head);
+        let dec = Decoder::new(1024);
+        let mut src = head.clone();
+        assert_eq!(
+            dec.decode_split_data(&mut src, &payload),
+            Some(Frame::Data(data.clone()))
+        );
+        assert!(src.is_empty());
+        // A payload of another length, a frame above the cap, another kind, or bytes before
+        // the header: nothing taken, nothing changed.
+        for (mut src, payload, dec) in [
+            (head.clone(), payload.slice(1..), Decoder::new(1024)),
+            (head.clone(), payload.clone(), Decoder::new(100)),
+            (
+                {
+                    let mut h = head.clone();
+                    h[0] = kind::FILE_END;
+                    h
+                },
+                payload.clone(),
+                Decoder::new(1024),
+            ),
+            (
+                {
+                    let mut h = BytesMut::from(&[0u8][..]);
+                    h.extend_from_slice(&head[..head.len() - 1]);
+                    h
+                },
+                payload.clone(),
+                Decoder::new(1024),
+            ),
+        ] {
+            let before = src.clone();
+            assert_eq!(dec.decode_split_data(&mut src, &payload), None);
+            assert_eq!(src, before);
+        }
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod dest;
 mod display;
 mod error;
 mod pattern;
+mod pipe;
 mod progress;
 mod receive;
 mod report;
@@ -74,16 +75,22 @@ pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
 
-/// The buffer of each in-memory pipe [`copy_local`] uses.
+/// The buffer of an in-memory byte pipe (`tokio::io::duplex`) between a sender and a receiver
+/// in one process, when something must sit between them (a rate limit, say); [`copy_local`]
+/// itself uses pipes that pass buffers without copying, each bounded by this much.
 ///
-/// Every byte is copied into the pipe and out again; a pipe that fits in the CPU's L2 cache
-/// keeps the second copy cheap. Measured on a 2 GiB file (2 cores, tmpfs): 64 KiB to 512 KiB
-/// cost about the same CPU time, 1 MiB about 5% more; the chunk size (256 KiB to 4 MiB)
-/// made no measurable difference.
+/// Every byte is copied into a byte pipe and out again; a pipe that fits in the CPU's L2
+/// cache keeps the second copy cheap. Measured on a 2 GiB file (2 cores, tmpfs): 64 KiB to
+/// 512 KiB cost about the same CPU time, 1 MiB about 5% more.
 pub const LOCAL_PIPE_BUFFER: usize = 256 << 10;
 
 /// Copies `sources` to `dest` on this machine, through the same engine and protocol as a
 /// network copy: [`send`] and [`receive`] in one process, over `streams` in-memory pipes.
+///
+/// The pipes carry the protocol's encoded frames as shared buffers rather than as a byte
+/// stream: a file's content (in parts of 16 KiB or more) reaches the receiver as the very
+/// buffer the sender read it into, which takes two copies of every byte off a local copy.
+/// The receiver still decodes every frame, checks every path and verifies every file's hash.
 ///
 /// Returns the receiver's [`Report`]: `local` is what was written, `peer` what was sent, and
 /// `failures` lists the entries that failed on either side. See the [crate example](crate).
@@ -96,15 +103,17 @@ pub async fn copy_local(
     progress: Arc<Progress>,
 ) -> Result<Report, Error> {
     let n = streams.max(1);
-    let (ours, theirs): (Vec<_>, Vec<_>) =
-        (0..n).map(|_| tokio::io::duplex(LOCAL_PIPE_BUFFER)).unzip();
+    let (sinks, sources_in): (Vec<_>, Vec<_>) =
+        (0..n).map(|_| pipe::local(LOCAL_PIPE_BUFFER)).unzip();
+    // The receiver's replies (errors, its final report) go back through a byte pipe.
+    let (reply_in, reply_out) = tokio::io::duplex(64 << 10);
     let mut receive_config = receive_config.clone();
     // Both ends are ours: accept the chunks we send.
     let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
     receive_config.max_frame = receive_config.max_frame.max(needed);
     let (sent, received) = tokio::join!(
-        send(sources, ours, send_config, progress.clone()),
-        receive(dest, theirs, &receive_config, progress),
+        send::send_over(sources, reply_in, sinks, send_config, progress.clone()),
+        receive::receive_over(dest, sources_in, reply_out, &receive_config, progress),
     );
     match (sent, received) {
         (Ok(_), Ok(report)) => Ok(report),

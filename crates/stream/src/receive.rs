@@ -36,12 +36,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{Decoder, ErrorFrame, Frame, Summary};
 use rustix::fs::{Mode, OFlags};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::budget::Pool;
 use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
+use crate::pipe::{ByteSource, Fill, Source};
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
 
@@ -600,6 +601,13 @@ impl Reader {
         }
     }
 
+    /// This stream has ended with the sender's `done`.
+    fn finish(&self, done: Summary) -> Summary {
+        self.shared.finished.fetch_add(1, Relaxed);
+        self.shared.announced.notify_waiters();
+        done
+    }
+
     /// Waits until file `id` is announced on some stream; an error when it never can be.
     async fn wait_announced(&self, id: u64) -> Result<(), Error> {
         let shared = &self.shared;
@@ -638,7 +646,7 @@ fn totals(s: &Summary) -> String {
 /// report the files it was left with as a protocol violation instead of the real cause (a cut
 /// connection, say).
 /// Returns `None` when the stream failed; the error is then in `shared.abort`.
-async fn read_stream<R: AsyncRead + Unpin>(r: R, reader: Reader) -> Option<Summary> {
+async fn read_stream<C: Source>(r: C, reader: Reader) -> Option<Summary> {
     let shared = reader.shared.clone();
     let writers = reader.writers.clone();
     let result = read_frames(r, reader).await;
@@ -653,7 +661,7 @@ async fn read_stream<R: AsyncRead + Unpin>(r: R, reader: Reader) -> Option<Summa
     summary
 }
 
-async fn read_frames<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Result<Summary, Error> {
+async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary, Error> {
     let i = reader.stream;
     let mut decoder = Decoder::new(reader.shared.config.max_frame);
     let mut buf = BytesMut::new();
@@ -677,18 +685,23 @@ async fn read_frames<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Resu
             .map_err(|source| Error::Decode { stream: i, source })?
         {
             if let Some(done) = reader.frame(frame).await? {
-                reader.shared.finished.fetch_add(1, Relaxed);
-                reader.shared.announced.notify_waiters();
-                return Ok(done);
+                return Ok(reader.finish(done));
             }
         }
         if buf.capacity() - buf.len() < MIN_READ {
             continue;
         }
-        let n = r
-            .read_buf(&mut buf)
+        let n = match r
+            .fill(&mut buf, &decoder, &reader.shared.pool)
             .await
-            .map_err(|e| stream_error(i, e, "while receiving"))?;
+            .map_err(|e| stream_error(i, e, "while receiving"))?
+        {
+            Fill::Read(n) => n,
+            Fill::Frame(frame) => match reader.frame(frame).await? {
+                Some(done) => return Ok(reader.finish(done)),
+                None => continue,
+            },
+        };
         if n == 0 {
             return Err(Error::ConnectionClosed {
                 stream: i,
@@ -704,7 +717,7 @@ async fn read_frames<R: AsyncRead + Unpin>(mut r: R, mut reader: Reader) -> Resu
 
 /// Makes room for `want` more bytes in `buf`, moving what it holds into a recycled block when
 /// its own block is full (frames cut from it may still be in flight).
-fn ensure_room(buf: &mut BytesMut, want: usize, pool: &Pool) {
+pub(crate) fn ensure_room(buf: &mut BytesMut, want: usize, pool: &Pool) {
     if buf.capacity() - buf.len() >= want {
         return;
     }
@@ -836,13 +849,33 @@ where
     let mut writes = Vec::with_capacity(n);
     for s in streams {
         let (r, w) = tokio::io::split(s);
-        reads.push(r);
+        reads.push(ByteSource(r));
         writes.push(w);
     }
     let mut writes = writes.into_iter();
     let reply_half = writes.next().expect("at least one stream");
     // Nothing is sent back on the other streams; their write halves stay open until the end.
     let _idle_writes: Vec<_> = writes.collect();
+    receive_over(dest, reads, reply_half, config, progress).await
+}
+
+/// [`receive`] with its streams taken apart: the frames arrive from `sources`, one per
+/// stream, and the replies go out on `reply_half`.
+pub(crate) async fn receive_over<C, W>(
+    dest: &Path,
+    sources: Vec<C>,
+    reply_half: W,
+    config: &ReceiveConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    C: Source,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    if sources.is_empty() {
+        return Err(Error::InvalidArgument("no streams to receive on".into()));
+    }
+    let n = sources.len();
     let (reply_tx, reply_rx) = mpsc::channel(256);
     let mut replier =
         crate::budget::AbortOnDrop(vec![tokio::spawn(write_replies(reply_half, reply_rx))]);
@@ -884,7 +917,7 @@ where
     let budget = Arc::new(Semaphore::new(budget_cap));
 
     let mut readers = JoinSet::new();
-    for (i, r) in reads.into_iter().enumerate() {
+    for (i, r) in sources.into_iter().enumerate() {
         let reader = Reader {
             shared: shared.clone(),
             writers: writer_txs.clone(),

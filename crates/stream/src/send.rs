@@ -10,7 +10,8 @@
 //!    its File entry goes on one stream, its chunks are spread over all of them, and its
 //!    FileEnd is queued after its last chunk. Each message goes to the stream with the
 //!    fewest bytes queued, so a slow stream gets less;
-//! 3. one **writer task** per stream drains its queue into the stream.
+//! 3. one **writer task** per stream drains its queue into the stream (a
+//!    [`Sink`](crate::pipe::Sink): a byte stream's write buffer, or a local pipe).
 //!
 //! A byte [`Budget`] shared by all queues bounds the memory in flight: the producer waits
 //! when it is spent. Meanwhile a task reads stream 0 for the receiver's per-entry errors and
@@ -29,10 +30,11 @@ use fastcp_proto::{
     encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
+use crate::pipe::{ByteSink, Sink};
 use crate::report::{Failure, Report, Side};
 use crate::walk::{EntryKind, WalkConfig, walk};
 use crate::{Error, Progress, stream_error};
@@ -195,25 +197,44 @@ where
     if streams.is_empty() {
         return Err(Error::InvalidArgument("no streams to send on".into()));
     }
-    if config.chunk_size == 0 || config.chunk_size > fastcp_proto::HARD_MAX_FRAME as usize - 16 {
-        return Err(Error::InvalidArgument(format!(
-            "chunk size {} is out of range",
-            config.chunk_size
-        )));
-    }
     let n = streams.len();
     let mut reads = Vec::with_capacity(n);
     let mut writes = Vec::with_capacity(n);
     for s in streams {
         let (r, w) = tokio::io::split(s);
         reads.push(r);
-        writes.push(w);
+        writes.push(ByteSink::new(w, WRITE_BUFFER));
     }
     let mut reads = reads.into_iter();
     let reply_half = reads.next().expect("at least one stream");
     // The other read halves stay open (the receiver writes nothing on them) until the end.
     let _idle_reads: Vec<_> = reads.collect();
+    send_over(sources, reply_half, writes, config, progress).await
+}
 
+/// [`send`] with its streams taken apart: the receiver's replies arrive on `reply_half`, and
+/// the frames go to `sinks`, one per stream.
+pub(crate) async fn send_over<R, K>(
+    sources: &[PathBuf],
+    reply_half: R,
+    sinks: Vec<K>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    K: Sink,
+{
+    if sinks.is_empty() {
+        return Err(Error::InvalidArgument("no streams to send on".into()));
+    }
+    if config.chunk_size == 0 || config.chunk_size > fastcp_proto::HARD_MAX_FRAME as usize - 16 {
+        return Err(Error::InvalidArgument(format!(
+            "chunk size {} is out of range",
+            config.chunk_size
+        )));
+    }
+    let n = sinks.len();
     let budget = Arc::new(Budget::new(
         config.max_in_flight.max(config.chunk_size + (64 << 10)),
     ));
@@ -225,7 +246,7 @@ where
     let pool = Arc::new(Pool::default());
     let mut txs = Vec::with_capacity(n);
     let mut writers = AbortOnDrop(Vec::with_capacity(n));
-    for (i, w) in writes.into_iter().enumerate() {
+    for (i, w) in sinks.into_iter().enumerate() {
         let (tx, rx) = mpsc::unbounded_channel();
         txs.push(tx);
         writers.0.push(tokio::spawn(write_stream(
@@ -439,16 +460,15 @@ async fn read_replies<R: AsyncRead + Unpin>(mut r: R) -> ReplyResult {
 }
 
 /// Drains one stream's queue into the stream.
-async fn write_stream<W: AsyncWrite + Unpin>(
+async fn write_stream<K: Sink>(
     i: usize,
-    w: W,
+    mut w: K,
     mut rx: mpsc::UnboundedReceiver<Msg>,
     budget: Arc<Budget>,
     queued: Arc<Vec<AtomicUsize>>,
     progress: Arc<Progress>,
     pool: Arc<Pool>,
-) -> Result<W, Error> {
-    let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
+) -> Result<K, Error> {
     let mut end_frame = BytesMut::with_capacity(FILE_END_LEN);
     let fail = |e| stream_error(i, e, "while sending");
     loop {
@@ -466,14 +486,13 @@ async fn write_stream<W: AsyncWrite + Unpin>(
         };
         for part in &msg.parts {
             if !part.is_empty() {
-                w.write_all(part).await.map_err(fail)?;
+                w.write(part).await.map_err(fail)?;
             }
         }
         if let Some(id) = msg.end_of {
             let hash = *blake3::hash(&msg.parts[1]).as_bytes();
-            end_frame.clear();
             encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
-            w.write_all(&end_frame).await.map_err(fail)?;
+            w.write(&end_frame.split().freeze()).await.map_err(fail)?;
         }
         queued[i].fetch_sub(msg.len(), Relaxed);
         budget.release(msg.permit);
@@ -484,7 +503,7 @@ async fn write_stream<W: AsyncWrite + Unpin>(
         }
     }
     w.flush().await.map_err(fail)?;
-    Ok(w.into_inner())
+    Ok(w)
 }
 
 /// The producer's handle on the stream queues.

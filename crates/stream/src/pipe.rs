@@ -1,0 +1,282 @@
+//! Where the engine's frames meet its streams: a [`Sink`] for the sender's writer tasks and a
+//! [`Source`] for the receiver's readers.
+//!
+//! Over a byte stream (every transport, and the engine's public [`send`](crate::send) and
+//! [`receive`](crate::receive)) they are `write_all` into a write buffer and `read_buf`.
+//!
+//! [`copy_local`](crate::copy_local) connects the two sides in one process with [`local`]
+//! pipes instead, which carry the same encoded frames as shared buffers: a part of at least
+//! [`SHARE_MIN`] bytes (a file's content or a chunk of it) travels as the buffer it was read
+//! into, and the receiver takes it as the payload of the `Data` frame whose header it has just
+//! decoded ([`Decoder::decode_split_data`]), so a file's bytes are never copied from one side
+//! to the other. Smaller parts are gathered into one buffer, as a byte stream's write buffer
+//! would gather them.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use fastcp_proto::{Decoder, Frame};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use crate::budget::Pool;
+
+/// Where a writer task puts a message's parts, in order.
+pub(crate) trait Sink: Send + 'static {
+    /// Queues `part` after the parts before it.
+    fn write(&mut self, part: &Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    /// Pushes out whatever is gathered.
+    fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Flushes, then ends the stream.
+    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+/// What a reader got from its [`Source`].
+pub(crate) enum Fill {
+    /// This many bytes were appended to the buffer; 0 means the stream ended.
+    Read(usize),
+    /// A whole `Data` frame whose payload arrived on its own; the buffer held its header and
+    /// is now empty.
+    Frame(Frame),
+}
+
+/// Where a reader gets more bytes from.
+pub(crate) trait Source: Send + 'static {
+    /// Appends what arrives next to `buf` (making room through `pool` as needed), or returns
+    /// the `Data` frame that `buf` held the start of, when the rest came as one shared buffer.
+    fn fill(
+        &mut self,
+        buf: &mut BytesMut,
+        decoder: &Decoder,
+        pool: &Pool,
+    ) -> impl Future<Output = io::Result<Fill>> + Send;
+}
+
+/// A byte stream's write half, behind a write buffer of `capacity` bytes (bigger parts go
+/// straight through).
+pub(crate) struct ByteSink<W>(BufWriter<W>);
+
+impl<W: AsyncWrite + Unpin + Send + 'static> ByteSink<W> {
+    pub(crate) fn new(w: W, capacity: usize) -> ByteSink<W> {
+        ByteSink(BufWriter::with_capacity(capacity, w))
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Sink for ByteSink<W> {
+    async fn write(&mut self, part: &Bytes) -> io::Result<()> {
+        self.0.write_all(part).await
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        self.0.flush().await
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        self.0.shutdown().await
+    }
+}
+
+/// A byte stream's read half.
+pub(crate) struct ByteSource<R>(pub(crate) R);
+
+impl<R: AsyncRead + Unpin + Send + 'static> Source for ByteSource<R> {
+    async fn fill(&mut self, buf: &mut BytesMut, _: &Decoder, _: &Pool) -> io::Result<Fill> {
+        self.0.read_buf(buf).await.map(Fill::Read)
+    }
+}
+
+/// Parts of at least this many bytes travel through a local pipe as they are; smaller ones
+/// are gathered.
+pub(crate) const SHARE_MIN: usize = 16 << 10;
+
+/// Gathered bytes go out once there are this many.
+const GATHER_MAX: usize = 256 << 10;
+
+/// One buffer in a local pipe, holding its share of the pipe's room until it is taken.
+struct Segment {
+    bytes: Bytes,
+    _room: OwnedSemaphorePermit,
+}
+
+/// A local pipe of `room` bytes: what is written to the [`LocalSink`] and not yet taken from
+/// the [`LocalSource`] is bounded by `room`, counting a buffer bigger than `room` as `room`.
+pub(crate) fn local(room: usize) -> (LocalSink, LocalSource) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let room = room.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let sink = LocalSink {
+        tx: Some(tx),
+        room: Arc::new(Semaphore::new(room)),
+        room_size: room,
+        gather: BytesMut::new(),
+    };
+    (sink, LocalSource { rx })
+}
+
+/// The sending end of a [`local`] pipe.
+pub(crate) struct LocalSink {
+    tx: Option<mpsc::UnboundedSender<Segment>>,
+    room: Arc<Semaphore>,
+    room_size: usize,
+    gather: BytesMut,
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the receiving side has gone")
+}
+
+impl LocalSink {
+    async fn send(&mut self, bytes: Bytes) -> io::Result<()> {
+        let n = bytes.len().min(self.room_size) as u32;
+        let permit = self
+            .room
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map_err(|_| closed())?;
+        let tx = self.tx.as_ref().ok_or_else(closed)?;
+        tx.send(Segment {
+            bytes,
+            _room: permit,
+        })
+        .map_err(|_| closed())
+    }
+
+    async fn send_gathered(&mut self) -> io::Result<()> {
+        if self.gather.is_empty() {
+            return Ok(());
+        }
+        let bytes = self.gather.split().freeze();
+        self.send(bytes).await
+    }
+}
+
+impl Sink for LocalSink {
+    async fn write(&mut self, part: &Bytes) -> io::Result<()> {
+        if part.len() < SHARE_MIN {
+            self.gather.extend_from_slice(part);
+            if self.gather.len() >= GATHER_MAX {
+                self.send_gathered().await?;
+            }
+            return Ok(());
+        }
+        // What came before goes first, so that a chunk's header ends the buffer before it.
+        self.send_gathered().await?;
+        self.send(part.clone()).await
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        self.send_gathered().await
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        self.send_gathered().await?;
+        self.tx = None;
+        Ok(())
+    }
+}
+
+/// The receiving end of a [`local`] pipe.
+pub(crate) struct LocalSource {
+    rx: mpsc::UnboundedReceiver<Segment>,
+}
+
+impl Source for LocalSource {
+    async fn fill(
+        &mut self,
+        buf: &mut BytesMut,
+        decoder: &Decoder,
+        pool: &Pool,
+    ) -> io::Result<Fill> {
+        // The segment's room is given back as soon as it is taken: from here on its bytes
+        // count against the receiver's own budget, as bytes read from a stream would.
+        let Some(Segment { bytes, .. }) = self.rx.recv().await else {
+            return Ok(Fill::Read(0));
+        };
+        if let Some(frame) = decoder.decode_split_data(buf, &bytes) {
+            return Ok(Fill::Frame(frame));
+        }
+        crate::receive::ensure_room(buf, bytes.len(), pool);
+        buf.extend_from_slice(&bytes);
+        Ok(Fill::Read(bytes.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastcp_proto::{Data, encode_data_header};
+
+    #[tokio::test]
+    async fn a_chunk_after_its_header_is_taken_without_copying() {
+        let (mut sink, mut source) = local(1 << 20);
+        let payload = Bytes::from(vec![5u8; SHARE_MIN]);
+        let mut head = BytesMut::new();
+        encode_data_header(1, 0, payload.len(), &mut head);
+        sink.write(&head.freeze()).await.unwrap();
+        sink.write(&payload).await.unwrap();
+        sink.shutdown().await.unwrap();
+
+        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
+        let mut buf = BytesMut::new();
+        let Fill::Read(n) = source.fill(&mut buf, &decoder, &pool).await.unwrap() else {
+            panic!("the header comes first");
+        };
+        assert_eq!(n, 21);
+        let Fill::Frame(Frame::Data(Data { id, offset, bytes })) =
+            source.fill(&mut buf, &decoder, &pool).await.unwrap()
+        else {
+            panic!("the chunk completes its frame");
+        };
+        assert_eq!((id, offset), (1, 0));
+        // The very buffer that was written.
+        assert_eq!(bytes.as_ptr(), payload.as_ptr());
+        assert!(buf.is_empty());
+        assert!(matches!(
+            source.fill(&mut buf, &decoder, &pool).await.unwrap(),
+            Fill::Read(0)
+        ));
+    }
+
+    #[tokio::test]
+    async fn small_parts_are_gathered_and_room_is_bounded() {
+        let (mut sink, mut source) = local(1000);
+        for _ in 0..3 {
+            sink.write(&Bytes::from_static(b"abc")).await.unwrap();
+        }
+        sink.flush().await.unwrap();
+        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
+        let mut buf = BytesMut::new();
+        assert!(matches!(
+            source.fill(&mut buf, &decoder, &pool).await.unwrap(),
+            Fill::Read(9)
+        ));
+        assert_eq!(&buf[..], b"abcabcabc");
+
+        // A big buffer takes all the room: the next write waits until it is taken.
+        sink.write(&Bytes::from(vec![0u8; SHARE_MIN]))
+            .await
+            .unwrap();
+        let second = Bytes::from(vec![1u8; SHARE_MIN]);
+        let mut next = Box::pin(sink.write(&second));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut next)
+                .await
+                .is_err()
+        );
+        source.fill(&mut buf, &decoder, &pool).await.unwrap();
+        next.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn writing_after_the_source_is_gone_is_a_broken_pipe() {
+        let (mut sink, source) = local(1 << 20);
+        drop(source);
+        let e = sink
+            .write(&Bytes::from(vec![0u8; SHARE_MIN]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+}
