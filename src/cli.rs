@@ -44,7 +44,7 @@ pub struct Args {
     /// Copy directories recursively.
     #[arg(short = 'r', help_heading = "Copy")]
     pub recursive: bool,
-    /// Preserve modification times and modes.
+    /// Preserve modes, modification and access times, and the times of symlinks.
     #[arg(short = 'p', help_heading = "Copy")]
     pub preserve: bool,
     /// List what would be copied, one entry a line on stdout; write nothing.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fastcp_proto::{
-    DirEntry, Direction, FileEntry, Frame, Join, Rendezvous, Request, Summary, SymlinkEntry,
+    DirEntry, Direction, FileEntry, Frame, Join, Meta, Rendezvous, Request, Summary, SymlinkEntry,
     TransportKind, flags,
 };
 use fastcp_stream::{EntryKind, Failure, Side, WalkConfig, escape};
@@ -43,7 +43,7 @@ pub enum TransportChoice {
 pub struct CopyOptions {
     /// Copy directories recursively (`-r`).
     pub recursive: bool,
-    /// Preserve modes and modification times (`-p`).
+    /// Preserve modes, modification and access times, and symlinks' times (`-p`).
     pub preserve: bool,
     /// Follow symbolic links instead of copying them as links.
     pub follow_links: bool,
@@ -893,7 +893,7 @@ where
     done.report = match direction {
         Direction::Push => {
             let config = fastcp_stream::SendConfig {
-                totals: agreed.version >= 2,
+                version: agreed.version,
                 ..plan.send_config()
             };
             fastcp_stream::send(&plan.local_sources(), data, &config, progress).await?
@@ -1017,10 +1017,15 @@ where
             let frame = match entry {
                 Ok(entry) => {
                     count(&mut report.local, &entry.kind);
+                    // A listing: no access times, which a version 1 client would refuse.
+                    let meta = Meta {
+                        atime: None,
+                        ..entry.meta
+                    };
                     match entry.kind {
                         EntryKind::Dir => Frame::Dir(DirEntry {
                             path: entry.wire,
-                            meta: entry.meta,
+                            meta,
                         }),
                         EntryKind::File { size } => {
                             id += 1;
@@ -1028,12 +1033,13 @@ where
                                 id,
                                 path: entry.wire,
                                 size,
-                                meta: entry.meta,
+                                meta,
                             })
                         }
                         EntryKind::Symlink { target } => Frame::Symlink(SymlinkEntry {
                             path: entry.wire,
                             target,
+                            times: None,
                         }),
                     }
                 }

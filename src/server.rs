@@ -242,7 +242,7 @@ where
                 preserve: request.flags & flags::PRESERVE != 0,
                 recursive: request.flags & flags::RECURSIVE != 0,
                 follow_links: request.flags & flags::FOLLOW_LINKS != 0,
-                totals: agreed.version >= 2,
+                version: agreed.version,
                 ..Default::default()
             };
             fastcp_stream::send(&sources, data, &cfg, progress).await

@@ -58,6 +58,7 @@ fn file(id: u64, path: &[u8], content: &[u8]) -> Vec<Frame> {
             path: Bytes::copy_from_slice(path),
             size: content.len() as u64,
             meta: Meta {
+                atime: None,
                 mode: 0o644,
                 mtime: 0,
                 mtime_nsec: 0,
@@ -161,12 +162,14 @@ fn cve_2024_12088_no_write_through_a_symlink_from_the_server() {
     let mut frames = vec![Frame::Dir(fastcp_proto::DirEntry {
         path: Bytes::from_static(b"d"),
         meta: Meta {
+            atime: None,
             mode: 0o755,
             mtime: 0,
             mtime_nsec: 0,
         },
     })];
     frames.push(Frame::Symlink(SymlinkEntry {
+        times: None,
         path: Bytes::from_static(b"d/link"),
         target: Bytes::copy_from_slice(outside.path().as_os_str().as_encoded_bytes()),
     }));

@@ -12,7 +12,8 @@ use std::process::{Command, Output};
 use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
-    assert_no_temp, assert_same_tree, build_mixed, build_tiny, pseudo_random, write,
+    assert_no_temp, assert_same_tree, build_mixed, build_tiny, now_secs, pseudo_random, set_times,
+    times_of, write,
 };
 
 fn mixed_tree(root: &Path) {
@@ -355,4 +356,36 @@ fn pull_progress_shows_the_total_and_an_eta() {
         "{err}"
     );
     assert_same_tree(&src, &work.path().join("pulled"), false);
+}
+
+#[test]
+fn preserve_carries_access_times_and_symlink_times_both_ways() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("d");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"timed", 0o640);
+    std::os::unix::fs::symlink("f", src.join("l")).unwrap();
+    let now = now_secs();
+    let want = [
+        ("f", (now - 1000, 1_000_000_000)),
+        ("l", (now - 2000, 1_100_000_000)),
+        ("", (now - 3000, 1_200_000_000)),
+    ];
+    let pushed = work.path().join("pushed");
+    let pulled = work.path().join("pulled");
+    for (from, to, copy) in [
+        (src.display().to_string(), remote(&sshd, &pushed), &pushed),
+        (remote(&sshd, &src), pulled.display().to_string(), &pulled),
+    ] {
+        // Reading the source may move its access times (strictatime): set them before each copy.
+        for (name, (atime, mtime)) in want {
+            set_times(&src.join(name), atime, mtime);
+        }
+        let out = run(fastcp(&sshd, bin()).args(["-r", "-p"]).arg(&from).arg(&to));
+        assert!(out.status.success(), "{}", stderr(&out));
+        for (name, times) in want {
+            assert_eq!(times_of(&copy.join(name)), times, "{from} -> {to}: {name}");
+        }
+    }
 }

@@ -108,6 +108,12 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
         Frame::Symlink(s) => {
             put_bytes(dst, &s.path);
             put_bytes(dst, &s.target);
+            if let Some(t) = &s.times {
+                dst.put_i64(t.mtime);
+                dst.put_u32(t.mtime_nsec);
+                dst.put_i64(t.atime);
+                dst.put_u32(t.atime_nsec);
+            }
         }
         Frame::Data(d) => {
             dst.put_u64(d.id);
@@ -367,9 +373,24 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
         }
         kind::SYMLINK => {
             r.frame = "Symlink";
+            let path = r.bytes(MAX_PATH)?;
+            let target = r.bytes(MAX_PATH)?;
+            let times = if r.buf.has_remaining() {
+                let (mtime, mtime_nsec) = r.time()?;
+                let (atime, atime_nsec) = r.time()?;
+                Some(LinkTimes {
+                    mtime,
+                    mtime_nsec,
+                    atime,
+                    atime_nsec,
+                })
+            } else {
+                None
+            };
             Frame::Symlink(SymlinkEntry {
-                path: r.bytes(MAX_PATH)?,
-                target: r.bytes(MAX_PATH)?,
+                path,
+                target,
+                times,
             })
         }
         kind::DATA => {
@@ -436,6 +457,10 @@ fn put_meta(dst: &mut BytesMut, m: &Meta) {
     dst.put_u32(m.mode);
     dst.put_i64(m.mtime);
     dst.put_u32(m.mtime_nsec);
+    if let Some((sec, nsec)) = m.atime {
+        dst.put_i64(sec);
+        dst.put_u32(nsec);
+    }
 }
 
 fn truncate_text(s: &str) -> &str {
@@ -513,18 +538,31 @@ impl Reader {
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
 
+    /// Mode and mtime, then the access time if the payload goes on (it is the last field).
     fn meta(&mut self) -> Result<Meta, DecodeError> {
         let mode = self.u32()?;
-        let mtime = self.u64()? as i64;
-        let mtime_nsec = self.u32()?;
-        if mtime_nsec >= 1_000_000_000 {
-            return Err(self.invalid("nanoseconds out of range"));
-        }
+        let (mtime, mtime_nsec) = self.time()?;
+        let atime = if self.buf.has_remaining() {
+            Some(self.time()?)
+        } else {
+            None
+        };
         Ok(Meta {
             mode: mode & 0o7777,
             mtime,
             mtime_nsec,
+            atime,
         })
+    }
+
+    /// Seconds (i64) and nanoseconds (u32, below 1e9).
+    fn time(&mut self) -> Result<(i64, u32), DecodeError> {
+        let sec = self.u64()? as i64;
+        let nsec = self.u32()?;
+        if nsec >= 1_000_000_000 {
+            return Err(self.invalid("nanoseconds out of range"));
+        }
+        Ok((sec, nsec))
     }
 }
 
@@ -556,6 +594,7 @@ mod tests {
             mode: 0o644,
             mtime: -12345,
             mtime_nsec: 999_999_999,
+            atime: None,
         }
     }
 
@@ -622,20 +661,61 @@ mod tests {
 
     #[test]
     fn entry_roundtrips() {
-        roundtrip(Frame::Dir(DirEntry {
-            path: Bytes::from_static(b"src/empty dir"),
-            meta: meta(),
-        }));
-        roundtrip(Frame::File(FileEntry {
-            id: u64::MAX,
-            path: Bytes::from_static("dir/ünïcode -leading".as_bytes()),
-            size: 5 << 30,
-            meta: meta(),
-        }));
-        roundtrip(Frame::Symlink(SymlinkEntry {
-            path: Bytes::from_static(b"link"),
-            target: Bytes::from_static(b"../../dangling"),
-        }));
+        // Version 1 entries (no access time, no link times) and version 2 ones.
+        let with_atime = Meta {
+            atime: Some((1_700_000_000, 5)),
+            ..meta()
+        };
+        for meta in [meta(), with_atime] {
+            roundtrip(Frame::Dir(DirEntry {
+                path: Bytes::from_static(b"src/empty dir"),
+                meta,
+            }));
+            roundtrip(Frame::File(FileEntry {
+                id: u64::MAX,
+                path: Bytes::from_static("dir/ünïcode -leading".as_bytes()),
+                size: 5 << 30,
+                meta,
+            }));
+        }
+        for times in [
+            None,
+            Some(LinkTimes {
+                mtime: -1,
+                mtime_nsec: 999_999_999,
+                atime: i64::MAX,
+                atime_nsec: 0,
+            }),
+        ] {
+            roundtrip(Frame::Symlink(SymlinkEntry {
+                path: Bytes::from_static(b"link"),
+                target: Bytes::from_static(b"../../dangling"),
+                times,
+            }));
+        }
+    }
+
+    #[test]
+    fn optional_times_are_all_or_nothing() {
+        // A version 1 entry is the version 2 one without its trailing times: a half-present
+        // trailer, or nanoseconds out of range, is refused.
+        let mut buf = BytesMut::new();
+        encode(
+            &Frame::Dir(DirEntry {
+                path: Bytes::from_static(b"d"),
+                meta: Meta {
+                    atime: Some((7, 1_000_000_000)),
+                    ..meta()
+                },
+            }),
+            &mut buf,
+        );
+        assert!(Decoder::new(1024).decode(&mut buf.clone()).is_err());
+        let mut short = buf.clone();
+        short.truncate(short.len() - 4);
+        let len = (short.len() - HEADER_LEN) as u32;
+        short[1..HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+        assert!(Decoder::new(1024).decode(&mut short).is_err());
     }
 
     #[test]

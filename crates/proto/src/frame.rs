@@ -244,6 +244,9 @@ pub struct Meta {
     pub mtime: i64,
     /// Nanoseconds within [`Meta::mtime`], below 1e9.
     pub mtime_nsec: u32,
+    /// Access time, seconds and nanoseconds, when it travels: with `-p`, from protocol
+    /// version 2 on (it is encoded after the other fields only when present).
+    pub atime: Option<(i64, u32)>,
 }
 
 /// A directory of the manifest. It may be empty.
@@ -275,6 +278,22 @@ pub struct SymlinkEntry {
     pub path: Bytes,
     /// The link's target, as stored in the link (never followed by the receiver).
     pub target: Bytes,
+    /// The link's own times, when they travel: with `-p`, from protocol version 2 on (encoded
+    /// after the target only when present).
+    pub times: Option<LinkTimes>,
+}
+
+/// A symbolic link's own modification and access times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkTimes {
+    /// Modification time, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// Nanoseconds within `mtime`, below 1e9.
+    pub mtime_nsec: u32,
+    /// Access time, seconds since the Unix epoch.
+    pub atime: i64,
+    /// Nanoseconds within `atime`, below 1e9.
+    pub atime_nsec: u32,
 }
 
 /// A chunk of a file.

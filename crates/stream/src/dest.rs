@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
-use fastcp_proto::Meta;
+use fastcp_proto::{LinkTimes, Meta};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -57,7 +57,11 @@ pub(crate) enum Op {
     /// A directory.
     Dir { wire: Bytes, meta: Meta },
     /// A symbolic link.
-    Symlink { wire: Bytes, target: Bytes },
+    Symlink {
+        wire: Bytes,
+        target: Bytes,
+        times: Option<LinkTimes>,
+    },
 }
 
 /// Where the tree goes.
@@ -116,6 +120,28 @@ pub(crate) struct Fixup {
     pub(crate) wire: Bytes,
     pub(crate) mode: Option<u32>,
     pub(crate) mtime: Option<(i64, u32)>,
+    pub(crate) atime: Option<(i64, u32)>,
+}
+
+/// The times to set: `mtime`, and `atime` when it travelled (otherwise left as it is).
+fn timestamps((sec, nsec): (i64, u32), atime: Option<(i64, u32)>) -> Timestamps {
+    let last_access = match atime {
+        Some((sec, nsec)) => Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+        None => Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+    };
+    Timestamps {
+        last_access,
+        last_modification: Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        },
+    }
 }
 
 /// What the writers did, for the report.
@@ -387,8 +413,12 @@ impl Writer {
                 self.dir(wire, meta);
                 Ok(())
             }
-            Op::Symlink { wire, target } => {
-                self.symlink(wire, target);
+            Op::Symlink {
+                wire,
+                target,
+                times,
+            } => {
+                self.symlink(wire, target, times);
                 Ok(())
             }
         }
@@ -566,16 +596,7 @@ impl Writer {
                 f.discard();
                 return Ok(());
             }
-            let times = Timestamps {
-                last_access: Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_OMIT,
-                },
-                last_modification: Timespec {
-                    tv_sec: f.meta.mtime,
-                    tv_nsec: f.meta.mtime_nsec as _,
-                },
-            };
+            let times = timestamps((f.meta.mtime, f.meta.mtime_nsec), f.meta.atime);
             if let Err(e) = rustix::fs::futimens(&f.fd, &times) {
                 shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
                 f.discard();
@@ -682,6 +703,7 @@ impl Writer {
                 wire,
                 mode: Some(meta.mode & 0o7777),
                 mtime: Some((meta.mtime, meta.mtime_nsec)),
+                atime: meta.atime,
             }),
             (Some(created), false) => {
                 let want = mode & !shared.umask;
@@ -690,6 +712,7 @@ impl Writer {
                     wire,
                     mode: Some(want),
                     mtime: None,
+                    atime: None,
                 })
             }
             (None, false) => None,
@@ -701,7 +724,7 @@ impl Writer {
         shared.written.dirs.fetch_add(1, Relaxed);
     }
 
-    fn symlink(&mut self, wire: Bytes, target: Bytes) {
+    fn symlink(&mut self, wire: Bytes, target: Bytes, times: Option<LinkTimes>) {
         let shared = self.shared.clone();
         let local = shared.root.local(&wire);
         let (parent_path, name) = split_parent(&local);
@@ -721,6 +744,17 @@ impl Writer {
                 }
             }
         };
+        // The link's own times (with -p), set before it takes its name: a rename keeps them.
+        if let Some(t) = times.filter(|_| shared.config.preserve) {
+            let stamps = timestamps((t.mtime, t.mtime_nsec), Some((t.atime, t.atime_nsec)));
+            if let Err(e) =
+                rustix::fs::utimensat(&parent, &temp[..], &stamps, AtFlags::SYMLINK_NOFOLLOW)
+            {
+                let _ = rustix::fs::unlinkat(&parent, &temp[..], AtFlags::empty());
+                return shared
+                    .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+            }
+        }
         match rustix::fs::renameat(&parent, &temp[..], &parent, name) {
             Ok(()) => {
                 shared.written.symlinks.fetch_add(1, Relaxed);
@@ -754,17 +788,8 @@ pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
             }
         };
         let display = || shared.root.display(&f.local);
-        if let Some((sec, nsec)) = f.mtime {
-            let times = Timestamps {
-                last_access: Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rustix::fs::UTIME_OMIT,
-                },
-                last_modification: Timespec {
-                    tv_sec: sec,
-                    tv_nsec: nsec as _,
-                },
-            };
+        if let Some(mtime) = f.mtime {
+            let times = timestamps(mtime, f.atime);
             if let Err(e) = rustix::fs::futimens(&*fd, &times) {
                 shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
             }

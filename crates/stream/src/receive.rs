@@ -80,7 +80,8 @@ const NOTICE_WAIT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct ReceiveConfig {
     /// Apply the sender's exact mode bits and modification times (nanoseconds) to files and
-    /// directories (scp's `-p`). Without it, new files and directories get the sender's
+    /// directories (scp's `-p`), and the access times and symlinks' own times when they
+    /// travel (protocol version 2). Without it, new files and directories get the sender's
     /// permission bits less the umask, and existing directories are left alone. Default:
     /// false.
     pub preserve: bool,
@@ -391,6 +392,7 @@ impl Reader {
                     Op::Symlink {
                         wire: s.path,
                         target: s.target,
+                        times: s.times,
                     },
                 )
                 .await?;

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, Totals,
-    encode, encode_data_header,
+    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, LinkTimes, Meta, Summary,
+    SymlinkEntry, Totals, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -77,16 +77,18 @@ pub struct SendConfig {
     pub recursive: bool,
     /// Follow symbolic links instead of sending them as links. Default: false.
     pub follow_links: bool,
-    /// Send modification times. Without it the mtime fields are sent as zero, and only the
+    /// Send modification times (and, to a peer of version 2 or later, access times and
+    /// symlinks' own times). Without it the mtime fields are sent as zero, and only the
     /// permission bits travel (as scp does without `-p`). Default: false.
     pub preserve: bool,
     /// Bytes that may be queued for the streams before the reader waits. Default:
     /// [`DEFAULT_SEND_IN_FLIGHT`] (16 MiB).
     pub max_in_flight: usize,
-    /// Send a `Totals` frame as soon as the walk is complete, so that the receiver can show a
-    /// total and an ETA. Set it to false for a peer that agreed to protocol version 1, which
-    /// does not know the frame. Default: true.
-    pub totals: bool,
+    /// The protocol version agreed with the receiver: what a later version added is not
+    /// sent to an older peer (version 2 added the `Totals` frame, sent as soon as the walk is
+    /// complete so that the receiver can show a total and an ETA, and with `preserve`, access
+    /// times and symlink times). Default: [`fastcp_proto::PROTOCOL_VERSION`].
+    pub version: u16,
 }
 
 impl Default for SendConfig {
@@ -97,7 +99,7 @@ impl Default for SendConfig {
             follow_links: false,
             preserve: false,
             max_in_flight: DEFAULT_SEND_IN_FLIGHT,
-            totals: true,
+            version: fastcp_proto::PROTOCOL_VERSION,
         }
     }
 }
@@ -266,7 +268,7 @@ where
     let walk_progress = progress.clone();
     // The walk's totals go out on stream 0 as soon as it ends, ahead of the file data still
     // to be read (and before the producer's `Done`, which waits for `walk_tx` to close).
-    let totals_out = config.totals.then(|| (txs[0].clone(), queued.clone()));
+    let totals_out = (config.version >= 2).then(|| (txs[0].clone(), queued.clone()));
     let walker = tokio::task::spawn_blocking(move || {
         let mut totals = Totals::default();
         for item in walk(&walk_sources, &walk_config) {
@@ -587,6 +589,7 @@ impl Producer<'_> {
                         let frame = Frame::Symlink(SymlinkEntry {
                             path: entry.wire,
                             target,
+                            times: self.link_times(entry.meta),
                         });
                         self.out.counts[s].symlinks += 1;
                         self.out.push(s, Msg::frame(&frame))?;
@@ -602,16 +605,36 @@ impl Producer<'_> {
         Ok(())
     }
 
+    /// What travels of an entry's metadata: the mode always; the times with `preserve`, the
+    /// access time only to a peer of version 2 or later.
     fn meta(&self, meta: Meta) -> Meta {
-        if self.config.preserve {
-            meta
-        } else {
+        if !self.config.preserve {
             Meta {
                 mode: meta.mode,
-                mtime: 0,
-                mtime_nsec: 0,
+                ..Meta::default()
             }
+        } else if self.config.version < 2 {
+            Meta {
+                atime: None,
+                ..meta
+            }
+        } else {
+            meta
         }
+    }
+
+    /// A symlink's own times, with `preserve` to a peer of version 2 or later.
+    fn link_times(&self, meta: Meta) -> Option<LinkTimes> {
+        if !self.config.preserve || self.config.version < 2 {
+            return None;
+        }
+        let (atime, atime_nsec) = meta.atime.unwrap_or((meta.mtime, meta.mtime_nsec));
+        Some(LinkTimes {
+            mtime: meta.mtime,
+            mtime_nsec: meta.mtime_nsec,
+            atime,
+            atime_nsec,
+        })
     }
 
     /// Records a failed entry and tells the receiver on stream `s`.
@@ -748,6 +771,10 @@ fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta), Error>
         mode: st.st_mode & 0o7777,
         mtime: st.st_mtime,
         mtime_nsec: (st.st_mtime_nsec as u64).min(999_999_999) as u32,
+        atime: Some((
+            st.st_atime,
+            (st.st_atime_nsec as u64).min(999_999_999) as u32,
+        )),
     };
     Ok((fd, st.st_size as u64, meta))
 }

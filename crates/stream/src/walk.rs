@@ -247,12 +247,13 @@ fn list(dir: &Path) -> io::Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// Mode bits and mtime of a file's metadata.
+/// Mode bits, mtime and atime of a file's metadata.
 pub(crate) fn meta_of(m: &Metadata) -> Meta {
     Meta {
         mode: m.mode() & 0o7777,
         mtime: m.mtime(),
         mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
+        atime: Some((m.atime(), m.atime_nsec().clamp(0, 999_999_999) as u32)),
     }
 }
 

@@ -59,6 +59,7 @@ impl Sandbox {
 
 fn meta() -> Meta {
     Meta {
+        atime: None,
         mode: 0o644,
         mtime: 1_600_000_000,
         mtime_nsec: 0,
@@ -101,6 +102,7 @@ fn dir(path: &[u8]) -> Frame {
 
 fn link(path: &[u8], target: &[u8]) -> Frame {
     Frame::Symlink(SymlinkEntry {
+        times: None,
         path: Bytes::copy_from_slice(path),
         target: Bytes::copy_from_slice(target),
     })

@@ -366,7 +366,7 @@ async fn receiver_learns_the_walk_totals_from_the_sender() {
     let sources = [src.path().join("a"), src.path().join("b")];
     for totals in [true, false] {
         let (mut s, r) = configs(false);
-        s.totals = totals;
+        s.version = if totals { 2 } else { 1 };
         let target = dst.path().join(format!("totals-{totals}"));
         fs::create_dir(&target).unwrap();
         // Each side its own Progress, as in a pull: the receiver's walk counters can only
@@ -389,4 +389,64 @@ async fn receiver_learns_the_walk_totals_from_the_sender() {
         }
         assert_eq!(seen.files_done, 2);
     }
+}
+
+/// A tree whose file, symlink and directory have known access and modification times (the
+/// sender reads them before it reads the file, which may move its access time).
+fn timed_tree(root: &std::path::Path) -> [(PathBuf, (i64, i64)); 3] {
+    let now = now_secs();
+    let d = root.join("d");
+    fs::create_dir_all(&d).unwrap();
+    write(&d.join("f"), b"timed", 0o644);
+    symlink("f", d.join("l")).unwrap();
+    let times = [
+        (d.join("f"), (now - 1000, 1_000_000_000)),
+        (d.join("l"), (now - 2000, 1_100_000_000)),
+        (d.clone(), (now - 3000, 1_200_000_000)),
+    ];
+    for (path, (atime, mtime)) in &times {
+        set_times(path, *atime, *mtime);
+    }
+    times
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preserve_keeps_access_times_and_symlink_times() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let times = timed_tree(src.path());
+    let (mut s, mut r) = configs(true);
+    s.preserve = true;
+    r.preserve = true;
+    let report = copy_local(
+        &[src.path().join("d")],
+        dst.path(),
+        &s,
+        &r,
+        2,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert!(report.is_complete());
+    for (path, want) in &times {
+        let copy = dst.path().join(path.strip_prefix(src.path()).unwrap());
+        assert_eq!(times_of(&copy), *want, "{}", copy.display());
+    }
+
+    // A version 1 receiver gets neither: mtimes of files and directories only.
+    for (path, (atime, mtime)) in &times {
+        set_times(path, *atime, *mtime);
+    }
+    let old = dst.path().join("v1");
+    fs::create_dir(&old).unwrap();
+    s.version = 1;
+    let (sent, received) = run_pair(&[src.path().join("d")], &old, &s, &r, 2).await;
+    assert!(sent.unwrap().is_complete());
+    assert!(received.unwrap().is_complete());
+    let (f, l, d) = (old.join("d/f"), old.join("d/l"), old.join("d"));
+    assert_eq!(times_of(&f).1, times[0].1.1);
+    assert_ne!(times_of(&f).0, times[0].1.0);
+    assert_ne!(times_of(&l), times[1].1);
+    assert_eq!(times_of(&d).1, times[2].1.1);
 }

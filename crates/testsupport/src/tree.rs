@@ -306,3 +306,33 @@ pub fn build_tiny(root: &Path, count: usize) {
         write!(f, "tiny file {i}\n{}", "x".repeat(i % 97)).unwrap();
     }
 }
+
+/// Sets the access and modification times (whole seconds) of `path` itself, not following a
+/// symlink.
+pub fn set_times(path: &Path, atime: i64, mtime: i64) {
+    use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, utimensat};
+    let t = |sec| Timespec {
+        tv_sec: sec,
+        tv_nsec: 0,
+    };
+    let times = Timestamps {
+        last_access: t(atime),
+        last_modification: t(mtime),
+    };
+    utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+}
+
+/// The access and modification times (whole seconds) of `path` itself, not following a
+/// symlink.
+pub fn times_of(path: &Path) -> (i64, i64) {
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.atime(), m.mtime())
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
