@@ -91,7 +91,8 @@ pub struct Args {
 /// How the data travels; shared by copies and `fastcp doctor`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
-    /// Number of parallel data streams (default: 4 over TCP, 2 over SSH).
+    /// Number of parallel data streams (default: 4 over TCP, 2 over SSH; 1 over SSH for a push
+    /// of files that fit in one chunk).
     #[arg(
         short = 'j',
         long = "streams",

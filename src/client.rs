@@ -235,6 +235,26 @@ impl Plan {
             .map(RateLimit::new)
     }
 
+    /// A push of regular files that together fit in one chunk: each travels whole on one
+    /// stream, so a second stream over SSH would only add its login to the copy's time.
+    fn fits_one_stream(&self) -> bool {
+        let chunk = self
+            .options
+            .chunk_size
+            .unwrap_or(fastcp_stream::DEFAULT_CHUNK_SIZE) as u64;
+        let mut total = 0u64;
+        for source in &self.sources {
+            let Location::Local(path) = source else {
+                return false;
+            };
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_file() => total = total.saturating_add(m.len()),
+                _ => return false,
+            }
+        }
+        total <= chunk
+    }
+
     fn local_sources(&self) -> Vec<PathBuf> {
         self.sources
             .iter()
@@ -481,11 +501,15 @@ async fn connect_and_run(
             other => return other.map(|done| (done, "tcp")),
         }
     }
-    let wanted = plan
-        .options
-        .streams
-        .unwrap_or(DEFAULT_SSH_STREAMS)
-        .clamp(1, MAX_SSH_STREAMS);
+    let wanted = match plan.options.streams {
+        Some(n) => n,
+        None if plan.fits_one_stream() => {
+            log.debug(|| "one stream: the files fit in one chunk".into());
+            1
+        }
+        None => DEFAULT_SSH_STREAMS,
+    }
+    .clamp(1, MAX_SSH_STREAMS);
     let mode = if wanted > 1 && peer.supports_extra_streams() {
         Mode::Unix { streams: wanted }
     } else {

@@ -389,3 +389,30 @@ fn preserve_carries_access_times_and_symlink_times_both_ways() {
         }
     }
 }
+
+#[test]
+fn a_small_push_over_ssh_logs_in_once() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let small = work.path().join("small");
+    let big = work.path().join("big");
+    write(&small, &pseudo_random(64 << 10, 1), 0o644);
+    write(&big, &pseudo_random(3 << 20, 2), 0o644);
+    // What fits in one chunk travels whole on one stream: no second SSH connection for it,
+    // unless -j asks; a bigger file gets the default two.
+    for (src, args, want) in [
+        (&small, &[][..], "1 stream(s) over 1 connection(s)"),
+        (&small, &["-j", "2"][..], "2 stream(s) over 2 connection(s)"),
+        (&big, &[][..], "2 stream(s) over 2 connection(s)"),
+    ] {
+        let dst = work.path().join("out");
+        let out = run(fastcp(&sshd, bin())
+            .args(["-v", "--transport", "ssh"])
+            .args(args)
+            .arg(src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(src).unwrap());
+    }
+}
