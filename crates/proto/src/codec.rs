@@ -241,14 +241,13 @@ impl Decoder {
         if len > self.max_frame || len as usize != FIELDS + payload.len() {
             return None;
         }
-        let id = u64::from_be_bytes(src[HEADER_LEN..HEADER_LEN + 8].try_into().ok()?);
-        let offset = u64::from_be_bytes(src[HEADER_LEN + 8..].try_into().ok()?);
+        let mut r = Reader {
+            buf: Bytes::copy_from_slice(&src[HEADER_LEN..]),
+            frame: "Data",
+        };
+        let frame = data_frame(r.u64().ok()?, r.u64().ok()?, payload.clone())?;
         src.clear();
-        Some(Frame::Data(Data {
-            id,
-            offset,
-            bytes: payload.clone(),
-        }))
+        Some(frame)
     }
 }
 
@@ -398,10 +397,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             let id = r.u64()?;
             let offset = r.u64()?;
             let bytes = r.buf.split_off(0);
-            if offset.checked_add(bytes.len() as u64).is_none() {
-                return Err(r.invalid("offset overflows"));
-            }
-            Frame::Data(Data { id, offset, bytes })
+            data_frame(id, offset, bytes).ok_or_else(|| r.invalid("offset overflows"))?
         }
         kind::FILE_END => {
             r.frame = "FileEnd";
@@ -446,6 +442,12 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
         return Err(DecodeError::Trailing(r.frame));
     }
     Ok(frame)
+}
+
+/// A `Data` frame, unless its last byte's offset overflows a u64.
+fn data_frame(id: u64, offset: u64, bytes: Bytes) -> Option<Frame> {
+    offset.checked_add(bytes.len() as u64)?;
+    Some(Frame::Data(Data { id, offset, bytes }))
 }
 
 fn put_bytes(dst: &mut BytesMut, b: &[u8]) {
@@ -774,7 +776,7 @@ mod tests {
         };
         let mut head = BytesMut::new();
         encode_data_header(data.id, data.offset, payload.len(), &mut head);
-        let dec = Decoder::new(1024);
+        let mut dec = Decoder::new(1024);
         let mut src = head.clone();
         assert_eq!(
             dec.decode_split_data(&mut src, &payload),
@@ -809,6 +811,14 @@ mod tests {
             assert_eq!(dec.decode_split_data(&mut src, &payload), None);
             assert_eq!(src, before);
         }
+        // An offset whose last byte overflows, which `decode` refuses, is not taken either.
+        let mut far = BytesMut::new();
+        encode_data_header(5, u64::MAX, payload.len(), &mut far);
+        let before = far.clone();
+        assert_eq!(dec.decode_split_data(&mut far, &payload), None);
+        assert_eq!(far, before);
+        far.extend_from_slice(&payload);
+        assert!(dec.decode(&mut far).is_err());
     }
 
     #[test]
