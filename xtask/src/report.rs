@@ -122,20 +122,13 @@ fn machine() -> String {
     let lscpu = Command::new("lscpu")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    let model = lscpu
-        .as_ref()
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("Model name:").map(|m| m.trim().to_owned()))
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
     let field = |name: &str| {
         lscpu.as_ref().ok().and_then(|t| {
             t.lines()
                 .find_map(|l| l.strip_prefix(name).map(|m| m.trim().to_owned()))
         })
     };
+    let model = field("Model name:").unwrap_or_else(|| "unknown CPU".into());
     let family = match (field("CPU family:"), field("Model:")) {
         (Some(f), Some(m)) => format!(" (family {f}, model {m})"),
         _ => String::new(),

@@ -11,8 +11,9 @@ use bytes::Bytes;
 /// The sender updates the walk counters ([`files_seen`](Snapshot::files_seen),
 /// [`bytes_seen`](Snapshot::bytes_seen), [`walk_complete`](Snapshot::walk_complete)) and the
 /// `sent` counters; the receiver updates the `done` counters, and sets the walk counters from
-/// the sender's `Totals` frame when the walk ran on the other side (a pull). [`crate::copy_local`] gives both
-/// sides the same `Progress`, so one object shows the walk and what is written.
+/// the sender's `Totals` frame when the walk ran on the other side (a pull).
+/// [`crate::copy_local`] gives both sides the same `Progress`, so one object shows the walk
+/// and what is written.
 ///
 /// ```
 /// use std::sync::Arc;
