@@ -1,10 +1,11 @@
 //! Each cipher's core: every provider built in x every suite x record size, sealing and
-//! opening in place on one core, plus BLAKE3 hashing for comparison.
+//! opening in place on one core, plus the two file checksums (BLAKE3 for peers of protocol
+//! version 1 and 2, XXH3-128 from version 3) for comparison.
 //!
 //! Run with `cargo bench --bench ciphers` (add `--features aws-lc-rs` if the default build
 //! leaves it out). Throughput is reported in decimal bytes per second (GB/s, as
 //! `openssl speed` does). Names read `seal/<suite>/<provider>/<bytes>`,
-//! `open/<suite>/<provider>/<bytes>` and `blake3/<bytes>`; pass a filter such as
+//! `open/<suite>/<provider>/<bytes>`, `blake3/<bytes>` and `xxh3-128/<bytes>`; pass a filter such as
 //! `cargo bench --bench ciphers -- seal/aes128` to run a subset.
 
 use std::hint::black_box;
@@ -64,8 +65,20 @@ fn blake3(c: &mut Criterion) {
     group.finish();
 }
 
+fn xxh3(c: &mut Criterion) {
+    let mut group = c.benchmark_group("xxh3-128");
+    for size in SIZES {
+        let data = vec![0x5a; size];
+        group.throughput(Throughput::BytesDecimal(size as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, data| {
+            b.iter(|| xxhash_rust::xxh3::xxh3_128(black_box(data)))
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
-    // About 1.5 s per cell keeps the whole run (76 cells) near two minutes.
+    // About 1.5 s per cell keeps the whole run (80 cells) near two minutes.
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(1))
@@ -75,6 +88,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = ciphers, blake3
+    targets = ciphers, blake3, xxh3
 }
 criterion_main!(benches);

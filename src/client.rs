@@ -927,6 +927,7 @@ where
                 unreachable!("a pull has a local destination")
             };
             let mut cfg = plan.receive_config();
+            cfg.version = agreed.version;
             // Accept only the names we asked for at the top level (scp CVE-2019-6111).
             cfg.expected_top_level = plan
                 .sources

@@ -232,6 +232,7 @@ where
                 recursive: request.flags & flags::RECURSIVE != 0,
                 target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
                 fsync: request.flags & flags::FSYNC != 0,
+                version: agreed.version,
                 ..Default::default()
             };
             fastcp_stream::receive(&dest, data, &cfg, progress).await

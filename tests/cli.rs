@@ -768,7 +768,7 @@ fn integrity_failure_exits_4_and_keeps_nothing() {
         .arg(&copy)
         .assert()
         .code(4)
-        .stderr(predicate::str::contains("hash mismatch"));
+        .stderr(predicate::str::contains("checksum mismatch"));
     assert!(!copy.exists());
 }
 

@@ -19,10 +19,16 @@ use fastcp_testsupport::tree::{assert_no_temp, scan, write};
 
 /// A "server" that answers any client with `frames` after a valid hello and accept.
 fn hostile_server(dir: &Path, frames: &[Frame]) -> PathBuf {
+    scripted_server(dir, fastcp_proto::PROTOCOL_VERSION, frames)
+}
+
+/// A "server" speaking protocol `version` at most that answers with `frames` after its hello
+/// and accept.
+fn scripted_server(dir: &Path, version: u16, frames: &[Frame]) -> PathBuf {
     let mut wire = BytesMut::new();
     for frame in [
         Frame::Hello(Hello {
-            version: fastcp_proto::PROTOCOL_VERSION,
+            version,
             min_version: fastcp_proto::MIN_PROTOCOL_VERSION,
             cpu_features: 0b11,
             ciphers: vec![1, 2, 3],
@@ -52,6 +58,11 @@ fn hostile_server(dir: &Path, frames: &[Frame]) -> PathBuf {
 }
 
 fn file(id: u64, path: &[u8], content: &[u8]) -> Vec<Frame> {
+    file_with(id, path, content, fastcp_proto::PROTOCOL_VERSION)
+}
+
+/// A whole file's frames, with the checksum protocol `version` uses.
+fn file_with(id: u64, path: &[u8], content: &[u8], version: u16) -> Vec<Frame> {
     vec![
         Frame::File(FileEntry {
             id,
@@ -71,7 +82,7 @@ fn file(id: u64, path: &[u8], content: &[u8]) -> Vec<Frame> {
         }),
         Frame::FileEnd(FileEnd {
             id,
-            hash: *blake3::hash(content).as_bytes(),
+            hash: fastcp::stream::whole_file_checksum(version, content),
         }),
     ]
 }
@@ -263,4 +274,42 @@ fn receiver_without_aes_gets_chacha20() {
         std::fs::read(work.path().join("b")).unwrap(),
         vec![7u8; 3 << 20]
     );
+}
+
+/// A server that speaks only version 2 checks files with BLAKE3: the client must verify with
+/// BLAKE3 too, and so refuse a version 3 checksum from it.
+#[test]
+fn an_older_server_is_checked_with_its_own_checksum() {
+    let sshd = Sshd::start().unwrap();
+    let content = b"from an older fastcp\n";
+    for (checksum_of, ok) in [(2, true), (3, false)] {
+        let work = tempfile::tempdir().unwrap();
+        let mut frames = file_with(1, b"a.txt", content, checksum_of);
+        frames.push(done(1, content.len() as u64));
+        let server = scripted_server(work.path(), 2, &frames);
+        let dest = work.path().join("dest");
+        std::fs::create_dir(&dest).unwrap();
+        let out = run(fastcp(&sshd, &server)
+            .args(["--transport", "ssh", "-v"])
+            .arg(format!("{}:a.txt", sshd.alias()))
+            .arg(&dest));
+        assert!(
+            stderr(&out).contains("protocol version 2"),
+            "{}",
+            stderr(&out)
+        );
+        if ok {
+            assert!(out.status.success(), "{}", stderr(&out));
+            assert_eq!(std::fs::read(dest.join("a.txt")).unwrap(), content);
+        } else {
+            assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+            assert!(
+                stderr(&out).contains("checksum mismatch"),
+                "{}",
+                stderr(&out)
+            );
+            assert!(scan(&dest).is_empty());
+            assert_no_temp(&dest);
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub enum Frame {
     Symlink(SymlinkEntry),
     /// A chunk of a file's bytes.
     Data(Data),
-    /// All of a file's chunks have been sent; carries the BLAKE3 hash of the whole file.
+    /// All of a file's chunks have been sent; carries the file's checksum.
     FileEnd(FileEnd),
     /// The sender's walk is complete: how many files and bytes the copy holds in all, for the
     /// receiver's progress display (protocol version 2).
@@ -307,12 +307,13 @@ pub struct Data {
     pub bytes: Bytes,
 }
 
-/// The end of a file, with its BLAKE3 hash.
+/// The end of a file, with its checksum.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileEnd {
     /// The [`FileEntry::id`].
     pub id: u64,
-    /// The BLAKE3 hash of the file's whole content.
+    /// The checksum of the file's content: BLAKE3 of the whole file in protocol versions 1
+    /// and 2; from version 3, XXH3-128 over its chunks, then 16 zero bytes (docs/protocol.md).
     pub hash: [u8; 32],
 }
 

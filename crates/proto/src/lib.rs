@@ -6,7 +6,7 @@
 //!
 //! - [`Frame`] is every message fastcp sends: the [`Hello`] handshake, the session
 //!   [`Request`] and [`Accept`], manifest entries ([`DirEntry`], [`FileEntry`],
-//!   [`SymlinkEntry`]), file [`Data`] chunks, [`FileEnd`] with the BLAKE3 hash, [`ErrorFrame`]
+//!   [`SymlinkEntry`]), file [`Data`] chunks, [`FileEnd`] with the file's checksum, [`ErrorFrame`]
 //!   and [`Done`].
 //! - [`encode`] appends a frame to a buffer; [`Decoder`] takes frames out of a buffer
 //!   incrementally, returning `Ok(None)` while it needs more bytes and checking every length
@@ -46,8 +46,9 @@ pub use handshake::{Handshake, HandshakeError, Negotiated};
 
 /// The first bytes of every [`Hello`] payload.
 pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
-/// The protocol version this build speaks. Version 2 adds the [`Totals`] frame.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The protocol version this build speaks. Version 2 adds the [`Totals`] frame; version 3
+/// makes the [`FileEnd`] checksum XXH3-128 instead of BLAKE3.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

@@ -22,8 +22,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use crate::checksum::{Algorithm, Assembler, ChunkHash};
 use crate::receive::Shared;
-use crate::tree::{ChunkHash, TreeHash};
 use crate::{Error, display::escape};
 
 /// How many directory fds each writer keeps open.
@@ -290,7 +290,7 @@ struct OpenFile {
     meta: Meta,
     /// Byte ranges written so far, start -> end, adjacent ranges merged.
     written: BTreeMap<u64, u64>,
-    tree: TreeHash,
+    checksum: Assembler,
     expected: Option<[u8; 32]>,
 }
 
@@ -477,7 +477,7 @@ impl Writer {
             got: 0,
             meta,
             written: BTreeMap::new(),
-            tree: TreeHash::new(size),
+            checksum: Algorithm::for_version(self.shared.config.version).assembler(size),
             expected: None,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
@@ -520,7 +520,7 @@ impl Writer {
         self.shared.pool.give(bytes);
         insert_range(&mut f.written, offset, end);
         f.got += len;
-        f.tree.add(offset, len, hash);
+        f.checksum.add(offset, len, hash);
         self.shared.progress.add_done_bytes(len);
         self.finish_if_complete(id)
     }
@@ -562,10 +562,9 @@ impl Writer {
             return Ok(());
         };
         let f = *f;
-        let actual = match (f.size, f.tree.root()) {
-            (0, _) => *blake3::hash(b"").as_bytes(),
-            (_, Some(root)) => root,
-            (_, None) => {
+        let actual = match f.checksum.finish(f.size) {
+            Some(sum) => sum,
+            None => {
                 // Chunks that could not be hashed alone: hash the file from disk, once.
                 if self.readback.is_empty() {
                     self.readback = vec![0; READBACK];

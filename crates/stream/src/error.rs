@@ -87,9 +87,9 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
-    /// A file's content did not match the BLAKE3 hash the sender computed; the file was
+    /// A file's content did not match the checksum the sender computed; the file was
     /// discarded.
-    #[error("{path}: BLAKE3 hash mismatch: the data were corrupted in transit (file discarded)")]
+    #[error("{path}: checksum mismatch: the data were corrupted on the way (file discarded)")]
     Integrity {
         /// The file's wire path, escaped for display.
         path: String,

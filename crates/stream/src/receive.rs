@@ -41,6 +41,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::budget::Pool;
+use crate::checksum::Algorithm;
 use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
 use crate::pipe::{ByteSource, Fill, Source};
 use crate::report::{Failure, Report, Side};
@@ -110,6 +111,12 @@ pub struct ReceiveConfig {
     /// so that a copy that succeeded survives a crash or power loss. Slower, especially for
     /// many small files; for backups. Default: false.
     pub fsync: bool,
+    /// The protocol version agreed with the sender, which picks the checksum a `FileEnd`
+    /// carries: BLAKE3 below version 3, XXH3-128 from it (see [`whole_file_checksum`]).
+    /// Default: [`fastcp_proto::PROTOCOL_VERSION`].
+    ///
+    /// [`whole_file_checksum`]: crate::whole_file_checksum
+    pub version: u16,
 }
 
 impl Default for ReceiveConfig {
@@ -123,6 +130,7 @@ impl Default for ReceiveConfig {
             writer_threads: DEFAULT_WRITER_THREADS,
             max_in_flight: DEFAULT_RECEIVE_IN_FLIGHT,
             fsync: false,
+            version: fastcp_proto::PROTOCOL_VERSION,
         }
     }
 }
@@ -335,6 +343,7 @@ struct Reader {
     writers: Vec<mpsc::Sender<Op>>,
     budget: Arc<Semaphore>,
     budget_cap: usize,
+    checksum: Algorithm,
     stream: usize,
     counts: Summary,
     next_writer: usize,
@@ -448,7 +457,7 @@ impl Reader {
                 };
                 // Hashed here, in parallel over the streams and in whatever order chunks
                 // come; the writer only merges the values.
-                let hash = crate::tree::chunk_hash(size, d.offset, &d.bytes);
+                let hash = self.checksum.chunk(size, d.offset, &d.bytes);
                 let permit = if d.bytes.is_empty() {
                     None
                 } else {
@@ -925,6 +934,7 @@ where
             writers: writer_txs.clone(),
             budget: budget.clone(),
             budget_cap,
+            checksum: Algorithm::for_version(config.version),
             stream: i,
             counts: Summary::default(),
             next_writer: i,

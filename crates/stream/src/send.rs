@@ -6,7 +6,7 @@
 //! 2. the **producer**, another blocking thread, opens and reads each file in large blocks,
 //!    encodes the frames and queues them on the streams.
 //!    A small file goes whole (File, Data, FileEnd back to back) on one stream, and the
-//!    writer task of that stream hashes it; a big file is hashed with BLAKE3 as it is read,
+//!    writer task of that stream hashes it; a big file is hashed as it is read,
 //!    its File entry goes on one stream, its chunks are spread over all of them, and its
 //!    FileEnd is queued after its last chunk. Each message goes to the stream with the
 //!    fewest bytes queued, so a slow stream gets less;
@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
+use crate::checksum::Algorithm;
 use crate::pipe::{ByteSink, Sink};
 use crate::report::{Failure, Report, Side};
 use crate::walk::{EntryKind, WalkConfig, walk};
@@ -85,9 +86,11 @@ pub struct SendConfig {
     /// [`DEFAULT_SEND_IN_FLIGHT`] (16 MiB).
     pub max_in_flight: usize,
     /// The protocol version agreed with the receiver: what a later version added is not
-    /// sent to an older peer (version 2 added the `Totals` frame, sent as soon as the walk is
+    /// sent to an older peer. Version 2 added the `Totals` frame, sent as soon as the walk is
     /// complete so that the receiver can show a total and an ETA, and with `preserve`, access
-    /// times and symlink times). Default: [`fastcp_proto::PROTOCOL_VERSION`].
+    /// times and symlink times; version 3 changed the `FileEnd` checksum from BLAKE3 to
+    /// XXH3-128 (the receiver must be told the same version). Default:
+    /// [`fastcp_proto::PROTOCOL_VERSION`].
     pub version: u16,
 }
 
@@ -251,15 +254,14 @@ where
     for (i, w) in sinks.into_iter().enumerate() {
         let (tx, rx) = mpsc::unbounded_channel();
         txs.push(tx);
-        writers.0.push(tokio::spawn(write_stream(
-            i,
-            w,
-            rx,
-            budget.clone(),
-            queued.clone(),
-            progress.clone(),
-            pool.clone(),
-        )));
+        let ctx = WriteCtx {
+            budget: budget.clone(),
+            queued: queued.clone(),
+            progress: progress.clone(),
+            pool: pool.clone(),
+            checksum: Algorithm::for_version(config.version),
+        };
+        writers.0.push(tokio::spawn(write_stream(i, w, rx, ctx)));
     }
 
     let (walk_tx, walk_rx) = mpsc::channel(WALK_QUEUE);
@@ -461,16 +463,29 @@ async fn read_replies<R: AsyncRead + Unpin>(mut r: R) -> ReplyResult {
     }
 }
 
+/// What the writer tasks share.
+struct WriteCtx {
+    budget: Arc<Budget>,
+    queued: Arc<Vec<AtomicUsize>>,
+    progress: Arc<Progress>,
+    pool: Arc<Pool>,
+    checksum: Algorithm,
+}
+
 /// Drains one stream's queue into the stream.
 async fn write_stream<K: Sink>(
     i: usize,
     mut w: K,
     mut rx: mpsc::UnboundedReceiver<Msg>,
-    budget: Arc<Budget>,
-    queued: Arc<Vec<AtomicUsize>>,
-    progress: Arc<Progress>,
-    pool: Arc<Pool>,
+    ctx: WriteCtx,
 ) -> Result<K, Error> {
+    let WriteCtx {
+        budget,
+        queued,
+        progress,
+        pool,
+        checksum,
+    } = ctx;
     let mut end_frame = BytesMut::with_capacity(FILE_END_LEN);
     let fail = |e| stream_error(i, e, "while sending");
     loop {
@@ -492,7 +507,7 @@ async fn write_stream<K: Sink>(
             }
         }
         if let Some(id) = msg.end_of {
-            let hash = *blake3::hash(&msg.parts[1]).as_bytes();
+            let hash = checksum.whole(&msg.parts[1]);
             encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
             w.write(&end_frame.split().freeze()).await.map_err(fail)?;
         }
@@ -706,7 +721,7 @@ impl Producer<'_> {
         let home = self.out.pick();
         self.out.counts[home].files += 1;
         self.out.push(home, Msg::frame(&entry))?;
-        let mut hasher = blake3::Hasher::new();
+        let mut hasher = Algorithm::for_version(self.config.version).sequential();
         let mut offset = 0u64;
         while offset < size {
             let n = chunk.min(size - offset) as usize;
@@ -719,7 +734,7 @@ impl Producer<'_> {
                     return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
                 }
             };
-            hasher.update(&bytes);
+            hasher.update(offset, &bytes);
             let mut head = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
             encode_data_header(id, offset, n, &mut head);
             let s = self.out.pick();
@@ -739,7 +754,7 @@ impl Producer<'_> {
         }
         let end = Frame::FileEnd(FileEnd {
             id,
-            hash: *hasher.finalize().as_bytes(),
+            hash: hasher.finish(),
         });
         let s = self.out.pick();
         let mut msg = Msg::frame(&end);

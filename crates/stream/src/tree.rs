@@ -1,4 +1,5 @@
-//! Hashing a file's chunks independently, in any order, with BLAKE3's tree structure.
+//! Hashing a file's chunks independently, in any order, with BLAKE3's tree structure: the
+//! checksum of protocol versions 1 and 2 (see [`crate::checksum`]).
 //!
 //! BLAKE3 hashes a file as a binary tree over 1 KiB leaves. A chunk that is exactly one node
 //! of that tree (which every chunk of a power-of-two chunk size at least 1 KiB is) can be

@@ -86,7 +86,7 @@ fn data(id: u64, offset: u64, bytes: &[u8]) -> Frame {
 fn end(id: u64, content: &[u8]) -> Frame {
     Frame::FileEnd(FileEnd {
         id,
-        hash: *blake3::hash(content).as_bytes(),
+        hash: fastcp_stream::whole_file_checksum(fastcp_proto::PROTOCOL_VERSION, content),
     })
 }
 

@@ -1,5 +1,5 @@
-//! The engine matrix: stream counts x chunk sizes x trees; every run must give an identical
-//! tree.
+//! The engine matrix: stream counts x chunk sizes x trees x protocol versions (which pick the
+//! checksum); every run must give an identical tree.
 
 mod common;
 
@@ -32,17 +32,26 @@ fn trees() -> &'static Trees {
     })
 }
 
-async fn copy_and_compare(base: &Path, name: &str, streams: usize, chunk: usize, preserve: bool) {
+async fn copy_and_compare(
+    base: &Path,
+    name: &str,
+    streams: usize,
+    chunk: usize,
+    preserve: bool,
+    version: u16,
+) {
     let dest = tempfile::tempdir().unwrap();
     let send = SendConfig {
         chunk_size: chunk,
         recursive: true,
         preserve,
+        version,
         ..SendConfig::default()
     };
     let receive = ReceiveConfig {
         recursive: true,
         preserve,
+        version,
         ..ReceiveConfig::default()
     };
     let (sent, received) =
@@ -60,28 +69,34 @@ async fn copy_and_compare(base: &Path, name: &str, streams: usize, chunk: usize,
 }
 
 macro_rules! matrix {
-    ($($name:ident: $tree:ident, $streams:expr, $chunk:expr, $preserve:expr;)*) => {$(
+    ($($name:ident: $tree:ident, $streams:expr, $chunk:expr, $preserve:expr, $version:expr;)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             let t = trees();
-            copy_and_compare(&t.$tree, stringify!($tree), $streams, $chunk, $preserve).await;
+            copy_and_compare(&t.$tree, stringify!($tree), $streams, $chunk, $preserve, $version)
+                .await;
         }
     )*};
 }
 
 matrix! {
-    mixed_1_stream_small_chunks: mixed, 1, 4096, true;
-    mixed_2_streams_small_chunks: mixed, 2, 4096, false;
-    mixed_4_streams_small_chunks: mixed, 4, 4096, true;
-    mixed_8_streams_small_chunks: mixed, 8, 4096, false;
-    mixed_1_stream_large_chunks: mixed, 1, 1 << 20, false;
-    mixed_2_streams_large_chunks: mixed, 2, 1 << 20, true;
-    mixed_4_streams_large_chunks: mixed, 4, 2 << 20, false;
-    mixed_8_streams_large_chunks: mixed, 8, 1 << 20, true;
-    // Chunks that are not BLAKE3 subtrees: the receiver hashes those files from disk.
-    mixed_3_streams_odd_chunks: mixed, 3, 5000, true;
-    tiny_1_stream_small_chunks: tiny, 1, 4096, false;
-    tiny_2_streams_large_chunks: tiny, 2, 1 << 20, true;
-    tiny_4_streams_small_chunks: tiny, 4, 4096, true;
-    tiny_8_streams_large_chunks: tiny, 8, 1 << 20, false;
+    mixed_1_stream_small_chunks: mixed, 1, 4096, true, 3;
+    mixed_2_streams_small_chunks: mixed, 2, 4096, false, 3;
+    mixed_4_streams_small_chunks: mixed, 4, 4096, true, 3;
+    mixed_8_streams_small_chunks: mixed, 8, 4096, false, 3;
+    mixed_1_stream_large_chunks: mixed, 1, 1 << 20, false, 3;
+    mixed_2_streams_large_chunks: mixed, 2, 1 << 20, true, 3;
+    mixed_4_streams_large_chunks: mixed, 4, 2 << 20, false, 3;
+    mixed_8_streams_large_chunks: mixed, 8, 1 << 20, true, 3;
+    mixed_3_streams_odd_chunks: mixed, 3, 5000, true, 3;
+    tiny_1_stream_small_chunks: tiny, 1, 4096, false, 3;
+    tiny_2_streams_large_chunks: tiny, 2, 1 << 20, true, 3;
+    tiny_4_streams_small_chunks: tiny, 4, 4096, true, 3;
+    tiny_8_streams_large_chunks: tiny, 8, 1 << 20, false, 3;
+    // Version 2 (BLAKE3): chunks that are BLAKE3 subtrees are hashed as they come; chunks
+    // that are not are hashed from disk once the file is complete.
+    v2_mixed_4_streams_small_chunks: mixed, 4, 4096, false, 2;
+    v2_mixed_2_streams_large_chunks: mixed, 2, 1 << 20, true, 2;
+    v2_mixed_3_streams_odd_chunks: mixed, 3, 5000, true, 2;
+    v2_tiny_2_streams_large_chunks: tiny, 2, 1 << 20, false, 2;
 }

@@ -365,8 +365,9 @@ async fn receiver_learns_the_walk_totals_from_the_sender() {
     write(&src.path().join("b"), &[2; 5], 0o644);
     let sources = [src.path().join("a"), src.path().join("b")];
     for totals in [true, false] {
-        let (mut s, r) = configs(false);
+        let (mut s, mut r) = configs(false);
         s.version = if totals { 2 } else { 1 };
+        r.version = s.version;
         let target = dst.path().join(format!("totals-{totals}"));
         fs::create_dir(&target).unwrap();
         // Each side its own Progress, as in a pull: the receiver's walk counters can only
@@ -441,6 +442,7 @@ async fn preserve_keeps_access_times_and_symlink_times() {
     let old = dst.path().join("v1");
     fs::create_dir(&old).unwrap();
     s.version = 1;
+    r.version = 1;
     let (sent, received) = run_pair(&[src.path().join("d")], &old, &s, &r, 2).await;
     assert!(sent.unwrap().is_complete());
     assert!(received.unwrap().is_complete());

@@ -1,0 +1,344 @@
+//! The checksum a `FileEnd` carries, computed by the sender as it reads a file and by the
+//! receiver as chunks arrive, in any order and on any stream.
+//!
+//! What it is for: catching accidental damage between the sender's read and the receiver's
+//! write (a chunk written at the wrong offset, a buffer reused too early, a bug in either
+//! engine). It is not what makes a copy secure: every byte on the wire is already
+//! authenticated by the transport (SSH's MAC, or fastcp's AEAD records on TCP), and a peer
+//! that could choose a file's bytes could choose its checksum too. So protocol version 3 uses
+//! XXH3-128, a non-cryptographic 128-bit hash that runs several times faster than BLAKE3 (rsync
+//! uses the same hash for its whole-file check); versions 1 and 2 use BLAKE3 of the whole file.
+//!
+//! Version 3's checksum of a file sent as `Data` frames of payloads `p_i` at offsets `o_i`
+//! (empty payloads skipped) is the XXH3-128 of the concatenation, in offset order, of
+//! `o_i` (u64), `len(p_i)` (u64) and `XXH3-128(p_i)` (u128), all little-endian; the 16-byte
+//! digest (little-endian) is followed by 16 zero bytes. Each chunk is hashed where it arrives;
+//! only the 32-byte records are put in order.
+
+use std::collections::BTreeMap;
+
+use xxhash_rust::xxh3::{Xxh3Default, xxh3_128};
+
+use crate::tree::{self, TreeHash};
+
+/// The hash of one chunk, computed where it arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChunkHash {
+    /// Versions 1 and 2: the chunk's place in the file's BLAKE3 tree.
+    Blake3(tree::ChunkHash),
+    /// Version 3: the chunk's XXH3-128.
+    Xxh3(u128),
+}
+
+/// Which checksum a session uses: BLAKE3 with a peer of protocol version 1 or 2, XXH3-128
+/// from version 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Algorithm {
+    Blake3,
+    Xxh3,
+}
+
+impl Algorithm {
+    pub(crate) fn for_version(version: u16) -> Algorithm {
+        if version >= 3 {
+            Algorithm::Xxh3
+        } else {
+            Algorithm::Blake3
+        }
+    }
+
+    /// Hashes the chunk `bytes` at `offset` of a file of `size` bytes.
+    pub(crate) fn chunk(self, size: u64, offset: u64, bytes: &[u8]) -> ChunkHash {
+        match self {
+            Algorithm::Blake3 => ChunkHash::Blake3(tree::chunk_hash(size, offset, bytes)),
+            Algorithm::Xxh3 => ChunkHash::Xxh3(xxh3_128(bytes)),
+        }
+    }
+
+    /// The checksum of a file sent in one `Data` frame (none when it is empty).
+    pub(crate) fn whole(self, content: &[u8]) -> [u8; 32] {
+        match self {
+            Algorithm::Blake3 => *blake3::hash(content).as_bytes(),
+            Algorithm::Xxh3 => {
+                let mut f = Fold::default();
+                f.push(0, content.len() as u64, xxh3_128(content));
+                f.finish()
+            }
+        }
+    }
+
+    /// A checksum fed with a file's chunks in order, as the sender reads them.
+    pub(crate) fn sequential(self) -> Sequential {
+        match self {
+            Algorithm::Blake3 => Sequential::Blake3(Box::new(blake3::Hasher::new())),
+            Algorithm::Xxh3 => Sequential::Xxh3(Fold::default()),
+        }
+    }
+
+    /// A checksum fed with a file's chunks in any order, as the receiver gets them.
+    pub(crate) fn assembler(self, size: u64) -> Assembler {
+        match self {
+            Algorithm::Blake3 => Assembler::Blake3(TreeHash::new(size)),
+            Algorithm::Xxh3 => Assembler::Xxh3 {
+                fold: Fold::default(),
+                next: 0,
+                waiting: BTreeMap::new(),
+            },
+        }
+    }
+}
+
+/// The sender's checksum of a file read in order, one chunk after another.
+pub(crate) enum Sequential {
+    Blake3(Box<blake3::Hasher>),
+    Xxh3(Fold),
+}
+
+impl Sequential {
+    /// Adds the chunk that starts where the last one ended.
+    pub(crate) fn update(&mut self, offset: u64, bytes: &[u8]) {
+        match self {
+            Sequential::Blake3(h) => {
+                h.update(bytes);
+            }
+            Sequential::Xxh3(f) => f.push(offset, bytes.len() as u64, xxh3_128(bytes)),
+        }
+    }
+
+    pub(crate) fn finish(self) -> [u8; 32] {
+        match self {
+            Sequential::Blake3(h) => *h.finalize().as_bytes(),
+            Sequential::Xxh3(f) => f.finish(),
+        }
+    }
+}
+
+/// The receiver's checksum of a file whose chunks come in any order.
+#[derive(Debug)]
+pub(crate) enum Assembler {
+    Blake3(TreeHash),
+    Xxh3 {
+        fold: Fold,
+        /// Where the next chunk in order starts.
+        next: u64,
+        /// Chunks that came before the ones ahead of them: offset -> (length, hash).
+        waiting: BTreeMap<u64, (u64, u128)>,
+    },
+}
+
+impl Assembler {
+    /// Adds the hash of chunk `[offset, offset + len)`. Empty chunks are skipped; chunks never
+    /// overlap (the receiver refuses overlapping chunks before they get here).
+    pub(crate) fn add(&mut self, offset: u64, len: u64, hash: ChunkHash) {
+        if len == 0 {
+            return;
+        }
+        match (self, hash) {
+            (Assembler::Blake3(t), ChunkHash::Blake3(h)) => t.add(offset, len, h),
+            (
+                Assembler::Xxh3 {
+                    fold,
+                    next,
+                    waiting,
+                },
+                ChunkHash::Xxh3(h),
+            ) => {
+                waiting.insert(offset, (len, h));
+                while let Some((len, h)) = waiting.remove(next) {
+                    fold.push(*next, len, h);
+                    *next += len;
+                }
+            }
+            (a, h) => unreachable!("a {h:?} chunk for a {a:?} file"),
+        }
+    }
+
+    /// The file's checksum once every chunk is in, or `None` when it cannot be known from
+    /// the chunks alone (a BLAKE3 file cut at odd offsets: read it back instead).
+    pub(crate) fn finish(&self, size: u64) -> Option<[u8; 32]> {
+        match self {
+            Assembler::Blake3(_) if size == 0 => Some(*blake3::hash(b"").as_bytes()),
+            Assembler::Blake3(t) => t.root(),
+            Assembler::Xxh3 { fold, next, .. } => (*next == size).then(|| fold.finish()),
+        }
+    }
+}
+
+/// Version 3's fold of chunk records, in offset order, into one XXH3-128.
+#[derive(Default)]
+pub(crate) struct Fold(Box<Xxh3Default>);
+
+impl std::fmt::Debug for Fold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fold")
+    }
+}
+
+impl Fold {
+    fn push(&mut self, offset: u64, len: u64, hash: u128) {
+        if len == 0 {
+            return;
+        }
+        let mut record = [0u8; 32];
+        record[..8].copy_from_slice(&offset.to_le_bytes());
+        record[8..16].copy_from_slice(&len.to_le_bytes());
+        record[16..].copy_from_slice(&hash.to_le_bytes());
+        self.0.update(&record);
+    }
+
+    fn finish(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out[..16].copy_from_slice(&self.0.digest128().to_le_bytes());
+        out
+    }
+}
+
+/// The checksum a `FileEnd` carries for a file sent whole in one `Data` frame (or, when empty,
+/// in none), under protocol `version`: what a program that speaks the protocol itself (a test
+/// playing a peer, say) needs to send a file.
+///
+/// The checksum catches accidental damage between the sender's read and the receiver's write;
+/// the transport (SSH's MAC, or fastcp's AEAD records) is what authenticates the bytes. So
+/// from version 3 it is XXH3-128, several times faster than BLAKE3, which versions 1 and 2
+/// use. docs/protocol.md defines both.
+///
+/// ```
+/// let v2 = fastcp_stream::whole_file_checksum(2, b"hello");
+/// assert_eq!(v2, *blake3::hash(b"hello").as_bytes());
+/// let v3 = fastcp_stream::whole_file_checksum(3, b"hello");
+/// assert_ne!(v3, v2);
+/// assert_eq!(v3[16..], [0; 16]);
+/// ```
+pub fn whole_file_checksum(version: u16, content: &[u8]) -> [u8; 32] {
+    Algorithm::for_version(version).whole(content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    /// The sender's checksum of `content` cut into `chunk`-byte frames.
+    fn sent(algo: Algorithm, content: &[u8], chunk: usize) -> [u8; 32] {
+        if content.len() <= chunk {
+            return algo.whole(content);
+        }
+        let mut s = algo.sequential();
+        for (i, c) in content.chunks(chunk).enumerate() {
+            s.update((i * chunk) as u64, c);
+        }
+        s.finish()
+    }
+
+    type Reorder<'a> = dyn Fn(&mut Vec<(usize, &[u8])>) + 'a;
+
+    /// The receiver's checksum of the same frames, arriving in the order `order` gives.
+    fn received(
+        algo: Algorithm,
+        content: &[u8],
+        chunk: usize,
+        order: impl Fn(&mut Vec<(usize, &[u8])>),
+    ) -> Option<[u8; 32]> {
+        let size = content.len() as u64;
+        let mut a = algo.assembler(size);
+        let mut parts: Vec<(usize, &[u8])> = content
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, c)| (i * chunk, c))
+            .collect();
+        order(&mut parts);
+        for (off, c) in parts {
+            a.add(off as u64, c.len() as u64, algo.chunk(size, off as u64, c));
+        }
+        a.finish(size)
+    }
+
+    #[test]
+    fn both_sides_agree_in_any_order() {
+        for algo in [Algorithm::Blake3, Algorithm::Xxh3] {
+            for size in [0, 1, 1024, 4097, 65536, 100_000, 1 << 20] {
+                let content = data(size);
+                for chunk in [1024, 16384, 1 << 20] {
+                    let want = sent(algo, &content, chunk);
+                    let orders: [&Reorder<'_>; 3] = [&|_| {}, &|p| p.reverse(), &|p| {
+                        // Odd indices first, then even ones.
+                        let (mut odd, even): (Vec<_>, Vec<_>) =
+                            p.drain(..).partition(|(o, _)| (o / chunk) % 2 == 1);
+                        odd.extend(even);
+                        *p = odd;
+                    }];
+                    for (k, order) in orders.iter().enumerate() {
+                        assert_eq!(
+                            received(algo, &content, chunk, order),
+                            Some(want),
+                            "{algo:?} size {size} chunk {chunk} order {k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn version_3_detects_a_changed_byte_a_moved_chunk_and_a_missing_one() {
+        let content = data(3 << 14);
+        let chunk = 1 << 14;
+        let want = sent(Algorithm::Xxh3, &content, chunk);
+        let size = content.len() as u64;
+
+        let mut flipped = content.clone();
+        flipped[20_000] ^= 1;
+        assert_ne!(sent(Algorithm::Xxh3, &flipped, chunk), want);
+
+        // The same chunks, two of them swapped in place: every byte is there, in the wrong
+        // order.
+        let mut a = Algorithm::Xxh3.assembler(size);
+        let (c0, c1, c2) = (
+            &content[..chunk],
+            &content[chunk..2 * chunk],
+            &content[2 * chunk..],
+        );
+        for (off, c) in [(0, c1), (chunk, c0), (2 * chunk, c2)] {
+            a.add(
+                off as u64,
+                c.len() as u64,
+                Algorithm::Xxh3.chunk(size, off as u64, c),
+            );
+        }
+        assert_ne!(a.finish(size), Some(want));
+
+        // A chunk missing: no checksum at all.
+        let mut a = Algorithm::Xxh3.assembler(size);
+        for (off, c) in [(0, c0), (2 * chunk, c2)] {
+            a.add(
+                off as u64,
+                c.len() as u64,
+                Algorithm::Xxh3.chunk(size, off as u64, c),
+            );
+        }
+        assert_eq!(a.finish(size), None);
+    }
+
+    #[test]
+    fn blake3_stays_plain_blake3() {
+        let content = data(100_000);
+        assert_eq!(
+            sent(Algorithm::Blake3, &content, 16384),
+            *blake3::hash(&content).as_bytes()
+        );
+        assert_eq!(
+            whole_file_checksum(1, &content),
+            *blake3::hash(&content).as_bytes()
+        );
+    }
+
+    #[test]
+    fn the_version_picks_the_algorithm() {
+        assert_eq!(Algorithm::for_version(1), Algorithm::Blake3);
+        assert_eq!(Algorithm::for_version(2), Algorithm::Blake3);
+        assert_eq!(Algorithm::for_version(3), Algorithm::Xxh3);
+    }
+}
