@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use fastcp_proto::{Decoder, Frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -46,9 +46,11 @@ pub(crate) enum Fill {
 pub(crate) trait Source: Send + 'static {
     /// Appends what arrives next to `buf` (making room through `pool` as needed), or returns
     /// the `Data` frame that `buf` held the start of, when the rest came as one shared buffer.
+    /// A byte stream appends at most `limit` bytes; a local pipe hands over whole buffers.
     fn fill(
         &mut self,
         buf: &mut BytesMut,
+        limit: usize,
         decoder: &Decoder,
         pool: &Pool,
     ) -> impl Future<Output = io::Result<Fill>> + Send;
@@ -82,8 +84,14 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Sink for ByteSink<W> {
 pub(crate) struct ByteSource<R>(pub(crate) R);
 
 impl<R: AsyncRead + Unpin + Send + 'static> Source for ByteSource<R> {
-    async fn fill(&mut self, buf: &mut BytesMut, _: &Decoder, _: &Pool) -> io::Result<Fill> {
-        self.0.read_buf(buf).await.map(Fill::Read)
+    async fn fill(
+        &mut self,
+        buf: &mut BytesMut,
+        limit: usize,
+        _: &Decoder,
+        _: &Pool,
+    ) -> io::Result<Fill> {
+        self.0.read_buf(&mut buf.limit(limit)).await.map(Fill::Read)
     }
 }
 
@@ -186,6 +194,7 @@ impl Source for LocalSource {
     async fn fill(
         &mut self,
         buf: &mut BytesMut,
+        _: usize,
         decoder: &Decoder,
         pool: &Pool,
     ) -> io::Result<Fill> {
@@ -220,12 +229,18 @@ mod tests {
 
         let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         let mut buf = BytesMut::new();
-        let Fill::Read(n) = source.fill(&mut buf, &decoder, &pool).await.unwrap() else {
+        let Fill::Read(n) = source
+            .fill(&mut buf, usize::MAX, &decoder, &pool)
+            .await
+            .unwrap()
+        else {
             panic!("the header comes first");
         };
         assert_eq!(n, 21);
-        let Fill::Frame(Frame::Data(Data { id, offset, bytes })) =
-            source.fill(&mut buf, &decoder, &pool).await.unwrap()
+        let Fill::Frame(Frame::Data(Data { id, offset, bytes })) = source
+            .fill(&mut buf, usize::MAX, &decoder, &pool)
+            .await
+            .unwrap()
         else {
             panic!("the chunk completes its frame");
         };
@@ -234,7 +249,10 @@ mod tests {
         assert_eq!(bytes.as_ptr(), payload.as_ptr());
         assert!(buf.is_empty());
         assert!(matches!(
-            source.fill(&mut buf, &decoder, &pool).await.unwrap(),
+            source
+                .fill(&mut buf, usize::MAX, &decoder, &pool)
+                .await
+                .unwrap(),
             Fill::Read(0)
         ));
     }
@@ -249,7 +267,10 @@ mod tests {
         let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         let mut buf = BytesMut::new();
         assert!(matches!(
-            source.fill(&mut buf, &decoder, &pool).await.unwrap(),
+            source
+                .fill(&mut buf, usize::MAX, &decoder, &pool)
+                .await
+                .unwrap(),
             Fill::Read(9)
         ));
         assert_eq!(&buf[..], b"abcabcabc");
@@ -265,8 +286,32 @@ mod tests {
                 .await
                 .is_err()
         );
-        source.fill(&mut buf, &decoder, &pool).await.unwrap();
+        source
+            .fill(&mut buf, usize::MAX, &decoder, &pool)
+            .await
+            .unwrap();
         next.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_byte_source_reads_no_more_than_its_limit() {
+        let (mut a, b) = tokio::io::duplex(1 << 16);
+        a.write_all(&[7u8; 100]).await.unwrap();
+        let mut source = ByteSource(b);
+        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
+        let mut buf = BytesMut::with_capacity(1 << 10);
+        assert!(matches!(
+            source.fill(&mut buf, 30, &decoder, &pool).await.unwrap(),
+            Fill::Read(30)
+        ));
+        assert!(matches!(
+            source
+                .fill(&mut buf, usize::MAX, &decoder, &pool)
+                .await
+                .unwrap(),
+            Fill::Read(70)
+        ));
+        assert_eq!(&buf[..], &[7u8; 100][..]);
     }
 
     #[tokio::test]

@@ -62,6 +62,10 @@ const READ_BLOCK: usize = 2 << 20;
 /// A read asks for at least this much room.
 const MIN_READ: usize = 64 << 10;
 
+/// Frames at least this big (file chunks) start on a fresh block rather than be copied into
+/// one when they do not fit in what is left of the current block.
+const BIG_FRAME: usize = 256 << 10;
+
 /// How long to try telling the sender why we stop.
 const NOTICE_WAIT: Duration = Duration::from_secs(5);
 
@@ -676,21 +680,9 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
     let i = reader.stream;
     let mut decoder = Decoder::new(reader.shared.config.max_frame);
     let mut buf = BytesMut::new();
+    // The length of the last big frame seen: a guess at the next one's.
+    let mut big = 0;
     loop {
-        // Room for the whole frame being read (its length is checked against the cap before
-        // anything is allocated for it), or at least a good read.
-        let frame_left = match buf.get(..fastcp_proto::HEADER_LEN) {
-            Some(h) => {
-                let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
-                if len <= decoder.max_frame() {
-                    (fastcp_proto::HEADER_LEN + len as usize).saturating_sub(buf.len())
-                } else {
-                    0
-                }
-            }
-            None => 0,
-        };
-        ensure_room(&mut buf, frame_left.max(MIN_READ), &reader.shared.pool);
         while let Some(frame) = decoder
             .decode(&mut buf)
             .map_err(|source| Error::Decode { stream: i, source })?
@@ -699,11 +691,25 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
                 return Ok(reader.finish(done));
             }
         }
-        if buf.capacity() - buf.len() < MIN_READ {
-            continue;
+        // `buf` now holds the start of a frame at most. Room for the whole of it (its length
+        // is checked against the cap before anything is allocated for it), or, between
+        // frames, for one as big as the last big one; at least a good read.
+        let (frame_len, frame_left) = pending_frame(&buf, &decoder);
+        if frame_len >= BIG_FRAME {
+            big = frame_len;
         }
+        let want = if buf.is_empty() { big } else { frame_left };
+        ensure_room(&mut buf, want.max(MIN_READ), &reader.shared.pool);
+        // A read that ran past the end of a big frame into a block without room for the
+        // next one would have the next one's start copied into a fresh block: stop at the
+        // frame's end instead, and the next frame starts on a fresh block, uncopied.
+        let limit = if frame_len >= BIG_FRAME && buf.capacity() - buf.len() - frame_left < big {
+            frame_left
+        } else {
+            usize::MAX
+        };
         let n = match r
-            .fill(&mut buf, &decoder, &reader.shared.pool)
+            .fill(&mut buf, limit, &decoder, &reader.shared.pool)
             .await
             .map_err(|e| stream_error(i, e, "while receiving"))?
         {
@@ -723,6 +729,24 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
                 },
             });
         }
+    }
+}
+
+/// The total length of the frame `buf` starts with and how many of its bytes are still to
+/// come: (0, 0) when its header is not all there yet (or is over the cap, which the decoder
+/// refuses).
+fn pending_frame(buf: &[u8], decoder: &Decoder) -> (usize, usize) {
+    match buf.get(..fastcp_proto::HEADER_LEN) {
+        Some(h) => {
+            let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
+            if len <= decoder.max_frame() {
+                let total = fastcp_proto::HEADER_LEN + len as usize;
+                (total, total.saturating_sub(buf.len()))
+            } else {
+                (0, 0)
+            }
+        }
+        None => (0, 0),
     }
 }
 
@@ -1043,5 +1067,35 @@ async fn notify_fatal(
     let frame = e.to_frame(b"", true);
     if tx.send(Frame::Error(frame)).await.is_ok() {
         let _ = tokio::time::timeout(NOTICE_WAIT, &mut replier.0[0]).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_frame_measures_the_frame_buf_starts_with() {
+        let decoder = Decoder::new(1 << 20);
+        let mut frame = BytesMut::new();
+        fastcp_proto::encode_data_header(1, 0, 1000, &mut frame);
+        let header = frame.len();
+        let kind_and_length = fastcp_proto::HEADER_LEN;
+        assert_eq!(
+            pending_frame(&frame[..kind_and_length - 1], &decoder),
+            (0, 0)
+        );
+        assert_eq!(
+            pending_frame(&frame[..kind_and_length], &decoder),
+            (header + 1000, header + 1000 - kind_and_length)
+        );
+        assert_eq!(pending_frame(&frame, &decoder), (header + 1000, 1000));
+        frame.extend_from_slice(&[0; 400]);
+        assert_eq!(pending_frame(&frame, &decoder), (header + 1000, 600));
+        // Over the cap: left to the decoder to refuse.
+        let small = Decoder::new(64 << 10);
+        let mut huge = BytesMut::new();
+        fastcp_proto::encode_data_header(1, 0, 1 << 20, &mut huge);
+        assert_eq!(pending_frame(&huge, &small), (0, 0));
     }
 }
