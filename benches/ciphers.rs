@@ -53,25 +53,19 @@ fn ciphers(c: &mut Criterion) {
     }
 }
 
-fn blake3(c: &mut Criterion) {
-    let mut group = c.benchmark_group("blake3");
-    for size in SIZES {
-        let data = vec![0x5a; size];
-        group.throughput(Throughput::BytesDecimal(size as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, data| {
-            b.iter(|| blake3::hash(black_box(data)))
-        });
-    }
-    group.finish();
+/// The two file checksums: BLAKE3 (protocol versions 1 and 2) and XXH3-128 (version 3).
+fn checksums(c: &mut Criterion) {
+    hash(c, "blake3", blake3::hash);
+    hash(c, "xxh3-128", xxhash_rust::xxh3::xxh3_128);
 }
 
-fn xxh3(c: &mut Criterion) {
-    let mut group = c.benchmark_group("xxh3-128");
+fn hash<T>(c: &mut Criterion, name: &str, f: impl Fn(&[u8]) -> T) {
+    let mut group = c.benchmark_group(name);
     for size in SIZES {
         let data = vec![0x5a; size];
         group.throughput(Throughput::BytesDecimal(size as u64));
         group.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, data| {
-            b.iter(|| xxhash_rust::xxh3::xxh3_128(black_box(data)))
+            b.iter(|| f(black_box(data)))
         });
     }
     group.finish();
@@ -88,6 +82,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = ciphers, blake3, xxh3
+    targets = ciphers, checksums
 }
 criterion_main!(benches);
