@@ -217,6 +217,13 @@ mod tests {
     use super::*;
     use fastcp_proto::{Data, encode_data_header};
 
+    /// One `fill` of `source` into `buf` with at most `limit` bytes, as a reader with a 1 MiB
+    /// frame cap makes it.
+    async fn fill(source: &mut impl Source, buf: &mut BytesMut, limit: usize) -> Fill {
+        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
+        source.fill(buf, limit, &decoder, &pool).await.unwrap()
+    }
+
     #[tokio::test]
     async fn a_chunk_after_its_header_is_taken_without_copying() {
         let (mut sink, mut source) = local(1 << 20);
@@ -227,20 +234,13 @@ mod tests {
         sink.write(&payload).await.unwrap();
         sink.shutdown().await.unwrap();
 
-        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         let mut buf = BytesMut::new();
-        let Fill::Read(n) = source
-            .fill(&mut buf, usize::MAX, &decoder, &pool)
-            .await
-            .unwrap()
-        else {
+        let Fill::Read(n) = fill(&mut source, &mut buf, usize::MAX).await else {
             panic!("the header comes first");
         };
         assert_eq!(n, 21);
-        let Fill::Frame(Frame::Data(Data { id, offset, bytes })) = source
-            .fill(&mut buf, usize::MAX, &decoder, &pool)
-            .await
-            .unwrap()
+        let Fill::Frame(Frame::Data(Data { id, offset, bytes })) =
+            fill(&mut source, &mut buf, usize::MAX).await
         else {
             panic!("the chunk completes its frame");
         };
@@ -249,10 +249,7 @@ mod tests {
         assert_eq!(bytes.as_ptr(), payload.as_ptr());
         assert!(buf.is_empty());
         assert!(matches!(
-            source
-                .fill(&mut buf, usize::MAX, &decoder, &pool)
-                .await
-                .unwrap(),
+            fill(&mut source, &mut buf, usize::MAX).await,
             Fill::Read(0)
         ));
     }
@@ -264,13 +261,9 @@ mod tests {
             sink.write(&Bytes::from_static(b"abc")).await.unwrap();
         }
         sink.flush().await.unwrap();
-        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         let mut buf = BytesMut::new();
         assert!(matches!(
-            source
-                .fill(&mut buf, usize::MAX, &decoder, &pool)
-                .await
-                .unwrap(),
+            fill(&mut source, &mut buf, usize::MAX).await,
             Fill::Read(9)
         ));
         assert_eq!(&buf[..], b"abcabcabc");
@@ -286,10 +279,7 @@ mod tests {
                 .await
                 .is_err()
         );
-        source
-            .fill(&mut buf, usize::MAX, &decoder, &pool)
-            .await
-            .unwrap();
+        fill(&mut source, &mut buf, usize::MAX).await;
         next.await.unwrap();
     }
 
@@ -298,17 +288,13 @@ mod tests {
         let (mut a, b) = tokio::io::duplex(1 << 16);
         a.write_all(&[7u8; 100]).await.unwrap();
         let mut source = ByteSource(b);
-        let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         let mut buf = BytesMut::with_capacity(1 << 10);
         assert!(matches!(
-            source.fill(&mut buf, 30, &decoder, &pool).await.unwrap(),
+            fill(&mut source, &mut buf, 30).await,
             Fill::Read(30)
         ));
         assert!(matches!(
-            source
-                .fill(&mut buf, usize::MAX, &decoder, &pool)
-                .await
-                .unwrap(),
+            fill(&mut source, &mut buf, usize::MAX).await,
             Fill::Read(70)
         ));
         assert_eq!(&buf[..], &[7u8; 100][..]);
