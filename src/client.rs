@@ -935,7 +935,7 @@ where
                 .filter_map(Location::remote)
                 .map(|r| top_level_name(&r.path))
                 .collect();
-            fastcp_stream::receive(dest, data, &cfg, progress).await?
+            crate::data::receive(dest, data, &cfg, progress).await?
         }
     };
     done.data_time = data_started.elapsed();

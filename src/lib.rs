@@ -39,6 +39,7 @@
 
 mod client;
 pub mod compress;
+pub mod data;
 mod error;
 pub mod limit;
 mod location;

@@ -235,7 +235,7 @@ where
                 version: agreed.version,
                 ..Default::default()
             };
-            fastcp_stream::receive(&dest, data, &cfg, progress).await
+            crate::data::receive(&dest, data, &cfg, progress).await
         }
         Direction::Pull => {
             let sources = remote_sources(&request.paths);

@@ -2,7 +2,9 @@
 //! [`Source`] for the receiver's readers.
 //!
 //! Over a byte stream (every transport, and the engine's public [`send`](crate::send) and
-//! [`receive`](crate::receive)) they are `write_all` into a write buffer and `read_buf`.
+//! [`receive`](crate::receive)) they are `write_all` into a write buffer and `read_buf`; a
+//! stream that reads whole records can bring its own [`ReadInto`] to
+//! [`receive_from`](crate::receive_from) and read them into the receiver's buffer directly.
 //!
 //! [`copy_local`](crate::copy_local) connects the two sides in one process with [`local`]
 //! pipes instead, which carry the same encoded frames as shared buffers: a part of at least
@@ -54,6 +56,11 @@ pub(crate) trait Source: Send + 'static {
         decoder: &Decoder,
         pool: &Pool,
     ) -> impl Future<Output = io::Result<Fill>> + Send;
+
+    /// The spare room `buf` should have before a fill (see [`ReadInto::room`]).
+    fn room(&self) -> usize {
+        0
+    }
 }
 
 /// A byte stream's write half, behind a write buffer of `capacity` bytes (bigger parts go
@@ -80,10 +87,41 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Sink for ByteSink<W> {
     }
 }
 
-/// A byte stream's read half.
-pub(crate) struct ByteSource<R>(pub(crate) R);
+/// A stream's read half as [`receive_from`](crate::receive_from) reads it: what arrives next
+/// goes onto the end of the receiver's buffer.
+///
+/// [`ByteReader`] makes any [`AsyncRead`] one. A stream that reads in records can implement
+/// it to put each record's bytes into the receiver's buffer directly, with no copy between
+/// its own buffer and the receiver's.
+pub trait ReadInto: Send + 'static {
+    /// Appends the bytes that arrive next to `buf` and returns how many; 0 means the stream
+    /// ended. A reader that can stop anywhere appends at most `limit` bytes; one that hands
+    /// over whole records only may go past it (the receiver then copies a little more).
+    fn read_into(
+        &mut self,
+        buf: &mut BytesMut,
+        limit: usize,
+    ) -> impl Future<Output = io::Result<usize>> + Send;
 
-impl<R: AsyncRead + Unpin + Send + 'static> Source for ByteSource<R> {
+    /// The spare room `buf` should have before a read: a reader of whole records says how
+    /// big one is, so that none has to grow the buffer. 0 (the default) leaves it to the
+    /// receiver.
+    fn room(&self) -> usize {
+        0
+    }
+}
+
+/// Any [`AsyncRead`] as a [`ReadInto`].
+#[derive(Debug)]
+pub struct ByteReader<R>(pub R);
+
+impl<R: AsyncRead + Unpin + Send + 'static> ReadInto for ByteReader<R> {
+    async fn read_into(&mut self, buf: &mut BytesMut, limit: usize) -> io::Result<usize> {
+        self.0.read_buf(&mut buf.limit(limit)).await
+    }
+}
+
+impl<T: ReadInto> Source for T {
     async fn fill(
         &mut self,
         buf: &mut BytesMut,
@@ -91,7 +129,11 @@ impl<R: AsyncRead + Unpin + Send + 'static> Source for ByteSource<R> {
         _: &Decoder,
         _: &Pool,
     ) -> io::Result<Fill> {
-        self.0.read_buf(&mut buf.limit(limit)).await.map(Fill::Read)
+        self.read_into(buf, limit).await.map(Fill::Read)
+    }
+
+    fn room(&self) -> usize {
+        ReadInto::room(self)
     }
 }
 
@@ -287,7 +329,7 @@ mod tests {
     async fn a_byte_source_reads_no_more_than_its_limit() {
         let (mut a, b) = tokio::io::duplex(1 << 16);
         a.write_all(&[7u8; 100]).await.unwrap();
-        let mut source = ByteSource(b);
+        let mut source = ByteReader(b);
         let mut buf = BytesMut::with_capacity(1 << 10);
         assert!(matches!(
             fill(&mut source, &mut buf, 30).await,

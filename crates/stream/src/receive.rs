@@ -43,7 +43,7 @@ use tokio::task::JoinSet;
 use crate::budget::Pool;
 use crate::checksum::Algorithm;
 use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
-use crate::pipe::{ByteSource, Fill, Source};
+use crate::pipe::{ByteReader, Fill, ReadInto, Source};
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
 
@@ -64,7 +64,7 @@ const MIN_READ: usize = 64 << 10;
 
 /// Frames at least this big (file chunks) start on a fresh block rather than be copied into
 /// one when they do not fit in what is left of the current block.
-const BIG_FRAME: usize = 256 << 10;
+pub(crate) const BIG_FRAME: usize = 256 << 10;
 
 /// How long to try telling the sender why we stop.
 const NOTICE_WAIT: Duration = Duration::from_secs(5);
@@ -698,7 +698,13 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
         if frame_len >= BIG_FRAME {
             big = frame_len;
         }
-        let want = if buf.is_empty() { big } else { frame_left };
+        // A reader of whole records asks for room for one; in the middle of a frame, room
+        // for the rest of it is what counts (its records end where it does).
+        let want = if buf.is_empty() {
+            big.max(r.room())
+        } else {
+            frame_left
+        };
         ensure_room(&mut buf, want.max(MIN_READ), &reader.shared.pool);
         // A read that ran past the end of a big frame into a block without room for the
         // next one would have the next one's start copied into a fresh block: stop at the
@@ -862,7 +868,7 @@ fn read_umask() -> u32 {
 /// place.
 ///
 /// Every file is written to a temporary file beside its target, verified against the
-/// sender's BLAKE3 hash and renamed into place: a file under its final name is never partial.
+/// sender's checksum and renamed into place: a file under its final name is never partial.
 /// Paths are resolved beneath the destination one component at a time without following any
 /// symlink, so nothing is written outside it.
 ///
@@ -884,7 +890,7 @@ where
     let mut writes = Vec::with_capacity(n);
     for s in streams {
         let (r, w) = tokio::io::split(s);
-        reads.push(ByteSource(r));
+        reads.push(ByteReader(r));
         writes.push(w);
     }
     let mut writes = writes.into_iter();
@@ -894,8 +900,53 @@ where
     receive_over(dest, reads, reply_half, config, progress).await
 }
 
-/// [`receive`] with its streams taken apart: the frames arrive from `sources`, one per
-/// stream, and the replies go out on `reply_half`.
+/// [`receive`] with its streams taken apart: the frames arrive from `readers`, one per
+/// stream in the streams' order, and the replies go out on `reply_half` (stream 0's write
+/// half). The other streams' write halves are the caller's to keep open until this returns.
+///
+/// A stream with a read path of its own (whole records read into the receiver's buffer, as
+/// the TCP transport's sealed streams do) implements [`ReadInto`]; [`ByteReader`] wraps any
+/// other.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use fastcp_stream::{ByteReader, Progress, ReceiveConfig, SendConfig};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let (ours, theirs) = tokio::io::duplex(1 << 16);
+/// let (read, reply) = tokio::io::split(theirs);
+/// let (sources, dest) = ([dir.path().join("a.txt")], dir.path().join("b.txt"));
+/// let (send_config, receive_config) = (SendConfig::default(), ReceiveConfig::default());
+/// let progress = Arc::new(Progress::default());
+/// let (sent, received) = tokio::join!(
+///     fastcp_stream::send(&sources, vec![ours], &send_config, progress.clone()),
+///     fastcp_stream::receive_from(&dest, vec![ByteReader(read)], reply, &receive_config, progress),
+/// );
+/// sent?;
+/// received?;
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn receive_from<R, W>(
+    dest: &Path,
+    readers: Vec<R>,
+    reply_half: W,
+    config: &ReceiveConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    R: ReadInto,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    receive_over(dest, readers, reply_half, config, progress).await
+}
+
+/// [`receive_from`] over any [`Source`], local pipes included.
 pub(crate) async fn receive_over<C, W>(
     dest: &Path,
     sources: Vec<C>,

@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
 use crate::checksum::Algorithm;
 use crate::pipe::{ByteSink, Sink};
+use crate::receive::BIG_FRAME;
 use crate::report::{Failure, Report, Side};
 use crate::walk::{EntryKind, WalkConfig, walk};
 use crate::{Error, Progress, stream_error};
@@ -510,6 +511,12 @@ async fn write_stream<K: Sink>(
             let hash = checksum.whole(&msg.parts[1]);
             encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
             w.write(&end_frame.split().freeze()).await.map_err(fail)?;
+        }
+        // A big frame ends a record of a stream that seals its bytes in records (the TCP
+        // transport's), so the receiver, reading whole records, gets it without the next
+        // frame's start behind it and can read that frame into a fresh block uncopied.
+        if msg.parts[1].len() >= BIG_FRAME {
+            w.flush().await.map_err(fail)?;
         }
         queued[i].fetch_sub(msg.len(), Relaxed);
         budget.release(msg.permit);

@@ -8,11 +8,13 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use bytes::{BufMut, BytesMut};
 use common::*;
 use fastcp_stream::{
-    EntryKind, Error, ErrorCode, Progress, ReceiveConfig, SendConfig, Side, WalkConfig, copy_local,
-    walk,
+    EntryKind, Error, ErrorCode, Progress, ReadInto, ReceiveConfig, SendConfig, Side, WalkConfig,
+    copy_local, walk,
 };
+use tokio::io::{AsyncReadExt, DuplexStream, ReadHalf};
 
 fn configs(recursive: bool) -> (SendConfig, ReceiveConfig) {
     (
@@ -451,4 +453,66 @@ async fn preserve_keeps_access_times_and_symlink_times() {
     assert_ne!(times_of(&f).0, times[0].1.0);
     assert_ne!(times_of(&l), times[1].1);
     assert_eq!(times_of(&d).1, times[2].1.1);
+}
+
+/// A reader that hands over up to `size` bytes a read, whatever the receiver's read limit:
+/// what a reader of whole records does, whose records straddle the frames.
+struct Records {
+    inner: ReadHalf<DuplexStream>,
+    size: usize,
+}
+
+impl ReadInto for Records {
+    async fn read_into(&mut self, buf: &mut BytesMut, _limit: usize) -> std::io::Result<usize> {
+        self.inner.read_buf(&mut (&mut *buf).limit(self.size)).await
+    }
+
+    fn room(&self) -> usize {
+        self.size
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_whole_records_past_its_limit() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    build_mixed(&tree);
+    write(
+        &tree.join("big"),
+        &pseudo_random((5 << 20) + 12345, 9),
+        0o644,
+    );
+    let (s, r) = configs(true);
+    let sources = [tree.clone()];
+    for (n, size) in [(1, 300_007), (3, 4093), (2, 1 << 20)] {
+        let dst = tempfile::tempdir().unwrap();
+        let mut senders = Vec::new();
+        let mut readers = Vec::new();
+        let mut replies = Vec::new();
+        for _ in 0..n {
+            let (ours, theirs) = tokio::io::duplex(256 << 10);
+            let (read, reply) = tokio::io::split(theirs);
+            senders.push(ours);
+            readers.push(Records { inner: read, size });
+            replies.push(reply);
+        }
+        let mut replies = replies.into_iter();
+        let reply = replies.next().unwrap();
+        let progress = Arc::new(Progress::default());
+        let target = dst.path().join("tree");
+        let (sent, received) = tokio::join!(
+            fastcp_stream::send(&sources, senders, &s, progress.clone()),
+            fastcp_stream::receive_from(&target, readers, reply, &r, progress),
+        );
+        assert!(
+            sent.unwrap().is_complete(),
+            "{n} streams, records of {size}"
+        );
+        assert!(
+            received.unwrap().is_complete(),
+            "{n} streams, records of {size}"
+        );
+        assert_same_tree(&tree, &target, false);
+        assert_no_temp(dst.path());
+    }
 }

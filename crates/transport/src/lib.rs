@@ -34,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::any::Any;
 use std::future::Future;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -47,12 +48,55 @@ pub use ssh::{
 };
 
 /// A duplex byte stream: what every transport hands out.
-pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+///
+/// Every `AsyncRead + AsyncWrite + Send + Unpin + 'static` type is one.
+pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// The stream as [`Any`], to tell its concrete type (see [`downcast`]).
+    fn as_any(&self) -> &dyn Any;
 
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Duplex for T {}
+    /// The boxed stream as [`Any`] (see [`downcast`]).
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Duplex for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
 
 /// A boxed [`Duplex`] stream.
 pub type BoxStream = Box<dyn Duplex>;
+
+/// The stream inside `stream` if it is a `T`, or `stream` back unchanged.
+///
+/// A program that got its streams as [`BoxStream`]s can take a [`tcp::SealedStream`] back out
+/// to use what only it offers, such as [`tcp::SealedReader::read_record`].
+///
+/// ```
+/// use fastcp_transport::{BoxStream, downcast};
+/// use tokio::io::DuplexStream;
+///
+/// let (a, _b) = tokio::io::duplex(64);
+/// let boxed: BoxStream = Box::new(a);
+/// let Err(boxed) = downcast::<tokio::net::TcpStream>(boxed) else {
+///     panic!("not a TCP stream")
+/// };
+/// let Ok(_a) = downcast::<DuplexStream>(boxed) else {
+///     panic!("a duplex pipe")
+/// };
+/// ```
+pub fn downcast<T: Duplex>(stream: BoxStream) -> Result<T, BoxStream> {
+    if (*stream).as_any().is::<T>() {
+        let any = <dyn Duplex>::into_any(stream);
+        Ok(*any.downcast::<T>().expect("the type was just checked"))
+    } else {
+        Err(stream)
+    }
+}
 
 /// Where extra streams meet the server on the peer.
 #[derive(Clone, Debug, PartialEq, Eq)]

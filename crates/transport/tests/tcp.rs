@@ -85,9 +85,25 @@ fn record_spans(wire: &[u8]) -> Vec<std::ops::Range<usize>> {
     spans
 }
 
-/// Reads `wire` as server-side stream `index` with `secret`, in small reads: what came out
-/// before the first error, and how it ended.
+/// Reads `wire` as server-side stream `index` with `secret`, both ways a stream can be read
+/// (which must agree): what came out before the first error, and how it ended.
 async fn read_all(wire: &[u8], secret: &SessionSecret, index: u16) -> (Vec<u8>, io::Result<()>) {
+    let (got, end) = read_bytes(wire, secret, index).await;
+    let (records, record_end) = read_records(wire, secret, index).await;
+    assert_eq!(records, got, "both read paths return the same bytes");
+    match (&end, &record_end) {
+        (Ok(()), Ok(())) => {}
+        (Err(a), Err(b)) => {
+            assert_eq!(a.kind(), b.kind());
+            assert_eq!(a.to_string(), b.to_string());
+        }
+        _ => panic!("the read paths end differently: {end:?} and {record_end:?}"),
+    }
+    (got, end)
+}
+
+/// [`read_all`] through `AsyncRead`, in small reads.
+async fn read_bytes(wire: &[u8], secret: &SessionSecret, index: u16) -> (Vec<u8>, io::Result<()>) {
     let mut r = sealed(wire, secret, Direction::ServerToClient, index);
     let mut got = Vec::new();
     let mut buf = [0u8; 1000];
@@ -101,6 +117,30 @@ async fn read_all(wire: &[u8], secret: &SessionSecret, index: u16) -> (Vec<u8>, 
                 assert_eq!(again.kind(), e.kind());
                 assert_eq!(again.to_string(), e.to_string());
                 return (got, Err(e));
+            }
+        }
+    }
+}
+
+/// [`read_all`] through `read_record`, which must leave the buffer as it was on an error.
+async fn read_records(
+    wire: &[u8],
+    secret: &SessionSecret,
+    index: u16,
+) -> (Vec<u8>, io::Result<()>) {
+    let mut r = sealed(wire, secret, Direction::ServerToClient, index);
+    let mut buf = BytesMut::new();
+    loop {
+        let before = buf.len();
+        match r.read_record(&mut buf).await {
+            Ok(0) => return (buf.to_vec(), Ok(())),
+            Ok(n) => assert_eq!(buf.len(), before + n),
+            Err(e) => {
+                assert_eq!(buf.len(), before, "a failed record leaves nothing behind");
+                let again = r.read_record(&mut buf).await.unwrap_err();
+                assert_eq!(again.to_string(), e.to_string());
+                assert_eq!(buf.len(), before);
+                return (buf.to_vec(), Err(e));
             }
         }
     }
@@ -217,6 +257,41 @@ async fn altered_record_fails_and_returns_none_of_it() {
             }
         }
     }
+}
+
+/// `read_record` takes up where `poll_read` left a record, and goes on record by record.
+#[tokio::test]
+async fn the_read_paths_mix() {
+    let clean = wire(&[b"first", b"second", b"third"], true).await;
+    let mut r = sealed(&clean[..], &secret(), Direction::ServerToClient, 1);
+    let mut head = [0u8; 2];
+    r.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"fi");
+    let mut buf = BytesMut::new();
+    assert_eq!(r.read_record(&mut buf).await.unwrap(), 3);
+    assert_eq!(r.read_record(&mut buf).await.unwrap(), 6);
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).await.unwrap();
+    assert_eq!((&buf[..], &rest[..]), (&b"rstsecond"[..], &b"third"[..]));
+}
+
+/// A `read_record` dropped in the middle of a record leaves the buffer as it was and the
+/// stream failed: the record's bytes are gone from the connection, so nothing after them
+/// could be trusted to line up.
+#[tokio::test]
+async fn a_record_read_cancelled_midway_fails_the_stream() {
+    let clean = wire(&[&[9u8; 5000]], true).await;
+    let (mut tx, rx) = tokio::io::duplex(1 << 16);
+    tx.write_all(&clean[..2000]).await.unwrap();
+    let mut r = sealed(rx, &secret(), Direction::ServerToClient, 1);
+    let mut buf = BytesMut::from(&b"kept"[..]);
+    let cut = tokio::time::timeout(Duration::from_millis(50), r.read_record(&mut buf)).await;
+    assert!(cut.is_err(), "the record is not all there yet");
+    assert_eq!(&buf[..], b"kept");
+    tx.write_all(&clean[2000..]).await.unwrap();
+    let err = r.read_record(&mut buf).await.unwrap_err();
+    assert!(err.to_string().contains("cancelled"), "{err}");
+    assert_eq!(&buf[..], b"kept");
 }
 
 #[tokio::test]

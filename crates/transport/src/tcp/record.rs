@@ -9,8 +9,9 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::{BufMut, BytesMut};
 use fastcp_crypto::{Opener, Sealer, TAG_LEN};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 /// Bytes in a record header.
 pub const HEADER_LEN: usize = 4;
@@ -331,6 +332,19 @@ pub(crate) struct Opening {
     buf: Vec<u8>,
     state: ReadState,
     failed: Option<RecordError>,
+    last_record: usize,
+}
+
+/// Cuts a buffer back to `len` bytes when dropped.
+struct Rollback<'a> {
+    buf: &'a mut BytesMut,
+    len: usize,
+}
+
+impl Drop for Rollback<'_> {
+    fn drop(&mut self) {
+        self.buf.truncate(self.len);
+    }
 }
 
 impl Opening {
@@ -342,6 +356,7 @@ impl Opening {
             buf: Vec::new(),
             state: ReadState::Header { have: 0 },
             failed: None,
+            last_record: 0,
         }
     }
 
@@ -350,9 +365,125 @@ impl Opening {
     }
 
     fn fail(&mut self, e: RecordError) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.fail_now(e)))
+    }
+
+    fn fail_now(&mut self, e: RecordError) -> io::Error {
         self.state = ReadState::Failed;
         self.failed = Some(e.clone());
-        Poll::Ready(Err(e.into()))
+        e.into()
+    }
+
+    /// The complete header's end flag and the length of the `ciphertext || tag` after it.
+    fn parse_header(&self) -> Result<(bool, usize), RecordError> {
+        let word = u32::from_be_bytes(self.header);
+        let len = word & !END_FLAG;
+        if len as usize > MAX_RECORD_LEN {
+            return Err(RecordError::TooLong {
+                stream: self.stream,
+                len: word,
+                max: MAX_RECORD_LEN,
+            });
+        }
+        Ok((word & END_FLAG != 0, len as usize + self.opener.tag_len()))
+    }
+
+    /// Opens `record` (`ciphertext || tag`) in place; returns its plaintext length.
+    fn open(
+        opener: &mut Opener,
+        stream: u16,
+        header: &[u8; HEADER_LEN],
+        end: bool,
+        record: &mut [u8],
+    ) -> Result<usize, RecordError> {
+        let len = match opener.open_record(header, record) {
+            Ok(plain) => plain.len(),
+            Err(_) => return Err(RecordError::Authentication { stream }),
+        };
+        if end && len > 0 {
+            return Err(RecordError::BadEnd { stream, len });
+        }
+        Ok(len)
+    }
+
+    /// Whether nothing of the next record has been read yet.
+    pub(crate) fn at_record_start(&self) -> bool {
+        matches!(self.state, ReadState::Header { have: 0 })
+    }
+
+    /// The `ciphertext || tag` length of the last record read (0 before the first).
+    pub(crate) fn last_record(&self) -> usize {
+        self.last_record
+    }
+
+    /// Reads the next record straight onto the end of `buf`, opens it there and leaves its
+    /// plaintext in place: returns the plaintext's length, 0 after the end record. Call only
+    /// [at a record's start](Self::at_record_start).
+    ///
+    /// Reading the header can be cancelled and resumed by either read path. Once the body is
+    /// being read, a failure, or this future being dropped, leaves the stream failed and
+    /// `buf` as it was: ciphertext never stays in it.
+    pub(crate) async fn read_record<R: AsyncRead + Unpin + ?Sized>(
+        &mut self,
+        r: &mut R,
+        buf: &mut BytesMut,
+    ) -> io::Result<usize> {
+        debug_assert!(self.at_record_start());
+        let mut have = 0;
+        while have < HEADER_LEN {
+            let got = match r.read(&mut self.header[have..]).await {
+                Ok(n) => n,
+                Err(e) => return Err(self.fail_now(RecordError::io(self.stream, &e))),
+            };
+            if got == 0 {
+                let stream = self.stream;
+                return Err(self.fail_now(if have == 0 {
+                    RecordError::Unterminated { stream }
+                } else {
+                    RecordError::Truncated { stream }
+                }));
+            }
+            have += got;
+            if have < HEADER_LEN {
+                self.state = ReadState::Header { have };
+            }
+        }
+        let (end, need) = match self.parse_header() {
+            Ok(h) => h,
+            Err(e) => return Err(self.fail_now(e)),
+        };
+        self.last_record = need;
+        // Failed until the record is in: a dropped future leaves it so.
+        let interrupted = io::Error::other("a record read was cancelled");
+        self.fail_now(RecordError::io(self.stream, &interrupted));
+        let start = buf.len();
+        let mut body = Rollback { buf, len: start };
+        body.buf.reserve(need);
+        while body.buf.len() - start < need {
+            let want = need - (body.buf.len() - start);
+            match r.read_buf(&mut (&mut *body.buf).limit(want)).await {
+                Ok(0) => {
+                    return Err(self.fail_now(RecordError::Truncated {
+                        stream: self.stream,
+                    }));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(self.fail_now(RecordError::io(self.stream, &e))),
+            }
+        }
+        let record = &mut body.buf[start..start + need];
+        let len = match Self::open(&mut self.opener, self.stream, &self.header, end, record) {
+            Ok(len) => len,
+            Err(e) => return Err(self.fail_now(e)),
+        };
+        body.len = start + len;
+        self.failed = None;
+        self.state = if end {
+            ReadState::Ended
+        } else {
+            ReadState::Header { have: 0 }
+        };
+        Ok(len)
     }
 
     pub(crate) fn poll_read<R: AsyncRead + ?Sized>(
@@ -405,24 +536,14 @@ impl Opening {
                         self.state = ReadState::Header { have };
                         continue;
                     }
-                    let word = u32::from_be_bytes(self.header);
-                    let len = word & !END_FLAG;
-                    if len as usize > MAX_RECORD_LEN {
-                        return self.fail(RecordError::TooLong {
-                            stream: self.stream,
-                            len: word,
-                            max: MAX_RECORD_LEN,
-                        });
-                    }
-                    let need = len as usize + self.opener.tag_len();
+                    let (end, need) = match self.parse_header() {
+                        Ok(h) => h,
+                        Err(e) => return self.fail(e),
+                    };
                     if self.buf.len() < need {
                         self.buf.resize(need, 0);
                     }
-                    self.state = ReadState::Body {
-                        end: word & END_FLAG != 0,
-                        need,
-                        have: 0,
-                    };
+                    self.state = ReadState::Body { end, need, have: 0 };
                 }
                 ReadState::Body { end, need, have } => {
                     if have < need {
@@ -443,20 +564,16 @@ impl Opening {
                         };
                         continue;
                     }
-                    let len = match self.opener.open_record(&self.header, &mut self.buf[..need]) {
-                        Ok(plain) => plain.len(),
-                        Err(_) => {
-                            return self.fail(RecordError::Authentication {
-                                stream: self.stream,
-                            });
-                        }
+                    let len = match Self::open(
+                        &mut self.opener,
+                        self.stream,
+                        &self.header,
+                        end,
+                        &mut self.buf[..need],
+                    ) {
+                        Ok(len) => len,
+                        Err(e) => return self.fail(e),
                     };
-                    if end && len > 0 {
-                        return self.fail(RecordError::BadEnd {
-                            stream: self.stream,
-                            len,
-                        });
-                    }
                     self.state = if end {
                         ReadState::Ended
                     } else {

@@ -5,8 +5,9 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::BytesMut;
 use fastcp_crypto::{Direction, KeyConfig, SessionSecret};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -93,6 +94,17 @@ impl<S> SealedStream<S> {
     }
 }
 
+impl<S: AsyncRead + Unpin> SealedStream<S> {
+    /// Reads the next record onto the end of `buf`, opening it in place: see
+    /// [`SealedReader::read_record`].
+    pub async fn read_record(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if !self.reader.at_record_start() {
+            return self.read_buf(buf).await;
+        }
+        self.reader.read_record(&mut self.inner, buf).await
+    }
+}
+
 impl SealedStream<TcpStream> {
     /// Splits the stream into halves that can be used from two tasks, without a lock.
     pub fn into_split(self) -> (SealedReader<OwnedReadHalf>, SealedWriter<OwnedWriteHalf>) {
@@ -161,6 +173,58 @@ impl<R> SealedReader<R> {
     /// The stream's index in the session.
     pub fn index(&self) -> u16 {
         self.state.stream()
+    }
+}
+
+impl<R: AsyncRead + Unpin> SealedReader<R> {
+    /// Reads the next record onto the end of `buf` and returns how many bytes of plaintext it
+    /// added: 0 at the end of the stream, after the sealed end record.
+    ///
+    /// The ciphertext is read straight into `buf`'s spare room (grown for it if need be) and
+    /// opened there, so the plaintext is never copied; [`AsyncRead`] instead reads each
+    /// record into a buffer of the stream's own and copies it out. `buf` only ever gains
+    /// plaintext that authenticated: on any error, and if this future is dropped before it
+    /// completes, `buf` keeps its old length and the stream fails (later reads return an
+    /// error). The two ways of reading can be mixed; this one hands over what `poll_read` left
+    /// of a record first.
+    ///
+    /// ```
+    /// use bytes::BytesMut;
+    /// use fastcp_crypto::{CipherSuite, Direction, KeyConfig, Provider, SessionSecret};
+    /// use fastcp_transport::tcp::SealedStream;
+    /// use tokio::io::AsyncWriteExt;
+    /// use tokio::net::{TcpListener, TcpStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let secret = SessionSecret::generate()?;
+    /// let keys = KeyConfig::new(CipherSuite::Aes128Gcm, Provider::Ring);
+    /// let listener = TcpListener::bind("127.0.0.1:0").await?;
+    /// let a = TcpStream::connect(listener.local_addr()?).await?;
+    /// let (b, _) = listener.accept().await?;
+    /// let mut client = SealedStream::new(a, &secret, &keys, Direction::ClientToServer, 1, 1 << 16)?;
+    /// let server = SealedStream::new(b, &secret, &keys, Direction::ServerToClient, 1, 1 << 16)?;
+    ///
+    /// client.write_all(b"hello").await?;
+    /// client.shutdown().await?;
+    /// let (mut reader, _writer) = server.into_split();
+    /// let mut buf = BytesMut::new();
+    /// while reader.read_record(&mut buf).await? > 0 {}
+    /// assert_eq!(&buf[..], b"hello");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn read_record(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if !self.state.at_record_start() {
+            return self.read_buf(buf).await;
+        }
+        self.state.read_record(&mut self.inner, buf).await
+    }
+
+    /// The size of the last record read (`ciphertext || tag`, header excluded): the room a
+    /// buffer should have for [`read_record`](Self::read_record) to need no growing.
+    pub fn record_room(&self) -> usize {
+        self.state.last_record()
     }
 }
 
