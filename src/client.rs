@@ -920,7 +920,7 @@ where
                 version: agreed.version,
                 ..plan.send_config()
             };
-            fastcp_stream::send(&plan.local_sources(), data, &config, progress).await?
+            crate::data::send(&plan.local_sources(), data, &config, progress).await?
         }
         Direction::Pull => {
             let Location::Local(dest) = &plan.dest else {

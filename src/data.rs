@@ -1,21 +1,65 @@
-//! Receiving over a session's data streams.
+//! Sending and receiving over a session's data streams.
 //!
-//! [`receive`] is [`fastcp_stream::receive`] for the streams a session hands out: a sealed TCP
-//! stream ([`SealedStream`]) has its records read straight into the engine's buffers and
-//! opened there ([`SealedReader::read_record`]), which saves copying every byte it carries
-//! once; any other stream is read as bytes.
+//! [`send`] and [`receive`] are [`fastcp_stream::send`] and [`fastcp_stream::receive`] for
+//! the streams a session hands out. On a sealed TCP stream ([`SealedStream`]) the sender seals
+//! file chunks where they lie ([`SealedWriter::write_sealed`]) and the receiver reads each
+//! record straight into the engine's buffers and opens it there
+//! ([`SealedReader::read_record`]): each side copies every byte once less. Any other stream
+//! is written and read as bytes.
 
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::BytesMut;
-use fastcp_stream::{ByteReader, Error, Progress, ReadInto, ReceiveConfig, Report};
-use fastcp_transport::tcp::{SealedReader, SealedStream};
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+use fastcp_stream::{
+    ByteReader, ByteWriter, Error, Progress, ReadInto, ReceiveConfig, Report, SendConfig, WriteFrom,
+};
+use fastcp_transport::tcp::{SealedReader, SealedStream, SealedWriter};
 use fastcp_transport::{BoxStream, downcast};
-use tokio::io::{AsyncWrite, ReadHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// Parts at least this big (file chunks) are sealed where they lie; smaller ones are gathered
+/// into the stream's record buffer.
+const SEAL_IN_PLACE: usize = 256 << 10;
+
+/// Sends `sources` over `streams`, as [`fastcp_stream::send`] does, sealing the file chunks
+/// it sends on sealed TCP streams in place.
+pub async fn send(
+    sources: &[PathBuf],
+    streams: Vec<BoxStream>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error> {
+    let mut readers: Vec<Box<dyn AsyncRead + Send + Unpin>> = Vec::with_capacity(streams.len());
+    let mut writers = Vec::with_capacity(streams.len());
+    for stream in streams {
+        match downcast::<SealedStream<TcpStream>>(stream) {
+            Ok(sealed) => {
+                let (r, w) = sealed.into_split();
+                readers.push(Box::new(r));
+                writers.push(DataWriter::Sealed(Box::new(w)));
+            }
+            Err(stream) => {
+                let (r, w) = tokio::io::split(stream);
+                readers.push(Box::new(r));
+                writers.push(DataWriter::Bytes(ByteWriter::new(w)));
+            }
+        }
+    }
+    let mut readers = readers.into_iter();
+    let Some(reply_half) = readers.next() else {
+        return Err(Error::InvalidArgument("no streams to send on".into()));
+    };
+    // The receiver writes nothing on the other streams; their read halves stay open until the
+    // end.
+    let _idle_reads: Vec<_> = readers.collect();
+    fastcp_stream::send_to(sources, reply_half, writers, config, progress).await
+}
 
 /// Receives a tree into `dest` from `streams`, as [`fastcp_stream::receive`] does, reading
 /// the sealed TCP streams among them record by record into the engine's buffers.
@@ -73,6 +117,48 @@ pub async fn receive(
     // Nothing is sent back on the other streams; their write halves stay open until the end.
     let _idle_writes: Vec<_> = writers.collect();
     fastcp_stream::receive_from(dest, readers, reply_half, config, progress).await
+}
+
+/// One data stream's write half.
+enum DataWriter {
+    Sealed(Box<SealedWriter<OwnedWriteHalf>>),
+    Bytes(ByteWriter<WriteHalf<BoxStream>>),
+}
+
+impl WriteFrom for DataWriter {
+    async fn write_part(&mut self, part: &mut Bytes) -> io::Result<()> {
+        match self {
+            DataWriter::Sealed(w) if part.len() >= SEAL_IN_PLACE => {
+                match std::mem::take(part).try_into_mut() {
+                    Ok(mut owned) => {
+                        let written = w.write_sealed(&mut owned).await;
+                        *part = owned.freeze();
+                        written
+                    }
+                    Err(shared) => {
+                        *part = shared;
+                        w.write_all(part).await
+                    }
+                }
+            }
+            DataWriter::Sealed(w) => w.write_all(part).await,
+            DataWriter::Bytes(w) => w.write_part(part).await,
+        }
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        match self {
+            DataWriter::Sealed(w) => w.flush().await,
+            DataWriter::Bytes(w) => WriteFrom::flush(w).await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            DataWriter::Sealed(w) => w.shutdown().await,
+            DataWriter::Bytes(w) => WriteFrom::shutdown(w).await,
+        }
+    }
 }
 
 /// One data stream's read half.

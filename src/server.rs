@@ -246,7 +246,7 @@ where
                 version: agreed.version,
                 ..Default::default()
             };
-            fastcp_stream::send(&sources, data, &cfg, progress).await
+            crate::data::send(&sources, data, &cfg, progress).await
         }
     };
     result.map_err(|e| (None, Error::Engine(e)))

@@ -115,11 +115,37 @@ impl Pool {
 
     /// Takes back a buffer if nothing else holds it (the whole allocation it was cut from).
     pub(crate) fn give(&self, bytes: Bytes) {
-        if let Ok(b) = bytes.try_into_mut() {
+        if let Ok(mut b) = bytes.try_into_mut() {
+            // Emptied first: turning a view that does not start at its allocation's start
+            // back into a Vec moves its bytes there.
+            b.clear();
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             if free.len() < POOL_MAX {
                 free.push(Vec::from(b));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk cut from the middle of a read block, once it is the block's last holder, gives
+    /// the whole block back.
+    #[test]
+    fn a_view_gives_back_its_whole_allocation() {
+        let pool = Pool::default();
+        let block = Bytes::from(vec![1u8; 2 << 20]);
+        let start = block.as_ptr();
+        let mut block = block;
+        let _head = block.split_to(1000);
+        drop(_head);
+        let chunk = block.split_to(1 << 20);
+        drop(block);
+        pool.give(chunk);
+        let again = pool.take(2 << 20);
+        assert_eq!(again.as_ptr(), start);
+        assert!(again.is_empty() && again.capacity() >= 2 << 20);
     }
 }

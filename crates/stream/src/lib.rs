@@ -73,13 +73,13 @@ pub use display::escape;
 pub use error::Error;
 pub use fastcp_proto::{ErrorCode, Meta, Summary};
 pub use pattern::{expand_sources, has_wildcard};
-pub use pipe::{ByteReader, ReadInto};
+pub use pipe::{ByteReader, ByteWriter, ReadInto, WriteFrom};
 pub use progress::{Progress, Snapshot};
 pub use receive::{
     DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive, receive_from,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
-pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send};
+pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send, send_to};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
 
 /// The buffer of an in-memory byte pipe (`tokio::io::duplex`) between a sender and a receiver

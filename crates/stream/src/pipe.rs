@@ -27,8 +27,8 @@ use crate::budget::Pool;
 
 /// Where a writer task puts a message's parts, in order.
 pub(crate) trait Sink: Send + 'static {
-    /// Queues `part` after the parts before it.
-    fn write(&mut self, part: &Bytes) -> impl Future<Output = io::Result<()>> + Send;
+    /// Queues `part` after the parts before it; the sink may leave other bytes in it.
+    fn write(&mut self, part: &mut Bytes) -> impl Future<Output = io::Result<()>> + Send;
     /// Pushes out whatever is gathered.
     fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
     /// Flushes, then ends the stream.
@@ -63,18 +63,43 @@ pub(crate) trait Source: Send + 'static {
     }
 }
 
-/// A byte stream's write half, behind a write buffer of `capacity` bytes (bigger parts go
-/// straight through).
-pub(crate) struct ByteSink<W>(BufWriter<W>);
+/// A stream's write half as [`send_to`](crate::send_to) writes it: the frames' parts, in
+/// order.
+///
+/// [`ByteWriter`] makes any [`AsyncWrite`] one. A stream that seals its bytes in records can
+/// implement it to seal a big part (a file chunk) where it lies instead of copying it into a
+/// record buffer first.
+pub trait WriteFrom: Send + 'static {
+    /// Writes `part` after the parts before it, or buffers it. The engine is done with the
+    /// part's bytes once this returns: the writer may leave other bytes in it (ciphertext
+    /// sealed in place) or replace it, as long as a buffer it was the only owner of stays
+    /// one it is the only owner of, for reuse.
+    fn write_part(&mut self, part: &mut Bytes) -> impl Future<Output = io::Result<()>> + Send;
 
-impl<W: AsyncWrite + Unpin + Send + 'static> ByteSink<W> {
-    pub(crate) fn new(w: W, capacity: usize) -> ByteSink<W> {
-        ByteSink(BufWriter::with_capacity(capacity, w))
+    /// Pushes out whatever is buffered.
+    fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Flushes, then ends the stream.
+    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+/// Any [`AsyncWrite`] as a [`WriteFrom`], behind a write buffer that gathers small parts
+/// (256 KiB; bigger parts go straight through).
+#[derive(Debug)]
+pub struct ByteWriter<W: AsyncWrite>(BufWriter<W>);
+
+impl<W: AsyncWrite> ByteWriter<W> {
+    /// The write buffer's size.
+    pub const BUFFER: usize = 256 << 10;
+
+    /// Wraps `w`.
+    pub fn new(w: W) -> ByteWriter<W> {
+        ByteWriter(BufWriter::with_capacity(Self::BUFFER, w))
     }
 }
 
-impl<W: AsyncWrite + Unpin + Send + 'static> Sink for ByteSink<W> {
-    async fn write(&mut self, part: &Bytes) -> io::Result<()> {
+impl<W: AsyncWrite + Unpin + Send + 'static> WriteFrom for ByteWriter<W> {
+    async fn write_part(&mut self, part: &mut Bytes) -> io::Result<()> {
         self.0.write_all(part).await
     }
 
@@ -84,6 +109,20 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Sink for ByteSink<W> {
 
     async fn shutdown(&mut self) -> io::Result<()> {
         self.0.shutdown().await
+    }
+}
+
+impl<T: WriteFrom> Sink for T {
+    async fn write(&mut self, part: &mut Bytes) -> io::Result<()> {
+        self.write_part(part).await
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        WriteFrom::flush(self).await
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        WriteFrom::shutdown(self).await
     }
 }
 
@@ -203,7 +242,7 @@ impl LocalSink {
 }
 
 impl Sink for LocalSink {
-    async fn write(&mut self, part: &Bytes) -> io::Result<()> {
+    async fn write(&mut self, part: &mut Bytes) -> io::Result<()> {
         if part.len() < SHARE_MIN {
             self.gather.extend_from_slice(part);
             if self.gather.len() >= GATHER_MAX {
@@ -269,11 +308,11 @@ mod tests {
     #[tokio::test]
     async fn a_chunk_after_its_header_is_taken_without_copying() {
         let (mut sink, mut source) = local(1 << 20);
-        let payload = Bytes::from(vec![5u8; SHARE_MIN]);
+        let mut payload = Bytes::from(vec![5u8; SHARE_MIN]);
         let mut head = BytesMut::new();
         encode_data_header(1, 0, payload.len(), &mut head);
-        sink.write(&head.freeze()).await.unwrap();
-        sink.write(&payload).await.unwrap();
+        sink.write(&mut head.freeze()).await.unwrap();
+        sink.write(&mut payload).await.unwrap();
         sink.shutdown().await.unwrap();
 
         let mut buf = BytesMut::new();
@@ -300,7 +339,7 @@ mod tests {
     async fn small_parts_are_gathered_and_room_is_bounded() {
         let (mut sink, mut source) = local(1000);
         for _ in 0..3 {
-            sink.write(&Bytes::from_static(b"abc")).await.unwrap();
+            sink.write(&mut Bytes::from_static(b"abc")).await.unwrap();
         }
         sink.flush().await.unwrap();
         let mut buf = BytesMut::new();
@@ -311,11 +350,11 @@ mod tests {
         assert_eq!(&buf[..], b"abcabcabc");
 
         // A big buffer takes all the room: the next write waits until it is taken.
-        sink.write(&Bytes::from(vec![0u8; SHARE_MIN]))
+        sink.write(&mut Bytes::from(vec![0u8; SHARE_MIN]))
             .await
             .unwrap();
-        let second = Bytes::from(vec![1u8; SHARE_MIN]);
-        let mut next = Box::pin(sink.write(&second));
+        let mut second = Bytes::from(vec![1u8; SHARE_MIN]);
+        let mut next = Box::pin(sink.write(&mut second));
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(50), &mut next)
                 .await
@@ -347,7 +386,7 @@ mod tests {
         let (mut sink, source) = local(1 << 20);
         drop(source);
         let e = sink
-            .write(&Bytes::from(vec![0u8; SHARE_MIN]))
+            .write(&mut Bytes::from(vec![0u8; SHARE_MIN]))
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);

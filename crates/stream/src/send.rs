@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
 use crate::checksum::Algorithm;
-use crate::pipe::{ByteSink, Sink};
+use crate::pipe::{ByteWriter, Sink, WriteFrom};
 use crate::receive::BIG_FRAME;
 use crate::report::{Failure, Report, Side};
 use crate::walk::{EntryKind, WalkConfig, walk};
@@ -50,10 +50,6 @@ pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
 
 /// How many walked entries may wait for the producer.
 const WALK_QUEUE: usize = 1024;
-
-/// Each writer task's buffer: small frames are gathered into it, payloads at least this big
-/// bypass it.
-const WRITE_BUFFER: usize = 256 << 10;
 
 /// The cap on a frame from the receiver (errors and the final report are small).
 const REPLY_MAX_FRAME: u32 = 64 << 10;
@@ -209,7 +205,7 @@ where
     for s in streams {
         let (r, w) = tokio::io::split(s);
         reads.push(r);
-        writes.push(ByteSink::new(w, WRITE_BUFFER));
+        writes.push(ByteWriter::new(w));
     }
     let mut reads = reads.into_iter();
     let reply_half = reads.next().expect("at least one stream");
@@ -218,8 +214,53 @@ where
     send_over(sources, reply_half, writes, config, progress).await
 }
 
-/// [`send`] with its streams taken apart: the receiver's replies arrive on `reply_half`, and
-/// the frames go to `sinks`, one per stream.
+/// [`send`] with its streams taken apart: the receiver's replies arrive on `reply_half`
+/// (stream 0's read half), and the frames go to `writers`, one per stream in the streams'
+/// order. The other streams' read halves are the caller's to keep open until this returns.
+///
+/// A stream with a write path of its own (file chunks sealed in place, as the TCP
+/// transport's sealed streams do) implements [`WriteFrom`]; [`ByteWriter`] wraps any other.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use fastcp_stream::{ByteWriter, Progress, ReceiveConfig, SendConfig};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let (ours, theirs) = tokio::io::duplex(1 << 16);
+/// let (replies, write) = tokio::io::split(ours);
+/// let (sources, dest) = ([dir.path().join("a.txt")], dir.path().join("b.txt"));
+/// let (send_config, receive_config) = (SendConfig::default(), ReceiveConfig::default());
+/// let progress = Arc::new(Progress::default());
+/// let writers = vec![ByteWriter::new(write)];
+/// let (sent, received) = tokio::join!(
+///     fastcp_stream::send_to(&sources, replies, writers, &send_config, progress.clone()),
+///     fastcp_stream::receive(&dest, vec![theirs], &receive_config, progress),
+/// );
+/// sent?;
+/// received?;
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn send_to<R, K>(
+    sources: &[PathBuf],
+    reply_half: R,
+    writers: Vec<K>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    K: WriteFrom,
+{
+    send_over(sources, reply_half, writers, config, progress).await
+}
+
+/// [`send_to`] over any [`Sink`], local pipes included.
 pub(crate) async fn send_over<R, K>(
     sources: &[PathBuf],
     reply_half: R,
@@ -490,7 +531,7 @@ async fn write_stream<K: Sink>(
     let mut end_frame = BytesMut::with_capacity(FILE_END_LEN);
     let fail = |e| stream_error(i, e, "while sending");
     loop {
-        let msg = match rx.try_recv() {
+        let mut msg = match rx.try_recv() {
             Ok(m) => m,
             Err(mpsc::error::TryRecvError::Empty) => {
                 // Nothing queued: push out what is buffered before waiting.
@@ -502,20 +543,25 @@ async fn write_stream<K: Sink>(
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
         };
-        for part in &msg.parts {
+        // The sink may seal the parts in place: whatever reads them comes first.
+        let end = msg.end_of.map(|id| {
+            let hash = checksum.whole(&msg.parts[1]);
+            encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
+            end_frame.split().freeze()
+        });
+        let payload_len = msg.parts[1].len();
+        for part in &mut msg.parts {
             if !part.is_empty() {
                 w.write(part).await.map_err(fail)?;
             }
         }
-        if let Some(id) = msg.end_of {
-            let hash = checksum.whole(&msg.parts[1]);
-            encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
-            w.write(&end_frame.split().freeze()).await.map_err(fail)?;
+        if let Some(mut end) = end {
+            w.write(&mut end).await.map_err(fail)?;
         }
         // A big frame ends a record of a stream that seals its bytes in records (the TCP
         // transport's), so the receiver, reading whole records, gets it without the next
         // frame's start behind it and can read that frame into a fresh block uncopied.
-        if msg.parts[1].len() >= BIG_FRAME {
+        if payload_len >= BIG_FRAME {
             w.flush().await.map_err(fail)?;
         }
         queued[i].fetch_sub(msg.len(), Relaxed);

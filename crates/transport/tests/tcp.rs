@@ -448,6 +448,46 @@ async fn write_after_shutdown_fails() {
     let err = w.write_all(b"y").await.unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
     assert_eq!(record_error(&err), &RecordError::Closed { stream: 1 });
+    let err = w.write_sealed(&mut [1, 2, 3]).await.unwrap_err();
+    assert_eq!(record_error(&err), &RecordError::Closed { stream: 1 });
+}
+
+/// Buffered writes and buffers sealed in place, mixed: the reader gets every byte in order,
+/// each sealed buffer as whole records of at most the record size after a record of what
+/// was buffered before it, and the sealed buffers hold ciphertext.
+#[tokio::test]
+async fn sealed_in_place_writes_mix_with_buffered_ones() {
+    let mut rng = Rng(11);
+    let mut w = sealed(Vec::new(), &secret(), Direction::ClientToServer, 1);
+    let mut expected = Vec::new();
+    let mut records = 0;
+    for round in 0..20 {
+        let n = rng.below(3000);
+        let small = rng.bytes(n);
+        w.write_all(&small).await.unwrap();
+        expected.extend_from_slice(&small);
+        let n = 1 + rng.below(200_000);
+        let plain = rng.bytes(n);
+        let mut data = plain.clone();
+        let before = w.get_ref().len();
+        w.write_sealed(&mut data).await.unwrap();
+        assert_ne!(data, plain, "round {round}: sealed in place");
+        expected.extend_from_slice(&plain);
+        let spans = record_spans(&w.get_ref()[before..]);
+        let buffered = usize::from(!small.is_empty());
+        assert_eq!(
+            spans.len(),
+            buffered + plain.len().div_ceil(1 << 16),
+            "round {round}"
+        );
+        records += spans.len();
+    }
+    w.shutdown().await.unwrap();
+    let wire = w.get_ref().clone();
+    assert_eq!(record_spans(&wire).len(), records + 1);
+    let (got, end) = read_all(&wire, &secret(), 1).await;
+    end.unwrap();
+    assert!(got == expected);
 }
 
 /// Writes buffer up to a record: nothing reaches the wire before a record fills or a flush.

@@ -5,13 +5,13 @@
 //! [`SealedStream`](super::SealedStream) (one duplex stream) and the split
 //! [`SealedReader`](super::SealedReader) / [`SealedWriter`](super::SealedWriter).
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{BufMut, BytesMut};
 use fastcp_crypto::{Opener, Sealer, TAG_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// Bytes in a record header.
 pub const HEADER_LEN: usize = 4;
@@ -305,6 +305,64 @@ impl Sealing {
                 self.ended = true;
             }
         }
+    }
+}
+
+impl Sealing {
+    /// Writes what is buffered as a record of its own, then seals `data` in place as records
+    /// of up to `record_len` bytes and writes each as `header || ciphertext || tag` with one
+    /// vectored write, so its bytes are never copied into the record buffer. `data` holds
+    /// ciphertext afterwards.
+    ///
+    /// A failure, or this future being dropped once the first record is sealed, leaves the
+    /// stream failed: part of a record may be out.
+    pub(crate) async fn write_sealed<W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        w: &mut W,
+        data: &mut [u8],
+    ) -> io::Result<()> {
+        if self.ended {
+            self.check()?;
+            return Err(self.fail(RecordError::Closed {
+                stream: self.stream,
+            }));
+        }
+        std::future::poll_fn(|cx| self.poll_flush(Pin::new(&mut *w), cx)).await?;
+        let cancelled = io::Error::other("a sealed write was cancelled");
+        self.failed = Some(RecordError::io(self.stream, &cancelled));
+        for piece in data.chunks_mut(self.record_len) {
+            let header = (piece.len() as u32).to_be_bytes();
+            let tag = match self.sealer.seal_in_place(&header, piece) {
+                Ok(tag) => tag,
+                Err(e) => {
+                    return Err(self.fail(RecordError::Seal {
+                        stream: self.stream,
+                        message: e.to_string(),
+                    }));
+                }
+            };
+            let mut slices = [
+                IoSlice::new(&header),
+                IoSlice::new(piece),
+                IoSlice::new(&tag),
+            ];
+            let mut slices = &mut slices[..];
+            while !slices.is_empty() {
+                match w.write_vectored(slices).await {
+                    Ok(0) => {
+                        let e = io::Error::new(
+                            io::ErrorKind::WriteZero,
+                            "the connection took no bytes",
+                        );
+                        return Err(self.fail(RecordError::io(self.stream, &e)));
+                    }
+                    Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                    Err(e) => return Err(self.fail(RecordError::io(self.stream, &e))),
+                }
+            }
+        }
+        self.failed = None;
+        Ok(())
     }
 }
 

@@ -105,6 +105,13 @@ impl<S: AsyncRead + Unpin> SealedStream<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> SealedStream<S> {
+    /// Seals `data` in place and writes it: see [`SealedWriter::write_sealed`].
+    pub async fn write_sealed(&mut self, data: &mut [u8]) -> io::Result<()> {
+        self.writer.write_sealed(&mut self.inner, data).await
+    }
+}
+
 impl SealedStream<TcpStream> {
     /// Splits the stream into halves that can be used from two tasks, without a lock.
     pub fn into_split(self) -> (SealedReader<OwnedReadHalf>, SealedWriter<OwnedWriteHalf>) {
@@ -257,6 +264,49 @@ impl<W> SealedWriter<W> {
     /// The stream's index in the session.
     pub fn index(&self) -> u16 {
         self.state.stream()
+    }
+}
+
+impl<W: AsyncWrite + Unpin> SealedWriter<W> {
+    /// Writes `data` as whole records sealed in place, after whatever is buffered (which goes
+    /// out first as a record of its own): `data` holds ciphertext afterwards, and its bytes
+    /// are never copied into the stream's record buffer as [`AsyncWrite`] copies them. For
+    /// big buffers the writer is done with, such as a file chunk already hashed.
+    ///
+    /// A failure, or this future being dropped midway, leaves the stream failed: part of a
+    /// record may have gone out.
+    ///
+    /// ```
+    /// use fastcp_crypto::{CipherSuite, Direction, KeyConfig, Provider, SessionSecret};
+    /// use fastcp_transport::tcp::SealedStream;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// use tokio::net::{TcpListener, TcpStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let secret = SessionSecret::generate()?;
+    /// let keys = KeyConfig::new(CipherSuite::Aes128Gcm, Provider::Ring);
+    /// let listener = TcpListener::bind("127.0.0.1:0").await?;
+    /// let a = TcpStream::connect(listener.local_addr()?).await?;
+    /// let (b, _) = listener.accept().await?;
+    /// let client = SealedStream::new(a, &secret, &keys, Direction::ClientToServer, 1, 1 << 16)?;
+    /// let mut server = SealedStream::new(b, &secret, &keys, Direction::ServerToClient, 1, 1 << 16)?;
+    ///
+    /// let (_reader, mut writer) = client.into_split();
+    /// writer.write_all(b"header:").await?;
+    /// let mut chunk = vec![7u8; 100_000];
+    /// writer.write_sealed(&mut chunk).await?;
+    /// assert_ne!(chunk, vec![7u8; 100_000], "sealed in place");
+    /// writer.shutdown().await?;
+    /// let mut got = Vec::new();
+    /// server.read_to_end(&mut got).await?;
+    /// assert_eq!(&got[..7], b"header:");
+    /// assert!(got[7..].iter().all(|&b| b == 7) && got.len() == 100_007);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn write_sealed(&mut self, data: &mut [u8]) -> io::Result<()> {
+        self.state.write_sealed(&mut self.inner, data).await
     }
 }
 
