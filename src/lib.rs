@@ -9,6 +9,8 @@
 //!   [`server::serve`] is the remote side (`fastcp server`).
 //! - [`probe`] asks a remote host which fastcp it runs and what a copy would choose;
 //!   [`measure`] times the transport to it without touching a disk (`fastcp doctor`).
+//! - [`data::send`] and [`data::receive`] run the engine over a session's streams, sealing
+//!   and opening TCP records in place.
 //! - [`CopyOptions`] also carry a dry run, zstd compression ([`compress`]), a bandwidth limit
 //!   ([`limit`]) and a [`Log`] for the steps a copy takes.
 //! - The building blocks are re-exported: [`proto`] (the wire format), [`crypto`] (ciphers,
