@@ -45,7 +45,7 @@ const STRACE_ARGS: [&str; 5] = ["-f", "-qq", "-e", "trace=fdatasync,fsync", "-o"
 
 /// fastcp under strace, logging to `log`.
 fn strace(log: &Path) -> Command {
-    let mut cmd = Command::new("strace");
+    let mut cmd = Command::new(fastcp_testsupport::tools::require("strace"));
     cmd.args(STRACE_ARGS).arg(log).arg(BIN);
     cmd
 }

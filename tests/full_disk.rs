@@ -56,7 +56,7 @@ rc=$?
 {REPORT}
 exit $rc"#
     );
-    let mut cmd = Command::new("unshare");
+    let mut cmd = Command::new(fastcp_testsupport::tools::require("unshare"));
     cmd.args(["--mount", "--map-root-user", "sh", "-c", &script])
         .env("FULL", full)
         .env("SRC", src)

@@ -307,7 +307,7 @@ fn pull_with_many_streams_never_stalls() {
     mixed_tree(&src);
     for (round, streams) in ["3", "3", "3", "5", "5", "8"].iter().enumerate() {
         let dst = work.path().join(format!("pulled-{round}"));
-        let mut cmd = Command::new("timeout");
+        let mut cmd = Command::new(fastcp_testsupport::tools::require("timeout"));
         cmd.arg("120").arg(BIN).arg("-F").arg(sshd.ssh_config());
         cmd.args([
             "--remote-path",

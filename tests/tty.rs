@@ -31,7 +31,7 @@ impl Tmux {
     }
 
     fn cmd(&self) -> Command {
-        let mut cmd = Command::new("tmux");
+        let mut cmd = Command::new(fastcp_testsupport::tools::require("tmux"));
         cmd.args(["-L", &self.socket, "-f", "/dev/null"]);
         cmd
     }

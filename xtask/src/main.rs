@@ -9,14 +9,22 @@
 //!   `--write` records it in BENCHMARKS.md.
 //! - `cargo xtask bench wan [...]`: the same through an emulated 50 ms, 1 Gbit/s link
 //!   (a relay on 127.0.0.2): fastcp's TCP and SSH transports against scp and rsync.
+//! - `cargo xtask bench all [...]`: local, ssh, tcp and wan, one after another.
 //! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
 //! - `cargo xtask sshd`: runs the benchmark sshd (and prints its ssh_config) until Enter.
+//! - `cargo xtask test [--no-install] [-- ARGS]`: installs what the test suite needs (OpenSSH's
+//!   server and client, tmux, strace, ...) when it is missing, then runs
+//!   `cargo test --workspace ARGS`.
+//! - `cargo xtask dist [--targets LIST] [--out DIR]`: static (musl) release binaries for
+//!   x86_64 and aarch64 Linux, with their SHA-256 sums.
 
 mod bench;
 mod data;
+mod dist;
 mod report;
 mod rng;
 mod sshd;
+mod test;
 mod verify;
 mod wan;
 
@@ -30,9 +38,15 @@ const USAGE: &str = "\
 usage:
   cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
   cargo xtask gen file PATH --size SIZE [--seed N]
-  cargo xtask bench local|ssh|tcp|wan [options]
+  cargo xtask bench local|ssh|tcp|wan|all [options]
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
   cargo xtask sshd [--data DIR]    run the benchmark sshd until Enter, for experiments
+  cargo xtask test [--no-install] [-- ARGS]
+                                   install what the tests need (apt-get, when missing and
+                                   allowed), then run cargo test --workspace ARGS
+  cargo xtask dist [--targets LIST] [--out DIR]
+                                   static musl binaries (x86_64, aarch64) and SHA256SUMS in
+                                   DIR (default target/dist)
 
 bench options:
   --runs N             timed runs per contender (default 5), after one warm-up run
@@ -49,7 +63,7 @@ bench options:
   --window SIZE        bench wan: bytes in flight per connection, the emulated TCP window
                        (default 4MiB)
   --scale F            scale of the tree (default 1)
-  --shape FILE         tree shape (default ../shared/data/source-tree-shape.tsv from the repo)
+  --shape FILE         tree shape (default xtask/data/source-tree-shape.tsv)
   --timeout SECS       kill a run after this long and count it as failed (default 600)
 
 bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
@@ -74,6 +88,8 @@ const VALUE_OPTIONS: &[&str] = &[
     "ssh-cipher",
     "contenders",
     "window",
+    "targets",
+    "out",
 ];
 
 fn main() -> ExitCode {
@@ -159,7 +175,73 @@ fn repo_root() -> PathBuf {
 }
 
 fn default_shape() -> PathBuf {
-    repo_root().join("../shared/data/source-tree-shape.tsv")
+    repo_root().join("xtask/data/source-tree-shape.tsv")
+}
+
+/// The options of `cargo xtask bench MODE` from `args` (all of them consumed).
+fn bench_options(
+    mode: bench::Mode,
+    args: &mut Args,
+    raw: &[String],
+) -> Result<bench::BenchOptions> {
+    let runs = match args.value("runs")? {
+        Some(s) => s.parse().with_context(|| format!("bad --runs {s:?}"))?,
+        None => 5,
+    };
+    let opts = bench::BenchOptions {
+        mode,
+        runs,
+        root: args
+            .value("data")?
+            .map_or_else(|| PathBuf::from("/dev/shm/fastcp-bench"), PathBuf::from),
+        only: args
+            .value("only")?
+            .map(|s| bench::DataSet::parse(&s))
+            .transpose()?,
+        write: args.flag("write")?,
+        timeout: Duration::from_secs(match args.value("timeout")? {
+            Some(s) => s.parse().with_context(|| format!("bad --timeout {s:?}"))?,
+            None => 600,
+        }),
+        fastcp: args.value("fastcp")?.map(PathBuf::from),
+        ssh_cipher: args
+            .value("ssh-cipher")?
+            .or_else(|| (mode == bench::Mode::Wan).then(|| wan::SSH_CIPHER.to_owned())),
+        contenders: args
+            .value("contenders")?
+            .map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
+            .unwrap_or_default(),
+        fastcp_args: args
+            .value("fastcp-args")?
+            .map(|s| s.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default(),
+        big_size: data::parse_size(&args.value("size")?.unwrap_or_else(|| {
+            if mode == bench::Mode::Wan {
+                wan::DEFAULT_SIZE.into()
+            } else {
+                "2GiB".into()
+            }
+        }))?,
+        wan_window: match args.value("window")? {
+            Some(s) => usize::try_from(data::parse_size(&s)?)
+                .with_context(|| format!("bad --window {s:?}"))?,
+            None => wan::DEFAULT_WINDOW,
+        },
+        scale: match args.value("scale")? {
+            Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
+            None => 1.0,
+        },
+        shape: args
+            .value("shape")?
+            .map_or_else(default_shape, PathBuf::from),
+        repo: repo_root(),
+        command_line: std::iter::once("cargo xtask".to_owned())
+            .chain(raw.iter().map(|a| bench::sq(a)))
+            .collect::<Vec<_>>()
+            .join(" "),
+    };
+    args.finish()?;
+    Ok(opts)
 }
 
 fn parse_seed(v: Option<String>) -> Result<u64> {
@@ -170,7 +252,15 @@ fn parse_seed(v: Option<String>) -> Result<u64> {
 }
 
 fn run() -> Result<()> {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let mut raw: Vec<String> = std::env::args().skip(1).collect();
+    // Everything after `--` is passed on (to cargo test) as it is.
+    let passthrough = match raw.iter().position(|a| a == "--") {
+        Some(i) => {
+            let rest = raw.split_off(i);
+            rest[1..].to_vec()
+        }
+        None => Vec::new(),
+    };
     let mut args = Args::parse(&raw, VALUE_OPTIONS)?;
     if args.flag("help")? || args.positional.is_empty() {
         println!("{USAGE}");
@@ -215,65 +305,55 @@ fn run() -> Result<()> {
             eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
             Ok(())
         }
-        ["bench", mode] => {
-            let mode = bench::Mode::parse(mode)?;
-            let runs = match args.value("runs")? {
-                Some(s) => s.parse().with_context(|| format!("bad --runs {s:?}"))?,
-                None => 5,
-            };
-            let opts = bench::BenchOptions {
-                mode,
-                runs,
-                root: args
-                    .value("data")?
-                    .map_or_else(|| PathBuf::from("/dev/shm/fastcp-bench"), PathBuf::from),
-                only: args
-                    .value("only")?
-                    .map(|s| bench::DataSet::parse(&s))
-                    .transpose()?,
-                write: args.flag("write")?,
-                timeout: Duration::from_secs(match args.value("timeout")? {
-                    Some(s) => s.parse().with_context(|| format!("bad --timeout {s:?}"))?,
-                    None => 600,
-                }),
-                fastcp: args.value("fastcp")?.map(PathBuf::from),
-                ssh_cipher: args
-                    .value("ssh-cipher")?
-                    .or_else(|| (mode == bench::Mode::Wan).then(|| wan::SSH_CIPHER.to_owned())),
-                contenders: args
-                    .value("contenders")?
-                    .map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
-                    .unwrap_or_default(),
-                fastcp_args: args
-                    .value("fastcp-args")?
-                    .map(|s| s.split_whitespace().map(str::to_owned).collect())
-                    .unwrap_or_default(),
-                big_size: data::parse_size(&args.value("size")?.unwrap_or_else(|| {
-                    if mode == bench::Mode::Wan {
-                        wan::DEFAULT_SIZE.into()
-                    } else {
-                        "2GiB".into()
-                    }
-                }))?,
-                wan_window: match args.value("window")? {
-                    Some(s) => usize::try_from(data::parse_size(&s)?)
-                        .with_context(|| format!("bad --window {s:?}"))?,
-                    None => wan::DEFAULT_WINDOW,
-                },
-                scale: match args.value("scale")? {
-                    Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
-                    None => 1.0,
-                },
-                shape: args
-                    .value("shape")?
-                    .map_or_else(default_shape, PathBuf::from),
-                repo: repo_root(),
-                command_line: std::iter::once("cargo xtask".to_owned())
-                    .chain(raw.iter().map(|a| bench::sq(a)))
-                    .collect::<Vec<_>>()
-                    .join(" "),
+        ["test"] => {
+            let opts = test::TestOptions {
+                no_install: args.flag("no-install")?,
+                cargo_args: passthrough,
             };
             args.finish()?;
+            let status = test::run(&opts)?;
+            if !status.success() {
+                bail!("the test suite failed ({status})");
+            }
+            Ok(())
+        }
+        ["dist"] => {
+            let opts = dist::DistOptions {
+                targets: args
+                    .value("targets")?
+                    .map(|s| s.split(',').map(|t| t.trim().to_owned()).collect())
+                    .unwrap_or_default(),
+                out: args
+                    .value("out")?
+                    .map_or_else(|| repo_root().join("target/dist"), PathBuf::from),
+                repo: repo_root(),
+            };
+            args.finish()?;
+            dist::run(&opts)?;
+            Ok(())
+        }
+        ["bench", "all"] => {
+            let modes = [
+                bench::Mode::Local,
+                bench::Mode::Ssh,
+                bench::Mode::Tcp,
+                bench::Mode::Wan,
+            ];
+            for mode in modes {
+                let mut mode_raw = raw.clone();
+                if let Some(w) = mode_raw.iter_mut().find(|w| *w == "all") {
+                    *w = mode.name().to_owned();
+                }
+                let mut mode_args = Args::parse(&mode_raw, VALUE_OPTIONS)?;
+                mode_args.positional.clear();
+                bench::run(&bench_options(mode, &mut mode_args, &mode_raw)?)?;
+            }
+            args.options.clear();
+            Ok(())
+        }
+        ["bench", mode] => {
+            let mode = bench::Mode::parse(mode)?;
+            let opts = bench_options(mode, &mut args, &raw)?;
             bench::run(&opts)?;
             Ok(())
         }

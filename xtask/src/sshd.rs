@@ -13,9 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// The OpenSSH server binary.
-pub const SSHD: &str = "/usr/sbin/sshd";
-
 /// Host alias that the generated `ssh_config` defines.
 pub const ALIAS: &str = "fastcp-bench";
 
@@ -136,14 +133,15 @@ fn spawn(dir: &Path, port: u16) -> Result<Child> {
         .create(true)
         .append(true)
         .open(dir.join("sshd.log"))?;
-    let mut child = Command::new(SSHD)
+    let sshd = fastcp_testsupport::tools::locate("sshd")?;
+    let mut child = Command::new(&sshd)
         .args(["-D", "-e", "-f"])
         .arg(dir.join("sshd_config"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .with_context(|| format!("starting {SSHD}"))?;
+        .with_context(|| format!("starting {}", sshd.display()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(status) = child.try_wait()? {

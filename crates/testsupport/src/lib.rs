@@ -1,6 +1,6 @@
 //! Test fixtures for fastcp: a throwaway OpenSSH `sshd` on 127.0.0.1.
 //!
-//! [`Sshd::start`] runs `/usr/sbin/sshd -D -e -f <temp sshd_config>` on a free loopback port
+//! [`Sshd::start`] runs `sshd -D -e -f <temp sshd_config>` (found by [`tools::find`]) on a free loopback port
 //! with its own host key, its own `authorized_keys` and a fresh client key pair, all in a
 //! temporary directory. It writes a client `ssh_config` for the host alias
 //! (`HostName 127.0.0.1`, `Port`, `User` = the current user, `IdentityFile`,
@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! let sshd = fastcp_testsupport::Sshd::start().unwrap();
-//! let status = std::process::Command::new("ssh")
+//! let status = std::process::Command::new(fastcp_testsupport::tools::require("ssh"))
 //!     .arg("-F").arg(sshd.ssh_config())
 //!     .arg(sshd.alias())
 //!     .arg("true")
@@ -27,6 +27,7 @@
 //! assert!(status.success());
 //! ```
 
+pub mod tools;
 pub mod tree;
 pub mod wan;
 
@@ -36,9 +37,6 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Path of the OpenSSH server binary.
-pub const SSHD: &str = "/usr/sbin/sshd";
 
 /// A running OpenSSH sshd on 127.0.0.1, killed on drop.
 #[derive(Debug)]
@@ -86,6 +84,9 @@ impl Sshd {
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
     fn start_logging(alias: &str, log_level: &str) -> io::Result<Sshd> {
+        // Fail with the package to install, not a bare "No such file or directory".
+        tools::locate("sshd")?;
+        tools::locate("ssh-keygen")?;
         let dir = tempfile::Builder::new().prefix("fastcp-sshd-").tempdir()?;
         let d = dir.path();
         keygen(&d.join("host_ed25519"))?;
@@ -151,7 +152,7 @@ impl Sshd {
             .path()
             .join(format!("agent.{}", std::process::id()));
         let _ = fs::remove_file(&socket);
-        let child = Command::new("ssh-agent")
+        let child = Command::new(tools::locate("ssh-agent")?)
             .arg("-D")
             .arg("-a")
             .arg(&socket)
@@ -160,8 +161,13 @@ impl Sshd {
             .stderr(Stdio::null())
             .spawn()?;
         let agent = Agent { child, socket };
-        wait_until(|| agent.socket.exists(), "ssh-agent socket")?;
-        let out = Command::new("ssh-add")
+        // Ready when it accepts a connection: the socket file appears before the agent
+        // listens on it.
+        wait_until(
+            || std::os::unix::net::UnixStream::connect(&agent.socket).is_ok(),
+            "ssh-agent socket",
+        )?;
+        let out = Command::new(tools::locate("ssh-add")?)
             .arg(self.client_key())
             .env("SSH_AUTH_SOCK", agent.socket())
             .stdin(Stdio::null())
@@ -290,7 +296,7 @@ impl Drop for Sshd {
 }
 
 fn keygen(path: &Path) -> io::Result<()> {
-    let out = Command::new("ssh-keygen")
+    let out = Command::new(tools::locate("ssh-keygen")?)
         .args(["-q", "-t", "ed25519", "-N", "", "-C", "fastcp-test", "-f"])
         .arg(path)
         .stdin(Stdio::null())
@@ -360,7 +366,7 @@ fn spawn_sshd(d: &Path, port: u16) -> io::Result<Child> {
         .create(true)
         .append(true)
         .open(d.join("sshd.log"))?;
-    let mut child = Command::new(SSHD)
+    let mut child = Command::new(tools::locate("sshd")?)
         .arg("-D")
         .arg("-e")
         .arg("-f")
@@ -413,7 +419,7 @@ mod tests {
     #[test]
     fn system_ssh_logs_in_with_the_generated_config() {
         let sshd = Sshd::start().unwrap();
-        let out = Command::new("ssh")
+        let out = Command::new(tools::require("ssh"))
             .arg("-F")
             .arg(sshd.ssh_config())
             .arg(sshd.alias())
@@ -434,7 +440,7 @@ mod tests {
     fn agent_holds_the_client_key() {
         let sshd = Sshd::start().unwrap();
         let agent = sshd.start_agent().unwrap();
-        let out = Command::new("ssh-add")
+        let out = Command::new(tools::require("ssh-add"))
             .arg("-l")
             .env("SSH_AUTH_SOCK", agent.socket())
             .output()
@@ -447,7 +453,7 @@ mod tests {
     fn system_ssh_jumps_through_a_second_sshd() {
         let sshd = Sshd::start().unwrap();
         let jump = sshd.start_jump().unwrap();
-        let out = Command::new("ssh")
+        let out = Command::new(tools::require("ssh"))
             .arg("-F")
             .arg(sshd.ssh_config())
             .arg("-J")

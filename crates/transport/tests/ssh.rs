@@ -258,7 +258,7 @@ async fn wrong_user_key_is_refused() {
     let sshd = Sshd::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("other_key");
-    let st = Command::new("ssh-keygen")
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
         .args(["-q", "-t", "ed25519", "-N", "", "-f"])
         .arg(&key)
         .status()
@@ -286,7 +286,7 @@ async fn encrypted_key_without_a_terminal_fails_cleanly() {
     let sshd = Sshd::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("locked");
-    let st = Command::new("ssh-keygen")
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
         .args(["-q", "-t", "ed25519", "-N", "secret phrase", "-f"])
         .arg(&key)
         .status()
@@ -378,7 +378,7 @@ async fn accept_new_records_the_key() {
             .await
             .unwrap();
         assert!(s.warnings().is_empty());
-        let out = Command::new("ssh")
+        let out = Command::new(fastcp_testsupport::tools::require("ssh"))
             .arg("-F")
             .arg(sshd.ssh_config())
             .arg(sshd.alias())
@@ -396,7 +396,7 @@ async fn accept_new_records_the_key() {
 #[tokio::test]
 async fn hashed_known_hosts_entry_from_ssh_keygen_is_accepted() {
     let sshd = Sshd::start().unwrap();
-    let st = Command::new("ssh-keygen")
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
         .arg("-H")
         .arg("-f")
         .arg(sshd.known_hosts())
@@ -610,7 +610,7 @@ async fn passphrase_is_asked_on_the_terminal() {
     let sshd = Sshd::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("locked");
-    let st = Command::new("ssh-keygen")
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
         .args(["-q", "-t", "ed25519", "-N", "secret phrase", "-f"])
         .arg(&key)
         .status()
@@ -644,7 +644,7 @@ fn run_in_tty(name: &str, config: &Path, prompt: &str, answer: &str) -> (bool, S
     use std::io::{Read, Write};
     let exe = std::env::current_exe().unwrap();
     let cmd = format!("{} --ignored --exact {name} --nocapture", exe.display());
-    let mut child = Command::new("script")
+    let mut child = Command::new(fastcp_testsupport::tools::require("script"))
         .args(["-qec", &cmd, "/dev/null"])
         .env("FASTCP_TEST_TTY_CONFIG", config)
         .stdin(std::process::Stdio::piped())
