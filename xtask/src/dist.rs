@@ -4,8 +4,10 @@
 //! For each target it adds the Rust target with rustup when it is missing, builds
 //! `cargo build --release --target T -p fastcp`, and copies the binary to
 //! `OUT/fastcp-<version>-<target>`; then it writes `OUT/SHA256SUMS` in `sha256sum`'s format.
-//! A target whose C cross compiler is missing is skipped with the package to install, unless
-//! it was named with `--targets`, where it is an error.
+//! A target's C compiler (musl-gcc, or a cross gcc) is installed with apt-get when it is
+//! missing and the machine allows it, as `cargo xtask test` does; where it cannot be, the
+//! target is skipped with the package to install, unless it was named with `--targets`,
+//! where that is an error.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -13,24 +15,37 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use fastcp_testsupport::tools;
+use fastcp_testsupport::tools::{self, Prerequisite};
 
 /// A target `dist` knows how to build.
 struct Target {
     triple: &'static str,
-    /// The C compiler for the target's C code (AWS-LC, ring, jemalloc) and the linker, and
-    /// the Debian package that has it; `None`: the host's `cc` serves.
-    cross_gcc: Option<(&'static str, &'static str)>,
+    /// The C compiler for the target's C code (AWS-LC, ring, zstd, jemalloc) and the Debian
+    /// package that has it.
+    cc: Prerequisite,
+    /// Whether `cc` also links (a cross target); else rustc's default linker serves, with
+    /// the musl start files Rust ships.
+    cc_links: bool,
 }
 
 const TARGETS: &[Target] = &[
     Target {
         triple: "x86_64-unknown-linux-musl",
-        cross_gcc: None,
+        cc: Prerequisite {
+            program: "musl-gcc",
+            package: "musl-tools",
+            why: "C code built against musl",
+        },
+        cc_links: false,
     },
     Target {
         triple: "aarch64-unknown-linux-musl",
-        cross_gcc: Some(("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")),
+        cc: Prerequisite {
+            program: "aarch64-linux-gnu-gcc",
+            package: "gcc-aarch64-linux-gnu",
+            why: "C code and linking for aarch64",
+        },
+        cc_links: true,
     },
 ];
 
@@ -64,13 +79,10 @@ pub fn run(opts: &DistOptions) -> Result<Vec<PathBuf>> {
     fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut built = Vec::new();
     for target in wanted {
-        if let Some((gcc, package)) = target.cross_gcc
-            && tools::find(gcc).is_none()
+        if tools::find(target.cc.program).is_none()
+            && let Err(e) = crate::test::install(&[target.cc], false)
         {
-            let msg = format!(
-                "{}: needs the C cross compiler {gcc} (Debian package {package})",
-                target.triple
-            );
+            let msg = format!("{}: {e:#}", target.triple);
             if named {
                 bail!("{msg}");
             }
@@ -104,11 +116,12 @@ fn build(target: &Target, version: &str, opts: &DistOptions) -> Result<PathBuf> 
     cmd.current_dir(&opts.repo)
         .args(["build", "--release", "--locked", "-p", "fastcp", "--target"])
         .arg(target.triple);
-    if let Some((gcc, _)) = target.cross_gcc {
-        let env_triple = target.triple.replace('-', "_");
-        cmd.env(format!("CC_{env_triple}"), gcc).env(
+    let env_triple = target.triple.replace('-', "_");
+    cmd.env(format!("CC_{env_triple}"), target.cc.program);
+    if target.cc_links {
+        cmd.env(
             format!("CARGO_TARGET_{}_LINKER", env_triple.to_uppercase()),
-            gcc,
+            target.cc.program,
         );
     }
     eprintln!("building fastcp for {}", target.triple);

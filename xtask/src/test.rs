@@ -62,7 +62,7 @@ pub fn run(opts: &TestOptions) -> Result<ExitStatus> {
 }
 
 /// Installs the packages of `missing` with apt-get, or says what to install and fails.
-fn install(missing: &[Prerequisite], no_install: bool) -> Result<()> {
+pub(crate) fn install(missing: &[Prerequisite], no_install: bool) -> Result<()> {
     let mut packages: Vec<&str> = missing.iter().map(|p| p.package).collect();
     packages.dedup();
     packages.sort_unstable();
@@ -82,10 +82,7 @@ fn install(missing: &[Prerequisite], no_install: bool) -> Result<()> {
         None
     };
     let (Some(sudo), false, Some(_)) = (sudo, no_install, tools::find("apt-get")) else {
-        bail!(
-            "the test suite needs the programs above; install them ({line}, as root) and run \
-             `cargo xtask test` again"
-        );
+        bail!("install the programs above ({line}, as root) and run the command again");
     };
     eprintln!("installing: {}", packages.join(" "));
     let apt = |args: &[&str]| -> Result<()> {
