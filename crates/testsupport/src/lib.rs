@@ -29,6 +29,7 @@
 
 pub mod tools;
 pub mod tree;
+pub mod tty;
 pub mod wan;
 
 use std::fs;

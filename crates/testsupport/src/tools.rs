@@ -72,6 +72,11 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "a small tmpfs in a mount namespace, for full-disk tests",
     },
     Prerequisite {
+        program: "setsid",
+        package: "util-linux",
+        why: "a process without a terminal, which must not be asked anything",
+    },
+    Prerequisite {
         program: "mount",
         package: "mount",
         why: "a small tmpfs in a mount namespace, for full-disk tests",

@@ -1,13 +1,18 @@
-//! Public-key authentication: ssh-agent first, then identity files.
+//! Authentication: ssh-agent first, then identity files, then keyboard-interactive and
+//! password, in OpenSSH's order.
 //!
-//! Encrypted identity files ask for their passphrase on `/dev/tty`. Without a terminal, or
-//! with `BatchMode yes`, such files are skipped and listed in the final error, as ssh does.
+//! Encrypted identity files ask for their passphrase on `/dev/tty`, and so do passwords and
+//! keyboard-interactive prompts. Without a terminal, or with `BatchMode yes`, nothing is
+//! asked: such methods are skipped and listed in the final error, as ssh does. What was
+//! typed is kept in memory only ([`AuthUsed`]), so that more connections to the same host
+//! log in without asking again.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use russh::client::Handle;
+use russh::MethodKind;
+use russh::client::{AuthResult, Handle, KeyboardInteractiveAuthResponse};
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKey};
@@ -23,6 +28,31 @@ use super::known_hosts::{fingerprint, key_type_name};
 pub(crate) enum AuthUsed {
     Agent(PublicKey),
     Key(Arc<PrivateKey>),
+    /// The password typed for the first connection.
+    Password(Arc<Zeroizing<String>>),
+    /// The answers typed to keyboard-interactive prompts, with the prompts they answered.
+    Interactive(Arc<Answers>),
+    /// The server let us in without any credential.
+    None,
+}
+
+/// Keyboard-interactive answers, each with the prompt it answered.
+pub(crate) type Answers = Vec<(String, Zeroizing<String>)>;
+
+/// The methods the server said can continue, from its last refusal (`None`: not known yet).
+type Methods = Option<Vec<MethodKind>>;
+
+fn note(methods: &mut Methods, res: &AuthResult) {
+    if let AuthResult::Failure {
+        remaining_methods, ..
+    } = res
+    {
+        *methods = Some(remaining_methods.to_vec());
+    }
+}
+
+fn offered(methods: &Methods, kind: MethodKind) -> bool {
+    methods.as_ref().is_none_or(|m| m.contains(&kind))
 }
 
 pub(crate) async fn authenticate<H: russh::client::Handler>(
@@ -32,15 +62,33 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
 ) -> Result<AuthUsed, Error> {
     let user = host.user.clone();
     let mut tried = Vec::new();
+    let mut methods: Methods = None;
     let rsa_hash = handle.best_supported_rsa_hash().await?.flatten();
 
-    if let Some(AuthUsed::Key(key)) = previous {
-        let res = handle
-            .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash))
-            .await?;
-        if res.success() {
-            return Ok(AuthUsed::Key(key.clone()));
+    // What logged in the first connection logs in this one, without asking again.
+    match previous {
+        Some(AuthUsed::Key(key)) => {
+            let res = handle
+                .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash))
+                .await?;
+            if res.success() {
+                return Ok(AuthUsed::Key(key.clone()));
+            }
         }
+        Some(AuthUsed::Password(password)) => {
+            let res = handle
+                .authenticate_password(&user, password.as_str())
+                .await?;
+            if res.success() {
+                return Ok(AuthUsed::Password(password.clone()));
+            }
+        }
+        Some(AuthUsed::Interactive(answers)) => {
+            if let Some(used) = interactive(handle, host, Some(answers), &mut tried).await? {
+                return Ok(used);
+            }
+        }
+        Some(AuthUsed::Agent(_) | AuthUsed::None) | None => {}
     }
 
     // The public halves of the identity files, to honour IdentitiesOnly with the agent and
@@ -88,7 +136,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         .await
                     {
                         Ok(r) if r.success() => return Ok(AuthUsed::Agent(key.clone())),
-                        Ok(_) => {}
+                        Ok(r) => note(&mut methods, &r),
                         Err(e) => {
                             if let Some(t) = tried.last_mut() {
                                 t.push_str(&format!(" (agent failed to sign: {e})"));
@@ -128,6 +176,32 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         if res.success() {
             return Ok(AuthUsed::Key(key));
         }
+        note(&mut methods, &res);
+    }
+
+    let interactive_allowed = host.kbd_interactive_authentication || host.password_authentication;
+    if interactive_allowed && methods.is_none() {
+        // No key was offered, so the server has not said what it takes yet: ask, as ssh
+        // does with the "none" method, before prompting for anything.
+        let res = handle.authenticate_none(&user).await?;
+        if res.success() {
+            return Ok(AuthUsed::None);
+        }
+        note(&mut methods, &res);
+    }
+    if host.kbd_interactive_authentication && offered(&methods, MethodKind::KeyboardInteractive) {
+        if host.batch_mode {
+            tried.push("keyboard-interactive (BatchMode forbids asking)".into());
+        } else if let Some(used) = interactive(handle, host, None, &mut tried).await? {
+            return Ok(used);
+        }
+    }
+    if host.password_authentication && offered(&methods, MethodKind::Password) {
+        if host.batch_mode {
+            tried.push("password (BatchMode forbids asking)".into());
+        } else if let Some(used) = password(handle, host, &mut tried).await? {
+            return Ok(used);
+        }
     }
 
     Err(Error::Auth {
@@ -135,6 +209,126 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         host: host.alias.clone(),
         tried,
     })
+}
+
+/// Asks for the password on the terminal, up to NumberOfPasswordPrompts times.
+async fn password<H: russh::client::Handler>(
+    handle: &mut Handle<H>,
+    host: &HostConfig,
+    tried: &mut Vec<String>,
+) -> Result<Option<AuthUsed>, Error> {
+    let prompt = format!("{}@{}'s password: ", host.user, host.host_name);
+    for _ in 0..host.number_of_password_prompts {
+        let Some(answer) = ask(&prompt, false).await else {
+            tried.push("password (no terminal to ask for it)".into());
+            return Ok(None);
+        };
+        let res = handle
+            .authenticate_password(&host.user, answer.as_str())
+            .await?;
+        if res.success() {
+            return Ok(Some(AuthUsed::Password(Arc::new(answer))));
+        }
+        let again = matches!(&res, AuthResult::Failure { remaining_methods, .. }
+            if remaining_methods.contains(&MethodKind::Password));
+        if !again {
+            break;
+        }
+        eprintln!("Permission denied, please try again.");
+    }
+    tried.push("password (refused)".into());
+    Ok(None)
+}
+
+/// Runs keyboard-interactive authentication: each prompt is answered from `cached` (the
+/// answers of an earlier connection, for the same prompt text, on the first round only) or
+/// asked on the terminal.
+async fn interactive<H: russh::client::Handler>(
+    handle: &mut Handle<H>,
+    host: &HostConfig,
+    cached: Option<&Arc<Answers>>,
+    tried: &mut Vec<String>,
+) -> Result<Option<AuthUsed>, Error> {
+    let mut answers: Answers = Vec::new();
+    let mut reply = handle
+        .authenticate_keyboard_interactive_start(&host.user, None)
+        .await?;
+    // A server asks one round after another; the bound keeps a hostile one from asking
+    // forever.
+    for round in 0..16 {
+        match reply {
+            KeyboardInteractiveAuthResponse::Success => {
+                return Ok(Some(AuthUsed::Interactive(Arc::new(answers))));
+            }
+            KeyboardInteractiveAuthResponse::Failure { .. } => break,
+            KeyboardInteractiveAuthResponse::InfoRequest {
+                name,
+                instructions,
+                prompts,
+            } => {
+                let mut responses = Vec::with_capacity(prompts.len());
+                for (i, p) in prompts.iter().enumerate() {
+                    let reuse = cached
+                        .filter(|_| round == 0)
+                        .and_then(|c| c.iter().find(|(q, _)| *q == p.prompt));
+                    let answer = match reuse {
+                        Some((_, a)) => a.clone(),
+                        None => {
+                            let mut text = String::new();
+                            if i == 0 {
+                                for line in [&name, &instructions] {
+                                    if !line.is_empty() {
+                                        text.push_str(&printable(line));
+                                        text.push('\n');
+                                    }
+                                }
+                            }
+                            text.push_str(&printable(&p.prompt));
+                            match ask(&text, p.echo).await {
+                                Some(a) => a,
+                                None => {
+                                    tried.push(
+                                        "keyboard-interactive (no terminal to answer)".into(),
+                                    );
+                                    return Ok(None);
+                                }
+                            }
+                        }
+                    };
+                    responses.push(answer.to_string());
+                    answers.push((p.prompt.clone(), answer));
+                }
+                reply = handle
+                    .authenticate_keyboard_interactive_respond(responses)
+                    .await?;
+            }
+        }
+    }
+    tried.push("keyboard-interactive (refused)".into());
+    Ok(None)
+}
+
+/// `s` with its control characters escaped: prompt texts come from the server, and must not
+/// drive the terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Reads an answer from the terminal off the async runtime; `None` without a terminal.
+async fn ask(prompt: &str, echo: bool) -> Option<Zeroizing<String>> {
+    let prompt = prompt.to_owned();
+    tokio::task::spawn_blocking(move || read_tty_line(&prompt, echo))
+        .await
+        .ok()?
+        .ok()?
 }
 
 /// The public key next to an identity file (`<file>.pub`), or from an unencrypted file.

@@ -110,6 +110,12 @@ pub struct HostConfig {
     pub host_key_alias: Option<String>,
     /// Agent socket: `None` disables the agent; default is `$SSH_AUTH_SOCK`.
     pub identity_agent: Option<PathBuf>,
+    /// Try password authentication, asked on the terminal (PasswordAuthentication).
+    pub password_authentication: bool,
+    /// Try keyboard-interactive authentication (KbdInteractiveAuthentication).
+    pub kbd_interactive_authentication: bool,
+    /// How many times a password is asked before giving up (NumberOfPasswordPrompts).
+    pub number_of_password_prompts: u32,
 }
 
 impl HostConfig {
@@ -255,6 +261,25 @@ impl SshConfigFile {
         };
         let identities_only = bool_opt("identitiesonly", ov.identities_only)?.unwrap_or(false);
         let batch_mode = bool_opt("batchmode", ov.batch_mode)?.unwrap_or(false);
+        let password_authentication =
+            bool_opt("passwordauthentication", ov.password_authentication)?.unwrap_or(true);
+        let kbd_interactive_authentication = match ov.kbd_interactive_authentication {
+            Some(v) => v,
+            None => bool_opt("kbdinteractiveauthentication", None)?
+                .or(bool_opt("challengeresponseauthentication", None)?)
+                .unwrap_or(true),
+        };
+        let number_of_password_prompts = match ov.number_of_password_prompts {
+            Some(n) => n,
+            None => extra("numberofpasswordprompts")
+                .map(|v| {
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("NumberOfPasswordPrompts {v:?}: expected a number"))
+                    })
+                })
+                .transpose()?
+                .unwrap_or(3),
+        };
         let hash_known_hosts = bool_opt("hashknownhosts", ov.hash_known_hosts)?.unwrap_or(false);
         let strict_host_key_checking = match &ov.strict {
             Some(s) => *s,
@@ -330,6 +355,9 @@ impl SshConfigFile {
             batch_mode,
             host_key_alias,
             identity_agent,
+            password_authentication,
+            kbd_interactive_authentication,
+            number_of_password_prompts,
         })
     }
 }
@@ -449,6 +477,9 @@ struct Overrides {
     batch_mode: Option<bool>,
     host_key_alias: Option<String>,
     identity_agent: Option<String>,
+    password_authentication: Option<bool>,
+    kbd_interactive_authentication: Option<bool>,
+    number_of_password_prompts: Option<u32>,
 }
 
 impl Overrides {
@@ -490,6 +521,19 @@ impl Overrides {
                 "batchmode" => set_once(&mut ov.batch_mode, parse_yes_no(key, &v)?),
                 "hostkeyalias" => set_once(&mut ov.host_key_alias, v),
                 "identityagent" => set_once(&mut ov.identity_agent, v),
+                "passwordauthentication" => {
+                    set_once(&mut ov.password_authentication, parse_yes_no(key, &v)?)
+                }
+                "kbdinteractiveauthentication" | "challengeresponseauthentication" => set_once(
+                    &mut ov.kbd_interactive_authentication,
+                    parse_yes_no(key, &v)?,
+                ),
+                "numberofpasswordprompts" => set_once(
+                    &mut ov.number_of_password_prompts,
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("-o {opt}: NumberOfPasswordPrompts takes a number"))
+                    })?,
+                ),
                 _ => {
                     return Err(Error::Config(format!(
                         "-o {opt}: option not supported by fastcp's built-in SSH client; \

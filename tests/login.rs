@@ -1,0 +1,89 @@
+//! One login for many streams: a passphrase typed once serves every SSH connection of a copy.
+//!
+//! A copy over `-j 4` SSH streams makes four SSH connections. With a passphrase-protected key
+//! and no agent, the passphrase is asked once, on the terminal, and the key it unlocked is
+//! kept in memory for the other three. The copy runs under `script(1)`, a real
+//! pseudo-terminal, against the harness's OpenSSH sshd.
+
+mod common;
+
+use std::fs;
+use std::process::Command;
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, pseudo_random, write};
+
+const PASSPHRASE: &str = "open sesame";
+
+/// Runs under a pseudo-terminal: the copy named by the outer test, with the terminal as its
+/// stdin, stdout and stderr.
+#[test]
+#[ignore = "run by passphrase_is_asked_once_for_four_streams inside `script`"]
+fn tty_child_copies() {
+    let Ok(args) = std::env::var("FASTCP_TEST_TTY_ARGS") else {
+        return;
+    };
+    let args: Vec<&str> = args.split('\n').collect();
+    let status = Command::new(BIN)
+        .args(&args)
+        .env_remove("SSH_AUTH_SOCK")
+        .status()
+        .unwrap();
+    println!("COPY EXIT={}", status.code().unwrap_or(-1));
+}
+
+#[test]
+fn passphrase_is_asked_once_for_four_streams() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let key = work.path().join("locked");
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", "ed25519", "-N", PASSPHRASE, "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::copy(key.with_extension("pub"), sshd.authorized_keys()).unwrap();
+    let cfg = work.path().join("config");
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(&sshd.client_key().display().to_string(), &key.display().to_string())
+        .replace("BatchMode yes", "BatchMode no");
+    fs::write(&cfg, block).unwrap();
+
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..8 {
+        write(&src.join(format!("f{i}")), &pseudo_random(3 << 20, i), 0o644);
+    }
+    let dst = work.path().join("dst");
+    let args = [
+        "-F".to_owned(),
+        cfg.display().to_string(),
+        "--remote-path".to_owned(),
+        BIN.to_owned(),
+        "--transport".to_owned(),
+        "ssh".to_owned(),
+        "-j".to_owned(),
+        "4".to_owned(),
+        "-v".to_owned(),
+        "-r".to_owned(),
+        src.display().to_string(),
+        remote(&sshd, &dst),
+    ]
+    .join("\n");
+    let (ok, text) = fastcp_testsupport::tty::run_ignored_test_in_tty(
+        "tty_child_copies",
+        &[("FASTCP_TEST_TTY_ARGS", args.as_ref())],
+        "Enter passphrase for key",
+        PASSPHRASE,
+    );
+    eprintln!("{text}");
+    assert!(ok, "{text}");
+    assert!(text.contains("COPY EXIT=0"), "{text}");
+    assert_eq!(text.matches("Enter passphrase").count(), 1, "{text}");
+    assert!(text.contains("4 stream(s) over 4 connection(s)"), "{text}");
+    assert!(!text.contains(PASSPHRASE), "the passphrase was echoed");
+    assert_same_tree(&src, &dst, false);
+}
