@@ -645,6 +645,12 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
     let config = fastcp::server::ServerConfig {
         tcp_bind: args.bind,
         tcp_ports: args.ports.map(|(lo, hi)| lo..=hi),
+        // Warnings reach the client's stderr through sshd.
+        log: fastcp::Log::new(|level, line| {
+            if level == fastcp::LogLevel::Warn {
+                eprintln!("fastcp server: warning: {line}");
+            }
+        }),
         ..Default::default()
     };
     // The client learns of failures through the protocol and shows them; stderr (which sshd

@@ -42,6 +42,13 @@ pub struct ServerConfig {
     pub tcp_ports: Option<RangeInclusive<u16>>,
     /// Knobs of the sealed TCP streams.
     pub tcp: TcpConfig,
+    /// The address the client's TCP data streams come from: connections from anywhere else
+    /// are challenged only a few at a time. Default: the SSH connection's client address
+    /// (from `SSH_CONNECTION`); outside SSH, none.
+    pub tcp_client: Option<IpAddr>,
+    /// Where the server tells what the client does not hear through the protocol, such as a
+    /// stranger's connection to the data port that was refused. Default: nowhere.
+    pub log: crate::Log,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +59,8 @@ impl Default for ServerConfig {
             tcp_bind: None,
             tcp_ports: None,
             tcp: TcpConfig::default(),
+            tcp_client: ssh_connection_field(0),
+            log: crate::Log::default(),
         }
     }
 }
@@ -59,13 +68,9 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// The address to listen on for TCP data streams.
     pub fn tcp_address(&self) -> IpAddr {
-        self.tcp_bind.unwrap_or_else(|| {
-            // SSH_CONNECTION is "client_ip client_port server_ip server_port".
-            std::env::var("SSH_CONNECTION")
-                .ok()
-                .and_then(|v| v.split_whitespace().nth(2).and_then(|ip| ip.parse().ok()))
-                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        })
+        self.tcp_bind
+            .or_else(|| ssh_connection_field(2))
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
 
     /// The port range for a session: the client's wish within this server's limits.
@@ -89,6 +94,14 @@ impl ServerConfig {
             }
         }
     }
+}
+
+/// An address from `SSH_CONNECTION` ("client_ip client_port server_ip server_port"): field 0
+/// is the client's, 2 the server's.
+fn ssh_connection_field(n: usize) -> Option<IpAddr> {
+    std::env::var("SSH_CONNECTION")
+        .ok()
+        .and_then(|v| v.split_whitespace().nth(n).and_then(|ip| ip.parse().ok()))
 }
 
 /// Serves one session on `control` (the server's stdin and stdout) and returns what the engine
@@ -187,13 +200,29 @@ where
                 )),
             };
             match joined {
-                Ok(sealed) => (
-                    sealed
-                        .into_iter()
-                        .map(|s| Box::new(s) as BoxStream)
-                        .collect(),
-                    Some(control),
-                ),
+                Ok(sealed) => {
+                    for (peer, why) in &sealed.refused {
+                        config.log.warn(|| {
+                            format!("refused a connection to the data port from {peer}: {why}")
+                        });
+                    }
+                    if sealed.refused_count > sealed.refused.len() {
+                        config.log.warn(|| {
+                            format!(
+                                "refused {} more connections to the data port",
+                                sealed.refused_count - sealed.refused.len()
+                            )
+                        });
+                    }
+                    (
+                        sealed
+                            .streams
+                            .into_iter()
+                            .map(|s| Box::new(s) as BoxStream)
+                            .collect(),
+                        Some(control),
+                    )
+                }
                 Err(e) => return Err((None, e)),
             }
         }
@@ -330,8 +359,11 @@ fn prepare(
             let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer, Some(suite));
             let keys = KeyConfig::new(choice.suite, choice.provider);
             let ports = config.port_range(request.tcp_ports)?;
-            let listener = TcpRendezvous::bind(config.tcp_address(), ports, config.tcp.clone())
+            let mut listener = TcpRendezvous::bind(config.tcp_address(), ports, config.tcp.clone())
                 .map_err(Error::Tcp)?;
+            if let Some(client) = config.tcp_client {
+                listener.expect_client(client);
+            }
             Ok(Pending::Tcp(listener, keys))
         }
     }

@@ -48,14 +48,21 @@ fn passphrase_is_asked_once_for_four_streams() {
     let cfg = work.path().join("config");
     let block = sshd
         .host_block(sshd.alias())
-        .replace(&sshd.client_key().display().to_string(), &key.display().to_string())
+        .replace(
+            &sshd.client_key().display().to_string(),
+            &key.display().to_string(),
+        )
         .replace("BatchMode yes", "BatchMode no");
     fs::write(&cfg, block).unwrap();
 
     let src = work.path().join("src");
     fs::create_dir(&src).unwrap();
     for i in 0..8 {
-        write(&src.join(format!("f{i}")), &pseudo_random(3 << 20, i), 0o644);
+        write(
+            &src.join(format!("f{i}")),
+            &pseudo_random(3 << 20, i),
+            0o644,
+        );
     }
     let dst = work.path().join("dst");
     let args = [

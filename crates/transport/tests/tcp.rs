@@ -10,7 +10,8 @@ use fastcp_crypto::{
 };
 use fastcp_proto::{Frame, Join};
 use fastcp_transport::tcp::{
-    self, Error, MAX_RECORD_LEN, RecordError, Rejection, SealedStream, TcpConfig, TcpRendezvous,
+    self, Error, Joined, MAX_RECORD_LEN, RecordError, Rejection, SealedStream, TcpConfig,
+    TcpRendezvous,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -522,7 +523,7 @@ async fn rendezvous() -> (TcpRendezvous, SocketAddr) {
     (r, addr)
 }
 
-type Accepted = tokio::task::JoinHandle<Result<Vec<SealedStream<TcpStream>>, Error>>;
+type Accepted = tokio::task::JoinHandle<Result<Joined, Error>>;
 
 fn spawn_accept(r: TcpRendezvous, n: u16, secret: &SessionSecret, suite: CipherSuite) -> Accepted {
     let secret = secret.clone();
@@ -547,11 +548,27 @@ fn join_bytes(index: u16, proof: [u8; 32]) -> BytesMut {
     out
 }
 
-fn rejection(result: Result<Vec<SealedStream<TcpStream>>, Error>) -> Rejection {
+fn rejection(result: Result<Joined, Error>) -> Rejection {
     match result {
         Err(Error::Rejected { reason, .. }) => reason,
         other => panic!("expected a rejection, got {other:?}"),
     }
+}
+
+/// What the server refused while the session joined, once the real client has joined too.
+async fn refused_then_joined(
+    server: Accepted,
+    addr: SocketAddr,
+    secret: &SessionSecret,
+    n: u16,
+) -> Vec<Rejection> {
+    let _client = tcp::connect(addr, n, secret, &keys(CipherSuite::Aes128Gcm), &quick())
+        .await
+        .unwrap();
+    let joined = server.await.unwrap().unwrap();
+    assert_eq!(joined.streams.len(), usize::from(n));
+    assert_eq!(joined.refused_count, joined.refused.len());
+    joined.refused.into_iter().map(|(_, why)| why).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -563,7 +580,7 @@ async fn good_joins_both_suites() {
         let mut client = tcp::connect(addr, 4, &secret, &keys(suite), &quick())
             .await
             .unwrap();
-        let mut server = server.await.unwrap().unwrap();
+        let mut server = server.await.unwrap().unwrap().streams;
         assert_eq!(client.len(), 4);
         assert_eq!(server.len(), 4);
         for (i, (c, s)) in client.iter_mut().zip(server.iter_mut()).enumerate() {
@@ -595,7 +612,7 @@ async fn split_halves() {
     let client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
         .await
         .unwrap();
-    let server = server.await.unwrap().unwrap();
+    let server = server.await.unwrap().unwrap().streams;
     let (mut cr, mut cw) = client.into_iter().next().unwrap().into_split();
     let (mut sr, mut sw) = server.into_iter().next().unwrap().into_split();
     let data = Rng(9).bytes(2 << 20);
@@ -619,18 +636,15 @@ async fn split_halves() {
 }
 
 #[tokio::test]
-async fn wrong_secret_is_rejected() {
+async fn wrong_secret_is_refused_and_the_session_goes_on() {
+    let secret = secret();
     let (r, addr) = rendezvous().await;
-    let server = spawn_accept(r, 1, &secret(), CipherSuite::Aes128Gcm);
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
     let other = SessionSecret::from_bytes([9; 32]);
     let client = tcp::connect(addr, 1, &other, &keys(CipherSuite::Aes128Gcm), &quick()).await;
-    // The client's side joined (it cannot tell yet); the server refuses it.
+    // The client's side joined (it cannot tell yet); the server drops it, and the client
+    // learns at its first read: the connection is gone, not a clean end.
     let mut client = client.unwrap();
-    assert_eq!(
-        rejection(server.await.unwrap()),
-        Rejection::BadProof { index: 1 }
-    );
-    // ...and the client learns at its first read: the connection is gone, not a clean end.
     let err = client[0].read_to_end(&mut Vec::new()).await.unwrap_err();
     assert!(
         matches!(
@@ -639,21 +653,27 @@ async fn wrong_secret_is_rejected() {
         ),
         "{err:?}"
     );
+    // The session's own client still joins.
+    assert_eq!(
+        refused_then_joined(server, addr, &secret, 1).await,
+        [Rejection::BadProof { index: 1 }]
+    );
 }
 
-/// A stranger that connects during the join window with a made-up proof aborts the session.
+/// A stranger that connects during the join window with a made-up proof is dropped, and the
+/// session's client joins all the same.
 #[tokio::test]
-async fn foreign_connection_aborts_the_session() {
+async fn foreign_connection_is_dropped_and_the_session_goes_on() {
     let secret = SessionSecret::generate().unwrap();
     let (r, addr) = rendezvous().await;
     let server = spawn_accept(r, 2, &secret, CipherSuite::Aes128Gcm);
     let (mut conn, _) = raw_challenge(addr).await;
     conn.write_all(&join_bytes(1, [0x42; 32])).await.unwrap();
-    let err = server.await.unwrap().unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("failed to authenticate (wrong proof of the session secret for stream 1)"),
-        "{err}"
+    let mut rest = Vec::new();
+    assert_eq!(conn.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    assert_eq!(
+        refused_then_joined(server, addr, &secret, 2).await,
+        [Rejection::BadProof { index: 1 }]
     );
     // The port is closed now.
     let again = TcpStream::connect(addr).await;
@@ -662,19 +682,63 @@ async fn foreign_connection_aborts_the_session() {
 
 /// A Join seen on one connection is worthless on another: the challenge differs.
 #[tokio::test]
-async fn replayed_join_is_rejected() {
+async fn replayed_join_is_refused() {
     let secret = SessionSecret::generate().unwrap();
     let (r, addr) = rendezvous().await;
-    let server = spawn_accept(r, 2, &secret, CipherSuite::Aes128Gcm);
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
     let (mut first, nonce) = raw_challenge(addr).await;
     let seen = join_bytes(1, join_proof(&secret, JoinKind::Tcp, &nonce, 1));
-    first.write_all(&seen).await.unwrap();
+    // The replay goes in before the original, on a connection with its own challenge.
     let (mut second, _) = raw_challenge(addr).await;
     second.write_all(&seen).await.unwrap();
-    assert_eq!(
-        rejection(server.await.unwrap()),
-        Rejection::BadProof { index: 1 }
+    let mut rest = Vec::new();
+    assert_eq!(second.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    first.write_all(&seen).await.unwrap();
+    let joined = server.await.unwrap().unwrap();
+    assert_eq!(joined.streams.len(), 1);
+    let refused: Vec<Rejection> = joined.refused.into_iter().map(|(_, r)| r).collect();
+    assert_eq!(refused, [Rejection::BadProof { index: 1 }]);
+}
+
+/// Strangers flooding the port cannot crowd out the client: past a few at a time they are
+/// closed unchallenged, while the client's own connections are always challenged.
+#[tokio::test]
+async fn a_flood_of_strangers_does_not_crowd_out_the_client() {
+    let secret = SessionSecret::generate().unwrap();
+    let mut r = TcpRendezvous::bind(LOCALHOST, None, quick()).unwrap();
+    let addr = r.local_addr();
+    // The client is "somewhere else": every connection here counts as a stranger's, so the
+    // real client below comes from 127.0.0.2, the expected address.
+    r.expect_client("127.0.0.2".parse().unwrap());
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let mut strangers = Vec::new();
+    for _ in 0..12 {
+        strangers.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let from = tokio::net::TcpSocket::new_v4().unwrap();
+    from.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let conn = from.connect(addr).await.unwrap();
+    let joiner = tokio::spawn({
+        let secret = secret.clone();
+        async move {
+            let mut conn = conn;
+            let mut buf = [0u8; 37];
+            conn.read_exact(&mut buf).await.unwrap();
+            let nonce: [u8; 32] = buf[5..].try_into().unwrap();
+            let proof = join_proof(&secret, JoinKind::Tcp, &nonce, 1);
+            conn.write_all(&join_bytes(1, proof)).await.unwrap();
+            conn
+        }
+    });
+    let _conn = joiner.await.unwrap();
+    let joined = server.await.unwrap().unwrap();
+    assert_eq!(joined.streams.len(), 1);
+    assert!(
+        joined.refused.iter().any(|(_, r)| *r == Rejection::Busy),
+        "{:?}",
+        joined.refused
     );
+    drop(strangers);
 }
 
 #[tokio::test]
@@ -719,7 +783,7 @@ async fn connections_beyond_n_are_refused() {
     let _client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
         .await
         .unwrap();
-    assert_eq!(server.await.unwrap().unwrap().len(), 1);
+    assert_eq!(server.await.unwrap().unwrap().streams.len(), 1);
     let extra = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick()).await;
     let err = extra.unwrap_err();
     assert!(err.is_unreachable(), "{err}");
@@ -735,7 +799,7 @@ async fn surplus_client_streams_are_not_taken() {
     let client = tcp::connect(addr, 2, &secret, &keys(CipherSuite::Aes128Gcm), &quick()).await;
     match server.await.unwrap() {
         // Index 1 came first: the surplus index 2 is out of range, or never challenged.
-        Ok(streams) => assert_eq!(streams.len(), 1),
+        Ok(joined) => assert_eq!(joined.streams.len(), 1),
         // Index 2 came first: out of range, the session aborts.
         Err(Error::Rejected {
             reason:
@@ -766,7 +830,7 @@ async fn silent_connection_is_dropped_and_ignored() {
     let _client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
         .await
         .unwrap();
-    assert_eq!(server.await.unwrap().unwrap().len(), 1);
+    assert_eq!(server.await.unwrap().unwrap().streams.len(), 1);
 }
 
 #[tokio::test]
@@ -795,7 +859,7 @@ async fn nobody_joining_times_out() {
 }
 
 #[tokio::test]
-async fn garbage_and_partial_joins_are_rejected() {
+async fn garbage_and_partial_joins_are_refused() {
     for (bytes, want) in [
         (
             b"GET / HTTP/1.0\r\n\r\n".to_vec(),
@@ -806,12 +870,15 @@ async fn garbage_and_partial_joins_are_rejected() {
             Rejection::Incomplete { got: 20 },
         ),
     ] {
+        let secret = secret();
         let (r, addr) = rendezvous().await;
-        let server = spawn_accept(r, 1, &secret(), CipherSuite::Aes128Gcm);
+        let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
         let (mut conn, _) = raw_challenge(addr).await;
         conn.write_all(&bytes).await.unwrap();
         conn.shutdown().await.unwrap();
-        assert_eq!(rejection(server.await.unwrap()), want);
+        let mut rest = Vec::new();
+        assert_eq!(conn.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        assert_eq!(refused_then_joined(server, addr, &secret, 1).await, [want]);
     }
 }
 
@@ -824,7 +891,7 @@ async fn cut_connection_is_an_error_not_an_end() {
     let mut client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &quick())
         .await
         .unwrap();
-    let mut server = server.await.unwrap().unwrap();
+    let mut server = server.await.unwrap().unwrap().streams;
     client[0].write_all(&[1; 100_000]).await.unwrap();
     client[0].flush().await.unwrap();
     drop(client);

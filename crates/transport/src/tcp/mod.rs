@@ -18,19 +18,19 @@
 //! in the clear; everything after them is sealed. The server checks the proof in constant
 //! time, accepts each index `1..=n` once, and returns the streams ordered by index.
 //!
-//! A connection that **sends nothing** and closes, or stays silent past
-//! [`TcpConfig::join_timeout`], is dropped and ignored: that is a port scan or a client that
-//! gave up, and it never held a slot. A connection that **sends anything but a valid `Join`**
-//! (a wrong proof, an index out of range or already taken, a truncated frame, any other
-//! bytes) **aborts the whole session** with [`Error::Rejected`]. Such a connection comes from
-//! someone who reached the port during the join window without the secret: a stale client,
-//! or an attacker on the path. fastcp cannot tell which of the racing connections is the
-//! genuine one, and carrying on would let the stranger try again, so it fails closed: the
-//! transfer stops with a clear error, and because data only ever reaches the engine through
-//! authenticated records, nothing the stranger sent is written anywhere. The price is that
-//! anyone who can reach the port while a session joins can make that session fail (never
-//! read or alter it); retrying, or `--transport ssh`, gets past that. Once all `n` streams
-//! have joined the listener is closed, so later connections are refused by the kernel.
+//! A connection that does not authenticate is **dropped and the session goes on**: one that
+//! sends nothing and closes, or stays silent past [`TcpConfig::join_timeout`] (a port scan,
+//! a client that gave up), and one that sends anything but a valid `Join` (a wrong proof, a
+//! truncated frame, other bytes), which is also reported in [`Joined::refused`]. A stranger
+//! who reaches the port during the join window can neither join (each challenge is fresh, so
+//! a `Join` seen on the wire cannot be replayed) nor stop the session. When the server knows
+//! the client's address ([`TcpRendezvous::expect_client`], from the SSH connection), only a
+//! few connections from other addresses are challenged at a time and the rest are closed at
+//! once ([`Rejection::Busy`]), so a flood cannot crowd the client's own connections out;
+//! the client's connections are never turned away for that. A connection that proves the
+//! secret but asks for an index out of range or already taken comes from a broken client
+//! and aborts the session with [`Error::Rejected`]. Once all `n` streams have joined the
+//! listener is closed, so later connections are refused by the kernel.
 //!
 //! # Records
 //!
@@ -97,7 +97,7 @@ use std::time::Duration;
 
 pub use connect::connect;
 pub use record::{DEFAULT_RECORD_LEN, HEADER_LEN, MAX_RECORD_LEN, RecordError};
-pub use rendezvous::TcpRendezvous;
+pub use rendezvous::{Joined, TcpRendezvous};
 pub use stream::{SealedReader, SealedStream, SealedWriter};
 
 /// Knobs of the TCP transport. Both ends may use different values.
@@ -189,11 +189,11 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A connection to the data port failed to authenticate; the session is aborted (see
-    /// the [module docs](self) for why).
+    /// A connection proved the session secret but asked for a stream the session does not
+    /// have: the client is broken, and the session is aborted.
     #[error(
-        "a connection to the data port from {peer} failed to authenticate ({reason}); \
-         the session is aborted because something other than this session's client tried to join it"
+        "a data connection from {peer} proved the session secret but {reason}; the session \
+         is aborted"
     )]
     Rejected {
         /// Where the connection came from.
@@ -258,6 +258,9 @@ pub enum Rejection {
         /// The index it claimed.
         index: u16,
     },
+    /// Closed unchallenged: too many connections from addresses other than the client's
+    /// were already being challenged.
+    Busy,
 }
 
 impl fmt::Display for Rejection {
@@ -274,6 +277,10 @@ impl fmt::Display for Rejection {
                 write!(f, "stream index {index} outside 1..={streams}")
             }
             Rejection::Duplicate { index } => write!(f, "stream {index} had already joined"),
+            Rejection::Busy => write!(
+                f,
+                "closed unchallenged: too many connections from elsewhere were joining"
+            ),
         }
     }
 }

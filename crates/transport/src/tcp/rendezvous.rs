@@ -25,6 +25,26 @@ pub(crate) const JOIN_LEN: usize = fastcp_proto::HEADER_LEN + 2 + 32;
 /// connections can cost while a session joins.
 const EXTRA_PENDING: usize = 16;
 
+/// Connections from addresses other than the expected client's being challenged at once.
+/// Past it, such connections are closed unchallenged, so a flood from elsewhere cannot take
+/// the slots the client's own connections need.
+const STRANGERS_PENDING: usize = 4;
+
+/// Refused connections remembered for the report; later ones are only counted.
+const REFUSED_KEPT: usize = 16;
+
+/// What [`TcpRendezvous::accept`] returns: the session's streams, and the connections it
+/// refused on the way.
+#[derive(Debug)]
+pub struct Joined {
+    /// The data streams, ordered by index.
+    pub streams: Vec<SealedStream<TcpStream>>,
+    /// The first connections that failed to authenticate and were dropped, with why.
+    pub refused: Vec<(SocketAddr, Rejection)>,
+    /// How many connections were refused in all.
+    pub refused_count: usize,
+}
+
 /// The server's listening port for one session's TCP data streams.
 ///
 /// Bind it before answering the client's request, send [`TcpRendezvous::port`] in `Accept`,
@@ -35,6 +55,7 @@ pub struct TcpRendezvous {
     listener: TcpListener,
     local: SocketAddr,
     config: TcpConfig,
+    client: Option<IpAddr>,
 }
 
 impl TcpRendezvous {
@@ -84,7 +105,16 @@ impl TcpRendezvous {
             listener,
             local,
             config,
+            client: None,
         })
+    }
+
+    /// The address the session's client is expected to connect from (the SSH connection's
+    /// client address). Connections from it are always challenged; connections from anywhere
+    /// else are challenged only a few at a time, so strangers cannot crowd the client out.
+    /// Without it every connection is treated alike.
+    pub fn expect_client(&mut self, ip: IpAddr) {
+        self.client = Some(ip);
     }
 
     /// The port to announce to the client.
@@ -101,15 +131,18 @@ impl TcpRendezvous {
     /// returns them sealed with `keys`, ordered by index. The port closes when this returns.
     ///
     /// Connections are challenged concurrently, each within [`TcpConfig::join_timeout`]; all
-    /// `n` must have joined within `timeout` ([`Error::JoinTimeout`]). Silent connections are
-    /// dropped; any connection that fails to authenticate aborts with [`Error::Rejected`].
+    /// `n` must have joined within `timeout` ([`Error::JoinTimeout`]). A connection that does
+    /// not authenticate (silent, not a `Join`, a wrong proof) is dropped and the session goes
+    /// on: it is listed in [`Joined::refused`]. One that proves the secret but claims an index
+    /// out of range or already taken comes from a broken client, and aborts with
+    /// [`Error::Rejected`].
     pub async fn accept(
         self,
         n: u16,
         secret: &SessionSecret,
         keys: &KeyConfig,
         timeout: Duration,
-    ) -> Result<Vec<SealedStream<TcpStream>>, Error> {
+    ) -> Result<Joined, Error> {
         let deadline = Instant::now() + timeout;
         let job = Arc::new(Job {
             secret: secret.clone(),
@@ -119,28 +152,48 @@ impl TcpRendezvous {
         });
         let mut slots: Vec<Option<SealedStream<TcpStream>>> = (0..n).map(|_| None).collect();
         let mut joined: u16 = 0;
+        let mut refused = Vec::new();
+        let mut refused_count = 0;
+        let mut refuse = |peer: SocketAddr, reason: Rejection| {
+            refused_count += 1;
+            if refused.len() < REFUSED_KEPT {
+                refused.push((peer, reason));
+            }
+        };
         let mut pending = JoinSet::new();
+        let mut strangers = 0;
         let max_pending = usize::from(n) + EXTRA_PENDING;
         while joined < n {
             tokio::select! {
                 accepted = self.listener.accept(), if pending.len() < max_pending => {
                     match accepted {
                         Ok((conn, peer)) => {
-                            pending.spawn(challenge(conn, peer, job.clone()));
+                            let stranger = self.client.is_some_and(|ip| ip != peer.ip());
+                            if stranger && strangers >= STRANGERS_PENDING {
+                                refuse(peer, Rejection::Busy);
+                                continue; // dropping `conn` closes it unchallenged
+                            }
+                            strangers += usize::from(stranger);
+                            let job = job.clone();
+                            pending.spawn(async move {
+                                (stranger, challenge(conn, peer, job).await)
+                            });
                         }
                         Err(e) if is_transient(&e) => continue,
                         Err(e) => return Err(Error::Accept(e)),
                     }
                 }
                 Some(done) = pending.join_next() => {
-                    let outcome = match done {
-                        Ok(outcome) => outcome,
+                    let (stranger, outcome) = match done {
+                        Ok(done) => done,
                         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                         Err(_) => continue,
                     };
+                    strangers -= usize::from(stranger);
                     match outcome? {
                         Outcome::Silent => {}
-                        Outcome::Rejected(peer, reason) => {
+                        Outcome::Refused(peer, reason) => refuse(peer, reason),
+                        Outcome::Broken(peer, reason) => {
                             return Err(Error::Rejected { peer, reason });
                         }
                         Outcome::Joined(peer, stream) => {
@@ -164,10 +217,14 @@ impl TcpRendezvous {
         }
         // Dropping the listener closes the port; dropping `pending` aborts any handshake
         // still running (those connections are closed unanswered).
-        Ok(slots
-            .into_iter()
-            .map(|s| s.expect("every index joined"))
-            .collect())
+        Ok(Joined {
+            streams: slots
+                .into_iter()
+                .map(|s| s.expect("every index joined"))
+                .collect(),
+            refused,
+            refused_count,
+        })
     }
 }
 
@@ -183,8 +240,11 @@ struct Job {
 enum Outcome {
     /// It sent nothing, then closed or timed out: ignored.
     Silent,
-    /// It failed to authenticate: the session aborts.
-    Rejected(SocketAddr, Rejection),
+    /// It failed to authenticate: dropped, and reported.
+    Refused(SocketAddr, Rejection),
+    /// It proved the secret but asked for a stream the session does not have: the client is
+    /// broken, and the session aborts.
+    Broken(SocketAddr, Rejection),
     /// A valid join for an index in range.
     Joined(SocketAddr, Box<SealedStream<TcpStream>>),
 }
@@ -217,29 +277,29 @@ async fn challenge(mut conn: TcpStream, peer: SocketAddr, job: Arc<Job>) -> Resu
     if got < JOIN_LEN {
         // A frame of another kind may be shorter than a Join: report what it was.
         if let Some(reason) = not_a_join(&join[..got]) {
-            return Ok(Outcome::Rejected(peer, reason));
+            return Ok(Outcome::Refused(peer, reason));
         }
-        return Ok(Outcome::Rejected(peer, Rejection::Incomplete { got }));
+        return Ok(Outcome::Refused(peer, Rejection::Incomplete { got }));
     }
     let frame = match Decoder::new(JOIN_LEN as u32).decode(&mut BytesMut::from(&join[..])) {
         Ok(Some(Frame::Join(j))) => j,
         Ok(Some(other)) => {
             let what = format!("a {} frame", other.name());
-            return Ok(Outcome::Rejected(peer, Rejection::NotAJoin(what)));
+            return Ok(Outcome::Refused(peer, Rejection::NotAJoin(what)));
         }
-        Ok(None) => return Ok(Outcome::Rejected(peer, Rejection::Incomplete { got })),
+        Ok(None) => return Ok(Outcome::Refused(peer, Rejection::Incomplete { got })),
         Err(e) => {
             let what = format!("bytes that are not a fastcp frame ({e})");
-            return Ok(Outcome::Rejected(peer, Rejection::NotAJoin(what)));
+            return Ok(Outcome::Refused(peer, Rejection::NotAJoin(what)));
         }
     };
     let index = frame.index;
     if !fastcp_crypto::verify_join(&job.secret, JoinKind::Tcp, &nonce, index, &frame.proof) {
-        return Ok(Outcome::Rejected(peer, Rejection::BadProof { index }));
+        return Ok(Outcome::Refused(peer, Rejection::BadProof { index }));
     }
     if index == 0 || index > job.streams {
         let streams = job.streams;
-        return Ok(Outcome::Rejected(
+        return Ok(Outcome::Broken(
             peer,
             Rejection::IndexOutOfRange { index, streams },
         ));
