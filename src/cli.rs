@@ -395,18 +395,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
             outcome.report.failure_count - outcome.report.failures.len() as u64
         );
     }
-    let code = if outcome.report.is_complete() {
-        exit::OK
-    } else if outcome
-        .report
-        .failures
-        .iter()
-        .any(|f| f.code == fastcp::stream::ErrorCode::Integrity)
-    {
-        exit::INTEGRITY
-    } else {
-        exit::PARTIAL
-    };
+    let code = exit::for_report(&outcome.report);
     if args.json {
         print_json(&summary_json(&outcome, code, args.dry_run))?;
     } else if args.dry_run {
@@ -485,6 +474,7 @@ fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
         C::Integrity => "integrity",
         C::Protocol => "protocol",
         C::Unsupported => "unsupported",
+        C::SourceChanged => "source_changed",
         _ => "other",
     }
 }

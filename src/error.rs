@@ -70,6 +70,28 @@ pub mod exit {
     pub const CONNECTION: u8 = 3;
     /// Data failed an integrity check (a hash or an AEAD tag).
     pub const INTEGRITY: u8 = 4;
+    /// Everything was copied but files that changed or vanished while they were read (as
+    /// rsync's 24): run the copy again once they are stable.
+    pub const SOURCE_CHANGED: u8 = 5;
+
+    /// The exit code for a copy that ran to its end with `report`: [`OK`], [`INTEGRITY`] if
+    /// any file failed its check, else [`SOURCE_CHANGED`] if every failure was a source that
+    /// changed or vanished while read, else [`PARTIAL`].
+    pub fn for_report(report: &crate::stream::Report) -> u8 {
+        use crate::stream::ErrorCode;
+        let codes = || report.failures.iter().map(|f| f.code);
+        if report.is_complete() {
+            OK
+        } else if codes().any(|c| c == ErrorCode::Integrity) {
+            INTEGRITY
+        } else if report.failure_count == report.failures.len() as u64
+            && codes().all(|c| c == ErrorCode::SourceChanged)
+        {
+            SOURCE_CHANGED
+        } else {
+            PARTIAL
+        }
+    }
 }
 
 impl Error {

@@ -824,3 +824,34 @@ fn compression_falls_back_with_a_note_when_the_server_lacks_zstd() {
     assert_eq!(json_of(out.get_output())["compression"], Value::Null);
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 }
+
+/// A source that changes while it is read is reported with its own exit code (5, as rsync's
+/// 24) and code `source_changed`, locally and when a remote sender reads it; it is not kept.
+#[test]
+fn a_source_changed_while_read_exits_5() {
+    // A procfs file says it has 0 bytes, then reads as many: it "grew" while being read.
+    let work = tempfile::tempdir().unwrap();
+    let dst = work.path().join("stat");
+    let out = fastcp()
+        .args(["--json", "/proc/self/stat"])
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let v = json_of(&out);
+    assert_eq!(v["errors"][0]["code"], "source_changed", "{v}");
+    assert!(!dst.exists());
+
+    let sshd = Sshd::start().unwrap();
+    let out = remote_fastcp(&sshd)
+        .arg(format!("{}:/proc/self/stat", sshd.alias()))
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("changed while being read"),
+        "{out:?}"
+    );
+    assert!(!dst.exists());
+}

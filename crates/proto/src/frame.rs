@@ -337,6 +337,10 @@ pub enum ErrorCode {
     Protocol,
     /// The request cannot be served, such as a directory without `-r`.
     Unsupported,
+    /// A source file changed or vanished while it was being read, so it was not copied
+    /// (rsync's "vanished or changed" case, its exit code 24). Older peers read it as
+    /// [`ErrorCode::Other`].
+    SourceChanged,
 }
 
 impl ErrorCode {
@@ -351,6 +355,7 @@ impl ErrorCode {
             ErrorCode::Integrity => 5,
             ErrorCode::Protocol => 6,
             ErrorCode::Unsupported => 7,
+            ErrorCode::SourceChanged => 8,
         }
     }
 
@@ -364,6 +369,7 @@ impl ErrorCode {
             5 => ErrorCode::Integrity,
             6 => ErrorCode::Protocol,
             7 => ErrorCode::Unsupported,
+            8 => ErrorCode::SourceChanged,
             _ => ErrorCode::Other,
         }
     }

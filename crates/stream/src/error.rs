@@ -15,7 +15,7 @@ use crate::display::escape;
 ///   [`Error::Integrity`]): the other side is broken or hostile; see [`Error::is_peer_fault`];
 /// - **the connection was cut** ([`Error::ConnectionClosed`], [`Error::Stream`]); see
 ///   [`Error::is_disconnect`];
-/// - **a local problem** ([`Error::Io`], [`Error::Unsupported`], [`Error::SourceChanged`],
+/// - **a local problem** ([`Error::Io`], [`Error::Unsupported`], [`Error::SourceChanged`], [`Error::SourceVanished`],
 ///   [`Error::InvalidArgument`]),
 ///   with the path concerned.
 ///
@@ -55,9 +55,17 @@ pub enum Error {
         /// Why it is skipped.
         reason: String,
     },
-    /// A source file changed size while it was being read; it was not copied.
+    /// A source file changed while it was being read (its size or modification time is not
+    /// what it was when it was opened, or it was replaced by something else); it was not
+    /// copied.
     #[error("{}: file changed while being read; not copied", escape(.path.as_os_str().as_encoded_bytes()))]
     SourceChanged {
+        /// The local path concerned.
+        path: PathBuf,
+    },
+    /// A source file vanished between the walk that found it and its read; it was not copied.
+    #[error("{}: file vanished before it could be read; not copied", escape(.path.as_os_str().as_encoded_bytes()))]
+    SourceVanished {
         /// The local path concerned.
         path: PathBuf,
     },
@@ -173,7 +181,7 @@ impl Error {
                 _ => ErrorCode::Io,
             },
             Error::Unsupported { .. } | Error::InvalidArgument(_) => ErrorCode::Unsupported,
-            Error::SourceChanged { .. } => ErrorCode::Io,
+            Error::SourceChanged { .. } | Error::SourceVanished { .. } => ErrorCode::SourceChanged,
             Error::Protocol(_) | Error::Decode { .. } => ErrorCode::Protocol,
             Error::UnsafePath { .. } => ErrorCode::UnsafePath,
             Error::Integrity { .. } => ErrorCode::Integrity,

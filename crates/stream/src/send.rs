@@ -634,7 +634,8 @@ impl Producer<'_> {
                     let path = match &e {
                         Error::Io { path, .. }
                         | Error::Unsupported { path, .. }
-                        | Error::SourceChanged { path } => {
+                        | Error::SourceChanged { path }
+                        | Error::SourceVanished { path } => {
                             Bytes::copy_from_slice(path.as_os_str().as_encoded_bytes())
                         }
                         _ => Bytes::new(),
@@ -733,6 +734,7 @@ impl Producer<'_> {
         self.progress.set_current(&wire);
         let id = self.next_id;
         self.next_id += 1;
+        let mtime = (meta.mtime, meta.mtime_nsec);
         let entry = Frame::File(FileEntry {
             id,
             path: wire.clone(),
@@ -754,6 +756,17 @@ impl Producer<'_> {
                     return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
                 }
             };
+            match unchanged(&fd, size, mtime) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let s = self.out.pick();
+                    return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
+                }
+                Err(source) => {
+                    let s = self.out.pick();
+                    return self.fail(s, wire, &Error::io(path, source));
+                }
+            }
             let mut b = BytesMut::with_capacity(128 + wire.len());
             encode(&entry, &mut b);
             if size > 0 {
@@ -798,7 +811,7 @@ impl Producer<'_> {
             self.out.push(s, msg)?;
             offset += n as u64;
         }
-        match at_eof(&fd, size) {
+        match at_eof(&fd, size).and_then(|eof| Ok(eof && unchanged(&fd, size, mtime)?)) {
             Ok(true) => {}
             Ok(false) => {
                 return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
@@ -830,7 +843,11 @@ fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta), Error>
     if !follow {
         flags |= OFlags::NOFOLLOW;
     }
-    let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| Error::io(path, e.into()))?;
+    let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| match e {
+        // The walk saw it a moment ago.
+        rustix::io::Errno::NOENT => Error::SourceVanished { path: path.into() },
+        e => Error::io(path, e.into()),
+    })?;
     let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(path, e.into()))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(Error::SourceChanged { path: path.into() });
@@ -854,6 +871,17 @@ fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {
             r => return r.map_err(Into::into),
         }
     }
+}
+
+/// Whether the open file still has the `size` and `mtime` it had when it was opened: a file rewritten in place at the same size while it was read has a new
+/// mtime, and its copy would be torn.
+fn unchanged(fd: &OwnedFd, size: u64, mtime: (i64, u32)) -> io::Result<bool> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(st.st_size as u64 == size
+        && (
+            st.st_mtime,
+            (st.st_mtime_nsec as u64).min(999_999_999) as u32,
+        ) == mtime)
 }
 
 /// Reads a whole file of `size` bytes, checking that it has exactly that many.

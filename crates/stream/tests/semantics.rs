@@ -193,6 +193,58 @@ async fn file_that_changes_while_read_is_not_sent_as_good() {
     assert!(!dst.path().join("stat").exists());
 }
 
+/// A file rewritten in place at the same size while it is read has a new mtime: it is
+/// reported as changed, not copied torn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_rewritten_in_place_while_read_is_reported_not_copied_torn() {
+    use std::os::unix::fs::FileExt;
+    let src = tempfile::tempdir().unwrap();
+    let path = src.path().join("live");
+    let size = 8 << 20;
+    write(&path, &vec![7u8; size], 0o644);
+    let old = fs::metadata(&path).unwrap().modified().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, r) = configs(false);
+    // A small pipe with nobody reading yet and 1 MiB in flight at most: the sender stops
+    // after its first chunks, with the file open and mostly unread.
+    s.max_in_flight = 1 << 20;
+    let (a, b) = tokio::io::duplex(64 << 10);
+    let progress = Arc::new(Progress::default());
+    let sender = tokio::spawn({
+        let (path, progress) = (path.clone(), progress.clone());
+        async move { fastcp_stream::send(&[path], vec![a], &s, progress).await }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while progress.current().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sender never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Rewrite the start in place, same size, and give it a later mtime, as an editor's
+    // write would.
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[9u8; 4096], 0).unwrap();
+    f.set_modified(old + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let received = fastcp_stream::receive(dst.path(), vec![b], &r, progress).await;
+    let sent = sender.await.unwrap().unwrap();
+    assert_eq!(sent.failure_count, 1, "{:?}", sent.failures);
+    assert_eq!(sent.failures[0].code, ErrorCode::SourceChanged);
+    assert!(
+        sent.failures[0]
+            .message
+            .contains("changed while being read"),
+        "{:?}",
+        sent.failures
+    );
+    assert_eq!(received.unwrap().local.files, 0);
+    assert!(!dst.path().join("live").exists());
+    assert_no_temp(dst.path());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_where_a_directory_exists_is_a_per_entry_error() {
     let src = tempfile::tempdir().unwrap();
