@@ -198,6 +198,7 @@ async fn run(
                     r.accept(streams, &secret, &keys, Duration::from_secs(10))
                         .await
                         .unwrap()
+                        .streams
                 })
             };
             let client = tcp::connect(addr, streams, &secret, &keys, &config)

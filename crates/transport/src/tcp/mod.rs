@@ -74,7 +74,7 @@
 //! });
 //! let addr = SocketAddr::new(localhost, port);
 //! let mut client = tcp::connect(addr, 2, &secret, &keys, &TcpConfig::default()).await?;
-//! let mut server = server.await??;
+//! let mut server = server.await??.streams;
 //!
 //! client[1].write_all(b"over stream 2").await?;
 //! client[1].shutdown().await?;
