@@ -1,0 +1,4 @@
+//! Fuzz target `record`: see `fastcp_fuzz_harness::record` for what it checks.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fastcp_fuzz_harness::record(data));
