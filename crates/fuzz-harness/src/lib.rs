@@ -17,8 +17,11 @@ use bytes::BytesMut;
 use fastcp_proto::{Decoder, Frame, Handshake, Hello};
 use tokio::io::AsyncReadExt;
 
+/// A target's checks on one input.
+pub type Check = fn(&[u8]);
+
 /// Every fuzz target by name, for the replay test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("decoder", decoder),
     ("handshake", handshake),
     ("path", path),
