@@ -54,6 +54,10 @@ pub struct Args {
     /// into before exiting, so that a finished copy survives a crash (slower; for backups).
     #[arg(long, help_heading = "Copy")]
     pub fsync: bool,
+    /// Skip files the destination already has with the same size and modification time
+    /// (rsync's quick check); implies -p, since times only match if the copy keeps them.
+    #[arg(long, help_heading = "Copy")]
+    pub skip_unchanged: bool,
     /// Compress the data streams with zstd (off by default; helps on slow links only).
     #[arg(short = 'C', help_heading = "Copy")]
     pub compress: bool,
@@ -334,6 +338,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         preserve: args.preserve,
         dry_run: args.dry_run,
         fsync: args.fsync,
+        skip_unchanged: args.skip_unchanged,
         compress: args.compress,
         // scp's -l: Kbit/s of 1024 bits.
         bwlimit: args
@@ -491,6 +496,8 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
         "files": local.files,
         "dirs": local.dirs,
         "symlinks": local.symlinks,
+        "files_skipped": outcome.report.files_skipped,
+        "bytes_skipped": outcome.report.bytes_skipped,
         "seconds": secs,
         "throughput_bytes_per_sec": if secs > 0.0 { local.bytes as f64 / secs } else { 0.0 },
         "transport": outcome.transport,

@@ -71,6 +71,10 @@ pub struct CopyOptions {
     /// written into before reporting success (`--fsync`), on whichever side receives. See
     /// [`fastcp_stream::ReceiveConfig::fsync`].
     pub fsync: bool,
+    /// The quick check (`--skip-unchanged`): a file the receiver already has with the same
+    /// size and modification time is not sent. It implies [`preserve`](Self::preserve), since
+    /// times only match if the copy keeps them. Needs protocol version 4 on both ends.
+    pub skip_unchanged: bool,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -187,8 +191,9 @@ impl Plan {
     fn send_config(&self) -> fastcp_stream::SendConfig {
         let mut cfg = fastcp_stream::SendConfig {
             recursive: self.options.recursive,
-            preserve: self.options.preserve,
+            preserve: self.preserve(),
             follow_links: self.options.follow_links,
+            skip_unchanged: self.options.skip_unchanged,
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -200,11 +205,17 @@ impl Plan {
     fn receive_config(&self) -> fastcp_stream::ReceiveConfig {
         fastcp_stream::ReceiveConfig {
             recursive: self.options.recursive,
-            preserve: self.options.preserve,
+            preserve: self.preserve(),
             target_must_be_dir: self.target_is_dir(),
             fsync: self.options.fsync,
+            skip_unchanged: self.options.skip_unchanged,
             ..Default::default()
         }
+    }
+
+    /// Whether modes and times are kept: `-p`, or the quick check, whose times must match.
+    fn preserve(&self) -> bool {
+        self.options.preserve || self.options.skip_unchanged
     }
 
     fn flags(&self) -> u32 {
@@ -212,8 +223,11 @@ impl Plan {
         if self.options.recursive {
             f |= flags::RECURSIVE;
         }
-        if self.options.preserve {
+        if self.preserve() {
             f |= flags::PRESERVE;
+        }
+        if self.options.skip_unchanged {
+            f |= flags::SKIP_UNCHANGED;
         }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
@@ -741,6 +755,14 @@ where
     let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     let agreed = session::handshake(&mut reader).await?;
+    if plan.options.skip_unchanged && agreed.version < 4 && job == Job::Copy {
+        return Err(Error::Unsupported(format!(
+            "--skip-unchanged needs protocol version 4 on both ends; the remote {} speaks \
+             version {}: upgrade fastcp there",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )));
+    }
     let peer_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
     log.info(|| {
         format!(

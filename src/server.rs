@@ -261,6 +261,7 @@ where
                 recursive: request.flags & flags::RECURSIVE != 0,
                 target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
                 fsync: request.flags & flags::FSYNC != 0,
+                skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
                 version: agreed.version,
                 ..Default::default()
             };
@@ -272,6 +273,7 @@ where
                 preserve: request.flags & flags::PRESERVE != 0,
                 recursive: request.flags & flags::RECURSIVE != 0,
                 follow_links: request.flags & flags::FOLLOW_LINKS != 0,
+                skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
                 version: agreed.version,
                 ..Default::default()
             };

@@ -128,6 +128,17 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(t.files);
             dst.put_u64(t.bytes);
         }
+        Frame::Probe(p) => {
+            dst.put_u64(p.id);
+            put_bytes(dst, &p.path);
+            dst.put_u64(p.size);
+            dst.put_i64(p.mtime);
+            dst.put_u32(p.mtime_nsec);
+        }
+        Frame::Answer(a) => {
+            dst.put_u64(a.id);
+            dst.put_u8(a.send as u8);
+        }
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -265,6 +276,8 @@ fn known_kind(k: u8) -> bool {
             | kind::DATA
             | kind::FILE_END
             | kind::TOTALS
+            | kind::PROBE
+            | kind::ANSWER
             | kind::ERROR
             | kind::DONE
     )
@@ -424,6 +437,31 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             Frame::Totals(Totals {
                 files: r.u64()?,
                 bytes: r.u64()?,
+            })
+        }
+        kind::PROBE => {
+            r.frame = "Probe";
+            let id = r.u64()?;
+            let path = r.bytes(MAX_PATH)?;
+            let size = r.u64()?;
+            let (mtime, mtime_nsec) = r.time()?;
+            Frame::Probe(Probe {
+                id,
+                path,
+                size,
+                mtime,
+                mtime_nsec,
+            })
+        }
+        kind::ANSWER => {
+            r.frame = "Answer";
+            Frame::Answer(Answer {
+                id: r.u64()?,
+                send: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(r.invalid("send flag is not 0 or 1")),
+                },
             })
         }
         kind::DONE => {
@@ -739,6 +777,27 @@ mod tests {
         encode_data_header(data.id, data.offset, data.bytes.len(), &mut split);
         split.extend_from_slice(&data.bytes);
         assert_eq!(full, split);
+    }
+
+    #[test]
+    fn probe_and_answer_roundtrip() {
+        roundtrip(Frame::Probe(Probe {
+            id: 9,
+            path: Bytes::from_static(b"dir/file"),
+            size: 1 << 40,
+            mtime: -3,
+            mtime_nsec: 999_999_999,
+        }));
+        roundtrip(Frame::Answer(Answer { id: 9, send: true }));
+        roundtrip(Frame::Answer(Answer {
+            id: 10,
+            send: false,
+        }));
+        let mut bad = BytesMut::new();
+        encode(&Frame::Answer(Answer { id: 1, send: true }), &mut bad);
+        let last = bad.len() - 1;
+        bad[last] = 2;
+        assert!(Decoder::new(1 << 16).decode(&mut bad).is_err());
     }
 
     #[test]

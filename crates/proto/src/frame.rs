@@ -31,6 +31,12 @@ pub enum Frame {
     /// The sender's walk is complete: how many files and bytes the copy holds in all, for the
     /// receiver's progress display (protocol version 2).
     Totals(Totals),
+    /// Sender to receiver, with the quick check (protocol version 4): a regular file the
+    /// sender would send, by size and modification time, before any of its bytes.
+    Probe(Probe),
+    /// Receiver to sender, the reply to a [`Probe`]: send the file, or skip it because the
+    /// receiver already has it with that size and modification time.
+    Answer(Answer),
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -51,8 +57,10 @@ pub mod kind {
     pub const DATA: u8 = 0x13;
     pub const FILE_END: u8 = 0x14;
     pub const TOTALS: u8 = 0x15;
+    pub const PROBE: u8 = 0x16;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
+    pub const ANSWER: u8 = 0x22;
 }
 
 impl Frame {
@@ -70,6 +78,8 @@ impl Frame {
             Frame::Data(_) => kind::DATA,
             Frame::FileEnd(_) => kind::FILE_END,
             Frame::Totals(_) => kind::TOTALS,
+            Frame::Probe(_) => kind::PROBE,
+            Frame::Answer(_) => kind::ANSWER,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -89,6 +99,8 @@ impl Frame {
             Frame::Data(_) => "Data",
             Frame::FileEnd(_) => "FileEnd",
             Frame::Totals(_) => "Totals",
+            Frame::Probe(_) => "Probe",
+            Frame::Answer(_) => "Answer",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -160,9 +172,18 @@ pub mod flags {
     /// the directories it wrote into at the end (`--fsync`). A server that does not know the
     /// bit refuses the request rather than copy without it.
     pub const FSYNC: u32 = 1 << 6;
+    /// The quick check (protocol version 4): the sender probes each regular file with its
+    /// size and modification time, and sends only those the receiver does not have alike.
+    pub const SKIP_UNCHANGED: u32 = 1 << 7;
     /// All bits this version knows.
-    pub const KNOWN: u32 =
-        RECURSIVE | PRESERVE | FOLLOW_LINKS | DRY_RUN | TARGET_IS_DIR | THROUGHPUT | FSYNC;
+    pub const KNOWN: u32 = RECURSIVE
+        | PRESERVE
+        | FOLLOW_LINKS
+        | DRY_RUN
+        | TARGET_IS_DIR
+        | THROUGHPUT
+        | FSYNC
+        | SKIP_UNCHANGED;
 }
 
 /// Which way the files flow in a session.
@@ -233,6 +254,30 @@ pub struct Totals {
     pub files: u64,
     /// Their total size in bytes.
     pub bytes: u64,
+}
+
+/// A file the sender would send, asked about before its bytes go (the quick check).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The probe's number, unique in the session; the [`Answer`] names it.
+    pub id: u64,
+    /// The file's wire path.
+    pub path: Bytes,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Nanoseconds of the modification time.
+    pub mtime_nsec: u32,
+}
+
+/// The receiver's reply to a [`Probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// The probe answered.
+    pub id: u64,
+    /// True: send the file. False: the receiver has it, with that size and time; skip it.
+    pub send: bool,
 }
 
 /// File metadata common to manifest entries.

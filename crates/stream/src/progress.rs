@@ -34,6 +34,8 @@ pub struct Progress {
     bytes_sent: AtomicU64,
     files_done: AtomicU64,
     bytes_done: AtomicU64,
+    files_skipped: AtomicU64,
+    bytes_skipped: AtomicU64,
     current: Mutex<Bytes>,
 }
 
@@ -55,6 +57,10 @@ pub struct Snapshot {
     pub files_done: u64,
     /// File bytes the receiver has written to disk.
     pub bytes_done: u64,
+    /// Files the quick check found unchanged on the receiver, which were not sent.
+    pub files_skipped: u64,
+    /// Their total size.
+    pub bytes_skipped: u64,
 }
 
 impl Progress {
@@ -68,6 +74,8 @@ impl Progress {
             bytes_sent: self.bytes_sent.load(Relaxed),
             files_done: self.files_done.load(Relaxed),
             bytes_done: self.bytes_done.load(Relaxed),
+            files_skipped: self.files_skipped.load(Relaxed),
+            bytes_skipped: self.bytes_skipped.load(Relaxed),
         }
     }
 
@@ -119,5 +127,10 @@ impl Progress {
 
     pub(crate) fn add_done_file(&self) {
         self.files_done.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add_skipped(&self, bytes: u64) {
+        self.files_skipped.fetch_add(1, Relaxed);
+        self.bytes_skipped.fetch_add(bytes, Relaxed);
     }
 }

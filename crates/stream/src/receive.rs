@@ -29,20 +29,20 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fastcp_proto::{Decoder, ErrorFrame, Frame, Summary};
-use rustix::fs::{Mode, OFlags};
+use fastcp_proto::{Answer, Decoder, ErrorFrame, Frame, Probe, Summary};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::budget::Pool;
 use crate::checksum::Algorithm;
-use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
+use crate::dest::{self, DirState, IdSet, Op, Resolver, Root, Writer, Written, lock};
 use crate::pipe::{ByteReader, Fill, ReadInto, Source};
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
@@ -121,6 +121,11 @@ pub struct ReceiveConfig {
     ///
     /// [`whole_file_checksum`]: crate::whole_file_checksum
     pub version: u16,
+    /// Answer the sender's quick-check probes (see
+    /// [`SendConfig::skip_unchanged`](crate::SendConfig::skip_unchanged)): a file that is
+    /// here already, as a regular file with the probe's size and modification time, is not
+    /// sent. Without it a probe is a protocol error. Default: false.
+    pub skip_unchanged: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -135,6 +140,7 @@ impl Default for ReceiveConfig {
             max_in_flight: DEFAULT_RECEIVE_IN_FLIGHT,
             fsync: false,
             version: fastcp_proto::PROTOCOL_VERSION,
+            skip_unchanged: false,
         }
     }
 }
@@ -230,6 +236,8 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     local_errors: std::sync::atomic::AtomicU64,
     replies: mpsc::Sender<Frame>,
+    /// Files, and their bytes, that the quick check found here already.
+    skipped: (AtomicU64, AtomicU64),
 }
 
 impl Shared {
@@ -351,6 +359,8 @@ struct Reader {
     stream: usize,
     counts: Summary,
     next_writer: usize,
+    /// Opens directories to answer quick-check probes (never creates any).
+    lookup: Option<Resolver>,
 }
 
 /// What accounting said about a `Data` or `FileEnd` frame.
@@ -376,6 +386,36 @@ impl Reader {
                 source: io::Error::other("transfer aborted"),
             }
         })
+    }
+
+    /// Whether the destination already holds the file a probe asks about: a regular file
+    /// (not a link) with its size and modification time, reached without following a
+    /// symlink. Anything else, a missing directory included, means "send it".
+    fn have(&mut self, p: &Probe) -> bool {
+        let local = self.shared.root.local(&p.path);
+        let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&local[..i], &local[i + 1..]),
+            None => (&[][..], &local[..]),
+        };
+        let shared = self.shared.clone();
+        let lookup = self
+            .lookup
+            .get_or_insert_with(|| Resolver::new(shared, false));
+        let Ok(dir) = lookup.dir(parent) else {
+            return false;
+        };
+        if name.is_empty() {
+            return false;
+        }
+        match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && st.st_size as u64 == p.size
+                    && st.st_mtime == p.mtime
+                    && (st.st_mtime_nsec as u64).min(999_999_999) as u32 == p.mtime_nsec
+            }
+            Err(_) => false,
+        }
     }
 
     /// Handles one frame; returns the sender's totals at the stream's `Done`.
@@ -526,6 +566,18 @@ impl Reader {
                 }
             }
             Frame::Totals(t) => self.shared.progress.set_totals(t.files, t.bytes),
+            Frame::Probe(p) if self.shared.config.skip_unchanged && self.stream == 0 => {
+                self.shared.check_entry(&p.path, Kind::File)?;
+                let send = !self.have(&p);
+                if !send {
+                    self.shared.skipped.0.fetch_add(1, Relaxed);
+                    self.shared.skipped.1.fetch_add(p.size, Relaxed);
+                    self.shared.progress.add_skipped(p.size);
+                }
+                let answer = Frame::Answer(Answer { id: p.id, send });
+                // Fails only when the reply stream is gone, and then the session is over.
+                let _ = self.shared.replies.send(answer).await;
+            }
             Frame::Done(summary) => {
                 if summary != self.counts {
                     return Err(Error::Protocol(format!(
@@ -989,6 +1041,7 @@ where
         pool: Pool::default(),
         local_errors: Default::default(),
         replies: reply_tx.clone(),
+        skipped: Default::default(),
     });
 
     let mut writer_txs = Vec::new();
@@ -1013,6 +1066,7 @@ where
             stream: i,
             counts: Summary::default(),
             next_writer: i,
+            lookup: None,
         };
         readers.spawn(read_stream(r, reader));
     }
@@ -1091,6 +1145,8 @@ where
         errors: shared.local_errors.load(Relaxed),
     };
     report.peer = peer;
+    report.files_skipped = shared.skipped.0.load(Relaxed);
+    report.bytes_skipped = shared.skipped.1.load(Relaxed);
     let _ = reply_tx.send(Frame::Done(report.local)).await;
     drop(reply_tx);
     drop(shared);

@@ -65,6 +65,10 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// How many failures there were in all, including any not kept in `failures`.
     pub failure_count: u64,
+    /// Files the quick check found unchanged on the receiver and did not send.
+    pub files_skipped: u64,
+    /// Their total size in bytes.
+    pub bytes_skipped: u64,
 }
 
 impl Report {

@@ -17,6 +17,7 @@
 //! when it is spent. Meanwhile a task reads stream 0 for the receiver's per-entry errors and
 //! its final report.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -26,8 +27,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, LinkTimes, Meta, Summary,
-    SymlinkEntry, Totals, encode, encode_data_header,
+    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, LinkTimes, Meta, Probe,
+    Summary, SymlinkEntry, Totals, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -53,6 +54,9 @@ const WALK_QUEUE: usize = 1024;
 
 /// The cap on a frame from the receiver (errors and the final report are small).
 const REPLY_MAX_FRAME: u32 = 64 << 10;
+
+/// Quick-check probes sent and not yet answered, at most.
+const PROBE_WINDOW: usize = 4096;
 
 /// How long to wait for the receiver's explanation once a stream broke.
 const EXPLANATION_WAIT: Duration = Duration::from_secs(5);
@@ -89,6 +93,12 @@ pub struct SendConfig {
     /// XXH3-128 (the receiver must be told the same version). Default:
     /// [`fastcp_proto::PROTOCOL_VERSION`].
     pub version: u16,
+    /// The quick check (protocol version 4; the receiver must be configured alike): before
+    /// a regular file's bytes go, ask the receiver whether it already has the file with this
+    /// size and modification time, and skip it if so. The questions stream ahead of the
+    /// answers, so it costs no round trip per file. Only worth it when the copy keeps
+    /// modification times (`preserve`), or the receiver's times never match. Default: false.
+    pub skip_unchanged: bool,
 }
 
 impl Default for SendConfig {
@@ -100,6 +110,7 @@ impl Default for SendConfig {
             preserve: false,
             max_in_flight: DEFAULT_SEND_IN_FLIGHT,
             version: fastcp_proto::PROTOCOL_VERSION,
+            skip_unchanged: false,
         }
     }
 }
@@ -288,7 +299,9 @@ where
     let _close_budget = CloseOnDrop(budget.clone());
     let queued: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
 
-    let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(reply_half))]);
+    let (answer_tx, answer_rx) = std::sync::mpsc::channel();
+    let answers = config.skip_unchanged.then_some(answer_tx);
+    let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(reply_half, answers))]);
 
     let pool = Arc::new(Pool::default());
     let mut txs = Vec::with_capacity(n);
@@ -355,10 +368,17 @@ where
             out: &mut out,
             next_id: 0,
             failures: Vec::new(),
+            probes: Probes {
+                answers: answer_rx,
+                waiting: HashMap::new(),
+                next: 0,
+                skipped: (0, 0),
+            },
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
-        result.map(|()| (out.counts, failures))
+        let skipped = p.probes.skipped;
+        result.map(|()| (out.counts, failures, skipped))
     });
 
     // The producer and the writers, in that order; a writer's error explains a stopped
@@ -412,7 +432,7 @@ where
             w = &mut work => break w,
         }
     };
-    let ((counts, local_failures), mut halves) = match worked {
+    let ((counts, local_failures, skipped), mut halves) = match worked {
         Ok(v) => v,
         Err(e) => {
             // A stream broke: the receiver probably said why on stream 0.
@@ -448,6 +468,7 @@ where
         report.local.errors += c.errors;
     }
     report.peer = peer;
+    (report.files_skipped, report.bytes_skipped) = skipped;
     for f in local_failures.into_iter().chain(remote_failures) {
         report.push_failure(f);
     }
@@ -466,8 +487,12 @@ fn flatten_reply(r: Result<ReplyResult, tokio::task::JoinError>) -> ReplyResult 
     }
 }
 
-/// Reads the receiver's replies on stream 0: per-entry errors, then the final `Done`.
-async fn read_replies<R: AsyncRead + Unpin>(mut r: R) -> ReplyResult {
+/// Reads the receiver's replies on stream 0: per-entry errors and quick-check answers (passed
+/// on to the producer through `answers`), then the final `Done`.
+async fn read_replies<R: AsyncRead + Unpin>(
+    mut r: R,
+    answers: Option<std::sync::mpsc::Sender<Answer>>,
+) -> ReplyResult {
     let mut decoder = Decoder::new(REPLY_MAX_FRAME);
     let mut buf = BytesMut::with_capacity(8 << 10);
     let mut failures = Vec::new();
@@ -484,6 +509,10 @@ async fn read_replies<R: AsyncRead + Unpin>(mut r: R) -> ReplyResult {
                     }
                 }
                 Frame::Done(summary) => return Ok((summary, failures)),
+                Frame::Answer(a) if answers.is_some() => {
+                    // The producer may be gone already (a stopped transfer): nothing to do.
+                    let _ = answers.as_ref().map(|tx| tx.send(a));
+                }
                 other => {
                     return Err(Error::Protocol(format!(
                         "unexpected {} frame from the receiver",
@@ -624,6 +653,17 @@ struct Producer<'a> {
     out: &'a mut Out,
     next_id: u64,
     failures: Vec<Failure>,
+    probes: Probes,
+}
+
+/// The quick check's state in the producer: the files asked about and not yet answered.
+struct Probes {
+    answers: std::sync::mpsc::Receiver<Answer>,
+    /// Probe id to the file's path and wire path (and size, for the skipped count).
+    waiting: HashMap<u64, (PathBuf, Bytes, u64)>,
+    next: u64,
+    /// Files and bytes skipped.
+    skipped: (u64, u64),
 }
 
 impl Producer<'_> {
@@ -663,15 +703,63 @@ impl Producer<'_> {
                         self.out.counts[s].symlinks += 1;
                         self.out.push(s, Msg::frame(&frame))?;
                     }
+                    EntryKind::File { size } if self.config.skip_unchanged => {
+                        self.probe(entry.path, entry.wire, size, entry.meta)?;
+                    }
                     EntryKind::File { .. } => self.file(&entry.path, entry.wire)?,
                 },
             }
+            // Send what the receiver asked for as soon as it asked.
+            while let Ok(a) = self.probes.answers.try_recv() {
+                self.answered(a)?;
+            }
+        }
+        while !self.probes.waiting.is_empty() {
+            let a = self.probes.answers.recv().map_err(|_| Closed)?;
+            self.answered(a)?;
         }
         for s in 0..self.out.txs.len() {
             let done = Frame::Done(self.out.counts[s]);
             self.out.push(s, Msg::frame(&done))?;
         }
         Ok(())
+    }
+
+    /// Asks the receiver about a file on stream 0 (see [`SendConfig::skip_unchanged`]),
+    /// waiting for an answer first when too many are outstanding.
+    fn probe(&mut self, path: PathBuf, wire: Bytes, size: u64, meta: Meta) -> Result<(), Closed> {
+        while self.probes.waiting.len() >= PROBE_WINDOW {
+            let a = self.probes.answers.recv().map_err(|_| Closed)?;
+            self.answered(a)?;
+        }
+        let id = self.probes.next;
+        self.probes.next += 1;
+        let frame = Frame::Probe(Probe {
+            id,
+            path: wire.clone(),
+            size,
+            mtime: meta.mtime,
+            mtime_nsec: meta.mtime_nsec,
+        });
+        self.probes.waiting.insert(id, (path, wire, size));
+        self.out.push(0, Msg::frame(&frame))
+    }
+
+    /// Sends or skips the file a probe asked about. An answer to no outstanding probe (a
+    /// broken or hostile receiver) is ignored: it can only stop a file from being sent, and
+    /// the receiver then does not have it.
+    fn answered(&mut self, a: Answer) -> Result<(), Closed> {
+        let Some((path, wire, size)) = self.probes.waiting.remove(&a.id) else {
+            return Ok(());
+        };
+        if a.send {
+            self.file(&path, wire)
+        } else {
+            self.probes.skipped.0 += 1;
+            self.probes.skipped.1 += size;
+            self.progress.add_skipped(size);
+            Ok(())
+        }
     }
 
     /// What travels of an entry's metadata: the mode always; the times with `preserve`, the

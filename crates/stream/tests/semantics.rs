@@ -568,3 +568,77 @@ async fn a_reader_of_whole_records_past_its_limit() {
         assert_no_temp(dst.path());
     }
 }
+
+/// The quick check: a second copy with `skip_unchanged` sends no file whose size and mtime
+/// match the receiver's; a changed file (size, or mtime alone) is sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_unchanged_sends_only_what_changed() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    for i in 0..20 {
+        write(&tree.join(format!("f{i}")), &vec![i as u8; 1000 + i], 0o644);
+    }
+    write(&tree.join("sub/big"), &vec![3u8; 3 << 20], 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, mut r) = configs(true);
+    s.preserve = true;
+    r.preserve = true;
+    s.skip_unchanged = true;
+    r.skip_unchanged = true;
+    let sources = [tree.clone()];
+
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+    let (sent, received) = (sent.unwrap(), received.unwrap());
+    assert!(sent.is_complete(), "{:?}", sent.failures);
+    assert_eq!((sent.local.files, sent.files_skipped), (21, 0));
+    assert_eq!(received.local.files, 21);
+
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+    let (sent, received) = (sent.unwrap(), received.unwrap());
+    assert_eq!((sent.local.files, sent.local.bytes), (0, 0));
+    assert_eq!(sent.files_skipped, 21);
+    assert_eq!(
+        sent.bytes_skipped,
+        (0..20).map(|i| 1000 + i).sum::<u64>() + (3 << 20)
+    );
+    assert_eq!((received.local.files, received.files_skipped), (0, 21));
+
+    // One file grows; another keeps its size but gets a new mtime.
+    write(&tree.join("f1"), &vec![9u8; 5000], 0o644);
+    let f2 = fs::OpenOptions::new()
+        .write(true)
+        .open(tree.join("f2"))
+        .unwrap();
+    f2.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30))
+        .unwrap();
+    drop(f2);
+    let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+    let (sent, received) = (sent.unwrap(), received.unwrap());
+    assert_eq!(sent.local.files, 2);
+    assert_eq!(sent.files_skipped, 19);
+    assert_eq!(received.local.files, 2);
+    assert_eq!(fs::read(dst.path().join("t/f1")).unwrap(), vec![9u8; 5000]);
+    assert_eq!(
+        fs::metadata(dst.path().join("t/f2"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        fs::metadata(tree.join("f2")).unwrap().modified().unwrap()
+    );
+    assert_no_temp(dst.path());
+}
+
+/// A probe without the quick check agreed is a protocol error, and a probe through a
+/// symlink the sender sent is refused like any entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_nobody_agreed_to_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    write(&src.path().join("f"), b"x", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, r) = configs(false);
+    s.skip_unchanged = true;
+    let (_, received) = run_pair(&[src.path().join("f")], dst.path(), &s, &r, 1).await;
+    let err = received.unwrap_err();
+    assert!(err.to_string().contains("unexpected Probe frame"), "{err}");
+}

@@ -1,0 +1,90 @@
+//! Nightly copies: `--skip-unchanged` sends only what changed, locally and in both directions
+//! over SSH and the TCP transport, against a real sshd.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, build_tiny, pseudo_random, write};
+
+/// The `--json` summary of a run that must succeed.
+fn ok_json(cmd: &mut Command) -> serde_json::Value {
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    json(&out)
+}
+
+/// Copies `src` to `dst` three times with `--skip-unchanged` through `copy` (which adds the
+/// operands): everything, then nothing, then the one file changed in between.
+fn three_runs(src: &Path, dst: &Path, copy: &dyn Fn(&Path, &Path) -> Command) {
+    let all = ok_json(copy(src, dst).args(["--json", "-r", "--skip-unchanged"]));
+    assert_eq!(all["files_skipped"], 0, "{all}");
+    let files = all["files"].as_u64().unwrap();
+    assert!(files > 50, "{all}");
+    let top = dst.join(src.file_name().unwrap());
+    assert_same_tree(src, &top, true);
+
+    let none = ok_json(copy(src, dst).args(["--json", "-r", "--skip-unchanged"]));
+    assert_eq!(none["files"], 0, "{none}");
+    assert_eq!(none["bytes"], 0, "{none}");
+    assert_eq!(none["files_skipped"], files, "{none}");
+
+    write(&src.join("big.bin"), &pseudo_random(3 << 20, 7), 0o644);
+    let one = ok_json(copy(src, dst).args(["--json", "-r", "--skip-unchanged"]));
+    assert_eq!(one["files"], 1, "{one}");
+    assert_eq!(one["bytes"], 3 << 20, "{one}");
+    assert_eq!(one["files_skipped"], files - 1, "{one}");
+    assert_same_tree(src, &top, true);
+}
+
+fn source(work: &Path) -> std::path::PathBuf {
+    let src = work.join("src");
+    build_tiny(&src, 60);
+    write(&src.join("big.bin"), &pseudo_random(2 << 20, 1), 0o644);
+    src
+}
+
+#[test]
+fn local_rerun_sends_only_what_changed() {
+    let work = tempfile::tempdir().unwrap();
+    let src = source(work.path());
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    three_runs(&src, &dst, &|s, d| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg(s).arg(d);
+        cmd
+    });
+}
+
+#[test]
+fn push_and_pull_reruns_send_only_what_changed_over_ssh_and_tcp() {
+    let sshd = Sshd::start().unwrap();
+    for transport in ["ssh", "tcp"] {
+        let work = tempfile::tempdir().unwrap();
+        let src = source(work.path());
+        let pushed = work.path().join("pushed");
+        std::fs::create_dir(&pushed).unwrap();
+        three_runs(&src, &pushed, &|s, d| {
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["--transport", transport, "-j", "2"])
+                .arg(s)
+                .arg(remote(&sshd, d));
+            cmd
+        });
+        let work = tempfile::tempdir().unwrap();
+        let src = source(work.path());
+        let pulled = work.path().join("pulled");
+        std::fs::create_dir(&pulled).unwrap();
+        three_runs(&src, &pulled, &|s, d| {
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["--transport", transport, "-j", "2"])
+                .arg(remote(&sshd, s))
+                .arg(d);
+            cmd
+        });
+    }
+}
