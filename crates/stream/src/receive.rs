@@ -412,7 +412,7 @@ impl Reader {
                 FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
                     && st.st_size as u64 == p.size
                     && st.st_mtime == p.mtime
-                    && (st.st_mtime_nsec as u64).min(999_999_999) as u32 == p.mtime_nsec
+                    && i128::from(st.st_mtime_nsec) == i128::from(p.mtime_nsec)
             }
             Err(_) => false,
         }
