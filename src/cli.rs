@@ -58,6 +58,15 @@ pub struct Args {
     /// (rsync's quick check); implies -p, since times only match if the copy keeps them.
     #[arg(long, help_heading = "Copy")]
     pub skip_unchanged: bool,
+    /// Mirror: remove from each directory copied what the destination holds and the source
+    /// does not (rsync's --delete); only beneath the destination, never through a symlink.
+    #[arg(
+        long,
+        help_heading = "Copy",
+        requires = "recursive",
+        conflicts_with = "dry_run"
+    )]
+    pub delete: bool,
     /// Compress the data streams with zstd (off by default; helps on slow links only).
     #[arg(short = 'C', help_heading = "Copy")]
     pub compress: bool,
@@ -339,6 +348,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         dry_run: args.dry_run,
         fsync: args.fsync,
         skip_unchanged: args.skip_unchanged,
+        delete: args.delete,
         compress: args.compress,
         // scp's -l: Kbit/s of 1024 bits.
         bwlimit: args
@@ -498,6 +508,8 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
         "symlinks": local.symlinks,
         "files_skipped": outcome.report.files_skipped,
         "bytes_skipped": outcome.report.bytes_skipped,
+        // The receiver deletes: this side (pull) or the peer (push).
+        "files_deleted": outcome.report.local.deleted + outcome.report.peer.deleted,
         "seconds": secs,
         "throughput_bytes_per_sec": if secs > 0.0 { local.bytes as f64 / secs } else { 0.0 },
         "transport": outcome.transport,

@@ -75,6 +75,10 @@ pub struct CopyOptions {
     /// size and modification time is not sent. It implies [`preserve`](Self::preserve), since
     /// times only match if the copy keeps them. Needs protocol version 4 on both ends.
     pub skip_unchanged: bool,
+    /// Mirror (`--delete`): remove from each directory copied what the destination holds and
+    /// the source does not, only beneath the destination and never through a symlink. See
+    /// [`fastcp_stream::ReceiveConfig::delete`].
+    pub delete: bool,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -209,6 +213,7 @@ impl Plan {
             target_must_be_dir: self.target_is_dir(),
             fsync: self.options.fsync,
             skip_unchanged: self.options.skip_unchanged,
+            delete: self.options.delete,
             ..Default::default()
         }
     }
@@ -228,6 +233,9 @@ impl Plan {
         }
         if self.options.skip_unchanged {
             f |= flags::SKIP_UNCHANGED;
+        }
+        if self.options.delete {
+            f |= flags::DELETE;
         }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;

@@ -262,6 +262,7 @@ where
                 target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
                 fsync: request.flags & flags::FSYNC != 0,
                 skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+                delete: request.flags & flags::DELETE != 0,
                 version: agreed.version,
                 ..Default::default()
             };

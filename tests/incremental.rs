@@ -88,3 +88,40 @@ fn push_and_pull_reruns_send_only_what_changed_over_ssh_and_tcp() {
         });
     }
 }
+
+/// `--delete` mirrors in both directions over SSH: extras go, a symlink in the destination
+/// that points outside is removed as a link and its target is untouched, and `--json`
+/// counts what went.
+#[test]
+fn delete_mirrors_push_and_pull_without_following_symlinks_out() {
+    let sshd = Sshd::start().unwrap();
+    for pull in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let src = source(work.path());
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let outside = work.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        write(&outside.join("precious"), b"keep me", 0o644);
+        let copy = || {
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["--json", "-r", "--delete", "--transport", "ssh"]);
+            if pull {
+                cmd.arg(remote(&sshd, &src)).arg(&dst);
+            } else {
+                cmd.arg(&src).arg(remote(&sshd, &dst));
+            }
+            cmd
+        };
+        let first = ok_json(&mut copy());
+        assert_eq!(first["files_deleted"], 0, "{first}");
+        let top = dst.join("src");
+        write(&top.join("extra"), b"x", 0o644);
+        std::fs::create_dir_all(top.join("extra-dir/sub")).unwrap();
+        std::os::unix::fs::symlink(&outside, top.join("escape")).unwrap();
+        let second = ok_json(&mut copy());
+        assert_eq!(second["files_deleted"], 4, "{second}");
+        assert_same_tree(&src, &top, false);
+        assert_eq!(std::fs::read(outside.join("precious")).unwrap(), b"keep me");
+    }
+}

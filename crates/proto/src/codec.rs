@@ -151,6 +151,10 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(s.symlinks);
             dst.put_u64(s.bytes);
             dst.put_u64(s.errors);
+            // Only a peer that asked for mirroring (version 4) ever gets it.
+            if s.deleted != 0 {
+                dst.put_u64(s.deleted);
+            }
         }
     }
     let len = (dst.len() - start - HEADER_LEN) as u32;
@@ -472,6 +476,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 symlinks: r.u64()?,
                 bytes: r.u64()?,
                 errors: r.u64()?,
+                deleted: if r.buf.has_remaining() { r.u64()? } else { 0 },
             })
         }
         other => return Err(DecodeError::UnknownKind(other)),
@@ -822,6 +827,15 @@ mod tests {
             symlinks: 3,
             bytes: 4,
             errors: 5,
+            deleted: 0,
+        }));
+        roundtrip(Frame::Done(Summary {
+            files: 1,
+            dirs: 2,
+            symlinks: 3,
+            bytes: 4,
+            errors: 5,
+            deleted: 6,
         }));
     }
 

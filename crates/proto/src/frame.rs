@@ -175,6 +175,9 @@ pub mod flags {
     /// The quick check (protocol version 4): the sender probes each regular file with its
     /// size and modification time, and sends only those the receiver does not have alike.
     pub const SKIP_UNCHANGED: u32 = 1 << 7;
+    /// Mirror: once everything has arrived, the receiver removes what each directory sent
+    /// holds and the sender did not send (rsync's `--delete`).
+    pub const DELETE: u32 = 1 << 8;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -183,7 +186,8 @@ pub mod flags {
         | TARGET_IS_DIR
         | THROUGHPUT
         | FSYNC
-        | SKIP_UNCHANGED;
+        | SKIP_UNCHANGED
+        | DELETE;
 }
 
 /// Which way the files flow in a session.
@@ -446,6 +450,9 @@ pub struct Summary {
     pub bytes: u64,
     /// Entries that failed.
     pub errors: u64,
+    /// In the receiver's final report, with mirroring: entries it removed because the sender
+    /// does not have them (an optional trailing field, sent only when not zero).
+    pub deleted: u64,
 }
 
 /// Alias kept short for the `Done` frame's payload.

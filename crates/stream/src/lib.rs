@@ -55,6 +55,7 @@ mod checksum;
 mod dest;
 mod display;
 mod error;
+mod mirror;
 mod pattern;
 mod pipe;
 mod progress;

@@ -36,6 +36,7 @@ pub struct Progress {
     bytes_done: AtomicU64,
     files_skipped: AtomicU64,
     bytes_skipped: AtomicU64,
+    deleted: AtomicU64,
     current: Mutex<Bytes>,
 }
 
@@ -61,6 +62,8 @@ pub struct Snapshot {
     pub files_skipped: u64,
     /// Their total size.
     pub bytes_skipped: u64,
+    /// Entries the receiver removed because the sender does not have them (mirroring).
+    pub deleted: u64,
 }
 
 impl Progress {
@@ -76,6 +79,7 @@ impl Progress {
             bytes_done: self.bytes_done.load(Relaxed),
             files_skipped: self.files_skipped.load(Relaxed),
             bytes_skipped: self.bytes_skipped.load(Relaxed),
+            deleted: self.deleted.load(Relaxed),
         }
     }
 
@@ -127,6 +131,10 @@ impl Progress {
 
     pub(crate) fn add_done_file(&self) {
         self.files_done.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add_deleted(&self, entries: u64) {
+        self.deleted.fetch_add(entries, Relaxed);
     }
 
     pub(crate) fn add_skipped(&self, bytes: u64) {

@@ -126,6 +126,11 @@ pub struct ReceiveConfig {
     /// here already, as a regular file with the probe's size and modification time, is not
     /// sent. Without it a probe is a protocol error. Default: false.
     pub skip_unchanged: bool,
+    /// Mirror (rsync's `--delete`): once everything has arrived, remove from each directory
+    /// the sender sent whatever it holds that the sender did not send, without following a
+    /// symlink. Nothing is removed when the sender reported an error, since what it could
+    /// not read would look missing. Default: false.
+    pub delete: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -141,6 +146,7 @@ impl Default for ReceiveConfig {
             fsync: false,
             version: fastcp_proto::PROTOCOL_VERSION,
             skip_unchanged: false,
+            delete: false,
         }
     }
 }
@@ -209,6 +215,9 @@ struct Table {
     symlinks: HashSet<Bytes>,
     /// Wire paths of the directories entries were sent as or into.
     dirs: HashSet<Bytes>,
+    /// With `delete`: the wire path of every entry sent, and the directories sent.
+    sent: HashSet<Bytes>,
+    sent_dirs: Vec<Bytes>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,6 +343,9 @@ impl Shared {
                 }
             }
             Kind::File => {}
+        }
+        if self.config.delete && t.sent.insert(path.clone()) && kind == Kind::Dir {
+            t.sent_dirs.push(path.clone());
         }
         // Remember every directory an entry goes into. These live as long as the session:
         // copies, so that they do not pin the receive buffers the frames were cut from.
@@ -1132,6 +1144,43 @@ where
         return Err(e);
     }
 
+    let mut deleted = 0;
+    if config.delete {
+        // What the sender could not read would look deleted. Only files it skips on purpose
+        // (FIFOs, sockets, devices) are safe to pass over, and those are kept.
+        let (blocked, kept): (bool, Vec<Bytes>) = {
+            let f = lock(&shared.failures);
+            let from_sender = || f.failures.iter().filter(|x| x.side == Side::Sender);
+            let blocked = from_sender().any(|x| x.code != fastcp_proto::ErrorCode::Unsupported)
+                || (f.failure_count as usize > f.failures.len() && peer.errors > 0);
+            (blocked, from_sender().map(|x| x.path.clone()).collect())
+        };
+        if !blocked {
+            let (dirs, mut sent) = {
+                let mut t = lock(&shared.table);
+                (
+                    std::mem::take(&mut t.sent_dirs),
+                    std::mem::take(&mut t.sent),
+                )
+            };
+            sent.extend(kept);
+            let del_shared = shared.clone();
+            deleted = tokio::task::spawn_blocking(move || {
+                crate::mirror::delete_extras(&del_shared, &dirs, &sent)
+            })
+            .await
+            .unwrap_or(0);
+        } else {
+            lock(&shared.failures).push_failure(Failure {
+                side: Side::Receiver,
+                code: fastcp_proto::ErrorCode::Other,
+                path: Bytes::new(),
+                message: "nothing was deleted: the sender could not read everything, and                           what it missed would have looked deleted"
+                    .into(),
+            });
+        }
+    }
+
     let fixups = std::mem::take(&mut shared.lock_dirs().fixups);
     let fix_shared = shared.clone();
     let _ = tokio::task::spawn_blocking(move || dest::apply_fixups(&fix_shared, fixups)).await;
@@ -1143,6 +1192,7 @@ where
         symlinks: shared.written.symlinks.load(Relaxed),
         bytes: shared.written.bytes.load(Relaxed),
         errors: shared.local_errors.load(Relaxed),
+        deleted,
     };
     report.peer = peer;
     report.files_skipped = shared.skipped.0.load(Relaxed);

@@ -115,6 +115,7 @@ fn done(files: u64, dirs: u64, symlinks: u64, bytes: u64) -> Frame {
         symlinks,
         bytes,
         errors: 0,
+        deleted: 0,
     })
 }
 
@@ -624,6 +625,7 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
             symlinks: 0,
             bytes: 7,
             errors: 1,
+            deleted: 0,
         }),
     ]);
     let report = run(&sb.dest, recursive(), vec![stream], true)

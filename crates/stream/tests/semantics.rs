@@ -642,3 +642,99 @@ async fn a_probe_nobody_agreed_to_is_refused() {
     let err = received.unwrap_err();
     assert!(err.to_string().contains("unexpected Probe frame"), "{err}");
 }
+
+/// Mirroring: what a sent directory holds beyond what was sent goes, files, directories and
+/// symlinks alike; a symlink is removed as a link and never followed out of the destination;
+/// nothing beside the copied tree is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_extras_beneath_the_destination_only() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("keep")).unwrap();
+    write(&tree.join("a"), b"a", 0o644);
+    write(&tree.join("keep/b"), b"b", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    write(&outside.path().join("precious"), b"do not touch", 0o644);
+    let (mut s, mut r) = configs(true);
+    r.delete = true;
+    s.preserve = true;
+    r.preserve = true;
+    let (sent, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 1).await;
+    sent.unwrap();
+    assert_eq!(received.unwrap().local.deleted, 0);
+
+    let t = dst.path().join("t");
+    write(&t.join("stale"), b"old", 0o644);
+    fs::create_dir_all(t.join("gone/deep/er")).unwrap();
+    write(&t.join("gone/deep/er/f"), b"x", 0o644);
+    write(&t.join("keep/stale"), b"old", 0o644);
+    symlink(outside.path(), t.join("link-to-outside-dir")).unwrap();
+    symlink(
+        outside.path().join("precious"),
+        t.join("keep/link-to-outside-file"),
+    )
+    .unwrap();
+    write(&dst.path().join("beside"), b"not part of the copy", 0o644);
+
+    let (sent, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 2).await;
+    sent.unwrap();
+    let received = received.unwrap();
+    assert!(received.is_complete(), "{:?}", received.failures);
+    // stale, gone + deep + er + f, keep/stale, and the two links.
+    assert_eq!(received.local.deleted, 8);
+    let mut left: Vec<String> = walkdir(&t);
+    left.sort();
+    assert_eq!(left, ["a", "keep", "keep/b"]);
+    assert_eq!(
+        fs::read(outside.path().join("precious")).unwrap(),
+        b"do not touch"
+    );
+    assert!(dst.path().join("beside").exists());
+}
+
+/// When the sender cannot read everything, nothing is deleted: what it missed would look
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_is_skipped_when_the_sender_had_errors() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(&tree).unwrap();
+    write(&tree.join("a"), b"a", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dst.path().join("t")).unwrap();
+    write(&dst.path().join("t/stale"), b"old", 0o644);
+    let (s, mut r) = configs(true);
+    r.delete = true;
+    // A second source that cannot be read: the sender reports an error.
+    let sources = [tree.clone(), src.path().join("missing")];
+    let (_, received) = run_pair(&sources, dst.path(), &s, &r, 1).await;
+    let received = received.unwrap();
+    assert_eq!(received.local.deleted, 0);
+    assert!(dst.path().join("t/stale").exists());
+    assert!(
+        received
+            .failures
+            .iter()
+            .any(|f| f.message.contains("nothing was deleted")),
+        "{:?}",
+        received.failures
+    );
+}
+
+/// Relative paths of everything beneath `root`, '/'-separated, without following links.
+fn walkdir(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,108 @@
+//! Mirroring (`ReceiveConfig::delete`, the CLI's `--delete`): once every entry has arrived,
+//! the receiver removes what each directory the sender sent holds and the sender did not
+//! send, as rsync's `--delete` does.
+//!
+//! Only directories the sender sent are looked into, so nothing beside the copied tree is
+//! touched. Every step goes through directory handles opened beneath the destination without
+//! following a symlink: a symlink found among the extras is removed as a link, never
+//! followed, and a directory swapped for a symlink while it is being emptied fails to open
+//! instead of leading outside.
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use bytes::Bytes;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::Error;
+use crate::dest::Resolver;
+use crate::receive::Shared;
+
+/// How deep an extra directory may nest before its removal gives up.
+const MAX_DEPTH: usize = 256;
+
+/// Removes the extras of every directory in `sent_dirs` (wire paths) whose names are not in
+/// `sent` (wire paths of every entry sent). Returns how many entries were removed; each
+/// failure is reported on its entry and the rest goes on.
+pub(crate) fn delete_extras(
+    shared: &std::sync::Arc<Shared>,
+    sent_dirs: &[Bytes],
+    sent: &HashSet<Bytes>,
+) -> u64 {
+    let mut resolver = Resolver::new(shared.clone(), false);
+    let mut removed = 0;
+    for dir in sent_dirs {
+        let local = shared.root.local(dir);
+        let Ok(fd) = resolver.dir(&local) else {
+            continue; // it failed when it was written, and was reported then
+        };
+        let names = match list(&fd) {
+            Ok(n) => n,
+            Err(e) => {
+                let path = shared.root.display(&local);
+                shared.entry_failed(dir, &Error::io(path, e.into()));
+                continue;
+            }
+        };
+        for name in names {
+            let mut wire = Vec::with_capacity(dir.len() + 1 + name.len());
+            wire.extend_from_slice(dir);
+            wire.push(b'/');
+            wire.extend_from_slice(&name);
+            if sent.contains(&wire[..]) {
+                continue;
+            }
+            let mut local_child = local.clone();
+            local_child.push(b'/');
+            local_child.extend_from_slice(&name);
+            match remove(&fd, &name, 0) {
+                Ok(n) => {
+                    removed += n;
+                    shared.progress.add_deleted(n);
+                }
+                Err(e) => {
+                    let path = shared.root.display(&local_child);
+                    shared.entry_failed(&wire, &Error::io(path, e.into()));
+                }
+            }
+        }
+    }
+    removed
+}
+
+/// The names in a directory, without `.` and `..`.
+fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(fd)? {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Removes `name` in `parent`: a directory with everything in it, anything else (a symlink
+/// included) as itself. Returns how many entries went.
+fn remove(parent: &impl AsFd, name: &[u8], depth: usize) -> rustix::io::Result<u64> {
+    let name = std::ffi::OsStr::from_bytes(name);
+    match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+        Ok(()) => return Ok(1),
+        // A directory (EISDIR on Linux; EPERM elsewhere): empty it first.
+        Err(Errno::ISDIR | Errno::PERM) => {}
+        Err(e) => return Err(e),
+    }
+    if depth >= MAX_DEPTH {
+        return Err(Errno::LOOP);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+    let mut removed = 0;
+    for child in list(&dir)? {
+        removed += remove(&dir, &child, depth + 1)?;
+    }
+    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    Ok(removed + 1)
+}
