@@ -660,7 +660,7 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     r.delete = true;
     s.preserve = true;
     r.preserve = true;
-    let (sent, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 1).await;
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
     sent.unwrap();
     assert_eq!(received.unwrap().local.deleted, 0);
 
@@ -677,7 +677,7 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     .unwrap();
     write(&dst.path().join("beside"), b"not part of the copy", 0o644);
 
-    let (sent, received) = run_pair(&[tree.clone()], dst.path(), &s, &r, 2).await;
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 2).await;
     sent.unwrap();
     let received = received.unwrap();
     assert!(received.is_complete(), "{:?}", received.failures);
