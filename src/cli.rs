@@ -67,6 +67,13 @@ pub struct Args {
         conflicts_with = "dry_run"
     )]
     pub delete: bool,
+    /// Never upload fastcp to a remote host that does not have it.
+    #[arg(long, help_heading = "SSH")]
+    pub no_deploy: bool,
+    /// Where to find the static binaries `cargo xtask dist` built, for a remote host this
+    /// fastcp cannot run on (default: $FASTCP_DIST_DIR, or dist/ beside this program).
+    #[arg(long, value_name = "DIR", help_heading = "SSH")]
+    pub deploy_from: Option<std::path::PathBuf>,
     /// Compress the data streams with zstd (off by default; helps on slow links only).
     #[arg(short = 'C', help_heading = "Copy")]
     pub compress: bool,
@@ -349,6 +356,8 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         fsync: args.fsync,
         skip_unchanged: args.skip_unchanged,
         delete: args.delete,
+        no_deploy: args.no_deploy,
+        deploy_from: args.deploy_from.clone(),
         compress: args.compress,
         // scp's -l: Kbit/s of 1024 bits.
         bwlimit: args

@@ -79,6 +79,13 @@ pub struct CopyOptions {
     /// the source does not, only beneath the destination and never through a symlink. See
     /// [`fastcp_stream::ReceiveConfig::delete`].
     pub delete: bool,
+    /// Never upload fastcp to a remote host that lacks it (`--no-deploy`); see
+    /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
+    /// ([`SshOptions::remote_path`]) or the system ssh program is used.
+    pub no_deploy: bool,
+    /// Where self-deploy finds `cargo xtask dist` binaries for remotes this program cannot
+    /// run on (`--deploy-from`).
+    pub deploy_from: Option<std::path::PathBuf>,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -695,12 +702,30 @@ async fn session_over(
     });
     let server = peers[0].start_server().await?;
     let stderr = server.stderr.forward_to_stderr();
-    let session = run_job(plan, server.stream, mode, peers, progress, job).await;
+    let session = run_job(plan, server.stream, mode, peers, progress.clone(), job).await;
     let status = server.exit.wait().await;
     let _ = stderr.await;
     match (session, status) {
         (Ok(done), _) => Ok(done),
-        (Err(err), Ok(status)) if status.is_command_not_found() => Err(not_installed(ssh, &err)),
+        (Err(err), Ok(status)) if status.is_command_not_found() => {
+            let AnyTransport::Builtin(session) = &peers[0] else {
+                return Err(not_installed(ssh, &err));
+            };
+            if plan.options.no_deploy || ssh.remote_path.is_some() {
+                return Err(not_installed(ssh, &err));
+            }
+            plan.options
+                .log
+                .info(|| "fastcp is not on the remote host's PATH: deploying it".into());
+            let options = crate::deploy::DeployOptions {
+                dist_dir: plan.options.deploy_from.clone(),
+            };
+            let deployed = crate::deploy::deploy(session, &options, &plan.options.log).await?;
+            session.set_remote_path(Some(deployed.path.clone()));
+            let mut ssh = ssh.clone();
+            ssh.remote_path = Some(deployed.path);
+            Box::pin(session_over(plan, peers, &ssh, mode, progress, job)).await
+        }
         (Err(err), _) => Err(err),
     }
 }

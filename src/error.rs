@@ -44,6 +44,9 @@ pub enum Error {
     /// The remote command failed before speaking the protocol.
     #[error("{0}")]
     RemoteCommand(String),
+    /// fastcp could not be put on a remote host that lacks it (see [`crate::deploy`]).
+    #[error("self-deploy: {0}")]
+    Deploy(String),
     /// The copy engine failed.
     #[error(transparent)]
     Engine(#[from] fastcp_stream::Error),
@@ -102,7 +105,7 @@ impl Error {
             Error::Transport(_) | Error::Tcp(_) | Error::Timeout(_) | Error::JoinRejected(_) => {
                 exit::CONNECTION
             }
-            Error::RemoteCommand(_) | Error::Handshake(_) => exit::CONNECTION,
+            Error::RemoteCommand(_) | Error::Handshake(_) | Error::Deploy(_) => exit::CONNECTION,
             Error::Engine(e) if e.code() == fastcp_proto::ErrorCode::Integrity => exit::INTEGRITY,
             Error::Crypto(_) => exit::INTEGRITY,
             _ => exit::PARTIAL,

@@ -42,6 +42,7 @@
 mod client;
 pub mod compress;
 pub mod data;
+pub mod deploy;
 mod error;
 pub mod limit;
 mod location;

@@ -79,12 +79,27 @@ impl Sshd {
 
     /// Starts an sshd reachable as `alias` through [`Sshd::ssh_config`].
     pub fn start_named(alias: &str) -> io::Result<Sshd> {
-        Sshd::start_logging(alias, "VERBOSE")
+        Sshd::start_logging(alias, "VERBOSE", "")
+    }
+
+    /// Starts an sshd whose sessions get the environment `vars` (sshd's `SetEnv`), such as
+    /// `XDG_CACHE_HOME` pointing into a temporary folder, so that a test never writes under
+    /// the real home.
+    pub fn start_with_env(vars: &[(&str, &Path)]) -> io::Result<Sshd> {
+        let set: Vec<String> = vars
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.display()))
+            .collect();
+        Sshd::start_logging(
+            "fastcp-test",
+            "VERBOSE",
+            &format!("SetEnv {}\n", set.join(" ")),
+        )
     }
 
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
-    fn start_logging(alias: &str, log_level: &str) -> io::Result<Sshd> {
+    fn start_logging(alias: &str, log_level: &str, extra: &str) -> io::Result<Sshd> {
         // Fail with the package to install, not a bare "No such file or directory".
         tools::locate("sshd")?;
         tools::locate("ssh-keygen")?;
@@ -105,7 +120,7 @@ impl Sshd {
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
-            write_sshd_config(d, port, log_level)?;
+            write_sshd_config(d, port, log_level, extra)?;
             match spawn_sshd(d, port) {
                 Ok(child) => {
                     let sshd = Sshd {
@@ -133,7 +148,7 @@ impl Sshd {
     /// [`ssh_config`](Sshd::ssh_config) and its host key to this server's
     /// [`known_hosts`](Sshd::known_hosts). Add `ProxyJump <alias>-jump` where you need it.
     pub fn start_jump(&self) -> io::Result<Sshd> {
-        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1")?;
+        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1", "")?;
         fs::copy(self.authorized_keys(), jump.authorized_keys())?;
         let mut known = fs::OpenOptions::new()
             .append(true)
@@ -336,7 +351,7 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn write_sshd_config(d: &Path, port: u16, log_level: &str) -> io::Result<()> {
+fn write_sshd_config(d: &Path, port: u16, log_level: &str, extra: &str) -> io::Result<()> {
     let cfg = format!(
         "Port {port}\n\
          ListenAddress 127.0.0.1\n\
@@ -355,7 +370,8 @@ fn write_sshd_config(d: &Path, port: u16, log_level: &str) -> io::Result<()> {
          PrintMotd no\n\
          MaxSessions 64\n\
          MaxStartups 64\n\
-         LogLevel {log_level}\n",
+         LogLevel {log_level}\n\
+         {extra}",
         host_key = d.join("host_ed25519").display(),
         auth = d.join("authorized_keys").display(),
     );

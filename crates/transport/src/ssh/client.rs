@@ -314,7 +314,7 @@ pub struct SshSession {
     auth: AuthUsed,
     via: Option<Arc<SshSession>>,
     warnings: Vec<String>,
-    remote_path: Option<String>,
+    remote_path: std::sync::Mutex<Option<String>>,
     peer_addr: Option<SocketAddr>,
 }
 
@@ -333,8 +333,8 @@ impl SshSession {
     /// connects, through each ProxyJump hop in turn, checks host keys and authenticates.
     pub async fn connect(destination: &str, options: &SshOptions) -> Result<SshSession, Error> {
         let chain = config::resolve_chain(destination, options)?;
-        let mut s = SshSession::connect_chain(chain, &options.client).await?;
-        s.remote_path = options.remote_path.clone();
+        let s = SshSession::connect_chain(chain, &options.client).await?;
+        s.set_remote_path(options.remote_path.clone());
         Ok(s)
     }
 
@@ -364,14 +364,14 @@ impl SshSession {
     /// Opens another connection to the same host (through the same jump connection, if
     /// any), authenticating as this one did without asking again for a passphrase.
     pub async fn reconnect(&self) -> Result<SshSession, Error> {
-        let mut s = connect_one(
+        let s = connect_one(
             self.host.clone(),
             self.via.clone(),
             &self.client,
             Some(&self.auth),
         )
         .await?;
-        s.remote_path = self.remote_path.clone();
+        s.set_remote_path(self.remote_path());
         Ok(s)
     }
 
@@ -470,13 +470,24 @@ impl SshSession {
         Ok(())
     }
 
-    pub(crate) fn remote_path(&self) -> Option<&str> {
-        self.remote_path.as_deref()
+    /// The program [`start_server`](crate::Transport::start_server) runs on the peer:
+    /// `None` for `fastcp` on its `PATH`.
+    pub fn remote_path(&self) -> Option<String> {
+        self.remote_path
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Names the program [`start_server`](crate::Transport::start_server) runs on the peer
+    /// from now on (as `--remote-path` does), such as a binary just deployed there.
+    pub fn set_remote_path(&self, path: Option<String>) {
+        *self.remote_path.lock().unwrap_or_else(|p| p.into_inner()) = path;
     }
 
     /// The fixed command line that starts `fastcp server`.
     pub(crate) fn server_command(&self) -> Result<String, Error> {
-        server_command(self.remote_path())
+        server_command(self.remote_path().as_deref())
     }
 }
 
@@ -589,7 +600,7 @@ async fn connect_one(
         auth,
         via,
         warnings,
-        remote_path: None,
+        remote_path: std::sync::Mutex::new(None),
         peer_addr: peer_addr.into_inner().expect("peer addr"),
     })
 }

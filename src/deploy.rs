@@ -1,0 +1,489 @@
+//! Self-deploy: running fastcp on a host that does not have it.
+//!
+//! When `fastcp server` is not found on the remote host, the client uploads a fastcp binary
+//! into a per-user cache there, `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256
+//! prefix>/fastcp`, and runs that one. A later copy finds it and uploads nothing.
+//!
+//! - **What goes**: the binary that runs here when it can run there (a static build always
+//!   can on its architecture; a glibc build only when the remote glibc is at least the newest
+//!   one it was linked against), else the static binary `cargo xtask dist` made for the
+//!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing, and the
+//!   copy fails with [`Error::Deploy`] saying why.
+//! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
+//! - **Safely**: the cache folders are made private (umask 077), and refused when someone
+//!   else owns them or others can write to them. The upload goes to a temporary name, its
+//!   SHA-256 is checked on the remote against the local file's before it is renamed into
+//!   place, and a cached binary whose hash does not match is replaced, with a warning,
+//!   never run.
+//! - **No path from the user** reaches the remote shell: the scripts are fixed, POSIX `sh`,
+//!   started with `exec sh -c '…'` so that any login shell (bash, dash, csh, fish) hands them
+//!   to `sh` unchanged; what they interpolate is the version and a hex hash.
+//!
+//! ```no_run
+//! # async fn demo(session: &fastcp::transport::SshSession) -> Result<(), fastcp::Error> {
+//! let deployed = fastcp::deploy::deploy(session, &fastcp::deploy::DeployOptions::default(), &fastcp::Log::default()).await?;
+//! println!("remote fastcp at {} (uploaded: {})", deployed.path, deployed.uploaded);
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fastcp_transport::SshSession;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{Error, Log};
+
+/// How long the remote inspection and the upload may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where self-deploy finds binaries.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct DeployOptions {
+    /// A folder of `cargo xtask dist` output (`fastcp-<version>-<target>` files and their
+    /// `SHA256SUMS`), for remotes this binary cannot run on. Default: `$FASTCP_DIST_DIR`, or
+    /// `dist/` next to this program.
+    pub dist_dir: Option<PathBuf>,
+}
+
+impl DeployOptions {
+    /// Options that look for `cargo xtask dist` output in `dir`.
+    pub fn with_dist_dir(dir: impl Into<PathBuf>) -> DeployOptions {
+        DeployOptions {
+            dist_dir: Some(dir.into()),
+        }
+    }
+}
+
+/// A fastcp binary ready on the remote host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployed {
+    /// Its absolute path there.
+    pub path: String,
+    /// Whether this call uploaded it (false: it was in the cache already).
+    pub uploaded: bool,
+}
+
+/// What the remote host told about itself.
+#[derive(Debug)]
+struct Remote {
+    os: String,
+    arch: String,
+    /// The cache folder for this binary.
+    dir: String,
+    /// The SHA-256 of the binary cached there, if any.
+    cached: Option<String>,
+    /// `glibc 2.36` from `getconf GNU_LIBC_VERSION`, as (2, 36).
+    glibc: Option<(u32, u32)>,
+    uid: u32,
+    /// Owner uid and octal mode of each existing cache folder.
+    folders: Vec<(u32, u32, String)>,
+}
+
+/// Makes sure a fastcp binary that can run is in the remote's cache, uploading one if
+/// needed; returns its path.
+pub async fn deploy(
+    session: &SshSession,
+    options: &DeployOptions,
+    log: &Log,
+) -> Result<Deployed, Error> {
+    let local = LocalBinary::find(options)?;
+    let remote = inspect(session, &local.cache_name()).await?;
+    log.info(|| {
+        format!(
+            "remote host: {} {}, {}",
+            remote.os,
+            remote.arch,
+            remote
+                .glibc
+                .map_or("no glibc".into(), |(a, b)| format!("glibc {a}.{b}"))
+        )
+    });
+    for (owner, mode, folder) in &remote.folders {
+        if *owner != remote.uid || mode & 0o022 != 0 {
+            return Err(Error::Deploy(format!(
+                "refusing the cache folder {folder} on the remote host: it is owned by uid \
+                 {owner} with mode {mode:03o}, and must be the user's own and writable by \
+                 nobody else"
+            )));
+        }
+    }
+    let binary = local.for_remote(&remote, options)?;
+    let path = format!("{}/fastcp", remote.dir);
+    match &remote.cached {
+        Some(hash) if *hash == binary.sha256 => {
+            log.info(|| format!("using the fastcp cached at {path} on the remote host"));
+            return Ok(Deployed {
+                path,
+                uploaded: false,
+            });
+        }
+        Some(other) => log.warn(|| {
+            format!(
+                "replacing {path} on the remote host: its SHA-256 {other} is not the expected {}",
+                binary.sha256
+            )
+        }),
+        None => {}
+    }
+    log.info(|| {
+        format!(
+            "uploading {} ({} bytes) to {path} on the remote host",
+            binary.path.display(),
+            binary.bytes.len()
+        )
+    });
+    upload(session, &binary).await?;
+    Ok(Deployed {
+        path,
+        uploaded: true,
+    })
+}
+
+/// Runs one fixed script on the remote through `sh`, feeding it `input`; returns stdout, or
+/// the error with what it printed on stderr.
+async fn run_script(
+    session: &SshSession,
+    script: &str,
+    input: &[u8],
+    what: &str,
+) -> Result<String, Error> {
+    debug_assert!(!script.contains('\'') && !script.contains('!') && !script.contains('\n'));
+    let command = format!("exec sh -c '{script}'");
+    let work = async {
+        let mut p = session.exec(&command).await?;
+        let stderr = tokio::spawn(async move {
+            let mut text = Vec::new();
+            while let Some(chunk) = p.stderr.recv().await {
+                text.extend_from_slice(&chunk);
+            }
+            text
+        });
+        let mut out = Vec::new();
+        let (mut read, mut write) = tokio::io::split(p.stream);
+        let feed = async {
+            write.write_all(input).await?;
+            write.shutdown().await
+        };
+        let (fed, got) = tokio::join!(feed, read.read_to_end(&mut out));
+        let status = p.exit.wait().await?;
+        let err = String::from_utf8_lossy(&stderr.await.unwrap_or_default()).into_owned();
+        if !status.success() || fed.is_err() || got.is_err() {
+            return Err(Error::Deploy(format!(
+                "{what} failed on the remote host ({status}): {}",
+                crate::stream::escape(err.trim().as_bytes())
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    };
+    tokio::time::timeout(STEP_TIMEOUT, work)
+        .await
+        .map_err(|_| Error::Deploy(format!("{what} took more than {STEP_TIMEOUT:?}")))?
+}
+
+/// The remote's OS, architecture, glibc, uid, cache folder and what is cached in it, in one
+/// round trip.
+async fn inspect(session: &SshSession, name: &str) -> Result<Remote, Error> {
+    // Fixed text but for `name`, which is the version and a hex hash.
+    let script = format!(
+        "c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; \
+         echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
+         echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
+         for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
+         if [ -d \"$f\" ]; then echo \"folder $(stat -c \"%u %a\" \"$f\") $f\"; fi; done; \
+         if [ -f \"$d/fastcp\" ]; then \
+         echo \"cached $( (sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
+         fi"
+    );
+    let out = run_script(session, &script, b"", "inspecting the remote host").await?;
+    parse_inspection(&out)
+}
+
+fn parse_inspection(out: &str) -> Result<Remote, Error> {
+    let mut r = Remote {
+        os: String::new(),
+        arch: String::new(),
+        dir: String::new(),
+        cached: None,
+        glibc: None,
+        uid: u32::MAX,
+        folders: Vec::new(),
+    };
+    for line in out.lines() {
+        let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+        match key {
+            "os" => r.os = value.trim().to_owned(),
+            "arch" => r.arch = value.trim().to_owned(),
+            "uid" => r.uid = value.trim().parse().unwrap_or(u32::MAX),
+            "dir" => r.dir = value.to_owned(),
+            "libc" => r.glibc = parse_glibc(value),
+            "cached" => {
+                let h = value.trim();
+                if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    r.cached = Some(h.to_ascii_lowercase());
+                } else {
+                    r.cached = Some("(unreadable)".into());
+                }
+            }
+            "folder" => {
+                let mut it = value.splitn(3, ' ');
+                let owner = it.next().and_then(|v| v.parse().ok());
+                let mode = it.next().and_then(|v| u32::from_str_radix(v, 8).ok());
+                let path = it.next().unwrap_or("").to_owned();
+                match (owner, mode) {
+                    (Some(o), Some(m)) => r.folders.push((o, m, path)),
+                    _ => r.folders.push((u32::MAX, 0o777, path)),
+                }
+            }
+            _ => {}
+        }
+    }
+    if r.dir.is_empty() || !r.dir.starts_with('/') || r.uid == u32::MAX {
+        return Err(Error::Deploy(format!(
+            "the remote host did not say where its cache is: {}",
+            crate::stream::escape(out.as_bytes())
+        )));
+    }
+    Ok(r)
+}
+
+/// `glibc 2.36` as (2, 36).
+fn parse_glibc(s: &str) -> Option<(u32, u32)> {
+    let v = s.trim().strip_prefix("glibc ")?;
+    let (major, minor) = v.split_once('.')?;
+    let minor: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Uploads `binary` into `dir` on the remote: a private temp name, the hash checked there,
+/// then renamed into place.
+async fn upload(session: &SshSession, binary: &Binary) -> Result<(), Error> {
+    let name = binary.cache_name();
+    let hash = &binary.sha256;
+    let script = format!(
+        "umask 077; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+         t=\"$d/.fastcp.$$.tmp\"; \
+         if cat > \"$t\" && [ \"$( (sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
+         && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \
+         else rm -f \"$t\"; echo \"the upload did not arrive whole (full disk, or no sha256sum)\" >&2; exit 1; fi"
+    );
+    let out = run_script(session, &script, &binary.bytes, "uploading fastcp").await?;
+    if out.trim() != "uploaded" {
+        return Err(Error::Deploy(format!(
+            "the upload was not confirmed: {}",
+            crate::stream::escape(out.as_bytes())
+        )));
+    }
+    Ok(())
+}
+
+/// A binary that can go to the remote.
+struct Binary {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    sha256: String,
+}
+
+impl Binary {
+    fn load(path: &Path) -> Result<Binary, Error> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::Deploy(format!("cannot read the binary {}: {e}", path.display()))
+        })?;
+        let sha256 = sha256_hex(&bytes);
+        Ok(Binary {
+            path: path.to_owned(),
+            bytes,
+            sha256,
+        })
+    }
+
+    /// The cache folder's name: the version and the hash's first 16 digits.
+    fn cache_name(&self) -> String {
+        format!("{}-{}", env!("CARGO_PKG_VERSION"), &self.sha256[..16])
+    }
+}
+
+/// The binary running here, and what it needs.
+struct LocalBinary {
+    binary: Binary,
+    arch: &'static str,
+    /// The newest glibc symbol version it needs; `None` for a static binary.
+    glibc: Option<(u32, u32)>,
+}
+
+impl LocalBinary {
+    fn find(_options: &DeployOptions) -> Result<LocalBinary, Error> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Deploy(format!("cannot find this program's binary: {e}")))?;
+        let binary = Binary::load(&exe)?;
+        let glibc = if is_static(&binary.bytes) {
+            None
+        } else {
+            Some(newest_glibc(&binary.bytes).unwrap_or((2, 17)))
+        };
+        Ok(LocalBinary {
+            binary,
+            arch: std::env::consts::ARCH,
+            glibc,
+        })
+    }
+
+    /// The cache name of the binary this host would send first.
+    fn cache_name(&self) -> String {
+        self.binary.cache_name()
+    }
+
+    /// The binary for `remote`: this one if it can run there, else one from the dist
+    /// folder.
+    fn for_remote(self, remote: &Remote, options: &DeployOptions) -> Result<Binary, Error> {
+        if remote.os != "Linux" || !matches!(remote.arch.as_str(), "x86_64" | "aarch64") {
+            return Err(Error::Deploy(format!(
+                "the remote host runs {} on {}; fastcp ships binaries for Linux on x86_64 and \
+                 aarch64 only",
+                remote.os, remote.arch
+            )));
+        }
+        let runs_there = remote.arch == self.arch
+            && match (self.glibc, remote.glibc) {
+                (None, _) => true,
+                (Some(need), Some(have)) => have >= need,
+                (Some(_), None) => false,
+            };
+        if runs_there {
+            return Ok(self.binary);
+        }
+        let dir = options
+            .dist_dir
+            .clone()
+            .or_else(|| std::env::var_os("FASTCP_DIST_DIR").map(PathBuf::from))
+            .or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(|p| p.join("dist")))
+            });
+        let name = format!(
+            "fastcp-{}-{}-unknown-linux-musl",
+            env!("CARGO_PKG_VERSION"),
+            remote.arch
+        );
+        let Some(path) = dir.map(|d| d.join(&name)).filter(|p| p.is_file()) else {
+            return Err(Error::Deploy(format!(
+                "this fastcp cannot run on the remote host ({} {}{}), and no {name} was found \
+                 to upload: build it with `cargo xtask dist` and name its folder with \
+                 FASTCP_DIST_DIR",
+                remote.os,
+                remote.arch,
+                remote
+                    .glibc
+                    .map_or(String::new(), |(a, b)| format!(", glibc {a}.{b}")),
+            )));
+        };
+        let binary = Binary::load(&path)?;
+        check_listed(&path, &binary.sha256)?;
+        Ok(binary)
+    }
+}
+
+/// Checks `path` against the `SHA256SUMS` beside it, when there is one.
+fn check_listed(path: &Path, sha256: &str) -> Result<(), Error> {
+    let Some(sums) = path
+        .parent()
+        .and_then(|d| std::fs::read_to_string(d.join("SHA256SUMS")).ok())
+    else {
+        return Ok(());
+    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    match sums.lines().find_map(|l| {
+        let (h, n) = l.split_once("  ")?;
+        (n.trim() == name).then_some(h.trim())
+    }) {
+        Some(h) if h.eq_ignore_ascii_case(sha256) => Ok(()),
+        Some(h) => Err(Error::Deploy(format!(
+            "{} does not match its SHA256SUMS entry ({h}); rebuild it with `cargo xtask dist`",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Whether an ELF file has no program interpreter (statically linked, static-pie included).
+fn is_static(elf: &[u8]) -> bool {
+    // 64-bit little-endian ELF: e_phoff at 32, e_phentsize at 54, e_phnum at 56.
+    if elf.len() < 64 || &elf[..4] != b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
+        return false;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[32..40].try_into().expect("8 bytes")) as usize;
+    let (size, count) = (u16_at(54), u16_at(56));
+    (0..count).all(|i| {
+        let at = phoff + i * size;
+        // PT_INTERP = 3.
+        elf.get(at..at + 4)
+            .is_none_or(|t| u32::from_le_bytes(t.try_into().expect("4 bytes")) != 3)
+    })
+}
+
+/// The newest `GLIBC_x.y` version a dynamically linked binary names.
+fn newest_glibc(elf: &[u8]) -> Option<(u32, u32)> {
+    let pat = b"GLIBC_";
+    let mut best = None;
+    let mut i = 0;
+    while let Some(pos) = elf[i..].windows(pat.len()).position(|w| w == pat) {
+        let start = i + pos + pat.len();
+        let digits: String = elf[start..]
+            .iter()
+            .take(8)
+            .take_while(|b| b.is_ascii_digit() || **b == b'.')
+            .map(|&b| b as char)
+            .collect();
+        if let Some((a, b)) = digits.split_once('.')
+            && let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.split('.').next().unwrap_or("").parse())
+        {
+            best = best.max(Some((a, b)));
+        }
+        i = start;
+    }
+    best
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspection_is_parsed_and_checked() {
+        let out = "os Linux\narch x86_64\nuid 1000\ndir /home/u/.cache/fastcp/0.1.0-ab\n\
+                   libc glibc 2.36\nfolder 1000 700 /home/u/.cache\ncached 00\n";
+        let r = parse_inspection(out).unwrap();
+        assert_eq!(
+            (r.os.as_str(), r.arch.as_str(), r.uid),
+            ("Linux", "x86_64", 1000)
+        );
+        assert_eq!(r.glibc, Some((2, 36)));
+        assert_eq!(r.folders, [(1000, 0o700, "/home/u/.cache".into())]);
+        assert_eq!(r.cached.as_deref(), Some("(unreadable)"));
+        assert!(parse_inspection("os Linux\n").is_err());
+        assert_eq!(parse_glibc("glibc 2.17"), Some((2, 17)));
+        assert_eq!(parse_glibc(""), None);
+    }
+
+    #[test]
+    fn this_binary_is_read_as_it_is_linked() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        if is_static(&exe) {
+            assert_eq!(newest_glibc(&exe), None);
+        } else {
+            assert!(newest_glibc(&exe).is_some_and(|v| v >= (2, 2)));
+        }
+        assert!(!is_static(b"not an elf"));
+    }
+}

@@ -1,0 +1,154 @@
+//! Self-deploy: a remote host without fastcp gets one uploaded into a private per-user cache,
+//! checked by SHA-256 before it runs, and reused by later copies.
+//!
+//! The harness's sshd gives its sessions `XDG_CACHE_HOME` in a temporary folder, so nothing
+//! is written under the real home; its sessions' PATH has no fastcp. The copies run without
+//! `--remote-path`.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, build_tiny};
+
+/// A `fastcp` command for `sshd` that names no remote program.
+fn fastcp_plain(sshd: &Sshd) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("-v")
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+/// The one cached binary under `cache`.
+fn cached(cache: &Path) -> PathBuf {
+    let dir = cache.join("fastcp");
+    let mut found: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("fastcp"))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.pop().unwrap()
+}
+
+#[test]
+fn a_remote_without_fastcp_gets_it_deployed_then_reuses_it() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+
+    let dst = work.path().join("pushed");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r", "--transport", "ssh"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("uploading"), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    let binary = cached(&cache);
+    let first = fs::metadata(&binary).unwrap();
+    assert_eq!(first.permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        fs::metadata(binary.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o077,
+        0,
+        "the cache folder must be private"
+    );
+    assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());
+
+    // A second copy, a pull over TCP, reuses it: nothing uploaded, the file untouched.
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r", "--transport", "tcp"])
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("uploading"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("using the fastcp cached"),
+        "{}",
+        stderr(&out)
+    );
+    assert_same_tree(&src, &pulled, false);
+    let again = fs::metadata(&binary).unwrap();
+    assert_eq!((again.ino(), again.mtime()), (first.ino(), first.mtime()));
+}
+
+#[test]
+fn a_tampered_cached_binary_is_replaced_and_never_run() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("one"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let binary = cached(&cache);
+    // Someone swaps the cached binary for a program that leaves a mark when it runs.
+    let canary = work.path().join("ran");
+    fs::write(
+        &binary,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", canary.display()),
+    )
+    .unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("two"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("replacing"), "{}", stderr(&out));
+    assert!(!canary.exists(), "the tampered binary ran");
+    assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());
+    assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
+}
+
+#[test]
+fn a_cache_folder_others_can_write_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    fs::create_dir_all(cache.join("fastcp")).unwrap();
+    fs::set_permissions(cache.join("fastcp"), fs::Permissions::from_mode(0o777)).unwrap();
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("copy"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refusing the cache folder"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("copy").exists());
+    assert_eq!(fs::read_dir(cache.join("fastcp")).unwrap().count(), 0);
+}
+
+#[test]
+fn no_deploy_keeps_the_not_installed_error() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg("--no-deploy")
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("copy"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not installed"), "{}", stderr(&out));
+    assert!(!cache.exists());
+}
