@@ -67,6 +67,10 @@ pub struct Args {
         conflicts_with = "dry_run"
     )]
     pub delete: bool,
+    /// End the copy (exit code 3) when no data has moved for SECS seconds: a peer that
+    /// stopped answering or a link that dropped. 0 waits forever.
+    #[arg(long, value_name = "SECS", default_value_t = fastcp::DEFAULT_TIMEOUT.as_secs(), help_heading = "Copy")]
+    pub timeout: u64,
     /// Never upload fastcp to a remote host that does not have it.
     #[arg(long, help_heading = "SSH")]
     pub no_deploy: bool,
@@ -357,6 +361,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         skip_unchanged: args.skip_unchanged,
         delete: args.delete,
         no_deploy: args.no_deploy,
+        timeout: (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout)),
         deploy_from: args.deploy_from.clone(),
         compress: args.compress,
         // scp's -l: Kbit/s of 1024 bits.

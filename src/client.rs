@@ -83,6 +83,12 @@ pub struct CopyOptions {
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
     /// ([`SshOptions::remote_path`]) or the system ssh program is used.
     pub no_deploy: bool,
+    /// Give up when no data has moved for this long once the copy's data is flowing: a peer
+    /// that stopped answering, a link that dropped without a reset (`--timeout SECS`). The
+    /// copy then ends with [`Error::Timeout`] (exit code 3). `None` waits forever; the
+    /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
+    /// it) when ssh_config sets none.
+    pub timeout: Option<Duration>,
     /// Where self-deploy finds `cargo xtask dist` binaries for remotes this program cannot
     /// run on (`--deploy-from`).
     pub deploy_from: Option<std::path::PathBuf>,
@@ -473,6 +479,13 @@ async fn connect_and_run(
     if ssh.port.is_none() {
         ssh.port = remote.port;
     }
+    // A peer that stopped answering is also noticed below the copy: SSH keepalives, a
+    // third of the timeout apart (three unanswered end the connection).
+    if ssh.client.keepalive_interval.is_none()
+        && let Some(t) = plan.options.timeout.filter(|t| !t.is_zero())
+    {
+        ssh.client.keepalive_interval = Some((t / 3).max(Duration::from_secs(1)));
+    }
     let destination = match &remote.user {
         Some(user) => format!("{user}@{}", remote.host),
         None => remote.host.clone(),
@@ -608,6 +621,47 @@ async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTr
     Ok(peer)
 }
 
+/// How long to wait for the remote program's exit status and last words once its session
+/// ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
+
+/// The `fastcp` command's `--timeout` unless told otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `work`, failing with [`Error::Timeout`] once `progress` has not moved for `limit`.
+pub(crate) async fn within_idle_limit<T>(
+    progress: &Progress,
+    limit: Option<Duration>,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let Some(limit) = limit.filter(|l| !l.is_zero()) else {
+        return work.await;
+    };
+    let watch = async {
+        let tick = (limit / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut last = progress.snapshot();
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(tick).await;
+            let now = progress.snapshot();
+            if now != last {
+                last = now;
+                since = Instant::now();
+            } else if since.elapsed() >= limit {
+                return Error::Timeout(format!(
+                    "while copying: no data moved for {} s; the other side or the network \
+                     stopped answering (--timeout)",
+                    limit.as_secs_f32()
+                ));
+            }
+        }
+    };
+    tokio::select! {
+        r = work => r,
+        e = watch => Err(e),
+    }
+}
+
 /// Data streams over one SSH connection unless `-j` says otherwise.
 pub const DEFAULT_SSH_STREAMS: u16 = 2;
 
@@ -703,8 +757,16 @@ async fn session_over(
     let server = peers[0].start_server().await?;
     let stderr = server.stderr.forward_to_stderr();
     let session = run_job(plan, server.stream, mode, peers, progress.clone(), job).await;
-    let status = server.exit.wait().await;
-    let _ = stderr.await;
+    // The exit status tells a missing remote program from other failures. After a cut or a
+    // stall it may never come: wait a little, never forever.
+    let status = match tokio::time::timeout(EXIT_STATUS_WAIT, server.exit.wait()).await {
+        Ok(status) => status,
+        Err(_) => Err(transport::Error::Io {
+            context: "waiting for the remote program's exit status".into(),
+            source: std::io::ErrorKind::TimedOut.into(),
+        }),
+    };
+    let _ = tokio::time::timeout(EXIT_STATUS_WAIT, stderr).await;
     match (session, status) {
         (Ok(done), _) => Ok(done),
         (Err(err), Ok(status)) if status.is_command_not_found() => {
@@ -969,30 +1031,33 @@ where
             return Ok(done);
         }
     }
-    done.report = match direction {
-        Direction::Push => {
-            let config = fastcp_stream::SendConfig {
-                version: agreed.version,
-                ..plan.send_config()
-            };
-            crate::data::send(&plan.local_sources(), data, &config, progress).await?
-        }
-        Direction::Pull => {
-            let Location::Local(dest) = &plan.dest else {
-                unreachable!("a pull has a local destination")
-            };
-            let mut cfg = plan.receive_config();
-            cfg.version = agreed.version;
-            // Accept only the names we asked for at the top level (scp CVE-2019-6111).
-            cfg.expected_top_level = plan
-                .sources
-                .iter()
-                .filter_map(Location::remote)
-                .map(|r| top_level_name(&r.path))
-                .collect();
-            crate::data::receive(dest, data, &cfg, progress).await?
-        }
+    let engine = async {
+        Ok(match direction {
+            Direction::Push => {
+                let config = fastcp_stream::SendConfig {
+                    version: agreed.version,
+                    ..plan.send_config()
+                };
+                crate::data::send(&plan.local_sources(), data, &config, progress.clone()).await?
+            }
+            Direction::Pull => {
+                let Location::Local(dest) = &plan.dest else {
+                    unreachable!("a pull has a local destination")
+                };
+                let mut cfg = plan.receive_config();
+                cfg.version = agreed.version;
+                // Accept only the names we asked for at the top level (scp CVE-2019-6111).
+                cfg.expected_top_level = plan
+                    .sources
+                    .iter()
+                    .filter_map(Location::remote)
+                    .map(|r| top_level_name(&r.path))
+                    .collect();
+                crate::data::receive(dest, data, &cfg, progress.clone()).await?
+            }
+        })
     };
+    done.report = within_idle_limit(&progress, plan.options.timeout, engine).await?;
     done.data_time = data_started.elapsed();
     Ok(done)
 }

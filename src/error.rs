@@ -107,6 +107,9 @@ impl Error {
             }
             Error::RemoteCommand(_) | Error::Handshake(_) | Error::Deploy(_) => exit::CONNECTION,
             Error::Engine(e) if e.code() == fastcp_proto::ErrorCode::Integrity => exit::INTEGRITY,
+            // A connection lost mid-copy is a connection failure, not a file's.
+            Error::Engine(e) if e.is_disconnect() => exit::CONNECTION,
+            Error::ConnectionClosed(_) => exit::CONNECTION,
             Error::Crypto(_) => exit::INTEGRITY,
             _ => exit::PARTIAL,
         }

@@ -53,9 +53,9 @@ pub mod stdio;
 mod wire;
 
 pub use client::{
-    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Listed, MAX_SSH_STREAMS, Measurement,
-    Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote, measure,
-    probe, run_session,
+    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, DEFAULT_TIMEOUT, Listed,
+    MAX_SSH_STREAMS, Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice,
+    copy_local, copy_remote, measure, probe, run_session,
 };
 pub use error::{Error, exit};
 pub use location::{Location, RemotePath};

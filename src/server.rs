@@ -27,6 +27,10 @@ use crate::session::{self, random32};
 use crate::wire::FrameReader;
 use crate::{BoxStream, Error, Report};
 
+/// How long a server waits for data to move before it gives up on its client: twice the
+/// client's default `--timeout`, so that the client, which can say why, usually notices first.
+pub const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How `fastcp server` behaves. The defaults suit a server started over SSH.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -46,6 +50,9 @@ pub struct ServerConfig {
     /// are challenged only a few at a time. Default: the SSH connection's client address
     /// (from `SSH_CONNECTION`); outside SSH, none.
     pub tcp_client: Option<IpAddr>,
+    /// Give up when no data has moved for this long while copying: a client that stopped
+    /// answering leaves no server behind. Default: [`SERVER_IDLE_TIMEOUT`].
+    pub idle_timeout: Option<Duration>,
     /// Where the server tells what the client does not hear through the protocol, such as a
     /// stranger's connection to the data port that was refused. Default: nowhere.
     pub log: crate::Log,
@@ -60,6 +67,7 @@ impl Default for ServerConfig {
             tcp_ports: None,
             tcp: TcpConfig::default(),
             tcp_client: ssh_connection_field(0),
+            idle_timeout: Some(SERVER_IDLE_TIMEOUT),
             log: crate::Log::default(),
         }
     }
@@ -253,35 +261,40 @@ where
         .map_err(|e| (None, e));
     }
     let progress = Arc::new(fastcp_stream::Progress::default());
-    let result = match request.direction {
-        Direction::Push => {
-            let dest = remote_path(request.paths.first().map(|p| &p[..]).unwrap_or(b""));
-            let cfg = fastcp_stream::ReceiveConfig {
-                preserve: request.flags & flags::PRESERVE != 0,
-                recursive: request.flags & flags::RECURSIVE != 0,
-                target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
-                fsync: request.flags & flags::FSYNC != 0,
-                skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-                delete: request.flags & flags::DELETE != 0,
-                version: agreed.version,
-                ..Default::default()
-            };
-            crate::data::receive(&dest, data, &cfg, progress).await
+    let engine = async {
+        match request.direction {
+            Direction::Push => {
+                let dest = remote_path(request.paths.first().map(|p| &p[..]).unwrap_or(b""));
+                let cfg = fastcp_stream::ReceiveConfig {
+                    preserve: request.flags & flags::PRESERVE != 0,
+                    recursive: request.flags & flags::RECURSIVE != 0,
+                    target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
+                    fsync: request.flags & flags::FSYNC != 0,
+                    skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+                    delete: request.flags & flags::DELETE != 0,
+                    version: agreed.version,
+                    ..Default::default()
+                };
+                crate::data::receive(&dest, data, &cfg, progress.clone()).await
+            }
+            Direction::Pull => {
+                let sources = remote_sources(&request.paths);
+                let cfg = fastcp_stream::SendConfig {
+                    preserve: request.flags & flags::PRESERVE != 0,
+                    recursive: request.flags & flags::RECURSIVE != 0,
+                    follow_links: request.flags & flags::FOLLOW_LINKS != 0,
+                    skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+                    version: agreed.version,
+                    ..Default::default()
+                };
+                crate::data::send(&sources, data, &cfg, progress.clone()).await
+            }
         }
-        Direction::Pull => {
-            let sources = remote_sources(&request.paths);
-            let cfg = fastcp_stream::SendConfig {
-                preserve: request.flags & flags::PRESERVE != 0,
-                recursive: request.flags & flags::RECURSIVE != 0,
-                follow_links: request.flags & flags::FOLLOW_LINKS != 0,
-                skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-                version: agreed.version,
-                ..Default::default()
-            };
-            crate::data::send(&sources, data, &cfg, progress).await
-        }
+        .map_err(Error::Engine)
     };
-    result.map_err(|e| (None, Error::Engine(e)))
+    crate::client::within_idle_limit(&progress, config.idle_timeout, engine)
+        .await
+        .map_err(|e| (None, e))
 }
 
 /// The server's side of a throughput test: reads every stream to its end, throwing the bytes

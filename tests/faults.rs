@@ -1,0 +1,233 @@
+//! Cut and stalled connections: a copy ends, with the connection exit code (3) and a clear
+//! error, and leaves no partial file under its final name and no temp file.
+//!
+//! A relay on 127.0.0.1 stands between fastcp and the harness's sshd: it forwards, then
+//! closes both sides after a given number of bytes (a cut), or stops forwarding while
+//! keeping both connections open (a stall, like a dropped link without a reset).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_no_temp, pseudo_random, write};
+
+/// What the relay does once `limit` bytes went from the client to the server.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Close both connections.
+    Cut,
+    /// Stop forwarding in both directions, keeping the connections open.
+    Stall,
+}
+
+/// A relay from a free port on 127.0.0.1 to `to`, for its first connection only. Returns
+/// the port.
+fn relay(to: u16, limit: u64, fault: Fault) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else {
+            return;
+        };
+        let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let pump = |mut from: TcpStream, mut to: TcpStream, count: bool| {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if count && sent.fetch_add(n as u64, Ordering::SeqCst) + n as u64 >= limit {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    if stop.load(Ordering::SeqCst) {
+                        match fault {
+                            Fault::Cut => {
+                                let _ = from.shutdown(Shutdown::Both);
+                                let _ = to.shutdown(Shutdown::Both);
+                                return;
+                            }
+                            // Hold the sockets open, forwarding nothing, for longer than any
+                            // test runs.
+                            Fault::Stall => {
+                                std::thread::sleep(Duration::from_secs(600));
+                                return;
+                            }
+                        }
+                    }
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            true,
+        );
+        let b = pump(server, client, false);
+        let _ = a.join();
+        let _ = b.join();
+    });
+    port
+}
+
+/// An ssh_config for `sshd` reached through the relay on `port`.
+fn through(sshd: &Sshd, dir: &Path, port: u16) -> std::path::PathBuf {
+    let cfg = dir.join("relay_config");
+    let known = dir.join("relay_known_hosts");
+    std::fs::write(
+        &known,
+        format!("[127.0.0.1]:{port} {}\n", sshd.host_public_key()),
+    )
+    .unwrap();
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(&format!("Port {}", sshd.port()), &format!("Port {port}"))
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &known.display().to_string(),
+        );
+    std::fs::write(&cfg, block).unwrap();
+    cfg
+}
+
+/// Runs fastcp with `args`, killing it if it has not ended within `limit`; returns its exit
+/// code (None if it had to be killed) and stderr.
+fn run_bounded(args: &[&std::ffi::OsStr], limit: Duration) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("SSH_AUTH_SOCK")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status.code(), err);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (None, err);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn cut_push(fault: Fault, at: u64, extra: &[&str], says: &str) {
+    cut_copy(fault, at, "ssh", extra, says);
+}
+
+/// Pushes a 24 MiB file over `transport` with the SSH connection going through a relay
+/// that misbehaves at `at` bytes; checks the exit code and what is left.
+fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(24 << 20, 3), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let port = relay(sshd.port(), at, fault);
+    let cfg = through(&sshd, work.path(), port);
+    let target = remote(&sshd, &dst);
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-F".as_ref(),
+        cfg.as_os_str(),
+        "--remote-path".as_ref(),
+        BIN.as_ref(),
+        "--transport".as_ref(),
+        transport.as_ref(),
+        "-j".as_ref(),
+        "1".as_ref(),
+        "-vv".as_ref(),
+    ];
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(a)));
+    args.push(src.as_os_str());
+    args.push(target.as_ref());
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    if transport == "tcp" && code == Some(0) {
+        assert_eq!(
+            std::fs::read(dst.join("big")).unwrap(),
+            std::fs::read(&src).unwrap()
+        );
+        return;
+    }
+    assert_eq!(code, Some(3), "{fault:?} at {at} over {transport}: {err}");
+    assert!(err.contains(says), "{fault:?} at {at}: {err}");
+    assert!(
+        !dst.join("big").exists(),
+        "a partial file under its final name"
+    );
+    // The server notices too, and removes its temp file: at once after a cut, within its
+    // own idle limit (a minute) after a stall.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = std::fs::read_dir(&dst).unwrap().count();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server left its temp file");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_no_temp(&dst);
+}
+
+#[test]
+fn a_cut_ssh_connection_ends_the_copy_at_once() {
+    for at in [300_000, 5_000_000] {
+        cut_push(Fault::Cut, at, &[], "closed");
+    }
+}
+
+#[test]
+fn a_stalled_ssh_connection_ends_the_copy_within_the_timeout() {
+    cut_push(
+        Fault::Stall,
+        2_000_000,
+        &["--timeout", "3"],
+        "no data moved for 3 s",
+    );
+}
+
+/// With the TCP transport the data goes around the SSH connection: losing that connection
+/// (the control stream) mid-copy ends the copy with the connection exit code, or, when the
+/// data had all arrived, in success, but never hangs.
+#[test]
+fn a_cut_control_connection_never_leaves_a_tcp_copy_hanging() {
+    // Cut where the SSH connection is in its handshake, its request and after it: the copy
+    // fails with the connection code or, when the data streams already carry it, succeeds.
+    for at in [2_000, 4_000, 6_000] {
+        cut_copy(Fault::Cut, at, "tcp", &[], "");
+    }
+}
