@@ -172,7 +172,7 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
         "1".as_ref(),
         "-vv".as_ref(),
     ];
-    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(a)));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     args.push(src.as_os_str());
     args.push(target.as_ref());
     let (code, err) = run_bounded(&args, Duration::from_secs(60));
