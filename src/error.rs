@@ -76,6 +76,9 @@ pub mod exit {
     /// Everything was copied but files that changed or vanished while they were read (as
     /// rsync's 24): run the copy again once they are stable.
     pub const SOURCE_CHANGED: u8 = 5;
+    /// Stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP; nothing partial was kept (128 + 2, as
+    /// shells report an interrupted command).
+    pub const INTERRUPTED: u8 = 130;
 
     /// The exit code for a copy that ran to its end with `report`: [`OK`], [`INTEGRITY`] if
     /// any file failed its check, else [`SOURCE_CHANGED`] if every failure was a source that

@@ -26,7 +26,20 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::PARTIAL);
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            r = cli::run(args) => r,
+            // The copy's future is dropped here: its temp files are removed, and the writer
+            // threads finish before the runtime goes.
+            signal = interrupted() => {
+                eprintln!("fastcp: interrupted by {signal}; nothing partial was kept");
+                Ok(exit::INTERRUPTED)
+            }
+        }
+    });
+    // Blocking threads still cleaning up get a moment; none may keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let code = err
@@ -42,6 +55,23 @@ fn main() -> ExitCode {
             }
             ExitCode::from(code)
         }
+    }
+}
+
+/// Waits for SIGINT, SIGTERM or SIGHUP; returns its name. Without signal support, never.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
     }
 }
 

@@ -231,3 +231,87 @@ fn a_cut_control_connection_never_leaves_a_tcp_copy_hanging() {
         cut_copy(Fault::Cut, at, "tcp", &[], "");
     }
 }
+
+/// Whether `dir` holds a fastcp temp file (`.NAME.fastcp-*`).
+fn has_temp(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().contains(".fastcp-"))
+        })
+        .unwrap_or(false)
+}
+
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP mid-copy, pull and push: the client exits 130, and
+/// neither side leaves a temp file or a partial file.
+#[test]
+fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
+    let sshd = Sshd::start().unwrap();
+    for (signal, pull) in [
+        ("-INT", true),
+        ("-TERM", true),
+        ("-HUP", false),
+        ("-INT", false),
+    ] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(16 << 20, 5), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["--transport", "ssh", "--bwlimit", "2M"]);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Mid-copy: the receiver's temp file is there.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !has_temp(&dst) {
+            assert!(Instant::now() < deadline, "the copy never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "{signal} did not stop the copy");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(130), "{signal} pull={pull}: {err}");
+        assert!(err.contains("interrupted"), "{err}");
+        // The server side (a push) notices its client is gone and cleans up too.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while has_temp(&dst) {
+            assert!(
+                Instant::now() < deadline,
+                "{signal} pull={pull}: a temp file was left"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+    }
+}
