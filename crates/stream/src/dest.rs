@@ -263,6 +263,10 @@ fn libc_enotdir() -> i32 {
     Errno::NOTDIR.raw_os_error()
 }
 
+/// The permission bits a received file or directory may get: everything but setuid and
+/// setgid (the sticky bit stays).
+const SAFE_MODE_BITS: u32 = 0o1777;
+
 /// A fresh temporary name beside `name`: `.NAME.fastcp-XXXXXXXX`, short enough for any file
 /// system.
 fn temp_name(name: &[u8]) -> Vec<u8> {
@@ -448,9 +452,9 @@ impl Writer {
                 return Ok(());
             }
         };
-        // Created with its final permission bits (the umask applies, as for scp), so that
-        // fchmod is only needed for bits the umask removed under `preserve`.
-        let mode = Mode::from_raw_mode(meta.mode & 0o777);
+        // Private until it is complete and verified; it takes its final mode just before
+        // its final name.
+        let mode = Mode::from_raw_mode(0o600);
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let (fd, temp) = loop {
@@ -586,15 +590,22 @@ impl Writer {
         }
         let shared = self.shared.clone();
         let display = || shared.root.display(&f.local);
+        // The sender's bits (less the umask without `preserve`, as scp does); never setuid
+        // or setgid: the file belongs to whoever receives it, and a sender must not be able
+        // to hand that user a program that runs with their rights.
+        let want = if shared.config.preserve {
+            f.meta.mode & SAFE_MODE_BITS
+        } else {
+            f.meta.mode & 0o777 & !shared.umask
+        };
+        if want != 0o600
+            && let Err(e) = rustix::fs::fchmod(&f.fd, Mode::from_raw_mode(want))
+        {
+            shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
+            f.discard();
+            return Ok(());
+        }
         if shared.config.preserve {
-            let want = f.meta.mode & 0o7777;
-            if want != f.meta.mode & 0o777 & !shared.umask
-                && let Err(e) = rustix::fs::fchmod(&f.fd, Mode::from_raw_mode(want))
-            {
-                shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
-                f.discard();
-                return Ok(());
-            }
             let times = timestamps((f.meta.mtime, f.meta.mtime_nsec), f.meta.atime);
             if let Err(e) = rustix::fs::futimens(&f.fd, &times) {
                 shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
@@ -700,7 +711,7 @@ impl Writer {
             (_, true) => Some(Fixup {
                 local,
                 wire,
-                mode: Some(meta.mode & 0o7777),
+                mode: Some(meta.mode & SAFE_MODE_BITS),
                 mtime: Some((meta.mtime, meta.mtime_nsec)),
                 atime: meta.atime,
             }),

@@ -639,3 +639,108 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
     assert_eq!(report.local.files, 1);
     sb.assert_contained();
 }
+
+/// A sender cannot hand the receiving user a setuid or setgid program, even with `-p`; the
+/// other bits (sticky included) are kept.
+#[tokio::test]
+async fn setuid_and_setgid_bits_are_dropped() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    let entry = |id: u64, path: &[u8], mode: u32| {
+        Frame::File(FileEntry {
+            id,
+            path: Bytes::copy_from_slice(path),
+            size: 2,
+            meta: Meta { mode, ..meta() },
+        })
+    };
+    let stream = wire(&[
+        entry(1, b"suid", 0o4755),
+        data(1, 0, b"#!"),
+        end(1, b"#!"),
+        entry(2, b"sgid", 0o2750),
+        data(2, 0, b"#!"),
+        end(2, b"#!"),
+        done(2, 0, 0, 4),
+    ]);
+    let config = ReceiveConfig {
+        preserve: true,
+        ..recursive()
+    };
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert!(report.is_complete(), "{:?}", report.failures);
+    let mode = |n: &str| fs::metadata(sb.dest.join(n)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("suid"), 0o755);
+    assert_eq!(mode("sgid"), 0o750);
+}
+
+/// A file being received is readable by nobody else until it is complete: its temp file is
+/// private, whatever mode it will end with.
+#[tokio::test]
+async fn a_temp_file_is_private_until_complete() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    let (mut ours, theirs) = tokio::io::duplex(1 << 20);
+    let dest = sb.dest.clone();
+    let recv = tokio::spawn(async move {
+        receive(
+            &dest,
+            vec![theirs],
+            &recursive(),
+            Arc::new(Progress::default()),
+        )
+        .await
+    });
+    // A world-readable file's entry, then silence.
+    ours.write_all(&wire(&[file(1, b"public", 10)]))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let temp = loop {
+        let found = fs::read_dir(&sb.dest)
+            .unwrap()
+            .filter_map(Result::ok)
+            .find(|e| e.file_name().to_string_lossy().contains(".fastcp-"));
+        if let Some(e) = found {
+            break e.path();
+        }
+        assert!(std::time::Instant::now() < deadline, "no temp file");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        fs::metadata(&temp).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    ours.write_all(&wire(&[
+        data(1, 0, b"helloworld"),
+        end(1, b"helloworld"),
+        done(1, 0, 0, 10),
+    ]))
+    .await
+    .unwrap();
+    ours.shutdown().await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(60), recv)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(report.is_complete());
+    let mode = fs::metadata(sb.dest.join("public"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o644 & !read_umask());
+}
+
+fn read_umask() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .map(|v| u32::from_str_radix(v.trim(), 8).unwrap())
+        .unwrap_or(0o022)
+}
