@@ -504,6 +504,9 @@ fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
         C::Protocol => "protocol",
         C::Unsupported => "unsupported",
         C::SourceChanged => "source_changed",
+        C::NoSpace => "no_space",
+        C::ReadOnly => "read_only",
+        C::Quota => "quota",
         _ => "other",
     }
 }

@@ -118,3 +118,213 @@ impl Error {
         }
     }
 }
+
+/// What kind of failure an [`Error`] is, stable across releases: what a program that embeds
+/// fastcp matches on, rather than on variants or messages.
+///
+/// ```
+/// use fastcp::{Error, ErrorKind, Fault};
+///
+/// let e = Error::Usage("no target given".into());
+/// assert_eq!(e.kind(), ErrorKind::Usage);
+/// assert_eq!(e.fault(), Fault::User);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The SSH server did not accept any of our credentials.
+    Auth,
+    /// The host key is unknown, changed, revoked or refused.
+    HostKey,
+    /// The host, its SSH port or the data port could not be reached, or the connection was
+    /// lost.
+    Connect,
+    /// Something took longer than allowed, or data stopped moving (`--timeout`).
+    Timeout,
+    /// fastcp is not on the remote host and could not be deployed there.
+    RemoteProgramMissing,
+    /// A path does not exist.
+    NotFound,
+    /// Permission was denied.
+    PermissionDenied,
+    /// A disk is full.
+    NoSpace,
+    /// A file system is read-only.
+    ReadOnly,
+    /// A disk quota is exhausted.
+    Quota,
+    /// Data failed a check: a file's checksum or an AEAD tag.
+    Integrity,
+    /// The peer broke the protocol, or speaks an incompatible version.
+    Protocol,
+    /// The copy was cancelled.
+    Cancelled,
+    /// The request makes no sense (bad options or operands), or the peer cannot serve it.
+    Usage,
+    /// A source changed or vanished while it was read.
+    SourceChanged,
+    /// Any other local I/O failure.
+    Io,
+}
+
+/// Whose side a failure is on, as rustls tells its errors apart: what a program reports,
+/// retries or alerts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// This machine: its disks, files or configuration.
+    Local,
+    /// The remote host or the peer program: it refused, failed, or broke the protocol.
+    Remote,
+    /// The network between them: unreachable, cut, stalled, tampered with.
+    Network,
+    /// What was asked: options, operands, credentials, host keys to trust.
+    User,
+}
+
+impl Error {
+    /// The kind of failure; see [`ErrorKind`].
+    pub fn kind(&self) -> ErrorKind {
+        use fastcp_transport::Error as T;
+        match self {
+            Error::Usage(_) | Error::Unsupported(_) => ErrorKind::Usage,
+            Error::Io(e) => io_kind(e),
+            Error::Protocol(_) | Error::UnexpectedFrame { .. } | Error::Handshake(_) => {
+                ErrorKind::Protocol
+            }
+            Error::ConnectionClosed(_) | Error::Tcp(_) => ErrorKind::Connect,
+            Error::Timeout(_) => ErrorKind::Timeout,
+            Error::JoinRejected(_) => ErrorKind::Protocol,
+            Error::Remote(_) => ErrorKind::Protocol,
+            Error::RemoteCommand(_) | Error::Deploy(_) => ErrorKind::RemoteProgramMissing,
+            Error::Crypto(_) => ErrorKind::Integrity,
+            Error::Engine(e) => engine_kind(e),
+            Error::Transport(t) => match t {
+                T::Auth { .. } => ErrorKind::Auth,
+                T::HostKeyUnknown { .. } | T::HostKeyChanged { .. } | T::HostKeyRejected { .. } => {
+                    ErrorKind::HostKey
+                }
+                T::Timeout { .. } => ErrorKind::Timeout,
+                T::Config(_) | T::SingleStream(_) => ErrorKind::Usage,
+                T::Io { source, .. } => io_kind(source),
+                _ => ErrorKind::Connect,
+            },
+        }
+    }
+
+    /// Whose side the failure is on; see [`Fault`].
+    pub fn fault(&self) -> Fault {
+        match (self, self.kind()) {
+            (_, ErrorKind::Usage | ErrorKind::Auth | ErrorKind::HostKey) => Fault::User,
+            (_, ErrorKind::Connect | ErrorKind::Timeout) => Fault::Network,
+            (Error::Crypto(_), _) | (Error::Tcp(_), _) => Fault::Network,
+            (_, ErrorKind::Integrity) => Fault::Network,
+            (_, ErrorKind::Protocol | ErrorKind::RemoteProgramMissing) => Fault::Remote,
+            (Error::Engine(fastcp_stream::Error::Remote { .. }), _) => Fault::Remote,
+            (
+                Error::Engine(
+                    fastcp_stream::Error::Protocol(_) | fastcp_stream::Error::Decode { .. },
+                ),
+                _,
+            ) => Fault::Remote,
+            _ => Fault::Local,
+        }
+    }
+}
+
+/// The kind of a local I/O error, storage errors apart.
+fn io_kind(e: &io::Error) -> ErrorKind {
+    match e.raw_os_error() {
+        Some(28) => return ErrorKind::NoSpace,  // ENOSPC
+        Some(30) => return ErrorKind::ReadOnly, // EROFS
+        Some(122) => return ErrorKind::Quota,   // EDQUOT
+        _ => {}
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => ErrorKind::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        io::ErrorKind::TimedOut => ErrorKind::Timeout,
+        io::ErrorKind::ConnectionRefused
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof => ErrorKind::Connect,
+        _ => ErrorKind::Io,
+    }
+}
+
+/// The kind of an engine error.
+fn engine_kind(e: &fastcp_stream::Error) -> ErrorKind {
+    use fastcp_stream::Error as S;
+    match e {
+        S::Io { source, .. } => io_kind(source),
+        S::SourceChanged { .. } | S::SourceVanished { .. } => ErrorKind::SourceChanged,
+        S::Integrity { .. } => ErrorKind::Integrity,
+        S::ConnectionClosed { .. } | S::Stream { .. } => ErrorKind::Connect,
+        S::UnsafePath { .. } | S::Protocol(_) | S::Decode { .. } => ErrorKind::Protocol,
+        S::Unsupported { .. } | S::InvalidArgument(_) => ErrorKind::Usage,
+        S::Remote { code, .. } => match code {
+            fastcp_proto::ErrorCode::NotFound => ErrorKind::NotFound,
+            fastcp_proto::ErrorCode::PermissionDenied => ErrorKind::PermissionDenied,
+            fastcp_proto::ErrorCode::Integrity => ErrorKind::Integrity,
+            fastcp_proto::ErrorCode::SourceChanged => ErrorKind::SourceChanged,
+            fastcp_proto::ErrorCode::NoSpace => ErrorKind::NoSpace,
+            fastcp_proto::ErrorCode::ReadOnly => ErrorKind::ReadOnly,
+            fastcp_proto::ErrorCode::Quota => ErrorKind::Quota,
+            fastcp_proto::ErrorCode::Unsupported => ErrorKind::Usage,
+            fastcp_proto::ErrorCode::Io => ErrorKind::Io,
+            _ => ErrorKind::Protocol,
+        },
+        _ => ErrorKind::Io,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_faults() {
+        let enospc = Error::Io(io::Error::from_raw_os_error(28));
+        assert_eq!(
+            (enospc.kind(), enospc.fault()),
+            (ErrorKind::NoSpace, Fault::Local)
+        );
+        let erofs = Error::Engine(fastcp_stream::Error::Io {
+            path: "/mnt/x".into(),
+            source: io::Error::from_raw_os_error(30),
+        });
+        assert_eq!(
+            (erofs.kind(), erofs.fault()),
+            (ErrorKind::ReadOnly, Fault::Local)
+        );
+        let cut = Error::Engine(fastcp_stream::Error::ConnectionClosed {
+            stream: 0,
+            during: "copying",
+        });
+        assert_eq!(
+            (cut.kind(), cut.fault()),
+            (ErrorKind::Connect, Fault::Network)
+        );
+        let auth = Error::Transport(fastcp_transport::Error::Auth {
+            user: "u".into(),
+            host: "h".into(),
+            tried: vec![],
+        });
+        assert_eq!((auth.kind(), auth.fault()), (ErrorKind::Auth, Fault::User));
+        let remote_full = Error::Engine(fastcp_stream::Error::Remote {
+            code: fastcp_proto::ErrorCode::NoSpace,
+            path: String::new(),
+            message: "no space".into(),
+        });
+        assert_eq!(remote_full.kind(), ErrorKind::NoSpace);
+        assert_eq!(remote_full.fault(), Fault::Remote);
+        let stalled = Error::Timeout("while copying".into());
+        assert_eq!(
+            (stalled.kind(), stalled.fault()),
+            (ErrorKind::Timeout, Fault::Network)
+        );
+        let missing = Error::Deploy("no binary".into());
+        assert_eq!(missing.kind(), ErrorKind::RemoteProgramMissing);
+    }
+}

@@ -57,7 +57,7 @@ pub use client::{
     MAX_SSH_STREAMS, Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice,
     copy_local, copy_remote, measure, probe, run_session,
 };
-pub use error::{Error, exit};
+pub use error::{Error, ErrorKind, Fault, exit};
 pub use location::{Location, RemotePath};
 pub use log::{Log, LogLevel};
 pub use session::SOFTWARE;

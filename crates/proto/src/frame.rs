@@ -390,6 +390,12 @@ pub enum ErrorCode {
     /// (rsync's "vanished or changed" case, its exit code 24). Older peers read it as
     /// [`ErrorCode::Other`].
     SourceChanged,
+    /// A disk is full (ENOSPC). Older peers read it as [`ErrorCode::Other`].
+    NoSpace,
+    /// A file system is read-only (EROFS). Older peers read it as [`ErrorCode::Other`].
+    ReadOnly,
+    /// A disk quota is exhausted (EDQUOT). Older peers read it as [`ErrorCode::Other`].
+    Quota,
 }
 
 impl ErrorCode {
@@ -405,6 +411,9 @@ impl ErrorCode {
             ErrorCode::Protocol => 6,
             ErrorCode::Unsupported => 7,
             ErrorCode::SourceChanged => 8,
+            ErrorCode::NoSpace => 9,
+            ErrorCode::ReadOnly => 10,
+            ErrorCode::Quota => 11,
         }
     }
 
@@ -419,6 +428,9 @@ impl ErrorCode {
             6 => ErrorCode::Protocol,
             7 => ErrorCode::Unsupported,
             8 => ErrorCode::SourceChanged,
+            9 => ErrorCode::NoSpace,
+            10 => ErrorCode::ReadOnly,
+            11 => ErrorCode::Quota,
             _ => ErrorCode::Other,
         }
     }

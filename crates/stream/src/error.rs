@@ -175,9 +175,12 @@ impl Error {
     /// The wire error code that describes this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Io { source, .. } => match source.kind() {
-                io::ErrorKind::NotFound => ErrorCode::NotFound,
-                io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+            Error::Io { source, .. } => match (source.raw_os_error(), source.kind()) {
+                (Some(28), _) => ErrorCode::NoSpace,
+                (Some(30), _) => ErrorCode::ReadOnly,
+                (Some(122), _) => ErrorCode::Quota,
+                (_, io::ErrorKind::NotFound) => ErrorCode::NotFound,
+                (_, io::ErrorKind::PermissionDenied) => ErrorCode::PermissionDenied,
                 _ => ErrorCode::Io,
             },
             Error::Unsupported { .. } | Error::InvalidArgument(_) => ErrorCode::Unsupported,
