@@ -315,3 +315,22 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
         );
     }
 }
+
+/// ServerAliveInterval from ssh_config or `-o` is honoured: with the copy's own timeout off,
+/// SSH keepalives alone notice a stalled connection.
+#[test]
+fn server_alive_interval_notices_a_stalled_connection() {
+    cut_push(
+        Fault::Stall,
+        2_000_000,
+        &[
+            "--timeout",
+            "0",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ],
+        "connection closed",
+    );
+}

@@ -416,3 +416,67 @@ fn a_small_push_over_ssh_logs_in_once() {
         assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(src).unwrap());
     }
 }
+
+/// The idiom of CI scripts and throwaway VMs, `-o UserKnownHostsFile=/dev/null -o
+/// StrictHostKeyChecking=no`, works as with ssh: the key is accepted and nothing recorded.
+#[test]
+fn dev_null_known_hosts_with_strict_checking_off_works_both_ways() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_tiny(&src, 10);
+    let idiom = [
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=no",
+    ];
+    let pushed = work.path().join("pushed");
+    let out = run(fastcp(&sshd, bin())
+        .args(idiom)
+        .arg("-r")
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &pushed, false);
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp(&sshd, bin())
+        .args(idiom)
+        .arg("-r")
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &pulled, false);
+    assert_eq!(std::fs::metadata("/dev/null").unwrap().len(), 0);
+}
+
+/// With StrictHostKeyChecking no, a changed host key is announced and the copy goes on with
+/// public keys only, as with ssh; with the default it is refused.
+#[test]
+fn a_changed_host_key_is_refused_unless_strict_checking_is_off() {
+    let mut sshd = Sshd::start().unwrap();
+    sshd.change_host_key().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("f");
+    std::fs::write(&src, b"x").unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("refused"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let out = run(fastcp(&sshd, bin())
+        .args(["-o", "StrictHostKeyChecking=no"])
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("accepted"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("password and keyboard-interactive authentication are disabled"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(work.path().join("accepted").exists());
+}

@@ -112,6 +112,9 @@ pub(crate) struct ClientHandler {
     /// Set once the server has sent its host key: ConnectTimeout no longer applies (it
     /// must not cut a host key prompt short).
     key_received: Arc<AtomicBool>,
+    /// Set when the host key had changed and StrictHostKeyChecking no let the connection go
+    /// on anyway: passwords and keyboard-interactive answers must not go to it then.
+    key_changed: Arc<AtomicBool>,
     warnings: Arc<Mutex<Vec<String>>>,
     exec: ExecMap,
 }
@@ -123,7 +126,7 @@ impl russh::client::Handler for ClientHandler {
         self.key_received.store(true, Ordering::SeqCst);
         match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => {
-                verify_host_key(&self.host, key, &self.warnings).await?;
+                verify_host_key(&self.host, key, &self.warnings, &self.key_changed).await?;
                 Ok(true)
             }
             PublicKeyOrCertificate::Certificate(_) => Err(Error::HostKeyRejected {
@@ -212,6 +215,7 @@ async fn verify_host_key(
     host: &HostConfig,
     key: &PublicKey,
     warnings: &Mutex<Vec<String>>,
+    key_changed: &AtomicBool,
 ) -> Result<(), Error> {
     let name = host.known_hosts_name();
     let files: Vec<_> = host
@@ -236,6 +240,22 @@ async fn verify_host_key(
                 file.display()
             ),
         }),
+        // As ssh with StrictHostKeyChecking no: a changed key is announced loudly, and the
+        // connection goes on with public keys only, so that no password reaches a server that
+        // may be someone else's.
+        HostKeyStatus::Changed { file, line }
+            if host.strict_host_key_checking == StrictHostKeyChecking::No =>
+        {
+            key_changed.store(true, Ordering::SeqCst);
+            warnings.lock().expect("warnings").push(format!(
+                "WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED for '{name}': its {key_type} \
+                 key is now {fp}, not the one in {}:{line}. StrictHostKeyChecking no lets the \
+                 connection go on; password and keyboard-interactive authentication are \
+                 disabled to avoid man-in-the-middle attacks.",
+                file.display()
+            ));
+            Ok(())
+        }
         HostKeyStatus::Changed { file, line } => Err(Error::HostKeyChanged {
             host: name,
             key_type,
@@ -287,7 +307,8 @@ async fn verify_host_key(
                 return Err(unknown());
             }
             let Some(file) = first_file else {
-                return Err(unknown());
+                // `UserKnownHostsFile none`: accepted, nowhere to record it.
+                return Ok(());
             };
             known_hosts::record(&file, &name, key, host.hash_known_hosts).map_err(|e| {
                 Error::io(format!("cannot record host key in {}", file.display()), e)
@@ -533,14 +554,22 @@ async fn connect_one(
     client: &SshClientConfig,
     previous: Option<&AuthUsed>,
 ) -> Result<SshSession, Error> {
-    let config = Arc::new(client.to_russh()?);
+    let mut config = client.to_russh()?;
+    // ServerAliveInterval from ssh_config or -o wins over the program's default.
+    if let Some(interval) = host.server_alive_interval {
+        config.keepalive_interval = Some(interval);
+        config.keepalive_max = host.server_alive_count_max as usize;
+    }
+    let config = Arc::new(config);
     let exec: ExecMap = Arc::default();
     let warnings = Arc::new(Mutex::new(Vec::new()));
     let key_received = Arc::new(AtomicBool::new(false));
+    let key_changed = Arc::new(AtomicBool::new(false));
     let peer_addr = Mutex::new(None);
     let handler = ClientHandler {
         host: host.clone(),
         key_received: key_received.clone(),
+        key_changed: key_changed.clone(),
         warnings: warnings.clone(),
         exec: exec.clone(),
     };
@@ -590,7 +619,16 @@ async fn connect_one(
             None => handshake.await?,
         }
     };
-    let auth = auth::authenticate(&mut handle, &host, previous).await?;
+    let auth = if key_changed.load(Ordering::SeqCst) {
+        let keys_only = HostConfig {
+            password_authentication: false,
+            kbd_interactive_authentication: false,
+            ..(*host).clone()
+        };
+        auth::authenticate(&mut handle, &keys_only, previous).await?
+    } else {
+        auth::authenticate(&mut handle, &host, previous).await?
+    };
     let warnings = std::mem::take(&mut *warnings.lock().expect("warnings"));
     Ok(SshSession {
         handle,

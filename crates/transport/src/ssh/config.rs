@@ -116,6 +116,11 @@ pub struct HostConfig {
     pub kbd_interactive_authentication: bool,
     /// How many times a password is asked before giving up (NumberOfPasswordPrompts).
     pub number_of_password_prompts: u32,
+    /// Send a keepalive after this much silence from the server (ServerAliveInterval).
+    pub server_alive_interval: Option<Duration>,
+    /// Keepalives left unanswered before the connection is dropped (ServerAliveCountMax,
+    /// default 3).
+    pub server_alive_count_max: u32,
 }
 
 impl HostConfig {
@@ -338,6 +343,21 @@ impl SshConfigFile {
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
         };
+        let server_alive_interval = ov
+            .server_alive_interval
+            .or(p.server_alive_interval)
+            .filter(|d| !d.is_zero());
+        let server_alive_count_max = match ov.server_alive_count_max {
+            Some(n) => n,
+            None => extra("serveralivecountmax")
+                .map(|v| {
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("ServerAliveCountMax {v:?}: expected a number"))
+                    })
+                })
+                .transpose()?
+                .unwrap_or(3),
+        };
         Ok(HostConfig {
             alias: host.to_owned(),
             host_name,
@@ -358,6 +378,8 @@ impl SshConfigFile {
             password_authentication,
             kbd_interactive_authentication,
             number_of_password_prompts,
+            server_alive_interval,
+            server_alive_count_max,
         })
     }
 }
@@ -480,6 +502,8 @@ struct Overrides {
     password_authentication: Option<bool>,
     kbd_interactive_authentication: Option<bool>,
     number_of_password_prompts: Option<u32>,
+    server_alive_interval: Option<Duration>,
+    server_alive_count_max: Option<u32>,
 }
 
 impl Overrides {
@@ -527,6 +551,18 @@ impl Overrides {
                 "kbdinteractiveauthentication" | "challengeresponseauthentication" => set_once(
                     &mut ov.kbd_interactive_authentication,
                     parse_yes_no(key, &v)?,
+                ),
+                "serveraliveinterval" => set_once(
+                    &mut ov.server_alive_interval,
+                    Duration::from_secs(v.parse().map_err(|_| {
+                        Error::Config(format!("-o {opt}: ServerAliveInterval takes whole seconds"))
+                    })?),
+                ),
+                "serveralivecountmax" => set_once(
+                    &mut ov.server_alive_count_max,
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("-o {opt}: ServerAliveCountMax takes a number"))
+                    })?,
                 ),
                 "numberofpasswordprompts" => set_once(
                     &mut ov.number_of_password_prompts,

@@ -121,6 +121,13 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
 /// Appends `key` for `name` to `file` (creating it and its directory, mode 0700, if needed),
 /// hashing the host name when `hash` is set (ssh_config `HashKnownHosts yes`).
 pub fn record(file: &Path, name: &str, key: &PublicKey, hash: bool) -> io::Result<()> {
+    // `UserKnownHostsFile /dev/null`, the idiom of throwaway hosts: nothing to keep, as
+    // with ssh. Only a regular file (or none yet) is appended to.
+    if let Ok(meta) = fs::metadata(file)
+        && !meta.is_file()
+    {
+        return Ok(());
+    }
     if let Some(dir) = file.parent()
         && !dir.as_os_str().is_empty()
         && !dir.exists()
