@@ -480,3 +480,36 @@ fn a_changed_host_key_is_refused_unless_strict_checking_is_off() {
     );
     assert!(work.path().join("accepted").exists());
 }
+
+/// A ProxyCommand in ssh_config carries the built-in client's connection, with its tokens
+/// expanded: here `ssh -W %h:%p` through a second sshd, which logs the forwarding.
+#[test]
+fn proxy_command_carries_the_connection() {
+    let sshd = Sshd::start().unwrap();
+    let jump = sshd.start_jump().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cfg = work.path().join("config");
+    let base = std::fs::read_to_string(sshd.ssh_config()).unwrap();
+    let proxied = sshd.host_block("via-proxy").replace(
+        "BatchMode yes\n",
+        &format!(
+            "BatchMode yes\n  ProxyCommand ssh -F {} -W %h:%p {}\n",
+            sshd.ssh_config().display(),
+            jump.alias()
+        ),
+    );
+    std::fs::write(&cfg, format!("{proxied}\n{base}")).unwrap();
+    let src = work.path().join("tree");
+    build_tiny(&src, 10);
+    let dst = work.path().join("copy");
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--remote-path", BIN, "-r", "-v"])
+        .arg(&src)
+        .arg(format!("via-proxy:{}", dst.display()))
+        .env_remove("SSH_AUTH_SOCK"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    assert!(jump.log().contains("direct-tcpip"), "{}", jump.log());
+}

@@ -337,6 +337,8 @@ pub struct SshSession {
     warnings: Vec<String>,
     remote_path: std::sync::Mutex<Option<String>>,
     peer_addr: Option<SocketAddr>,
+    /// The ProxyCommand process carrying the connection, killed with the session.
+    _proxy: Option<tokio::process::Child>,
 }
 
 impl std::fmt::Debug for SshSession {
@@ -579,8 +581,29 @@ async fn connect_one(
         port: host.port,
         timeout: timeout.unwrap_or_default(),
     };
+    let mut proxy = None;
     let handshake = async {
         match &via {
+            None if host.proxy_command.is_some() => {
+                let command = host.proxy_command.as_deref().unwrap_or_default();
+                let mut child = tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(command)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| Error::Connect {
+                        host: host.host_name.clone(),
+                        port: host.port,
+                        source: std::io::Error::other(format!("ProxyCommand {command:?}: {e}")),
+                    })?;
+                let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
+                    unreachable!("both piped");
+                };
+                proxy = Some(child);
+                russh::client::connect_stream(config, tokio::io::join(out, inp), handler).await
+            }
             None => {
                 let tcp = tcp_connect(&host.host_name, host.port, timeout).await?;
                 *peer_addr.lock().expect("peer addr") = tcp.peer_addr().ok();
@@ -640,6 +663,7 @@ async fn connect_one(
         warnings,
         remote_path: std::sync::Mutex::new(None),
         peer_addr: peer_addr.into_inner().expect("peer addr"),
+        _proxy: proxy,
     })
 }
 

@@ -4,11 +4,12 @@
 //! wins), `Include`, and the keys HostName, Port, User, IdentityFile, ProxyJump and
 //! ConnectTimeout. The keys it does not model (IdentitiesOnly, StrictHostKeyChecking,
 //! UserKnownHostsFile, GlobalKnownHostsFile, HashKnownHosts, BatchMode, HostKeyAlias,
-//! IdentityAgent, ProxyCommand) are read here from its "unsupported fields" map.
+//! IdentityAgent, ProxyCommand, PasswordAuthentication, KbdInteractiveAuthentication,
+//! NumberOfPasswordPrompts, ServerAliveCountMax) are read here from its "unsupported fields"
+//! map.
 //!
-//! `Match` blocks and `ProxyCommand` are refused with a message pointing to
-//! `--ssh-program ssh`: guessing what they mean could connect somewhere else, or as someone
-//! else, than `ssh` would.
+//! `Match` blocks are refused with a message pointing to `--ssh-program ssh`: guessing what
+//! they mean could connect somewhere else, or as someone else, than `ssh` would.
 
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -121,6 +122,9 @@ pub struct HostConfig {
     /// Keepalives left unanswered before the connection is dropped (ServerAliveCountMax,
     /// default 3).
     pub server_alive_count_max: u32,
+    /// A command whose stdin and stdout carry the SSH connection instead of a TCP connection
+    /// (ProxyCommand), with `%h %p %r %n %%` already expanded; run with `sh -c`.
+    pub proxy_command: Option<String>,
 }
 
 impl HostConfig {
@@ -217,14 +221,6 @@ impl SshConfigFile {
                     .join(" ")
             })
         };
-        if let Some(pc) = extra("proxycommand")
-            && !pc.eq_ignore_ascii_case("none")
-        {
-            return Err(Error::Config(format!(
-                "ProxyCommand for {host} is not supported by fastcp's built-in SSH client; \
-                 use --ssh-program ssh (or ProxyJump)"
-            )));
-        }
         let host_name = ov
             .host_name
             .clone()
@@ -343,6 +339,13 @@ impl SshConfigFile {
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
         };
+        // ProxyCommand: its tokens expanded now, run through `sh -c` when connecting.
+        let proxy_command = ov
+            .proxy_command
+            .clone()
+            .or_else(|| extra("proxycommand"))
+            .filter(|pc| !pc.eq_ignore_ascii_case("none"))
+            .map(|pc| expand_proxy_tokens(&pc, &host_name, host, port, &user));
         let server_alive_interval = ov
             .server_alive_interval
             .or(p.server_alive_interval)
@@ -380,6 +383,7 @@ impl SshConfigFile {
             number_of_password_prompts,
             server_alive_interval,
             server_alive_count_max,
+            proxy_command,
         })
     }
 }
@@ -504,6 +508,7 @@ struct Overrides {
     number_of_password_prompts: Option<u32>,
     server_alive_interval: Option<Duration>,
     server_alive_count_max: Option<u32>,
+    proxy_command: Option<String>,
 }
 
 impl Overrides {
@@ -552,6 +557,7 @@ impl Overrides {
                     &mut ov.kbd_interactive_authentication,
                     parse_yes_no(key, &v)?,
                 ),
+                "proxycommand" => set_once(&mut ov.proxy_command, v),
                 "serveraliveinterval" => set_once(
                     &mut ov.server_alive_interval,
                     Duration::from_secs(v.parse().map_err(|_| {
@@ -580,6 +586,32 @@ impl Overrides {
         }
         Ok(ov)
     }
+}
+
+/// Expands ProxyCommand's tokens as ssh does: `%h` the host name, `%n` the name as given,
+/// `%p` the port, `%r` the user, `%%` a percent sign.
+fn expand_proxy_tokens(pc: &str, host_name: &str, alias: &str, port: u16, user: &str) -> String {
+    let mut out = String::with_capacity(pc.len());
+    let mut chars = pc.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(host_name),
+            Some('n') => out.push_str(alias),
+            Some('p') => out.push_str(&port.to_string()),
+            Some('r') => out.push_str(user),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 fn set_once<T>(slot: &mut Option<T>, v: T) {
@@ -853,14 +885,14 @@ Host *
         let e = SshConfigFile::parse_str("Host a\n  User x\nMatch host b\n  User y\n").unwrap_err();
         assert!(e.to_string().contains("line 3"), "{e}");
         assert!(e.to_string().contains("--ssh-program ssh"), "{e}");
-        let c = SshConfigFile::parse_str("Host p\n  ProxyCommand nc %h %p\n").unwrap();
-        assert!(
-            c.resolve("p")
-                .unwrap_err()
-                .to_string()
-                .contains("ProxyCommand")
+        // ProxyCommand is run, its tokens expanded.
+        let c = SshConfigFile::parse_str("Host p\n  User u\n  ProxyCommand nc %h %p %r %n 100%%\n")
+            .unwrap();
+        assert_eq!(
+            c.resolve("p").unwrap().proxy_command.as_deref(),
+            Some("nc p 22 u p 100%")
         );
-        assert!(c.resolve("q").is_ok());
+        assert_eq!(c.resolve("q").unwrap().proxy_command, None);
         let opts = SshOptions {
             options: vec!["ControlMaster=auto".into()],
             ..SshOptions::default()
