@@ -338,7 +338,7 @@ pub struct SshSession {
     remote_path: std::sync::Mutex<Option<String>>,
     peer_addr: Option<SocketAddr>,
     /// The ProxyCommand process carrying the connection, killed with the session.
-    _proxy: Option<tokio::process::Child>,
+    _proxy: Option<Box<tokio::process::Child>>,
 }
 
 impl std::fmt::Debug for SshSession {
@@ -601,7 +601,7 @@ async fn connect_one(
                 let (Some(out), Some(inp)) = (child.stdout.take(), child.stdin.take()) else {
                     unreachable!("both piped");
                 };
-                proxy = Some(child);
+                proxy = Some(Box::new(child));
                 russh::client::connect_stream(config, tokio::io::join(out, inp), handler).await
             }
             None => {
