@@ -263,6 +263,16 @@ fn libc_enotdir() -> i32 {
     Errno::NOTDIR.raw_os_error()
 }
 
+/// Chunks of zeros at least this long are left as holes instead of written.
+const HOLE_MIN: usize = 4096;
+
+/// Whether every byte of `b` is zero (exits at the first that is not).
+fn is_zero(b: &[u8]) -> bool {
+    let mut words = b.chunks_exact(8);
+    words.all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
+        && words.remainder().iter().all(|&x| x == 0)
+}
+
 /// The permission bits a received file or directory may get: everything but setuid and
 /// setgid (the sticky bit stays).
 const SAFE_MODE_BITS: u32 = 0o1777;
@@ -294,6 +304,8 @@ struct OpenFile {
     meta: Meta,
     /// Byte ranges written so far, start -> end, adjacent ranges merged.
     written: BTreeMap<u64, u64>,
+    /// The file was given its full length (for holes left where chunks of zeros go).
+    sized: bool,
     checksum: Assembler,
     expected: Option<[u8; 32]>,
 }
@@ -481,6 +493,7 @@ impl Writer {
             got: 0,
             meta,
             written: BTreeMap::new(),
+            sized: false,
             checksum: Algorithm::for_version(self.shared.config.version).assembler(size),
             expected: None,
         };
@@ -515,7 +528,20 @@ impl Writer {
             ));
             return Err(self.fail_file(id, e));
         }
-        if let Err(e) = pwrite_all(&f.fd, &bytes, offset) {
+        // A chunk of zeros is left as a hole, once the file has its full length: a sparse
+        // source stays sparse, and reads back the same.
+        let hole = bytes.len() >= HOLE_MIN && is_zero(&bytes);
+        let written = if hole {
+            if f.sized {
+                Ok(())
+            } else {
+                f.sized = true;
+                rustix::fs::ftruncate(&f.fd, f.size).map_err(std::io::Error::from)
+            }
+        } else {
+            pwrite_all(&f.fd, &bytes, offset)
+        };
+        if let Err(e) = written {
             let e = Error::io(self.shared.root.display(&f.local), e);
             return Err(self.fail_file(id, e));
         }

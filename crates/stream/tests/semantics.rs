@@ -738,3 +738,30 @@ fn walkdir(root: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// A sparse file stays sparse: chunks of zeros are left as holes on the receiver, and the
+/// copy reads back the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_file_stays_sparse() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let src = tempfile::tempdir().unwrap();
+    let path = src.path().join("sparse");
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(64 << 20).unwrap();
+    f.write_all_at(&vec![7u8; 1 << 20], 10 << 20).unwrap();
+    drop(f);
+    let dst = tempfile::tempdir().unwrap();
+    let (s, r) = configs(false);
+    let (sent, received) = run_pair(std::slice::from_ref(&path), dst.path(), &s, &r, 2).await;
+    sent.unwrap();
+    assert!(received.unwrap().is_complete());
+    let copy = dst.path().join("sparse");
+    let meta = fs::metadata(&copy).unwrap();
+    assert_eq!(meta.len(), 64 << 20);
+    assert!(
+        meta.blocks() * 512 < 8 << 20,
+        "{} bytes allocated for 1 MiB of data",
+        meta.blocks() * 512
+    );
+    assert!(fs::read(&copy).unwrap() == fs::read(&path).unwrap());
+}
