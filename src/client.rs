@@ -89,6 +89,10 @@ pub struct CopyOptions {
     /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
     /// it) when ssh_config sets none.
     pub timeout: Option<Duration>,
+    /// Cancels the copy when triggered, as dropping its future does: it stops at once on
+    /// this side (the peer notices the closed connection), its temp files are removed, and
+    /// the call returns [`Error::Cancelled`].
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
     /// Where self-deploy finds `cargo xtask dist` binaries for remotes this program cannot
     /// run on (`--deploy-from`).
     pub deploy_from: Option<std::path::PathBuf>,
@@ -301,8 +305,29 @@ impl Plan {
     }
 }
 
+/// Runs `work` until it ends or `cancel` is triggered. Cancelling drops `work`, whose engine
+/// then removes its temp files.
+async fn cancellable<T>(
+    cancel: Option<&tokio_util::sync::CancellationToken>,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match cancel {
+        None => work.await,
+        Some(token) => tokio::select! {
+            r = work => r,
+            () = token.cancelled() => Err(Error::Cancelled),
+        },
+    }
+}
+
 /// Copies between two local paths through the engine, over in-process streams.
+///
+/// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+    cancellable(plan.options.cancel.as_ref(), copy_local_now(plan, progress)).await
+}
+
+async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
     let Location::Local(dest) = &plan.dest else {
         return Err(Error::Usage("copy_local needs a local destination".into()));
     };
@@ -438,6 +463,18 @@ fn push_failure(report: &mut Report, failure: Failure) {
 /// With [`TransportChoice::Auto`] it tries TCP first when the host can be reached directly,
 /// and falls back to SSH channels (saying so on stderr) when the data port is unreachable.
 pub async fn copy_remote(
+    plan: &Plan,
+    ssh: &SshOptions,
+    progress: Arc<Progress>,
+) -> Result<Outcome, Error> {
+    cancellable(
+        plan.options.cancel.as_ref(),
+        copy_remote_now(plan, ssh, progress),
+    )
+    .await
+}
+
+async fn copy_remote_now(
     plan: &Plan,
     ssh: &SshOptions,
     progress: Arc<Progress>,

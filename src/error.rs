@@ -44,6 +44,9 @@ pub enum Error {
     /// The remote command failed before speaking the protocol.
     #[error("{0}")]
     RemoteCommand(String),
+    /// The copy was cancelled ([`crate::CopyOptions::cancel`]).
+    #[error("cancelled")]
+    Cancelled,
     /// fastcp could not be put on a remote host that lacks it (see [`crate::deploy`]).
     #[error("self-deploy: {0}")]
     Deploy(String),
@@ -105,6 +108,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => exit::USAGE,
+            Error::Cancelled => exit::INTERRUPTED,
             Error::Transport(_) | Error::Tcp(_) | Error::Timeout(_) | Error::JoinRejected(_) => {
                 exit::CONNECTION
             }
@@ -188,6 +192,7 @@ impl Error {
         use fastcp_transport::Error as T;
         match self {
             Error::Usage(_) | Error::Unsupported(_) => ErrorKind::Usage,
+            Error::Cancelled => ErrorKind::Cancelled,
             Error::Io(e) => io_kind(e),
             Error::Protocol(_) | Error::UnexpectedFrame { .. } | Error::Handshake(_) => {
                 ErrorKind::Protocol
@@ -215,7 +220,9 @@ impl Error {
     /// Whose side the failure is on; see [`Fault`].
     pub fn fault(&self) -> Fault {
         match (self, self.kind()) {
-            (_, ErrorKind::Usage | ErrorKind::Auth | ErrorKind::HostKey) => Fault::User,
+            (_, ErrorKind::Usage | ErrorKind::Auth | ErrorKind::HostKey | ErrorKind::Cancelled) => {
+                Fault::User
+            }
             (_, ErrorKind::Connect | ErrorKind::Timeout) => Fault::Network,
             (Error::Crypto(_), _) | (Error::Tcp(_), _) => Fault::Network,
             (_, ErrorKind::Integrity) => Fault::Network,

@@ -39,6 +39,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod blocking;
 mod client;
 pub mod compress;
 pub mod data;
@@ -70,3 +71,4 @@ pub use fastcp_stream::{Progress, Report};
 pub use fastcp_transport as transport;
 
 pub use fastcp_transport::{BoxStream, Duplex};
+pub use tokio_util::sync::CancellationToken;
