@@ -71,6 +71,16 @@ pub struct Args {
     /// stopped answering or a link that dropped. 0 waits forever.
     #[arg(long, value_name = "SECS", default_value_t = fastcp::DEFAULT_TIMEOUT.as_secs(), help_heading = "Copy")]
     pub timeout: u64,
+    /// Leave out what PATTERN matches (rsync's meaning: `*.o`, `/top/build/`, `docs/*.tmp`);
+    /// with --include, the first rule that matches decides, in command-line order.
+    #[arg(long, value_name = "PATTERN", help_heading = "Copy")]
+    pub exclude: Vec<String>,
+    /// Copy what PATTERN matches even if a later --exclude would leave it out.
+    #[arg(long, value_name = "PATTERN", help_heading = "Copy")]
+    pub include: Vec<String>,
+    /// Read exclude patterns from FILE, one a line (`+ PATTERN` includes; `#` comments).
+    #[arg(long, value_name = "FILE", help_heading = "Copy")]
+    pub exclude_from: Vec<std::path::PathBuf>,
     /// Never upload fastcp to a remote host that does not have it.
     #[arg(long, help_heading = "SSH")]
     pub no_deploy: bool,
@@ -350,6 +360,37 @@ pub async fn run(args: Args) -> anyhow::Result<u8> {
     }
 }
 
+/// The --include, --exclude and --exclude-from rules in the order they were given (clap keeps
+/// each option's values apart; rsync's rules depend on their order across options).
+fn filter_from_command_line() -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
+    let mut filter = fastcp::stream::Filter::default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        for (name, kind) in [("--include", 0), ("--exclude", 1), ("--exclude-from", 2)] {
+            let value = match a.strip_prefix(name) {
+                Some("") => it.next().cloned(),
+                Some(rest) if rest.starts_with('=') => Some(rest[1..].to_owned()),
+                _ => continue,
+            };
+            let Some(value) = value else { continue };
+            match kind {
+                0 => filter.include(&value)?,
+                1 => filter.exclude(&value)?,
+                _ => {
+                    let text = std::fs::read_to_string(&value)
+                        .with_context(|| format!("reading --exclude-from {value}"))?;
+                    filter.add_rules(&text)?;
+                }
+            }
+        }
+    }
+    Ok((!filter.is_empty()).then(|| Arc::new(filter)))
+}
+
 async fn copy(args: &Args) -> anyhow::Result<u8> {
     let output = Output::default();
     let (dest, sources) = args.operands.split_last().context("no target given")?;
@@ -359,6 +400,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         dry_run: args.dry_run,
         fsync: args.fsync,
         skip_unchanged: args.skip_unchanged,
+        filter: filter_from_command_line()?,
         delete: args.delete,
         no_deploy: args.no_deploy,
         timeout: (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout)),

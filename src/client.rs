@@ -89,6 +89,11 @@ pub struct CopyOptions {
     /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
     /// it) when ssh_config sets none.
     pub timeout: Option<Duration>,
+    /// Include and exclude rules for what is copied, with rsync's meaning
+    /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
+    /// travel to the remote side for a pull, and protect what they exclude from `--delete`.
+    /// A [`predicate`](fastcp_stream::Filter::with_predicate) only applies to local sources.
+    pub filter: Option<Arc<fastcp_stream::Filter>>,
     /// Cancels the copy when triggered, as dropping its future does: it stops at once on
     /// this side (the peer notices the closed connection), its temp files are removed, and
     /// the call returns [`Error::Cancelled`].
@@ -215,6 +220,7 @@ impl Plan {
             preserve: self.preserve(),
             follow_links: self.options.follow_links,
             skip_unchanged: self.options.skip_unchanged,
+            filter: self.options.filter.clone(),
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -231,6 +237,7 @@ impl Plan {
             fsync: self.options.fsync,
             skip_unchanged: self.options.skip_unchanged,
             delete: self.options.delete,
+            filter: self.options.filter.clone(),
             ..Default::default()
         }
     }
@@ -253,6 +260,14 @@ impl Plan {
         }
         if self.options.delete {
             f |= flags::DELETE;
+        }
+        if self
+            .options
+            .filter
+            .as_ref()
+            .is_some_and(|f| !f.rules().is_empty())
+        {
+            f |= flags::FILTERS;
         }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
@@ -479,6 +494,19 @@ async fn copy_remote_now(
     ssh: &SshOptions,
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
+    if matches!(plan.dest, Location::Local(_))
+        && plan
+            .options
+            .filter
+            .as_ref()
+            .is_some_and(|f| f.has_predicate())
+    {
+        return Err(Error::Usage(
+            "a filter predicate runs where the files are read: it cannot serve a pull (use \
+             include and exclude rules, which travel)"
+                .into(),
+        ));
+    }
     let started = Instant::now();
     let job = if plan.options.dry_run {
         Job::DryRun
@@ -966,6 +994,12 @@ where
             compression,
             client_random,
             tcp_ports: plan.options.tcp_ports.unwrap_or((0, 0)),
+            filters: plan
+                .options
+                .filter
+                .as_ref()
+                .map(|f| f.rules().into_iter().map(Bytes::from).collect())
+                .unwrap_or_default(),
         }))
         .await?;
     let accept = match reader.next("waiting for the server to accept").await? {

@@ -261,6 +261,20 @@ where
         .map_err(|e| (None, e));
     }
     let progress = Arc::new(fastcp_stream::Progress::default());
+    let filter = if request.flags & flags::FILTERS != 0 {
+        let mut f = fastcp_stream::Filter::default();
+        let rules: Vec<String> = request
+            .filters
+            .iter()
+            .map(|r| String::from_utf8_lossy(r).into_owned())
+            .collect();
+        if let Err(e) = f.add_rules(&rules.join("\n")) {
+            return Err((None, Error::Engine(e)));
+        }
+        Some(Arc::new(f))
+    } else {
+        None
+    };
     let engine = async {
         match request.direction {
             Direction::Push => {
@@ -272,6 +286,7 @@ where
                     fsync: request.flags & flags::FSYNC != 0,
                     skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
                     delete: request.flags & flags::DELETE != 0,
+                    filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()
                 };
@@ -284,6 +299,7 @@ where
                     recursive: request.flags & flags::RECURSIVE != 0,
                     follow_links: request.flags & flags::FOLLOW_LINKS != 0,
                     skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+                    filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()
                 };

@@ -125,3 +125,79 @@ fn delete_mirrors_push_and_pull_without_following_symlinks_out() {
         assert_eq!(std::fs::read(outside.join("precious")).unwrap(), b"keep me");
     }
 }
+
+/// --include and --exclude, with rsync's meaning and order, locally and on a pull (where the
+/// remote side walks by the rules); with --delete, what the rules exclude is kept.
+#[test]
+fn include_and_exclude_rules_locally_and_on_a_pull() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("target/debug")).unwrap();
+    std::fs::create_dir_all(src.join("lib/target")).unwrap();
+    for f in [
+        "a.o",
+        "keep.o",
+        "main.c",
+        "target/debug/x",
+        "lib/target/y",
+        "lib/z.o",
+    ] {
+        write(&src.join(f), f.as_bytes(), 0o644);
+    }
+    let rules = [
+        "--include",
+        "keep.o",
+        "--exclude=*.o",
+        "--exclude",
+        "/src/target/",
+    ];
+    let want = ["keep.o", "lib", "lib/target", "lib/target/y", "main.c"];
+    let listing = |root: &Path| {
+        let mut v: Vec<String> = walk_names(root);
+        v.sort();
+        v
+    };
+    let local = work.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let out = run(Command::new(BIN)
+        .arg("-r")
+        .args(rules)
+        .arg(&src)
+        .arg(&local));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(listing(&local.join("src")), want);
+
+    let pulled = work.path().join("pulled");
+    std::fs::create_dir(&pulled).unwrap();
+    // An excluded file already at the destination survives --delete.
+    std::fs::create_dir_all(pulled.join("src")).unwrap();
+    write(&pulled.join("src/old.o"), b"kept", 0o644);
+    write(&pulled.join("src/stale.c"), b"goes", 0o644);
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--delete"])
+        .args(rules)
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut with_old: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    with_old.push("old.o".into());
+    with_old.sort();
+    assert_eq!(listing(&pulled.join("src")), with_old);
+}
+
+/// Relative paths of everything beneath `root`.
+fn walk_names(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}

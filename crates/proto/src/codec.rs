@@ -74,6 +74,12 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             for p in &r.paths {
                 put_bytes(dst, p);
             }
+            if r.flags & crate::flags::FILTERS != 0 {
+                dst.put_u32(r.filters.len() as u32);
+                for f in &r.filters {
+                    put_bytes(dst, f);
+                }
+            }
         }
         Frame::Accept(a) => {
             dst.put_u16(a.streams);
@@ -333,6 +339,12 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 // Each path costs at least its 4-byte length, so the frame cap bounds this loop.
                 paths.push(r.bytes(MAX_PATH)?);
             }
+            let mut filters = Vec::new();
+            if flags & crate::flags::FILTERS != 0 {
+                for _ in 0..r.u32()? {
+                    filters.push(r.bytes(MAX_PATH)?);
+                }
+            }
             Frame::Request(Request {
                 direction,
                 paths,
@@ -343,6 +355,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 compression,
                 client_random,
                 tcp_ports,
+                filters,
             })
         }
         kind::ACCEPT => {
@@ -676,8 +689,24 @@ mod tests {
                 compression: 0,
                 client_random: [9; 32],
                 tcp_ports: (40000, 40100),
+                filters: vec![],
             }));
         }
+        roundtrip(Frame::Request(Request {
+            direction: Direction::Pull,
+            paths: vec![Bytes::from_static(b"src")],
+            flags: flags::RECURSIVE | flags::FILTERS,
+            streams: 1,
+            transport: TransportKind::Inline,
+            cipher: 0,
+            compression: 0,
+            client_random: [1; 32],
+            tcp_ports: (0, 0),
+            filters: vec![
+                Bytes::from_static(b"+ keep.o"),
+                Bytes::from_static(b"- *.o"),
+            ],
+        }));
     }
 
     #[test]

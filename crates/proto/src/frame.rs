@@ -149,6 +149,10 @@ pub struct Request {
     /// For [`TransportKind::Tcp`]: the ports the server may listen on, inclusive; `(0, 0)`
     /// lets the server choose.
     pub tcp_ports: (u16, u16),
+    /// With [`flags::FILTERS`]: include and exclude rules, `+ PATTERN` or `- PATTERN` each,
+    /// in order (rsync's meaning; the sender walks by them, the receiver keeps what they
+    /// exclude from mirroring).
+    pub filters: Vec<Bytes>,
 }
 
 /// Option bits of [`Request::flags`].
@@ -178,6 +182,8 @@ pub mod flags {
     /// Mirror: once everything has arrived, the receiver removes what each directory sent
     /// holds and the sender did not send (rsync's `--delete`).
     pub const DELETE: u32 = 1 << 8;
+    /// The request carries include and exclude rules ([`super::Request::filters`]).
+    pub const FILTERS: u32 = 1 << 9;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -187,7 +193,8 @@ pub mod flags {
         | THROUGHPUT
         | FSYNC
         | SKIP_UNCHANGED
-        | DELETE;
+        | DELETE
+        | FILTERS;
 }
 
 /// Which way the files flow in a session.

@@ -54,6 +54,17 @@ pub(crate) fn delete_extras(
             if sent.contains(&wire[..]) {
                 continue;
             }
+            // What the rules exclude was never sent, and is not ours to delete.
+            if let Some(filter) = &shared.config.filter {
+                let is_dir = rustix::fs::statat(&fd, &name[..], AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| {
+                        rustix::fs::FileType::from_raw_mode(st.st_mode)
+                            == rustix::fs::FileType::Directory
+                    });
+                if !filter.allows(&wire, is_dir) {
+                    continue;
+                }
+            }
             let mut local_child = local.clone();
             local_child.push(b'/');
             local_child.extend_from_slice(&name);

@@ -131,6 +131,9 @@ pub struct ReceiveConfig {
     /// symlink. Nothing is removed when the sender reported an error, since what it could
     /// not read would look missing. Default: false.
     pub delete: bool,
+    /// The sender's include and exclude rules: what they exclude is kept by `delete`, as
+    /// rsync keeps excluded files. Default: none.
+    pub filter: Option<Arc<crate::Filter>>,
 }
 
 impl Default for ReceiveConfig {
@@ -147,6 +150,7 @@ impl Default for ReceiveConfig {
             version: fastcp_proto::PROTOCOL_VERSION,
             skip_unchanged: false,
             delete: false,
+            filter: None,
         }
     }
 }

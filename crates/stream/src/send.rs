@@ -99,6 +99,8 @@ pub struct SendConfig {
     /// answers, so it costs no round trip per file. Only worth it when the copy keeps
     /// modification times (`preserve`), or the receiver's times never match. Default: false.
     pub skip_unchanged: bool,
+    /// Include and exclude rules for the walk (see [`crate::Filter`]). Default: none.
+    pub filter: Option<Arc<crate::Filter>>,
 }
 
 impl Default for SendConfig {
@@ -111,6 +113,7 @@ impl Default for SendConfig {
             max_in_flight: DEFAULT_SEND_IN_FLIGHT,
             version: fastcp_proto::PROTOCOL_VERSION,
             skip_unchanged: false,
+            filter: None,
         }
     }
 }
@@ -320,7 +323,8 @@ where
     }
 
     let (walk_tx, walk_rx) = mpsc::channel(WALK_QUEUE);
-    let walk_config = WalkConfig::new(config.recursive, config.follow_links);
+    let mut walk_config = WalkConfig::new(config.recursive, config.follow_links);
+    walk_config.filter = config.filter.clone();
     let walk_sources = sources.to_vec();
     let walk_progress = progress.clone();
     // The walk's totals go out on stream 0 as soon as it ends, ahead of the file data still

@@ -23,6 +23,9 @@ pub struct WalkConfig {
     /// links, dangling and absolute ones included. A top-level source written with a trailing
     /// '/' is always followed. Default: false.
     pub follow_links: bool,
+    /// Include and exclude rules; what they leave out is not walked (a directory left out is
+    /// not descended into). Top-level sources are always walked. Default: none.
+    pub filter: Option<std::sync::Arc<crate::Filter>>,
 }
 
 impl WalkConfig {
@@ -31,6 +34,7 @@ impl WalkConfig {
         WalkConfig {
             recursive,
             follow_links,
+            filter: None,
         }
     }
 }
@@ -136,7 +140,10 @@ impl Iterator for Walk {
                         wire.extend_from_slice(&level.wire);
                         wire.push(b'/');
                         wire.extend_from_slice(name.as_bytes());
-                        return Some(self.visit(path, wire, false));
+                        match self.visit(path, wire, false) {
+                            Ok(None) => continue,
+                            other => return other.transpose(),
+                        }
                     }
                     None => {
                         self.stack.pop();
@@ -145,16 +152,17 @@ impl Iterator for Walk {
                 }
             }
             let source = self.sources.next()?;
-            return Some(match top_name(&source) {
-                Ok(name) => self.visit(source, name, true),
-                Err(e) => Err(e),
-            });
+            match top_name(&source).and_then(|name| self.visit(source, name, true)) {
+                Ok(None) => continue,
+                other => return other.transpose(),
+            }
         }
     }
 }
 
 impl Walk {
-    fn visit(&mut self, path: PathBuf, wire: Vec<u8>, top: bool) -> Result<Entry, Error> {
+    /// The entry at `path`, or `None` when the filter leaves it out.
+    fn visit(&mut self, path: PathBuf, wire: Vec<u8>, top: bool) -> Result<Option<Entry>, Error> {
         let follow = self.config.follow_links || (top && ends_with_slash(&path));
         let lmeta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
         let meta = if follow && lmeta.file_type().is_symlink() {
@@ -174,6 +182,12 @@ impl Walk {
             });
         }
         let ft = meta.file_type();
+        if !top
+            && let Some(filter) = &self.config.filter
+            && !filter.allows(&wire, ft.is_dir())
+        {
+            return Ok(None);
+        }
         let kind = if ft.is_file() {
             EntryKind::File { size: meta.len() }
         } else if ft.is_dir() {
@@ -228,12 +242,12 @@ impl Walk {
                 reason: format!("not a regular file ({what})"),
             });
         };
-        Ok(Entry {
+        Ok(Some(Entry {
             path,
             wire: Bytes::from(wire),
             kind,
             meta: meta_of(&meta),
-        })
+        }))
     }
 }
 

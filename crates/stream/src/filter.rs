@@ -1,0 +1,221 @@
+//! Include and exclude rules for the walk, with rsync's meaning.
+//!
+//! Rules are tried in order against each entry's wire path (which starts with its source's
+//! name); the first that matches decides, and an entry no rule matches is included. An
+//! excluded directory is not descended into. A pattern
+//!
+//! - ending in `/` matches directories only;
+//! - starting with `/` is anchored: it matches the whole wire path (`/src/build` is `build`
+//!   at the top of the source `src`);
+//! - containing another `/` matches the end of the path, at a component boundary
+//!   (`docs/*.md` matches `src/docs/a.md` and `src/x/docs/b.md`);
+//! - else matches the entry's name alone (`*.o` matches `*.o` files at any depth).
+//!
+//! `*` and `?` never match `/`; `**` as a whole component matches any number of directories;
+//! `[...]` is a character class.
+//!
+//! ```
+//! use fastcp_stream::Filter;
+//!
+//! let mut f = Filter::default();
+//! f.include("keep.o").unwrap();
+//! f.exclude("*.o").unwrap();
+//! f.exclude("/src/target/").unwrap();
+//! assert!(!f.allows(b"src/a/b.o", false));
+//! assert!(f.allows(b"src/a/keep.o", false));
+//! assert!(!f.allows(b"src/target", true));
+//! assert!(f.allows(b"src/a/target", true));
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use glob::{MatchOptions, Pattern};
+
+use crate::Error;
+
+/// A caller's own test, after the rules: `false` leaves the entry out.
+pub type Predicate = Arc<dyn Fn(&[u8], bool) -> bool + Send + Sync>;
+
+/// Ordered include and exclude rules, and an optional predicate.
+#[derive(Clone, Default)]
+pub struct Filter {
+    rules: Vec<Rule>,
+    predicate: Option<Predicate>,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    include: bool,
+    /// As given, for the wire and for messages.
+    text: String,
+    pattern: Pattern,
+    dir_only: bool,
+    anchored: bool,
+    /// The pattern has a '/' inside: it matches the end of the path.
+    has_slash: bool,
+}
+
+impl fmt::Debug for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Filter")
+            .field("rules", &self.rules())
+            .field("predicate", &self.predicate.is_some())
+            .finish()
+    }
+}
+
+const OPTIONS: MatchOptions = MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
+
+impl Filter {
+    /// Adds a rule that includes what `pattern` matches (rsync's `--include`).
+    pub fn include(&mut self, pattern: &str) -> Result<(), Error> {
+        self.push(true, pattern)
+    }
+
+    /// Adds a rule that excludes what `pattern` matches (rsync's `--exclude`).
+    pub fn exclude(&mut self, pattern: &str) -> Result<(), Error> {
+        self.push(false, pattern)
+    }
+
+    /// Adds the rules of a rule list: one a line, `+ PATTERN` to include, `- PATTERN` or a
+    /// bare pattern to exclude (as rsync's `--exclude-from`); blank lines and lines starting
+    /// with `#` or `;` are skipped.
+    pub fn add_rules(&mut self, text: &str) -> Result<(), Error> {
+        for line in text.lines() {
+            let line = line.trim_end_matches('\r');
+            if line.trim().is_empty() || line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            match (line.strip_prefix("+ "), line.strip_prefix("- ")) {
+                (Some(p), _) => self.include(p)?,
+                (_, Some(p)) => self.exclude(p)?,
+                _ => self.exclude(line)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves out every entry `keep` returns false for (given the wire path and whether it
+    /// is a directory), after the rules let it through. It runs on the sending side only,
+    /// so it is for local sources (a push or a local copy).
+    pub fn with_predicate(mut self, keep: Predicate) -> Filter {
+        self.predicate = Some(keep);
+        self
+    }
+
+    /// The rules as `+ PATTERN` and `- PATTERN` lines, the form [`Filter::add_rules`]
+    /// reads (and the protocol carries).
+    pub fn rules(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| format!("{} {}", if r.include { '+' } else { '-' }, r.text))
+            .collect()
+    }
+
+    /// Whether a predicate was set ([`Filter::with_predicate`]).
+    pub fn has_predicate(&self) -> bool {
+        self.predicate.is_some()
+    }
+
+    /// Whether there are no rules and no predicate.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.predicate.is_none()
+    }
+
+    /// Whether the entry at `wire` (a directory or not) is copied.
+    pub fn allows(&self, wire: &[u8], is_dir: bool) -> bool {
+        let path = String::from_utf8_lossy(wire);
+        for r in &self.rules {
+            if r.dir_only && !is_dir {
+                continue;
+            }
+            if r.matches(&path) {
+                return r.include;
+            }
+        }
+        self.predicate
+            .as_ref()
+            .is_none_or(|keep| keep(wire, is_dir))
+    }
+
+    fn push(&mut self, include: bool, pattern: &str) -> Result<(), Error> {
+        if pattern.is_empty() {
+            return Err(Error::InvalidArgument("an empty filter pattern".into()));
+        }
+        let dir_only = pattern.len() > 1 && pattern.ends_with('/');
+        let body = pattern.trim_end_matches('/');
+        let anchored = body.starts_with('/');
+        let body = body.trim_start_matches('/');
+        let compiled = Pattern::new(body)
+            .map_err(|e| Error::InvalidArgument(format!("filter pattern {pattern:?}: {e}")))?;
+        self.rules.push(Rule {
+            include,
+            text: pattern.to_owned(),
+            pattern: compiled,
+            dir_only,
+            anchored,
+            has_slash: body.contains('/'),
+        });
+        Ok(())
+    }
+}
+
+impl Rule {
+    fn matches(&self, path: &str) -> bool {
+        if self.anchored {
+            return self.pattern.matches_with(path, OPTIONS);
+        }
+        if !self.has_slash {
+            let name = path.rsplit('/').next().unwrap_or(path);
+            return self.pattern.matches_with(name, OPTIONS);
+        }
+        // The end of the path, at each component boundary.
+        std::iter::once(0)
+            .chain(path.match_indices('/').map(|(i, _)| i + 1))
+            .any(|start| self.pattern.matches_with(&path[start..], OPTIONS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rsync_meanings() {
+        let mut f = Filter::default();
+        f.add_rules("# comment\n+ important.log\n- *.log\n- /t/cache/\ndocs/*.tmp\n\n")
+            .unwrap();
+        assert!(f.allows(b"t/a/important.log", false));
+        assert!(!f.allows(b"t/a/b/c.log", false));
+        assert!(!f.allows(b"t/cache", true));
+        assert!(f.allows(b"t/cache", false), "dir-only rule");
+        assert!(f.allows(b"t/x/cache", true), "anchored rule");
+        assert!(!f.allows(b"t/docs/a.tmp", false));
+        assert!(!f.allows(b"t/x/docs/a.tmp", false));
+        assert!(f.allows(b"t/docs/sub/a.tmp", false), "* does not cross /");
+        assert!(f.allows(b"t/readme", false));
+        assert_eq!(
+            f.rules(),
+            ["+ important.log", "- *.log", "- /t/cache/", "- docs/*.tmp"]
+        );
+        let mut again = Filter::default();
+        again.add_rules(&f.rules().join("\n")).unwrap();
+        assert_eq!(again.rules(), f.rules());
+        let mut deep = Filter::default();
+        deep.exclude("/t/**/gen").unwrap();
+        assert!(!deep.allows(b"t/a/b/gen", false));
+        assert!(Filter::default().exclude("[").is_err());
+    }
+
+    #[test]
+    fn the_predicate_comes_after_the_rules() {
+        let f = Filter::default().with_predicate(Arc::new(|wire: &[u8], _| !wire.ends_with(b"~")));
+        assert!(!f.allows(b"t/a~", false));
+        assert!(f.allows(b"t/a", false));
+    }
+}
