@@ -129,6 +129,14 @@ pub(crate) enum Assembler {
 impl Assembler {
     /// Adds the hash of chunk `[offset, offset + len)`. Empty chunks are skipped; chunks never
     /// overlap (the receiver refuses overlapping chunks before they get here).
+    /// Chunks received ahead of a gap, waiting for it to be filled.
+    pub(crate) fn pending(&self) -> usize {
+        match self {
+            Assembler::Xxh3 { waiting, .. } => waiting.len(),
+            _ => 0,
+        }
+    }
+
     pub(crate) fn add(&mut self, offset: u64, len: u64, hash: ChunkHash) {
         if len == 0 {
             return;

@@ -263,6 +263,10 @@ fn libc_enotdir() -> i32 {
     Errno::NOTDIR.raw_os_error()
 }
 
+/// The most chunks of one file that may wait for a gap before them, and the most gaps; an
+/// honest sender's are a few per stream.
+const MAX_PENDING_CHUNKS: usize = 65_536;
+
 /// Chunks of zeros at least this long are left as holes instead of written.
 const HOLE_MIN: usize = 4096;
 
@@ -521,6 +525,15 @@ impl Writer {
             return Ok(());
         }
         let end = offset + len;
+        // A hostile sender's tiny chunks, out of order, would grow these maps with what it
+        // sends: past the cap the file fails.
+        if f.written.len() >= MAX_PENDING_CHUNKS || f.checksum.pending() >= MAX_PENDING_CHUNKS {
+            let e = Error::Protocol(format!(
+                "{}: more than {MAX_PENDING_CHUNKS} chunks out of order",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        }
         if overlaps(&f.written, offset, end) {
             let e = Error::Protocol(format!(
                 "{}: overlapping chunks at offset {offset}",

@@ -744,3 +744,20 @@ fn read_umask() -> u32 {
         .map(|v| u32::from_str_radix(v.trim(), 8).unwrap())
         .unwrap_or(0o022)
 }
+
+/// Tiny chunks sent out of order, each leaving a gap, would grow the receiver's maps with
+/// what the sender sends: past a cap the transfer stops with a clear error.
+#[tokio::test]
+async fn endless_out_of_order_chunks_hit_a_cap() {
+    let sb = Sandbox::new();
+    let n: u64 = 70_000;
+    let mut frames = vec![file(1, b"gappy", 2 * n + 1)];
+    // Every other byte, never the first: nothing ever joins up.
+    for i in 0..n {
+        frames.push(data(1, 2 * i + 1, b"x"));
+    }
+    let err = fatal(run(&sb.dest, recursive(), vec![wire(&frames)], true).await);
+    assert!(err.to_string().contains("chunks out of order"), "{err}");
+    sb.assert_contained();
+    assert!(!sb.dest.join("gappy").exists());
+}
