@@ -54,6 +54,9 @@ pub struct Args {
     /// into before exiting, so that a finished copy survives a crash (slower; for backups).
     #[arg(long, help_heading = "Copy")]
     pub fsync: bool,
+    /// Keep hard links: a file's other names arrive as names of the same file.
+    #[arg(short = 'H', help_heading = "Copy")]
+    pub hard_links: bool,
     /// Skip files the destination already has with the same size and modification time
     /// (rsync's quick check); implies -p, since times only match if the copy keeps them.
     #[arg(long, help_heading = "Copy")]
@@ -400,6 +403,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         dry_run: args.dry_run,
         fsync: args.fsync,
         skip_unchanged: args.skip_unchanged,
+        hard_links: args.hard_links,
         filter: filter_from_command_line()?,
         delete: args.delete,
         no_deploy: args.no_deploy,

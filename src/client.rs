@@ -89,6 +89,9 @@ pub struct CopyOptions {
     /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
     /// it) when ssh_config sets none.
     pub timeout: Option<Duration>,
+    /// Keep hard links (`-H`): a file's further names arrive as names of the same file, not
+    /// as copies. Needs protocol version 4 on both ends.
+    pub hard_links: bool,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
     /// travel to the remote side for a pull, and protect what they exclude from `--delete`.
@@ -221,6 +224,7 @@ impl Plan {
             follow_links: self.options.follow_links,
             skip_unchanged: self.options.skip_unchanged,
             filter: self.options.filter.clone(),
+            hard_links: self.options.hard_links,
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -238,6 +242,7 @@ impl Plan {
             skip_unchanged: self.options.skip_unchanged,
             delete: self.options.delete,
             filter: self.options.filter.clone(),
+            hard_links: self.options.hard_links,
             ..Default::default()
         }
     }
@@ -268,6 +273,9 @@ impl Plan {
             .is_some_and(|f| !f.rules().is_empty())
         {
             f |= flags::FILTERS;
+        }
+        if self.options.hard_links {
+            f |= flags::HARD_LINKS;
         }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
@@ -915,10 +923,13 @@ where
     let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     let agreed = session::handshake(&mut reader).await?;
-    if plan.options.skip_unchanged && agreed.version < 4 && job == Job::Copy {
+    if (plan.options.skip_unchanged || plan.options.hard_links)
+        && agreed.version < 4
+        && job == Job::Copy
+    {
         return Err(Error::Unsupported(format!(
-            "--skip-unchanged needs protocol version 4 on both ends; the remote {} speaks \
-             version {}: upgrade fastcp there",
+            "--skip-unchanged and -H need protocol version 4 on both ends; the remote {} \
+             speaks version {}: upgrade fastcp there",
             escape(agreed.peer.software.as_bytes()),
             agreed.version
         )));

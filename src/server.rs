@@ -286,6 +286,7 @@ where
                     fsync: request.flags & flags::FSYNC != 0,
                     skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
                     delete: request.flags & flags::DELETE != 0,
+                    hard_links: request.flags & flags::HARD_LINKS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()
@@ -299,6 +300,7 @@ where
                     recursive: request.flags & flags::RECURSIVE != 0,
                     follow_links: request.flags & flags::FOLLOW_LINKS != 0,
                     skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+                    hard_links: request.flags & flags::HARD_LINKS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()

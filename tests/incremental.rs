@@ -201,3 +201,54 @@ fn walk_names(root: &Path) -> Vec<String> {
     }
     out
 }
+
+/// -H keeps hard links: names of one file arrive as names of one file (one inode), locally
+/// and in both directions over SSH; without -H they are separate copies.
+#[test]
+fn hard_links_arrive_as_one_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a"), &pseudo_random(3 << 20, 4), 0o644);
+    std::fs::hard_link(src.join("a"), src.join("sub/b")).unwrap();
+    std::fs::hard_link(src.join("a"), src.join("c")).unwrap();
+    write(&src.join("lone"), b"one name", 0o644);
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    let check = |top: &Path, linked: bool| {
+        assert_same_tree(&src, top, false);
+        let same = ino(&top.join("a")) == ino(&top.join("sub/b"))
+            && ino(&top.join("a")) == ino(&top.join("c"));
+        assert_eq!(same, linked, "{}", top.display());
+        assert_eq!(
+            std::fs::metadata(top.join("a")).unwrap().nlink(),
+            if linked { 3 } else { 1 }
+        );
+    };
+    for (name, pull) in [("pushed", false), ("pulled", true)] {
+        let dst = work.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["-r", "-H", "--json"]);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let v = ok_json(&mut cmd);
+        // The file's bytes travel once.
+        assert_eq!(v["bytes"].as_u64().unwrap(), (3 << 20) + 8, "{v}");
+        check(&dst.join("src"), true);
+    }
+    let local = work.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let out = run(Command::new(BIN).args(["-r", "-H"]).arg(&src).arg(&local));
+    assert!(out.status.success(), "{}", stderr(&out));
+    check(&local.join("src"), true);
+    let plain = work.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let out = run(Command::new(BIN).arg("-r").arg(&src).arg(&plain));
+    assert!(out.status.success(), "{}", stderr(&out));
+    check(&plain.join("src"), false);
+}

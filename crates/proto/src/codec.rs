@@ -145,6 +145,10 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(a.id);
             dst.put_u8(a.send as u8);
         }
+        Frame::HardLink(h) => {
+            put_bytes(dst, &h.path);
+            put_bytes(dst, &h.target);
+        }
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -287,6 +291,7 @@ fn known_kind(k: u8) -> bool {
             | kind::FILE_END
             | kind::TOTALS
             | kind::PROBE
+            | kind::HARD_LINK
             | kind::ANSWER
             | kind::ERROR
             | kind::DONE
@@ -468,6 +473,13 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 size,
                 mtime,
                 mtime_nsec,
+            })
+        }
+        kind::HARD_LINK => {
+            r.frame = "HardLink";
+            Frame::HardLink(HardLink {
+                path: r.bytes(MAX_PATH)?,
+                target: r.bytes(MAX_PATH)?,
             })
         }
         kind::ANSWER => {
@@ -823,6 +835,10 @@ mod tests {
             mtime_nsec: 999_999_999,
         }));
         roundtrip(Frame::Answer(Answer { id: 9, send: true }));
+        roundtrip(Frame::HardLink(HardLink {
+            path: Bytes::from_static(b"t/b"),
+            target: Bytes::from_static(b"t/a"),
+        }));
         roundtrip(Frame::Answer(Answer {
             id: 10,
             send: false,

@@ -37,6 +37,9 @@ pub enum Frame {
     /// Receiver to sender, the reply to a [`Probe`]: send the file, or skip it because the
     /// receiver already has it with that size and modification time.
     Answer(Answer),
+    /// With `-H` (protocol version 4): `path` is another name of the regular file sent
+    /// earlier in this session as `target`.
+    HardLink(HardLink),
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -58,6 +61,7 @@ pub mod kind {
     pub const FILE_END: u8 = 0x14;
     pub const TOTALS: u8 = 0x15;
     pub const PROBE: u8 = 0x16;
+    pub const HARD_LINK: u8 = 0x17;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
     pub const ANSWER: u8 = 0x22;
@@ -80,6 +84,7 @@ impl Frame {
             Frame::Totals(_) => kind::TOTALS,
             Frame::Probe(_) => kind::PROBE,
             Frame::Answer(_) => kind::ANSWER,
+            Frame::HardLink(_) => kind::HARD_LINK,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -101,6 +106,7 @@ impl Frame {
             Frame::Totals(_) => "Totals",
             Frame::Probe(_) => "Probe",
             Frame::Answer(_) => "Answer",
+            Frame::HardLink(_) => "HardLink",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -184,6 +190,8 @@ pub mod flags {
     pub const DELETE: u32 = 1 << 8;
     /// The request carries include and exclude rules ([`super::Request::filters`]).
     pub const FILTERS: u32 = 1 << 9;
+    /// Keep hard links (`-H`): the sender sends a file's further names as `HardLink` entries.
+    pub const HARD_LINKS: u32 = 1 << 10;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -194,7 +202,8 @@ pub mod flags {
         | FSYNC
         | SKIP_UNCHANGED
         | DELETE
-        | FILTERS;
+        | FILTERS
+        | HARD_LINKS;
 }
 
 /// Which way the files flow in a session.
@@ -280,6 +289,15 @@ pub struct Probe {
     pub mtime: i64,
     /// Nanoseconds of the modification time.
     pub mtime_nsec: u32,
+}
+
+/// Another name of a file sent earlier in the session (`-H`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardLink {
+    /// The new name's wire path.
+    pub path: Bytes,
+    /// The wire path of the `File` entry it is a name of.
+    pub target: Bytes,
 }
 
 /// The receiver's reply to a [`Probe`].

@@ -117,3 +117,58 @@ fn remove(parent: &impl AsFd, name: &[u8], depth: usize) -> rustix::io::Result<u
     rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
     Ok(removed + 1)
 }
+
+/// Makes each hard link `(name, file)` (wire paths) another name of `file`, which must be a
+/// file of this session (in `files`). Both are reached through directory handles beneath the
+/// destination; the link goes to a temporary name and is renamed over whatever held its name.
+pub(crate) fn make_links(
+    shared: &std::sync::Arc<Shared>,
+    links: &[(Bytes, Bytes)],
+    files: &HashSet<Bytes>,
+) {
+    let mut resolver = Resolver::new(shared.clone(), false);
+    for (name, file) in links {
+        let made = (|| -> Result<(), Error> {
+            if !files.contains(file) {
+                return Err(Error::Protocol(format!(
+                    "{}: a hard link to {}, which was not sent",
+                    crate::display::escape(name),
+                    crate::display::escape(file)
+                )));
+            }
+            let (file_dir, file_name) = split(&shared.root.local(file));
+            let (link_dir, link_name) = split(&shared.root.local(name));
+            let from = resolver.dir(&file_dir)?;
+            let to = resolver.dir(&link_dir)?;
+            let io = |e: rustix::io::Errno| {
+                Error::io(shared.root.display(&shared.root.local(name)), e.into())
+            };
+            let mut temp = b".".to_vec();
+            temp.extend_from_slice(&link_name);
+            temp.extend_from_slice(b".fastcp-link");
+            let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
+            rustix::fs::linkat(&*from, &file_name[..], &*to, &temp[..], AtFlags::empty())
+                .map_err(io)?;
+            rustix::fs::renameat(&*to, &temp[..], &*to, &link_name[..]).map_err(|e| {
+                let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
+                io(e)
+            })?;
+            shared
+                .written
+                .files
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        })();
+        if let Err(e) = made {
+            shared.entry_failed(name, &e);
+        }
+    }
+}
+
+/// A local path's parent and last component.
+fn split(local: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    match local.iter().rposition(|&b| b == b'/') {
+        Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
+        None => (Vec::new(), local.to_vec()),
+    }
+}

@@ -134,6 +134,10 @@ pub struct ReceiveConfig {
     /// The sender's include and exclude rules: what they exclude is kept by `delete`, as
     /// rsync keeps excluded files. Default: none.
     pub filter: Option<Arc<crate::Filter>>,
+    /// Accept `HardLink` entries (`-H`): once every file is in place, each becomes another
+    /// name of the file it names. Without it such an entry is a protocol error. Default:
+    /// false.
+    pub hard_links: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -151,6 +155,7 @@ impl Default for ReceiveConfig {
             skip_unchanged: false,
             delete: false,
             filter: None,
+            hard_links: false,
         }
     }
 }
@@ -222,6 +227,10 @@ struct Table {
     /// With `delete`: the wire path of every entry sent, and the directories sent.
     sent: HashSet<Bytes>,
     sent_dirs: Vec<Bytes>,
+    /// With `hard_links`: the wire paths of the files sent (or probed), and the links to make
+    /// at the end, (name, file).
+    files: HashSet<Bytes>,
+    links: Vec<(Bytes, Bytes)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -469,6 +478,9 @@ impl Reader {
             Frame::File(f) => {
                 self.shared.check_entry(&f.path, Kind::File)?;
                 self.counts.files += 1;
+                if self.shared.config.hard_links {
+                    lock(&self.shared.table).files.insert(f.path.clone());
+                }
                 {
                     let mut t = lock(&self.shared.table);
                     if t.live.contains_key(&f.id) || t.done.contains(f.id) {
@@ -582,8 +594,19 @@ impl Reader {
                 }
             }
             Frame::Totals(t) => self.shared.progress.set_totals(t.files, t.bytes),
+            Frame::HardLink(h) if self.shared.config.hard_links => {
+                self.shared.check_entry(&h.path, Kind::File)?;
+                fastcp_proto::path::validate(&h.target)
+                    .map_err(|e| Error::unsafe_path(&h.target, e.to_string()))?;
+                self.counts.files += 1;
+                // Made once every file is in place: its file may still be on its way.
+                lock(&self.shared.table).links.push((h.path, h.target));
+            }
             Frame::Probe(p) if self.shared.config.skip_unchanged && self.stream == 0 => {
                 self.shared.check_entry(&p.path, Kind::File)?;
+                if self.shared.config.hard_links {
+                    lock(&self.shared.table).files.insert(p.path.clone());
+                }
                 let send = !self.have(&p);
                 if !send {
                     self.shared.skipped.0.fetch_add(1, Relaxed);
@@ -1148,6 +1171,19 @@ where
         return Err(e);
     }
 
+    let links = {
+        let mut t = lock(&shared.table);
+        let files = std::mem::take(&mut t.files);
+        let links = std::mem::take(&mut t.links);
+        (links, files)
+    };
+    if !links.0.is_empty() {
+        let link_shared = shared.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::mirror::make_links(&link_shared, &links.0, &links.1)
+        })
+        .await;
+    }
     let mut deleted = 0;
     if config.delete {
         // What the sender could not read would look deleted. Only files it skips on purpose

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, LinkTimes, Meta, Probe,
-    Summary, SymlinkEntry, Totals, encode, encode_data_header,
+    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, LinkTimes, Meta,
+    Probe, Summary, SymlinkEntry, Totals, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -101,6 +101,10 @@ pub struct SendConfig {
     pub skip_unchanged: bool,
     /// Include and exclude rules for the walk (see [`crate::Filter`]). Default: none.
     pub filter: Option<Arc<crate::Filter>>,
+    /// Keep hard links (`-H`, protocol version 4; the receiver must be configured alike): a
+    /// file's further names go as `HardLink` entries instead of its bytes again. Default:
+    /// false.
+    pub hard_links: bool,
 }
 
 impl Default for SendConfig {
@@ -114,6 +118,7 @@ impl Default for SendConfig {
             version: fastcp_proto::PROTOCOL_VERSION,
             skip_unchanged: false,
             filter: None,
+            hard_links: false,
         }
     }
 }
@@ -378,6 +383,7 @@ where
                 next: 0,
                 skipped: (0, 0),
             },
+            names: HashMap::new(),
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
@@ -658,6 +664,8 @@ struct Producer<'a> {
     next_id: u64,
     failures: Vec<Failure>,
     probes: Probes,
+    /// With `hard_links`: the wire path each multiply-named file was first sent under.
+    names: HashMap<(u64, u64), Bytes>,
 }
 
 /// The quick check's state in the producer: the files asked about and not yet answered.
@@ -707,10 +715,26 @@ impl Producer<'_> {
                         self.out.counts[s].symlinks += 1;
                         self.out.push(s, Msg::frame(&frame))?;
                     }
+                    EntryKind::File { .. }
+                        if self.config.hard_links
+                            && let Some(first) = entry.inode.and_then(|i| self.names.get(&i)) =>
+                    {
+                        let frame = Frame::HardLink(HardLink {
+                            path: entry.wire,
+                            target: first.clone(),
+                        });
+                        let s = self.out.pick();
+                        self.out.counts[s].files += 1;
+                        self.out.push(s, Msg::frame(&frame))?;
+                    }
                     EntryKind::File { size } if self.config.skip_unchanged => {
+                        self.first_name(&entry);
                         self.probe(entry.path, entry.wire, size, entry.meta)?;
                     }
-                    EntryKind::File { .. } => self.file(&entry.path, entry.wire)?,
+                    EntryKind::File { .. } => {
+                        self.first_name(&entry);
+                        self.file(&entry.path, entry.wire)?
+                    }
                 },
             }
             // Send what the receiver asked for as soon as it asked.
@@ -727,6 +751,13 @@ impl Producer<'_> {
             self.out.push(s, Msg::frame(&done))?;
         }
         Ok(())
+    }
+
+    /// Remembers the wire path a file with several names is first sent under (`-H`).
+    fn first_name(&mut self, entry: &crate::Entry) {
+        if let (true, Some(inode)) = (self.config.hard_links, entry.inode) {
+            self.names.insert(inode, entry.wire.clone());
+        }
     }
 
     /// Asks the receiver about a file on stream 0 (see [`SendConfig::skip_unchanged`]),

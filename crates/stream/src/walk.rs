@@ -50,6 +50,9 @@ pub struct Entry {
     pub kind: EntryKind,
     /// Permission bits and modification time, as the walk saw them.
     pub meta: Meta,
+    /// For a regular file with more than one name: its (device, inode), which its other
+    /// names share.
+    pub inode: Option<(u64, u64)>,
 }
 
 /// The kind of a manifest [`Entry`].
@@ -242,11 +245,13 @@ impl Walk {
                 reason: format!("not a regular file ({what})"),
             });
         };
+        let inode = (ft.is_file() && meta.nlink() > 1).then(|| (meta.dev(), meta.ino()));
         Ok(Some(Entry {
             path,
             wire: Bytes::from(wire),
             kind,
             meta: meta_of(&meta),
+            inode,
         }))
     }
 }
