@@ -54,6 +54,11 @@ pub struct Args {
     /// into before exiting, so that a finished copy survives a crash (slower; for backups).
     #[arg(long, help_heading = "Copy")]
     pub fsync: bool,
+    /// Skip files the destination already has with the same size and content (hashed on
+    /// each side, in parallel), as rsync's --checksum; long form only (scp's -c names a
+    /// cipher).
+    #[arg(long, help_heading = "Copy")]
+    pub checksum: bool,
     /// Keep hard links: a file's other names arrive as names of the same file.
     #[arg(short = 'H', help_heading = "Copy")]
     pub hard_links: bool,
@@ -404,6 +409,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         fsync: args.fsync,
         skip_unchanged: args.skip_unchanged,
         hard_links: args.hard_links,
+        checksum: args.checksum,
         filter: filter_from_command_line()?,
         delete: args.delete,
         no_deploy: args.no_deploy,

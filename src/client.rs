@@ -89,6 +89,10 @@ pub struct CopyOptions {
     /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
     /// it) when ssh_config sets none.
     pub timeout: Option<Duration>,
+    /// The quick check by content (`--checksum`): a file the receiver has with the same size
+    /// and the same content hash (XXH3-128, computed on each side, in parallel) is not sent.
+    /// Needs protocol version 4 on both ends.
+    pub checksum: bool,
     /// Keep hard links (`-H`): a file's further names arrive as names of the same file, not
     /// as copies. Needs protocol version 4 on both ends.
     pub hard_links: bool,
@@ -222,7 +226,8 @@ impl Plan {
             recursive: self.options.recursive,
             preserve: self.preserve(),
             follow_links: self.options.follow_links,
-            skip_unchanged: self.options.skip_unchanged,
+            skip_unchanged: self.probing(),
+            checksum: self.options.checksum,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             ..Default::default()
@@ -239,12 +244,19 @@ impl Plan {
             preserve: self.preserve(),
             target_must_be_dir: self.target_is_dir(),
             fsync: self.options.fsync,
-            skip_unchanged: self.options.skip_unchanged,
+            skip_unchanged: self.probing(),
+            checksum: self.options.checksum,
             delete: self.options.delete,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             ..Default::default()
         }
+    }
+
+    /// Whether the sender asks before sending each file: the quick check by times or by
+    /// content.
+    fn probing(&self) -> bool {
+        self.options.skip_unchanged || self.options.checksum
     }
 
     /// Whether modes and times are kept: `-p`, or the quick check, whose times must match.
@@ -260,8 +272,11 @@ impl Plan {
         if self.preserve() {
             f |= flags::PRESERVE;
         }
-        if self.options.skip_unchanged {
+        if self.probing() {
             f |= flags::SKIP_UNCHANGED;
+        }
+        if self.options.checksum {
+            f |= flags::CHECKSUM;
         }
         if self.options.delete {
             f |= flags::DELETE;
@@ -923,12 +938,9 @@ where
     let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     let agreed = session::handshake(&mut reader).await?;
-    if (plan.options.skip_unchanged || plan.options.hard_links)
-        && agreed.version < 4
-        && job == Job::Copy
-    {
+    if (plan.probing() || plan.options.hard_links) && agreed.version < 4 && job == Job::Copy {
         return Err(Error::Unsupported(format!(
-            "--skip-unchanged and -H need protocol version 4 on both ends; the remote {} \
+            "--skip-unchanged, --checksum and -H need protocol version 4 on both ends; the remote {} \
              speaks version {}: upgrade fastcp there",
             escape(agreed.peer.software.as_bytes()),
             agreed.version

@@ -252,3 +252,59 @@ fn hard_links_arrive_as_one_inode() {
     assert!(out.status.success(), "{}", stderr(&out));
     check(&plain.join("src"), false);
 }
+
+/// --checksum compares content: a file whose bytes changed but whose size and mtime did not
+/// is sent (where --skip-unchanged would miss it), and one touched but unchanged is not.
+#[test]
+fn checksum_compares_content_not_times() {
+    let sshd = Sshd::start().unwrap();
+    for pull in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        write(&src.join("same"), &pseudo_random(2 << 20, 1), 0o644);
+        write(&src.join("sneaky"), &pseudo_random(2 << 20, 2), 0o644);
+        write(&src.join("touched"), b"content", 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "-p", "--json"]).args(extra);
+            if pull {
+                cmd.arg(remote(&sshd, &src)).arg(&dst);
+            } else {
+                cmd.arg(&src).arg(remote(&sshd, &dst));
+            }
+            ok_json(&mut cmd)
+        };
+        copy(&[]);
+        let top = dst.join("src");
+        // Same size, same mtime, other bytes at the destination.
+        let sneaky = top.join("sneaky");
+        let mtime = std::fs::metadata(&sneaky).unwrap().modified().unwrap();
+        write(&sneaky, &pseudo_random(2 << 20, 3), 0o644);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&sneaky)
+            .unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        // Other mtime, same bytes.
+        let touched = std::fs::OpenOptions::new()
+            .write(true)
+            .open(src.join("touched"))
+            .unwrap();
+        touched
+            .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(7))
+            .unwrap();
+        drop(touched);
+        let quick = copy(&["--skip-unchanged"]);
+        assert_eq!(quick["files"], 1, "the touched file, by time: {quick}");
+        // The quick check by times sent "touched" again (new mtime now matches) and missed
+        // "sneaky"; the content check finds it.
+        let v = copy(&["--checksum"]);
+        assert_eq!(v["files"], 1, "{v}");
+        assert_eq!(v["files_skipped"], 2, "{v}");
+        assert_same_tree(&src, &top, true);
+    }
+}

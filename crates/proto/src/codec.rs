@@ -144,6 +144,9 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
         Frame::Answer(a) => {
             dst.put_u64(a.id);
             dst.put_u8(a.send as u8);
+            if let Some(h) = a.hash {
+                dst.put_u128(h);
+            }
         }
         Frame::HardLink(h) => {
             put_bytes(dst, &h.path);
@@ -484,14 +487,18 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
         }
         kind::ANSWER => {
             r.frame = "Answer";
-            Frame::Answer(Answer {
-                id: r.u64()?,
-                send: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(r.invalid("send flag is not 0 or 1")),
-                },
-            })
+            let id = r.u64()?;
+            let send = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(r.invalid("send flag is not 0 or 1")),
+            };
+            let hash = if r.buf.has_remaining() {
+                Some(u128::from_be_bytes(r.array()?))
+            } else {
+                None
+            };
+            Frame::Answer(Answer { id, send, hash })
         }
         kind::DONE => {
             r.frame = "Done";
@@ -834,7 +841,16 @@ mod tests {
             mtime: -3,
             mtime_nsec: 999_999_999,
         }));
-        roundtrip(Frame::Answer(Answer { id: 9, send: true }));
+        roundtrip(Frame::Answer(Answer {
+            id: 9,
+            send: true,
+            hash: None,
+        }));
+        roundtrip(Frame::Answer(Answer {
+            id: 11,
+            send: false,
+            hash: Some(u128::MAX - 7),
+        }));
         roundtrip(Frame::HardLink(HardLink {
             path: Bytes::from_static(b"t/b"),
             target: Bytes::from_static(b"t/a"),
@@ -842,9 +858,17 @@ mod tests {
         roundtrip(Frame::Answer(Answer {
             id: 10,
             send: false,
+            hash: None,
         }));
         let mut bad = BytesMut::new();
-        encode(&Frame::Answer(Answer { id: 1, send: true }), &mut bad);
+        encode(
+            &Frame::Answer(Answer {
+                id: 1,
+                send: true,
+                hash: None,
+            }),
+            &mut bad,
+        );
         let last = bad.len() - 1;
         bad[last] = 2;
         assert!(Decoder::new(1 << 16).decode(&mut bad).is_err());

@@ -192,6 +192,10 @@ pub mod flags {
     pub const FILTERS: u32 = 1 << 9;
     /// Keep hard links (`-H`): the sender sends a file's further names as `HardLink` entries.
     pub const HARD_LINKS: u32 = 1 << 10;
+    /// With [`SKIP_UNCHANGED`]: compare content instead of modification times. A receiver
+    /// that has a file of the probe's size answers with its hash; the sender, having hashed
+    /// its own meanwhile, skips the file when they match.
+    pub const CHECKSUM: u32 = 1 << 11;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -203,7 +207,8 @@ pub mod flags {
         | SKIP_UNCHANGED
         | DELETE
         | FILTERS
-        | HARD_LINKS;
+        | HARD_LINKS
+        | CHECKSUM;
 }
 
 /// Which way the files flow in a session.
@@ -305,8 +310,12 @@ pub struct HardLink {
 pub struct Answer {
     /// The probe answered.
     pub id: u64,
-    /// True: send the file. False: the receiver has it, with that size and time; skip it.
+    /// True: send the file. False: the receiver has it, with that size and time; skip it
+    /// (with [`flags::CHECKSUM`]: a file of that size, whose content hash is `hash`).
     pub send: bool,
+    /// With [`flags::CHECKSUM`] and `send` false: the XXH3-128 of the receiver's file, for
+    /// the sender to compare with its own (an optional trailing field).
+    pub hash: Option<u128>,
 }
 
 /// File metadata common to manifest entries.

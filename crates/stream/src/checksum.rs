@@ -19,6 +19,20 @@ use std::collections::BTreeMap;
 
 use xxhash_rust::xxh3::{Xxh3Default, xxh3_128};
 
+/// The XXH3-128 of everything `r` reads: the content hash `--checksum` compares.
+pub(crate) fn content_hash(mut r: impl std::io::Read) -> std::io::Result<u128> {
+    let mut h = Xxh3Default::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return Ok(h.digest128()),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 use crate::tree::{self, TreeHash};
 
 /// The hash of one chunk, computed where it arrived.

@@ -29,7 +29,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -126,6 +126,10 @@ pub struct ReceiveConfig {
     /// here already, as a regular file with the probe's size and modification time, is not
     /// sent. Without it a probe is a protocol error. Default: false.
     pub skip_unchanged: bool,
+    /// With `skip_unchanged`: answer a probe with the content hash of a file of the same
+    /// size, for the sender to compare (rsync's `--checksum`), instead of comparing times.
+    /// Default: false.
+    pub checksum: bool,
     /// Mirror (rsync's `--delete`): once everything has arrived, remove from each directory
     /// the sender sent whatever it holds that the sender did not send, without following a
     /// symlink. Nothing is removed when the sender reported an error, since what it could
@@ -156,6 +160,7 @@ impl Default for ReceiveConfig {
             delete: false,
             filter: None,
             hard_links: false,
+            checksum: false,
         }
     }
 }
@@ -231,6 +236,8 @@ struct Table {
     /// at the end, (name, file).
     files: HashSet<Bytes>,
     links: Vec<(Bytes, Bytes)>,
+    /// Quick-check probes answered "skip" whose file has not come (yet): path -> size.
+    maybe_skipped: HashMap<Bytes, u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,8 +265,6 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     local_errors: std::sync::atomic::AtomicU64,
     replies: mpsc::Sender<Frame>,
-    /// Files, and their bytes, that the quick check found here already.
-    skipped: (AtomicU64, AtomicU64),
 }
 
 impl Shared {
@@ -417,6 +422,14 @@ impl Reader {
     /// (not a link) with its size and modification time, reached without following a
     /// symlink. Anything else, a missing directory included, means "send it".
     fn have(&mut self, p: &Probe) -> bool {
+        self.same_size(p).is_some_and(|st| {
+            st.st_mtime == p.mtime && i128::from(st.st_mtime_nsec) == i128::from(p.mtime_nsec)
+        })
+    }
+
+    /// The destination's regular file at the probe's path (not a link, reached without
+    /// following one), if it has the probe's size.
+    fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
         let local = self.shared.root.local(&p.path);
         let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
             Some(i) => (&local[..i], &local[i + 1..]),
@@ -426,21 +439,33 @@ impl Reader {
         let lookup = self
             .lookup
             .get_or_insert_with(|| Resolver::new(shared, false));
-        let Ok(dir) = lookup.dir(parent) else {
-            return false;
-        };
+        let dir = lookup.dir(parent).ok()?;
         if name.is_empty() {
-            return false;
+            return None;
         }
-        match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => {
-                FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                    && st.st_size as u64 == p.size
-                    && st.st_mtime == p.mtime
-                    && i128::from(st.st_mtime_nsec) == i128::from(p.mtime_nsec)
-            }
-            Err(_) => false,
-        }
+        let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_size as u64 == p.size)
+            .then_some(st)
+    }
+
+    /// With `checksum`: the content hash of the destination's file of the probe's size,
+    /// read off the async threads; `None` when there is none (or it cannot be read).
+    async fn content_hash(&mut self, p: &Probe) -> Option<u128> {
+        self.same_size(p)?;
+        let local = self.shared.root.local(&p.path);
+        let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
+            Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
+            None => (Vec::new(), local.clone()),
+        };
+        let dir = self.lookup.as_mut()?.dir(&parent).ok()?;
+        tokio::task::spawn_blocking(move || {
+            let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+            let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
+            crate::checksum::content_hash(std::fs::File::from(fd)).ok()
+        })
+        .await
+        .ok()?
     }
 
     /// Handles one frame; returns the sender's totals at the stream's `Done`.
@@ -478,6 +503,9 @@ impl Reader {
             Frame::File(f) => {
                 self.shared.check_entry(&f.path, Kind::File)?;
                 self.counts.files += 1;
+                if self.shared.config.skip_unchanged {
+                    lock(&self.shared.table).maybe_skipped.remove(&f.path);
+                }
                 if self.shared.config.hard_links {
                     lock(&self.shared.table).files.insert(f.path.clone());
                 }
@@ -607,13 +635,27 @@ impl Reader {
                 if self.shared.config.hard_links {
                     lock(&self.shared.table).files.insert(p.path.clone());
                 }
-                let send = !self.have(&p);
-                if !send {
-                    self.shared.skipped.0.fetch_add(1, Relaxed);
-                    self.shared.skipped.1.fetch_add(p.size, Relaxed);
+                let (send, hash) = if self.shared.config.checksum {
+                    let hash = self.content_hash(&p).await;
+                    (hash.is_none(), hash)
+                } else {
+                    (!self.have(&p), None)
+                };
+                if !send && !self.shared.config.checksum {
+                    // Certain: the sender skips it.
                     self.shared.progress.add_skipped(p.size);
                 }
-                let answer = Frame::Answer(Answer { id: p.id, send });
+                if !send {
+                    // Skipped unless its `File` entry comes after all (checksums differed).
+                    lock(&self.shared.table)
+                        .maybe_skipped
+                        .insert(p.path.clone(), p.size);
+                }
+                let answer = Frame::Answer(Answer {
+                    id: p.id,
+                    send,
+                    hash,
+                });
                 // Fails only when the reply stream is gone, and then the session is over.
                 let _ = self.shared.replies.send(answer).await;
             }
@@ -1080,7 +1122,6 @@ where
         pool: Pool::default(),
         local_errors: Default::default(),
         replies: reply_tx.clone(),
-        skipped: Default::default(),
     });
 
     let mut writer_txs = Vec::new();
@@ -1235,8 +1276,11 @@ where
         deleted,
     };
     report.peer = peer;
-    report.files_skipped = shared.skipped.0.load(Relaxed);
-    report.bytes_skipped = shared.skipped.1.load(Relaxed);
+    {
+        let t = lock(&shared.table);
+        report.files_skipped = t.maybe_skipped.len() as u64;
+        report.bytes_skipped = t.maybe_skipped.values().sum();
+    }
     let _ = reply_tx.send(Frame::Done(report.local)).await;
     drop(reply_tx);
     drop(shared);

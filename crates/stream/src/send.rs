@@ -105,6 +105,10 @@ pub struct SendConfig {
     /// file's further names go as `HardLink` entries instead of its bytes again. Default:
     /// false.
     pub hard_links: bool,
+    /// With `skip_unchanged`: compare content hashes instead of modification times (rsync's
+    /// `--checksum`). The sender hashes each file while the receiver hashes its own copy of
+    /// the same size. Default: false.
+    pub checksum: bool,
 }
 
 impl Default for SendConfig {
@@ -119,6 +123,7 @@ impl Default for SendConfig {
             skip_unchanged: false,
             filter: None,
             hard_links: false,
+            checksum: false,
         }
     }
 }
@@ -671,8 +676,10 @@ struct Producer<'a> {
 /// The quick check's state in the producer: the files asked about and not yet answered.
 struct Probes {
     answers: std::sync::mpsc::Receiver<Answer>,
-    /// Probe id to the file's path and wire path (and size, for the skipped count).
-    waiting: HashMap<u64, (PathBuf, Bytes, u64)>,
+    /// Probe id to the file's path and wire path, size (for the skipped count) and, with
+    /// `checksum`, its content hash (`None` if it could not be read: it is then sent, and
+    /// the send reports why).
+    waiting: HashMap<u64, (PathBuf, Bytes, u64, Option<u128>)>,
     next: u64,
     /// Files and bytes skipped.
     skipped: (u64, u64),
@@ -776,18 +783,28 @@ impl Producer<'_> {
             mtime: meta.mtime,
             mtime_nsec: meta.mtime_nsec,
         });
-        self.probes.waiting.insert(id, (path, wire, size));
-        self.out.push(0, Msg::frame(&frame))
+        self.out.push(0, Msg::frame(&frame))?;
+        // The receiver hashes its copy while we hash ours.
+        let hash = if self.config.checksum {
+            std::fs::File::open(&path)
+                .and_then(crate::checksum::content_hash)
+                .ok()
+        } else {
+            None
+        };
+        self.probes.waiting.insert(id, (path, wire, size, hash));
+        Ok(())
     }
 
     /// Sends or skips the file a probe asked about. An answer to no outstanding probe (a
     /// broken or hostile receiver) is ignored: it can only stop a file from being sent, and
     /// the receiver then does not have it.
     fn answered(&mut self, a: Answer) -> Result<(), Closed> {
-        let Some((path, wire, size)) = self.probes.waiting.remove(&a.id) else {
+        let Some((path, wire, size, hash)) = self.probes.waiting.remove(&a.id) else {
             return Ok(());
         };
-        if a.send {
+        let differs = self.config.checksum && (hash.is_none() || a.hash != hash);
+        if a.send || differs {
             self.file(&path, wire)
         } else {
             self.probes.skipped.0 += 1;
