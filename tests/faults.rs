@@ -277,7 +277,7 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
             assert!(Instant::now() < deadline, "the copy never started");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let st = Command::new("kill")
+        let st = Command::new(fastcp_testsupport::tools::require("kill"))
             .arg(signal)
             .arg(child.id().to_string())
             .status()

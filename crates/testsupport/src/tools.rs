@@ -82,6 +82,11 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "a small tmpfs in a mount namespace, for full-disk tests",
     },
     Prerequisite {
+        program: "kill",
+        package: "procps",
+        why: "signals to a copy in flight",
+    },
+    Prerequisite {
         program: "timeout",
         package: "coreutils",
         why: "bounding the runs of helper processes",
