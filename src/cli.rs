@@ -89,9 +89,14 @@ pub struct Args {
     /// Read exclude patterns from FILE, one a line (`+ PATTERN` includes; `#` comments).
     #[arg(long, value_name = "FILE", help_heading = "Copy")]
     pub exclude_from: Vec<std::path::PathBuf>,
-    /// Never upload fastcp to a remote host that does not have it.
+    /// Never upload fastcp to a remote host that does not have it (such a copy goes over
+    /// SFTP).
     #[arg(long, help_heading = "SSH")]
     pub no_deploy: bool,
+    /// Copy over the remote host's SFTP subsystem, with nothing of fastcp's there: several
+    /// SFTP sessions at once (-j, default 4), many requests in flight on each.
+    #[arg(long, help_heading = "SSH")]
+    pub sftp: bool,
     /// Where to find the static binaries `cargo xtask dist` built, for a remote host this
     /// fastcp cannot run on (default: $FASTCP_DIST_DIR, or dist/ beside this program).
     #[arg(long, value_name = "DIR", help_heading = "SSH")]
@@ -413,6 +418,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         filter: filter_from_command_line()?,
         delete: args.delete,
         no_deploy: args.no_deploy,
+        sftp: args.sftp,
         timeout: (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout)),
         deploy_from: args.deploy_from.clone(),
         compress: args.compress,

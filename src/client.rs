@@ -108,6 +108,10 @@ pub struct CopyOptions {
     /// Where self-deploy finds `cargo xtask dist` binaries for remotes this program cannot
     /// run on (`--deploy-from`).
     pub deploy_from: Option<std::path::PathBuf>,
+    /// Copy over the remote's stock SFTP subsystem, without fastcp there (`--sftp`); see
+    /// [`crate::sftp`]. A copy also takes this path by itself when the remote has no fastcp
+    /// and none can run there, or with [`no_deploy`](Self::no_deploy).
+    pub sftp: bool,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -579,17 +583,26 @@ async fn connect_and_run(
         None => remote.host.clone(),
     };
     let peer = connect(&destination, &ssh, log).await?;
+    if plan.options.sftp {
+        let AnyTransport::Builtin(session) = &peer else {
+            return Err(Error::Usage(
+                "--sftp needs fastcp's own SSH client (not --ssh-program)".into(),
+            ));
+        };
+        let done = crate::sftp::copy(plan, session, progress).await?;
+        return Ok((done, "sftp"));
+    }
     if job == Job::DryRun {
-        let done = session_over(
+        let started = session_over(
             plan,
             std::slice::from_ref(&peer),
             &ssh,
             Mode::Inline,
-            progress,
+            progress.clone(),
             job,
         )
         .await?;
-        return Ok((done, "ssh"));
+        return over_sftp_if_needed(plan, &peer, started, "ssh", progress).await;
     }
     let tcp_addr = match plan.options.transport {
         TransportChoice::Ssh => None,
@@ -628,7 +641,7 @@ async fn connect_and_run(
             {
                 log.warn(|| format!("{e}; falling back to SSH channels"));
             }
-            other => return other.map(|done| (done, "tcp")),
+            other => return over_sftp_if_needed(plan, &peer, other?, "tcp", progress).await,
         }
     }
     let wanted = match plan.options.streams {
@@ -666,9 +679,42 @@ async fn connect_and_run(
             peers.len()
         )
     });
-    session_over(plan, &peers, &ssh, mode, progress, job)
-        .await
-        .map(|done| (done, "ssh"))
+    let started = session_over(plan, &peers, &ssh, mode, progress.clone(), job).await?;
+    over_sftp_if_needed(plan, &peers[0], started, "ssh", progress).await
+}
+
+/// A session that ran, or the reason to copy over SFTP instead: fastcp is not on the remote
+/// host and cannot run there.
+enum Started {
+    Done(Box<SessionDone>),
+    Sftp(String),
+}
+
+/// Returns a finished session as carried by `transport`, or copies over SFTP.
+async fn over_sftp_if_needed(
+    plan: &Plan,
+    peer: &AnyTransport,
+    started: Started,
+    transport: &'static str,
+    progress: Arc<Progress>,
+) -> Result<(SessionDone, &'static str), Error> {
+    match (started, peer) {
+        (Started::Done(done), _) => Ok((*done, transport)),
+        (Started::Sftp(why), AnyTransport::Builtin(session)) => {
+            plan.options
+                .log
+                .warn(|| format!("{why}: copying over SFTP"));
+            match crate::sftp::copy(plan, session, progress).await {
+                Ok(done) => Ok((done, "sftp")),
+                Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
+                    "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
+                     uploaded (no --no-deploy)"
+                ))),
+                Err(e) => Err(e),
+            }
+        }
+        (Started::Sftp(why), AnyTransport::Program(_)) => Err(Error::RemoteCommand(why)),
+    }
 }
 
 /// Connects as [`AnyTransport::connect`] does, telling `log` where and how.
@@ -826,8 +872,9 @@ impl SessionDone {
     }
 }
 
-/// Starts `fastcp server` on the first of `peers` and runs one session with it, turning a
-/// failure to start the remote program into advice.
+/// Starts `fastcp server` on the first of `peers` and runs one session with it. When the
+/// remote host has no fastcp, deploys it (see [`crate::deploy`]) and runs the session with
+/// that; when none can run there, says why, for the caller to copy over SFTP.
 async fn session_over(
     plan: &Plan,
     peers: &[AnyTransport],
@@ -835,14 +882,73 @@ async fn session_over(
     mode: Mode,
     progress: Arc<Progress>,
     job: Job,
-) -> Result<SessionDone, Error> {
+) -> Result<Started, Error> {
+    let err = match try_session(plan, peers, ssh, mode, progress.clone(), job).await {
+        Ok(done) => return Ok(Started::Done(Box::new(done))),
+        Err(Attempt::Failed(e)) => return Err(e),
+        Err(Attempt::Missing(e)) => e,
+    };
+    let log = &plan.options.log;
+    let AnyTransport::Builtin(session) = &peers[0] else {
+        return Err(not_installed(ssh, &err));
+    };
+    if ssh.remote_path.is_some() {
+        return Err(not_installed(ssh, &err));
+    }
+    if plan.options.no_deploy {
+        return Ok(Started::Sftp(
+            "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it".into(),
+        ));
+    }
+    log.info(|| "fastcp is not on the remote host's PATH: deploying it".into());
+    let options = crate::deploy::DeployOptions {
+        dist_dir: plan.options.deploy_from.clone(),
+    };
+    let deployed = match crate::deploy::deploy(session, &options, log).await {
+        Ok(deployed) => deployed,
+        Err(Error::Unsupported(why)) => return Ok(Started::Sftp(why)),
+        Err(e) => return Err(e),
+    };
+    session.set_remote_path(Some(deployed.path.clone()));
+    let mut ssh = ssh.clone();
+    ssh.remote_path = Some(deployed.path.clone());
+    match try_session(plan, peers, &ssh, mode, progress, job).await {
+        Ok(done) => Ok(Started::Done(Box::new(done))),
+        Err(Attempt::Failed(e)) => Err(e),
+        Err(Attempt::Missing(_)) => Ok(Started::Sftp(format!(
+            "the fastcp uploaded to {} cannot run on the remote host (a home folder mounted \
+             noexec?)",
+            deployed.path
+        ))),
+    }
+}
+
+/// Why a session did not run: the remote program is missing (or cannot be executed), or
+/// anything else.
+enum Attempt {
+    Missing(Error),
+    Failed(Error),
+}
+
+/// Starts `fastcp server` on the first of `peers` and runs one session with it.
+async fn try_session(
+    plan: &Plan,
+    peers: &[AnyTransport],
+    ssh: &SshOptions,
+    mode: Mode,
+    progress: Arc<Progress>,
+    job: Job,
+) -> Result<SessionDone, Attempt> {
     plan.options.log.debug(|| {
         format!(
             "starting `{} server` on the remote host",
             ssh.remote_path.as_deref().unwrap_or("fastcp")
         )
     });
-    let server = peers[0].start_server().await?;
+    let server = peers[0]
+        .start_server()
+        .await
+        .map_err(|e| Attempt::Failed(e.into()))?;
     let stderr = server.stderr.forward_to_stderr();
     let session = run_job(plan, server.stream, mode, peers, progress.clone(), job).await;
     // The exit status tells a missing remote program from other failures. After a cut or a
@@ -857,26 +963,11 @@ async fn session_over(
     let _ = tokio::time::timeout(EXIT_STATUS_WAIT, stderr).await;
     match (session, status) {
         (Ok(done), _) => Ok(done),
-        (Err(err), Ok(status)) if status.is_command_not_found() => {
-            let AnyTransport::Builtin(session) = &peers[0] else {
-                return Err(not_installed(ssh, &err));
-            };
-            if plan.options.no_deploy || ssh.remote_path.is_some() {
-                return Err(not_installed(ssh, &err));
-            }
-            plan.options
-                .log
-                .info(|| "fastcp is not on the remote host's PATH: deploying it".into());
-            let options = crate::deploy::DeployOptions {
-                dist_dir: plan.options.deploy_from.clone(),
-            };
-            let deployed = crate::deploy::deploy(session, &options, &plan.options.log).await?;
-            session.set_remote_path(Some(deployed.path.clone()));
-            let mut ssh = ssh.clone();
-            ssh.remote_path = Some(deployed.path);
-            Box::pin(session_over(plan, peers, &ssh, mode, progress, job)).await
+        // 127: not found; 126: found but not executable (a noexec mount).
+        (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
+            Err(Attempt::Missing(err))
         }
-        (Err(err), _) => Err(err),
+        (Err(err), _) => Err(Attempt::Failed(err)),
     }
 }
 

@@ -7,8 +7,9 @@
 //! - **What goes**: the binary that runs here when it can run there (a static build always
 //!   can on its architecture; a glibc build only when the remote glibc is at least the newest
 //!   one it was linked against), else the static binary `cargo xtask dist` made for the
-//!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing, and the
-//!   copy fails with [`Error::Deploy`] saying why.
+//!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing:
+//!   [`deploy`] fails with [`Error::Unsupported`] saying why, and the copy goes over SFTP
+//!   (see [`crate::sftp`]). Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them. The upload goes to a temporary name, its
@@ -338,7 +339,7 @@ impl LocalBinary {
     /// folder.
     fn for_remote(self, remote: &Remote, options: &DeployOptions) -> Result<Binary, Error> {
         if remote.os != "Linux" || !matches!(remote.arch.as_str(), "x86_64" | "aarch64") {
-            return Err(Error::Deploy(format!(
+            return Err(Error::Unsupported(format!(
                 "the remote host runs {} on {}; fastcp ships binaries for Linux on x86_64 and \
                  aarch64 only",
                 remote.os, remote.arch
@@ -368,7 +369,7 @@ impl LocalBinary {
             remote.arch
         );
         let Some(path) = dir.map(|d| d.join(&name)).filter(|p| p.is_file()) else {
-            return Err(Error::Deploy(format!(
+            return Err(Error::Unsupported(format!(
                 "this fastcp cannot run on the remote host ({} {}{}), and no {name} was found \
                  to upload: build it with `cargo xtask dist` and name its folder with \
                  FASTCP_DIST_DIR",

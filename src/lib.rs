@@ -50,6 +50,7 @@ mod location;
 mod log;
 pub mod server;
 mod session;
+pub mod sftp;
 pub mod stdio;
 mod wire;
 

@@ -17,7 +17,7 @@ pub(crate) struct FrameReader<S> {
     decoder: Decoder,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> FrameReader<S> {
+impl<S: AsyncRead + Unpin> FrameReader<S> {
     pub(crate) fn new(stream: S, max_frame: u32) -> Self {
         FrameReader {
             stream,
@@ -56,7 +56,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> FrameReader<S> {
             }
         }
     }
+}
 
+impl<S: AsyncRead + AsyncWrite + Unpin> FrameReader<S> {
     /// Writes one frame and flushes it.
     pub(crate) async fn send(&mut self, frame: &Frame) -> io::Result<()> {
         write_frame(&mut self.stream, frame).await

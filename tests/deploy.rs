@@ -138,10 +138,10 @@ fn a_cache_folder_others_can_write_is_refused() {
 }
 
 #[test]
-fn no_deploy_keeps_the_not_installed_error() {
+fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("cache");
-    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let sshd = Sshd::start_without_sftp(&[("XDG_CACHE_HOME", &cache)]).unwrap();
     let src = work.path().join("file");
     fs::write(&src, b"payload").unwrap();
     let out = run(fastcp_plain(&sshd)
@@ -149,6 +149,9 @@ fn no_deploy_keeps_the_not_installed_error() {
         .arg(&src)
         .arg(remote(&sshd, &work.path().join("copy"))));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("not installed"), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("--no-deploy"), "{said}");
+    assert!(said.contains("no SFTP"), "{said}");
     assert!(!cache.exists());
+    assert!(!work.path().join("copy").exists());
 }

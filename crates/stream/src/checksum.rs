@@ -235,6 +235,54 @@ pub fn whole_file_checksum(version: u16, content: &[u8]) -> [u8; 32] {
     Algorithm::for_version(version).whole(content)
 }
 
+/// The checksum a `FileEnd` carries, for a program that speaks the protocol itself and reads
+/// a file in chunks, in any order, perhaps on several tasks: add each `Data` payload at its
+/// offset as it is sent, then [`finish`](FileChecksum::finish) once all of them are in.
+///
+/// ```
+/// use fastcp_stream::{FileChecksum, whole_file_checksum};
+///
+/// let mut c = FileChecksum::new(4, 11);
+/// c.add(6, b"world");
+/// assert_eq!(c.finish(), None, "bytes 0..6 are missing");
+/// c.add(0, b"hello ");
+/// assert_ne!(c.finish(), Some(whole_file_checksum(4, b"hello world")), "cut in two frames");
+///
+/// let mut whole = FileChecksum::new(4, 11);
+/// whole.add(0, b"hello world");
+/// assert_eq!(whole.finish(), Some(whole_file_checksum(4, b"hello world")));
+/// ```
+#[derive(Debug)]
+pub struct FileChecksum {
+    algorithm: Algorithm,
+    size: u64,
+    assembler: Assembler,
+}
+
+impl FileChecksum {
+    /// A checksum under protocol `version` for a file of `size` bytes.
+    pub fn new(version: u16, size: u64) -> FileChecksum {
+        let algorithm = Algorithm::for_version(version);
+        FileChecksum {
+            algorithm,
+            size,
+            assembler: algorithm.assembler(size),
+        }
+    }
+
+    /// Adds the payload of one `Data` frame at `offset`. Payloads must not overlap.
+    pub fn add(&mut self, offset: u64, bytes: &[u8]) {
+        let hash = self.algorithm.chunk(self.size, offset, bytes);
+        self.assembler.add(offset, bytes.len() as u64, hash);
+    }
+
+    /// The checksum, once payloads cover the whole file; `None` before (or, under versions 1
+    /// and 2, for a file cut at offsets BLAKE3's tree cannot join).
+    pub fn finish(&self) -> Option<[u8; 32]> {
+        self.assembler.finish(self.size)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,7 +70,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use checksum::whole_file_checksum;
+pub use checksum::{FileChecksum, whole_file_checksum};
 pub use display::escape;
 pub use error::Error;
 pub use fastcp_proto::{ErrorCode, Meta, Summary};

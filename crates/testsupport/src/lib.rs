@@ -79,30 +79,36 @@ impl Sshd {
 
     /// Starts an sshd reachable as `alias` through [`Sshd::ssh_config`].
     pub fn start_named(alias: &str) -> io::Result<Sshd> {
-        Sshd::start_logging(alias, "VERBOSE", "")
+        Sshd::start_logging(alias, "VERBOSE", "", true)
+    }
+
+    /// Starts an sshd with no `sftp` subsystem, and the session environment `vars` (as
+    /// [`start_with_env`](Sshd::start_with_env)): a host where neither fastcp nor SFTP serves.
+    pub fn start_without_sftp(vars: &[(&str, &Path)]) -> io::Result<Sshd> {
+        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), false)
     }
 
     /// Starts an sshd whose sessions get the environment `vars` (sshd's `SetEnv`), such as
     /// `XDG_CACHE_HOME` pointing into a temporary folder, so that a test never writes under
     /// the real home.
     pub fn start_with_env(vars: &[(&str, &Path)]) -> io::Result<Sshd> {
-        let set: Vec<String> = vars
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.display()))
-            .collect();
-        Sshd::start_logging(
-            "fastcp-test",
-            "VERBOSE",
-            &format!("SetEnv {}\n", set.join(" ")),
-        )
+        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), true)
     }
 
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
-    fn start_logging(alias: &str, log_level: &str, extra: &str) -> io::Result<Sshd> {
+    fn start_logging(alias: &str, log_level: &str, extra: &str, sftp: bool) -> io::Result<Sshd> {
         // Fail with the package to install, not a bare "No such file or directory".
         tools::locate("sshd")?;
         tools::locate("ssh-keygen")?;
+        let subsystem = if sftp {
+            format!(
+                "Subsystem sftp {}\n",
+                tools::locate("sftp-server")?.display()
+            )
+        } else {
+            String::new()
+        };
         let dir = tempfile::Builder::new().prefix("fastcp-sshd-").tempdir()?;
         let d = dir.path();
         keygen(&d.join("host_ed25519"))?;
@@ -120,7 +126,7 @@ impl Sshd {
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
-            write_sshd_config(d, port, log_level, extra)?;
+            write_sshd_config(d, port, log_level, &format!("{subsystem}{extra}"))?;
             match spawn_sshd(d, port) {
                 Ok(child) => {
                     let sshd = Sshd {
@@ -148,7 +154,7 @@ impl Sshd {
     /// [`ssh_config`](Sshd::ssh_config) and its host key to this server's
     /// [`known_hosts`](Sshd::known_hosts). Add `ProxyJump <alias>-jump` where you need it.
     pub fn start_jump(&self) -> io::Result<Sshd> {
-        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1", "")?;
+        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1", "", true)?;
         fs::copy(self.authorized_keys(), jump.authorized_keys())?;
         let mut known = fs::OpenOptions::new()
             .append(true)
@@ -349,6 +355,15 @@ fn ensure_privsep_dir() -> io::Result<()> {
 
 fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// sshd's `SetEnv` line for `vars`.
+fn set_env(vars: &[(&str, &Path)]) -> String {
+    let set: Vec<String> = vars
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.display()))
+        .collect();
+    format!("SetEnv {}\n", set.join(" "))
 }
 
 fn write_sshd_config(d: &Path, port: u16, log_level: &str, extra: &str) -> io::Result<()> {

@@ -32,6 +32,11 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "the real OpenSSH server every remote test copies through",
     },
     Prerequisite {
+        program: "sftp-server",
+        package: "openssh-sftp-server",
+        why: "OpenSSH's SFTP server, which the test sshd serves as its sftp subsystem",
+    },
+    Prerequisite {
         program: "ssh",
         package: "openssh-client",
         why: "the system ssh path and the fixture's own checks",
@@ -93,10 +98,19 @@ pub const PREREQUISITES: &[Prerequisite] = &[
     },
 ];
 
-/// Folders searched after `PATH`: sshd lives in sbin, which a normal user's `PATH` often lacks.
-const SBIN: &[&str] = &["/usr/sbin", "/sbin", "/usr/local/sbin"];
+/// Folders searched after `PATH`: sshd lives in sbin, which a normal user's `PATH` often
+/// lacks, and sftp-server in OpenSSH's libexec folder (which varies by distribution).
+const SBIN: &[&str] = &[
+    "/usr/sbin",
+    "/sbin",
+    "/usr/local/sbin",
+    "/usr/lib/openssh",
+    "/usr/libexec",
+    "/usr/libexec/openssh",
+    "/usr/lib/ssh",
+];
 
-/// The full path of `program`: from `PATH`, then the sbin folders. `sshd` can be named with
+/// The full path of `program`: from `PATH`, then the sbin and libexec folders. `sshd` can be named with
 /// the environment variable `FASTCP_TEST_SSHD`.
 pub fn find(program: &str) -> Option<PathBuf> {
     if program == "sshd"

@@ -449,6 +449,26 @@ impl SshSession {
         })
     }
 
+    /// Starts the subsystem `name` (such as `sftp`) on a new session channel and returns its
+    /// stream. Fails with [`Error::Channel`] when the server refuses it (no such subsystem).
+    pub async fn open_subsystem(&self, name: &str) -> Result<SshStream, Error> {
+        let mut ch = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| channel_error("session channel", e, ""))?;
+        ch.request_subsystem(true, name).await?;
+        let early = wait_request_reply(&mut ch)
+            .await
+            .map_err(|reason| Error::Channel {
+                what: format!("subsystem {name}"),
+                reason,
+            })?;
+        let mut stream = SshStream::new(ch, true);
+        stream.prepend(early);
+        Ok(stream)
+    }
+
     /// Opens a `direct-streamlocal@openssh.com` channel: a stream to the unix socket at
     /// `socket_path` on the remote host, connected by sshd as the remote user.
     pub async fn open_streamlocal(&self, socket_path: &str) -> Result<SshStream, Error> {

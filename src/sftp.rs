@@ -1,0 +1,1496 @@
+//! The SFTP path: copies to and from a host where fastcp cannot run, through the remote's
+//! stock SFTP subsystem (OpenSSH's `sftp-server`), with nothing installed there.
+//!
+//! It is taken when the remote has no fastcp and none can be deployed (another OS or
+//! architecture, a home folder mounted `noexec`, `--no-deploy`), or when asked with
+//! `--sftp`. It is fast the way mscp is: several SSH connections, each with an SFTP session
+//! of its own (sshd runs one process per connection), many requests in flight on each, and
+//! big files split into ranges spread over all the sessions.
+//!
+//! fastcp's own engine still runs on this side, bridged to SFTP through in-memory pipes
+//! that carry fastcp's frames:
+//!
+//! - a **push** runs the local sender ([`fastcp_stream::send`]); [`Apply`] reads its frames
+//!   and applies them remotely: directories made, each file written through a handle per
+//!   session to a temporary name created exclusively beside its target, its attributes set,
+//!   then renamed over the target (`posix-rename@openssh.com` where offered: atomic).
+//! - a **pull** lists the remote tree and reads it ([`Emit`]), turning what it reads into
+//!   frames for the local receiver ([`fastcp_stream::receive`]), which checks every name,
+//!   resolves every path beneath the destination without following symlinks, writes temp
+//!   files and renames them only once complete: a hostile SFTP server meets the same
+//!   receiver as a hostile fastcp server.
+//!
+//! What SFTP cannot give: a check of what landed on the remote disk (the sender's checksum
+//! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
+//! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
+//! entries fail, each with an error), times finer than a second, and the features that
+//! need fastcp on both ends (`--delete`, `--checksum`, `-H`, `-n`, rules on a pull).
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fastcp_proto::{
+    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary,
+    SymlinkEntry, Totals,
+};
+use fastcp_stream::{FileChecksum, Progress, Report};
+use fastcp_transport::SshSession;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use russh_sftp::client::RawSftpSession;
+use russh_sftp::client::error::Error as SftpError;
+use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
+use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
+use tokio::sync::{Notify, OnceCell, Semaphore};
+
+use crate::client::{Plan, SessionDone, within_idle_limit};
+use crate::location::Location;
+use crate::wire::FrameReader;
+use crate::{Error, Log};
+
+/// SFTP sessions (each on an SSH connection of its own) unless `-j` says otherwise.
+pub const DEFAULT_SFTP_SESSIONS: u16 = 4;
+
+/// The largest read or write request: OpenSSH's `sftp-server` takes up to 256 KiB packets.
+const MAX_IO: u32 = 255 << 10;
+/// Read or write requests in flight on one file range.
+const IO_IN_FLIGHT: usize = 8;
+/// Files read or written at once on each session.
+const FILES_IN_FLIGHT: usize = 8;
+/// A pulled file's bytes go to the receiver in frames of this size.
+const FRAME_BYTES: usize = 1 << 20;
+/// Files bigger than this are split into ranges of this size, read by all sessions.
+const RANGE: u64 = 32 << 20;
+/// Bytes of file data a push holds in flight, waiting for the remote's acknowledgement.
+const PUSH_IN_FLIGHT: usize = 64 << 20;
+
+/// One SFTP session and what its server allows.
+struct Sftp {
+    raw: RawSftpSession,
+    io: u32,
+    posix_rename: bool,
+}
+
+impl Sftp {
+    async fn open(ssh: &SshSession, timeout: Option<Duration>) -> Result<Sftp, Error> {
+        let stream = ssh.open_subsystem("sftp").await.map_err(|e| {
+            Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
+        })?;
+        let config = russh_sftp::client::Config {
+            max_packet_len: MAX_IO + (16 << 10),
+            request_timeout_secs: timeout.map_or(3600, |t| t.as_secs().max(1)),
+            ..Default::default()
+        };
+        let mut raw = RawSftpSession::new_with_config(stream, config);
+        let version = raw.init().await.map_err(|e| fatal("starting SFTP", e))?;
+        let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");
+        let mut io = 32 << 10;
+        if version.extensions.contains_key("limits@openssh.com")
+            && let Ok(limits) = raw.limits().await
+        {
+            let allowed = limits
+                .max_read_len
+                .min(limits.max_write_len)
+                .min(u64::from(MAX_IO));
+            if allowed >= 4096 {
+                io = allowed as u32;
+            }
+            raw.set_limits(limits.into());
+        }
+        Ok(Sftp {
+            raw,
+            io,
+            posix_rename,
+        })
+    }
+
+    /// Renames `from` over `to`: atomically with `posix-rename@openssh.com`; else with the
+    /// plain rename, which fails on an existing target, removed first.
+    async fn replace(&self, from: &str, to: &str) -> Result<(), SftpError> {
+        if self.posix_rename {
+            let mut data = Vec::with_capacity(8 + from.len() + to.len());
+            for s in [from, to] {
+                data.extend_from_slice(&(s.len() as u32).to_be_bytes());
+                data.extend_from_slice(s.as_bytes());
+            }
+            return match self.raw.extended("posix-rename@openssh.com", data).await? {
+                Packet::Status(s) if s.status_code == StatusCode::Ok => Ok(()),
+                Packet::Status(s) => Err(SftpError::Status(s)),
+                _ => Err(SftpError::UnexpectedPacket),
+            };
+        }
+        if self.raw.rename(from, to).await.is_ok() {
+            return Ok(());
+        }
+        let _ = self.raw.remove(to).await;
+        self.raw.rename(from, to).await.map(|_| ())
+    }
+}
+
+/// Opens `n` SFTP sessions: on `first`, then each on a connection of its own.
+async fn sessions(
+    first: &SshSession,
+    n: usize,
+    timeout: Option<Duration>,
+) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
+    let mut more = Vec::new();
+    for _ in 1..n {
+        more.push(first.reconnect().await?);
+    }
+    let mut sftp = vec![Arc::new(Sftp::open(first, timeout).await?)];
+    for ssh in &more {
+        sftp.push(Arc::new(Sftp::open(ssh, timeout).await?));
+    }
+    Ok((more, sftp))
+}
+
+/// Whether an SFTP failure ends the whole copy (the session is gone) rather than one file.
+fn is_session_failure(e: &SftpError) -> bool {
+    match e {
+        SftpError::Status(s) => matches!(
+            s.status_code,
+            StatusCode::NoConnection | StatusCode::ConnectionLost | StatusCode::BadMessage
+        ),
+        SftpError::IO(_) | SftpError::Timeout | SftpError::UnexpectedPacket => true,
+        SftpError::UnexpectedBehavior(_) | SftpError::Limited(_) => true,
+    }
+}
+
+/// The protocol's error code for an SFTP failure.
+fn code(e: &SftpError) -> ErrorCode {
+    match e {
+        SftpError::Status(s) => match s.status_code {
+            StatusCode::NoSuchFile => ErrorCode::NotFound,
+            StatusCode::PermissionDenied => ErrorCode::PermissionDenied,
+            StatusCode::OpUnsupported => ErrorCode::Unsupported,
+            _ => ErrorCode::Io,
+        },
+        _ => ErrorCode::Io,
+    }
+}
+
+fn fatal(what: &str, e: SftpError) -> Error {
+    match e {
+        SftpError::Timeout => {
+            Error::Timeout(format!("{what} over SFTP: the server stopped answering"))
+        }
+        SftpError::IO(m) => Error::ConnectionClosed(format!("{what} over SFTP: {m}")),
+        e => Error::Remote(format!("{what} over SFTP: {e}")),
+    }
+}
+
+/// Runs the copy `plan` over SFTP, on `first` and more connections to the same host.
+pub(crate) async fn copy(
+    plan: &Plan,
+    first: &SshSession,
+    progress: Arc<Progress>,
+) -> Result<SessionDone, Error> {
+    refuse_unsupported(plan)?;
+    let log = &plan.options.log;
+    let n = plan
+        .options
+        .streams
+        .unwrap_or(DEFAULT_SFTP_SESSIONS)
+        .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
+    let (_connections, sftp) = sessions(first, n, plan.options.timeout).await?;
+    log.info(|| {
+        format!(
+            "transport: SFTP, {n} session(s), {} KiB requests, {}",
+            sftp[0].io >> 10,
+            if sftp[0].posix_rename {
+                "atomic renames"
+            } else {
+                "no posix-rename: an existing target is removed before the rename"
+            }
+        )
+    });
+    let started = std::time::Instant::now();
+    let work = async {
+        match &plan.dest {
+            Location::Remote(r) => push(plan, &r.path, sftp, progress.clone(), log).await,
+            Location::Local(dest) => pull(plan, dest, sftp, progress.clone()).await,
+        }
+    };
+    let report = within_idle_limit(&progress, plan.options.timeout, work).await?;
+    Ok(SessionDone {
+        report,
+        streams: n,
+        cipher: None,
+        provider: None,
+        compression: None,
+        remote_software: "SFTP version 3".into(),
+        listing: Vec::new(),
+        data_time: started.elapsed(),
+    })
+}
+
+/// Options that need fastcp on both ends fail at once, naming the way out.
+fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
+    let o = &plan.options;
+    let pull = matches!(plan.dest, Location::Local(_));
+    let refused = [
+        (o.delete, "--delete"),
+        (o.checksum, "--checksum"),
+        (o.hard_links, "-H"),
+        (o.dry_run, "-n"),
+        (pull && o.skip_unchanged, "--skip-unchanged on a pull"),
+        (
+            pull && o.filter.as_ref().is_some_and(|f| !f.rules().is_empty()),
+            "--include/--exclude on a pull",
+        ),
+        (
+            o.transport == crate::TransportChoice::Tcp,
+            "--transport tcp",
+        ),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+        return Err(Error::Unsupported(format!(
+            "{what} needs fastcp on the remote host, and this copy goes over SFTP; install \
+             fastcp there, or let it be deployed (no --no-deploy)"
+        )));
+    }
+    if o.compress {
+        o.log.warn(|| "-C is ignored over SFTP".into());
+    }
+    Ok(())
+}
+
+/// A remote path as typed after the colon, made relative to the SFTP server's starting
+/// folder (the user's home): `~` and `~/` are dropped, an empty path is `.`.
+fn remote_path(typed: &str) -> String {
+    let p = typed
+        .strip_prefix("~/")
+        .or_else(|| (typed == "~").then_some(""))
+        .unwrap_or(typed);
+    if p.is_empty() { ".".into() } else { p.into() }
+}
+
+fn join(base: &str, rest: &str) -> String {
+    if rest.is_empty() {
+        base.into()
+    } else if base.ends_with('/') {
+        format!("{base}{rest}")
+    } else {
+        format!("{base}/{rest}")
+    }
+}
+
+/// A name that can travel: SFTP carries names as UTF-8 strings.
+fn utf8(wire: &[u8]) -> Result<&str, (ErrorCode, String)> {
+    std::str::from_utf8(wire).map_err(|_| {
+        (
+            ErrorCode::Unsupported,
+            "the name is not UTF-8, which the SFTP path cannot carry".into(),
+        )
+    })
+}
+
+/// A map whose readers can wait for a key another task has yet to insert.
+struct Registry<K, V> {
+    map: Mutex<HashMap<K, V>>,
+    added: Notify,
+}
+
+impl<K: Eq + Hash, V: Clone> Registry<K, V> {
+    fn new() -> Self {
+        Registry {
+            map: Mutex::new(HashMap::new()),
+            added: Notify::new(),
+        }
+    }
+
+    fn insert(&self, k: K, v: V) {
+        lock(&self.map).insert(k, v);
+        self.added.notify_waiters();
+    }
+
+    /// The value under `k`, once there. The copy's idle limit bounds the wait.
+    async fn wait(&self, k: &K) -> V {
+        loop {
+            let added = self.added.notified();
+            if let Some(v) = lock(&self.map).get(k) {
+                return v.clone();
+            }
+            added.await;
+        }
+    }
+}
+
+/// The file type bits of SFTP attributes (`S_IFMT`): the crate's own tests take a link
+/// for a regular file, since the link's bits contain the regular file's.
+fn file_type(a: &FileAttributes) -> u32 {
+    a.permissions.unwrap_or(0) & 0o170000
+}
+
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A failure of one entry, its message naming it (as the engine's do).
+fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
+    Frame::Error(ErrorFrame {
+        code,
+        fatal: false,
+        path: Bytes::copy_from_slice(path),
+        message: format!("{}: {message}", crate::stream::escape(path)),
+    })
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> std::io::Result<()> {
+    let mut buf = BytesMut::new();
+    fastcp_proto::encode(frame, &mut buf);
+    w.write_all(&buf).await
+}
+
+// ---------------------------------------------------------------------------------------
+// Push: the local sender's frames, applied over SFTP.
+
+/// Where the sender's top-level entries land.
+enum Place {
+    /// Beneath this existing remote directory, under their own names.
+    Beneath(String),
+    /// The single top-level entry takes this name.
+    As(String),
+}
+
+/// A file being written: a temp name beside its target, a handle on each session that
+/// writes to it, and what has arrived.
+struct PushFile {
+    wire: Bytes,
+    target: Result<String, (ErrorCode, String)>,
+    temp: String,
+    size: u64,
+    meta: Meta,
+    created: OnceCell<()>,
+    handles: Vec<OnceCell<String>>,
+    written: AtomicU64,
+    ended: AtomicBool,
+    settled: AtomicBool,
+    failure: Mutex<Option<(ErrorCode, String)>>,
+}
+
+/// The applying side of a push.
+struct Apply {
+    sftp: Vec<Arc<Sftp>>,
+    place: Place,
+    preserve: bool,
+    files: Registry<u64, Arc<PushFile>>,
+    /// Directories of this copy by wire path: made (true) or failed (false).
+    dirs: Registry<Bytes, bool>,
+    dir_meta: Mutex<Vec<(Bytes, String, Meta)>>,
+    replies: tokio::sync::mpsc::UnboundedSender<Frame>,
+    done: Mutex<Summary>,
+    in_flight: Arc<Semaphore>,
+}
+
+async fn push(
+    plan: &Plan,
+    typed: &str,
+    sftp: Vec<Arc<Sftp>>,
+    progress: Arc<Progress>,
+    log: &Log,
+) -> Result<Report, Error> {
+    let dest = remote_path(typed);
+    let place = match sftp[0].raw.stat(dest.clone()).await {
+        Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
+        Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
+            return Err(Error::Remote(format!(
+                "{}: not a directory (several sources, or a trailing '/', need one)",
+                crate::stream::escape(typed.as_bytes())
+            )));
+        }
+        Ok(_) => Place::As(dest),
+        Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
+        Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
+    };
+    let n = sftp.len();
+    let (ours, theirs): (Vec<DuplexStream>, Vec<DuplexStream>) = (0..n)
+        .map(|_| tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER))
+        .unzip();
+    let (reply_tx, mut reply_rx) = tokio::sync::mpsc::unbounded_channel();
+    let apply = Arc::new(Apply {
+        sftp,
+        place,
+        preserve: plan.options.preserve || plan.options.skip_unchanged,
+        files: Registry::new(),
+        dirs: Registry::new(),
+        dir_meta: Mutex::new(Vec::new()),
+        replies: reply_tx,
+        done: Mutex::new(Summary::default()),
+        in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
+    });
+    let mut readers = Vec::new();
+    let mut reply_half = None;
+    // The sender reads nothing on the other streams; their write halves stay open.
+    let mut _idle = Vec::new();
+    for (s, stream) in theirs.into_iter().enumerate() {
+        let (read, write) = tokio::io::split(stream);
+        if s == 0 {
+            reply_half = Some(write);
+        } else {
+            _idle.push(write);
+        }
+        readers.push(read);
+    }
+    let mut reply_half: WriteHalf<DuplexStream> = reply_half.expect("one stream at least");
+    let applying = {
+        let apply = apply.clone();
+        async move {
+            let streams = readers.into_iter().enumerate().map(|(s, r)| {
+                let apply = apply.clone();
+                tokio::spawn(async move { apply.stream(s, r).await })
+            });
+            let mut first_error = None;
+            for joined in futures_util::future::join_all(streams).await {
+                let result = joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))));
+                if let Err(e) = result {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_error {
+                let _ = apply.replies.send(Frame::Error(ErrorFrame {
+                    code: ErrorCode::Io,
+                    fatal: true,
+                    path: Bytes::new(),
+                    message: e.to_string(),
+                }));
+                return Err(e);
+            }
+            apply.finish_dirs().await;
+            let done = *lock(&apply.done);
+            let _ = apply.replies.send(Frame::Done(done));
+            Ok(())
+        }
+    };
+    let replying = async move {
+        while let Some(frame) = reply_rx.recv().await {
+            let last =
+                matches!(frame, Frame::Done(_)) || matches!(&frame, Frame::Error(e) if e.fatal);
+            if write_frame(&mut reply_half, &frame).await.is_err() || last {
+                break;
+            }
+        }
+        let _ = reply_half.shutdown().await;
+    };
+    let mut send_config = plan_send_config(plan);
+    send_config.checksum = false;
+    let sources: Vec<_> = plan
+        .sources
+        .iter()
+        .filter_map(|s| match s {
+            Location::Local(p) => Some(p.clone()),
+            Location::Remote(_) => None,
+        })
+        .collect();
+    let sending = fastcp_stream::send(&sources, ours, &send_config, progress);
+    let (sent, applied, ()) = tokio::join!(sending, applying, replying);
+    if let Err(e) = &applied {
+        log.debug(|| format!("applying over SFTP: {e}"));
+    }
+    match (sent, applied) {
+        (Ok(report), Ok(())) => Ok(report),
+        // A sender that saw its streams close was stopped by the applying side.
+        (Err(e), Err(a)) if e.is_disconnect() => Err(a),
+        (Err(e), _) => Err(e.into()),
+        (Ok(_), Err(a)) => Err(a),
+    }
+}
+
+fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
+    let mut c = fastcp_stream::SendConfig {
+        recursive: plan.options.recursive,
+        preserve: plan.options.preserve || plan.options.skip_unchanged,
+        follow_links: plan.options.follow_links,
+        skip_unchanged: plan.options.skip_unchanged,
+        filter: plan.options.filter.clone(),
+        ..Default::default()
+    };
+    if let Some(size) = plan.options.chunk_size {
+        c.chunk_size = size;
+    }
+    c
+}
+
+impl Apply {
+    /// Reads and applies stream `s`'s frames until its `Done`.
+    async fn stream(
+        self: &Arc<Self>,
+        s: usize,
+        read: tokio::io::ReadHalf<DuplexStream>,
+    ) -> Result<(), Error> {
+        let mut frames = FrameReader::new(read, fastcp_proto::HARD_MAX_FRAME);
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let frame = frames.next("a frame from the sender").await?;
+            match frame {
+                Frame::Dir(d) => {
+                    // Directories are made in walk order, before anything inside them.
+                    self.dir(s, d).await?;
+                }
+                Frame::File(f) => {
+                    let file = self.announce(f);
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        if let Err(e) = file.handle(&this, s).await {
+                            file.fail(e);
+                        }
+                        this.settle_if_complete(&file).await
+                    });
+                }
+                Frame::Data(d) => {
+                    let permit = self
+                        .in_flight
+                        .clone()
+                        .acquire_many_owned(d.bytes.len().min(PUSH_IN_FLIGHT) as u32)
+                        .await
+                        .expect("never closed");
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        let file = this.files.wait(&d.id).await;
+                        let r = this.write(&file, s, d.offset, d.bytes).await;
+                        drop(permit);
+                        r
+                    });
+                }
+                Frame::FileEnd(FileEnd { id, .. }) => {
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        let file = this.files.wait(&id).await;
+                        file.ended.store(true, Ordering::SeqCst);
+                        this.settle_if_complete(&file).await
+                    });
+                }
+                Frame::Symlink(l) => self.symlink(s, l).await?,
+                Frame::Probe(p) => {
+                    let send = !self.unchanged(&p.path, p.size, p.mtime).await;
+                    let _ = self.replies.send(Frame::Answer(Answer {
+                        id: p.id,
+                        send,
+                        hash: None,
+                    }));
+                }
+                Frame::Totals(_) => {}
+                Frame::Error(e) if !e.fatal => {}
+                Frame::Error(e) => {
+                    return Err(Error::Remote(format!("the sender stopped: {}", e.message)));
+                }
+                Frame::Done(_) => break,
+                other => {
+                    return Err(Error::UnexpectedFrame {
+                        expected: "a copy frame",
+                        got: other.name(),
+                    });
+                }
+            }
+            // Keep the finished tasks from piling up; a session failure ends the copy.
+            while let Some(joined) = tasks.try_join_next() {
+                joined.map_err(|e| Error::Io(std::io::Error::other(e)))??;
+            }
+        }
+        while let Some(joined) = tasks.join_next().await {
+            joined.map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        }
+        Ok(())
+    }
+
+    /// The remote path of an entry: beneath the destination, or renamed as it.
+    fn target(&self, wire: &[u8]) -> Result<String, (ErrorCode, String)> {
+        fastcp_proto::path::validate(wire)
+            .map_err(|e| (ErrorCode::UnsafePath, format!("refused: {e}")))?;
+        let path = utf8(wire)?;
+        Ok(match &self.place {
+            Place::Beneath(dir) => join(dir, path),
+            Place::As(name) => match path.split_once('/') {
+                Some((_, rest)) => join(name, rest),
+                None => name.clone(),
+            },
+        })
+    }
+
+    /// Waits until the directory holding `wire` is made; false when it failed.
+    async fn parent_ready(&self, wire: &[u8]) -> bool {
+        match wire.iter().rposition(|&b| b == b'/') {
+            None => true,
+            Some(i) => self.dirs.wait(&Bytes::copy_from_slice(&wire[..i])).await,
+        }
+    }
+
+    fn failed(&self, wire: &[u8], (code, message): (ErrorCode, String)) {
+        lock(&self.done).errors += 1;
+        let _ = self.replies.send(error_frame(code, wire, message));
+    }
+
+    async fn dir(&self, s: usize, d: DirEntry) -> Result<(), Error> {
+        let ok = match self.make_dir(s, &d).await {
+            Ok(path) => {
+                lock(&self.done).dirs += 1;
+                lock(&self.dir_meta).push((d.path.clone(), path, d.meta));
+                true
+            }
+            Err(Err(e)) => return Err(e),
+            Err(Ok(failure)) => {
+                self.failed(&d.path, failure);
+                false
+            }
+        };
+        self.dirs.insert(d.path, ok);
+        Ok(())
+    }
+
+    /// Makes one directory: `Err(Ok(..))` for this entry's failure, `Err(Err(..))` for the
+    /// session's.
+    async fn make_dir(
+        &self,
+        s: usize,
+        d: &DirEntry,
+    ) -> Result<String, Result<(ErrorCode, String), Error>> {
+        let path = self.target(&d.path).map_err(Ok)?;
+        if !self.parent_ready(&d.path).await {
+            return Err(Ok((ErrorCode::Io, "its parent could not be made".into())));
+        }
+        let sftp = &self.sftp[s];
+        let attrs = FileAttributes {
+            permissions: Some(d.meta.mode & 0o777 | 0o700),
+            ..FileAttributes::empty()
+        };
+        match sftp.raw.mkdir(path.clone(), attrs).await {
+            Ok(_) => Ok(path),
+            Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
+            Err(e) => match sftp.raw.lstat(path.clone()).await {
+                Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(path),
+                Ok(_) => Err(Ok((
+                    ErrorCode::Io,
+                    "a file that is not a directory is in the way".into(),
+                ))),
+                Err(_) => Err(Ok((code(&e), format!("cannot make the directory: {e}")))),
+            },
+        }
+    }
+
+    /// Sets the directories' modes (and times, with `-p`) once everything is in them,
+    /// deepest first.
+    async fn finish_dirs(&self) {
+        let dirs = std::mem::take(&mut *lock(&self.dir_meta));
+        for (wire, path, meta) in dirs.into_iter().rev() {
+            let mut attrs = FileAttributes {
+                permissions: Some(meta.mode & 0o777),
+                ..FileAttributes::empty()
+            };
+            if self.preserve {
+                set_times(&mut attrs, &meta);
+            } else if meta.mode & 0o700 == 0o700 {
+                continue;
+            }
+            if let Err(e) = self.sftp[0].raw.setstat(path, attrs).await {
+                self.failed(&wire, (code(&e), format!("cannot set its attributes: {e}")));
+            }
+        }
+    }
+
+    fn announce(&self, f: FileEntry) -> Arc<PushFile> {
+        let target = self.target(&f.path);
+        let temp = match &target {
+            Ok(t) => temp_name(t),
+            Err(_) => String::new(),
+        };
+        let file = Arc::new(PushFile {
+            wire: f.path,
+            target,
+            temp,
+            size: f.size,
+            meta: f.meta,
+            created: OnceCell::new(),
+            handles: (0..self.sftp.len()).map(|_| OnceCell::new()).collect(),
+            written: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        });
+        self.files.insert(f.id, file.clone());
+        file
+    }
+
+    /// Writes one chunk of `file` at `offset` through session `s`, many requests in flight.
+    async fn write(
+        &self,
+        file: &Arc<PushFile>,
+        s: usize,
+        offset: u64,
+        bytes: Bytes,
+    ) -> Result<(), Error> {
+        if lock(&file.failure).is_none() {
+            let written = async {
+                let handle = file.handle(self, s).await?;
+                let sftp = &self.sftp[s];
+                let mut pending = FuturesOrdered::new();
+                let mut at = 0usize;
+                while at < bytes.len() || !pending.is_empty() {
+                    while at < bytes.len() && pending.len() < IO_IN_FLIGHT {
+                        let end = (at + sftp.io as usize).min(bytes.len());
+                        let piece = bytes[at..end].to_vec();
+                        let h = handle.clone();
+                        pending.push_back(sftp.raw.write(h, offset + at as u64, piece));
+                        at = end;
+                    }
+                    if let Some(r) = pending.next().await {
+                        r.map_err(Failure::from)?;
+                    }
+                }
+                Ok::<(), Failure>(())
+            };
+            match written.await {
+                Ok(()) => {}
+                Err(Failure::Session(e)) => return Err(e),
+                Err(Failure::File(f)) => file.fail(Failure::File(f)),
+            }
+        }
+        file.written.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+        self.settle_if_complete(file).await
+    }
+
+    /// Once a file has all its bytes and its end (or failed): its attributes, then its
+    /// final name; or its temp file removed.
+    async fn settle_if_complete(&self, file: &Arc<PushFile>) -> Result<(), Error> {
+        let failed = lock(&file.failure).is_some();
+        let complete = file.ended.load(Ordering::SeqCst)
+            && file.written.load(Ordering::SeqCst) >= file.size
+            && file.created.initialized();
+        if !(failed || complete) || file.settled.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let sftp = &self.sftp;
+        let mut attrs_set = false;
+        let mut outcome: Result<(), (ErrorCode, String)> = Ok(());
+        for (s, handle) in file.handles.iter().enumerate() {
+            let Some(h) = handle.get() else { continue };
+            if !failed && !attrs_set {
+                let mut attrs = FileAttributes::empty();
+                if self.preserve {
+                    attrs.permissions = Some(file.meta.mode & 0o777);
+                    set_times(&mut attrs, &file.meta);
+                }
+                let set = if attrs.permissions.is_some() {
+                    sftp[s].raw.fsetstat(h.clone(), attrs).await.map(|_| ())
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = set {
+                    if is_session_failure(&e) {
+                        return Err(fatal("setting a file's attributes", e));
+                    }
+                    outcome = Err((code(&e), format!("cannot set its attributes: {e}")));
+                }
+                attrs_set = true;
+            }
+            if let Err(e) = sftp[s].raw.close(h.clone()).await
+                && outcome.is_ok()
+                && !failed
+            {
+                outcome = Err((code(&e), format!("closing it failed: {e}")));
+            }
+        }
+        if failed || outcome.is_err() {
+            if file.created.initialized() {
+                let _ = sftp[0].raw.remove(file.temp.clone()).await;
+            }
+            let failure = lock(&file.failure).take();
+            if let Some(f) = failure.or(outcome.err()) {
+                self.failed(&file.wire, f);
+            }
+            return Ok(());
+        }
+        let target = file.target.as_ref().expect("a created file has a target");
+        match sftp[0].replace(&file.temp, target).await {
+            Ok(()) => {
+                let mut done = lock(&self.done);
+                done.files += 1;
+                done.bytes += file.size;
+            }
+            Err(e) => {
+                let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                if is_session_failure(&e) {
+                    return Err(fatal("renaming a file into place", e));
+                }
+                self.failed(
+                    &file.wire,
+                    (code(&e), format!("cannot rename it into place: {e}")),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn symlink(&self, s: usize, l: SymlinkEntry) -> Result<(), Error> {
+        let result = async {
+            let target = self.target(&l.path)?;
+            if !self.parent_ready(&l.path).await {
+                return Err((ErrorCode::Io, "its parent could not be made".into()));
+            }
+            let points_to = utf8(&l.target)?.to_string();
+            let temp = temp_name(&target);
+            let sftp = &self.sftp[s];
+            // OpenSSH's sftp-server takes the link's target first and its own path second
+            // (the reverse of the draft), and so does every server it interoperates with.
+            sftp.raw
+                .symlink(points_to, temp.clone())
+                .await
+                .map_err(|e| (code(&e), format!("cannot make the link: {e}")))?;
+            if let Err(e) = sftp.replace(&temp, &target).await {
+                let _ = sftp.raw.remove(temp).await;
+                return Err((code(&e), format!("cannot rename the link into place: {e}")));
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => lock(&self.done).symlinks += 1,
+            Err(f) => self.failed(&l.path, f),
+        }
+        Ok(())
+    }
+
+    /// The quick check over SFTP: a regular file with this size and modification second.
+    async fn unchanged(&self, wire: &[u8], size: u64, mtime: i64) -> bool {
+        let Ok(target) = self.target(wire) else {
+            return false;
+        };
+        match self.sftp[0].raw.lstat(target).await {
+            Ok(a) => {
+                file_type(&a.attrs) == S_IFREG
+                    && a.attrs.size == Some(size)
+                    && a.attrs.mtime.map(i64::from) == Some(mtime)
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// A failure while writing a file: the file's own, or the session's.
+enum Failure {
+    File((ErrorCode, String)),
+    Session(Error),
+}
+
+impl From<SftpError> for Failure {
+    fn from(e: SftpError) -> Failure {
+        if is_session_failure(&e) {
+            Failure::Session(fatal("writing a file", e))
+        } else {
+            Failure::File((code(&e), format!("cannot write it: {e}")))
+        }
+    }
+}
+
+impl PushFile {
+    /// This file's handle on session `s`: the first one creates the temp file, exclusively
+    /// (never through something already there), once its directory is made.
+    async fn handle(&self, apply: &Apply, s: usize) -> Result<String, Failure> {
+        let target = self.target.clone().map_err(Failure::File)?;
+        let sftp = &apply.sftp[s];
+        let handle = self.handles[s]
+            .get_or_try_init(|| async {
+                let mut mine = None;
+                self.created
+                    .get_or_try_init(|| async {
+                        if !apply.parent_ready(&self.wire).await {
+                            return Err(Failure::File((
+                                ErrorCode::Io,
+                                "its parent could not be made".into(),
+                            )));
+                        }
+                        let _ = &target;
+                        // As scp: the remote umask applies to a new file's mode.
+                        let attrs = FileAttributes {
+                            permissions: Some(self.meta.mode & 0o777),
+                            ..FileAttributes::empty()
+                        };
+                        let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
+                        let h = sftp.raw.open(self.temp.clone(), flags, attrs).await?;
+                        mine = Some(h.handle);
+                        Ok(())
+                    })
+                    .await?;
+                match mine {
+                    Some(h) => Ok::<String, Failure>(h),
+                    None => {
+                        let h = sftp
+                            .raw
+                            .open(self.temp.clone(), OpenFlags::WRITE, FileAttributes::empty())
+                            .await?;
+                        Ok(h.handle)
+                    }
+                }
+            })
+            .await?;
+        Ok(handle.clone())
+    }
+
+    /// Records this file's first failure; its temp file goes once nothing writes to it.
+    fn fail(&self, failure: Failure) {
+        match failure {
+            Failure::File(f) => {
+                lock(&self.failure).get_or_insert(f);
+            }
+            Failure::Session(e) => {
+                lock(&self.failure).get_or_insert((ErrorCode::Io, e.to_string()));
+            }
+        }
+    }
+}
+
+fn set_times(attrs: &mut FileAttributes, meta: &Meta) {
+    let clamp = |t: i64| t.clamp(0, i64::from(u32::MAX)) as u32;
+    attrs.mtime = Some(clamp(meta.mtime));
+    attrs.atime = Some(clamp(meta.atime.map_or(meta.mtime, |(s, _)| s)));
+}
+
+/// A hidden temp name beside `target`, as the receiver makes them.
+fn temp_name(target: &str) -> String {
+    let (dir, name) = match target.rsplit_once('/') {
+        Some((d, n)) => (format!("{d}/"), n),
+        None => (String::new(), target),
+    };
+    let tag = u64::from_le_bytes(crate::session::random32()[..8].try_into().expect("8 bytes"));
+    let short: String = name.chars().take(100).collect();
+    format!("{dir}.{short}.fastcp-{tag:016x}")
+}
+
+// ---------------------------------------------------------------------------------------
+// Pull: the remote tree read over SFTP, as frames for the local receiver.
+
+/// One stream to the local receiver and what was sent on it, for its `Done`.
+struct Out {
+    write: WriteHalf<DuplexStream>,
+    counts: Summary,
+}
+
+/// A read job: a whole small file, or one range of a big one.
+struct Job {
+    id: u64,
+    wire: Bytes,
+    remote: String,
+    size: u64,
+    mtime: Option<u32>,
+    meta: Meta,
+    range: (u64, u64),
+    /// For a big file: its checksum, fed by every range, and the bytes still to come.
+    shared: Option<Arc<Mutex<(FileChecksum, u64)>>>,
+}
+
+/// The reading side of a pull.
+struct Emit {
+    sftp: Vec<Arc<Sftp>>,
+    outs: Vec<tokio::sync::Mutex<Out>>,
+    preserve: bool,
+    recursive: bool,
+    follow: bool,
+    next_id: AtomicU64,
+}
+
+async fn pull(
+    plan: &Plan,
+    dest: &std::path::Path,
+    sftp: Vec<Arc<Sftp>>,
+    progress: Arc<Progress>,
+) -> Result<Report, Error> {
+    let n = sftp.len();
+    let (ours, theirs): (Vec<DuplexStream>, Vec<DuplexStream>) = (0..n)
+        .map(|_| tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER))
+        .unzip();
+    let mut outs = Vec::new();
+    let mut replies = None;
+    // The receiver answers on stream 0 only; the other read halves stay open.
+    let mut _idle = Vec::new();
+    for (s, stream) in ours.into_iter().enumerate() {
+        let (read, write) = tokio::io::split(stream);
+        if s == 0 {
+            replies = Some(read);
+        } else {
+            _idle.push(read);
+        }
+        outs.push(tokio::sync::Mutex::new(Out {
+            write,
+            counts: Summary::default(),
+        }));
+    }
+    let mut replies = replies.expect("one stream at least");
+    let emit = Arc::new(Emit {
+        sftp,
+        outs,
+        preserve: plan.options.preserve,
+        recursive: plan.options.recursive,
+        follow: plan.options.follow_links,
+        next_id: AtomicU64::new(1),
+    });
+    let mut config = fastcp_stream::ReceiveConfig {
+        recursive: plan.options.recursive,
+        preserve: plan.options.preserve,
+        target_must_be_dir: plan.sources.len() > 1
+            || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
+        fsync: plan.options.fsync,
+        ..Default::default()
+    };
+    config.expected_top_level = plan
+        .sources
+        .iter()
+        .filter_map(Location::remote)
+        .map(|r| top_level_name(&r.path))
+        .collect();
+    let sources: Vec<String> = plan
+        .sources
+        .iter()
+        .filter_map(Location::remote)
+        .map(|r| r.path.clone())
+        .collect();
+    let draining = async move {
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut replies, &mut sink).await;
+    };
+    let emitting = emit.clone().run(sources);
+    let receiving = fastcp_stream::receive(dest, theirs, &config, progress);
+    let (emitted, received, ()) = tokio::join!(emitting, receiving, draining);
+    match (emitted, received) {
+        (Err(e), Err(r)) if r.is_disconnect() => Err(e),
+        (_, Err(r)) => Err(r.into()),
+        (Err(e), Ok(_)) => Err(e),
+        (Ok(()), Ok(report)) => Ok(report),
+    }
+}
+
+/// The name a remote source arrives under: its last path component.
+fn top_level_name(path: &str) -> Option<Vec<u8>> {
+    let trimmed = path.trim_end_matches('/');
+    let name = trimmed.rsplit('/').next().unwrap_or(trimmed);
+    match name {
+        "" | "~" | "." | ".." => None,
+        n => Some(n.as_bytes().to_vec()),
+    }
+}
+
+fn meta_of(a: &FileAttributes, preserve: bool) -> Meta {
+    let mode = a.permissions.unwrap_or(0o644) & 0o7777;
+    if !preserve {
+        return Meta {
+            mode,
+            ..Meta::default()
+        };
+    }
+    let mtime = i64::from(a.mtime.unwrap_or(0));
+    Meta {
+        mode,
+        mtime,
+        mtime_nsec: 0,
+        atime: Some((i64::from(a.atime.unwrap_or(0)), 0)),
+    }
+}
+
+impl Emit {
+    async fn send(&self, s: usize, frame: &Frame) -> Result<(), Error> {
+        let mut out = self.outs[s].lock().await;
+        match frame {
+            Frame::Dir(_) => out.counts.dirs += 1,
+            Frame::File(_) => out.counts.files += 1,
+            Frame::Symlink(_) => out.counts.symlinks += 1,
+            Frame::Data(d) => out.counts.bytes += d.bytes.len() as u64,
+            Frame::Error(_) => out.counts.errors += 1,
+            _ => {}
+        }
+        write_frame(&mut out.write, frame)
+            .await
+            .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))
+    }
+
+    /// Lists the sources on session 0 while every session reads files; then ends each
+    /// stream with its `Done`.
+    async fn run(self: Arc<Self>, sources: Vec<String>) -> Result<(), Error> {
+        let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<Job>(1024);
+        let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
+        let mut readers = tokio::task::JoinSet::new();
+        for s in 0..self.sftp.len() {
+            for _ in 0..FILES_IN_FLIGHT {
+                let this = self.clone();
+                let jobs = jobs_rx.clone();
+                readers.spawn(async move {
+                    loop {
+                        let job = jobs.lock().await.recv().await;
+                        let Some(job) = job else { return Ok(()) };
+                        this.read(s, job).await?;
+                    }
+                });
+            }
+        }
+        let listed = self.list(sources, jobs_tx).await;
+        let mut result = listed;
+        while let Some(joined) = readers.join_next().await {
+            let r = joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))));
+            if let Err(e) = r {
+                if result.is_ok() {
+                    result = Err(e);
+                }
+                readers.abort_all();
+            }
+        }
+        result?;
+        for s in 0..self.outs.len() {
+            let mut out = self.outs[s].lock().await;
+            let done = Frame::Done(out.counts);
+            write_frame(&mut out.write, &done)
+                .await
+                .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))?;
+            let _ = out.write.shutdown().await;
+        }
+        Ok(())
+    }
+
+    /// Walks the sources depth first: directories and links as frames on stream 0, files
+    /// as read jobs.
+    async fn list(
+        &self,
+        sources: Vec<String>,
+        jobs: tokio::sync::mpsc::Sender<Job>,
+    ) -> Result<(), Error> {
+        let sftp = &self.sftp[0];
+        let mut totals = Totals::default();
+        // (remote path, wire path, attributes), to visit.
+        let mut stack: Vec<(String, Bytes, FileAttributes)> = Vec::new();
+        for typed in sources.iter().rev() {
+            let remote = remote_path(typed);
+            let name = top_level_name(typed).map(Bytes::from);
+            let stat = sftp.raw.stat(remote.clone()).await;
+            match (name, stat) {
+                (Some(name), Ok(a)) => stack.push((remote, name, a.attrs)),
+                (None, _) => {
+                    return Err(Error::Usage(format!(
+                        "{}: name a file or folder (not `.`, `..` or `~`) to copy over SFTP",
+                        crate::stream::escape(typed.as_bytes())
+                    )));
+                }
+                (Some(name), Err(e)) => {
+                    if is_session_failure(&e) {
+                        return Err(fatal("reading a source", e));
+                    }
+                    self.send(0, &error_frame(code(&e), &name, format!("{e}")))
+                        .await?;
+                }
+            }
+        }
+        while let Some((remote, wire, attrs)) = stack.pop() {
+            if file_type(&attrs) == S_IFDIR {
+                if !self.recursive {
+                    let msg = "is a directory (use -r to copy it)".to_string();
+                    self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
+                        .await?;
+                    continue;
+                }
+                let frame = Frame::Dir(DirEntry {
+                    path: wire.clone(),
+                    meta: meta_of(&attrs, self.preserve),
+                });
+                self.send(0, &frame).await?;
+                match self.read_dir(&remote).await {
+                    Ok(mut entries) => {
+                        entries.sort_by(|a, b| b.0.cmp(&a.0));
+                        for (name, a) in entries {
+                            let mut child = BytesMut::from(&wire[..]);
+                            child.extend_from_slice(b"/");
+                            child.extend_from_slice(name.as_bytes());
+                            stack.push((join(&remote, &name), child.freeze(), a));
+                        }
+                    }
+                    Err(Ok((c, m))) => self.send(0, &error_frame(c, &wire, m)).await?,
+                    Err(Err(e)) => return Err(e),
+                }
+            } else if file_type(&attrs) == S_IFLNK {
+                match sftp.raw.readlink(remote.clone()).await {
+                    Ok(name) if !name.files.is_empty() => {
+                        let target = Bytes::from(name.files[0].filename.clone().into_bytes());
+                        let frame = Frame::Symlink(SymlinkEntry {
+                            path: wire,
+                            target,
+                            times: None,
+                        });
+                        self.send(0, &frame).await?;
+                    }
+                    Ok(_) => {}
+                    Err(e) if is_session_failure(&e) => return Err(fatal("reading a link", e)),
+                    Err(e) => {
+                        self.send(0, &error_frame(code(&e), &wire, format!("{e}")))
+                            .await?
+                    }
+                }
+            } else if file_type(&attrs) == S_IFREG {
+                let size = attrs.size.unwrap_or(0);
+                totals.files += 1;
+                totals.bytes += size;
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let meta = meta_of(&attrs, self.preserve);
+                let job = |range, shared| Job {
+                    id,
+                    wire: wire.clone(),
+                    remote: remote.clone(),
+                    size,
+                    mtime: attrs.mtime,
+                    meta,
+                    range,
+                    shared,
+                };
+                if size <= RANGE {
+                    send_job(&jobs, job((0, size), None)).await?;
+                } else {
+                    // Announced here, before any of its ranges, on stream 0.
+                    let frame = Frame::File(FileEntry {
+                        id,
+                        path: wire.clone(),
+                        size,
+                        meta,
+                    });
+                    self.send(0, &frame).await?;
+                    let shared = Arc::new(Mutex::new((
+                        FileChecksum::new(fastcp_proto::PROTOCOL_VERSION, size),
+                        size,
+                    )));
+                    let mut at = 0;
+                    while at < size {
+                        let end = (at + RANGE).min(size);
+                        send_job(&jobs, job((at, end), Some(shared.clone()))).await?;
+                        at = end;
+                    }
+                }
+            } else {
+                let msg = "skipped: not a regular file, directory or link".to_string();
+                self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
+                    .await?;
+            }
+        }
+        self.send(0, &Frame::Totals(totals)).await?;
+        Ok(())
+    }
+
+    /// A directory's entries with their attributes; each name checked as a single,
+    /// ordinary, UTF-8 component (the receiver checks again).
+    async fn read_dir(
+        &self,
+        remote: &str,
+    ) -> Result<Vec<(String, FileAttributes)>, Result<(ErrorCode, String), Error>> {
+        let sftp = &self.sftp[0];
+        let to_failure = |e: SftpError| {
+            if is_session_failure(&e) {
+                Err(fatal("listing a directory", e))
+            } else {
+                Ok((code(&e), format!("cannot list it: {e}")))
+            }
+        };
+        let handle = sftp.raw.opendir(remote).await.map_err(to_failure)?.handle;
+        let mut entries = Vec::new();
+        let listed = loop {
+            match sftp.raw.readdir(handle.clone()).await {
+                Ok(name) => {
+                    for f in name.files {
+                        if f.filename == "." || f.filename == ".." {
+                            continue;
+                        }
+                        entries.push((f.filename, f.attrs));
+                    }
+                }
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
+                Err(e) => break Err(to_failure(e)),
+            }
+        };
+        let _ = sftp.raw.close(handle).await;
+        listed?;
+        if self.follow {
+            for (name, attrs) in &mut entries {
+                if file_type(attrs) == S_IFLNK {
+                    match sftp.raw.stat(join(remote, name)).await {
+                        Ok(a) => *attrs = a.attrs,
+                        Err(e) if is_session_failure(&e) => return Err(to_failure(e)),
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+        for (name, _) in &entries {
+            let bad = name.is_empty()
+                || name.contains('/')
+                || name.contains('\0')
+                || name.contains('\u{FFFD}');
+            if bad {
+                return Err(Ok((
+                    ErrorCode::UnsafePath,
+                    format!(
+                        "the server listed a name that cannot be a single entry: {}",
+                        crate::stream::escape(name.as_bytes())
+                    ),
+                )));
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Reads one job on session `s` and sends it on stream `s`: `File` first for a small
+    /// file, its `Data` frames, then `FileEnd` from whichever range completes the file.
+    async fn read(&self, s: usize, job: Job) -> Result<(), Error> {
+        let whole = job.shared.is_none();
+        if whole {
+            let frame = Frame::File(FileEntry {
+                id: job.id,
+                path: job.wire.clone(),
+                size: job.size,
+                meta: job.meta,
+            });
+            self.send(s, &frame).await?;
+        }
+        let mut own = FileChecksum::new(fastcp_proto::PROTOCOL_VERSION, job.size);
+        let mut completed = false;
+        match self.read_range(s, &job, &mut own, &mut completed).await {
+            Ok(()) => {}
+            Err(Ok((c, m))) => {
+                return self.send(s, &error_frame(c, &job.wire, m)).await;
+            }
+            Err(Err(e)) => return Err(e),
+        }
+        let hash = match &job.shared {
+            None => own.finish(),
+            // Only the range whose bytes completed the file sends its end.
+            Some(shared) if completed => lock(shared).0.finish(),
+            Some(_) => return Ok(()),
+        };
+        if let Some(hash) = hash {
+            self.send(s, &Frame::FileEnd(FileEnd { id: job.id, hash }))
+                .await?;
+        } else if whole {
+            let m = "its content did not add up to its size".to_string();
+            return self
+                .send(s, &error_frame(ErrorCode::Integrity, &job.wire, m))
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn read_range(
+        &self,
+        s: usize,
+        job: &Job,
+        own: &mut FileChecksum,
+        completed: &mut bool,
+    ) -> Result<(), Result<(ErrorCode, String), Error>> {
+        let sftp = &self.sftp[s];
+        let to_failure = |e: SftpError| {
+            if is_session_failure(&e) {
+                Err(fatal("reading a file", e))
+            } else {
+                Ok((code(&e), format!("cannot read it: {e}")))
+            }
+        };
+        let handle = sftp
+            .raw
+            .open(job.remote.clone(), OpenFlags::READ, FileAttributes::empty())
+            .await
+            .map_err(to_failure)?
+            .handle;
+        let result = async {
+            let (start, end) = job.range;
+            let mut at = start;
+            let mut frame = BytesMut::with_capacity(FRAME_BYTES.min((end - start) as usize));
+            let mut frame_at = start;
+            while at < end {
+                // Requests in flight from `at`; a short answer restarts from where it ended.
+                let mut pending = FuturesOrdered::new();
+                let mut asked = at;
+                loop {
+                    while asked < end && pending.len() < IO_IN_FLIGHT {
+                        let len = (end - asked).min(u64::from(sftp.io)) as u32;
+                        pending.push_back(sftp.raw.read(handle.clone(), asked, len));
+                        asked += u64::from(len);
+                    }
+                    let Some(r) = pending.next().await else { break };
+                    let data = match r {
+                        Ok(d) => d.data,
+                        Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
+                            return Err(Ok((
+                                ErrorCode::SourceChanged,
+                                "the file shrank while it was read".into(),
+                            )));
+                        }
+                        Err(e) => return Err(to_failure(e)),
+                    };
+                    let wanted = (end - at).min(u64::from(sftp.io));
+                    let got = data.len() as u64;
+                    if got == 0 {
+                        return Err(Ok((
+                            ErrorCode::SourceChanged,
+                            "the file shrank while it was read".into(),
+                        )));
+                    }
+                    frame.extend_from_slice(&data);
+                    at += got.min(wanted);
+                    if frame.len() >= FRAME_BYTES || at == end {
+                        *completed |= self
+                            .data(s, job, own, frame_at, frame.split().freeze())
+                            .await
+                            .map_err(Err)?;
+                        frame_at = at;
+                    }
+                    if got < wanted {
+                        break;
+                    }
+                }
+            }
+            // A file rewritten while it was read shows a new time or size: never keep it.
+            if let Ok(a) = sftp.raw.fstat(handle.clone()).await
+                && (a.attrs.size != Some(job.size) || a.attrs.mtime != job.mtime)
+            {
+                return Err(Ok((
+                    ErrorCode::SourceChanged,
+                    "the file changed while it was read".into(),
+                )));
+            }
+            Ok(())
+        }
+        .await;
+        let _ = sftp.raw.close(handle).await;
+        result
+    }
+
+    async fn data(
+        &self,
+        s: usize,
+        job: &Job,
+        own: &mut FileChecksum,
+        offset: u64,
+        bytes: Bytes,
+    ) -> Result<bool, Error> {
+        let completed = match &job.shared {
+            None => {
+                own.add(offset, &bytes);
+                false
+            }
+            Some(shared) => {
+                let mut shared = lock(shared);
+                shared.0.add(offset, &bytes);
+                shared.1 -= bytes.len() as u64;
+                shared.1 == 0
+            }
+        };
+        let frame = Frame::Data(fastcp_proto::Data {
+            id: job.id,
+            offset,
+            bytes,
+        });
+        self.send(s, &frame).await?;
+        Ok(completed)
+    }
+}
+
+async fn send_job(jobs: &tokio::sync::mpsc::Sender<Job>, job: Job) -> Result<(), Error> {
+    jobs.send(job)
+        .await
+        .map_err(|_| Error::ConnectionClosed("the SFTP readers stopped".into()))
+}

@@ -1,0 +1,297 @@
+//! The SFTP path, against the test sshd's own `sftp-server`: `--sftp`, the fallback when the
+//! remote has no fastcp and none may be uploaded (`--no-deploy`), big files split over
+//! sessions, `-p`, the quick check, and what a push must never do on the remote (write
+//! through a symlink, leave a temp file).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, pseudo_random, set_mtime, write};
+
+/// A `fastcp` command for `sshd` naming no remote program, so none is found there.
+fn plain(sshd: &Sshd) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(sshd.ssh_config())
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
+/// Files of many sizes (one split into ranges across sessions), folders, links and modes,
+/// with whole-second times (SFTP carries no finer).
+fn build(root: &Path) {
+    fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    write(&root.join("empty-file"), b"", 0o644);
+    write(&root.join("exec.sh"), b"#!/bin/sh\necho hi\n", 0o755);
+    write(&root.join("private"), b"k", 0o600);
+    write(&root.join("ünïcödé name"), b"u", 0o644);
+    for (i, size) in [1usize, 4095, 65_536, 300_000, (1 << 20) + 1]
+        .iter()
+        .enumerate()
+    {
+        write(
+            &root.join(format!("sub/f{i}")),
+            &pseudo_random(*size, i as u64),
+            0o640,
+        );
+    }
+    // Bigger than one range (32 MiB): read or written by every session at once.
+    write(
+        &root.join("sub/deeper/big"),
+        &pseudo_random((70 << 20) + 12_345, 99),
+        0o644,
+    );
+    symlink("../private", root.join("sub/link")).unwrap();
+    symlink("/nonexistent/target", root.join("dangling")).unwrap();
+    let mut all = vec![root.to_path_buf()];
+    for e in walk(root) {
+        all.push(e);
+    }
+    all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for (i, p) in all.iter().enumerate() {
+        if !p.is_symlink() {
+            set_mtime(p, 1_600_000_000 + i as i64 * 3_600, 0);
+        }
+    }
+}
+
+fn walk(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn sftp_pushes_and_pulls_a_tree_with_modes_times_links_and_a_split_file() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+
+    let pushed = work.path().join("pushed");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "-p", "-j", "3", "--json", "-v"])
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary = json(&out);
+    assert_eq!(summary["transport"], "sftp", "{summary}");
+    assert_same_tree(&src, &pushed, true);
+    assert_no_temp(&pushed);
+
+    let pulled = work.path().join("pulled");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "-p", "-j", "3", "--json"])
+        .arg(remote(&sshd, &pushed))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["transport"], "sftp");
+    assert_same_tree(&src, &pulled, true);
+    assert_no_temp(&pulled);
+
+    // Without -p, as scp: modes through the umask, no times; into an existing folder.
+    let into = work.path().join("into");
+    fs::create_dir(&into).unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r"])
+        .arg(&src)
+        .arg(remote(&sshd, &into)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &into.join("src"), false);
+}
+
+#[test]
+fn a_remote_without_fastcp_and_no_deploy_is_served_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("one-file");
+    write(&src, &pseudo_random(100_000, 1), 0o644);
+
+    let dst = work.path().join("copy");
+    let out = run(plain(&sshd)
+        .args(["--no-deploy", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("copying over SFTP"),
+        "the fallback is said: {}",
+        stderr(&out)
+    );
+    assert_eq!(json(&out)["transport"], "sftp");
+    assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+    assert!(!cache.exists(), "nothing uploaded with --no-deploy");
+
+    let back = work.path().join("back");
+    let out = run(plain(&sshd)
+        .arg("--no-deploy")
+        .arg(remote(&sshd, &dst))
+        .arg(&back));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(&back).unwrap(), fs::read(&src).unwrap());
+}
+
+#[test]
+fn a_push_over_sftp_replaces_a_symlink_at_the_target_and_never_writes_through_it() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let victim = work.path().join("victim");
+    fs::write(&victim, b"untouched").unwrap();
+    let dest = work.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    symlink(&victim, dest.join("file")).unwrap();
+    // A planted link at the name a temp file could take is no help either: temp names are
+    // random and made exclusively.
+    let src = work.path().join("file");
+    fs::write(&src, b"new content").unwrap();
+
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(&src)
+        .arg(remote(&sshd, &dest)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+    let landed = dest.join("file");
+    assert!(!landed.is_symlink(), "the link was replaced");
+    assert_eq!(fs::read(&landed).unwrap(), b"new content");
+    assert_no_temp(&dest);
+}
+
+#[test]
+fn a_pull_over_sftp_keeps_links_as_links_and_writes_nothing_outside() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("tree");
+    fs::create_dir(&src).unwrap();
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    symlink(&outside, src.join("escape")).unwrap();
+    write(&src.join("plain"), b"p", 0o644);
+
+    let dest = work.path().join("dest");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r"])
+        .arg(remote(&sshd, &src))
+        .arg(&dest));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dest.join("escape").is_symlink());
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+    assert_eq!(fs::read(dest.join("plain")).unwrap(), b"p");
+}
+
+#[test]
+fn the_quick_check_skips_unchanged_files_on_a_push_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..10 {
+        write(&src.join(format!("f{i}")), &pseudo_random(5_000, i), 0o644);
+        set_mtime(&src.join(format!("f{i}")), 1_700_000_000 + i as i64, 0);
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = |extra: &[&str]| {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "--skip-unchanged", "--json"])
+            .args(extra)
+            .arg(&src)
+            .arg(remote(&sshd, &dst)))
+    };
+    let out = copy(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_skipped"], 0);
+
+    write(&src.join("f3"), &pseudo_random(5_001, 77), 0o644);
+    set_mtime(&src.join("f3"), 1_750_000_000, 0);
+    let out = copy(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_skipped"], 9, "{}", json(&out));
+    assert_same_tree(&src, &dst.join("src"), true);
+}
+
+#[test]
+fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    for flag in ["--delete", "--checksum", "-H"] {
+        let out = run(plain(&sshd)
+            .args(["--sftp", "-r", flag])
+            .arg(&src)
+            .arg(remote(&sshd, &work.path().join("dst"))));
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("needs fastcp on the remote host"),
+            "{flag}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(!work.path().join("dst").exists());
+}
+
+#[test]
+fn a_missing_remote_file_fails_alone_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let there = work.path().join("there");
+    fs::write(&there, b"t").unwrap();
+    let dest = work.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(remote(&sshd, &work.path().join("missing")))
+        .arg(remote(&sshd, &there))
+        .arg(format!("{}/", dest.display())));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("missing: "), "{}", stderr(&out));
+    assert_eq!(fs::read(dest.join("there")).unwrap(), b"t");
+    assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
+}
+
+#[test]
+fn a_remote_fastcp_cannot_run_on_gets_its_copy_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    // The remote says it is FreeBSD: no fastcp binary is ever uploaded there.
+    let bin = work.path().join("fake-bin");
+    fs::create_dir(&bin).unwrap();
+    script(&bin, "uname", "echo FreeBSD amd64");
+    let path = std::ffi::OsString::from(format!("{}:/usr/bin:/bin", bin.display()));
+    let sshd =
+        Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache), ("PATH", Path::new(&path))]).unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("a"), &pseudo_random(10_000, 3), 0o644);
+
+    let dst = work.path().join("dst");
+    let out = run(plain(&sshd)
+        .args(["-r", "-v", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("FreeBSD"), "{said}");
+    assert!(said.contains("copying over SFTP"), "{said}");
+    assert_eq!(json(&out)["transport"], "sftp");
+    assert_same_tree(&src, &dst, false);
+    assert!(
+        !cache.join("fastcp").exists() || fs::read_dir(cache.join("fastcp")).unwrap().count() == 0
+    );
+}
