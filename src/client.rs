@@ -121,7 +121,7 @@ pub struct CopyOptions {
 pub struct Outcome {
     /// What the engine counted, with per-file failures.
     pub report: Report,
-    /// "local", "ssh" or "tcp".
+    /// "local", "ssh", "tcp" or "sftp".
     pub transport: &'static str,
     /// The data streams used.
     pub streams: usize,

@@ -1443,13 +1443,22 @@ impl Emit {
                     }
                 }
             }
-            // A file rewritten while it was read shows a new time or size: never keep it.
-            if let Ok(a) = sftp.raw.fstat(handle.clone()).await
-                && (a.attrs.size != Some(job.size) || a.attrs.mtime != job.mtime)
-            {
+            // A file rewritten while it was read shows a new time or size, and one that grew
+            // has bytes past its end: never keep either.
+            let last = end == job.size;
+            let (stat, past_end) = tokio::join!(sftp.raw.fstat(handle.clone()), async {
+                if last {
+                    sftp.raw.read(handle.clone(), end, 1).await.ok()
+                } else {
+                    None
+                }
+            });
+            let changed =
+                stat.is_ok_and(|a| a.attrs.size != Some(job.size) || a.attrs.mtime != job.mtime);
+            if changed || past_end.is_some_and(|d| !d.data.is_empty()) {
                 return Err(Ok((
                     ErrorCode::SourceChanged,
-                    "the file changed while it was read".into(),
+                    "the file changed while being read".into(),
                 )));
             }
             Ok(())

@@ -295,3 +295,19 @@ fn a_remote_fastcp_cannot_run_on_gets_its_copy_over_sftp() {
         !cache.join("fastcp").exists() || fs::read_dir(cache.join("fastcp")).unwrap().count() == 0
     );
 }
+
+#[test]
+fn a_remote_file_that_grows_while_read_over_sftp_is_not_kept() {
+    // A procfs file says it has 0 bytes, then reads as many: it "grew" while being read.
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let dst = work.path().join("stat");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "--json"])
+        .arg(format!("{}:/proc/self/stat", sshd.alias()))
+        .arg(&dst));
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert_eq!(json(&out)["errors"][0]["code"], "source_changed");
+    assert!(stderr(&out).contains("changed while being read"));
+    assert!(!dst.exists());
+}

@@ -32,6 +32,9 @@ pub enum Mode {
     Tcp,
     /// Through an emulated 50 ms, 1 Gbit/s link: fastcp's transports vs scp and rsync.
     Wan,
+    /// fastcp's SFTP path (`--sftp`, no fastcp on the remote) vs scp (which speaks SFTP
+    /// since OpenSSH 9), `tar | ssh` and mscp where installed.
+    Sftp,
 }
 
 impl Mode {
@@ -42,6 +45,7 @@ impl Mode {
             Mode::Ssh => "ssh",
             Mode::Tcp => "tcp",
             Mode::Wan => "wan",
+            Mode::Sftp => "sftp",
         }
     }
 
@@ -52,6 +56,7 @@ impl Mode {
             "ssh" => Mode::Ssh,
             "tcp" => Mode::Tcp,
             "wan" => Mode::Wan,
+            "sftp" => Mode::Sftp,
             _ => bail!("unknown benchmark {s:?} (expected local, ssh, tcp or wan)"),
         })
     }
@@ -219,7 +224,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let mut wan = None;
     let sshd = match opts.mode {
         Mode::Local => None,
-        Mode::Ssh | Mode::Tcp | Mode::Wan => {
+        Mode::Ssh | Mode::Tcp | Mode::Wan | Mode::Sftp => {
             let sshd = Sshd::start(&root.join(format!("sshd-{}", std::process::id())))?;
             if opts.mode == Mode::Wan {
                 let bin = fastcp.as_deref().unwrap_or(Path::new("fastcp"));
@@ -597,6 +602,27 @@ fn contenders(
             ),
             tar_ssh,
         ],
+        Mode::Sftp => {
+            let mut v = vec![
+                Contender {
+                    name: "fastcp".into(),
+                    command: format!(
+                        "{fastcp_bin} {r}--sftp -F \"$CFG\"{extra} {src} {ALIAS}:{dstq}"
+                    ),
+                    listener: None,
+                    broken: broken.clone(),
+                },
+                scp,
+                tar_ssh,
+            ];
+            if which("mscp") {
+                v.push(cmd(
+                    "mscp",
+                    format!("mscp -q -F \"$CFG\" -c aes128-gcm@openssh.com {src} {ALIAS}:{dstq}"),
+                ));
+            }
+            v
+        }
         Mode::Tcp => {
             let mut v = vec![fastcp_remote("tcp"), scp, tar_ssh];
             if !tree {
@@ -619,6 +645,12 @@ fn contenders(
             opts.ssh_cipher.as_deref().unwrap_or(wan::SSH_CIPHER),
         ),
     }
+}
+
+/// Whether `program` is on PATH.
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
 }
 
 /// The first symlink under `dir` whose target does not exist, if any.

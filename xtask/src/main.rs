@@ -38,7 +38,7 @@ const USAGE: &str = "\
 usage:
   cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
   cargo xtask gen file PATH --size SIZE [--seed N]
-  cargo xtask bench local|ssh|tcp|wan|all [options]
+  cargo xtask bench local|ssh|tcp|wan|sftp|all [options]
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
   cargo xtask sshd [--data DIR]    run the benchmark sshd until Enter, for experiments
   cargo xtask test [--no-install] [-- ARGS]
@@ -338,6 +338,7 @@ fn run() -> Result<()> {
                 bench::Mode::Ssh,
                 bench::Mode::Tcp,
                 bench::Mode::Wan,
+                bench::Mode::Sftp,
             ];
             for mode in modes {
                 let mut mode_raw = raw.clone();

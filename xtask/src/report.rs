@@ -58,6 +58,8 @@ fn baselines(mode: Mode, set: DataSet) -> &'static [&'static str] {
         (Mode::Tcp, DataSet::Big) => &["scp", "nc"],
         (Mode::Tcp, DataSet::Tree) => &["tar | ssh"],
         (Mode::Wan, _) => &["scp"],
+        (Mode::Sftp, DataSet::Big) => &["scp"],
+        (Mode::Sftp, DataSet::Tree) => &["scp", "tar | ssh"],
     }
 }
 
@@ -75,6 +77,8 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
         (Mode::Ssh, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.7))],
         (Mode::Tcp, DataSet::Big) => vec![t("scp", TimeAtMost(0.35)), t("nc", TimeBelow(1.0))],
         (Mode::Tcp, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.5))],
+        (Mode::Sftp, DataSet::Big) => vec![t("scp", TimeAtMost(0.8))],
+        (Mode::Sftp, DataSet::Tree) => vec![t("scp", TimeAtMost(0.3))],
         // "fastcp's TCP transport, with several streams": the default count and more.
         (Mode::Wan, _) => ["fastcp tcp -j 4", "fastcp tcp -j 8"]
             .into_iter()
