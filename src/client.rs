@@ -610,7 +610,7 @@ async fn connect_and_run(
         TransportChoice::Tcp => Some(direct_address(&peer).await.ok_or_else(|| {
             Error::Usage(
                 "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
-                 or --ssh-program); use --transport ssh"
+                 or a ProxyCommand); use --transport ssh"
                     .into(),
             )
         })?),
@@ -982,11 +982,11 @@ fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
 }
 
 /// The address to open TCP data streams to: the SSH host itself, when fastcp's own client
-/// reached it directly.
+/// reached it directly, or when the system ssh would (`ssh -G` names no proxy).
 async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
     match peer {
         AnyTransport::Builtin(session) => session.peer_addr().map(|a| a.ip()),
-        _ => None,
+        AnyTransport::Program(program) => program.direct_address().await.map(|a| a.ip()),
     }
 }
 

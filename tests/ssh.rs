@@ -287,13 +287,61 @@ fn system_ssh_program_escape_hatch() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("tree");
     mixed_tree(&src);
+    // The system ssh reaches the host directly (`ssh -G` names no proxy): the data takes
+    // sealed TCP streams, keys exchanged over the ssh program's stdio.
     let dst = work.path().join("via-ssh");
     let out = run(fastcp(&sshd, bin())
-        .args(["-r", "-p", "--ssh-program", "ssh"])
+        .args(["-r", "-p", "--json", "--ssh-program", "ssh"])
         .arg(&src)
         .arg(remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_same_tree(&src, &dst, true);
+    let summary = json(&out);
+    assert_eq!(summary["transport"], "tcp", "{summary}");
+    assert_eq!(summary["streams"], 4, "{summary}");
+
+    // Pulled back the same way, then over the ssh program's own stream.
+    for transport in ["tcp", "ssh"] {
+        let back = work.path().join(format!("back-{transport}"));
+        let out = run(fastcp(&sshd, bin())
+            .args([
+                "-r",
+                "-p",
+                "--json",
+                "--ssh-program",
+                "ssh",
+                "--transport",
+                transport,
+            ])
+            .arg(remote(&sshd, &dst))
+            .arg(&back));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_same_tree(&src, &back, true);
+        assert_eq!(json(&out)["transport"], transport);
+    }
+
+    // Through a ProxyCommand the host is not reached directly: one SSH stream.
+    let config = work.path().join("proxied_config");
+    let proxied_block = sshd.host_block(sshd.alias()).replace(
+        "BatchMode yes\n",
+        &format!(
+            "BatchMode yes\n  ProxyCommand ssh -F {} -W %h:%p {}\n",
+            sshd.ssh_config().display(),
+            sshd.alias()
+        ),
+    );
+    std::fs::write(&config, proxied_block).unwrap();
+    let proxied = work.path().join("proxied");
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN, "-r", "--json", "--ssh-program", "ssh"])
+        .env_remove("SSH_AUTH_SOCK")
+        .arg(&src)
+        .arg(remote(&sshd, &proxied)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &proxied, false);
+    assert_eq!(json(&out)["transport"], "ssh");
 }
 
 /// Regression: with several channels on one SSH connection, a pull could stall when the

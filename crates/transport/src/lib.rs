@@ -9,7 +9,8 @@
 //!   [`HostConfig`]), checks known_hosts, authenticates with ssh-agent then identity
 //!   files, and multiplexes N channels over one connection; [`SshSession::reconnect`] adds
 //!   connections, each served by its own sshd process. Tuned by [`SshClientConfig`].
-//! - [`SshProgram`]: runs the system `ssh` instead (`--ssh-program ssh`); one stream only.
+//! - [`SshProgram`]: runs the system `ssh` instead (`--ssh-program ssh`): one SSH stream,
+//!   and [`SshProgram::direct_address`] for data streams of their own (the TCP transport).
 //! - [`AnyTransport`]: picks one of the two from [`SshOptions::ssh_program`].
 //!
 //! ```no_run

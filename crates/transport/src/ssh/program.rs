@@ -57,6 +57,42 @@ impl SshProgram {
 
     /// The full command line: program first.
     pub fn argv(&self) -> Result<Vec<OsString>, Error> {
+        let mut a = self.options_argv();
+        a.push("--".into());
+        a.push((&self.destination).into());
+        a.push(server_command(self.options.remote_path.as_deref())?.into());
+        Ok(a)
+    }
+
+    /// The address the system ssh would connect to, from `ssh -G` (its resolved
+    /// configuration): `None` when it would go through a ProxyCommand or ProxyJump, or when
+    /// `ssh -G` fails. The TCP transport connects its data streams there.
+    pub async fn direct_address(&self) -> Option<std::net::SocketAddr> {
+        let mut argv = self.options_argv();
+        argv.push("-G".into());
+        argv.push("--".into());
+        argv.push((&self.destination).into());
+        let run = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(10), run)
+            .await
+            .ok()?
+            .ok()
+            .filter(|o| o.status.success())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (host, port) = parse_resolved(&text)?;
+        tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .ok()?
+            .next()
+    }
+
+    /// The program and the options from [`SshOptions`], without the destination.
+    fn options_argv(&self) -> Vec<OsString> {
         let o = &self.options;
         let mut a: Vec<OsString> = vec![self.program.clone().into()];
         // No pty, no X11, no agent forwarding: a plain byte pipe.
@@ -89,10 +125,7 @@ impl SshProgram {
             a.push("-c".into());
             a.push(o.client.ciphers.join(",").into());
         }
-        a.push("--".into());
-        a.push((&self.destination).into());
-        a.push(server_command(o.remote_path.as_deref())?.into());
-        Ok(a)
+        a
     }
 
     /// Starts ssh, which runs `fastcp server` on the peer.
@@ -138,6 +171,23 @@ impl SshProgram {
             exit: ExitWaiter(xrx),
         })
     }
+}
+
+/// The host name and port from `ssh -G` output, unless a proxy carries the connection.
+fn parse_resolved(text: &str) -> Option<(String, u16)> {
+    let mut host = None;
+    let mut port = 22;
+    for line in text.lines() {
+        let (key, value) = line.split_once(' ')?;
+        let value = value.trim();
+        match key {
+            "hostname" => host = Some(value.to_owned()),
+            "port" => port = value.parse().ok()?,
+            "proxycommand" | "proxyjump" if value != "none" => return None,
+            _ => {}
+        }
+    }
+    Some((host?, port))
 }
 
 fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
@@ -263,5 +313,21 @@ mod tests {
         );
         assert!(SshProgram::new("-oProxyCommand=x", &opts).is_err());
         assert!(SshProgram::new("a b", &opts).is_err());
+    }
+}
+
+#[cfg(test)]
+mod resolved_tests {
+    use super::parse_resolved;
+
+    #[test]
+    fn ssh_g_output_gives_the_address_unless_a_proxy_carries_it() {
+        let plain = "user me\nhostname 10.0.0.7\nport 2222\nproxycommand none\n";
+        assert_eq!(parse_resolved(plain), Some(("10.0.0.7".into(), 2222)));
+        let jumped = "hostname example.org\nport 22\nproxyjump bastion\n";
+        assert_eq!(parse_resolved(jumped), None);
+        let proxied = "hostname example.org\nproxycommand nc %h %p\n";
+        assert_eq!(parse_resolved(proxied), None);
+        assert_eq!(parse_resolved("port 22\n"), None);
     }
 }
