@@ -584,12 +584,7 @@ async fn connect_and_run(
     };
     let peer = connect(&destination, &ssh, log).await?;
     if plan.options.sftp {
-        let AnyTransport::Builtin(session) = &peer else {
-            return Err(Error::Usage(
-                "--sftp needs fastcp's own SSH client (not --ssh-program)".into(),
-            ));
-        };
-        let done = crate::sftp::copy(plan, session, progress).await?;
+        let done = crate::sftp::copy(plan, &peer, progress).await?;
         return Ok((done, "sftp"));
     }
     if job == Job::DryRun {
@@ -698,13 +693,13 @@ async fn over_sftp_if_needed(
     transport: &'static str,
     progress: Arc<Progress>,
 ) -> Result<(SessionDone, &'static str), Error> {
-    match (started, peer) {
-        (Started::Done(done), _) => Ok((*done, transport)),
-        (Started::Sftp(why), AnyTransport::Builtin(session)) => {
+    match started {
+        Started::Done(done) => Ok((*done, transport)),
+        Started::Sftp(why) => {
             plan.options
                 .log
                 .warn(|| format!("{why}: copying over SFTP"));
-            match crate::sftp::copy(plan, session, progress).await {
+            match crate::sftp::copy(plan, peer, progress).await {
                 Ok(done) => Ok((done, "sftp")),
                 Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
                     "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
@@ -713,7 +708,6 @@ async fn over_sftp_if_needed(
                 Err(e) => Err(e),
             }
         }
-        (Started::Sftp(why), AnyTransport::Program(_)) => Err(Error::RemoteCommand(why)),
     }
 }
 
@@ -742,7 +736,16 @@ async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTr
             });
         }
     }
-    let peer = AnyTransport::connect(destination, ssh).await?;
+    let peer = match AnyTransport::connect(destination, ssh).await {
+        // ssh_config asks for what only OpenSSH's client does: let it do the connecting.
+        Err(transport::Error::NeedsSystemSsh(why)) if ssh.ssh_program.is_none() => {
+            log.info(|| format!("{why}: the built-in SSH client lacks it; running the system ssh"));
+            let mut system = ssh.clone();
+            system.ssh_program = Some(PathBuf::from("ssh"));
+            AnyTransport::connect(destination, &system).await?
+        }
+        other => other?,
+    };
     if let AnyTransport::Builtin(session) = &peer {
         match session.peer_addr() {
             Some(addr) => log.info(|| format!("authenticated to {addr}")),
@@ -889,12 +892,16 @@ async fn session_over(
         Err(Attempt::Missing(e)) => e,
     };
     let log = &plan.options.log;
-    let AnyTransport::Builtin(session) = &peers[0] else {
-        return Err(not_installed(ssh, &err));
-    };
     if ssh.remote_path.is_some() {
         return Err(not_installed(ssh, &err));
     }
+    let AnyTransport::Builtin(session) = &peers[0] else {
+        return Ok(Started::Sftp(
+            "fastcp is not on the remote host's PATH, and self-deploy needs fastcp's own SSH \
+             client"
+                .into(),
+        ));
+    };
     if plan.options.no_deploy {
         return Ok(Started::Sftp(
             "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it".into(),

@@ -38,7 +38,7 @@ use fastcp_proto::{
     SymlinkEntry, Totals,
 };
 use fastcp_stream::{FileChecksum, Progress, Report};
-use fastcp_transport::SshSession;
+use fastcp_transport::{AnyTransport, BoxStream, SshSession};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
@@ -75,17 +75,20 @@ struct Sftp {
 }
 
 impl Sftp {
-    async fn open(ssh: &SshSession, timeout: Option<Duration>) -> Result<Sftp, Error> {
-        let stream = ssh.open_subsystem("sftp").await.map_err(|e| {
-            Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
-        })?;
+    async fn open(stream: BoxStream, timeout: Option<Duration>) -> Result<Sftp, Error> {
         let config = russh_sftp::client::Config {
             max_packet_len: MAX_IO + (16 << 10),
             request_timeout_secs: timeout.map_or(3600, |t| t.as_secs().max(1)),
             ..Default::default()
         };
         let mut raw = RawSftpSession::new_with_config(stream, config);
-        let version = raw.init().await.map_err(|e| fatal("starting SFTP", e))?;
+        let version = raw.init().await.map_err(|e| match e {
+            // The system ssh's `-s` on a host without the subsystem: the stream just ends.
+            SftpError::IO(_) | SftpError::UnexpectedBehavior(_) | SftpError::Timeout => {
+                Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
+            }
+            e => fatal("starting SFTP", e),
+        })?;
         let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");
         let mut io = 32 << 10;
         if version.extensions.contains_key("limits@openssh.com")
@@ -130,19 +133,40 @@ impl Sftp {
     }
 }
 
-/// Opens `n` SFTP sessions: on `first`, then each on a connection of its own.
+/// Opens `n` SFTP sessions, each on an SSH connection of its own: the first on `peer`'s.
+/// Returns the extra connections, to keep open while the sessions run.
 async fn sessions(
-    first: &SshSession,
+    peer: &AnyTransport,
     n: usize,
     timeout: Option<Duration>,
 ) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
+    let no_sftp = |e: fastcp_transport::Error| {
+        Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
+    };
     let mut more = Vec::new();
-    for _ in 1..n {
-        more.push(first.reconnect().await?);
+    let mut streams: Vec<BoxStream> = Vec::new();
+    match peer {
+        AnyTransport::Builtin(first) => {
+            streams.push(Box::new(
+                first.open_subsystem("sftp").await.map_err(no_sftp)?,
+            ));
+            for _ in 1..n {
+                let ssh = first.reconnect().await?;
+                streams.push(Box::new(ssh.open_subsystem("sftp").await.map_err(no_sftp)?));
+                more.push(ssh);
+            }
+        }
+        AnyTransport::Program(program) => {
+            for _ in 0..n {
+                streams.push(Box::new(
+                    program.open_subsystem("sftp").await.map_err(no_sftp)?,
+                ));
+            }
+        }
     }
-    let mut sftp = vec![Arc::new(Sftp::open(first, timeout).await?)];
-    for ssh in &more {
-        sftp.push(Arc::new(Sftp::open(ssh, timeout).await?));
+    let mut sftp = Vec::new();
+    for stream in streams {
+        sftp.push(Arc::new(Sftp::open(stream, timeout).await?));
     }
     Ok((more, sftp))
 }
@@ -182,10 +206,10 @@ fn fatal(what: &str, e: SftpError) -> Error {
     }
 }
 
-/// Runs the copy `plan` over SFTP, on `first` and more connections to the same host.
+/// Runs the copy `plan` over SFTP, on `peer`'s connection and more to the same host.
 pub(crate) async fn copy(
     plan: &Plan,
-    first: &SshSession,
+    peer: &AnyTransport,
     progress: Arc<Progress>,
 ) -> Result<SessionDone, Error> {
     refuse_unsupported(plan)?;
@@ -195,7 +219,7 @@ pub(crate) async fn copy(
         .streams
         .unwrap_or(DEFAULT_SFTP_SESSIONS)
         .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
-    let (_connections, sftp) = sessions(first, n, plan.options.timeout).await?;
+    let (_connections, sftp) = sessions(peer, n, plan.options.timeout).await?;
     log.info(|| {
         format!(
             "transport: SFTP, {n} session(s), {} KiB requests, {}",

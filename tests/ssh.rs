@@ -561,3 +561,60 @@ fn proxy_command_carries_the_connection() {
     assert_same_tree(&src, &dst, false);
     assert!(jump.log().contains("direct-tcpip"), "{}", jump.log());
 }
+
+/// ssh_config that only OpenSSH's client serves (a `Match` block, a host known by its
+/// certificate authority) hands the connection to the system ssh, which fastcp runs by
+/// itself, saying so; the data still takes the TCP transport, or SFTP when asked.
+#[test]
+fn configs_only_the_system_ssh_serves_are_handed_to_it() {
+    let sshd = Sshd::start_with_host_certificate().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_tiny(&src, 30);
+    let block = sshd.host_block(sshd.alias());
+
+    let with_match = work.path().join("match_config");
+    std::fs::write(
+        &with_match,
+        format!("{block}Match host 127.0.0.1\n  ServerAliveInterval 15\n"),
+    )
+    .unwrap();
+    // Only the host CA is known, not the host's own key.
+    let ca_known = work.path().join("ca_known_hosts");
+    std::fs::write(
+        &ca_known,
+        format!("{}\n", sshd.cert_authority_line().unwrap()),
+    )
+    .unwrap();
+    let with_ca = work.path().join("ca_config");
+    std::fs::write(
+        &with_ca,
+        block.replace(
+            &sshd.known_hosts().display().to_string(),
+            &ca_known.display().to_string(),
+        ),
+    )
+    .unwrap();
+
+    for (config, why, extra, transport) in [
+        (&with_match, "Match", None, "tcp"),
+        (&with_ca, "@cert-authority", None, "tcp"),
+        (&with_ca, "@cert-authority", Some("--sftp"), "sftp"),
+    ] {
+        let dst = work.path().join(format!("copy-{transport}-{}", why.len()));
+        let out = run(Command::new(BIN)
+            .arg("-F")
+            .arg(config)
+            .args(["--remote-path", BIN, "-r", "-v", "--json"])
+            .args(extra)
+            .env_remove("SSH_AUTH_SOCK")
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{why}: {}", stderr(&out));
+        let said = stderr(&out);
+        assert!(said.contains(why), "{said}");
+        assert!(said.contains("running the system ssh"), "{said}");
+        assert_eq!(json(&out)["transport"], transport);
+        assert_same_tree(&src, &dst, false);
+    }
+}

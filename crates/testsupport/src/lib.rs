@@ -48,6 +48,7 @@ pub struct Sshd {
     alias: String,
     user: String,
     host_key_line: String,
+    host_ca_line: Option<String>,
 }
 
 /// A running `ssh-agent` holding the fixture's client key, killed on drop.
@@ -79,25 +80,38 @@ impl Sshd {
 
     /// Starts an sshd reachable as `alias` through [`Sshd::ssh_config`].
     pub fn start_named(alias: &str) -> io::Result<Sshd> {
-        Sshd::start_logging(alias, "VERBOSE", "", true)
+        Sshd::start_logging(alias, "VERBOSE", "", true, false)
+    }
+
+    /// Starts an sshd whose host key is certified by a host CA of its own, as
+    /// [`cert_authority_line`](Sshd::cert_authority_line) gives for known_hosts; its
+    /// [`known_hosts`](Sshd::known_hosts) still lists the plain key.
+    pub fn start_with_host_certificate() -> io::Result<Sshd> {
+        Sshd::start_logging("fastcp-test", "VERBOSE", "", true, true)
     }
 
     /// Starts an sshd with no `sftp` subsystem, and the session environment `vars` (as
     /// [`start_with_env`](Sshd::start_with_env)): a host where neither fastcp nor SFTP serves.
     pub fn start_without_sftp(vars: &[(&str, &Path)]) -> io::Result<Sshd> {
-        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), false)
+        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), false, false)
     }
 
     /// Starts an sshd whose sessions get the environment `vars` (sshd's `SetEnv`), such as
     /// `XDG_CACHE_HOME` pointing into a temporary folder, so that a test never writes under
     /// the real home.
     pub fn start_with_env(vars: &[(&str, &Path)]) -> io::Result<Sshd> {
-        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), true)
+        Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), true, false)
     }
 
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
-    fn start_logging(alias: &str, log_level: &str, extra: &str, sftp: bool) -> io::Result<Sshd> {
+    fn start_logging(
+        alias: &str,
+        log_level: &str,
+        extra: &str,
+        sftp: bool,
+        host_cert: bool,
+    ) -> io::Result<Sshd> {
         // Fail with the package to install, not a bare "No such file or directory".
         tools::locate("sshd")?;
         tools::locate("ssh-keygen")?;
@@ -114,6 +128,31 @@ impl Sshd {
         keygen(&d.join("host_ed25519"))?;
         keygen(&d.join("id_ed25519"))?;
         fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys"))?;
+        let mut extra = extra.to_owned();
+        let host_ca_line = if host_cert {
+            keygen(&d.join("host_ca"))?;
+            let out = Command::new(tools::locate("ssh-keygen")?)
+                .args(["-q", "-s"])
+                .arg(d.join("host_ca"))
+                .args(["-I", "fastcp-test-host", "-h", "-n", "127.0.0.1"])
+                .arg(d.join("host_ed25519.pub"))
+                .stdin(Stdio::null())
+                .output()?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "ssh-keygen -s failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+            extra.push_str(&format!(
+                "HostCertificate {}\n",
+                d.join("host_ed25519-cert.pub").display()
+            ));
+            let ca = fs::read_to_string(d.join("host_ca.pub"))?;
+            Some(ca.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        } else {
+            None
+        };
         let host_key_line = fs::read_to_string(d.join("host_ed25519.pub"))?
             .split_whitespace()
             .take(2)
@@ -136,6 +175,7 @@ impl Sshd {
                         alias: alias.to_owned(),
                         user,
                         host_key_line,
+                        host_ca_line,
                     };
                     fs::write(sshd.known_hosts(), format!("{}\n", sshd.known_hosts_line()))?;
                     fs::write(sshd.ssh_config(), sshd.host_block(alias))?;
@@ -154,7 +194,7 @@ impl Sshd {
     /// [`ssh_config`](Sshd::ssh_config) and its host key to this server's
     /// [`known_hosts`](Sshd::known_hosts). Add `ProxyJump <alias>-jump` where you need it.
     pub fn start_jump(&self) -> io::Result<Sshd> {
-        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1", "", true)?;
+        let jump = Sshd::start_logging(&format!("{}-jump", self.alias), "DEBUG1", "", true, false)?;
         fs::copy(self.authorized_keys(), jump.authorized_keys())?;
         let mut known = fs::OpenOptions::new()
             .append(true)
@@ -275,6 +315,14 @@ impl Sshd {
             self.client_key().display(),
             self.known_hosts().display(),
         )
+    }
+
+    /// A known_hosts line trusting this server's host CA for 127.0.0.1 on its port, for an
+    /// sshd from [`start_with_host_certificate`](Sshd::start_with_host_certificate).
+    pub fn cert_authority_line(&self) -> Option<String> {
+        self.host_ca_line
+            .as_ref()
+            .map(|ca| format!("@cert-authority [127.0.0.1]:{} {ca}", self.port))
     }
 
     /// The `Host` block for `other`, reached with this fixture's key and known_hosts.

@@ -8,8 +8,12 @@
 //! NumberOfPasswordPrompts, ServerAliveCountMax) are read here from its "unsupported fields"
 //! map.
 //!
-//! `Match` blocks are refused with a message pointing to `--ssh-program ssh`: guessing what
-//! they mean could connect somewhere else, or as someone else, than `ssh` would.
+//! What only the system ssh does is not guessed at: a `Match` block (which could connect
+//! somewhere else, or as someone else, than `ssh` would), a user certificate
+//! (CertificateFile), GSSAPI, a connection master (ControlMaster, ControlPath), a PKCS#11
+//! or security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
+//! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
+//! the `fastcp` command then runs the system ssh.
 
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -181,9 +185,8 @@ impl SshConfigFile {
                 .next()
                 .unwrap_or("");
             if kw.eq_ignore_ascii_case("match") {
-                return Err(Error::Config(format!(
-                    "line {}: `Match` blocks are not supported by fastcp's built-in SSH client; \
-                     use --ssh-program ssh, or -F with a config without Match",
+                return Err(Error::NeedsSystemSsh(format!(
+                    "ssh_config line {}: a `Match` block",
                     i + 1
                 )));
             }
@@ -328,6 +331,21 @@ impl SshConfigFile {
             .or(p.connect_timeout)
             .filter(|d| !d.is_zero());
         let host_key_alias = ov.host_key_alias.clone().or(extra("hostkeyalias"));
+        for key in [
+            "certificatefile",
+            "pkcs11provider",
+            "securitykeyprovider",
+            "knownhostscommand",
+        ] {
+            if extra(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
+                return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
+            }
+        }
+        for key in ["gssapiauthentication", "controlmaster"] {
+            if extra(key).is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
+                return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
+            }
+        }
         let identity_agent = match ov.identity_agent.clone().or(extra("identityagent")) {
             Some(v) if v.eq_ignore_ascii_case("none") => None,
             Some(v) if v == "SSH_AUTH_SOCK" => std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
@@ -361,7 +379,7 @@ impl SshConfigFile {
                 .transpose()?
                 .unwrap_or(3),
         };
-        Ok(HostConfig {
+        let config = HostConfig {
             alias: host.to_owned(),
             host_name,
             port,
@@ -384,7 +402,19 @@ impl SshConfigFile {
             server_alive_interval,
             server_alive_count_max,
             proxy_command,
-        })
+        };
+        let known_hosts: Vec<PathBuf> = config
+            .user_known_hosts_files
+            .iter()
+            .chain(&config.global_known_hosts_files)
+            .cloned()
+            .collect();
+        if super::known_hosts::has_cert_authority(&known_hosts, &config.known_hosts_name()) {
+            return Err(Error::NeedsSystemSsh(format!(
+                "a @cert-authority in known_hosts for {host}"
+            )));
+        }
+        Ok(config)
     }
 }
 
@@ -576,12 +606,7 @@ impl Overrides {
                         Error::Config(format!("-o {opt}: NumberOfPasswordPrompts takes a number"))
                     })?,
                 ),
-                _ => {
-                    return Err(Error::Config(format!(
-                        "-o {opt}: option not supported by fastcp's built-in SSH client; \
-                         use --ssh-program ssh"
-                    )));
-                }
+                _ => return Err(Error::NeedsSystemSsh(format!("-o {opt}"))),
             }
         }
         Ok(ov)
@@ -897,7 +922,22 @@ Host *
             options: vec!["ControlMaster=auto".into()],
             ..SshOptions::default()
         };
-        assert!(resolve_chain_in(&c, "q", &opts).is_err());
+        assert!(matches!(
+            resolve_chain_in(&c, "q", &opts),
+            Err(Error::NeedsSystemSsh(_))
+        ));
+        // What only the system ssh does is named as such, for the command to switch to it.
+        for directive in [
+            "CertificateFile ~/.ssh/id_ed25519-cert.pub",
+            "GSSAPIAuthentication yes",
+            "ControlMaster auto",
+        ] {
+            let c = SshConfigFile::parse_str(&format!("Host p\n  {directive}\n")).unwrap();
+            let e = c.resolve("p").unwrap_err();
+            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{directive}: {e}");
+        }
+        let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication no\n").unwrap();
+        assert!(c.resolve("p").is_ok());
         assert!(resolve_chain_in(&c, "-oProxyCommand=x", &SshOptions::default()).is_err());
     }
 

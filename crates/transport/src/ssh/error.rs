@@ -15,6 +15,15 @@ pub enum Error {
     #[error("ssh_config: {0}")]
     Config(String),
 
+    /// The configuration asks for what only the system ssh does (a `Match` block, a user
+    /// certificate, GSSAPI, a host certificate authority, a connection master...): run the
+    /// system ssh instead ([`crate::SshOptions::ssh_program`]), as the `fastcp` command does by
+    /// itself.
+    #[error(
+        "{0}: fastcp's built-in SSH client does not do this; the system ssh does (--ssh-program ssh)"
+    )]
+    NeedsSystemSsh(String),
+
     /// The TCP connection (or a ProxyJump hop's channel) could not be made.
     #[error(
         "ssh: connect to host {host} port {port}: {source}\n\

@@ -118,6 +118,21 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
     })
 }
 
+/// Whether a `@cert-authority` line in `files` covers `name`: the host is then to be trusted
+/// by its certificate, which only the system ssh checks.
+pub fn has_cert_authority(files: &[PathBuf], name: &str) -> bool {
+    files.iter().any(|file| {
+        fs::read_to_string(file).is_ok_and(|text| {
+            text.lines().any(|raw| {
+                raw.trim_start()
+                    .get(..15)
+                    .is_some_and(|m| m.eq_ignore_ascii_case("@cert-authority"))
+                    && parse_line(raw).is_some_and(|e| e.matches_host(name))
+            })
+        })
+    })
+}
+
 /// Appends `key` for `name` to `file` (creating it and its directory, mode 0700, if needed),
 /// hashing the host name when `hash` is set (ssh_config `HashKnownHosts yes`).
 pub fn record(file: &Path, name: &str, key: &PublicKey, hash: bool) -> io::Result<()> {

@@ -64,6 +64,19 @@ impl SshProgram {
         Ok(a)
     }
 
+    /// Starts the subsystem `name` (such as `sftp`) on the peer: `ssh -s`, a connection of
+    /// its own each time (unless ssh_config shares one with ControlMaster).
+    pub async fn open_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
+        let mut argv = self.options_argv();
+        argv.extend([
+            "-s".into(),
+            "--".into(),
+            (&self.destination).into(),
+            name.into(),
+        ]);
+        Ok(self.spawn(&argv)?.stream)
+    }
+
     /// The address the system ssh would connect to, from `ssh -G` (its resolved
     /// configuration): `None` when it would go through a ProxyCommand or ProxyJump, or when
     /// `ssh -G` fails. The TCP transport connects its data streams there.
