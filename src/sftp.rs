@@ -44,7 +44,7 @@ use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
 use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
-use tokio::sync::{Notify, OnceCell, Semaphore};
+use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, within_idle_limit};
 use crate::location::Location;
@@ -66,6 +66,11 @@ const FRAME_BYTES: usize = 1 << 20;
 const RANGE: u64 = 32 << 20;
 /// Bytes of file data a push holds in flight, waiting for the remote's acknowledgement.
 const PUSH_IN_FLIGHT: usize = 64 << 20;
+/// Small files a push has open at once on each session. The SFTP library carries handles as
+/// strings, and `sftp-server`'s handles are 4-byte numbers: from 128 on, one is not valid
+/// UTF-8 and comes back mangled (the server then refuses it). So each session keeps its
+/// open handles below 128: these, a few big files' and a listing's.
+const PUSH_FILES_IN_FLIGHT: usize = 96;
 
 /// One SFTP session and what its server allows.
 struct Sftp {
@@ -398,6 +403,8 @@ struct PushFile {
     ended: AtomicBool,
     settled: AtomicBool,
     failure: Mutex<Option<(ErrorCode, String)>>,
+    /// Its place among the files open at once, given back once it is settled.
+    slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 /// The applying side of a push.
@@ -406,12 +413,17 @@ struct Apply {
     place: Place,
     preserve: bool,
     files: Registry<u64, Arc<PushFile>>,
-    /// Directories of this copy by wire path: made (true) or failed (false).
-    dirs: Registry<Bytes, bool>,
+    /// Directories of this copy by wire path, once their entry arrived: made (true) or
+    /// failed (false) once that is known.
+    dirs: Registry<Bytes, Arc<SetOnce<bool>>>,
+    /// The sender's chunk size: a file no bigger travels on one stream.
+    chunk_size: u64,
     dir_meta: Mutex<Vec<(Bytes, String, Meta)>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
     done: Mutex<Summary>,
     in_flight: Arc<Semaphore>,
+    /// Per session: places for small files' handles (see [`PUSH_FILES_IN_FLIGHT`]).
+    open_files: Vec<Arc<Semaphore>>,
 }
 
 async fn push(
@@ -445,10 +457,14 @@ async fn push(
         preserve: plan.options.preserve || plan.options.skip_unchanged,
         files: Registry::new(),
         dirs: Registry::new(),
+        chunk_size: plan_send_config(plan).chunk_size as u64,
         dir_meta: Mutex::new(Vec::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
         in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
+        open_files: (0..n)
+            .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
+            .collect(),
     });
     let mut readers = Vec::new();
     let mut reply_half = None;
@@ -554,12 +570,34 @@ impl Apply {
         loop {
             let frame = frames.next("a frame from the sender").await?;
             match frame {
+                // What a frame waits for here always came earlier in the sender's order (a
+                // file's folder, a chunk's file), or is freed by work that needs no stream
+                // (writes, a small file's own frames right behind it): so no stream waits on
+                // one that waits on it.
                 Frame::Dir(d) => {
-                    // Directories are made in walk order, before anything inside them.
-                    self.dir(s, d).await?;
+                    self.registered_parent(&d.path).await;
+                    let made = Arc::new(SetOnce::new());
+                    self.dirs.insert(d.path.clone(), made.clone());
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        let ok = this.dir(s, d).await?;
+                        let _ = made.set(ok);
+                        Ok(())
+                    });
                 }
                 Frame::File(f) => {
+                    self.registered_parent(&f.path).await;
+                    // A small file's frames follow one another on this stream, so it lets go
+                    // of its place soon; a big one's come on every stream, and big files in
+                    // flight are few: they take no place.
+                    let slot = if f.size <= self.chunk_size {
+                        let slot = self.open_files[s].clone().acquire_owned().await;
+                        Some(slot.expect("never closed"))
+                    } else {
+                        None
+                    };
                     let file = self.announce(f);
+                    *lock(&file.slot) = slot;
                     let this = self.clone();
                     tasks.spawn(async move {
                         if let Err(e) = file.handle(&this, s).await {
@@ -569,6 +607,7 @@ impl Apply {
                     });
                 }
                 Frame::Data(d) => {
+                    let file = self.files.wait(&d.id).await;
                     let permit = self
                         .in_flight
                         .clone()
@@ -577,28 +616,35 @@ impl Apply {
                         .expect("never closed");
                     let this = self.clone();
                     tasks.spawn(async move {
-                        let file = this.files.wait(&d.id).await;
                         let r = this.write(&file, s, d.offset, d.bytes).await;
                         drop(permit);
                         r
                     });
                 }
                 Frame::FileEnd(FileEnd { id, .. }) => {
+                    let file = self.files.wait(&id).await;
                     let this = self.clone();
                     tasks.spawn(async move {
-                        let file = this.files.wait(&id).await;
                         file.ended.store(true, Ordering::SeqCst);
                         this.settle_if_complete(&file).await
                     });
                 }
-                Frame::Symlink(l) => self.symlink(s, l).await?,
+                Frame::Symlink(l) => {
+                    self.registered_parent(&l.path).await;
+                    let this = self.clone();
+                    tasks.spawn(async move { this.symlink(s, l).await });
+                }
                 Frame::Probe(p) => {
-                    let send = !self.unchanged(&p.path, p.size, p.mtime).await;
-                    let _ = self.replies.send(Frame::Answer(Answer {
-                        id: p.id,
-                        send,
-                        hash: None,
-                    }));
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        let send = !this.unchanged(&p.path, p.size, p.mtime).await;
+                        let _ = this.replies.send(Frame::Answer(Answer {
+                            id: p.id,
+                            send,
+                            hash: None,
+                        }));
+                        Ok(())
+                    });
                 }
                 Frame::Totals(_) => {}
                 Frame::Error(e) if !e.fatal => {}
@@ -638,12 +684,21 @@ impl Apply {
         })
     }
 
-    /// Waits until the directory holding `wire` is made; false when it failed.
-    async fn parent_ready(&self, wire: &[u8]) -> bool {
+    /// Waits until the `Dir` entry of the folder holding `wire` has arrived.
+    async fn registered_parent(&self, wire: &[u8]) -> Arc<SetOnce<bool>> {
         match wire.iter().rposition(|&b| b == b'/') {
-            None => true,
+            None => {
+                let top = Arc::new(SetOnce::new());
+                let _ = top.set(true);
+                top
+            }
             Some(i) => self.dirs.wait(&Bytes::copy_from_slice(&wire[..i])).await,
         }
+    }
+
+    /// Waits until the folder holding `wire` is made; false when it failed.
+    async fn parent_ready(&self, wire: &[u8]) -> bool {
+        *self.registered_parent(wire).await.wait().await
     }
 
     fn failed(&self, wire: &[u8], (code, message): (ErrorCode, String)) {
@@ -651,8 +706,9 @@ impl Apply {
         let _ = self.replies.send(error_frame(code, wire, message));
     }
 
-    async fn dir(&self, s: usize, d: DirEntry) -> Result<(), Error> {
-        let ok = match self.make_dir(s, &d).await {
+    /// Makes a folder; `Ok(false)` when it failed (and the failure is reported).
+    async fn dir(&self, s: usize, d: DirEntry) -> Result<bool, Error> {
+        Ok(match self.make_dir(s, &d).await {
             Ok(path) => {
                 lock(&self.done).dirs += 1;
                 lock(&self.dir_meta).push((d.path.clone(), path, d.meta));
@@ -663,9 +719,7 @@ impl Apply {
                 self.failed(&d.path, failure);
                 false
             }
-        };
-        self.dirs.insert(d.path, ok);
-        Ok(())
+        })
     }
 
     /// Makes one directory: `Err(Ok(..))` for this entry's failure, `Err(Err(..))` for the
@@ -736,6 +790,7 @@ impl Apply {
             ended: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             failure: Mutex::new(None),
+            slot: Mutex::new(None),
         });
         self.files.insert(f.id, file.clone());
         file
@@ -789,6 +844,8 @@ impl Apply {
         if !(failed || complete) || file.settled.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // Its handles are closed below, whatever happens.
+        let _slot = lock(&file.slot).take();
         let sftp = &self.sftp;
         let mut attrs_set = false;
         let mut outcome: Result<(), (ErrorCode, String)> = Ok(());
@@ -902,6 +959,16 @@ enum Failure {
     Session(Error),
 }
 
+impl Failure {
+    fn opening(temp: &str, e: SftpError) -> Failure {
+        if is_session_failure(&e) {
+            Failure::Session(fatal("creating a file", e))
+        } else {
+            Failure::File((code(&e), format!("cannot create {temp}: {e}")))
+        }
+    }
+}
+
 impl From<SftpError> for Failure {
     fn from(e: SftpError) -> Failure {
         if is_session_failure(&e) {
@@ -936,7 +1003,11 @@ impl PushFile {
                             ..FileAttributes::empty()
                         };
                         let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
-                        let h = sftp.raw.open(self.temp.clone(), flags, attrs).await?;
+                        let h = sftp
+                            .raw
+                            .open(self.temp.clone(), flags, attrs)
+                            .await
+                            .map_err(|e| Failure::opening(&self.temp, e))?;
                         mine = Some(h.handle);
                         Ok(())
                     })
@@ -947,7 +1018,8 @@ impl PushFile {
                         let h = sftp
                             .raw
                             .open(self.temp.clone(), OpenFlags::WRITE, FileAttributes::empty())
-                            .await?;
+                            .await
+                            .map_err(|e| Failure::opening(&self.temp, e))?;
                         Ok(h.handle)
                     }
                 }

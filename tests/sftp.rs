@@ -311,3 +311,29 @@ fn a_remote_file_that_grows_while_read_over_sftp_is_not_kept() {
     assert!(stderr(&out).contains("changed while being read"));
     assert!(!dst.exists());
 }
+
+/// Hundreds of small files at once: the push keeps fewer than 128 handles open on each
+/// session (the SFTP library mangles `sftp-server`'s handles from 128 on).
+#[test]
+fn many_small_files_over_sftp_both_ways() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fastcp_testsupport::tree::build_tiny(&src, 2_000);
+    for j in ["1", "3"] {
+        let pushed = work.path().join(format!("pushed-{j}"));
+        let out = run(plain(&sshd)
+            .args(["--sftp", "-r", "-j", j])
+            .arg(&src)
+            .arg(remote(&sshd, &pushed)));
+        assert!(out.status.success(), "-j {j}: {}", stderr(&out));
+        assert_same_tree(&src, &pushed, false);
+        let pulled = work.path().join(format!("pulled-{j}"));
+        let out = run(plain(&sshd)
+            .args(["--sftp", "-r", "-j", j])
+            .arg(remote(&sshd, &pushed))
+            .arg(&pulled));
+        assert!(out.status.success(), "-j {j}: {}", stderr(&out));
+        assert_same_tree(&src, &pulled, false);
+    }
+}
