@@ -60,12 +60,13 @@ const MAX_IO: u32 = 255 << 10;
 const IO_IN_FLIGHT: usize = 8;
 /// Files read or written at once on each session.
 const FILES_IN_FLIGHT: usize = 8;
-/// A pulled file's bytes go to the receiver in frames of this size.
-const FRAME_BYTES: usize = 1 << 20;
+/// Read or write requests in flight on one session, all its files together: what bounds
+/// the memory a copy holds (a request is at most 255 KiB).
+const SESSION_REQUESTS: usize = 16;
 /// Files bigger than this are split into ranges of this size, read by all sessions.
 const RANGE: u64 = 32 << 20;
 /// Bytes of file data a push holds in flight, waiting for the remote's acknowledgement.
-const PUSH_IN_FLIGHT: usize = 64 << 20;
+const PUSH_IN_FLIGHT: usize = 16 << 20;
 /// Small files a push has open at once on each session. The SFTP library carries handles as
 /// strings, and `sftp-server`'s handles are 4-byte numbers: from 128 on, one is not valid
 /// UTF-8 and comes back mangled (the server then refuses it). So each session keeps its
@@ -77,6 +78,8 @@ struct Sftp {
     raw: RawSftpSession,
     io: u32,
     posix_rename: bool,
+    /// Places for requests in flight (see [`SESSION_REQUESTS`]).
+    requests: Arc<Semaphore>,
 }
 
 impl Sftp {
@@ -112,7 +115,17 @@ impl Sftp {
             raw,
             io,
             posix_rename,
+            requests: Arc::new(Semaphore::new(SESSION_REQUESTS)),
         })
+    }
+
+    /// A place for one more request in flight: waited for when `wait`, else only if free.
+    async fn place(&self, wait: bool) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if wait {
+            self.requests.clone().acquire_owned().await.ok()
+        } else {
+            self.requests.clone().try_acquire_owned().ok()
+        }
     }
 
     /// Renames `from` over `to`: atomically with `posix-rename@openssh.com`; else with the
@@ -336,6 +349,10 @@ impl<K: Eq + Hash, V: Clone> Registry<K, V> {
         self.added.notify_waiters();
     }
 
+    fn remove(&self, k: &K) {
+        lock(&self.map).remove(k);
+    }
+
     /// The value under `k`, once there. The copy's idle limit bounds the wait.
     async fn wait(&self, k: &K) -> V {
         loop {
@@ -392,6 +409,7 @@ enum Place {
 /// A file being written: a temp name beside its target, a handle on each session that
 /// writes to it, and what has arrived.
 struct PushFile {
+    id: u64,
     wire: Bytes,
     target: Result<String, (ErrorCode, String)>,
     temp: String,
@@ -574,7 +592,10 @@ impl Apply {
                 // file's folder, a chunk's file), or is freed by work that needs no stream
                 // (writes, a small file's own frames right behind it): so no stream waits on
                 // one that waits on it.
-                Frame::Dir(d) => {
+                Frame::Dir(mut d) => {
+                    // What outlives the frame is copied out of the read buffer, which a
+                    // slice would keep whole.
+                    d.path = Bytes::copy_from_slice(&d.path);
                     self.registered_parent(&d.path).await;
                     let made = Arc::new(SetOnce::new());
                     self.dirs.insert(d.path.clone(), made.clone());
@@ -585,7 +606,8 @@ impl Apply {
                         Ok(())
                     });
                 }
-                Frame::File(f) => {
+                Frame::File(mut f) => {
+                    f.path = Bytes::copy_from_slice(&f.path);
                     self.registered_parent(&f.path).await;
                     // A small file's frames follow one another on this stream, so it lets go
                     // of its place soon; a big one's come on every stream, and big files in
@@ -606,7 +628,10 @@ impl Apply {
                         this.settle_if_complete(&file).await
                     });
                 }
-                Frame::Data(d) => {
+                Frame::Data(mut d) => {
+                    if d.bytes.len() < 64 << 10 {
+                        d.bytes = Bytes::copy_from_slice(&d.bytes);
+                    }
                     let file = self.files.wait(&d.id).await;
                     let permit = self
                         .in_flight
@@ -779,6 +804,7 @@ impl Apply {
             Err(_) => String::new(),
         };
         let file = Arc::new(PushFile {
+            id: f.id,
             wire: f.path,
             target,
             temp,
@@ -812,13 +838,18 @@ impl Apply {
                 let mut at = 0usize;
                 while at < bytes.len() || !pending.is_empty() {
                     while at < bytes.len() && pending.len() < IO_IN_FLIGHT {
+                        // Wait for a place only with nothing in flight here: requests not yet
+                        // polled are not sent, and must not hold places others wait for.
+                        let Some(place) = sftp.place(pending.is_empty()).await else {
+                            break;
+                        };
                         let end = (at + sftp.io as usize).min(bytes.len());
                         let piece = bytes[at..end].to_vec();
-                        let h = handle.clone();
-                        pending.push_back(sftp.raw.write(h, offset + at as u64, piece));
+                        let write = sftp.raw.write(handle.clone(), offset + at as u64, piece);
+                        pending.push_back(async move { (write.await, place) });
                         at = end;
                     }
-                    if let Some(r) = pending.next().await {
+                    if let Some((r, _place)) = pending.next().await {
                         r.map_err(Failure::from)?;
                     }
                 }
@@ -893,6 +924,8 @@ impl Apply {
                 let mut done = lock(&self.done);
                 done.files += 1;
                 done.bytes += file.size;
+                // Every frame of the file has arrived: nothing will look it up again.
+                self.files.remove(&file.id);
             }
             Err(e) => {
                 let _ = sftp[0].raw.remove(file.temp.clone()).await;
@@ -1494,20 +1527,26 @@ impl Emit {
         let result = async {
             let (start, end) = job.range;
             let mut at = start;
-            let mut frame = BytesMut::with_capacity(FRAME_BYTES.min((end - start) as usize));
-            let mut frame_at = start;
             while at < end {
                 // Requests in flight from `at`; a short answer restarts from where it ended.
                 let mut pending = FuturesOrdered::new();
                 let mut asked = at;
                 loop {
                     while asked < end && pending.len() < IO_IN_FLIGHT {
+                        // Wait for a place only with nothing in flight here: requests not yet
+                        // polled are not sent, and must not hold places others wait for.
+                        let Some(place) = sftp.place(pending.is_empty()).await else {
+                            break;
+                        };
                         let len = (end - asked).min(u64::from(sftp.io)) as u32;
-                        pending.push_back(sftp.raw.read(handle.clone(), asked, len));
+                        let read = sftp.raw.read(handle.clone(), asked, len);
+                        pending.push_back(async move { (read.await, place) });
                         asked += u64::from(len);
                     }
-                    let Some(r) = pending.next().await else { break };
-                    let data = match r {
+                    let Some((r, _place)) = pending.next().await else {
+                        break;
+                    };
+                    let mut data = match r {
                         Ok(d) => d.data,
                         Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
                             return Err(Ok((
@@ -1525,15 +1564,14 @@ impl Emit {
                             "the file shrank while it was read".into(),
                         )));
                     }
-                    frame.extend_from_slice(&data);
+                    // Never more than asked for, whatever the server sends.
+                    data.truncate(wanted as usize);
+                    let offset = at;
                     at += got.min(wanted);
-                    if frame.len() >= FRAME_BYTES || at == end {
-                        *completed |= self
-                            .data(s, job, own, frame_at, frame.split().freeze())
-                            .await
-                            .map_err(Err)?;
-                        frame_at = at;
-                    }
+                    *completed |= self
+                        .data(s, job, own, offset, Bytes::from(data))
+                        .await
+                        .map_err(Err)?;
                     if got < wanted {
                         break;
                     }
@@ -1584,12 +1622,16 @@ impl Emit {
                 shared.1 == 0
             }
         };
-        let frame = Frame::Data(fastcp_proto::Data {
-            id: job.id,
-            offset,
-            bytes,
-        });
-        self.send(s, &frame).await?;
+        // The header, then the payload as it came: no copy into a frame buffer.
+        let mut header = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
+        fastcp_proto::encode_data_header(job.id, offset, bytes.len(), &mut header);
+        let mut out = self.outs[s].lock().await;
+        out.counts.bytes += bytes.len() as u64;
+        let closed = |e: std::io::Error| {
+            Error::ConnectionClosed(format!("the local receiver stopped: {e}"))
+        };
+        out.write.write_all(&header).await.map_err(closed)?;
+        out.write.write_all(&bytes).await.map_err(closed)?;
         Ok(completed)
     }
 }
