@@ -58,8 +58,8 @@ pub const DEFAULT_SFTP_SESSIONS: u16 = 4;
 const MAX_IO: u32 = 255 << 10;
 /// Read or write requests in flight on one file range.
 const IO_IN_FLIGHT: usize = 8;
-/// Files read or written at once on each session.
-const FILES_IN_FLIGHT: usize = 8;
+/// Files read at once on each session (each holds a handle: fewer than 128 in all).
+const FILES_IN_FLIGHT: usize = 32;
 /// Read or write requests in flight on one session, all its files together: what bounds
 /// the memory a copy holds (a request is at most 255 KiB).
 const SESSION_REQUESTS: usize = 16;
@@ -1526,6 +1526,9 @@ impl Emit {
             .handle;
         let result = async {
             let (start, end) = job.range;
+            if start == 0 && end == job.size && job.size <= u64::from(sftp.io) {
+                return self.read_small(s, job, own, &handle).await;
+            }
             let mut at = start;
             while at < end {
                 // Requests in flight from `at`; a short answer restarts from where it ended.
@@ -1598,8 +1601,51 @@ impl Emit {
             Ok(())
         }
         .await;
-        let _ = sftp.raw.close(handle).await;
+        // Closed in the background: nothing waits on the answer.
+        let closing = self.sftp[s].clone();
+        tokio::spawn(async move { closing.raw.close(handle).await });
         result
+    }
+
+    /// A file that fits in one request: its bytes, one read past its end and its attributes,
+    /// asked at once (`sftp-server` answers in order, so the checks see the file as it was
+    /// after the read).
+    async fn read_small(
+        &self,
+        s: usize,
+        job: &Job,
+        own: &mut FileChecksum,
+        handle: &str,
+    ) -> Result<(), Result<(ErrorCode, String), Error>> {
+        let sftp = &self.sftp[s];
+        let (data, past_end, stat) = futures_util::future::join3(
+            sftp.raw.read(handle, 0, job.size.max(1) as u32),
+            sftp.raw.read(handle, job.size, 1),
+            sftp.raw.fstat(handle),
+        )
+        .await;
+        let mut data = match data {
+            Ok(d) => d.data,
+            Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => Vec::new(),
+            Err(e) if is_session_failure(&e) => return Err(Err(fatal("reading a file", e))),
+            Err(e) => return Err(Ok((code(&e), format!("cannot read it: {e}")))),
+        };
+        let grew = past_end.is_ok_and(|d| !d.data.is_empty());
+        let changed =
+            stat.is_ok_and(|a| a.attrs.size != Some(job.size) || a.attrs.mtime != job.mtime);
+        if grew || changed || (data.len() as u64) < job.size {
+            return Err(Ok((
+                ErrorCode::SourceChanged,
+                "the file changed while being read".into(),
+            )));
+        }
+        data.truncate(job.size as usize);
+        if !data.is_empty() {
+            self.data(s, job, own, 0, Bytes::from(data))
+                .await
+                .map_err(Err)?;
+        }
+        Ok(())
     }
 
     async fn data(
@@ -1627,9 +1673,8 @@ impl Emit {
         fastcp_proto::encode_data_header(job.id, offset, bytes.len(), &mut header);
         let mut out = self.outs[s].lock().await;
         out.counts.bytes += bytes.len() as u64;
-        let closed = |e: std::io::Error| {
-            Error::ConnectionClosed(format!("the local receiver stopped: {e}"))
-        };
+        let closed =
+            |e: std::io::Error| Error::ConnectionClosed(format!("the local receiver stopped: {e}"));
         out.write.write_all(&header).await.map_err(closed)?;
         out.write.write_all(&bytes).await.map_err(closed)?;
         Ok(completed)

@@ -417,10 +417,47 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
                 fs::write(stamp_path(&src), &stamp)?;
                 eprintln!("  {summary}\n  done in {:.1} s", t.elapsed().as_secs_f64());
             }
+            // scp -r follows symlinks and stops at a dangling one: bench sftp copies the tree
+            // without its links, so that scp can take part.
+            let (src, what) = if opts.mode == Mode::Sftp {
+                let bare = data_dir.join(format!(
+                    "{}-nolinks",
+                    src.file_name().unwrap().to_string_lossy()
+                ));
+                if !stamp_matches(&bare, &stamp)? {
+                    let partial = data::partial_name(&bare);
+                    if partial.exists() {
+                        fs::remove_dir_all(&partial)?;
+                    }
+                    eprintln!("copying {} without its symlinks ...", src.display());
+                    let ok = Command::new("cp")
+                        .arg("-a")
+                        .arg(&src)
+                        .arg(&partial)
+                        .status()?
+                        .success()
+                        && Command::new("find")
+                            .arg(&partial)
+                            .args(["-type", "l", "-delete"])
+                            .status()?
+                            .success();
+                    if !ok {
+                        bail!("cannot make {}", bare.display());
+                    }
+                    fs::rename(&partial, &bare)?;
+                    fs::write(stamp_path(&bare), &stamp)?;
+                }
+                (
+                    bare,
+                    "Kernel-shaped tree without its symlinks (scp -r cannot copy them)",
+                )
+            } else {
+                (src, "Kernel-shaped tree")
+            };
             let manifest = verify::scan(&src)?;
             let bytes = manifest.bytes();
             let description = format!(
-                "Kernel-shaped tree: {} files, {} directories, {} symlinks, {} ({} bytes)",
+                "{what}: {} files, {} directories, {} symlinks, {} ({} bytes)",
                 report::thousands(manifest.count(&Kind::File) as u64),
                 report::thousands(manifest.count(&Kind::Dir) as u64 + 1),
                 manifest.count(&Kind::Symlink(PathBuf::new())),
