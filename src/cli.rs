@@ -97,6 +97,10 @@ pub struct Args {
     /// SFTP sessions at once (-j, default 4), many requests in flight on each.
     #[arg(long, help_heading = "SSH")]
     pub sftp: bool,
+    /// Copy only share I of N (from 0): N runs with the same sources and I from 0 to N-1,
+    /// on any machines, copy everything exactly once, balanced by bytes.
+    #[arg(long, value_name = "I/N", help_heading = "Copy")]
+    pub shard: Option<fastcp::shard::Shard>,
     /// Where to find the static binaries `cargo xtask dist` built, for a remote host this
     /// fastcp cannot run on (default: $FASTCP_DIST_DIR, or dist/ beside this program).
     #[arg(long, value_name = "DIR", help_heading = "SSH")]
@@ -419,6 +423,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         delete: args.delete,
         no_deploy: args.no_deploy,
         sftp: args.sftp,
+        shard: args.shard,
         timeout: (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout)),
         deploy_from: args.deploy_from.clone(),
         compress: args.compress,

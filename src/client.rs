@@ -112,6 +112,10 @@ pub struct CopyOptions {
     /// [`crate::sftp`]. A copy also takes this path by itself when the remote has no fastcp
     /// and none can run there, or with [`no_deploy`](Self::no_deploy).
     pub sftp: bool,
+    /// Copy only share `I` of `N` of the files (`--shard I/N`): `N` runs, anywhere, each with
+    /// its own `I`, together copy everything exactly once. See [`crate::shard`]. Local
+    /// sources only; not with [`delete`](Self::delete).
+    pub shard: Option<crate::shard::Shard>,
     /// Where the copy reports its steps and choices.
     pub log: Log,
 }
@@ -336,6 +340,47 @@ impl Plan {
         total <= chunk
     }
 
+    /// The plan with `--shard` applied: its filter narrowed to this run's share, found by
+    /// walking the sources first (see [`crate::shard`]). Without a shard, a copy of itself.
+    async fn sharded(&self) -> Result<Plan, Error> {
+        let Some(shard) = self.options.shard else {
+            return Ok(self.clone());
+        };
+        if self.sources.iter().any(|s| s.remote().is_some()) {
+            return Err(Error::Usage(
+                "--shard splits local sources: run it where the files are (a push or a local \
+                 copy)"
+                    .into(),
+            ));
+        }
+        if self.options.delete {
+            return Err(Error::Usage(
+                "--shard and --delete do not go together: each run would delete what the \
+                 others copy"
+                    .into(),
+            ));
+        }
+        let mut config = WalkConfig::new(self.options.recursive, self.options.follow_links);
+        config.filter = self.options.filter.clone();
+        let sources = self.local_sources();
+        let share =
+            tokio::task::spawn_blocking(move || crate::shard::plan(&sources, &config, shard))
+                .await
+                .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        self.options.log.info(|| {
+            format!(
+                "shard {shard}: {} of {} files and links, {} of {} bytes",
+                share.files.len(),
+                share.total_files,
+                share.bytes,
+                share.total_bytes
+            )
+        });
+        let mut plan = self.clone();
+        plan.options.filter = Some(crate::shard::narrow(self.options.filter.clone(), share));
+        Ok(plan)
+    }
+
     fn local_sources(&self) -> Vec<PathBuf> {
         self.sources
             .iter()
@@ -370,6 +415,7 @@ pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
 }
 
 async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+    let plan = &plan.sharded().await?;
     let Location::Local(dest) = &plan.dest else {
         return Err(Error::Usage("copy_local needs a local destination".into()));
     };
@@ -521,6 +567,7 @@ async fn copy_remote_now(
     ssh: &SshOptions,
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
+    let plan = &plan.sharded().await?;
     if matches!(plan.dest, Location::Local(_))
         && plan
             .options

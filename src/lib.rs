@@ -51,6 +51,7 @@ mod log;
 pub mod server;
 mod session;
 pub mod sftp;
+pub mod shard;
 pub mod stdio;
 mod wire;
 

@@ -92,6 +92,11 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "signals to a copy in flight",
     },
     Prerequisite {
+        program: "parallel",
+        package: "parallel",
+        why: "the GNU parallel line of docs/sharding.md, run as documented",
+    },
+    Prerequisite {
         program: "timeout",
         package: "coreutils",
         why: "bounding the runs of helper processes",

@@ -1,0 +1,206 @@
+//! `--shard I/N`: N independent runs cover a tree exactly once, balanced by bytes.
+
+mod common;
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use fastcp::shard::{Shard, plan};
+use fastcp::stream::WalkConfig;
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{assert_same_tree, pseudo_random, write};
+
+/// 600 files of sizes from 0 to about 200 KB (a skewed spread, as in source trees), in
+/// nested folders, and a few links.
+fn build(root: &Path) {
+    for i in 0..600u64 {
+        let dir = root.join(format!("d{}/e{}", i % 7, i % 3));
+        fs::create_dir_all(&dir).unwrap();
+        let r = pseudo_random(8, i);
+        let size = (u64::from(r[0]) * u64::from(r[1]) * 3 + u64::from(r[2])) as usize;
+        write(&dir.join(format!("f{i}")), &pseudo_random(size, i), 0o644);
+    }
+    std::os::unix::fs::symlink("d0", root.join("link")).unwrap();
+    fs::create_dir_all(root.join("empty/dir")).unwrap();
+}
+
+#[test]
+fn shares_are_disjoint_cover_everything_and_balance_bytes_within_ten_percent() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+    let config = WalkConfig::new(true, false);
+    let sources = [src.clone()];
+    for n in [1u32, 2, 3, 5, 8] {
+        let shares: Vec<_> = (0..n)
+            .map(|i| plan(&sources, &config, Shard::new(i, n).unwrap()).unwrap())
+            .collect();
+        let mut seen = HashSet::new();
+        for share in &shares {
+            for f in &share.files {
+                assert!(seen.insert(f.clone()), "{f:?} is in two shares of {n}");
+            }
+        }
+        assert_eq!(seen.len() as u64, shares[0].total_files, "N = {n}");
+        let total: u64 = shares.iter().map(|s| s.bytes).sum();
+        assert_eq!(total, shares[0].total_bytes);
+        let (min, max) = (
+            shares.iter().map(|s| s.bytes).min().unwrap(),
+            shares.iter().map(|s| s.bytes).max().unwrap(),
+        );
+        let mean = total as f64 / f64::from(n);
+        assert!(
+            (max - min) as f64 <= 0.1 * mean,
+            "N = {n}: shares from {min} to {max} bytes"
+        );
+        // The same split every time.
+        let again = plan(&sources, &config, Shard::new(0, n).unwrap()).unwrap();
+        assert_eq!(again.files, shares[0].files);
+    }
+}
+
+#[test]
+fn shard_runs_together_copy_the_tree_locally_and_over_ssh() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+
+    let local = work.path().join("local");
+    fs::create_dir(&local).unwrap();
+    let mut files = 0;
+    for i in 0..3 {
+        let out = run(Command::new(BIN)
+            .args(["-r", "--json", "--shard", &format!("{i}/3")])
+            .arg(&src)
+            .arg(&local));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let copied = json(&out)["files"].as_u64().unwrap();
+        assert!(copied > 0, "every share holds files");
+        files += copied;
+    }
+    assert_eq!(files, 600, "600 files, each copied once");
+    assert_same_tree(&src, &local.join("src"), false);
+
+    let sshd = Sshd::start().unwrap();
+    let pushed = work.path().join("pushed");
+    fs::create_dir(&pushed).unwrap();
+    for i in 0..2 {
+        let out = run(fastcp(&sshd, bin())
+            .args(["-r", "--shard", &format!("{i}/2")])
+            .arg(&src)
+            .arg(remote(&sshd, &pushed)));
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_same_tree(&src, &pushed.join("src"), false);
+}
+
+#[test]
+fn shard_misuse_is_a_usage_error() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    let dst = work.path().join("dst");
+    for args in [
+        vec!["--shard", "3/3"],
+        vec!["--shard", "one/two"],
+        vec!["--shard", "0/2", "--delete"],
+    ] {
+        let out = run(Command::new(BIN).arg("-r").args(&args).arg(&src).arg(&dst));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    let sshd = Sshd::start().unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--shard", "0/2"])
+        .arg(remote(&sshd, &src))
+        .arg(&dst));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("local sources"), "{}", stderr(&out));
+    assert!(!dst.exists());
+}
+
+/// The repository's root, where docs/ is.
+fn docs() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+}
+
+/// A PATH with the fastcp under test first.
+fn path_with_fastcp() -> std::ffi::OsString {
+    let mut dirs = vec![bin().parent().unwrap().to_path_buf()];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(dirs).unwrap()
+}
+
+/// The documented Indexed Job, Slurm array and GNU parallel line, each run as written (with
+/// the scheduler's variables set), cover the tree exactly once.
+#[test]
+fn the_documented_scheduler_recipes_copy_the_tree() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+
+    // Kubernetes: the container's command, with the index each pod gets.
+    let manifest = fs::read_to_string(docs().join("sharding/job.yaml")).unwrap();
+    let command = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- fastcp "))
+        .map(|rest| format!("fastcp {rest}"))
+        .expect("the manifest runs fastcp");
+    let shards: u32 = manifest
+        .lines()
+        .skip_while(|l| !l.contains("name: SHARDS"))
+        .find_map(|l| l.trim().strip_prefix("value: "))
+        .map(|v| v.trim_matches('"').parse().unwrap())
+        .unwrap();
+    let k8s = work.path().join("k8s");
+    fs::create_dir(&k8s).unwrap();
+    for i in 0..shards {
+        let out = run(Command::new("sh")
+            .args(["-c", &command])
+            .env("PATH", path_with_fastcp())
+            .env("JOB_COMPLETION_INDEX", i.to_string())
+            .env("SHARDS", shards.to_string())
+            .env("SRC", &src)
+            .env("DEST", &k8s));
+        assert!(out.status.success(), "pod {i}: {}", stderr(&out));
+    }
+    assert_same_tree(&src, &k8s.join("src"), true);
+
+    // Slurm: the array script, once per task id.
+    let slurm = work.path().join("slurm");
+    fs::create_dir(&slurm).unwrap();
+    for i in 0..4 {
+        let out = run(Command::new("bash")
+            .arg(docs().join("sharding/slurm-array.sh"))
+            .env("PATH", path_with_fastcp())
+            .env("SLURM_ARRAY_TASK_ID", i.to_string())
+            .env("SLURM_ARRAY_TASK_COUNT", "4")
+            .env("SRC", &src)
+            .env("DEST", &slurm));
+        assert!(out.status.success(), "task {i}: {}", stderr(&out));
+    }
+    assert_same_tree(&src, &slurm.join("src"), true);
+
+    // GNU parallel: the line from docs/sharding.md.
+    let guide = fs::read_to_string(docs().join("sharding.md")).unwrap();
+    let line = guide
+        .lines()
+        .find(|l| l.starts_with("parallel "))
+        .expect("a GNU parallel line");
+    let parallel = work.path().join("parallel");
+    fs::create_dir(&parallel).unwrap();
+    fastcp_testsupport::tools::require("parallel");
+    let out = run(Command::new("bash")
+        .args(["-c", line])
+        .env("PATH", path_with_fastcp())
+        .env("SRC", &src)
+        .env("DEST", &parallel)
+        .env("HOME", work.path()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &parallel.join("src"), true);
+}
