@@ -316,6 +316,67 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
     }
 }
 
+/// kill -9 leaves a temp file (nothing can clean up after it); the next copy into that folder
+/// removes it, and never a temp file a live copy holds.
+#[test]
+fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
+    let sshd = Sshd::start().unwrap();
+    for pull in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(16 << 20, 9), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let copy = || {
+            let mut cmd = if pull {
+                let mut c = fastcp(&sshd, bin());
+                c.args(["--transport", "ssh"]).arg(remote(&sshd, &src));
+                c
+            } else {
+                Command::new(BIN)
+            };
+            if !pull {
+                cmd.arg(&src);
+            }
+            cmd.arg(&dst);
+            cmd
+        };
+        let mut child = copy()
+            .args(["--bwlimit", "2M"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !has_temp(&dst) {
+            assert!(Instant::now() < deadline, "the copy never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(has_temp(&dst), "kill -9 leaves its temp file (pull={pull})");
+        // A temp file that a live copy holds stays: here, one this test locks.
+        let live = dst.join(".other.fastcp-0badcafe");
+        std::fs::write(&live, b"live").unwrap();
+        let held = std::fs::File::open(&live).unwrap();
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+
+        let out = run(&mut copy());
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(
+            std::fs::read(dst.join("big")).unwrap(),
+            std::fs::read(&src).unwrap()
+        );
+        let left: Vec<_> = std::fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "pull={pull}: {left:?}");
+        assert!(live.exists(), "a live copy's temp file stays");
+    }
+}
+
 /// ServerAliveInterval from ssh_config or `-o` is honoured: with the copy's own timeout off,
 /// SSH keepalives alone notice a stalled connection.
 #[test]

@@ -628,6 +628,16 @@ fn contenders(
         ],
         Mode::Ssh => vec![
             fastcp_remote("ssh"),
+            // The system OpenSSH client carrying the session (as when ssh_config needs it):
+            // the data then takes sealed TCP streams to the address `ssh -G` resolves.
+            Contender {
+                name: "fastcp system-ssh".into(),
+                command: format!(
+                    "{fastcp_bin} {r}--ssh-program ssh -F \"$CFG\" --remote-path {fastcp_bin}{extra} {src} {ALIAS}:{dstq}"
+                ),
+                listener: None,
+                broken: broken.clone(),
+            },
             scp,
             cmd(
                 "rsync",

@@ -73,7 +73,14 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
     match (mode, set) {
         (Mode::Local, DataSet::Big) => vec![t("cp -a", TimeAtMost(1.5))],
         (Mode::Local, DataSet::Tree) => vec![t("tar | tar", TimeAtMost(1.0))],
-        (Mode::Ssh, DataSet::Big) => vec![t("scp", TimeAtMost(0.8))],
+        (Mode::Ssh, DataSet::Big) => vec![
+            t("scp", TimeAtMost(0.8)),
+            Target {
+                contender: "fastcp system-ssh",
+                baseline: "scp",
+                bound: TimeAtMost(0.8),
+            },
+        ],
         (Mode::Ssh, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.7))],
         (Mode::Tcp, DataSet::Big) => vec![t("scp", TimeAtMost(0.35)), t("nc", TimeBelow(1.0))],
         (Mode::Tcp, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.5))],

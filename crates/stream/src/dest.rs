@@ -109,6 +109,8 @@ impl Root {
 pub(crate) struct DirState {
     /// Local paths of directories this transfer created.
     created: HashSet<Vec<u8>>,
+    /// Local paths of directories already swept of stale temp files (see [`sweep`]).
+    swept: HashSet<Vec<u8>>,
     /// Mode and mtime to apply at the very end.
     pub(crate) fixups: Vec<Fixup>,
 }
@@ -280,6 +282,56 @@ fn is_zero(b: &[u8]) -> bool {
 /// The permission bits a received file or directory may get: everything but setuid and
 /// setgid (the sticky bit stays).
 const SAFE_MODE_BITS: u32 = 0o1777;
+
+/// Whether `name` is one of fastcp's temp names: `.NAME.fastcp-` and 8 hex digits.
+fn is_temp_name(name: &[u8]) -> bool {
+    let Some(tail) = name.len().checked_sub(16).map(|i| &name[i..]) else {
+        return false;
+    };
+    name.len() > 17
+        && name[0] == b'.'
+        && tail.starts_with(b".fastcp-")
+        && tail[8..].iter().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Removes the temp files a copy that was killed left in `dir` (with kill -9, a power cut):
+/// those that no process holds a lock on. A receiver locks each temp file from its creation
+/// to its rename, so a live copy's temp files are never touched. Best effort: what cannot be
+/// read or locked stays.
+fn sweep(dir: &OwnedFd) -> usize {
+    let Ok(d) = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return 0;
+    };
+    let Ok(mut entries) = rustix::fs::Dir::new(d) else {
+        return 0;
+    };
+    let mut removed = 0;
+    while let Some(Ok(entry)) = entries.next() {
+        let name = entry.file_name().to_bytes();
+        if !is_temp_name(name) {
+            continue;
+        }
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let Ok(fd) = rustix::fs::openat(dir, entry.file_name(), flags, Mode::empty()) else {
+            continue;
+        };
+        if !rustix::fs::fstat(&fd)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+        {
+            continue;
+        }
+        let free = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive);
+        if free.is_ok() && rustix::fs::unlinkat(dir, entry.file_name(), AtFlags::empty()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
 
 /// A fresh temporary name beside `name`: `.NAME.fastcp-XXXXXXXX`, short enough for any file
 /// system.
@@ -473,10 +525,19 @@ impl Writer {
         let mode = Mode::from_raw_mode(0o600);
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        // Once per directory a copy writes into: what a killed copy left there goes.
+        let first_here = self.shared.lock_dirs().swept.insert(parent_path.to_vec());
+        if first_here {
+            sweep(&parent);
+        }
         let (fd, temp) = loop {
             let temp = temp_name(name);
             match rustix::fs::openat(&parent, &temp[..], flags, mode) {
-                Ok(fd) => break (fd, temp),
+                Ok(fd) => {
+                    // Held until the rename: it tells a later sweep that this one is live.
+                    let _ = rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive);
+                    break (fd, temp);
+                }
                 Err(Errno::EXIST) => continue,
                 Err(e) => {
                     let e = Error::io(self.shared.root.display(&local), e.into());
@@ -984,6 +1045,20 @@ mod tests {
         assert!(overlaps(&p, 5, 11));
         assert!(overlaps(&p, 19, 31));
         assert!(overlaps(&p, 10, 20));
+    }
+
+    #[test]
+    fn temp_names_are_recognised() {
+        assert!(is_temp_name(&temp_name(b"report.pdf")));
+        assert!(is_temp_name(b".a.fastcp-0123abcd"));
+        for other in [
+            &b".fastcp-0123abcd"[..],
+            b"a.fastcp-0123abcd",
+            b".a.fastcp-0123abcx",
+            b".a.fastcp-123abcd",
+        ] {
+            assert!(!is_temp_name(other), "{}", String::from_utf8_lossy(other));
+        }
     }
 
     #[test]
