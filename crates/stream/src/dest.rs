@@ -109,8 +109,8 @@ impl Root {
 pub(crate) struct DirState {
     /// Local paths of directories this transfer created.
     created: HashSet<Vec<u8>>,
-    /// Local paths of directories already swept of stale temp files (see [`sweep`]).
-    swept: HashSet<Vec<u8>>,
+    /// Local paths of directories swept (or being swept) of stale temp files (see [`sweep`]).
+    swept: HashMap<Vec<u8>, Arc<std::sync::OnceLock<()>>>,
     /// Mode and mtime to apply at the very end.
     pub(crate) fixups: Vec<Fixup>,
 }
@@ -295,8 +295,9 @@ fn is_temp_name(name: &[u8]) -> bool {
 }
 
 /// Removes the temp files a copy that was killed left in `dir` (with kill -9, a power cut):
-/// those that no process holds a lock on. A receiver locks each temp file from its creation
-/// to its rename, so a live copy's temp files are never touched. Best effort: what cannot be
+/// those no process holds a lock on. A receiver locks each temp file right after creating
+/// it and until its rename, so another live copy's temp files are never touched; this
+/// transfer sweeps a folder before it creates anything there. Best effort: what cannot be
 /// read or locked stays.
 fn sweep(dir: &OwnedFd) -> usize {
     let Ok(d) = rustix::fs::openat(
@@ -525,11 +526,18 @@ impl Writer {
         let mode = Mode::from_raw_mode(0o600);
         let flags =
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        // Once per directory a copy writes into: what a killed copy left there goes.
-        let first_here = self.shared.lock_dirs().swept.insert(parent_path.to_vec());
-        if first_here {
+        // Once per directory a copy writes into, before its first temp file there (other
+        // writers wait for it): what a killed copy left there goes.
+        let swept = self
+            .shared
+            .lock_dirs()
+            .swept
+            .entry(parent_path.to_vec())
+            .or_default()
+            .clone();
+        swept.get_or_init(|| {
             sweep(&parent);
-        }
+        });
         let (fd, temp) = loop {
             let temp = temp_name(name);
             match rustix::fs::openat(&parent, &temp[..], flags, mode) {
