@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_no_temp, pseudo_random, write};
+use fastcp_testsupport::tree::{assert_no_temp, now_secs, pseudo_random, set_times, write};
 
 /// What the relay does once `limit` bytes went from the client to the server.
 #[derive(Clone, Copy, Debug)]
@@ -356,11 +356,22 @@ fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(has_temp(&dst), "kill -9 leaves its temp file (pull={pull})");
+        // The crash was a while ago: a temp file written in the last seconds may be a live
+        // copy's that has not locked it yet, and is left alone.
+        let minute_ago = now_secs() - 60;
+        for e in std::fs::read_dir(&dst).unwrap() {
+            set_times(&e.unwrap().path(), minute_ago, minute_ago);
+        }
         // A temp file that a live copy holds stays: here, one this test locks.
         let live = dst.join(".other.fastcp-0badcafe");
         std::fs::write(&live, b"live").unwrap();
+        set_times(&live, minute_ago, minute_ago);
         let held = std::fs::File::open(&live).unwrap();
         rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+
+        // One just written and not locked yet (another copy, a moment after creating it).
+        let fresh = dst.join(".new.fastcp-00c0ffee");
+        std::fs::write(&fresh, b"fresh").unwrap();
 
         let out = run(&mut copy());
         assert!(out.status.success(), "{}", stderr(&out));
@@ -372,7 +383,8 @@ fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(left.len(), 2, "pull={pull}: {left:?}");
+        assert_eq!(left.len(), 3, "pull={pull}: {left:?}");
+        assert!(fresh.exists(), "a temp file written a moment ago stays");
         assert!(live.exists(), "a live copy's temp file stays");
     }
 }

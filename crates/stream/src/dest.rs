@@ -294,12 +294,22 @@ fn is_temp_name(name: &[u8]) -> bool {
         && tail[8..].iter().all(|b| b.is_ascii_hexdigit())
 }
 
+/// How long before a transfer began a temp file must have been last written for its sweep to
+/// take it: another live copy creates its temp file and locks it a moment later, and file
+/// times come from a coarse clock, so a fresh temp file is never taken for a stale one.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Removes the temp files a copy that was killed left in `dir` (with kill -9, a power cut):
-/// those no process holds a lock on. A receiver locks each temp file right after creating
-/// it and until its rename, so another live copy's temp files are never touched; this
-/// transfer sweeps a folder before it creates anything there. Best effort: what cannot be
-/// read or locked stays.
-fn sweep(dir: &OwnedFd) -> usize {
+/// those last written well before this transfer began (`started`, see [`STALE_AFTER`]) that
+/// no process holds a lock on. A receiver locks each temp file right after creating it and
+/// until its rename, so another live copy's temp files are never touched; this transfer
+/// sweeps a folder before it creates anything there. Best effort: what cannot be read or
+/// locked stays.
+fn sweep(dir: &OwnedFd, started: std::time::SystemTime) -> usize {
+    let before = started
+        .checked_sub(STALE_AFTER)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
     let Ok(d) = rustix::fs::openat(
         dir,
         c".",
@@ -321,9 +331,11 @@ fn sweep(dir: &OwnedFd) -> usize {
         let Ok(fd) = rustix::fs::openat(dir, entry.file_name(), flags, Mode::empty()) else {
             continue;
         };
-        if !rustix::fs::fstat(&fd)
-            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
-        {
+        let stale = rustix::fs::fstat(&fd).is_ok_and(|st| {
+            let written = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec);
+            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && written < before
+        });
+        if !stale {
             continue;
         }
         let free = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive);
@@ -536,7 +548,7 @@ impl Writer {
             .or_default()
             .clone();
         swept.get_or_init(|| {
-            sweep(&parent);
+            sweep(&parent, self.shared.started);
         });
         let (fd, temp) = loop {
             let temp = temp_name(name);

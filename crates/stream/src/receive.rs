@@ -265,6 +265,9 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     local_errors: std::sync::atomic::AtomicU64,
     replies: mpsc::Sender<Frame>,
+    /// When this transfer began: a temp file last written well before may be a killed
+    /// copy's.
+    pub(crate) started: std::time::SystemTime,
 }
 
 impl Shared {
@@ -1122,6 +1125,7 @@ where
         pool: Pool::default(),
         local_errors: Default::default(),
         replies: reply_tx.clone(),
+        started: std::time::SystemTime::now(),
     });
 
     let mut writer_txs = Vec::new();
