@@ -331,18 +331,20 @@ impl SshConfigFile {
             .or(p.connect_timeout)
             .filter(|d| !d.is_zero());
         let host_key_alias = ov.host_key_alias.clone().or(extra("hostkeyalias"));
-        for key in [
-            "certificatefile",
-            "pkcs11provider",
-            "securitykeyprovider",
-            "knownhostscommand",
-        ] {
-            if extra(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
+        // Keys ssh2-config leaves to us, whether it knows them (unsupported) or not (ignored).
+        let any = |key: &str| -> Option<String> {
+            extra(key).or_else(|| p.ignored_fields.get(key).map(|args| args.join(" ")))
+        };
+        if p.certificate_file.is_some() {
+            return Err(Error::NeedsSystemSsh(format!("CertificateFile for {host}")));
+        }
+        for key in ["pkcs11provider", "securitykeyprovider", "knownhostscommand"] {
+            if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
             }
         }
         for key in ["gssapiauthentication", "controlmaster"] {
-            if extra(key).is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
+            if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
             }
         }
@@ -933,7 +935,7 @@ Host *
             "ControlMaster auto",
         ] {
             let c = SshConfigFile::parse_str(&format!("Host p\n  {directive}\n")).unwrap();
-            let e = c.resolve("p").unwrap_err();
+            let e = c.resolve("p").expect_err(directive);
             assert!(matches!(e, Error::NeedsSystemSsh(_)), "{directive}: {e}");
         }
         let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication no\n").unwrap();
