@@ -66,7 +66,7 @@ const SESSION_REQUESTS: usize = 16;
 /// Files bigger than this are split into ranges of this size, read by all sessions.
 const RANGE: u64 = 32 << 20;
 /// Bytes of file data a push holds in flight, waiting for the remote's acknowledgement.
-const PUSH_IN_FLIGHT: usize = 16 << 20;
+const PUSH_IN_FLIGHT: usize = 8 << 20;
 /// Small files a push has open at once on each session. The SFTP library carries handles as
 /// strings, and `sftp-server`'s handles are 4-byte numbers: from 128 on, one is not valid
 /// UTF-8 and comes back mangled (the server then refuses it). So each session keeps its
