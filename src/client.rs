@@ -695,7 +695,39 @@ async fn connect_and_run(
         None => DEFAULT_SSH_STREAMS,
     }
     .clamp(1, MAX_SSH_STREAMS);
-    let mode = if wanted > 1 && peer.supports_extra_streams() {
+    if wanted > 1 && matches!(peer, AnyTransport::Program(_)) {
+        // The system ssh forwards TCP ports, not unix sockets: each stream is an `ssh -W` of
+        // its own (a connection and an sshd process each, so they spread over cores, unless
+        // ssh_config's ControlMaster shares one), sealed as TCP streams are.
+        let mode = Mode::Forwarded { streams: wanted };
+        log.info(|| {
+            format!("transport: {wanted} sealed stream(s) forwarded by the system ssh (ssh -W)")
+        });
+        match session_over(
+            plan,
+            std::slice::from_ref(&peer),
+            &ssh,
+            mode,
+            progress.clone(),
+            job,
+        )
+        .await
+        {
+            Err(Error::Tcp(
+                e @ (fastcp_transport::tcp::Error::Join { .. }
+                | fastcp_transport::tcp::Error::Unreachable { .. }),
+            )) => {
+                log.warn(|| {
+                    format!(
+                        "the system ssh could not carry extra data streams (is TCP forwarding \
+                         allowed on the remote sshd?): {e}; copying over one stream"
+                    )
+                });
+            }
+            other => return over_sftp_if_needed(plan, &peer, other?, "ssh", progress).await,
+        }
+    }
+    let mode = if wanted > 1 && matches!(peer, AnyTransport::Builtin(_)) {
         Mode::Unix { streams: wanted }
     } else {
         Mode::Inline
@@ -873,6 +905,14 @@ pub enum Mode {
         /// Data streams in all.
         streams: u16,
     },
+    /// `streams` sealed streams to a port on the server's loopback, each carried by a
+    /// forwarding of the system ssh (`ssh -W 127.0.0.1:PORT`): the way to several streams
+    /// when the system ssh reaches the host through a proxy. The control stream carries no
+    /// data.
+    Forwarded {
+        /// Data streams in all.
+        streams: u16,
+    },
 }
 
 impl Mode {
@@ -880,7 +920,9 @@ impl Mode {
     pub fn streams(&self) -> u16 {
         match *self {
             Mode::Inline => 1,
-            Mode::Unix { streams } | Mode::Tcp { streams, .. } => streams,
+            Mode::Unix { streams } | Mode::Tcp { streams, .. } | Mode::Forwarded { streams } => {
+                streams
+            }
         }
     }
 }
@@ -1122,7 +1164,7 @@ where
     let (transport, streams, choice) = match mode {
         Mode::Inline => (TransportKind::Inline, 1, None),
         Mode::Unix { streams } => (TransportKind::Unix, streams, None),
-        Mode::Tcp { streams, .. } => {
+        Mode::Tcp { streams, .. } | Mode::Forwarded { streams } => {
             let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer_cpu, plan.options.cipher);
             log.info(|| format!("cipher: {choice}"));
             (TransportKind::Tcp, streams, Some(choice))
@@ -1149,6 +1191,9 @@ where
         Job::Copy => {}
         Job::DryRun => request_flags |= flags::DRY_RUN,
         Job::Measure(_) => request_flags |= flags::THROUGHPUT,
+    }
+    if matches!(mode, Mode::Forwarded { .. }) {
+        request_flags |= flags::FORWARDED;
     }
     let client_random = random32();
     reader
@@ -1210,6 +1255,28 @@ where
             let sealed = fastcp_transport::tcp::connect(
                 SocketAddr::new(addr, *port),
                 accept.streams,
+                &secret,
+                &keys,
+                &TcpConfig::default(),
+            )
+            .await?;
+            let data = sealed
+                .into_iter()
+                .map(|s| Box::new(s) as BoxStream)
+                .collect();
+            (data, Some(control))
+        }
+        (Rendezvous::Tcp(port), Mode::Forwarded { .. }) => {
+            let choice = choice.as_ref().expect("a forwarded session has a cipher");
+            let keys = KeyConfig::new(choice.suite, choice.provider);
+            let rendezvous = transport::Rendezvous::TcpPort(*port);
+            let mut conns = Vec::with_capacity(usize::from(accept.streams));
+            for _ in 0..accept.streams {
+                conns.push(peers[0].open_stream(&rendezvous).await?);
+            }
+            let sealed = fastcp_transport::tcp::join_streams(
+                conns,
+                SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), *port),
                 &secret,
                 &keys,
                 &TcpConfig::default(),

@@ -395,9 +395,17 @@ fn prepare(
             let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer, Some(suite));
             let keys = KeyConfig::new(choice.suite, choice.provider);
             let ports = config.port_range(request.tcp_ports)?;
-            let mut listener = TcpRendezvous::bind(config.tcp_address(), ports, config.tcp.clone())
-                .map_err(Error::Tcp)?;
-            if let Some(client) = config.tcp_client {
+            // Forwarded streams come from the sshd on this host, to its loopback address.
+            let forwarded = request.flags & flags::FORWARDED != 0;
+            let (bind, client) = if forwarded {
+                let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+                (loopback, Some(loopback))
+            } else {
+                (config.tcp_address(), config.tcp_client)
+            };
+            let mut listener =
+                TcpRendezvous::bind(bind, ports, config.tcp.clone()).map_err(Error::Tcp)?;
+            if let Some(client) = client {
                 listener.expect_client(client);
             }
             Ok(Pending::Tcp(listener, keys))

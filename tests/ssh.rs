@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::*;
@@ -320,8 +320,45 @@ fn system_ssh_program_escape_hatch() {
         assert_eq!(json(&out)["transport"], transport);
     }
 
-    // Through a ProxyCommand the host is not reached directly: one SSH stream.
-    let config = work.path().join("proxied_config");
+    // Through a ProxyCommand the host is not reached directly: the streams are forwarded by
+    // ssh itself (`ssh -W 127.0.0.1:PORT`), one ssh each, sealed as TCP streams are.
+    let config = proxied_config(&sshd, work.path());
+    let proxied = work.path().join("proxied");
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN, "-r", "-p", "--json", "-j", "4"])
+        .args(["--ssh-program", "ssh", "-v"])
+        .env_remove("SSH_AUTH_SOCK")
+        .arg(&src)
+        .arg(remote(&sshd, &proxied)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &proxied, true);
+    let summary = json(&out);
+    assert_eq!(summary["transport"], "ssh", "{summary}");
+    assert_eq!(summary["streams"], 4, "{summary}");
+    assert!(
+        stderr(&out).contains("forwarded by the system ssh"),
+        "{}",
+        stderr(&out)
+    );
+    let back = work.path().join("proxied-back");
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN, "-r", "-p", "--json", "-j", "3"])
+        .args(["--ssh-program", "ssh"])
+        .env_remove("SSH_AUTH_SOCK")
+        .arg(remote(&sshd, &proxied))
+        .arg(&back));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &back, true);
+    assert_eq!(json(&out)["streams"], 3);
+}
+
+/// An ssh_config that reaches `sshd` through a ProxyCommand, written into `dir`.
+fn proxied_config(sshd: &Sshd, dir: &Path) -> PathBuf {
+    let config = dir.join("proxied_config");
     let proxied_block = sshd.host_block(sshd.alias()).replace(
         "BatchMode yes\n",
         &format!(
@@ -331,17 +368,42 @@ fn system_ssh_program_escape_hatch() {
         ),
     );
     std::fs::write(&config, proxied_block).unwrap();
-    let proxied = work.path().join("proxied");
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN, "-r", "--json", "--ssh-program", "ssh"])
-        .env_remove("SSH_AUTH_SOCK")
+    config
+}
+
+/// A remote sshd that forwards no TCP port: the system ssh's extra streams cannot be made,
+/// and the copy goes over one stream, saying why.
+#[test]
+fn without_tcp_forwarding_the_system_ssh_copies_over_one_stream() {
+    let sshd = Sshd::start_with_options("AllowTcpForwarding no\n").unwrap();
+    // Reached through a jump host that does forward.
+    let jump = sshd.start_jump().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    let dst = work.path().join("copy");
+    let out = run(fastcp(&sshd, bin())
+        .args([
+            "-r",
+            "--json",
+            "-j",
+            "4",
+            "--ssh-program",
+            "ssh",
+            "-J",
+            jump.alias(),
+        ])
         .arg(&src)
-        .arg(remote(&sshd, &proxied)));
+        .arg(remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_same_tree(&src, &proxied, false);
-    assert_eq!(json(&out)["transport"], "ssh");
+    assert_same_tree(&src, &dst, false);
+    let summary = json(&out);
+    assert_eq!(summary["streams"], 1, "{summary}");
+    assert!(
+        stderr(&out).contains("copying over one stream"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// Regression: with several channels on one SSH connection, a pull could stall when the

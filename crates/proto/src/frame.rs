@@ -196,6 +196,11 @@ pub mod flags {
     /// that has a file of the probe's size answers with its hash; the sender, having hashed
     /// its own meanwhile, skips the file when they match.
     pub const CHECKSUM: u32 = 1 << 11;
+    /// With [`TransportKind::Tcp`](super::TransportKind::Tcp): the data streams reach the
+    /// server through SSH port forwarding (`ssh -W 127.0.0.1:PORT`, when the client runs the
+    /// system ssh through a proxy), so the server listens on its loopback address and expects
+    /// them from there. They join and are sealed as direct TCP streams are.
+    pub const FORWARDED: u32 = 1 << 12;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -208,7 +213,8 @@ pub mod flags {
         | DELETE
         | FILTERS
         | HARD_LINKS
-        | CHECKSUM;
+        | CHECKSUM
+        | FORWARDED;
 }
 
 /// Which way the files flow in a session.

@@ -103,6 +103,12 @@ impl Sshd {
         Sshd::start_logging("fastcp-test", "VERBOSE", &set_env(vars), true, false)
     }
 
+    /// Starts an sshd with `options`, lines of sshd_config that replace the harness's
+    /// defaults of the same name, such as `AllowTcpForwarding no`.
+    pub fn start_with_options(options: &str) -> io::Result<Sshd> {
+        Sshd::start_logging("fastcp-test", "VERBOSE", options, true, false)
+    }
+
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
     fn start_logging(
@@ -414,8 +420,10 @@ fn set_env(vars: &[(&str, &Path)]) -> String {
     format!("SetEnv {}\n", set.join(" "))
 }
 
+/// Writes sshd_config: the harness's defaults, then `extra`. sshd keeps the first value of
+/// a keyword, so a default that `extra` sets again is left out.
 fn write_sshd_config(d: &Path, port: u16, log_level: &str, extra: &str) -> io::Result<()> {
-    let cfg = format!(
+    let defaults = format!(
         "Port {port}\n\
          ListenAddress 127.0.0.1\n\
          HostKey {host_key}\n\
@@ -433,11 +441,23 @@ fn write_sshd_config(d: &Path, port: u16, log_level: &str, extra: &str) -> io::R
          PrintMotd no\n\
          MaxSessions 64\n\
          MaxStartups 64\n\
-         LogLevel {log_level}\n\
-         {extra}",
+         LogLevel {log_level}\n",
         host_key = d.join("host_ed25519").display(),
         auth = d.join("authorized_keys").display(),
     );
+    let keyword = |line: &str| {
+        line.split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    };
+    let overridden: Vec<String> = extra.lines().map(keyword).collect();
+    let mut cfg: String = defaults
+        .lines()
+        .filter(|line| !overridden.contains(&keyword(line)))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    cfg.push_str(extra);
     fs::write(d.join("sshd_config"), cfg)
 }
 

@@ -120,8 +120,9 @@ pub trait Transport: Send + Sync + Sized {
     /// `server`) and returns its control stream, stderr and exit status.
     fn start_server(&self) -> impl Future<Output = Result<RemoteProcess, Error>> + Send;
 
-    /// Opens one more stream to `rendezvous` on the peer.
-    /// Fails with [`Error::SingleStream`] when [`supports_extra_streams`] is false.
+    /// Opens one more stream to `rendezvous` on the peer. Fails with [`Error::SingleStream`]
+    /// when [`supports_extra_streams`] is false, or when this transport cannot reach that kind
+    /// of rendezvous (the system ssh reaches TCP ports only).
     ///
     /// [`supports_extra_streams`]: Transport::supports_extra_streams
     fn open_stream(
@@ -165,12 +166,23 @@ impl Transport for SshProgram {
         Ok(self.start().await?.boxed())
     }
 
-    async fn open_stream(&self, _rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
-        Err(Error::SingleStream("--ssh-program"))
+    /// Only [`Rendezvous::TcpPort`]: `ssh -W` forwards no unix socket. What ssh says goes to
+    /// this process's stderr.
+    async fn open_stream(&self, rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
+        match rendezvous {
+            Rendezvous::TcpPort(port) => {
+                let process = self.forward_to_loopback(*port)?;
+                drop(process.stderr.forward_to_stderr());
+                Ok(Box::new(process.stream))
+            }
+            Rendezvous::UnixSocket(_) => Err(Error::SingleStream(
+                "the system ssh (it forwards TCP ports, not unix sockets)",
+            )),
+        }
     }
 
     fn supports_extra_streams(&self) -> bool {
-        false
+        true
     }
 }
 

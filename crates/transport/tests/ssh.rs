@@ -562,7 +562,7 @@ async fn missing_remote_binary_gives_exit_127_and_the_shell_message() {
 }
 
 #[tokio::test]
-async fn system_ssh_program_gives_one_stream() {
+async fn system_ssh_program_runs_the_server_and_forwards_tcp_ports() {
     let sshd = Sshd::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut o = opts(&sshd);
@@ -570,18 +570,31 @@ async fn system_ssh_program_gives_one_stream() {
     o.remote_path = Some(fake_server(dir.path()).to_str().unwrap().to_owned());
     o.ssh_program = Some("ssh".into());
     let t = SshProgram::connect(sshd.alias(), &o).await.unwrap();
-    assert!(!t.supports_extra_streams());
+    assert!(t.supports_extra_streams());
     let p = t.start_server().await.unwrap();
     let data = payload(2 << 20, 3);
     let out = round_trip(p.stream, data.clone()).await;
     assert!(out == data);
     assert!(stderr_text(p.stderr).await.contains("started"));
     assert!(p.exit.wait().await.unwrap().success());
+    // Extra streams: `ssh -W` to a port on the peer's loopback (here, this machine's).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let echo = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        let (mut r, mut w) = tokio::io::split(conn);
+        tokio::io::copy(&mut r, &mut w).await.unwrap();
+    });
+    let forwarded = t.open_stream(&Rendezvous::TcpPort(port)).await.unwrap();
+    let data = payload(1 << 20, 5);
+    assert!(round_trip(forwarded, data.clone()).await == data);
+    echo.await.unwrap();
+    // A unix socket it cannot reach.
     let e = t
-        .open_stream(&Rendezvous::TcpPort(1))
+        .open_stream(&Rendezvous::UnixSocket("/tmp/x/s".into()))
         .await
         .err()
-        .expect("single stream");
+        .expect("no unix sockets");
     assert!(matches!(e, Error::SingleStream(_)));
 }
 

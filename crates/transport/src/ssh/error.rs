@@ -139,9 +139,7 @@ pub enum Error {
     },
 
     /// The operation needs more than one stream, and this transport has only one.
-    #[error(
-        "{0} gives a single stream; use the built-in SSH client (no --ssh-program) for parallel streams"
-    )]
+    #[error("{0} cannot open this kind of extra stream")]
     SingleStream(&'static str),
 
     /// The remote command ended without reporting an exit status (connection lost?).

@@ -1,7 +1,9 @@
 //! The escape hatch: run the system OpenSSH client (`--ssh-program ssh`).
 //!
-//! It serves configs the built-in client cannot (Match, ProxyCommand, GSSAPI, ...), at the
-//! cost of a single stream: the remote command's stdio over ssh's stdio.
+//! It serves configs the built-in client cannot (Match, ProxyCommand, GSSAPI, ...). The
+//! server's control stream is the remote command's stdio over ssh's stdio; extra streams are
+//! `ssh -W 127.0.0.1:PORT` forwardings to the server's loopback
+//! ([`forward_to_loopback`](SshProgram::forward_to_loopback)), an ssh each.
 //!
 //! The argv is built from [`SshOptions`] only: `ssh -T -x -a [-F cfg] [-p port] [-l user]
 //! [-i id]... [-J jump] [-o opt]... [-c ciphers] -- destination '<remote program>' server`.
@@ -75,6 +77,21 @@ impl SshProgram {
             name.into(),
         ]);
         Ok(self.spawn(&argv)?.stream)
+    }
+
+    /// Opens a stream to `127.0.0.1:port` on the peer: `ssh -W`, through the peer's sshd
+    /// (which must allow TCP forwarding), a connection of its own each time (unless
+    /// ssh_config shares one with ControlMaster). When the forwarding fails, ssh exits and
+    /// the stream ends; what ssh said comes on the returned stderr.
+    pub fn forward_to_loopback(&self, port: u16) -> Result<RemoteProcess<ProcessStream>, Error> {
+        let mut argv = self.options_argv();
+        argv.extend([
+            "-W".into(),
+            format!("127.0.0.1:{port}").into(),
+            "--".into(),
+            (&self.destination).into(),
+        ]);
+        self.spawn(&argv)
     }
 
     /// The address the system ssh would connect to, from `ssh -G` (its resolved

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use fastcp_crypto::{Direction, JoinKind, KeyConfig, SessionSecret};
 use fastcp_proto::{Decoder, Frame, Join};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
@@ -67,10 +67,43 @@ pub async fn connect(
         }
     }
 
-    // Step 2: challenge and join.
+    conns.sort_by_key(|(index, _)| *index);
+    join_streams(
+        conns.into_iter().map(|(_, conn)| conn).collect(),
+        addr,
+        secret,
+        keys,
+        config,
+    )
+    .await
+}
+
+/// Joins already open byte streams to the session as its data streams `1..=conns.len()`,
+/// in order: each reads the server's challenge and answers with its `Join` within
+/// [`TcpConfig::join_timeout`], and comes back sealed with `keys`.
+///
+/// [`connect`] uses it on TCP connections; a caller whose streams reach the data port some
+/// other way, such as `ssh -W 127.0.0.1:PORT` (the server listening on its loopback), uses it
+/// directly. `addr` names the data port in errors.
+pub async fn join_streams<S>(
+    conns: Vec<S>,
+    addr: SocketAddr,
+    secret: &SessionSecret,
+    keys: &KeyConfig,
+    config: &TcpConfig,
+) -> Result<Vec<SealedStream<S>>, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let n = conns.len();
     let secret = Arc::new(secret.clone());
     let mut joining = JoinSet::new();
-    for (index, conn) in conns {
+    for (i, conn) in conns.into_iter().enumerate() {
+        let index = u16::try_from(i + 1).map_err(|_| Error::Join {
+            index: u16::MAX,
+            addr,
+            source: io::Error::new(io::ErrorKind::InvalidInput, "too many data streams"),
+        })?;
         let secret = secret.clone();
         let timeout = config.join_timeout;
         joining.spawn(async move {
@@ -88,7 +121,7 @@ pub async fn connect(
             (index, joined)
         });
     }
-    let mut slots: Vec<Option<SealedStream<TcpStream>>> = (0..n).map(|_| None).collect();
+    let mut slots: Vec<Option<SealedStream<S>>> = (0..n).map(|_| None).collect();
     while let Some(done) = joining.join_next().await {
         let (index, joined) = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let conn = joined.map_err(|source| Error::Join {
@@ -130,7 +163,11 @@ async fn open(addr: SocketAddr, config: &TcpConfig) -> io::Result<TcpStream> {
 }
 
 /// Reads the server's challenge on `conn` and answers with the `Join` for `index`.
-async fn join(mut conn: TcpStream, index: u16, secret: &SessionSecret) -> io::Result<TcpStream> {
+async fn join<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
+    index: u16,
+    secret: &SessionSecret,
+) -> io::Result<S> {
     let mut buf = [0u8; CHALLENGE_LEN];
     conn.read_exact(&mut buf).await.map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {

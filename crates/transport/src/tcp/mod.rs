@@ -95,7 +95,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-pub use connect::connect;
+pub use connect::{connect, join_streams};
 pub use record::{DEFAULT_RECORD_LEN, HEADER_LEN, MAX_RECORD_LEN, RecordError};
 pub use rendezvous::{Joined, TcpRendezvous};
 pub use stream::{SealedReader, SealedStream, SealedWriter};
