@@ -984,13 +984,7 @@ async fn session_over(
     if ssh.remote_path.is_some() {
         return Err(not_installed(ssh, &err));
     }
-    let AnyTransport::Builtin(session) = &peers[0] else {
-        return Ok(Started::Sftp(
-            "fastcp is not on the remote host's PATH, and self-deploy needs fastcp's own SSH \
-             client"
-                .into(),
-        ));
-    };
+    let peer = &peers[0];
     if plan.options.no_deploy {
         return Ok(Started::Sftp(
             "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it".into(),
@@ -1000,12 +994,12 @@ async fn session_over(
     let options = crate::deploy::DeployOptions {
         dist_dir: plan.options.deploy_from.clone(),
     };
-    let deployed = match crate::deploy::deploy(session, &options, log).await {
+    let deployed = match crate::deploy::deploy(peer, &options, log).await {
         Ok(deployed) => deployed,
         Err(Error::Unsupported(why)) => return Ok(Started::Sftp(why)),
         Err(e) => return Err(e),
     };
-    session.set_remote_path(Some(deployed.path.clone()));
+    peer.set_remote_path(Some(deployed.path.clone()));
     let mut ssh = ssh.clone();
     ssh.remote_path = Some(deployed.path.clone());
     match try_session(plan, peers, &ssh, mode, progress, job).await {

@@ -9,7 +9,9 @@
 //!   one it was linked against), else the static binary `cargo xtask dist` made for the
 //!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing:
 //!   [`deploy`] fails with [`Error::Unsupported`] saying why, and the copy goes over SFTP
-//!   (see [`crate::sftp`]). Other failures are [`Error::Deploy`].
+//!   (see [`crate::sftp`]). So does an upload that did not land whole (a full disk): its
+//!   temporary file is removed. Other failures, such as a cache folder refused, are
+//!   [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them. The upload goes to a temporary name, its
@@ -21,8 +23,8 @@
 //!   to `sh` unchanged; what they interpolate is the version and a hex hash.
 //!
 //! ```no_run
-//! # async fn demo(session: &fastcp::transport::SshSession) -> Result<(), fastcp::Error> {
-//! let deployed = fastcp::deploy::deploy(session, &fastcp::deploy::DeployOptions::default(), &fastcp::Log::default()).await?;
+//! # async fn demo(peer: &fastcp::transport::AnyTransport) -> Result<(), fastcp::Error> {
+//! let deployed = fastcp::deploy::deploy(peer, &fastcp::deploy::DeployOptions::default(), &fastcp::Log::default()).await?;
 //! println!("remote fastcp at {} (uploaded: {})", deployed.path, deployed.uploaded);
 //! # Ok(()) }
 //! ```
@@ -30,7 +32,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fastcp_transport::SshSession;
+use fastcp_transport::AnyTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{Error, Log};
@@ -85,7 +87,7 @@ struct Remote {
 /// Makes sure a fastcp binary that can run is in the remote's cache, uploading one if
 /// needed; returns its path.
 pub async fn deploy(
-    session: &SshSession,
+    session: &AnyTransport,
     options: &DeployOptions,
     log: &Log,
 ) -> Result<Deployed, Error> {
@@ -135,7 +137,11 @@ pub async fn deploy(
             binary.bytes.len()
         )
     });
-    upload(session, &binary).await?;
+    // A failed upload (a full disk, say) leaves nothing behind; SFTP may still serve.
+    upload(session, &binary).await.map_err(|e| match e {
+        Error::Deploy(why) => Error::Unsupported(format!("fastcp could not be uploaded: {why}")),
+        other => other,
+    })?;
     Ok(Deployed {
         path,
         uploaded: true,
@@ -145,7 +151,7 @@ pub async fn deploy(
 /// Runs one fixed script on the remote through `sh`, feeding it `input`; returns stdout, or
 /// the error with what it printed on stderr.
 async fn run_script(
-    session: &SshSession,
+    session: &AnyTransport,
     script: &str,
     input: &[u8],
     what: &str,
@@ -167,10 +173,20 @@ async fn run_script(
             write.write_all(input).await?;
             write.shutdown().await
         };
-        let (fed, got) = tokio::join!(feed, read.read_to_end(&mut out));
+        // A script that stops reading (its disk is full) ends its output: then stop feeding
+        // it, as nothing more would be taken (the channel's window never opens again).
+        let mut feed = std::pin::pin!(feed);
+        let mut reading = std::pin::pin!(read.read_to_end(&mut out));
+        let mut fed = None;
+        let got = loop {
+            tokio::select! {
+                done = &mut feed, if fed.is_none() => fed = Some(done),
+                got = &mut reading => break got,
+            }
+        };
         let status = p.exit.wait().await?;
         let err = String::from_utf8_lossy(&stderr.await.unwrap_or_default()).into_owned();
-        if !status.success() || fed.is_err() || got.is_err() {
+        if !status.success() || matches!(fed, Some(Err(_))) || got.is_err() {
             return Err(Error::Deploy(format!(
                 "{what} failed on the remote host ({status}): {}",
                 crate::stream::escape(err.trim().as_bytes())
@@ -185,7 +201,7 @@ async fn run_script(
 
 /// The remote's OS, architecture, glibc, uid, cache folder and what is cached in it, in one
 /// round trip.
-async fn inspect(session: &SshSession, name: &str) -> Result<Remote, Error> {
+async fn inspect(session: &AnyTransport, name: &str) -> Result<Remote, Error> {
     // Fixed text but for `name`, which is the version and a hex hash.
     let script = format!(
         "c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; \
@@ -259,7 +275,7 @@ fn parse_glibc(s: &str) -> Option<(u32, u32)> {
 
 /// Uploads `binary` into `dir` on the remote: a private temp name, the hash checked there,
 /// then renamed into place.
-async fn upload(session: &SshSession, binary: &Binary) -> Result<(), Error> {
+async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
     let name = binary.cache_name();
     let hash = &binary.sha256;
     let script = format!(

@@ -86,6 +86,53 @@ fn a_remote_without_fastcp_gets_it_deployed_then_reuses_it() {
     assert_eq!((again.ino(), again.mtime()), (first.ino(), first.mtime()));
 }
 
+/// Through the system ssh too: the binary goes up through `ssh host 'exec sh -c …'`, and the
+/// forwarded streams (`--transport ssh`, `ssh -W`) run the deployed server.
+#[test]
+fn the_system_ssh_deploys_too() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+
+    let dst = work.path().join("pushed");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r", "--json", "--ssh-program", "ssh"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("uploading"), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+    assert_eq!(json(&out)["transport"], "tcp");
+    assert_eq!(fs::read(cached(&cache)).unwrap(), fs::read(BIN).unwrap());
+
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp_plain(&sshd)
+        .args([
+            "-r",
+            "--json",
+            "-j",
+            "2",
+            "--ssh-program",
+            "ssh",
+            "--transport",
+            "ssh",
+        ])
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("using the fastcp cached"),
+        "{}",
+        stderr(&out)
+    );
+    assert_same_tree(&src, &pulled, false);
+    let summary = json(&out);
+    assert_eq!(summary["transport"], "ssh", "{summary}");
+    assert_eq!(summary["streams"], 2, "{summary}");
+}
+
 #[test]
 fn a_tampered_cached_binary_is_replaced_and_never_run() {
     let work = tempfile::tempdir().unwrap();
@@ -154,4 +201,104 @@ fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     assert!(said.contains("no SFTP"), "{said}");
     assert!(!cache.exists());
     assert!(!work.path().join("copy").exists());
+}
+
+/// A tmpfs mounted at a path for as long as it lives.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with `options` at `path`; `None` (and a note) where this process may
+    /// not mount, as when it is not root.
+    fn mount(path: &Path, options: &str) -> Option<Tmpfs> {
+        fs::create_dir_all(path).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(path)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a tmpfs here (the test needs root)");
+            return None;
+        }
+        Some(Tmpfs(path.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A cache on a noexec mount: the upload lands, but the binary cannot run (exit 126), and
+/// the copy goes over SFTP instead.
+#[test]
+fn a_noexec_cache_falls_back_to_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let Some(_mount) = Tmpfs::mount(&cache, "noexec,mode=0700") else {
+        return;
+    };
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+    let dst = work.path().join("pushed");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("uploading"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot run on the remote host"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&out)["transport"], "sftp");
+    assert_same_tree(&src, &dst, false);
+}
+
+/// A remote disk that fills up during the upload: the partial upload is removed, nothing
+/// is cached under the binary's name, and the copy goes over SFTP.
+#[test]
+fn a_full_remote_disk_during_the_upload_leaves_nothing_and_falls_back_to_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let Some(_mount) = Tmpfs::mount(&cache, "size=1m,mode=0700") else {
+        return;
+    };
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+    let dst = work.path().join("pushed");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("did not arrive whole"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&out)["transport"], "sftp");
+    assert_same_tree(&src, &dst, false);
+    let left: Vec<PathBuf> = walkdir(&cache);
+    assert!(
+        left.iter().all(|p| p.is_dir()),
+        "only folders may remain: {left:?}"
+    );
+}
+
+/// Everything beneath `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all.extend(walkdir(&path));
+        }
+        all.push(path);
+    }
+    all
 }

@@ -204,6 +204,32 @@ impl AnyTransport {
             AnyTransport::Program(_) => &[],
         }
     }
+
+    /// Runs the fixed `command` through the peer's login shell (see [`SshSession::exec`] and
+    /// [`SshProgram::exec`]).
+    pub async fn exec(&self, command: &str) -> Result<RemoteProcess, Error> {
+        Ok(match self {
+            AnyTransport::Builtin(s) => s.exec(command).await?.boxed(),
+            AnyTransport::Program(p) => p.exec(command)?.boxed(),
+        })
+    }
+
+    /// The program [`start_server`](Transport::start_server) runs on the peer (`None`:
+    /// `fastcp` from its PATH).
+    pub fn remote_path(&self) -> Option<String> {
+        match self {
+            AnyTransport::Builtin(s) => s.remote_path(),
+            AnyTransport::Program(p) => p.remote_path(),
+        }
+    }
+
+    /// Runs `path` on the peer from now on, as after a self-deploy.
+    pub fn set_remote_path(&self, path: Option<String>) {
+        match self {
+            AnyTransport::Builtin(s) => s.set_remote_path(path),
+            AnyTransport::Program(p) => p.set_remote_path(path),
+        }
+    }
 }
 
 impl Transport for AnyTransport {

@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -25,11 +26,27 @@ use super::config::SshOptions;
 use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command};
 
 /// Runs `fastcp server` on the peer through the system `ssh` program.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SshProgram {
     program: PathBuf,
     destination: String,
     options: SshOptions,
+    /// The remote program, `options.remote_path` until [`set_remote_path`] changes it (after
+    /// a self-deploy).
+    ///
+    /// [`set_remote_path`]: SshProgram::set_remote_path
+    remote_path: Mutex<Option<String>>,
+}
+
+impl Clone for SshProgram {
+    fn clone(&self) -> Self {
+        SshProgram {
+            program: self.program.clone(),
+            destination: self.destination.clone(),
+            options: self.options.clone(),
+            remote_path: Mutex::new(self.remote_path()),
+        }
+    }
 }
 
 impl SshProgram {
@@ -54,7 +71,32 @@ impl SshProgram {
                 .unwrap_or_else(|| PathBuf::from("ssh")),
             destination: destination.to_owned(),
             options: options.clone(),
+            remote_path: Mutex::new(options.remote_path.clone()),
         })
+    }
+
+    /// The program [`start`](SshProgram::start) runs with the argument `server` on the peer
+    /// (`None`: `fastcp` from the remote PATH).
+    pub fn remote_path(&self) -> Option<String> {
+        self.remote_path
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Runs `path` (`None`: `fastcp` from the remote PATH) from now on, as after a
+    /// self-deploy.
+    pub fn set_remote_path(&self, path: Option<String>) {
+        *self.remote_path.lock().unwrap_or_else(|p| p.into_inner()) = path;
+    }
+
+    /// Runs `command` through the peer's login shell, as `ssh host command` does; a
+    /// connection of its own (unless ssh_config's ControlMaster shares one). For fixed
+    /// commands only: the caller quotes nothing, and must put no user data in it.
+    pub fn exec(&self, command: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
+        let mut argv = self.options_argv();
+        argv.extend(["--".into(), (&self.destination).into(), command.into()]);
+        self.spawn(&argv)
     }
 
     /// The full command line: program first.
@@ -62,7 +104,7 @@ impl SshProgram {
         let mut a = self.options_argv();
         a.push("--".into());
         a.push((&self.destination).into());
-        a.push(server_command(self.options.remote_path.as_deref())?.into());
+        a.push(server_command(self.remote_path().as_deref())?.into());
         Ok(a)
     }
 
