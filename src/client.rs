@@ -695,7 +695,7 @@ async fn connect_and_run(
         None => DEFAULT_SSH_STREAMS,
     }
     .clamp(1, MAX_SSH_STREAMS);
-    if wanted > 1 && matches!(peer, AnyTransport::Program(_)) {
+    if let (true, AnyTransport::Program(program)) = (wanted > 1, &peer) {
         // The system ssh forwards TCP ports, not unix sockets: each stream is an `ssh -W` of
         // its own (a connection and an sshd process each, so they spread over cores, unless
         // ssh_config's ControlMaster shares one), sealed as TCP streams are.
@@ -703,28 +703,42 @@ async fn connect_and_run(
         log.info(|| {
             format!("transport: {wanted} sealed stream(s) forwarded by the system ssh (ssh -W)")
         });
-        match session_over(
-            plan,
-            std::slice::from_ref(&peer),
-            &ssh,
-            mode,
-            progress.clone(),
-            job,
-        )
-        .await
-        {
-            Err(Error::Tcp(
-                e @ (fastcp_transport::tcp::Error::Join { .. }
-                | fastcp_transport::tcp::Error::Unreachable { .. }),
-            )) => {
-                log.warn(|| {
-                    format!(
-                        "the system ssh could not carry extra data streams (is TCP forwarding \
-                         allowed on the remote sshd?): {e}; copying over one stream"
-                    )
-                });
+        loop {
+            match session_over(
+                plan,
+                std::slice::from_ref(&peer),
+                &ssh,
+                mode,
+                progress.clone(),
+                job,
+            )
+            .await
+            {
+                Err(Error::Tcp(
+                    e @ (fastcp_transport::tcp::Error::Join { .. }
+                    | fastcp_transport::tcp::Error::Unreachable { .. }),
+                )) => {
+                    // Their own logins may need a prompt: ride the first one's instead.
+                    if program.has_master() && !program.streams_through_master() {
+                        log.info(|| {
+                            "the extra streams could not log in without a prompt: they share \
+                             the first connection"
+                                .into()
+                        });
+                        program.set_streams_through_master(true);
+                        continue;
+                    }
+                    log.warn(|| {
+                        format!(
+                            "the system ssh could not carry extra data streams (is TCP \
+                             forwarding allowed on the remote sshd?): {e}; copying over one \
+                             stream"
+                        )
+                    });
+                    break;
+                }
+                other => return over_sftp_if_needed(plan, &peer, other?, "ssh", progress).await,
             }
-            other => return over_sftp_if_needed(plan, &peer, other?, "ssh", progress).await,
         }
     }
     let mode = if wanted > 1 && matches!(peer, AnyTransport::Builtin(_)) {

@@ -33,8 +33,10 @@ fn tty_child_copies() {
     println!("COPY EXIT={}", status.code().unwrap_or(-1));
 }
 
-#[test]
-fn passphrase_is_asked_once_for_four_streams() {
+/// Copies with `-j 4` over SSH under a terminal, with a passphrase-protected key, no agent
+/// and the extra arguments `extra`; checks that the passphrase was asked once and the copy
+/// is whole, and returns what the terminal showed.
+fn copy_with_a_locked_key(extra: &[&str]) -> String {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let key = work.path().join("locked");
@@ -75,10 +77,15 @@ fn passphrase_is_asked_once_for_four_streams() {
         "-j".to_owned(),
         "4".to_owned(),
         "-v".to_owned(),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|a| a.to_string()))
+    .chain([
         "-r".to_owned(),
         src.display().to_string(),
         remote(&sshd, &dst),
-    ]
+    ])
+    .collect::<Vec<_>>()
     .join("\n");
     let (ok, text) = fastcp_testsupport::tty::run_ignored_test_in_tty(
         "tty_child_copies",
@@ -90,7 +97,22 @@ fn passphrase_is_asked_once_for_four_streams() {
     assert!(ok, "{text}");
     assert!(text.contains("COPY EXIT=0"), "{text}");
     assert_eq!(text.matches("Enter passphrase").count(), 1, "{text}");
-    assert!(text.contains("4 stream(s) over 4 connection(s)"), "{text}");
     assert!(!text.contains(PASSPHRASE), "the passphrase was echoed");
     assert_same_tree(&src, &dst, false);
+    text
+}
+
+#[test]
+fn passphrase_is_asked_once_for_four_streams() {
+    let text = copy_with_a_locked_key(&[]);
+    assert!(text.contains("4 stream(s) over 4 connection(s)"), "{text}");
+}
+
+/// The system ssh asks for the passphrase itself: its processes share a connection master
+/// of the copy's own, so the four streams cost one prompt.
+#[test]
+fn the_system_ssh_asks_once_for_four_streams() {
+    let text = copy_with_a_locked_key(&["--ssh-program", "ssh"]);
+    assert!(text.contains("4 sealed stream(s) forwarded"), "{text}");
+    assert!(text.contains("they share the first connection"), "{text}");
 }

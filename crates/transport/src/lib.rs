@@ -159,7 +159,7 @@ impl Transport for SshSession {
 
 impl Transport for SshProgram {
     async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
-        SshProgram::new(destination, options)
+        SshProgram::connect(destination, options).await
     }
 
     async fn start_server(&self) -> Result<RemoteProcess, Error> {
@@ -171,8 +171,16 @@ impl Transport for SshProgram {
     async fn open_stream(&self, rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
         match rendezvous {
             Rendezvous::TcpPort(port) => {
+                let quiet = self.has_master() && !self.streams_through_master();
                 let process = self.forward_to_loopback(*port)?;
-                drop(process.stderr.forward_to_stderr());
+                // A try on a connection of its own may fail to log in without a prompt, and
+                // is then made again through the master: keep its complaints quiet.
+                if quiet {
+                    let mut stderr = process.stderr;
+                    tokio::spawn(async move { while stderr.0.recv().await.is_some() {} });
+                } else {
+                    drop(process.stderr.forward_to_stderr());
+                }
                 Ok(Box::new(process.stream))
             }
             Rendezvous::UnixSocket(_) => Err(Error::SingleStream(
@@ -235,7 +243,7 @@ impl AnyTransport {
 impl Transport for AnyTransport {
     async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
         Ok(match options.ssh_program {
-            Some(_) => AnyTransport::Program(SshProgram::new(destination, options)?),
+            Some(_) => AnyTransport::Program(SshProgram::connect(destination, options).await?),
             None => AnyTransport::Builtin(SshSession::connect(destination, options).await?),
         })
     }

@@ -13,7 +13,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -36,6 +37,11 @@ pub struct SshProgram {
     ///
     /// [`set_remote_path`]: SshProgram::set_remote_path
     remote_path: Mutex<Option<String>>,
+    /// The connection master this copy's ssh processes share, when ssh may prompt (see
+    /// [`connect`](SshProgram::connect)).
+    master: Option<Arc<Master>>,
+    /// Whether extra streams go through the master rather than connections of their own.
+    streams_through_master: Arc<AtomicBool>,
 }
 
 impl Clone for SshProgram {
@@ -45,8 +51,85 @@ impl Clone for SshProgram {
             destination: self.destination.clone(),
             options: self.options.clone(),
             remote_path: Mutex::new(self.remote_path()),
+            master: self.master.clone(),
+            streams_through_master: self.streams_through_master.clone(),
         }
     }
+}
+
+/// A connection master (OpenSSH's `ControlMaster`) in a private folder of its own: the first
+/// ssh of a copy logs in, and the others ride its connection. Stopped (`ssh -O exit`) and
+/// removed when the last [`SshProgram`] sharing it is dropped.
+#[derive(Debug)]
+struct Master {
+    /// A 0700 folder holding the socket.
+    dir: PathBuf,
+    /// The program and options, to send `-O exit`.
+    argv: Vec<OsString>,
+    destination: String,
+}
+
+impl Master {
+    fn create(argv: Vec<OsString>, destination: &str) -> Option<Master> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        for attempt in 0..8u32 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let dir = base.join(format!(
+                "fastcp-ssh-{:x}-{:x}",
+                std::process::id(),
+                nanos ^ attempt
+            ));
+            if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok() {
+                return Some(Master {
+                    dir,
+                    argv,
+                    destination: destination.to_owned(),
+                });
+            }
+        }
+        None
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("m")
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        if self.socket().exists() {
+            let _ = std::process::Command::new(&self.argv[0])
+                .args(&self.argv[1..])
+                .arg("-o")
+                .arg(control_path(&self.socket()))
+                .args(["-O", "exit", "--"])
+                .arg(&self.destination)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `ControlPath=PATH`, with the `%` that ssh would expand doubled.
+fn control_path(socket: &std::path::Path) -> OsString {
+    let mut o = OsString::from("ControlPath=");
+    o.push(socket.to_string_lossy().replace('%', "%%"));
+    o
+}
+
+/// How an ssh process of this copy uses the master, if there is one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// Log in through the master, or become it.
+    Master,
+    /// A connection of its own that never prompts (an extra stream's first try).
+    OwnConnection,
 }
 
 impl SshProgram {
@@ -72,7 +155,54 @@ impl SshProgram {
             destination: destination.to_owned(),
             options: options.clone(),
             remote_path: Mutex::new(options.remote_path.clone()),
+            master: None,
+            streams_through_master: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// [`new`](SshProgram::new), then asks `ssh -G` whether ssh may prompt (BatchMode is not
+    /// yes) and whether ssh_config shares connections already (ControlPath). When it may
+    /// prompt and does not share, this copy's ssh processes share a connection master of
+    /// their own, so that a password, passphrase or 2FA answer is asked once: the first ssh
+    /// logs in, the others ride it. Extra data streams still try connections of their own
+    /// first (they spread over cores), without prompting; see
+    /// [`set_streams_through_master`](SshProgram::set_streams_through_master).
+    pub async fn connect(destination: &str, options: &SshOptions) -> Result<SshProgram, Error> {
+        let mut program = SshProgram::new(destination, options)?;
+        if let Some(resolved) = program.resolved().await {
+            let value = |key: &str| {
+                resolved
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            };
+            let prompts = value("batchmode") != "yes";
+            let shared = !matches!(value("controlpath").as_str(), "" | "none")
+                || !matches!(value("controlmaster").as_str(), "" | "false" | "no");
+            if prompts && !shared {
+                program.master =
+                    Master::create(program.options_argv(), &program.destination).map(Arc::new);
+            }
+        }
+        Ok(program)
+    }
+
+    /// Whether this copy's ssh processes share a connection master of their own.
+    pub fn has_master(&self) -> bool {
+        self.master.is_some()
+    }
+
+    /// Sends the extra data streams through the connection master (no login of their own)
+    /// from now on: for when their own connections could not log in without a prompt.
+    pub fn set_streams_through_master(&self, yes: bool) {
+        self.streams_through_master.store(yes, Ordering::SeqCst);
+    }
+
+    /// Whether extra data streams go through the connection master.
+    pub fn streams_through_master(&self) -> bool {
+        self.master.is_some() && self.streams_through_master.load(Ordering::SeqCst)
     }
 
     /// The program [`start`](SshProgram::start) runs with the argument `server` on the peer
@@ -94,14 +224,14 @@ impl SshProgram {
     /// connection of its own (unless ssh_config's ControlMaster shares one). For fixed
     /// commands only: the caller quotes nothing, and must put no user data in it.
     pub fn exec(&self, command: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let mut argv = self.options_argv();
+        let mut argv = self.shared_argv(Share::Master);
         argv.extend(["--".into(), (&self.destination).into(), command.into()]);
         self.spawn(&argv)
     }
 
     /// The full command line: program first.
     pub fn argv(&self) -> Result<Vec<OsString>, Error> {
-        let mut a = self.options_argv();
+        let mut a = self.shared_argv(Share::Master);
         a.push("--".into());
         a.push((&self.destination).into());
         a.push(server_command(self.remote_path().as_deref())?.into());
@@ -111,7 +241,7 @@ impl SshProgram {
     /// Starts the subsystem `name` (such as `sftp`) on the peer: `ssh -s`, a connection of
     /// its own each time (unless ssh_config shares one with ControlMaster).
     pub async fn open_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
-        let mut argv = self.options_argv();
+        let mut argv = self.shared_argv(Share::Master);
         argv.extend([
             "-s".into(),
             "--".into(),
@@ -126,7 +256,12 @@ impl SshProgram {
     /// ssh_config shares one with ControlMaster). When the forwarding fails, ssh exits and
     /// the stream ends; what ssh said comes on the returned stderr.
     pub fn forward_to_loopback(&self, port: u16) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let mut argv = self.options_argv();
+        let share = if self.streams_through_master() {
+            Share::Master
+        } else {
+            Share::OwnConnection
+        };
+        let mut argv = self.shared_argv(share);
         argv.extend([
             "-W".into(),
             format!("127.0.0.1:{port}").into(),
@@ -140,6 +275,16 @@ impl SshProgram {
     /// configuration): `None` when it would go through a ProxyCommand or ProxyJump, or when
     /// `ssh -G` fails. The TCP transport connects its data streams there.
     pub async fn direct_address(&self) -> Option<std::net::SocketAddr> {
+        let text = self.resolved().await?;
+        let (host, port) = parse_resolved(&text)?;
+        tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .ok()?
+            .next()
+    }
+
+    /// ssh's resolved configuration for the destination (`ssh -G`), or `None` when it fails.
+    async fn resolved(&self) -> Option<String> {
         let mut argv = self.options_argv();
         argv.push("-G".into());
         argv.push("--".into());
@@ -155,12 +300,28 @@ impl SshProgram {
             .ok()?
             .ok()
             .filter(|o| o.status.success())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (host, port) = parse_resolved(&text)?;
-        tokio::net::lookup_host((host.as_str(), port))
-            .await
-            .ok()?
-            .next()
+        Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// [`options_argv`](SshProgram::options_argv), plus how to use the master, if any.
+    fn shared_argv(&self, share: Share) -> Vec<OsString> {
+        let mut a = self.options_argv();
+        let Some(master) = &self.master else {
+            return a;
+        };
+        match share {
+            Share::Master => {
+                // The first becomes the master and stays a minute after the last user, in
+                // the background; dropping the last SshProgram stops it.
+                a.extend(["-o".into(), "ControlMaster=auto".into(), "-o".into()]);
+                a.push(control_path(&master.socket()));
+                a.extend(["-o".into(), "ControlPersist=60".into()]);
+            }
+            Share::OwnConnection => {
+                a.extend(["-o", "ControlPath=none", "-o", "BatchMode=yes"].map(OsString::from));
+            }
+        }
+        a
     }
 
     /// The program and the options from [`SshOptions`], without the destination.
