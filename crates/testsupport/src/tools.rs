@@ -97,6 +97,16 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "the GNU parallel line of docs/sharding.md, run as documented",
     },
     Prerequisite {
+        program: "tcsh",
+        package: "tcsh",
+        why: "a csh-like login shell, to check what remote command lines mean under it",
+    },
+    Prerequisite {
+        program: "dash",
+        package: "dash",
+        why: "a plain POSIX login shell, to check what remote command lines mean under it",
+    },
+    Prerequisite {
         program: "timeout",
         package: "coreutils",
         why: "bounding the runs of helper processes",

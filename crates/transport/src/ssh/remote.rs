@@ -140,7 +140,10 @@ pub fn server_command(remote_path: Option<&str>) -> Result<String, Error> {
     Ok(format!("{quoted} server"))
 }
 
-/// Quotes `s` as one word for a POSIX shell (plain when it is made of safe characters).
+/// Quotes `s` as one word for the remote login shell, a POSIX shell or a csh-like one (plain
+/// when it is made of safe characters): single quotes, with `'` and `!` (which csh expands
+/// even inside single quotes) escaped between them. It cannot quote a newline for csh:
+/// callers refuse control characters.
 pub fn shell_quote(s: &str) -> String {
     let safe = !s.is_empty()
         && !s.starts_with('-')
@@ -149,7 +152,7 @@ pub fn shell_quote(s: &str) -> String {
     if safe {
         s.to_owned()
     } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
+        format!("'{}'", s.replace('\'', r"'\''").replace('!', r"'\!'"))
     }
 }
 
@@ -177,5 +180,71 @@ mod tests {
         assert_eq!(server_command(Some("-x")).unwrap(), "'-x' server");
         assert!(server_command(Some("a\nb")).is_err());
         assert!(server_command(Some("")).is_err());
+        assert_eq!(server_command(Some("x!y")).unwrap(), r"'x'\!'y' server");
+    }
+
+    /// sshd hands the command line to the remote user's login shell as `SHELL -c LINE`: a
+    /// remote program named with `;`, `$(...)`, backticks, quotes, `!`, spaces or a leading
+    /// `-` must run as itself, with the one argument `server`, under bash, dash and tcsh.
+    #[test]
+    fn server_command_means_the_same_under_every_login_shell() {
+        use std::os::unix::fs::PermissionsExt;
+        let names = [
+            "plain",
+            "a b",
+            "semi;colon",
+            "$(touch pwned)",
+            "`touch pwned`",
+            "it's",
+            "\"dq\"",
+            "-lead",
+            "x!y",
+            "!!",
+            "back\\slash",
+            "star*",
+            "amp&pipe|gt>",
+            "dollar$HOME",
+            "{brace}[x]",
+            "hash#tilde~",
+        ];
+        for shell in ["bash", "dash", "tcsh"] {
+            let shell = fastcp_testsupport::tools::require(shell);
+            for name in names {
+                let dir = tempfile::tempdir().unwrap();
+                let program = dir.path().join(name);
+                std::fs::write(
+                    &program,
+                    "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > \"$FASTCP_QUOTE_OUT\"\n",
+                )
+                .unwrap();
+                std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+                let out = dir.path().join("out");
+                let cwd = tempfile::tempdir().unwrap();
+                for path in [program.display().to_string(), format!("~/{name}")] {
+                    let line = server_command(Some(&path)).unwrap();
+                    let run = std::process::Command::new(&shell)
+                        .arg("-c")
+                        .arg(&line)
+                        .current_dir(cwd.path())
+                        .env("HOME", dir.path())
+                        .env("FASTCP_QUOTE_OUT", &out)
+                        .output()
+                        .unwrap();
+                    let what = format!("{} -c {line:?}", shell.display());
+                    assert!(
+                        run.status.success(),
+                        "{what}: {}",
+                        String::from_utf8_lossy(&run.stderr)
+                    );
+                    let args = std::fs::read_to_string(&out).unwrap();
+                    assert_eq!(args, format!("{}\nserver\n", program.display()), "{what}");
+                    std::fs::remove_file(&out).unwrap();
+                    assert!(
+                        std::fs::read_dir(cwd.path()).unwrap().next().is_none(),
+                        "{what} ran something else"
+                    );
+                }
+            }
+        }
     }
 }
