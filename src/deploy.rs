@@ -156,8 +156,7 @@ async fn run_script(
     input: &[u8],
     what: &str,
 ) -> Result<String, Error> {
-    debug_assert!(!script.contains('\'') && !script.contains('!') && !script.contains('\n'));
-    let command = format!("exec sh -c '{script}'");
+    let command = remote_command(script);
     let work = async {
         let mut p = session.exec(&command).await?;
         let stderr = tokio::spawn(async move {
@@ -202,8 +201,25 @@ async fn run_script(
 /// The remote's OS, architecture, glibc, uid, cache folder and what is cached in it, in one
 /// round trip.
 async fn inspect(session: &AnyTransport, name: &str) -> Result<Remote, Error> {
-    // Fixed text but for `name`, which is the version and a hex hash.
-    let script = format!(
+    let script = inspect_script(name);
+    let out = run_script(session, &script, b"", "inspecting the remote host").await?;
+    parse_inspection(&out)
+}
+
+/// The line the remote login shell runs for `script`: `exec sh -c '<script>'`, the same under
+/// a POSIX shell and a csh-like one, since the script holds no `'`, `!` or newline.
+fn remote_command(script: &str) -> String {
+    assert!(
+        !script.contains('\'') && !script.contains('!') && !script.contains('\n'),
+        "a deploy script must hold no quote, ! or newline"
+    );
+    format!("exec sh -c '{script}'")
+}
+
+/// The script that tells the remote's OS, architecture, glibc, uid and cache (see
+/// [`parse_inspection`]). Fixed text but for `name`, which is the version and a hex hash.
+fn inspect_script(name: &str) -> String {
+    format!(
         "c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; \
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
@@ -212,9 +228,7 @@ async fn inspect(session: &AnyTransport, name: &str) -> Result<Remote, Error> {
          if [ -f \"$d/fastcp\" ]; then \
          echo \"cached $( (sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
          fi"
-    );
-    let out = run_script(session, &script, b"", "inspecting the remote host").await?;
-    parse_inspection(&out)
+    )
 }
 
 fn parse_inspection(out: &str) -> Result<Remote, Error> {
@@ -276,15 +290,7 @@ fn parse_glibc(s: &str) -> Option<(u32, u32)> {
 /// Uploads `binary` into `dir` on the remote: a private temp name, the hash checked there,
 /// then renamed into place.
 async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
-    let name = binary.cache_name();
-    let hash = &binary.sha256;
-    let script = format!(
-        "umask 077; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
-         t=\"$d/.fastcp.$$.tmp\"; \
-         if cat > \"$t\" && [ \"$( (sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
-         && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \
-         else rm -f \"$t\"; echo \"the upload did not arrive whole (full disk, or no sha256sum)\" >&2; exit 1; fi"
-    );
+    let script = upload_script(&binary.cache_name(), &binary.sha256);
     let out = run_script(session, &script, &binary.bytes, "uploading fastcp").await?;
     if out.trim() != "uploaded" {
         return Err(Error::Deploy(format!(
@@ -293,6 +299,18 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// The script that takes a binary on stdin into the cache folder `name`: a private temp
+/// name, its SHA-256 checked against `hash`, then renamed into place; prints `uploaded`.
+fn upload_script(name: &str, hash: &str) -> String {
+    format!(
+        "umask 077; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+         t=\"$d/.fastcp.$$.tmp\"; \
+         if cat > \"$t\" && [ \"$( (sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
+         && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \
+         else rm -f \"$t\"; echo \"the upload did not arrive whole (full disk, or no sha256sum)\" >&2; exit 1; fi"
+    )
 }
 
 /// A binary that can go to the remote.
@@ -475,6 +493,67 @@ fn sha256_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `script` as sshd would under the login shell `shell` (`SHELL -c LINE`), with
+    /// `home` as HOME and `input` on stdin.
+    fn run_under(shell: &Path, script: &str, home: &Path, input: &[u8]) -> std::process::Output {
+        use std::io::Write;
+        let mut child = std::process::Command::new(shell)
+            .arg("-c")
+            .arg(remote_command(script))
+            .env("HOME", home)
+            .env_remove("XDG_CACHE_HOME")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(input);
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    }
+
+    /// The deploy scripts mean the same under bash, dash and tcsh login shells: the
+    /// inspection finds the cache under HOME, an upload lands whole and private, and one
+    /// whose bytes do not match the hash leaves nothing.
+    #[test]
+    fn deploy_scripts_mean_the_same_under_every_login_shell() {
+        use std::os::unix::fs::PermissionsExt;
+        let bytes = b"#!/bin/sh\necho not really fastcp\n".repeat(100);
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        for shell in ["bash", "dash", "tcsh"] {
+            let shell = fastcp_testsupport::tools::require(shell);
+            let home = tempfile::tempdir().unwrap();
+            let what = shell.display();
+            let out = run_under(&shell, &inspect_script(&name), home.path(), b"");
+            assert!(out.status.success(), "{what}: {out:?}");
+            let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
+            let dir = home.path().join(".cache/fastcp").join(&name);
+            assert_eq!(remote.dir, dir.display().to_string(), "{what}");
+            assert_eq!(remote.cached, None, "{what}");
+
+            let bad = run_under(&shell, &upload_script(&name, &hash), home.path(), b"torn");
+            assert!(!bad.status.success(), "{what}: {bad:?}");
+            assert!(
+                std::fs::read_dir(&dir).unwrap().next().is_none(),
+                "{what}: a failed upload left something"
+            );
+
+            let good = run_under(&shell, &upload_script(&name, &hash), home.path(), &bytes);
+            assert!(good.status.success(), "{what}: {good:?}");
+            assert_eq!(String::from_utf8_lossy(&good.stdout).trim(), "uploaded");
+            let landed = dir.join("fastcp");
+            assert_eq!(std::fs::read(&landed).unwrap(), bytes, "{what}");
+            let mode = std::fs::metadata(&landed).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{what}");
+
+            let out = run_under(&shell, &inspect_script(&name), home.path(), b"");
+            let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
+            assert_eq!(remote.cached.as_deref(), Some(hash.as_str()), "{what}");
+        }
+    }
 
     #[test]
     fn inspection_is_parsed_and_checked() {
