@@ -133,7 +133,7 @@ pub struct Hello {
 }
 
 /// What the session does, sent by the client after the handshake.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Request {
     /// Which way the files flow.
     pub direction: Direction,
@@ -238,7 +238,7 @@ pub enum TransportKind {
 }
 
 /// The server's answer to a [`Request`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Accept {
     /// How many data streams the session will use.
     pub streams: u16,
@@ -246,6 +246,34 @@ pub struct Accept {
     pub rendezvous: Rendezvous,
     /// The server's contribution to the session secret.
     pub server_random: [u8; 32],
+}
+
+// The two randoms make the session secret: Debug (and so any log line) shows neither.
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("direction", &self.direction)
+            .field("paths", &self.paths)
+            .field("flags", &format_args!("{:#x}", self.flags))
+            .field("streams", &self.streams)
+            .field("transport", &self.transport)
+            .field("cipher", &self.cipher)
+            .field("compression", &self.compression)
+            .field("client_random", &format_args!(".."))
+            .field("tcp_ports", &self.tcp_ports)
+            .field("filters", &self.filters)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Accept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accept")
+            .field("streams", &self.streams)
+            .field("rendezvous", &self.rendezvous)
+            .field("server_random", &format_args!(".."))
+            .finish()
+    }
 }
 
 /// Where a session's extra data streams connect.
@@ -509,3 +537,43 @@ pub struct Summary {
 
 /// Alias kept short for the `Done` frame's payload.
 pub type Done = Summary;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session secret is made of the two randoms: no Debug output, hence no log line at
+    /// any `-v` level, shows either of them.
+    #[test]
+    fn debug_output_hides_the_randoms() {
+        let random = [0xa5u8; 32];
+        let request = Request {
+            direction: Direction::Push,
+            paths: vec![Bytes::from_static(b"dst")],
+            flags: flags::RECURSIVE,
+            streams: 4,
+            transport: TransportKind::Tcp,
+            cipher: 1,
+            compression: 0,
+            client_random: random,
+            tcp_ports: (0, 0),
+            filters: Vec::new(),
+        };
+        let accept = Accept {
+            streams: 4,
+            rendezvous: Rendezvous::Tcp(4000),
+            server_random: random,
+        };
+        for text in [
+            format!("{request:?}"),
+            format!("{:?}", Frame::Request(request.clone())),
+            format!("{accept:?}"),
+            format!("{:?}", Frame::Accept(accept.clone())),
+        ] {
+            assert!(!text.contains("165"), "{text}");
+            assert!(!text.to_ascii_lowercase().contains("a5"), "{text}");
+            assert!(text.contains("_random: .."), "{text}");
+        }
+        assert!(format!("{request:?}").contains("\"dst\""));
+    }
+}
