@@ -13,6 +13,7 @@ use fastcp_proto::{
 use fastcp_stream::{EntryKind, Failure, Side, WalkConfig, escape};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
 
 use crate::compress;
 use crate::limit::{Limited, RateLimit};
@@ -1053,8 +1054,16 @@ async fn try_session(
         .start_server()
         .await
         .map_err(|e| Attempt::Failed(e.into()))?;
-    let stderr = server.stderr.forward_to_stderr();
-    let session = run_job(plan, server.stream, mode, peers, progress.clone(), job).await;
+    // What the remote shell says before the server speaks ("fastcp: command not found") is
+    // held back: it is shown only if this attempt is not the one that finds fastcp missing.
+    let (verdict, heard) = watch::channel(None);
+    let verdict = Arc::new(verdict);
+    let stderr = tokio::spawn(held_stderr(server.stderr, heard, plan.options.log.clone()));
+    let control = Spoken {
+        inner: server.stream,
+        verdict: Some(verdict.clone()),
+    };
+    let session = run_job(plan, control, mode, peers, progress.clone(), job).await;
     // The exit status tells a missing remote program from other failures. After a cut or a
     // stall it may never come: wait a little, never forever.
     let status = match tokio::time::timeout(EXIT_STATUS_WAIT, server.exit.wait()).await {
@@ -1064,14 +1073,104 @@ async fn try_session(
             source: std::io::ErrorKind::TimedOut.into(),
         }),
     };
-    let _ = tokio::time::timeout(EXIT_STATUS_WAIT, stderr).await;
-    match (session, status) {
+    let attempt = match (session, status) {
         (Ok(done), _) => Ok(done),
         // 127: not found; 126: found but not executable (a noexec mount).
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
         }
         (Err(err), _) => Err(Attempt::Failed(err)),
+    };
+    verdict.send_if_modified(|v| {
+        let first = v.is_none();
+        if first {
+            *v = Some(!matches!(attempt, Err(Attempt::Missing(_))));
+        }
+        first
+    });
+    let _ = tokio::time::timeout(EXIT_STATUS_WAIT, stderr).await;
+    attempt
+}
+
+/// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`); until
+/// then it is held, and with `Some(false)` it goes to the debug log only.
+async fn held_stderr(
+    mut stderr: transport::Stderr,
+    mut verdict: watch::Receiver<Option<bool>>,
+    log: crate::Log,
+) {
+    let mut held = Vec::new();
+    let mut ended = false;
+    let show = loop {
+        if let Some(show) = *verdict.borrow_and_update() {
+            break show;
+        }
+        tokio::select! {
+            chunk = stderr.recv(), if !ended => match chunk {
+                Some(chunk) => held.extend_from_slice(&chunk),
+                None => ended = true,
+            },
+            changed = verdict.changed() => if changed.is_err() {
+                break true;
+            },
+        }
+    };
+    if !show {
+        log.debug(|| format!("the remote shell said: {}", escape(held.trim_ascii())));
+        while stderr.recv().await.is_some() {}
+        return;
+    }
+    let mut out = tokio::io::stderr();
+    let _ = out.write_all(&held).await;
+    let _ = out.flush().await;
+    let _ = stderr.copy_to(out).await;
+}
+
+/// The control stream, which says `Some(true)` on `verdict` once the server has spoken:
+/// from then on, its stderr is the server's own, and is shown as it comes.
+struct Spoken<S> {
+    inner: S,
+    verdict: Option<Arc<watch::Sender<Option<bool>>>>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Spoken<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && let Some(verdict) = self.verdict.take()
+        {
+            verdict.send_replace(Some(true));
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Spoken<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
