@@ -175,11 +175,29 @@ async fn sessions(
             }
         }
         AnyTransport::Program(program) => {
-            for _ in 0..n {
-                streams.push(Box::new(
-                    program.open_subsystem("sftp").await.map_err(no_sftp)?,
-                ));
+            let first = program.open_subsystem("sftp").await.map_err(no_sftp)?;
+            let mut sftp = vec![Arc::new(Sftp::open(Box::new(first), timeout).await?)];
+            for _ in 1..n {
+                let own = program
+                    .open_extra_subsystem("sftp")
+                    .await
+                    .map_err(no_sftp)?;
+                let session = match Sftp::open(Box::new(own), timeout).await {
+                    Ok(session) => session,
+                    // Its own login would need a prompt: ride the first one's connection.
+                    Err(_) if program.has_master() && !program.streams_through_master() => {
+                        program.set_streams_through_master(true);
+                        let shared = program
+                            .open_extra_subsystem("sftp")
+                            .await
+                            .map_err(no_sftp)?;
+                        Sftp::open(Box::new(shared), timeout).await?
+                    }
+                    Err(e) => return Err(e),
+                };
+                sftp.push(Arc::new(session));
             }
+            return Ok((more, sftp));
         }
     }
     let mut sftp = Vec::new();

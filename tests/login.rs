@@ -116,3 +116,11 @@ fn the_system_ssh_asks_once_for_four_streams() {
     assert!(text.contains("4 sealed stream(s) forwarded"), "{text}");
     assert!(text.contains("they share the first connection"), "{text}");
 }
+
+/// Over SFTP through the system ssh (no fastcp on the remote side is used): the extra SFTP
+/// sessions cannot log in without the passphrase, and ride the first one's connection.
+#[test]
+fn the_system_ssh_asks_once_for_four_sftp_sessions() {
+    let text = copy_with_a_locked_key(&["--ssh-program", "ssh", "--sftp"]);
+    assert!(text.contains("SFTP, 4 session(s)"), "{text}");
+}

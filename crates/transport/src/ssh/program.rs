@@ -251,17 +251,36 @@ impl SshProgram {
         Ok(self.spawn(&argv)?.stream)
     }
 
+    /// [`open_subsystem`](SshProgram::open_subsystem) for a copy's further sessions: like the
+    /// extra streams of [`forward_to_loopback`](SshProgram::forward_to_loopback), on a
+    /// connection of its own that never prompts, or through the connection master once
+    /// [`set_streams_through_master`](SshProgram::set_streams_through_master) says so.
+    pub async fn open_extra_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
+        let mut argv = self.shared_argv(self.extra_share());
+        argv.extend([
+            "-s".into(),
+            "--".into(),
+            (&self.destination).into(),
+            name.into(),
+        ]);
+        Ok(self.spawn(&argv)?.stream)
+    }
+
+    /// How an extra stream or session reaches the peer.
+    fn extra_share(&self) -> Share {
+        if self.streams_through_master() {
+            Share::Master
+        } else {
+            Share::OwnConnection
+        }
+    }
+
     /// Opens a stream to `127.0.0.1:port` on the peer: `ssh -W`, through the peer's sshd
     /// (which must allow TCP forwarding), a connection of its own each time (unless
     /// ssh_config shares one with ControlMaster). When the forwarding fails, ssh exits and
     /// the stream ends; what ssh said comes on the returned stderr.
     pub fn forward_to_loopback(&self, port: u16) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let share = if self.streams_through_master() {
-            Share::Master
-        } else {
-            Share::OwnConnection
-        };
-        let mut argv = self.shared_argv(share);
+        let mut argv = self.shared_argv(self.extra_share());
         argv.extend([
             "-W".into(),
             format!("127.0.0.1:{port}").into(),
