@@ -1356,43 +1356,35 @@ where
             }
             (data, None)
         }
-        (Rendezvous::Tcp(port), Mode::Tcp { addr, .. }) => {
+        (Rendezvous::Tcp(port), Mode::Tcp { .. } | Mode::Forwarded { .. }) => {
             let choice = choice.as_ref().expect("a TCP session has a cipher");
             let keys = KeyConfig::new(choice.suite, choice.provider);
-            let sealed = fastcp_transport::tcp::connect(
-                SocketAddr::new(addr, *port),
-                accept.streams,
-                &secret,
-                &keys,
-                &TcpConfig::default(),
-            )
-            .await?;
-            let data = sealed
-                .into_iter()
-                .map(|s| Box::new(s) as BoxStream)
-                .collect();
-            (data, Some(control))
-        }
-        (Rendezvous::Tcp(port), Mode::Forwarded { .. }) => {
-            let choice = choice.as_ref().expect("a forwarded session has a cipher");
-            let keys = KeyConfig::new(choice.suite, choice.provider);
-            let rendezvous = transport::Rendezvous::TcpPort(*port);
-            let mut conns = Vec::with_capacity(usize::from(accept.streams));
-            for _ in 0..accept.streams {
-                conns.push(peers[0].open_stream(&rendezvous).await?);
-            }
-            let sealed = fastcp_transport::tcp::join_streams(
-                conns,
-                SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), *port),
-                &secret,
-                &keys,
-                &TcpConfig::default(),
-            )
-            .await?;
-            let data = sealed
-                .into_iter()
-                .map(|s| Box::new(s) as BoxStream)
-                .collect();
+            let config = TcpConfig::default();
+            let data: Vec<BoxStream> = if let Mode::Tcp { addr, .. } = mode {
+                let addr = SocketAddr::new(addr, *port);
+                let sealed =
+                    fastcp_transport::tcp::connect(addr, accept.streams, &secret, &keys, &config)
+                        .await?;
+                sealed
+                    .into_iter()
+                    .map(|s| Box::new(s) as BoxStream)
+                    .collect()
+            } else {
+                // Forwarded: the server listens on its loopback, each stream an `ssh -W` to it.
+                let rendezvous = transport::Rendezvous::TcpPort(*port);
+                let mut conns = Vec::with_capacity(usize::from(accept.streams));
+                for _ in 0..accept.streams {
+                    conns.push(peers[0].open_stream(&rendezvous).await?);
+                }
+                let loopback = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), *port);
+                let sealed =
+                    fastcp_transport::tcp::join_streams(conns, loopback, &secret, &keys, &config)
+                        .await?;
+                sealed
+                    .into_iter()
+                    .map(|s| Box::new(s) as BoxStream)
+                    .collect()
+            };
             (data, Some(control))
         }
         (other, _) => {

@@ -233,13 +233,14 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A cache on a noexec mount: the upload lands, but the binary cannot run (exit 126), and
-/// the copy goes over SFTP instead.
-#[test]
-fn a_noexec_cache_falls_back_to_sftp() {
+/// Pushes a small tree with `--json` to a host without fastcp whose cache is a tmpfs mounted
+/// with `options`, checks that it succeeded over SFTP with the tree whole, then hands its
+/// stderr and the cache folder to `check` while the mount lasts. Does nothing (and says so)
+/// where this process may not mount.
+fn push_with_the_cache_mounted(options: &str, check: impl FnOnce(&str, &Path)) {
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("cache");
-    let Some(_mount) = Tmpfs::mount(&cache, "noexec,mode=0700") else {
+    let Some(_mount) = Tmpfs::mount(&cache, options) else {
         return;
     };
     let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
@@ -251,46 +252,33 @@ fn a_noexec_cache_falls_back_to_sftp() {
         .arg(&src)
         .arg(remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("uploading"), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cannot run on the remote host"),
-        "{}",
-        stderr(&out)
-    );
     assert_eq!(json(&out)["transport"], "sftp");
     assert_same_tree(&src, &dst, false);
+    check(&stderr(&out), &cache);
+}
+
+/// A cache on a noexec mount: the upload lands, but the binary cannot run (exit 126), and
+/// the copy goes over SFTP instead.
+#[test]
+fn a_noexec_cache_falls_back_to_sftp() {
+    push_with_the_cache_mounted("noexec,mode=0700", |err, _| {
+        assert!(err.contains("uploading"), "{err}");
+        assert!(err.contains("cannot run on the remote host"), "{err}");
+    });
 }
 
 /// A remote disk that fills up during the upload: the partial upload is removed, nothing
 /// is cached under the binary's name, and the copy goes over SFTP.
 #[test]
 fn a_full_remote_disk_during_the_upload_leaves_nothing_and_falls_back_to_sftp() {
-    let work = tempfile::tempdir().unwrap();
-    let cache = work.path().join("cache");
-    let Some(_mount) = Tmpfs::mount(&cache, "size=1m,mode=0700") else {
-        return;
-    };
-    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
-    let src = work.path().join("src");
-    build_tiny(&src, 20);
-    let dst = work.path().join("pushed");
-    let out = run(fastcp_plain(&sshd)
-        .args(["-r", "--json"])
-        .arg(&src)
-        .arg(remote(&sshd, &dst)));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("did not arrive whole"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(json(&out)["transport"], "sftp");
-    assert_same_tree(&src, &dst, false);
-    let left: Vec<PathBuf> = walkdir(&cache);
-    assert!(
-        left.iter().all(|p| p.is_dir()),
-        "only folders may remain: {left:?}"
-    );
+    push_with_the_cache_mounted("size=1m,mode=0700", |err, cache| {
+        assert!(err.contains("did not arrive whole"), "{err}");
+        let left: Vec<PathBuf> = walkdir(cache);
+        assert!(
+            left.iter().all(|p| p.is_dir()),
+            "only folders may remain: {left:?}"
+        );
+    });
 }
 
 /// Everything beneath `dir`.

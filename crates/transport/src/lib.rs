@@ -177,7 +177,7 @@ impl Transport for SshProgram {
                 // is then made again through the master: keep its complaints quiet.
                 if quiet {
                     let mut stderr = process.stderr;
-                    tokio::spawn(async move { while stderr.0.recv().await.is_some() {} });
+                    tokio::spawn(async move { while stderr.recv().await.is_some() {} });
                 } else {
                     drop(process.stderr.forward_to_stderr());
                 }

@@ -238,17 +238,11 @@ impl SshProgram {
         Ok(a)
     }
 
-    /// Starts the subsystem `name` (such as `sftp`) on the peer: `ssh -s`, a connection of
-    /// its own each time (unless ssh_config shares one with ControlMaster).
+    /// Starts the subsystem `name` (such as `sftp`) on the peer: `ssh -s`, through the
+    /// copy's connection master when there is one, else a connection of its own each time
+    /// (unless ssh_config shares one with ControlMaster).
     pub async fn open_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
-        let mut argv = self.shared_argv(Share::Master);
-        argv.extend([
-            "-s".into(),
-            "--".into(),
-            (&self.destination).into(),
-            name.into(),
-        ]);
-        Ok(self.spawn(&argv)?.stream)
+        self.subsystem(Share::Master, name)
     }
 
     /// [`open_subsystem`](SshProgram::open_subsystem) for a copy's further sessions: like the
@@ -256,7 +250,12 @@ impl SshProgram {
     /// connection of its own that never prompts, or through the connection master once
     /// [`set_streams_through_master`](SshProgram::set_streams_through_master) says so.
     pub async fn open_extra_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
-        let mut argv = self.shared_argv(self.extra_share());
+        self.subsystem(self.extra_share(), name)
+    }
+
+    /// `ssh -s` for the subsystem `name`, using the master as `share` says.
+    fn subsystem(&self, share: Share, name: &str) -> Result<ProcessStream, Error> {
+        let mut argv = self.shared_argv(share);
         argv.extend([
             "-s".into(),
             "--".into(),
