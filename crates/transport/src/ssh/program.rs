@@ -98,10 +98,13 @@ impl Master {
     }
 }
 
+/// How long stopping a master (`ssh -O exit`, a local socket) may take before ssh is killed.
+const MASTER_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Drop for Master {
     fn drop(&mut self) {
         if self.socket().exists() {
-            let _ = std::process::Command::new(&self.argv[0])
+            let child = std::process::Command::new(&self.argv[0])
                 .args(&self.argv[1..])
                 .arg("-o")
                 .arg(control_path(&self.socket()))
@@ -110,7 +113,17 @@ impl Drop for Master {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status();
+                .spawn();
+            if let Ok(mut child) = child {
+                let deadline = std::time::Instant::now() + MASTER_EXIT_WAIT;
+                while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                if matches!(child.try_wait(), Ok(None)) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -515,6 +528,24 @@ impl AsyncWrite for ProcessStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stopping a master that does not answer (here a "program" that sleeps) gives up after
+    /// [`MASTER_EXIT_WAIT`], kills it and still removes the private folder.
+    #[test]
+    fn a_master_that_does_not_answer_is_not_waited_for_forever() {
+        let argv = ["sh", "-c", "sleep 600"].map(OsString::from).to_vec();
+        let master = Master::create(argv, "host").unwrap();
+        std::fs::write(master.socket(), b"").unwrap();
+        let dir = master.dir.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(master);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(MASTER_EXIT_WAIT * 6)
+            .expect("dropping the master must not hang");
+        assert!(!dir.exists(), "{} was left", dir.display());
+    }
 
     #[test]
     fn argv_is_built_from_options_only() {
