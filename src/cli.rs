@@ -59,6 +59,11 @@ pub struct Args {
     /// cipher).
     #[arg(long, help_heading = "Copy")]
     pub checksum: bool,
+    /// Continue files a stopped copy left incomplete: the receiver keeps big files' partial
+    /// data (hidden, as .NAME.fastcp-partial) and only the blocks it lacks are sent; implies
+    /// --skip-unchanged (or goes with --checksum), so complete files are skipped.
+    #[arg(long, help_heading = "Copy")]
+    pub resume: bool,
     /// Keep hard links: a file's other names arrive as names of the same file.
     #[arg(short = 'H', help_heading = "Copy")]
     pub hard_links: bool,
@@ -419,6 +424,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         skip_unchanged: args.skip_unchanged,
         hard_links: args.hard_links,
         checksum: args.checksum,
+        resume: args.resume,
         filter: filter_from_command_line()?,
         delete: args.delete,
         no_deploy: args.no_deploy,
@@ -588,6 +594,8 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
         "symlinks": local.symlinks,
         "files_skipped": outcome.report.files_skipped,
         "bytes_skipped": outcome.report.bytes_skipped,
+        "bytes_sent": outcome.report.bytes_sent,
+        "bytes_resumed": outcome.report.bytes_resumed,
         // The receiver deletes: this side (pull) or the peer (push).
         "files_deleted": outcome.report.local.deleted + outcome.report.peer.deleted,
         "seconds": secs,

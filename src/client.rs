@@ -94,6 +94,15 @@ pub struct CopyOptions {
     /// and the same content hash (XXH3-128, computed on each side, in parallel) is not sent.
     /// Needs protocol version 4 on both ends.
     pub checksum: bool,
+    /// Continue partial files (`--resume`): a file bigger than 4 MiB that a stopped copy
+    /// left incomplete (cut connection, Ctrl-C, kill, full disk) is kept by the receiver
+    /// under a hidden temp name (`.NAME.fastcp-partial`), and the next copy with `resume`
+    /// sends only the blocks of it that differ; the whole file is still verified before it
+    /// takes its final name. It implies the quick check ([`skip_unchanged`]), so files
+    /// already complete are skipped. Needs protocol version 4 on both ends; not over SFTP.
+    ///
+    /// [`skip_unchanged`]: Self::skip_unchanged
+    pub resume: bool,
     /// Keep hard links (`-H`): a file's further names arrive as names of the same file, not
     /// as copies. Needs protocol version 4 on both ends.
     pub hard_links: bool,
@@ -237,6 +246,7 @@ impl Plan {
             follow_links: self.options.follow_links,
             skip_unchanged: self.probing(),
             checksum: self.options.checksum,
+            resume: self.options.resume,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             ..Default::default()
@@ -255,6 +265,7 @@ impl Plan {
             fsync: self.options.fsync,
             skip_unchanged: self.probing(),
             checksum: self.options.checksum,
+            resume: self.options.resume,
             delete: self.options.delete,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
@@ -263,14 +274,17 @@ impl Plan {
     }
 
     /// Whether the sender asks before sending each file: the quick check by times or by
-    /// content.
+    /// content, and resume, which implies it.
     fn probing(&self) -> bool {
-        self.options.skip_unchanged || self.options.checksum
+        self.options.skip_unchanged || self.options.checksum || self.options.resume
     }
 
-    /// Whether modes and times are kept: `-p`, or the quick check, whose times must match.
+    /// Whether modes and times are kept: `-p`, or the quick check by times, whose times must
+    /// match.
     fn preserve(&self) -> bool {
-        self.options.preserve || self.options.skip_unchanged
+        self.options.preserve
+            || self.options.skip_unchanged
+            || (self.options.resume && !self.options.checksum)
     }
 
     fn flags(&self) -> u32 {
@@ -286,6 +300,9 @@ impl Plan {
         }
         if self.options.checksum {
             f |= flags::CHECKSUM;
+        }
+        if self.options.resume {
+            f |= flags::RESUME;
         }
         if self.options.delete {
             f |= flags::DELETE;
@@ -1234,7 +1251,7 @@ where
     let agreed = session::handshake(&mut reader).await?;
     if (plan.probing() || plan.options.hard_links) && agreed.version < 4 && job == Job::Copy {
         return Err(Error::Unsupported(format!(
-            "--skip-unchanged, --checksum and -H need protocol version 4 on both ends; the remote {} \
+            "--skip-unchanged, --checksum, --resume and -H need protocol version 4 on both ends; the remote {} \
              speaks version {}: upgrade fastcp there",
             escape(agreed.peer.software.as_bytes()),
             agreed.version

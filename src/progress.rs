@@ -81,8 +81,12 @@ fn counts(s: &Snapshot, role: Role) -> Counts {
         Role::Local | Role::Pull => (s.bytes_done, s.files_done),
         Role::Push => (s.bytes_sent, s.files_sent),
     };
-    // Files the quick check skipped are done too: the bar reaches its total.
-    let (bytes, files) = (bytes + s.bytes_skipped, files + s.files_skipped);
+    // Files the quick check skipped, and blocks kept from partial files, are done too: the
+    // bar reaches its total.
+    let (bytes, files) = (
+        bytes + s.bytes_skipped + s.bytes_resumed,
+        files + s.files_skipped,
+    );
     Counts {
         bytes,
         files,

@@ -294,6 +294,7 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let refused = [
         (o.delete, "--delete"),
         (o.checksum, "--checksum"),
+        (o.resume, "--resume"),
         (o.hard_links, "-H"),
         (o.dry_run, "-n"),
         (pull && o.skip_unchanged, "--skip-unchanged on a pull"),

@@ -152,6 +152,19 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             put_bytes(dst, &h.path);
             put_bytes(dst, &h.target);
         }
+        Frame::Partial(p) => {
+            dst.put_u64(p.id);
+            dst.put_u64(p.block);
+            dst.put_u32(p.hashes.len() as u32);
+            for h in &p.hashes {
+                dst.put_u128(*h);
+            }
+        }
+        Frame::Keep(k) => {
+            dst.put_u64(k.id);
+            dst.put_u64(k.offset);
+            dst.put_u64(k.len);
+        }
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -295,6 +308,8 @@ fn known_kind(k: u8) -> bool {
             | kind::TOTALS
             | kind::PROBE
             | kind::HARD_LINK
+            | kind::KEEP
+            | kind::PARTIAL
             | kind::ANSWER
             | kind::ERROR
             | kind::DONE
@@ -483,6 +498,29 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             Frame::HardLink(HardLink {
                 path: r.bytes(MAX_PATH)?,
                 target: r.bytes(MAX_PATH)?,
+            })
+        }
+        kind::PARTIAL => {
+            r.frame = "Partial";
+            let id = r.u64()?;
+            let block = r.u64()?;
+            if block == 0 {
+                return Err(r.invalid("block size is zero"));
+            }
+            let n = r.u32()? as usize;
+            if n > MAX_PARTIAL_HASHES {
+                return Err(r.invalid("more block hashes than allowed"));
+            }
+            r.need(n * 16)?;
+            let hashes = (0..n).map(|_| r.buf.get_u128()).collect();
+            Frame::Partial(Partial { id, block, hashes })
+        }
+        kind::KEEP => {
+            r.frame = "Keep";
+            Frame::Keep(Keep {
+                id: r.u64()?,
+                offset: r.u64()?,
+                len: r.u64()?,
             })
         }
         kind::ANSWER => {
@@ -872,6 +910,39 @@ mod tests {
         let last = bad.len() - 1;
         bad[last] = 2;
         assert!(Decoder::new(1 << 16).decode(&mut bad).is_err());
+    }
+
+    #[test]
+    fn partial_and_keep_roundtrip_and_hostile_counts_fail() {
+        roundtrip(Frame::Partial(Partial {
+            id: 3,
+            block: 4 << 20,
+            hashes: vec![1, u128::MAX, 0],
+        }));
+        roundtrip(Frame::Partial(Partial {
+            id: 4,
+            block: 1,
+            hashes: Vec::new(),
+        }));
+        roundtrip(Frame::Keep(Keep {
+            id: 8,
+            offset: 1 << 40,
+            len: 4 << 20,
+        }));
+        // A count above the cap, or one the payload does not hold, is refused before any
+        // allocation; so is a zero block size.
+        for (block, count, hashes) in [(1u64, 16_385u32, 0usize), (1, 2, 1), (0, 0, 0)] {
+            let mut payload = BytesMut::new();
+            payload.put_u64(1);
+            payload.put_u64(block);
+            payload.put_u32(count);
+            payload.put_bytes(7, hashes * 16);
+            let mut wire = BytesMut::new();
+            wire.put_u8(kind::PARTIAL);
+            wire.put_u32(payload.len() as u32);
+            wire.extend_from_slice(&payload);
+            assert!(Decoder::new(1 << 20).decode(&mut wire).is_err());
+        }
     }
 
     #[test]

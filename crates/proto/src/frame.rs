@@ -40,6 +40,12 @@ pub enum Frame {
     /// With `-H` (protocol version 4): `path` is another name of the regular file sent
     /// earlier in this session as `target`.
     HardLink(HardLink),
+    /// Receiver to sender, with `--resume`, just before the [`Answer`] that asks for a file:
+    /// the hashes of the blocks its partial copy of the file already holds.
+    Partial(Partial),
+    /// Sender to receiver, with `--resume`: a block of a file that the receiver's partial
+    /// copy already holds, in place of its bytes.
+    Keep(Keep),
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -62,9 +68,11 @@ pub mod kind {
     pub const TOTALS: u8 = 0x15;
     pub const PROBE: u8 = 0x16;
     pub const HARD_LINK: u8 = 0x17;
+    pub const KEEP: u8 = 0x18;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
     pub const ANSWER: u8 = 0x22;
+    pub const PARTIAL: u8 = 0x23;
 }
 
 impl Frame {
@@ -85,6 +93,8 @@ impl Frame {
             Frame::Probe(_) => kind::PROBE,
             Frame::Answer(_) => kind::ANSWER,
             Frame::HardLink(_) => kind::HARD_LINK,
+            Frame::Partial(_) => kind::PARTIAL,
+            Frame::Keep(_) => kind::KEEP,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -107,6 +117,8 @@ impl Frame {
             Frame::Probe(_) => "Probe",
             Frame::Answer(_) => "Answer",
             Frame::HardLink(_) => "HardLink",
+            Frame::Partial(_) => "Partial",
+            Frame::Keep(_) => "Keep",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -201,6 +213,12 @@ pub mod flags {
     /// system ssh through a proxy), so the server listens on its loopback address and expects
     /// them from there. They join and are sealed as direct TCP streams are.
     pub const FORWARDED: u32 = 1 << 12;
+    /// With [`SKIP_UNCHANGED`]: continue partial files (`--resume`). The receiver keeps a
+    /// big file's temp file under a fixed name when a copy stops before the file is complete,
+    /// answers a later probe for it with the hashes of the blocks it holds
+    /// ([`super::Partial`]), and the sender sends [`super::Keep`] for each block that
+    /// matches instead of its bytes.
+    pub const RESUME: u32 = 1 << 13;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -214,7 +232,8 @@ pub mod flags {
         | FILTERS
         | HARD_LINKS
         | CHECKSUM
-        | FORWARDED;
+        | FORWARDED
+        | RESUME;
 }
 
 /// Which way the files flow in a session.
@@ -328,6 +347,35 @@ pub struct Probe {
     pub mtime: i64,
     /// Nanoseconds of the modification time.
     pub mtime_nsec: u32,
+}
+
+/// What the receiver's partial copy of a file holds (`--resume`): the XXH3-128 of each of
+/// its first `hashes.len()` blocks of `block` bytes (the last one may end at the file's end,
+/// shorter). Sent just before the [`Answer`] to the probe it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partial {
+    /// The probe answered.
+    pub id: u64,
+    /// The block size in bytes, at least 1.
+    pub block: u64,
+    /// The blocks' hashes, in file order; at most [`MAX_PARTIAL_HASHES`].
+    pub hashes: Vec<u128>,
+}
+
+/// The most block hashes a [`Partial`] carries.
+pub const MAX_PARTIAL_HASHES: usize = 16_384;
+
+/// A block of file `id` that the receiver's partial copy already holds (`--resume`): block
+/// `offset / block` of the [`Partial`] the receiver sent, whose hash the sender found equal
+/// to its own. It stands for `len` bytes at `offset` wherever a [`Data`] frame would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    /// The file, as numbered by its `File` entry.
+    pub id: u64,
+    /// Where the block starts.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
 }
 
 /// Another name of a file sent earlier in the session (`-H`).

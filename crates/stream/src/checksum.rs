@@ -119,6 +119,15 @@ impl Sequential {
         }
     }
 
+    /// Adds a block kept from the receiver's partial copy (`--resume`, version 4 only) as
+    /// one record with the block's XXH3-128.
+    pub(crate) fn keep(&mut self, offset: u64, len: u64, hash: u128) {
+        match self {
+            Sequential::Blake3(_) => unreachable!("resume needs protocol version 4"),
+            Sequential::Xxh3(f) => f.push(offset, len, hash),
+        }
+    }
+
     pub(crate) fn finish(self) -> [u8; 32] {
         match self {
             Sequential::Blake3(h) => *h.finalize().as_bytes(),
@@ -141,8 +150,6 @@ pub(crate) enum Assembler {
 }
 
 impl Assembler {
-    /// Adds the hash of chunk `[offset, offset + len)`. Empty chunks are skipped; chunks never
-    /// overlap (the receiver refuses overlapping chunks before they get here).
     /// Chunks received ahead of a gap, waiting for it to be filled.
     pub(crate) fn pending(&self) -> usize {
         match self {
@@ -151,6 +158,8 @@ impl Assembler {
         }
     }
 
+    /// Adds the hash of chunk `[offset, offset + len)`. Empty chunks are skipped; chunks never
+    /// overlap (the receiver refuses overlapping chunks before they get here).
     pub(crate) fn add(&mut self, offset: u64, len: u64, hash: ChunkHash) {
         if len == 0 {
             return;

@@ -50,6 +50,8 @@ pub(crate) enum Op {
         hash: ChunkHash,
         _permit: Option<OwnedSemaphorePermit>,
     },
+    /// A block the file's partial copy already holds (`--resume`).
+    Keep { id: u64, offset: u64, len: u64 },
     /// The sender's hash of a file.
     End { id: u64, hash: [u8; 32] },
     /// The sender gave up on a file: drop it.
@@ -153,6 +155,8 @@ pub(crate) struct Written {
     pub(crate) dirs: AtomicU64,
     pub(crate) symlinks: AtomicU64,
     pub(crate) bytes: AtomicU64,
+    /// Bytes of partial files kept in place of being sent again (`--resume`).
+    pub(crate) resumed: AtomicU64,
 }
 
 /// Splits a local path into its parent directory and its last component.
@@ -377,6 +381,14 @@ struct OpenFile {
     sized: bool,
     checksum: Assembler,
     expected: Option<[u8; 32]>,
+    /// `--resume`: the temp file is the file's partial file, kept if the copy stops before
+    /// the file is complete.
+    partial: bool,
+    /// What the partial file was offered with, for the `Keep`s that may come.
+    offer: Option<crate::resume::Offer>,
+    /// Bytes at the start of the temp file that hold an earlier copy's data: zeros there are
+    /// written, not left as holes.
+    stale: u64,
 }
 
 impl OpenFile {
@@ -387,6 +399,14 @@ impl OpenFile {
     /// Removes the temp file.
     fn discard(self) {
         let _ = rustix::fs::unlinkat(&self.parent, &self.temp[..], AtFlags::empty());
+    }
+
+    /// The copy stops before the file is complete: its partial file stays for `--resume`,
+    /// any other temp file goes.
+    fn stop(self) {
+        if !self.partial {
+            self.discard();
+        }
     }
 }
 
@@ -459,7 +479,7 @@ impl Writer {
         for (_, state) in self.files.drain() {
             if let FileState::Open(f) = state {
                 incomplete.get_or_insert_with(|| escape(&f.wire));
-                f.discard();
+                f.stop();
             }
         }
         if let (Some(path), false) = (incomplete, aborted) {
@@ -487,6 +507,7 @@ impl Writer {
                 hash,
                 ..
             } => self.data(id, offset, bytes, hash),
+            Op::Keep { id, offset, len } => self.keep(id, offset, len),
             Op::End { id, hash } => self.end(id, hash),
             Op::Abandon { id } => {
                 if let Some(FileState::Open(f)) = self.files.remove(&id) {
@@ -550,6 +571,31 @@ impl Writer {
         swept.get_or_init(|| {
             sweep(&parent, self.shared.started);
         });
+        if self.shared.config.resume && size > crate::resume::PARTIAL_MIN {
+            match self.open_partial(&wire, &parent, name, size) {
+                Ok(Some(file)) => {
+                    let file = OpenFile {
+                        wire,
+                        local: local.clone(),
+                        parent,
+                        name_at,
+                        meta,
+                        checksum: Algorithm::for_version(self.shared.config.version)
+                            .assembler(size),
+                        ..file
+                    };
+                    self.files.insert(id, FileState::Open(Box::new(file)));
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let e = Error::io(self.shared.root.display(&local), e);
+                    self.shared.entry_failed(&wire, &e);
+                    self.skip(id, size);
+                    return Ok(());
+                }
+            }
+        }
         let (fd, temp) = loop {
             let temp = temp_name(name);
             match rustix::fs::openat(&parent, &temp[..], flags, mode) {
@@ -581,9 +627,100 @@ impl Writer {
             sized: false,
             checksum: Algorithm::for_version(self.shared.config.version).assembler(size),
             expected: None,
+            partial: false,
+            offer: None,
+            stale: 0,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
         Ok(())
+    }
+
+    /// With `resume`: the file's partial file as its temp file, the one offered to the sender
+    /// (its blocks kept, its length set to `size`) or a fresh one; `None` when another copy
+    /// holds it (a random temp name is used instead). The fields that do not depend on the
+    /// partial file are placeholders for the caller to fill.
+    fn open_partial(
+        &mut self,
+        wire: &Bytes,
+        parent: &Arc<OwnedFd>,
+        name: &[u8],
+        size: u64,
+    ) -> std::io::Result<Option<OpenFile>> {
+        let temp = crate::resume::partial_name(name);
+        let (fd, offer) = match self.shared.take_offer(wire) {
+            Some((fd, offer)) => (fd, Some(offer)),
+            None => match crate::resume::open_partial(parent, &temp, true) {
+                Some(fd) => (fd, None),
+                None => return Ok(None),
+            },
+        };
+        // What was not offered is of no use: it goes.
+        let stale = match &offer {
+            Some(o) => (o.hashes.len() as u64)
+                .saturating_mul(o.block)
+                .min(size)
+                .min(rustix::fs::fstat(&fd)?.st_size as u64),
+            None => 0,
+        };
+        rustix::fs::ftruncate(&fd, stale)?;
+        rustix::fs::ftruncate(&fd, size)?;
+        Ok(Some(OpenFile {
+            wire: wire.clone(),
+            local: Vec::new(),
+            parent: parent.clone(),
+            name_at: 0,
+            temp,
+            fd,
+            size,
+            got: 0,
+            meta: Meta::default(),
+            written: BTreeMap::new(),
+            sized: true,
+            checksum: Algorithm::Xxh3.assembler(size),
+            expected: None,
+            partial: true,
+            offer,
+            stale,
+        }))
+    }
+
+    /// A block of a file that its partial file already holds: accounted as written, and
+    /// folded into the checksum with the hash the receiver offered for it.
+    fn keep(&mut self, id: u64, offset: u64, len: u64) -> Result<(), Error> {
+        let Some(state) = self.files.get_mut(&id) else {
+            return Ok(());
+        };
+        let f = match state {
+            FileState::Skipped(s) => {
+                s.got += len;
+                if s.got >= s.size && s.end {
+                    self.files.remove(&id);
+                }
+                return Ok(());
+            }
+            FileState::Open(f) => f,
+        };
+        let offered = f.offer.as_ref().and_then(|o| o.hash(offset, len, f.size));
+        let Some(hash) = offered else {
+            let e = Error::Protocol(format!(
+                "{}: kept block at offset {offset} was not offered",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        };
+        if overlaps(&f.written, offset, offset + len) {
+            let e = Error::Protocol(format!(
+                "{}: overlapping chunks at offset {offset}",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        }
+        insert_range(&mut f.written, offset, offset + len);
+        f.got += len;
+        f.checksum.add(offset, len, ChunkHash::Xxh3(hash));
+        self.shared.written.resumed.fetch_add(len, Relaxed);
+        self.shared.progress.add_resumed(len);
+        self.finish_if_complete(id)
     }
 
     fn data(&mut self, id: u64, offset: u64, bytes: Bytes, hash: ChunkHash) -> Result<(), Error> {
@@ -624,7 +761,7 @@ impl Writer {
         }
         // A chunk of zeros is left as a hole, once the file has its full length: a sparse
         // source stays sparse, and reads back the same.
-        let hole = bytes.len() >= HOLE_MIN && is_zero(&bytes);
+        let hole = bytes.len() >= HOLE_MIN && offset >= f.stale && is_zero(&bytes);
         let written = if hole {
             if f.sized {
                 Ok(())
@@ -636,8 +773,12 @@ impl Writer {
             pwrite_all(&f.fd, &bytes, offset)
         };
         if let Err(e) = written {
+            // A full disk, say: what was written stays for `--resume`.
             let e = Error::io(self.shared.root.display(&f.local), e);
-            return Err(self.fail_file(id, e));
+            if let Some(FileState::Open(f)) = self.files.remove(&id) {
+                f.stop();
+            }
+            return Err(e);
         }
         // The block this chunk was cut from goes back to the readers once nothing else
         // holds it.

@@ -62,6 +62,7 @@ mod pipe;
 mod progress;
 mod receive;
 mod report;
+mod resume;
 mod send;
 mod tree;
 mod walk;

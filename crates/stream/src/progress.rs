@@ -36,6 +36,7 @@ pub struct Progress {
     bytes_done: AtomicU64,
     files_skipped: AtomicU64,
     bytes_skipped: AtomicU64,
+    bytes_resumed: AtomicU64,
     deleted: AtomicU64,
     current: Mutex<Bytes>,
 }
@@ -62,6 +63,9 @@ pub struct Snapshot {
     pub files_skipped: u64,
     /// Their total size.
     pub bytes_skipped: u64,
+    /// Bytes of files that the receiver's partial copies already held and that were not sent
+    /// again (`--resume`).
+    pub bytes_resumed: u64,
     /// Entries the receiver removed because the sender does not have them (mirroring).
     pub deleted: u64,
 }
@@ -79,6 +83,7 @@ impl Progress {
             bytes_done: self.bytes_done.load(Relaxed),
             files_skipped: self.files_skipped.load(Relaxed),
             bytes_skipped: self.bytes_skipped.load(Relaxed),
+            bytes_resumed: self.bytes_resumed.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
         }
     }
@@ -131,6 +136,10 @@ impl Progress {
 
     pub(crate) fn add_done_file(&self) {
         self.files_done.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add_resumed(&self, bytes: u64) {
+        self.bytes_resumed.fetch_add(bytes, Relaxed);
     }
 
     pub(crate) fn add_deleted(&self, entries: u64) {

@@ -28,6 +28,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -142,6 +143,12 @@ pub struct ReceiveConfig {
     /// name of the file it names. Without it such an entry is a protocol error. Default:
     /// false.
     pub hard_links: bool,
+    /// With `skip_unchanged` (protocol version 4): continue partial files (`--resume`). A
+    /// file bigger than 4 MiB is written to the fixed temp name `.NAME.fastcp-partial`, kept
+    /// when the transfer stops before the file is complete, and a later probe for the file
+    /// is answered with the hashes of the blocks it holds, so that the sender sends only the
+    /// blocks that differ. Without it a `Keep` frame is a protocol error. Default: false.
+    pub resume: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -161,6 +168,7 @@ impl Default for ReceiveConfig {
             filter: None,
             hard_links: false,
             checksum: false,
+            resume: false,
         }
     }
 }
@@ -238,6 +246,9 @@ struct Table {
     links: Vec<(Bytes, Bytes)>,
     /// Quick-check probes answered "skip" whose file has not come (yet): path -> size.
     maybe_skipped: HashMap<Bytes, u64>,
+    /// With `resume`: the partial files offered to the sender, held (locked) until their
+    /// `File` entry comes, with what was offered: path -> (file, offer).
+    offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,6 +287,12 @@ impl Shared {
     }
 
     /// Records a failed entry and tells the sender; the transfer goes on.
+    /// With `resume`: the partial file offered for `wire`'s probe, held, and what was
+    /// offered from it.
+    pub(crate) fn take_offer(&self, wire: &[u8]) -> Option<(OwnedFd, crate::resume::Offer)> {
+        lock(&self.table).offers.remove(wire)
+    }
+
     pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
         let frame = ErrorFrame {
             code: e.code(),
@@ -433,35 +450,53 @@ impl Reader {
     /// The destination's regular file at the probe's path (not a link, reached without
     /// following one), if it has the probe's size.
     fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
+        let (dir, name) = self.probed_dir(p)?;
+        let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_size as u64 == p.size)
+            .then_some(st)
+    }
+
+    /// The existing directory a probed path's file would go into, and the file's name
+    /// (looked up without creating or following anything).
+    fn probed_dir(&mut self, p: &Probe) -> Option<(Arc<OwnedFd>, Vec<u8>)> {
         let local = self.shared.root.local(&p.path);
         let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
-            Some(i) => (&local[..i], &local[i + 1..]),
-            None => (&[][..], &local[..]),
+            Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
+            None => (Vec::new(), local.clone()),
         };
         let shared = self.shared.clone();
         let lookup = self
             .lookup
             .get_or_insert_with(|| Resolver::new(shared, false));
-        let dir = lookup.dir(parent).ok()?;
-        if name.is_empty() {
+        let dir = lookup.dir(&parent).ok()?;
+        (!name.is_empty()).then_some((dir, name))
+    }
+
+    /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks
+    /// (hashed off the async threads); `None` when there is none to offer.
+    async fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, crate::resume::Offer)> {
+        use crate::resume;
+        if p.size <= resume::PARTIAL_MIN {
             return None;
         }
-        let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-            && st.st_size as u64 == p.size)
-            .then_some(st)
+        let (dir, name) = self.probed_dir(p)?;
+        let size = p.size;
+        tokio::task::spawn_blocking(move || {
+            let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
+            let block = resume::block_size(size);
+            let hashes = resume::block_hashes(&fd, size, block).ok()?;
+            (!hashes.is_empty()).then_some((fd, resume::Offer { block, hashes }))
+        })
+        .await
+        .ok()?
     }
 
     /// With `checksum`: the content hash of the destination's file of the probe's size,
     /// read off the async threads; `None` when there is none (or it cannot be read).
     async fn content_hash(&mut self, p: &Probe) -> Option<u128> {
         self.same_size(p)?;
-        let local = self.shared.root.local(&p.path);
-        let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
-            Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
-            None => (Vec::new(), local.clone()),
-        };
-        let dir = self.lookup.as_mut()?.dir(&parent).ok()?;
+        let (dir, name) = self.probed_dir(p)?;
         tokio::task::spawn_blocking(move || {
             let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
@@ -585,6 +620,21 @@ impl Reader {
                 };
                 self.send(self.writer(d.id), op).await?;
             }
+            Frame::Keep(k) if self.shared.config.resume => {
+                loop {
+                    match self.account(k.id, Some((k.offset, k.len)))? {
+                        Accounted::Forward(_) => break,
+                        Accounted::Drop => return Ok(None),
+                        Accounted::Wait => self.wait_announced(k.id).await?,
+                    }
+                }
+                let op = Op::Keep {
+                    id: k.id,
+                    offset: k.offset,
+                    len: k.len,
+                };
+                self.send(self.writer(k.id), op).await?;
+            }
             Frame::FileEnd(e) => {
                 loop {
                     match self.account(e.id, None)? {
@@ -653,6 +703,20 @@ impl Reader {
                     lock(&self.shared.table)
                         .maybe_skipped
                         .insert(p.path.clone(), p.size);
+                }
+                if send
+                    && self.shared.config.resume
+                    && let Some((fd, offer)) = self.partial_offer(&p).await
+                {
+                    let partial = Frame::Partial(fastcp_proto::Partial {
+                        id: p.id,
+                        block: offer.block,
+                        hashes: offer.hashes.clone(),
+                    });
+                    let _ = self.shared.replies.send(partial).await;
+                    lock(&self.shared.table)
+                        .offers
+                        .insert(p.path.clone(), (fd, offer));
                 }
                 let answer = Frame::Answer(Answer {
                     id: p.id,
@@ -1285,6 +1349,8 @@ where
         report.files_skipped = t.maybe_skipped.len() as u64;
         report.bytes_skipped = t.maybe_skipped.values().sum();
     }
+    report.bytes_resumed = shared.written.resumed.load(Relaxed);
+    report.bytes_sent = peer.bytes;
     let _ = reply_tx.send(Frame::Done(report.local)).await;
     drop(reply_tx);
     drop(shared);

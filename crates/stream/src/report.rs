@@ -69,6 +69,12 @@ pub struct Report {
     pub files_skipped: u64,
     /// Their total size in bytes.
     pub bytes_skipped: u64,
+    /// File bytes that went over the streams (payload, before any compression or
+    /// sealing): on the sender its own count, on the receiver the sender's.
+    pub bytes_sent: u64,
+    /// Bytes of files that the receiver's partial copies already held, which were not sent
+    /// again (`--resume`).
+    pub bytes_resumed: u64,
 }
 
 impl Report {

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, LinkTimes, Meta,
-    Probe, Summary, SymlinkEntry, Totals, encode, encode_data_header,
+    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Keep, LinkTimes,
+    Meta, Partial, Probe, Summary, SymlinkEntry, Totals, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -109,6 +109,11 @@ pub struct SendConfig {
     /// `--checksum`). The sender hashes each file while the receiver hashes its own copy of
     /// the same size. Default: false.
     pub checksum: bool,
+    /// With `skip_unchanged` (protocol version 4; the receiver must be configured alike):
+    /// continue the receiver's partial files (`--resume`). When the receiver answers a probe
+    /// with the hashes of the blocks its partial copy holds, each block of the source that
+    /// matches goes as a `Keep` instead of its bytes. Default: false.
+    pub resume: bool,
 }
 
 impl Default for SendConfig {
@@ -124,6 +129,7 @@ impl Default for SendConfig {
             filter: None,
             hard_links: false,
             checksum: false,
+            resume: false,
         }
     }
 }
@@ -314,7 +320,10 @@ where
 
     let (answer_tx, answer_rx) = std::sync::mpsc::channel();
     let answers = config.skip_unchanged.then_some(answer_tx);
-    let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(reply_half, answers))]);
+    let resume = config.skip_unchanged && config.resume;
+    let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(
+        reply_half, answers, resume,
+    ))]);
 
     let pool = Arc::new(Pool::default());
     let mut txs = Vec::with_capacity(n);
@@ -389,10 +398,11 @@ where
                 skipped: (0, 0),
             },
             names: HashMap::new(),
+            resumed: 0,
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
-        let skipped = p.probes.skipped;
+        let skipped = (p.probes.skipped, p.resumed);
         result.map(|()| (out.counts, failures, skipped))
     });
 
@@ -483,7 +493,11 @@ where
         report.local.errors += c.errors;
     }
     report.peer = peer;
-    (report.files_skipped, report.bytes_skipped) = skipped;
+    report.bytes_sent = report.local.bytes;
+    (
+        (report.files_skipped, report.bytes_skipped),
+        report.bytes_resumed,
+    ) = skipped;
     for f in local_failures.into_iter().chain(remote_failures) {
         report.push_failure(f);
     }
@@ -503,14 +517,17 @@ fn flatten_reply(r: Result<ReplyResult, tokio::task::JoinError>) -> ReplyResult 
 }
 
 /// Reads the receiver's replies on stream 0: per-entry errors and quick-check answers (passed
-/// on to the producer through `answers`), then the final `Done`.
+/// on to the producer through `answers`, each with the `Partial` that came just before it,
+/// with `resume`), then the final `Done`.
 async fn read_replies<R: AsyncRead + Unpin>(
     mut r: R,
-    answers: Option<std::sync::mpsc::Sender<Answer>>,
+    answers: Option<std::sync::mpsc::Sender<(Answer, Option<Partial>)>>,
+    resume: bool,
 ) -> ReplyResult {
     let mut decoder = Decoder::new(REPLY_MAX_FRAME);
     let mut buf = BytesMut::with_capacity(8 << 10);
     let mut failures = Vec::new();
+    let mut partial: Option<Partial> = None;
     loop {
         while let Some(frame) = decoder
             .decode(&mut buf)
@@ -524,9 +541,11 @@ async fn read_replies<R: AsyncRead + Unpin>(
                     }
                 }
                 Frame::Done(summary) => return Ok((summary, failures)),
+                Frame::Partial(p) if resume => partial = Some(p),
                 Frame::Answer(a) if answers.is_some() => {
+                    let offer = partial.take().filter(|p| p.id == a.id && a.send);
                     // The producer may be gone already (a stopped transfer): nothing to do.
-                    let _ = answers.as_ref().map(|tx| tx.send(a));
+                    let _ = answers.as_ref().map(|tx| tx.send((a, offer)));
                 }
                 other => {
                     return Err(Error::Protocol(format!(
@@ -671,11 +690,13 @@ struct Producer<'a> {
     probes: Probes,
     /// With `hard_links`: the wire path each multiply-named file was first sent under.
     names: HashMap<(u64, u64), Bytes>,
+    /// Bytes the receiver's partial files held, sent as `Keep`s (`resume`).
+    resumed: u64,
 }
 
 /// The quick check's state in the producer: the files asked about and not yet answered.
 struct Probes {
-    answers: std::sync::mpsc::Receiver<Answer>,
+    answers: std::sync::mpsc::Receiver<(Answer, Option<Partial>)>,
     /// Probe id to the file's path and wire path, size (for the skipped count) and, with
     /// `checksum`, its content hash (`None` if it could not be read: it is then sent, and
     /// the send reports why).
@@ -740,7 +761,7 @@ impl Producer<'_> {
                     }
                     EntryKind::File { .. } => {
                         self.first_name(&entry);
-                        self.file(&entry.path, entry.wire)?
+                        self.file(&entry.path, entry.wire, None)?
                     }
                 },
             }
@@ -799,13 +820,13 @@ impl Producer<'_> {
     /// Sends or skips the file a probe asked about. An answer to no outstanding probe (a
     /// broken or hostile receiver) is ignored: it can only stop a file from being sent, and
     /// the receiver then does not have it.
-    fn answered(&mut self, a: Answer) -> Result<(), Closed> {
+    fn answered(&mut self, (a, offer): (Answer, Option<Partial>)) -> Result<(), Closed> {
         let Some((path, wire, size, hash)) = self.probes.waiting.remove(&a.id) else {
             return Ok(());
         };
         let differs = self.config.checksum && (hash.is_none() || a.hash != hash);
         if a.send || differs {
-            self.file(&path, wire)
+            self.file(&path, wire, offer)
         } else {
             self.probes.skipped.0 += 1;
             self.probes.skipped.1 += size;
@@ -862,8 +883,9 @@ impl Producer<'_> {
         self.out.push(s, Msg::frame(&Frame::Error(frame)))
     }
 
-    /// Sends one regular file.
-    fn file(&mut self, path: &Path, wire: Bytes) -> Result<(), Closed> {
+    /// Sends one regular file; with the receiver's `offer` (`--resume`), a block it holds
+    /// already goes as a `Keep`.
+    fn file(&mut self, path: &Path, wire: Bytes, offer: Option<Partial>) -> Result<(), Closed> {
         let (fd, size, meta) = match open_source(path, self.config.follow_links) {
             Ok(v) => v,
             Err(e) => {
@@ -928,28 +950,72 @@ impl Producer<'_> {
         self.out.counts[home].files += 1;
         self.out.push(home, Msg::frame(&entry))?;
         let mut hasher = Algorithm::for_version(self.config.version).sequential();
+        // Offered blocks only make sense with the XXH3 checksum (version 4 has it).
+        let offer = offer.filter(|_| self.config.resume && self.config.version >= 4);
         let mut offset = 0u64;
         while offset < size {
-            let n = chunk.min(size - offset) as usize;
-            let bytes = match read_chunk(&fd, offset, n, self.pool.take(n)) {
-                Ok(b) => b,
-                Err(ReadError::Io(source)) => {
-                    return self.fail(home, wire, &Error::io(path, source));
-                }
-                Err(ReadError::Changed) => {
-                    return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
-                }
+            // A block the receiver offered: read whole, hashed, and kept if it matches.
+            let offered = offer.as_ref().and_then(|p| {
+                let len = p.block.min(size - offset);
+                let i = offset / p.block;
+                let hash = (offset % p.block == 0)
+                    .then(|| p.hashes.get(i as usize))
+                    .flatten();
+                hash.map(|&h| (len, h))
+            });
+            let (end, want) = match offered {
+                Some((len, h)) => (offset + len, Some(h)),
+                None => (offset + chunk.min(size - offset), None),
             };
-            hasher.update(offset, &bytes);
-            let mut head = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
-            encode_data_header(id, offset, n, &mut head);
-            let s = self.out.pick();
-            self.out.counts[s].bytes += n as u64;
-            let mut msg = Msg::parts(head.freeze(), bytes, Bytes::new());
-            msg.data = n as u64;
-            msg.recycle = true;
-            self.out.push(s, msg)?;
-            offset += n as u64;
+            let mut chunks = Vec::new();
+            let mut block = want.map(|_| xxhash_rust::xxh3::Xxh3Default::new());
+            let mut at = offset;
+            while at < end {
+                let n = chunk.min(end - at) as usize;
+                let bytes = match read_chunk(&fd, at, n, self.pool.take(n)) {
+                    Ok(b) => b,
+                    Err(ReadError::Io(source)) => {
+                        return self.fail(home, wire, &Error::io(path, source));
+                    }
+                    Err(ReadError::Changed) => {
+                        return self.fail(home, wire, &Error::SourceChanged { path: path.into() });
+                    }
+                };
+                if let Some(b) = &mut block {
+                    b.update(&bytes);
+                }
+                chunks.push((at, bytes));
+                at += n as u64;
+            }
+            if let (Some(b), Some(h)) = (&block, want)
+                && b.digest128() == h
+            {
+                let len = end - offset;
+                hasher.keep(offset, len, h);
+                for (_, bytes) in chunks {
+                    self.pool.give(bytes);
+                }
+                let s = self.out.pick();
+                self.out
+                    .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
+                self.resumed += len;
+                self.progress.add_resumed(len);
+                offset = end;
+                continue;
+            }
+            for (at, bytes) in chunks {
+                let n = bytes.len();
+                hasher.update(at, &bytes);
+                let mut head = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
+                encode_data_header(id, at, n, &mut head);
+                let s = self.out.pick();
+                self.out.counts[s].bytes += n as u64;
+                let mut msg = Msg::parts(head.freeze(), bytes, Bytes::new());
+                msg.data = n as u64;
+                msg.recycle = true;
+                self.out.push(s, msg)?;
+            }
+            offset = end;
         }
         match at_eof(&fd, size).and_then(|eof| Ok(eof && unchanged(&fd, size, mtime)?)) {
             Ok(true) => {}

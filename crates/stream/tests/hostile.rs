@@ -462,6 +462,55 @@ async fn cut_stream_mid_file_leaves_no_partial_file() {
     }
 }
 
+fn resuming() -> ReceiveConfig {
+    ReceiveConfig {
+        recursive: true,
+        skip_unchanged: true,
+        resume: true,
+        ..ReceiveConfig::default()
+    }
+}
+
+/// With `--resume` a cut leaves the big file's bytes in its partial file, and nothing under
+/// its final name.
+#[tokio::test]
+async fn a_cut_with_resume_keeps_the_partial_file_only() {
+    let sb = Sandbox::new();
+    let chunk = vec![0x5a; 1 << 20];
+    let stream = wire(&[file(0, b"big", 8 << 20), data(0, 0, &chunk)]);
+    let err = fatal(run(&sb.dest, resuming(), vec![stream], true).await);
+    assert!(err.is_disconnect(), "{err}");
+    assert!(!sb.dest.join("big").exists());
+    // Whether the chunk queued before the cut was written is a race; the file is there.
+    let partial = fs::metadata(sb.dest.join(".big.fastcp-partial")).unwrap();
+    assert!(partial.is_file() && partial.len() <= 8 << 20);
+    // Without resume the temp file goes.
+    fs::remove_file(sb.dest.join(".big.fastcp-partial")).unwrap();
+    let stream = wire(&[file(0, b"big", 8 << 20), data(0, 0, &chunk)]);
+    fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    sb.assert_contained();
+}
+
+/// A `Keep` stands for bytes the receiver's partial file holds, and only for a block the
+/// receiver offered: one that names another block, or comes with nothing offered, fails the
+/// file, and nothing takes its final name.
+#[tokio::test]
+async fn a_keep_for_a_block_not_offered_is_refused() {
+    let sb = Sandbox::new();
+    let keep = |offset, len| Frame::Keep(fastcp_proto::Keep { id: 0, offset, len });
+    for k in [keep(0, 1 << 20), keep(1 << 20, 1 << 20), keep(0, 8 << 20)] {
+        let stream = wire(&[file(0, b"big", 8 << 20), k]);
+        let err = fatal(run(&sb.dest, resuming(), vec![stream], false).await);
+        assert!(err.to_string().contains("not offered"), "{err}");
+        assert!(!sb.dest.join("big").exists());
+    }
+    // Without resume a `Keep` is not a frame a receiver takes at all.
+    let stream = wire(&[file(0, b"big", 8 << 20), keep(0, 1 << 20)]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(err.to_string().contains("Keep"), "{err}");
+    sb.assert_contained();
+}
+
 #[tokio::test]
 async fn file_end_before_all_bytes_then_done() {
     let sb = Sandbox::new();
