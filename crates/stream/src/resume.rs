@@ -68,7 +68,8 @@ impl Offer {
     /// The hash the receiver offered for the block at `offset` of `len` bytes of a file of
     /// `size` bytes, if it offered that exact block.
     pub(crate) fn hash(&self, offset: u64, len: u64, size: u64) -> Option<u128> {
-        if offset % self.block != 0 || len != self.block.min(size.saturating_sub(offset)) {
+        if !offset.is_multiple_of(self.block) || len != self.block.min(size.saturating_sub(offset))
+        {
             return None;
         }
         self.hashes.get((offset / self.block) as usize).copied()
