@@ -956,12 +956,9 @@ impl Producer<'_> {
         while offset < size {
             // A block the receiver offered: read whole, hashed, and kept if it matches.
             let offered = offer.as_ref().and_then(|p| {
-                let len = p.block.min(size - offset);
-                let i = offset / p.block;
-                let hash = (offset % p.block == 0)
-                    .then(|| p.hashes.get(i as usize))
-                    .flatten();
-                hash.map(|&h| (len, h))
+                let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
+                let hash = p.hashes.get(i as usize)?;
+                Some((p.block.min(size - offset), *hash))
             });
             let (end, want) = match offered {
                 Some((len, h)) => (offset + len, Some(h)),
