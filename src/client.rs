@@ -88,7 +88,8 @@ pub struct CopyOptions {
     /// that stopped answering, a link that dropped without a reset (`--timeout SECS`). The
     /// copy then ends with [`Error::Timeout`] (exit code 3). `None` waits forever; the
     /// command's default is [`DEFAULT_TIMEOUT`]. It also sets the SSH keepalive (a third of
-    /// it) when ssh_config sets none.
+    /// it) when ssh_config sets none, and, when ssh_config sets no ConnectTimeout, how long
+    /// the SSH handshake may wait for the server.
     pub timeout: Option<Duration>,
     /// The quick check by content (`--checksum`): a file the receiver has with the same size
     /// and the same content hash (XXH3-128, computed on each side, in parallel) is not sent.
@@ -642,6 +643,10 @@ async fn connect_and_run(
         && let Some(t) = plan.options.timeout.filter(|t| !t.is_zero())
     {
         ssh.client.keepalive_interval = Some((t / 3).max(Duration::from_secs(1)));
+    }
+    // And a server that never speaks: the handshake waits no longer than the copy would.
+    if ssh.client.default_connect_timeout.is_none() {
+        ssh.client.default_connect_timeout = plan.options.timeout.filter(|t| !t.is_zero());
     }
     let destination = match &remote.user {
         Some(user) => format!("{user}@{}", remote.host),

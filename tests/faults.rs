@@ -19,7 +19,8 @@ use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{assert_no_temp, now_secs, pseudo_random, set_times, write};
 
-/// What the relay does once `limit` bytes went from the client to the server.
+/// What the relay does once `limit` bytes went from the client to the server (or, for
+/// [`relay_both`], in either direction).
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     /// Close both connections.
@@ -28,9 +29,18 @@ enum Fault {
     Stall,
 }
 
-/// A relay from a free port on 127.0.0.1 to `to`, for its first connection only. Returns
-/// the port.
+/// A relay from a free port on 127.0.0.1 to `to`, for its first connection only, counting
+/// the bytes the client sends. Returns the port.
 fn relay(to: u16, limit: u64, fault: Fault) -> u16 {
+    relay_counting(to, limit, fault, false)
+}
+
+/// [`relay`], counting the bytes of both directions: a pull's data flows to the client.
+fn relay_both(to: u16, limit: u64, fault: Fault) -> u16 {
+    relay_counting(to, limit, fault, true)
+}
+
+fn relay_counting(to: u16, limit: u64, fault: Fault, both: bool) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -79,7 +89,7 @@ fn relay(to: u16, limit: u64, fault: Fault) -> u16 {
             server.try_clone().unwrap(),
             true,
         );
-        let b = pump(server, client, false);
+        let b = pump(server, client, both);
         let _ = a.join();
         let _ = b.join();
     });
@@ -218,6 +228,13 @@ fn a_stalled_ssh_connection_ends_the_copy_within_the_timeout() {
         &["--timeout", "3"],
         "no data moved for 3 s",
     );
+}
+
+/// A server that accepts the connection and never speaks: without a ConnectTimeout in
+/// ssh_config, the copy's own timeout bounds the SSH handshake.
+#[test]
+fn a_server_that_never_speaks_times_out() {
+    cut_push(Fault::Stall, 1, &["--timeout", "3"], "timed out after 3s");
 }
 
 /// With the TCP transport the data goes around the SSH connection: losing that connection
@@ -406,4 +423,204 @@ fn server_alive_interval_notices_a_stalled_connection() {
         ],
         "connection closed",
     );
+}
+
+/// How many bytes of the file at `path` already hold `src`'s bytes at the same offsets,
+/// counted in whole 4 KiB pages.
+fn bytes_in_place(path: &Path, src: &[u8]) -> u64 {
+    let have = std::fs::read(path).unwrap_or_default();
+    have.chunks(4096)
+        .zip(src.chunks(4096))
+        .filter(|(a, b)| a == b)
+        .map(|(a, _)| a.len() as u64)
+        .sum()
+}
+
+/// The process that has `path` open, from /proc.
+fn holder_of(path: &Path) -> Option<i32> {
+    for proc_entry in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(proc_entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .filter_map(Result::ok)
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Waits until no process holds `path` open (the side that wrote it has ended).
+fn wait_released(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while holder_of(path).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{} is still held",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reruns a copy with `--resume` and checks that the file is whole and that little more
+/// than what its partial file lacked travelled: at most a tenth more, or one block (1 MiB)
+/// more when that is larger.
+fn resume_and_check(sshd: &Sshd, src: &Path, dst: &Path, pull: bool, extra: &[&str]) {
+    let content = std::fs::read(src).unwrap();
+    let partial = dst.join(".big.fastcp-partial");
+    let have = bytes_in_place(&partial, &content);
+    let missing = content.len() as u64 - have;
+    let mut cmd = fastcp(sshd, bin());
+    cmd.args(["--resume", "--json"]).args(extra);
+    if pull {
+        cmd.arg(remote(sshd, src)).arg(dst);
+    } else {
+        cmd.arg(src).arg(remote(sshd, dst));
+    }
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        std::fs::read(dst.join("big")).unwrap() == content,
+        "not identical"
+    );
+    let summary = json(&out);
+    let sent = summary["bytes_sent"].as_u64().unwrap();
+    let resumed = summary["bytes_resumed"].as_u64().unwrap();
+    eprintln!(
+        "pull={pull}: the partial file held {have} of {} bytes; resent {sent}, kept {resumed}",
+        content.len()
+    );
+    assert_eq!(sent + resumed, content.len() as u64);
+    assert!(
+        sent <= missing + (missing / 10).max(1 << 20),
+        "sent {sent} for {missing} missing"
+    );
+    assert!(!partial.exists(), "the partial file is gone once complete");
+    assert!(!has_temp(dst));
+}
+
+/// A cut of the SSH connection at random offsets, push and pull, then `--resume`: the file
+/// is whole, and the rerun sends little more than what was missing.
+#[test]
+fn a_cut_copy_resumes_with_what_was_missing() {
+    let sshd = Sshd::start().unwrap();
+    let seed = now_secs() as u64;
+    eprintln!("seed {seed}");
+    let size = 48u64 << 20;
+    for (i, pull) in [false, true, false, true].into_iter().enumerate() {
+        let at = 3_000_000
+            + pseudo_random(8, seed + i as u64)
+                .iter()
+                .fold(0u64, |a, &b| a << 8 | u64::from(b))
+                % (size - 8_000_000);
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(
+            &src,
+            &pseudo_random(size as usize, seed + 100 + i as u64),
+            0o644,
+        );
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let port = relay_both(sshd.port(), at, Fault::Cut);
+        let cfg = through(&sshd, work.path(), port);
+        let target = remote(&sshd, &dst);
+        let source = remote(&sshd, &src);
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "-F".as_ref(),
+            cfg.as_os_str(),
+            "--remote-path".as_ref(),
+            BIN.as_ref(),
+            "--transport".as_ref(),
+            "ssh".as_ref(),
+            "-j".as_ref(),
+            "1".as_ref(),
+            "--resume".as_ref(),
+        ];
+        if pull {
+            args.extend([source.as_ref(), dst.as_os_str()]);
+        } else {
+            args.extend([src.as_os_str(), target.as_ref()]);
+        }
+        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "cut at {at}, pull={pull}: {err}");
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+        wait_released(&dst.join(".big.fastcp-partial"));
+        eprintln!("cut at {at}");
+        resume_and_check(&sshd, &src, &dst, pull, &["--transport", "ssh"]);
+    }
+}
+
+/// kill -9 of the receiving side mid-copy over TCP (the server on a push, the client on a
+/// pull), then `--resume`.
+#[test]
+fn kill_9_of_the_receiver_then_resume() {
+    let sshd = Sshd::start().unwrap();
+    for pull in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(64 << 20, 21), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let partial = dst.join(".big.fastcp-partial");
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["--transport", "tcp", "--resume", "--bwlimit", "8M"]);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Written, not just sized: the partial file has its full length from the start.
+        let written = || {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&partial).map_or(0, |m| m.blocks() * 512)
+        };
+        while written() < 16 << 20 {
+            assert!(Instant::now() < deadline, "the copy never got far");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if pull {
+            child.kill().unwrap();
+        } else {
+            let pid = holder_of(&partial).expect("the server holds its partial file");
+            let st = Command::new(fastcp_testsupport::tools::require("kill"))
+                .args(["-9", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the client did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !pull {
+            assert_eq!(status.code(), Some(3), "the server was killed");
+        }
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+        wait_released(&partial);
+        resume_and_check(&sshd, &src, &dst, pull, &["--transport", "tcp"]);
+    }
 }

@@ -48,6 +48,11 @@ pub struct SshClientConfig {
     pub ciphers: Vec<String>,
     /// Send a keepalive after this much silence from the server. Default: none.
     pub keepalive_interval: Option<Duration>,
+    /// When ssh_config sets no ConnectTimeout: how long to wait for the TCP connection and
+    /// the server's host key. A server that accepts the connection and never speaks (a
+    /// stalled relay, a wedged sshd) then ends in [`Error::Timeout`] instead of a hang.
+    /// Default: none (wait, as ssh does).
+    pub default_connect_timeout: Option<Duration>,
 }
 
 impl Default for SshClientConfig {
@@ -63,6 +68,7 @@ impl Default for SshClientConfig {
                 "chacha20-poly1305@openssh.com".into(),
             ],
             keepalive_interval: None,
+            default_connect_timeout: None,
         }
     }
 }
@@ -595,7 +601,7 @@ async fn connect_one(
         warnings: warnings.clone(),
         exec: exec.clone(),
     };
-    let timeout = host.connect_timeout;
+    let timeout = host.connect_timeout.or(client.default_connect_timeout);
     let timed_out = || Error::Timeout {
         host: host.host_name.clone(),
         port: host.port,
