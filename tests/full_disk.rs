@@ -178,3 +178,59 @@ exit $rc' fastcp "$@""#,
         assert_nothing_partial(&disk_report(&report));
     }
 }
+
+/// A full disk with `--resume`, local and pull: the first copy fails and keeps what it wrote
+/// in its hidden partial file; once space is freed, the second copy continues it, sends only
+/// what was missing, and the file is whole.
+#[test]
+fn a_full_disk_then_resume_once_space_is_freed() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("big.bin"), &pseudo_random(6 << 20, 4), 0o644);
+    let full = work.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let cfg = sshd.ssh_config().to_str().unwrap().to_owned();
+    let remote = remote(&sshd, &work.path().join("big.bin"));
+    for (who, from) in [("local", r#""$SRC/big.bin""#), ("pull", r#""$REMOTE""#)] {
+        let script = format!(
+            r#"mount -t tmpfs -o size=3m tmpfs "$FULL" || exit 99
+"$BIN" -F "$CFG" --remote-path "$BIN" --resume {from} "$FULL/big.bin" 2>"$FULL/../stderr"
+echo "first $?"
+ls -a "$FULL"
+mount -o remount,size=16m "$FULL" || exit 99
+"$BIN" -F "$CFG" --remote-path "$BIN" --resume --json {from} "$FULL/big.bin" || exit 98
+cmp "$FULL/big.bin" "$SRC/big.bin" || echo CORRUPT
+ls -a "$FULL""#
+        );
+        let out = Command::new(fastcp_testsupport::tools::require("unshare"))
+            .args(["--mount", "--map-root-user", "sh", "-c", &script])
+            .env("FULL", &full)
+            .env("SRC", work.path())
+            .env("BIN", BIN)
+            .env("CFG", &cfg)
+            .env("REMOTE", &remote)
+            .env_remove("SSH_AUTH_SOCK")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let first_err = std::fs::read_to_string(work.path().join("stderr")).unwrap_or_default();
+        eprintln!("{who}:\n{stdout}\nfirst copy said: {first_err}");
+        assert_ne!(out.status.code(), Some(99), "could not mount the small disk");
+        assert!(out.status.success(), "{who}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("first 1"), "{who}: the first copy fails");
+        assert!(first_err.contains("no space left on device"), "{first_err}");
+        let (before, after) = stdout.split_once('{').expect("the JSON summary");
+        assert!(
+            before.contains(".big.bin.fastcp-partial") && !before.contains("\nbig.bin\n"),
+            "{who}: only the partial file is kept: {before}"
+        );
+        assert!(!after.contains("CORRUPT"));
+        assert!(!after.contains("fastcp-"), "{who}: the partial file is gone");
+        let text = format!("{{{}}}", after.rsplit_once('}').unwrap().0);
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let resumed = json["bytes_resumed"].as_u64().unwrap();
+        let sent = json["bytes_sent"].as_u64().unwrap();
+        assert!(resumed >= 1 << 20, "{who}: kept {resumed}");
+        assert_eq!(resumed + sent, 6 << 20);
+    }
+}
