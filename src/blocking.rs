@@ -56,3 +56,33 @@ pub fn copy_remote(
 ) -> Result<Outcome, Error> {
     runtime()?.block_on(crate::copy_remote(plan, ssh, progress))
 }
+
+/// [`crate::Session`], with blocking calls: one login for many copies.
+#[derive(Debug)]
+pub struct Session {
+    inner: crate::Session,
+}
+
+impl Session {
+    /// [`crate::Session::connect`], blocking until logged in.
+    pub fn connect(
+        remote: &crate::RemotePath,
+        ssh: &SshOptions,
+        options: &crate::CopyOptions,
+    ) -> Result<Session, Error> {
+        let inner = runtime()?.block_on(crate::Session::connect(remote, ssh, options))?;
+        Ok(Session { inner })
+    }
+
+    /// [`crate::Session::copy`], blocking until it is done. Copies from several threads run
+    /// at the same time over the one login.
+    pub fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+        runtime()?.block_on(self.inner.copy(plan, progress))
+    }
+
+    /// [`crate::Session::close`].
+    pub fn close(self) -> Result<(), Error> {
+        runtime()?.block_on(self.inner.close());
+        Ok(())
+    }
+}

@@ -341,7 +341,7 @@ impl Plan {
 
     /// A push of regular files that together fit in one chunk: each travels whole on one
     /// stream, so a second stream over SSH would only add its login to the copy's time.
-    fn fits_one_stream(&self) -> bool {
+    pub(crate) fn fits_one_stream(&self) -> bool {
         let chunk = self
             .options
             .chunk_size
@@ -361,7 +361,7 @@ impl Plan {
 
     /// The plan with `--shard` applied: its filter narrowed to this run's share, found by
     /// walking the sources first (see [`crate::shard`]). Without a shard, a copy of itself.
-    async fn sharded(&self) -> Result<Plan, Error> {
+    pub(crate) async fn sharded(&self) -> Result<Plan, Error> {
         let Some(shard) = self.options.shard else {
             return Ok(self.clone());
         };
@@ -413,7 +413,7 @@ impl Plan {
 
 /// Runs `work` until it ends or `cancel` is triggered. Cancelling drops `work`, whose engine
 /// then removes its temp files.
-async fn cancellable<T>(
+pub(crate) async fn cancellable<T>(
     cancel: Option<&tokio_util::sync::CancellationToken>,
     work: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
@@ -600,19 +600,19 @@ async fn copy_remote_now(
                 .into(),
         ));
     }
-    let started = Instant::now();
-    let job = if plan.options.dry_run {
-        Job::DryRun
-    } else {
-        Job::Copy
-    };
-    let (done, transport) = connect_and_run(plan, ssh, progress, job).await?;
-    Ok(done.into_outcome(transport, started))
+    let session = crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await?;
+    session.copy(plan, progress).await
+}
+
+/// The remote operand of a plan for a remote copy.
+fn remote_of(plan: &Plan) -> Result<&RemotePath, Error> {
+    plan.remote()
+        .ok_or_else(|| Error::Usage("copy_remote needs a remote operand".into()))
 }
 
 /// What a session does once its streams are up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Job {
+pub(crate) enum Job {
     /// Copy files with the engine.
     Copy,
     /// List what would be copied; write nothing.
@@ -621,257 +621,11 @@ enum Job {
     Measure(Duration),
 }
 
-/// Connects to the plan's remote host, chooses the transport and runs `job` in one session;
-/// returns what it did and the transport that carried it ("tcp" or "ssh").
-async fn connect_and_run(
-    plan: &Plan,
-    ssh: &SshOptions,
-    progress: Arc<Progress>,
-    job: Job,
-) -> Result<(SessionDone, &'static str), Error> {
-    let log = &plan.options.log;
-    let remote = plan
-        .remote()
-        .ok_or_else(|| Error::Usage("copy_remote needs a remote operand".into()))?;
-    let mut ssh = ssh.clone();
-    if ssh.port.is_none() {
-        ssh.port = remote.port;
-    }
-    // A peer that stopped answering is also noticed below the copy: SSH keepalives, a
-    // third of the timeout apart (three unanswered end the connection).
-    if ssh.client.keepalive_interval.is_none()
-        && let Some(t) = plan.options.timeout.filter(|t| !t.is_zero())
-    {
-        ssh.client.keepalive_interval = Some((t / 3).max(Duration::from_secs(1)));
-    }
-    // And a server that never speaks: the handshake waits no longer than the copy would.
-    if ssh.client.default_connect_timeout.is_none() {
-        ssh.client.default_connect_timeout = plan.options.timeout.filter(|t| !t.is_zero());
-    }
-    let destination = match &remote.user {
-        Some(user) => format!("{user}@{}", remote.host),
-        None => remote.host.clone(),
-    };
-    let peer = connect(&destination, &ssh, log).await?;
-    if plan.options.sftp {
-        let done = crate::sftp::copy(plan, &peer, progress).await?;
-        return Ok((done, "sftp"));
-    }
-    if job == Job::DryRun {
-        let started = session_over(
-            plan,
-            std::slice::from_ref(&peer),
-            &ssh,
-            Mode::Inline,
-            progress.clone(),
-            job,
-        )
-        .await?;
-        return over_sftp_if_needed(plan, &peer, started, "ssh", progress).await;
-    }
-    let tcp_addr = match plan.options.transport {
-        TransportChoice::Ssh => None,
-        TransportChoice::Auto => direct_address(&peer).await,
-        TransportChoice::Tcp => Some(direct_address(&peer).await.ok_or_else(|| {
-            Error::Usage(
-                "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
-                 or a ProxyCommand); use --transport ssh"
-                    .into(),
-            )
-        })?),
-    };
-    if let Some(addr) = tcp_addr {
-        let mode = Mode::Tcp {
-            addr,
-            streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
-        };
-        log.info(|| {
-            format!(
-                "transport: sealed TCP to {addr}, {} stream(s)",
-                mode.streams()
-            )
-        });
-        match session_over(
-            plan,
-            std::slice::from_ref(&peer),
-            &ssh,
-            mode,
-            progress.clone(),
-            job,
-        )
-        .await
-        {
-            Err(Error::Tcp(e))
-                if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
-            {
-                log.warn(|| format!("{e}; falling back to SSH channels"));
-            }
-            other => return over_sftp_if_needed(plan, &peer, other?, "tcp", progress).await,
-        }
-    }
-    let wanted = match plan.options.streams {
-        Some(n) => n,
-        None if plan.fits_one_stream() => {
-            log.debug(|| "one stream: the files fit in one chunk".into());
-            1
-        }
-        None => DEFAULT_SSH_STREAMS,
-    }
-    .clamp(1, MAX_SSH_STREAMS);
-    if let (true, AnyTransport::Program(program)) = (wanted > 1, &peer) {
-        // The system ssh forwards TCP ports, not unix sockets: each stream is an `ssh -W` of
-        // its own (a connection and an sshd process each, so they spread over cores, unless
-        // ssh_config's ControlMaster shares one), sealed as TCP streams are.
-        let mode = Mode::Forwarded { streams: wanted };
-        log.info(|| {
-            format!("transport: {wanted} sealed stream(s) forwarded by the system ssh (ssh -W)")
-        });
-        loop {
-            match session_over(
-                plan,
-                std::slice::from_ref(&peer),
-                &ssh,
-                mode,
-                progress.clone(),
-                job,
-            )
-            .await
-            {
-                Err(Error::Tcp(
-                    e @ (fastcp_transport::tcp::Error::Join { .. }
-                    | fastcp_transport::tcp::Error::Unreachable { .. }),
-                )) => {
-                    // Their own logins may need a prompt: ride the first one's instead.
-                    if program.has_master() && !program.streams_through_master() {
-                        log.info(|| {
-                            "the extra streams could not log in without a prompt: they share \
-                             the first connection"
-                                .into()
-                        });
-                        program.set_streams_through_master(true);
-                        continue;
-                    }
-                    log.warn(|| {
-                        format!(
-                            "the system ssh could not carry extra data streams (is TCP \
-                             forwarding allowed on the remote sshd?): {e}; copying over one \
-                             stream"
-                        )
-                    });
-                    break;
-                }
-                other => return over_sftp_if_needed(plan, &peer, other?, "ssh", progress).await,
-            }
-        }
-    }
-    let mode = if wanted > 1 && matches!(peer, AnyTransport::Builtin(_)) {
-        Mode::Unix { streams: wanted }
-    } else {
-        Mode::Inline
-    };
-    // Every data stream gets an SSH connection of its own. One sshd process encrypts
-    // everything on its connection, so a second connection is faster than a second channel
-    // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
-    // engine leaves one channel unread while it waits for an entry on another, the SSH
-    // client stops reading the whole connection.
-    let mut peers = vec![peer];
-    if let (Mode::Unix { streams }, AnyTransport::Builtin(first)) = (mode, &peers[0]) {
-        let extra = streams.saturating_sub(1);
-        let mut more = Vec::new();
-        for _ in 0..extra {
-            more.push(AnyTransport::Builtin(first.reconnect().await?));
-        }
-        peers.extend(more);
-    }
-    log.info(|| {
-        format!(
-            "transport: SSH channels, {} stream(s) over {} connection(s)",
-            mode.streams(),
-            peers.len()
-        )
-    });
-    let started = session_over(plan, &peers, &ssh, mode, progress.clone(), job).await?;
-    over_sftp_if_needed(plan, &peers[0], started, "ssh", progress).await
-}
-
 /// A session that ran, or the reason to copy over SFTP instead: fastcp is not on the remote
 /// host and cannot run there.
-enum Started {
+pub(crate) enum Started {
     Done(Box<SessionDone>),
     Sftp(String),
-}
-
-/// Returns a finished session as carried by `transport`, or copies over SFTP.
-async fn over_sftp_if_needed(
-    plan: &Plan,
-    peer: &AnyTransport,
-    started: Started,
-    transport: &'static str,
-    progress: Arc<Progress>,
-) -> Result<(SessionDone, &'static str), Error> {
-    match started {
-        Started::Done(done) => Ok((*done, transport)),
-        Started::Sftp(why) => {
-            plan.options
-                .log
-                .warn(|| format!("{why}: copying over SFTP"));
-            match crate::sftp::copy(plan, peer, progress).await {
-                Ok(done) => Ok((done, "sftp")),
-                Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
-                    "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
-                     uploaded (no --no-deploy)"
-                ))),
-                Err(e) => Err(e),
-            }
-        }
-    }
-}
-
-/// Connects as [`AnyTransport::connect`] does, telling `log` where and how.
-async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTransport, Error> {
-    if let Some(program) = &ssh.ssh_program {
-        log.info(|| format!("running {} to reach {destination}", program.display()));
-    } else if let Ok(chain) = transport::ssh::resolve_chain(destination, ssh) {
-        for (i, hop) in chain.iter().enumerate() {
-            let role = if i + 1 == chain.len() {
-                "host"
-            } else {
-                "jump host"
-            };
-            log.info(|| {
-                format!(
-                    "connecting to {role} {}@{} port {} ({})",
-                    hop.user, hop.host_name, hop.port, hop.alias
-                )
-            });
-            log.debug(|| {
-                format!(
-                    "  identity files {:?}, known hosts {:?}, StrictHostKeyChecking {:?}",
-                    hop.identity_files, hop.user_known_hosts_files, hop.strict_host_key_checking
-                )
-            });
-        }
-    }
-    let peer = match AnyTransport::connect(destination, ssh).await {
-        // ssh_config asks for what only OpenSSH's client does: let it do the connecting.
-        Err(transport::Error::NeedsSystemSsh(why)) if ssh.ssh_program.is_none() => {
-            log.info(|| format!("{why}: the built-in SSH client lacks it; running the system ssh"));
-            let mut system = ssh.clone();
-            system.ssh_program = Some(PathBuf::from("ssh"));
-            AnyTransport::connect(destination, &system).await?
-        }
-        other => other?,
-    };
-    if let AnyTransport::Builtin(session) = &peer {
-        match session.peer_addr() {
-            Some(addr) => log.info(|| format!("authenticated to {addr}")),
-            None => log.info(|| "authenticated (through a proxy)".into()),
-        }
-    }
-    for warning in peer.warnings() {
-        log.warn(|| warning.clone());
-    }
-    Ok(peer)
 }
 
 /// How long to wait for the remote program's exit status and last words once its session
@@ -986,7 +740,7 @@ pub struct SessionDone {
 }
 
 impl SessionDone {
-    fn into_outcome(self, transport: &'static str, started: Instant) -> Outcome {
+    pub(crate) fn into_outcome(self, transport: &'static str, started: Instant) -> Outcome {
         Outcome {
             report: self.report,
             transport,
@@ -1004,9 +758,9 @@ impl SessionDone {
 /// Starts `fastcp server` on the first of `peers` and runs one session with it. When the
 /// remote host has no fastcp, deploys it (see [`crate::deploy`]) and runs the session with
 /// that; when none can run there, says why, for the caller to copy over SFTP.
-async fn session_over(
+pub(crate) async fn session_over(
     plan: &Plan,
-    peers: &[AnyTransport],
+    peers: &[Arc<AnyTransport>],
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
@@ -1060,7 +814,7 @@ enum Attempt {
 /// Starts `fastcp server` on the first of `peers` and runs one session with it.
 async fn try_session(
     plan: &Plan,
-    peers: &[AnyTransport],
+    peers: &[Arc<AnyTransport>],
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
@@ -1208,7 +962,7 @@ fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
 
 /// The address to open TCP data streams to: the SSH host itself, when fastcp's own client
 /// reached it directly, or when the system ssh would (`ssh -G` names no proxy).
-async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
+pub(crate) async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
     match peer {
         AnyTransport::Builtin(session) => session.peer_addr().map(|a| a.ip()),
         AnyTransport::Program(program) => program.direct_address().await.map(|a| a.ip()),
@@ -1721,15 +1475,8 @@ pub async fn probe(
     ssh: &SshOptions,
     options: &CopyOptions,
 ) -> Result<Probe, Error> {
-    let mut ssh = ssh.clone();
-    if ssh.port.is_none() {
-        ssh.port = remote.port;
-    }
-    let destination = match &remote.user {
-        Some(user) => format!("{user}@{}", remote.host),
-        None => remote.host.clone(),
-    };
-    let peer = connect(&destination, &ssh, &options.log).await?;
+    let session = crate::Session::connect(remote, ssh, options).await?;
+    let peer = session.first_connection();
     let tcp_address = match options.transport {
         TransportChoice::Ssh => None,
         _ => direct_address(&peer).await,
@@ -1745,7 +1492,7 @@ pub async fn probe(
     let agreed = match (agreed, status) {
         (Ok(agreed), _) => agreed,
         (Err(err), Ok(status)) if status.is_command_not_found() => {
-            return Err(not_installed(&ssh, &err));
+            return Err(not_installed(ssh, &err));
         }
         (Err(err), _) => return Err(err),
     };
@@ -1813,7 +1560,8 @@ pub async fn measure(
         options,
     )?;
     let progress = Arc::new(Progress::default());
-    let (done, transport) = connect_and_run(&plan, ssh, progress, Job::Measure(duration)).await?;
+    let session = crate::Session::connect(remote_of(&plan)?, ssh, &plan.options).await?;
+    let (done, transport) = session.run(&plan, progress, Job::Measure(duration)).await?;
     Ok(Measurement {
         bytes: done.report.local.bytes,
         elapsed: done.data_time,

@@ -48,6 +48,7 @@ mod error;
 pub mod limit;
 mod location;
 mod log;
+mod remote;
 pub mod server;
 mod session;
 pub mod sftp;
@@ -63,6 +64,7 @@ pub use client::{
 pub use error::{Error, ErrorKind, Fault, exit};
 pub use location::{Location, RemotePath};
 pub use log::{Log, LogLevel};
+pub use remote::Session;
 pub use session::SOFTWARE;
 pub use wire::Prefixed;
 

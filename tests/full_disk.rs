@@ -186,7 +186,11 @@ exit $rc' fastcp "$@""#,
 fn a_full_disk_then_resume_once_space_is_freed() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    write(&work.path().join("big.bin"), &pseudo_random(6 << 20, 4), 0o644);
+    write(
+        &work.path().join("big.bin"),
+        &pseudo_random(6 << 20, 4),
+        0o644,
+    );
     let full = work.path().join("full");
     std::fs::create_dir(&full).unwrap();
     let cfg = sshd.ssh_config().to_str().unwrap().to_owned();
@@ -215,8 +219,16 @@ ls -a "$FULL""#
         let stdout = String::from_utf8_lossy(&out.stdout);
         let first_err = std::fs::read_to_string(work.path().join("stderr")).unwrap_or_default();
         eprintln!("{who}:\n{stdout}\nfirst copy said: {first_err}");
-        assert_ne!(out.status.code(), Some(99), "could not mount the small disk");
-        assert!(out.status.success(), "{who}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_ne!(
+            out.status.code(),
+            Some(99),
+            "could not mount the small disk"
+        );
+        assert!(
+            out.status.success(),
+            "{who}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(stdout.contains("first 1"), "{who}: the first copy fails");
         assert!(first_err.contains("no space left on device"), "{first_err}");
         let (before, after) = stdout.split_once('{').expect("the JSON summary");
@@ -225,7 +237,10 @@ ls -a "$FULL""#
             "{who}: only the partial file is kept: {before}"
         );
         assert!(!after.contains("CORRUPT"));
-        assert!(!after.contains("fastcp-"), "{who}: the partial file is gone");
+        assert!(
+            !after.contains("fastcp-"),
+            "{who}: the partial file is gone"
+        );
         let text = format!("{{{}}}", after.rsplit_once('}').unwrap().0);
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
         let resumed = json["bytes_resumed"].as_u64().unwrap();

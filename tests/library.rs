@@ -4,7 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastcp::{CancellationToken, CopyOptions, ErrorKind, Fault, Location, Plan, Progress};
+mod common;
+
+use fastcp::{
+    CancellationToken, CopyOptions, ErrorKind, Fault, Location, Plan, Progress, Session,
+    TransportChoice,
+};
+use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
     assert_no_temp, assert_same_tree, build_tiny, pseudo_random, write,
 };
@@ -120,4 +126,156 @@ fn an_unreachable_host_is_a_connect_error_on_the_network() {
         (ErrorKind::Connect, Fault::Network),
         "{err}"
     );
+}
+
+/// One `Session`, many copies: pushes and a pull one after another, two pushes at the same
+/// time, all over one SSH login; copies over SSH channels open one more connection once and
+/// keep it; a copy to another host is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_runs_many_copies_over_one_login() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let srcs: Vec<_> = (0..4)
+        .map(|i| {
+            let src = work.path().join(format!("src{i}"));
+            build_tiny(&src, 20 + i);
+            src
+        })
+        .collect();
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        remote_path: Some(common::BIN.into()),
+        ..Default::default()
+    };
+    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let options = CopyOptions {
+        recursive: true,
+        ..CopyOptions::default()
+    };
+    let target = remote(work.path());
+    let session = Session::connect(target.remote().unwrap(), &ssh, &options)
+        .await
+        .unwrap();
+    let copy = |from: Location, to: Location, options: CopyOptions| {
+        let plan = Plan::new(vec![from], to, options).unwrap();
+        let session = &session;
+        async move {
+            let outcome = session
+                .copy(&plan, Arc::new(Progress::default()))
+                .await
+                .unwrap();
+            assert!(outcome.report.is_complete());
+            outcome
+        }
+    };
+    let logins = || sshd.log().matches("Accepted publickey").count();
+
+    // One after another: a push, then a pull of what it wrote.
+    let pushed = work.path().join("pushed0");
+    copy(
+        Location::Local(srcs[0].clone()),
+        remote(&pushed),
+        options.clone(),
+    )
+    .await;
+    let back = work.path().join("back0");
+    copy(
+        remote(&pushed),
+        Location::Local(back.clone()),
+        options.clone(),
+    )
+    .await;
+    assert_same_tree(&srcs[0], &back, false);
+    // At the same time.
+    let (a, b) = tokio::join!(
+        copy(
+            Location::Local(srcs[1].clone()),
+            remote(&work.path().join("pushed1")),
+            options.clone()
+        ),
+        copy(
+            Location::Local(srcs[2].clone()),
+            remote(&work.path().join("pushed2")),
+            options.clone()
+        ),
+    );
+    assert_eq!((a.transport, b.transport), ("tcp", "tcp"));
+    assert_same_tree(&srcs[1], &work.path().join("pushed1"), false);
+    assert_same_tree(&srcs[2], &work.path().join("pushed2"), false);
+    assert_eq!(logins(), 1, "four copies, one login");
+
+    // Two streams over SSH channels: one more connection, opened once.
+    let over_ssh = CopyOptions {
+        transport: TransportChoice::Ssh,
+        streams: Some(2),
+        ..options.clone()
+    };
+    for name in ["pushed3", "pushed4"] {
+        let outcome = copy(
+            Location::Local(srcs[3].clone()),
+            remote(&work.path().join(name)),
+            over_ssh.clone(),
+        )
+        .await;
+        assert_eq!((outcome.transport, outcome.streams), ("ssh", 2));
+        assert_same_tree(&srcs[3], &work.path().join(name), false);
+    }
+    assert_eq!(logins(), 2);
+
+    // Another host is not this session's.
+    let plan = Plan::new(
+        vec![Location::Local(srcs[0].clone())],
+        Location::parse("elsewhere:/tmp/x"),
+        options.clone(),
+    )
+    .unwrap();
+    let err = session
+        .copy(&plan, Arc::new(Progress::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Usage, "{err}");
+    session.close().await;
+    assert_eq!(logins(), 2);
+}
+
+/// `fastcp::blocking::Session`: two copies from two threads over one login.
+#[test]
+fn a_blocking_session_copies_from_two_threads() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 30);
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        remote_path: Some(common::BIN.into()),
+        ..Default::default()
+    };
+    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let options = CopyOptions {
+        recursive: true,
+        ..CopyOptions::default()
+    };
+    let target = remote(work.path());
+    let session =
+        fastcp::blocking::Session::connect(target.remote().unwrap(), &ssh, &options).unwrap();
+    std::thread::scope(|scope| {
+        for name in ["copy0", "copy1"] {
+            let plan = Plan::new(
+                vec![Location::Local(src.clone())],
+                remote(&work.path().join(name)),
+                options.clone(),
+            )
+            .unwrap();
+            let session = &session;
+            scope.spawn(move || {
+                let outcome = session.copy(&plan, Arc::new(Progress::default())).unwrap();
+                assert!(outcome.report.is_complete());
+            });
+        }
+    });
+    session.close().unwrap();
+    for name in ["copy0", "copy1"] {
+        assert_same_tree(&src, &work.path().join(name), false);
+    }
+    assert_eq!(sshd.log().matches("Accepted publickey").count(), 1);
 }

@@ -134,6 +134,27 @@ pub trait Transport: Send + Sync + Sized {
     fn supports_extra_streams(&self) -> bool;
 }
 
+/// A shared transport, as an embedder keeps one for several copies.
+impl<T: Transport> Transport for std::sync::Arc<T> {
+    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
+        T::connect(destination, options)
+            .await
+            .map(std::sync::Arc::new)
+    }
+
+    async fn start_server(&self) -> Result<RemoteProcess, Error> {
+        (**self).start_server().await
+    }
+
+    async fn open_stream(&self, rendezvous: &Rendezvous) -> Result<BoxStream, Error> {
+        (**self).open_stream(rendezvous).await
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        (**self).supports_extra_streams()
+    }
+}
+
 impl Transport for SshSession {
     async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
         SshSession::connect(destination, options).await

@@ -1,0 +1,385 @@
+//! One SSH login to a remote host for any number of copies: [`Session`].
+//!
+//! [`copy_remote`](crate::copy_remote) is a [`Session`] used once. A program that runs many
+//! copies to one host (a nightly backup of fifty folders) connects once and runs them all,
+//! one after another or at the same time, over the same SSH connection: each copy starts
+//! its own `fastcp server` on a channel of it, and what a copy learns (that the TCP data
+//! port is unreachable, that fastcp had to be deployed) serves the next.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
+
+use crate::client::{
+    DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Plan,
+    SessionDone, Started, TransportChoice, cancellable, direct_address, session_over,
+};
+use crate::location::{Location, RemotePath};
+use crate::log::Log;
+use crate::{CopyOptions, Error, Progress};
+
+/// A logged-in SSH connection to one remote host, for any number of copies.
+///
+/// It connects once, with the user, port, ssh_config and keys of [`SshOptions`] (a
+/// passphrase or password is asked once), and each [`copy`](Session::copy) runs over it:
+/// pushes and pulls, one after another or at the same time. Copies that want more data
+/// streams over SSH than one connection carries open further connections to the same host
+/// once, and the session keeps them for the copies after. Dropping the session closes its
+/// connections; [`close`](Session::close) says so explicitly.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), fastcp::Error> {
+/// use std::sync::Arc;
+/// use fastcp::{CopyOptions, Location, Plan, Progress, Session};
+/// use fastcp::transport::SshOptions;
+///
+/// let target = Location::parse("backup@nas:nightly/");
+/// let host = target.remote().expect("a remote operand");
+/// let options = CopyOptions { recursive: true, skip_unchanged: true, ..CopyOptions::default() };
+/// let session = Session::connect(host, &SshOptions::default(), &options).await?;
+/// for folder in ["/etc", "/home", "/srv"] {
+///     let plan = Plan::new(vec![Location::parse(folder)], target.clone(), options.clone())?;
+///     let outcome = session.copy(&plan, Arc::new(Progress::default())).await?;
+///     println!("{folder}: {} files", outcome.report.local.files);
+/// }
+/// session.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Session {
+    /// `[user@]host`, as connected to.
+    destination: String,
+    user: Option<String>,
+    host: String,
+    port: Option<u16>,
+    ssh: SshOptions,
+    /// The first connection, then any opened for more SSH streams.
+    connections: Mutex<Vec<Arc<AnyTransport>>>,
+    /// A copy found the TCP data port unreachable: later ones use SSH channels at once.
+    tcp_unreachable: AtomicBool,
+}
+
+impl Session {
+    /// Logs in to `remote`'s host (its user and port; its path is not used) as `ssh` says.
+    ///
+    /// From `options` it takes what applies to the connection: [`CopyOptions::timeout`]
+    /// (SSH keepalives a third of it apart, and the longest wait for the server's host key,
+    /// unless ssh_config sets ServerAliveInterval or ConnectTimeout) and [`CopyOptions::log`].
+    pub async fn connect(
+        remote: &RemotePath,
+        ssh: &SshOptions,
+        options: &CopyOptions,
+    ) -> Result<Session, Error> {
+        let mut ssh = ssh.clone();
+        if ssh.port.is_none() {
+            ssh.port = remote.port;
+        }
+        if let Some(t) = options.timeout.filter(|t| !t.is_zero()) {
+            // A peer that stopped answering is also noticed below the copy: SSH keepalives,
+            // a third of the timeout apart (three unanswered end the connection).
+            if ssh.client.keepalive_interval.is_none() {
+                ssh.client.keepalive_interval = Some((t / 3).max(Duration::from_secs(1)));
+            }
+            // And a server that never speaks: the handshake waits no longer than a copy.
+            if ssh.client.default_connect_timeout.is_none() {
+                ssh.client.default_connect_timeout = Some(t);
+            }
+        }
+        let destination = match &remote.user {
+            Some(user) => format!("{user}@{}", remote.host),
+            None => remote.host.clone(),
+        };
+        let peer = connect(&destination, &ssh, &options.log).await?;
+        Ok(Session {
+            destination,
+            user: remote.user.clone(),
+            host: remote.host.clone(),
+            port: remote.port,
+            ssh,
+            connections: Mutex::new(vec![Arc::new(peer)]),
+            tcp_unreachable: AtomicBool::new(false),
+        })
+    }
+
+    /// The `[user@]host` this session is logged in to.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    /// Runs one copy over this session: `plan`'s remote side must be this session's host
+    /// (same user, host and port). Cancel it with [`CopyOptions::cancel`] or by dropping the
+    /// future; the session stays usable either way.
+    pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+        cancellable(plan.options.cancel.as_ref(), self.copy_now(plan, progress)).await
+    }
+
+    /// Closes the session's connections. Copies still running on it fail.
+    pub async fn close(self) {
+        let connections = std::mem::take(&mut *lock(&self.connections));
+        drop(connections);
+    }
+
+    async fn copy_now(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+        let plan = &plan.sharded().await?;
+        if matches!(plan.dest, Location::Local(_))
+            && plan
+                .options
+                .filter
+                .as_ref()
+                .is_some_and(|f| f.has_predicate())
+        {
+            return Err(Error::Usage(
+                "a filter predicate runs where the files are read: it cannot serve a pull (use \
+                 include and exclude rules, which travel)"
+                    .into(),
+            ));
+        }
+        let started = Instant::now();
+        let job = if plan.options.dry_run {
+            Job::DryRun
+        } else {
+            Job::Copy
+        };
+        let (done, transport) = self.run(plan, progress, job).await?;
+        Ok(done.into_outcome(transport, started))
+    }
+
+    /// Checks that `plan` copies to or from this session's host.
+    fn check_host(&self, plan: &Plan) -> Result<(), Error> {
+        let remote = plan
+            .remote()
+            .ok_or_else(|| Error::Usage("a remote copy needs a remote operand".into()))?;
+        if (&remote.user, &remote.host, remote.port) != (&self.user, &self.host, self.port) {
+            return Err(Error::Usage(format!(
+                "this session is logged in to {}, not to the copy's host {}",
+                self.destination, remote.host
+            )));
+        }
+        Ok(())
+    }
+
+    /// The connection copies start their server on.
+    pub(crate) fn first_connection(&self) -> Arc<AnyTransport> {
+        lock(&self.connections)[0].clone()
+    }
+
+    /// The session's connections, at least `n` of them when the transport can open more.
+    async fn connections(&self, n: usize) -> Result<Vec<Arc<AnyTransport>>, Error> {
+        let have = lock(&self.connections).clone();
+        let Some(AnyTransport::Builtin(first)) = have.first().map(|p| &**p) else {
+            return Ok(have);
+        };
+        let mut more = Vec::new();
+        for _ in have.len()..n {
+            more.push(Arc::new(AnyTransport::Builtin(first.reconnect().await?)));
+        }
+        let mut all = lock(&self.connections);
+        all.extend(more);
+        Ok(all.clone())
+    }
+
+    /// Chooses the transport and runs `job` in one session; returns what it did and the
+    /// transport that carried it ("tcp", "ssh" or "sftp").
+    pub(crate) async fn run(
+        &self,
+        plan: &Plan,
+        progress: Arc<Progress>,
+        job: Job,
+    ) -> Result<(SessionDone, &'static str), Error> {
+        self.check_host(plan)?;
+        let log = &plan.options.log;
+        let first = self.connections(1).await?;
+        let first = &first[..1];
+        let peer = &first[0];
+        if plan.options.sftp {
+            let done = crate::sftp::copy(plan, peer, progress).await?;
+            return Ok((done, "sftp"));
+        }
+        if job == Job::DryRun {
+            let started =
+                session_over(plan, first, &self.ssh, Mode::Inline, progress.clone(), job).await?;
+            return over_sftp_if_needed(plan, peer, started, "ssh", progress).await;
+        }
+        let tcp_addr = match plan.options.transport {
+            TransportChoice::Ssh => None,
+            TransportChoice::Auto if self.tcp_unreachable.load(Relaxed) => None,
+            TransportChoice::Auto => direct_address(peer).await,
+            TransportChoice::Tcp => Some(direct_address(peer).await.ok_or_else(|| {
+                Error::Usage(
+                    "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
+                     or a ProxyCommand); use --transport ssh"
+                        .into(),
+                )
+            })?),
+        };
+        if let Some(addr) = tcp_addr {
+            let mode = Mode::Tcp {
+                addr,
+                streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
+            };
+            log.info(|| {
+                format!(
+                    "transport: sealed TCP to {addr}, {} stream(s)",
+                    mode.streams()
+                )
+            });
+            match session_over(plan, first, &self.ssh, mode, progress.clone(), job).await {
+                Err(Error::Tcp(e))
+                    if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
+                {
+                    log.warn(|| format!("{e}; falling back to SSH channels"));
+                    // Later copies of this session go straight to SSH channels.
+                    self.tcp_unreachable.store(true, Relaxed);
+                }
+                other => return over_sftp_if_needed(plan, peer, other?, "tcp", progress).await,
+            }
+        }
+        let wanted = match plan.options.streams {
+            Some(n) => n,
+            None if plan.fits_one_stream() => {
+                log.debug(|| "one stream: the files fit in one chunk".into());
+                1
+            }
+            None => DEFAULT_SSH_STREAMS,
+        }
+        .clamp(1, MAX_SSH_STREAMS);
+        if let (true, AnyTransport::Program(program)) = (wanted > 1, &**peer) {
+            // The system ssh forwards TCP ports, not unix sockets: each stream is an `ssh -W` of
+            // its own (a connection and an sshd process each, so they spread over cores, unless
+            // ssh_config's ControlMaster shares one), sealed as TCP streams are.
+            let mode = Mode::Forwarded { streams: wanted };
+            log.info(|| {
+                format!("transport: {wanted} sealed stream(s) forwarded by the system ssh (ssh -W)")
+            });
+            loop {
+                match session_over(plan, first, &self.ssh, mode, progress.clone(), job).await {
+                    Err(Error::Tcp(
+                        e @ (fastcp_transport::tcp::Error::Join { .. }
+                        | fastcp_transport::tcp::Error::Unreachable { .. }),
+                    )) => {
+                        // Their own logins may need a prompt: ride the first one's instead.
+                        if program.has_master() && !program.streams_through_master() {
+                            log.info(|| {
+                                "the extra streams could not log in without a prompt: they share \
+                                 the first connection"
+                                    .into()
+                            });
+                            program.set_streams_through_master(true);
+                            continue;
+                        }
+                        log.warn(|| {
+                            format!(
+                                "the system ssh could not carry extra data streams (is TCP \
+                                 forwarding allowed on the remote sshd?): {e}; copying over one \
+                                 stream"
+                            )
+                        });
+                        break;
+                    }
+                    other => return over_sftp_if_needed(plan, peer, other?, "ssh", progress).await,
+                }
+            }
+        }
+        let mode = if wanted > 1 && matches!(**peer, AnyTransport::Builtin(_)) {
+            Mode::Unix { streams: wanted }
+        } else {
+            Mode::Inline
+        };
+        // Every data stream gets an SSH connection of its own. One sshd process encrypts
+        // everything on its connection, so a second connection is faster than a second channel
+        // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
+        // engine leaves one channel unread while it waits for an entry on another, the SSH
+        // client stops reading the whole connection.
+        let peers = self.connections(mode.streams() as usize).await?;
+        let peers = &peers[..peers.len().min(mode.streams() as usize)];
+        log.info(|| {
+            format!(
+                "transport: SSH channels, {} stream(s) over {} connection(s)",
+                mode.streams(),
+                peers.len()
+            )
+        });
+        let started = session_over(plan, peers, &self.ssh, mode, progress.clone(), job).await?;
+        over_sftp_if_needed(plan, &peers[0], started, "ssh", progress).await
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Returns a finished session as carried by `transport`, or copies over SFTP.
+async fn over_sftp_if_needed(
+    plan: &Plan,
+    peer: &AnyTransport,
+    started: Started,
+    transport: &'static str,
+    progress: Arc<Progress>,
+) -> Result<(SessionDone, &'static str), Error> {
+    match started {
+        Started::Done(done) => Ok((*done, transport)),
+        Started::Sftp(why) => {
+            plan.options
+                .log
+                .warn(|| format!("{why}: copying over SFTP"));
+            match crate::sftp::copy(plan, peer, progress).await {
+                Ok(done) => Ok((done, "sftp")),
+                Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
+                    "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
+                     uploaded (no --no-deploy)"
+                ))),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// Connects as [`AnyTransport::connect`] does, telling `log` where and how.
+async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTransport, Error> {
+    if let Some(program) = &ssh.ssh_program {
+        log.info(|| format!("running {} to reach {destination}", program.display()));
+    } else if let Ok(chain) = transport::ssh::resolve_chain(destination, ssh) {
+        for (i, hop) in chain.iter().enumerate() {
+            let role = if i + 1 == chain.len() {
+                "host"
+            } else {
+                "jump host"
+            };
+            log.info(|| {
+                format!(
+                    "connecting to {role} {}@{} port {} ({})",
+                    hop.user, hop.host_name, hop.port, hop.alias
+                )
+            });
+            log.debug(|| {
+                format!(
+                    "  identity files {:?}, known hosts {:?}, StrictHostKeyChecking {:?}",
+                    hop.identity_files, hop.user_known_hosts_files, hop.strict_host_key_checking
+                )
+            });
+        }
+    }
+    let peer = match AnyTransport::connect(destination, ssh).await {
+        // ssh_config asks for what only OpenSSH's client does: let it do the connecting.
+        Err(transport::Error::NeedsSystemSsh(why)) if ssh.ssh_program.is_none() => {
+            log.info(|| format!("{why}: the built-in SSH client lacks it; running the system ssh"));
+            let mut system = ssh.clone();
+            system.ssh_program = Some(PathBuf::from("ssh"));
+            AnyTransport::connect(destination, &system).await?
+        }
+        other => other?,
+    };
+    if let AnyTransport::Builtin(session) = &peer {
+        match session.peer_addr() {
+            Some(addr) => log.info(|| format!("authenticated to {addr}")),
+            None => log.info(|| "authenticated (through a proxy)".into()),
+        }
+    }
+    for warning in peer.warnings() {
+        log.warn(|| warning.clone());
+    }
+    Ok(peer)
+}
