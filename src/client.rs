@@ -586,20 +586,6 @@ async fn copy_remote_now(
     ssh: &SshOptions,
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
-    let plan = &plan.sharded().await?;
-    if matches!(plan.dest, Location::Local(_))
-        && plan
-            .options
-            .filter
-            .as_ref()
-            .is_some_and(|f| f.has_predicate())
-    {
-        return Err(Error::Usage(
-            "a filter predicate runs where the files are read: it cannot serve a pull (use \
-             include and exclude rules, which travel)"
-                .into(),
-        ));
-    }
     let session = crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await?;
     session.copy(plan, progress).await
 }
@@ -1100,7 +1086,12 @@ where
         .await?;
     let accept = match reader.next("waiting for the server to accept").await? {
         Frame::Accept(a) => a,
-        Frame::Error(e) => return Err(Error::Remote(e.message)),
+        Frame::Error(e) => {
+            return Err(Error::Refused {
+                code: e.code,
+                message: e.message,
+            });
+        }
         other => {
             return Err(Error::UnexpectedFrame {
                 expected: "Accept",
