@@ -274,6 +274,19 @@ pub struct ServerArgs {
     /// Ports the TCP data streams may use, as LOW-HIGH [env: FASTCP_TCP_PORTS].
     #[arg(long, value_name = "LOW-HIGH", env = "FASTCP_TCP_PORTS", value_parser = parse_ports)]
     pub ports: Option<(u16, u16)>,
+    /// Confine clients to DIR: every path they name is taken relative to it and must
+    /// resolve beneath it (for a forced command in authorized_keys).
+    #[arg(long, value_name = "DIR")]
+    pub restrict_to: Option<std::path::PathBuf>,
+    /// Refuse pushes: clients may only read.
+    #[arg(long, conflicts_with = "write_only")]
+    pub read_only: bool,
+    /// Refuse pulls: clients may only write.
+    #[arg(long)]
+    pub write_only: bool,
+    /// Refuse --delete.
+    #[arg(long)]
+    pub no_delete: bool,
 }
 
 /// Parses "LOW-HIGH" or a single port.
@@ -737,11 +750,30 @@ async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
+/// What `fastcp server`'s flags allow its clients.
+fn server_policy(args: &ServerArgs) -> fastcp::server::Policy {
+    let mut policy = fastcp::server::Policy::default();
+    if let Some(root) = &args.restrict_to {
+        policy = policy.confined_to(root);
+    }
+    if args.read_only {
+        policy = policy.read_only();
+    }
+    if args.write_only {
+        policy = policy.write_only();
+    }
+    if args.no_delete {
+        policy = policy.no_delete();
+    }
+    policy
+}
+
 async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
     let stdio = fastcp::stdio::Stdio::new();
     let config = fastcp::server::ServerConfig {
         tcp_bind: args.bind,
         tcp_ports: args.ports.map(|(lo, hi)| lo..=hi),
+        policy: server_policy(args),
         // Warnings reach the client's stderr through sshd.
         log: fastcp::Log::new(|level, line| {
             if level == fastcp::LogLevel::Warn {

@@ -41,6 +41,17 @@ pub enum Error {
     /// The remote side reported a fatal error.
     #[error("remote: {0}")]
     Remote(String),
+
+    /// The server refused the request, with the kind of its reason (its error code): a path
+    /// it does not have, or one its policy does not allow (see
+    /// [`server::Policy`](crate::server::Policy)).
+    #[error("remote: {message}")]
+    Refused {
+        /// The server's error code.
+        code: fastcp_proto::ErrorCode,
+        /// Its message.
+        message: String,
+    },
     /// The remote command failed before speaking the protocol.
     #[error("{0}")]
     RemoteCommand(String),
@@ -201,6 +212,7 @@ impl Error {
             Error::Timeout(_) => ErrorKind::Timeout,
             Error::JoinRejected(_) => ErrorKind::Protocol,
             Error::Remote(_) => ErrorKind::Protocol,
+            Error::Refused { code, .. } => code_kind(*code),
             Error::RemoteCommand(_) | Error::Deploy(_) => ErrorKind::RemoteProgramMissing,
             Error::Crypto(_) => ErrorKind::Integrity,
             Error::Engine(e) => engine_kind(e),
@@ -224,6 +236,10 @@ impl Error {
                 Fault::User
             }
             (_, ErrorKind::Connect | ErrorKind::Timeout) => Fault::Network,
+            (Error::Refused { .. }, ErrorKind::PermissionDenied | ErrorKind::NotFound) => {
+                Fault::User
+            }
+            (Error::Refused { .. }, _) => Fault::Remote,
             (Error::Crypto(_), _) | (Error::Tcp(_), _) => Fault::Network,
             (_, ErrorKind::Integrity) => Fault::Network,
             (_, ErrorKind::Protocol | ErrorKind::RemoteProgramMissing) => Fault::Remote,
@@ -270,19 +286,25 @@ fn engine_kind(e: &fastcp_stream::Error) -> ErrorKind {
         S::ConnectionClosed { .. } | S::Stream { .. } => ErrorKind::Connect,
         S::UnsafePath { .. } | S::Protocol(_) | S::Decode { .. } => ErrorKind::Protocol,
         S::Unsupported { .. } | S::InvalidArgument(_) => ErrorKind::Usage,
-        S::Remote { code, .. } => match code {
-            fastcp_proto::ErrorCode::NotFound => ErrorKind::NotFound,
-            fastcp_proto::ErrorCode::PermissionDenied => ErrorKind::PermissionDenied,
-            fastcp_proto::ErrorCode::Integrity => ErrorKind::Integrity,
-            fastcp_proto::ErrorCode::SourceChanged => ErrorKind::SourceChanged,
-            fastcp_proto::ErrorCode::NoSpace => ErrorKind::NoSpace,
-            fastcp_proto::ErrorCode::ReadOnly => ErrorKind::ReadOnly,
-            fastcp_proto::ErrorCode::Quota => ErrorKind::Quota,
-            fastcp_proto::ErrorCode::Unsupported => ErrorKind::Usage,
-            fastcp_proto::ErrorCode::Io => ErrorKind::Io,
-            _ => ErrorKind::Protocol,
-        },
+        S::Remote { code, .. } => code_kind(*code),
         _ => ErrorKind::Io,
+    }
+}
+
+/// The kind of a wire error code.
+fn code_kind(code: fastcp_proto::ErrorCode) -> ErrorKind {
+    use fastcp_proto::ErrorCode as C;
+    match code {
+        C::NotFound => ErrorKind::NotFound,
+        C::PermissionDenied => ErrorKind::PermissionDenied,
+        C::Integrity => ErrorKind::Integrity,
+        C::SourceChanged => ErrorKind::SourceChanged,
+        C::NoSpace => ErrorKind::NoSpace,
+        C::ReadOnly => ErrorKind::ReadOnly,
+        C::Quota => ErrorKind::Quota,
+        C::Unsupported => ErrorKind::Usage,
+        C::Io => ErrorKind::Io,
+        _ => ErrorKind::Protocol,
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +56,167 @@ pub struct ServerConfig {
     /// Where the server tells what the client does not hear through the protocol, such as a
     /// stranger's connection to the data port that was refused. Default: nowhere.
     pub log: crate::Log,
+    /// What clients may do here: confined to a folder, read-only, write-only, no deletes
+    /// (`fastcp server --restrict-to`, for a forced command in authorized_keys). Default:
+    /// anything the account may do.
+    pub policy: Policy,
+}
+
+/// What a server lets its clients do, as borg's `serve --restrict-to-path` and
+/// `--append-only` or rsync's `rrsync` do for backups: set it in a forced command in
+/// `authorized_keys` (`command="fastcp server --restrict-to /srv/backup/host1 --no-delete"`)
+/// and that key can only copy within that folder, and only as allowed.
+///
+/// A request it does not allow is refused before anything is read or written, with an error
+/// of kind permission denied that the client shows.
+///
+/// ```
+/// use fastcp::server::{Policy, ServerConfig};
+///
+/// let config = ServerConfig {
+///     policy: Policy::default().confined_to("/srv/backup/host1").no_delete(),
+///     ..ServerConfig::default()
+/// };
+/// assert!(config.policy.deny_delete);
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Policy {
+    /// Every path a client names is taken relative to this folder (a leading `/` or `~/`
+    /// included), and must resolve, symlinks and `..` followed, to the folder or beneath it.
+    /// Below that, the engine never follows a symlink on the receiving side, and a pull may
+    /// not ask to follow them (`-L`).
+    pub root: Option<PathBuf>,
+    /// Refuse pushes: nothing is written here.
+    pub read_only: bool,
+    /// Refuse pulls: nothing is read out from here.
+    pub write_only: bool,
+    /// Refuse mirroring (`--delete`): a client cannot remove what it did not just copy.
+    pub deny_delete: bool,
+}
+
+impl Policy {
+    /// Confines clients to `root` (see [`Policy::root`]).
+    pub fn confined_to(mut self, root: impl Into<PathBuf>) -> Policy {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// Refuses pushes.
+    pub fn read_only(mut self) -> Policy {
+        self.read_only = true;
+        self
+    }
+
+    /// Refuses pulls.
+    pub fn write_only(mut self) -> Policy {
+        self.write_only = true;
+        self
+    }
+
+    /// Refuses `--delete`.
+    pub fn no_delete(mut self) -> Policy {
+        self.deny_delete = true;
+        self
+    }
+
+    /// What the request asks that this policy refuses, if anything.
+    fn check(&self, request: &Request) -> Result<(), Error> {
+        let refused = [
+            (
+                self.read_only && request.direction == Direction::Push,
+                "this server is read-only: it takes no files",
+            ),
+            (
+                self.write_only && request.direction == Direction::Pull,
+                "this server is write-only: it sends no files",
+            ),
+            (
+                self.deny_delete && request.flags & flags::DELETE != 0,
+                "this server does not allow --delete",
+            ),
+            (
+                self.root.is_some() && request.flags & flags::FOLLOW_LINKS != 0,
+                "this server is confined to a folder and does not follow symlinks",
+            ),
+        ];
+        match refused.iter().find(|(on, _)| *on) {
+            Some((_, why)) => Err(denied(why.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// A path as the client named it, resolved on this host: beneath the root when there is
+    /// one (see [`remote_path`] otherwise).
+    fn path(&self, raw: &[u8]) -> Result<PathBuf, Error> {
+        let Some(root) = &self.root else {
+            return Ok(remote_path(raw));
+        };
+        let rel = raw.strip_prefix(b"~").unwrap_or(raw);
+        let rel = &rel[rel.iter().take_while(|&&b| b == b'/').count()..];
+        let path = root.join(OsStr::from_bytes(rel));
+        self.check_beneath(&path)?;
+        Ok(path)
+    }
+
+    /// Checks that `path`, with symlinks and `..` resolved as far as it exists, is the root or
+    /// beneath it.
+    fn check_beneath(&self, path: &Path) -> Result<(), Error> {
+        let Some(root) = &self.root else {
+            return Ok(());
+        };
+        let root = root
+            .canonicalize()
+            .map_err(|e| denied(format!("the folder this server is confined to: {e}")))?;
+        // The longest part of the path that exists, resolved; the rest is yet to be made.
+        let mut existing = path.to_path_buf();
+        let mut rest = Vec::new();
+        let resolved = loop {
+            match existing.canonicalize() {
+                Ok(r) => break r,
+                Err(_) => match (existing.parent(), existing.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        rest.push(name.to_owned());
+                        existing = parent.to_path_buf();
+                    }
+                    _ => break existing.clone(),
+                },
+            }
+        };
+        let escapes = rest.iter().any(|n| n == "..");
+        if escapes || !resolved.starts_with(&root) {
+            return Err(denied(format!(
+                "{}: outside the folder this server is confined to",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The paths a pull asked for, resolved and expanded as [`remote_sources`] does, each
+    /// checked to be beneath the root.
+    fn sources(&self, paths: &[bytes::Bytes]) -> Result<Vec<PathBuf>, Error> {
+        if self.root.is_none() {
+            return Ok(remote_sources(paths));
+        }
+        let named = paths
+            .iter()
+            .map(|p| self.path(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let expanded = fastcp_stream::expand_sources(&named);
+        for p in &expanded {
+            self.check_beneath(p)?;
+        }
+        Ok(expanded)
+    }
+}
+
+/// A request the server's policy refuses.
+fn denied(why: String) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        why,
+    ))
 }
 
 impl Default for ServerConfig {
@@ -69,6 +230,7 @@ impl Default for ServerConfig {
             tcp_client: ssh_connection_field(0),
             idle_timeout: Some(SERVER_IDLE_TIMEOUT),
             log: crate::Log::default(),
+            policy: Policy::default(),
         }
     }
 }
@@ -167,6 +329,20 @@ where
     if let Err(e) = check_request(&request, config) {
         return Err((Some(reader), e));
     }
+    // Resolved once, before anything is accepted: a path the policy refuses ends the session
+    // here, with a clear error.
+    let resolved = match request.direction {
+        Direction::Pull => config.policy.sources(&request.paths),
+        Direction::Push => request
+            .paths
+            .iter()
+            .map(|p| config.policy.path(p))
+            .collect::<Result<Vec<_>, _>>(),
+    };
+    let resolved = match resolved {
+        Ok(r) => r,
+        Err(e) => return Err((Some(reader), e)),
+    };
     let server_random = random32();
     let secret = fastcp_crypto::session_secret(&request.client_random, &server_random);
     let streams = request.streams.max(1);
@@ -244,10 +420,7 @@ where
         return discard(data).await.map_err(|e| (None, e));
     }
     if request.flags & flags::DRY_RUN != 0 {
-        let sources: Vec<PathBuf> = match request.direction {
-            Direction::Pull => remote_sources(&request.paths),
-            Direction::Push => request.paths.iter().map(|p| remote_path(p)).collect(),
-        };
+        let sources = resolved;
         let target = sources.first().cloned().unwrap_or_default();
         let stream = data.into_iter().next().expect("at least one stream");
         return crate::client::serve_dry_run(
@@ -278,7 +451,7 @@ where
     let engine = async {
         match request.direction {
             Direction::Push => {
-                let dest = remote_path(request.paths.first().map(|p| &p[..]).unwrap_or(b""));
+                let dest = resolved.first().cloned().unwrap_or_default();
                 let cfg = fastcp_stream::ReceiveConfig {
                     preserve: request.flags & flags::PRESERVE != 0,
                     recursive: request.flags & flags::RECURSIVE != 0,
@@ -296,7 +469,7 @@ where
                 crate::data::receive(&dest, data, &cfg, progress.clone()).await
             }
             Direction::Pull => {
-                let sources = remote_sources(&request.paths);
+                let sources = resolved;
                 let cfg = fastcp_stream::SendConfig {
                     preserve: request.flags & flags::PRESERVE != 0,
                     recursive: request.flags & flags::RECURSIVE != 0,
@@ -416,6 +589,7 @@ fn prepare(
 }
 
 fn check_request(request: &Request, config: &ServerConfig) -> Result<(), Error> {
+    config.policy.check(request)?;
     if request.flags & !flags::KNOWN != 0 {
         return Err(Error::Unsupported(format!(
             "unknown request flags 0x{:x}; upgrade fastcp on the server",
@@ -574,6 +748,9 @@ impl Error {
         match self {
             Error::Unsupported(_) => ErrorCode::Unsupported,
             Error::Protocol(_) | Error::UnexpectedFrame { .. } => ErrorCode::Protocol,
+            Error::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                ErrorCode::PermissionDenied
+            }
             Error::Io(_) => ErrorCode::Io,
             _ => ErrorCode::Other,
         }
