@@ -279,3 +279,126 @@ fn a_blocking_session_copies_from_two_threads() {
     }
     assert_eq!(sshd.log().matches("Accepted publickey").count(), 1);
 }
+
+/// The events a copy reports, file by file: from the sending side on a push (sent, then
+/// skipped on the rerun), from the receiving side on a pull (verified, deleted, failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_tell_what_happened_to_each_file() {
+    use fastcp::{Event, EventSink, SkipReason};
+    use std::sync::Mutex;
+
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 12);
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        remote_path: Some(common::BIN.into()),
+        ..Default::default()
+    };
+    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let run = |from: Location, to: Location, options: CopyOptions| {
+        let ssh = ssh.clone();
+        async move {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let sink = EventSink::new({
+                let seen = seen.clone();
+                move |e: &Event| seen.lock().unwrap().push(e.clone())
+            });
+            let plan = Plan::new(vec![from], to, options).unwrap();
+            let outcome = fastcp::copy_remote(&plan, &ssh, Arc::new(Progress::with_events(sink)))
+                .await
+                .unwrap();
+            let seen = seen.lock().unwrap().clone();
+            (outcome, seen)
+        }
+    };
+    let count = |seen: &[Event], f: fn(&Event) -> bool| seen.iter().filter(|e| f(e)).count();
+    let options = CopyOptions {
+        recursive: true,
+        skip_unchanged: true,
+        ..CopyOptions::default()
+    };
+    let pushed = work.path().join("pushed");
+    std::fs::create_dir(&pushed).unwrap();
+    let (_, seen) = run(
+        Location::Local(src.clone()),
+        remote(&pushed),
+        options.clone(),
+    )
+    .await;
+    assert_eq!(count(&seen, |e| matches!(e, Event::Started { .. })), 12);
+    assert_eq!(
+        count(&seen, |e| matches!(
+            e,
+            Event::Done {
+                verified: false,
+                ..
+            }
+        )),
+        12,
+        "a push reports files sent: {seen:?}"
+    );
+    let (_, seen) = run(
+        Location::Local(src.clone()),
+        remote(&pushed),
+        options.clone(),
+    )
+    .await;
+    assert_eq!(
+        count(&seen, |e| matches!(
+            e,
+            Event::Skipped {
+                reason: SkipReason::Unchanged,
+                ..
+            }
+        )),
+        12,
+        "{seen:?}"
+    );
+    assert_eq!(count(&seen, |e| matches!(e, Event::Started { .. })), 0);
+
+    // A pull mirrors into a folder with an extra file, after one file changed.
+    let pulled = work.path().join("pulled");
+    std::fs::create_dir(&pulled).unwrap();
+    let from = remote(&pushed.join("src"));
+    run(
+        from.clone(),
+        Location::Local(pulled.clone()),
+        options.clone(),
+    )
+    .await;
+    std::fs::write(pulled.join("src/extra"), b"x").unwrap();
+    std::fs::write(pushed.join("src/d00/f00000"), b"changed").unwrap();
+    let (outcome, seen) = run(
+        from,
+        Location::Local(pulled.clone()),
+        CopyOptions {
+            delete: true,
+            ..options.clone()
+        },
+    )
+    .await;
+    assert!(outcome.report.is_complete());
+    let done: Vec<_> = seen
+        .iter()
+        .filter_map(|e| match e {
+            Event::Done {
+                path,
+                verified: true,
+                ..
+            } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, [&b"src/d00/f00000"[..]], "{seen:?}");
+    assert_eq!(
+        count(
+            &seen,
+            |e| matches!(e, Event::Deleted { path } if &path[..] == b"src/extra")
+        ),
+        1,
+        "{seen:?}"
+    );
+    assert_eq!(count(&seen, |e| matches!(e, Event::Skipped { .. })), 11);
+}

@@ -23,6 +23,7 @@ use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::checksum::{Algorithm, Assembler, ChunkHash};
+use crate::event::Event;
 use crate::receive::Shared;
 use crate::{Error, display::escape};
 
@@ -543,6 +544,10 @@ impl Writer {
 
     fn create(&mut self, id: u64, wire: Bytes, size: u64, meta: Meta) -> Result<(), Error> {
         self.shared.progress.set_current(&wire);
+        self.shared.progress.event(|| Event::Started {
+            path: wire.clone(),
+            size,
+        });
         let local = self.shared.root.local(&wire);
         let (parent_path, name) = split_parent(&local);
         let name_at = local.len() - name.len();
@@ -886,6 +891,11 @@ impl Writer {
                 shared.written.files.fetch_add(1, Relaxed);
                 shared.written.bytes.fetch_add(f.size, Relaxed);
                 shared.progress.add_done_file();
+                shared.progress.event(|| Event::Done {
+                    path: f.wire.clone(),
+                    bytes: f.size,
+                    verified: true,
+                });
                 self.wrote_into(split_parent(&f.local).0, &f.parent);
             }
             Err(e) => {

@@ -55,6 +55,7 @@ mod checksum;
 mod dest;
 mod display;
 mod error;
+mod event;
 mod filter;
 mod mirror;
 mod pattern;
@@ -74,6 +75,7 @@ use std::sync::Arc;
 pub use checksum::{FileChecksum, whole_file_checksum};
 pub use display::escape;
 pub use error::Error;
+pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, Summary};
 pub use filter::{Filter, Predicate};
 pub use pattern::{expand_sources, has_wildcard};
@@ -123,7 +125,14 @@ pub async fn copy_local(
     let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
     receive_config.max_frame = receive_config.max_frame.max(needed);
     let (sent, received) = tokio::join!(
-        send::send_over(sources, reply_in, sinks, send_config, progress.clone()),
+        send::send_over(
+            sources,
+            reply_in,
+            sinks,
+            send_config,
+            progress.clone(),
+            false
+        ),
         receive::receive_over(dest, sources_in, reply_out, &receive_config, progress),
     );
     match (sent, received) {

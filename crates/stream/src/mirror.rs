@@ -72,6 +72,9 @@ pub(crate) fn delete_extras(
                 Ok(n) => {
                     removed += n;
                     shared.progress.add_deleted(n);
+                    shared.progress.event(|| crate::Event::Deleted {
+                        path: Bytes::copy_from_slice(&wire),
+                    });
                 }
                 Err(e) => {
                     let path = shared.root.display(&local_child);

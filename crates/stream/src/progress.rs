@@ -39,6 +39,7 @@ pub struct Progress {
     bytes_resumed: AtomicU64,
     deleted: AtomicU64,
     current: Mutex<Bytes>,
+    events: Option<crate::EventSink>,
 }
 
 /// A copy of the [`Progress`] counters at one moment.
@@ -71,6 +72,57 @@ pub struct Snapshot {
 }
 
 impl Progress {
+    /// Counters that also report each entry's [`Event`](crate::Event) to `sink`.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use fastcp_stream::{Event, EventSink, Progress, ReceiveConfig, SendConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// std::fs::write(dir.path().join("a"), b"hello")?;
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let sink = EventSink::new({
+    ///     let seen = seen.clone();
+    ///     move |e: &Event| seen.lock().unwrap().push(e.clone())
+    /// });
+    /// let progress = Arc::new(Progress::with_events(sink));
+    /// fastcp_stream::copy_local(
+    ///     &[dir.path().join("a")],
+    ///     &dir.path().join("b"),
+    ///     &SendConfig::default(),
+    ///     &ReceiveConfig::default(),
+    ///     1,
+    ///     progress,
+    /// )
+    /// .await?;
+    /// let seen = seen.lock().unwrap();
+    /// assert!(matches!(&seen[..], [
+    ///     Event::Started { size: 5, .. },
+    ///     Event::Done { bytes: 5, verified: true, .. },
+    /// ]));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_events(sink: crate::EventSink) -> Progress {
+        Progress {
+            events: Some(sink),
+            ..Progress::default()
+        }
+    }
+
+    /// Reports an event, when someone listens.
+    pub(crate) fn event(&self, event: impl FnOnce() -> crate::Event) {
+        if let Some(sink) = &self.events {
+            sink.emit(&event());
+        }
+    }
+
+    /// Whether events are listened to.
+    pub(crate) fn has_events(&self) -> bool {
+        self.events.is_some()
+    }
+
     /// All counters at once.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

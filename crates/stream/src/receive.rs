@@ -44,6 +44,7 @@ use tokio::task::JoinSet;
 use crate::budget::Pool;
 use crate::checksum::Algorithm;
 use crate::dest::{self, DirState, IdSet, Op, Resolver, Root, Writer, Written, lock};
+use crate::event::{Event, SkipReason};
 use crate::pipe::{ByteReader, Fill, ReadInto, Source};
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
@@ -300,7 +301,9 @@ impl Shared {
             path: Bytes::copy_from_slice(wire),
             message: e.to_string(),
         };
-        lock(&self.failures).push_failure(Failure::from_frame(Side::Receiver, &frame));
+        let failure = Failure::from_frame(Side::Receiver, &frame);
+        self.progress.event(|| Event::Failed(failure.clone()));
+        lock(&self.failures).push_failure(failure);
         self.local_errors.fetch_add(1, Relaxed);
         // Fails only once the reply stream is gone, when nobody is listening any more.
         let _ = self.replies.blocking_send(Frame::Error(frame));
@@ -654,7 +657,11 @@ impl Reader {
                 if e.fatal {
                     return Err(Error::from_frame(&e));
                 }
-                lock(&self.shared.failures).push_failure(Failure::from_frame(Side::Sender, &e));
+                let failure = Failure::from_frame(Side::Sender, &e);
+                self.shared
+                    .progress
+                    .event(|| Event::Failed(failure.clone()));
+                lock(&self.shared.failures).push_failure(failure);
                 // A file the sender gave up on after announcing it: drop it.
                 let abandoned = {
                     let mut t = lock(&self.shared.table);
@@ -697,6 +704,11 @@ impl Reader {
                 if !send && !self.shared.config.checksum {
                     // Certain: the sender skips it.
                     self.shared.progress.add_skipped(p.size);
+                    self.shared.progress.event(|| Event::Skipped {
+                        path: p.path.clone(),
+                        size: p.size,
+                        reason: SkipReason::Unchanged,
+                    });
                 }
                 if !send {
                     // Skipped unless its `File` entry comes after all (checksums differed).
@@ -1348,6 +1360,16 @@ where
         let t = lock(&shared.table);
         report.files_skipped = t.maybe_skipped.len() as u64;
         report.bytes_skipped = t.maybe_skipped.values().sum();
+        // With checksums, what was skipped is known only now.
+        if config.checksum && shared.progress.has_events() {
+            for (path, &size) in &t.maybe_skipped {
+                shared.progress.event(|| Event::Skipped {
+                    path: path.clone(),
+                    size,
+                    reason: SkipReason::SameContent,
+                });
+            }
+        }
     }
     report.bytes_resumed = shared.written.resumed.load(Relaxed);
     report.bytes_sent = peer.bytes;

@@ -152,8 +152,11 @@ mod tests {
             block_hashes(&fd, 10, 4).unwrap(),
             vec![h(&data[..4]), h(&data[4..8]), h(&data[8..])]
         );
-        // Shorter than the partial: only what the sender's size covers.
-        assert_eq!(block_hashes(&fd, 6, 4).unwrap(), vec![h(&data[..4])]);
+        // Shorter than the partial: what the sender's size covers, its short last block too.
+        assert_eq!(
+            block_hashes(&fd, 6, 4).unwrap(),
+            vec![h(&data[..4]), h(&data[4..6])]
+        );
     }
 
     #[test]

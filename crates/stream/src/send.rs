@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
 use crate::checksum::Algorithm;
+use crate::event::{Event, SkipReason};
 use crate::pipe::{ByteWriter, Sink, WriteFrom};
 use crate::receive::BIG_FRAME;
 use crate::report::{Failure, Report, Side};
@@ -241,7 +242,7 @@ where
     let reply_half = reads.next().expect("at least one stream");
     // The other read halves stay open (the receiver writes nothing on them) until the end.
     let _idle_reads: Vec<_> = reads.collect();
-    send_over(sources, reply_half, writes, config, progress).await
+    send_over(sources, reply_half, writes, config, progress, true).await
 }
 
 /// [`send`] with its streams taken apart: the receiver's replies arrive on `reply_half`
@@ -287,7 +288,7 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     K: WriteFrom,
 {
-    send_over(sources, reply_half, writers, config, progress).await
+    send_over(sources, reply_half, writers, config, progress, true).await
 }
 
 /// [`send_to`] over any [`Sink`], local pipes included.
@@ -297,11 +298,14 @@ pub(crate) async fn send_over<R, K>(
     sinks: Vec<K>,
     config: &SendConfig,
     progress: Arc<Progress>,
+    events: bool,
 ) -> Result<Report, Error>
 where
     R: AsyncRead + Send + Unpin + 'static,
     K: Sink,
 {
+    // Without a receiver in this process, this side reports the events.
+    let events = (events && progress.has_events()).then(|| progress.clone());
     if sinks.is_empty() {
         return Err(Error::InvalidArgument("no streams to send on".into()));
     }
@@ -322,7 +326,10 @@ where
     let answers = config.skip_unchanged.then_some(answer_tx);
     let resume = config.skip_unchanged && config.resume;
     let mut reply = AbortOnDrop(vec![tokio::spawn(read_replies(
-        reply_half, answers, resume,
+        reply_half,
+        answers,
+        resume,
+        events.clone(),
     ))]);
 
     let pool = Arc::new(Pool::default());
@@ -399,6 +406,7 @@ where
             },
             names: HashMap::new(),
             resumed: 0,
+            events,
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
@@ -523,6 +531,7 @@ async fn read_replies<R: AsyncRead + Unpin>(
     mut r: R,
     answers: Option<std::sync::mpsc::Sender<(Answer, Option<Partial>)>>,
     resume: bool,
+    events: Option<Arc<Progress>>,
 ) -> ReplyResult {
     let mut decoder = Decoder::new(REPLY_MAX_FRAME);
     let mut buf = BytesMut::with_capacity(8 << 10);
@@ -536,8 +545,12 @@ async fn read_replies<R: AsyncRead + Unpin>(
             match frame {
                 Frame::Error(e) if e.fatal => return Err(Error::from_frame(&e)),
                 Frame::Error(e) => {
+                    let failure = Failure::from_frame(Side::Receiver, &e);
+                    if let Some(p) = &events {
+                        p.event(|| Event::Failed(failure.clone()));
+                    }
                     if failures.len() < crate::report::MAX_FAILURES {
-                        failures.push(Failure::from_frame(Side::Receiver, &e));
+                        failures.push(failure);
                     }
                 }
                 Frame::Done(summary) => return Ok((summary, failures)),
@@ -692,6 +705,8 @@ struct Producer<'a> {
     names: HashMap<(u64, u64), Bytes>,
     /// Bytes the receiver's partial files held, sent as `Keep`s (`resume`).
     resumed: u64,
+    /// Where this side's events go, when it reports them.
+    events: Option<Arc<Progress>>,
 }
 
 /// The quick check's state in the producer: the files asked about and not yet answered.
@@ -831,6 +846,15 @@ impl Producer<'_> {
             self.probes.skipped.0 += 1;
             self.probes.skipped.1 += size;
             self.progress.add_skipped(size);
+            self.event(|| Event::Skipped {
+                path: wire,
+                size,
+                reason: if self.config.checksum {
+                    SkipReason::SameContent
+                } else {
+                    SkipReason::Unchanged
+                },
+            });
             Ok(())
         }
     }
@@ -875,9 +899,10 @@ impl Producer<'_> {
             path,
             message: e.to_string(),
         };
+        let failure = Failure::from_frame(Side::Sender, &frame);
+        self.event(|| Event::Failed(failure.clone()));
         if self.failures.len() < crate::report::MAX_FAILURES {
-            self.failures
-                .push(Failure::from_frame(Side::Sender, &frame));
+            self.failures.push(failure);
         }
         self.out.counts[s].errors += 1;
         self.out.push(s, Msg::frame(&Frame::Error(frame)))
@@ -894,6 +919,10 @@ impl Producer<'_> {
             }
         };
         self.progress.set_current(&wire);
+        self.event(|| Event::Started {
+            path: wire.clone(),
+            size,
+        });
         let id = self.next_id;
         self.next_id += 1;
         let mtime = (meta.mtime, meta.mtime_nsec);
@@ -942,7 +971,9 @@ impl Producer<'_> {
             msg.files = 1;
             msg.data = size;
             msg.end_of = Some(id);
-            return self.out.push(s, msg);
+            self.out.push(s, msg)?;
+            self.sent(wire, size);
+            return Ok(());
         }
 
         // Big: the entry on one stream, chunks on whichever streams are least loaded.
@@ -1028,7 +1059,25 @@ impl Producer<'_> {
         let s = self.out.pick();
         let mut msg = Msg::frame(&end);
         msg.files = 1;
-        self.out.push(s, msg)
+        self.out.push(s, msg)?;
+        self.sent(wire, size);
+        Ok(())
+    }
+
+    /// Reports an event, when this side reports them.
+    fn event(&self, event: impl FnOnce() -> Event) {
+        if let Some(p) = &self.events {
+            p.event(event);
+        }
+    }
+
+    /// A file's last byte is on its way.
+    fn sent(&self, path: Bytes, bytes: u64) {
+        self.event(|| Event::Done {
+            path,
+            bytes,
+            verified: false,
+        });
     }
 }
 

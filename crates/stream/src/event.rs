@@ -1,0 +1,86 @@
+//! Per-entry events, for programs that log or show what a transfer does file by file.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::report::Failure;
+
+/// What happened to one entry, as it happens. Paths are wire paths (relative to the
+/// transfer's root, '/'-separated, raw bytes: escape them with [`crate::escape`] to print).
+///
+/// Events come from the receiving side when it runs in this process (a local copy, a pull,
+/// a server's receiver), where a file is done once it is verified and under its final name;
+/// otherwise (a push) from the sending side, where a file is done once its last byte is
+/// handed to the streams, and the receiver's verdict on it arrives as a [`Event::Failed`] if
+/// it failed there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A regular file's bytes started to arrive (or to leave).
+    Started {
+        /// The file.
+        path: Bytes,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// A regular file is done.
+    Done {
+        /// The file.
+        path: Bytes,
+        /// Its size in bytes.
+        bytes: u64,
+        /// Its checksum matched and it took its final name (the receiving side); false on
+        /// the sending side, which only knows that it was sent.
+        verified: bool,
+    },
+    /// A regular file was not sent: the destination has it already.
+    Skipped {
+        /// The file.
+        path: Bytes,
+        /// Its size in bytes.
+        size: u64,
+        /// Why.
+        reason: SkipReason,
+    },
+    /// An entry `--delete` removed from the destination (a directory with what was in it).
+    Deleted {
+        /// The entry.
+        path: Bytes,
+    },
+    /// An entry could not be copied; the transfer went on without it.
+    Failed(Failure),
+}
+
+/// Why a file was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// Same size and modification time (the quick check).
+    Unchanged,
+    /// Same size and content hash (`checksum`).
+    SameContent,
+}
+
+/// Where a transfer's [`Event`]s go: a function called on the engine's threads, as each
+/// event happens. Keep it quick (hand the event to a channel, say); it must not block.
+#[derive(Clone)]
+pub struct EventSink(Arc<dyn Fn(&Event) + Send + Sync>);
+
+impl EventSink {
+    /// A sink that calls `f` for each event.
+    pub fn new(f: impl Fn(&Event) + Send + Sync + 'static) -> EventSink {
+        EventSink(Arc::new(f))
+    }
+
+    pub(crate) fn emit(&self, event: &Event) {
+        (self.0)(event)
+    }
+}
+
+impl fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EventSink")
+    }
+}
