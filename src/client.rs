@@ -590,6 +590,20 @@ async fn copy_remote_now(
     session.copy(plan, progress).await
 }
 
+/// `work`, given at most `limit` (none: no limit); `what` names the wait in the timeout error.
+pub(crate) async fn within<T>(
+    limit: Option<Duration>,
+    what: &str,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match limit.filter(|l| !l.is_zero()) {
+        None => work.await,
+        Some(limit) => tokio::time::timeout(limit, work).await.map_err(|_| {
+            Error::Timeout(format!("{what}: nothing for {} s", limit.as_secs_f32()))
+        })?,
+    }
+}
+
 /// The remote operand of a plan for a remote copy.
 fn remote_of(plan: &Plan) -> Result<&RemotePath, Error> {
     plan.remote()
@@ -993,7 +1007,7 @@ where
 {
     let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
-    let agreed = session::handshake(&mut reader).await?;
+    let agreed = session::handshake_within(&mut reader, plan.options.timeout).await?;
     if (plan.probing() || plan.options.hard_links) && agreed.version < 4 && job == Job::Copy {
         return Err(Error::Unsupported(format!(
             "--skip-unchanged, --checksum, --resume and -H need protocol version 4 on both ends; the remote {} \
@@ -1084,7 +1098,13 @@ where
                 .unwrap_or_default(),
         }))
         .await?;
-    let accept = match reader.next("waiting for the server to accept").await? {
+    let accept = within(
+        plan.options.timeout,
+        "waiting for the server to accept the request",
+        reader.next("waiting for the server to accept"),
+    )
+    .await?;
+    let accept = match accept {
         Frame::Accept(a) => a,
         Frame::Error(e) => {
             return Err(Error::Refused {
@@ -1475,7 +1495,7 @@ pub async fn probe(
     let server = peer.start_server().await?;
     let stderr = server.stderr.forward_to_stderr();
     let mut reader = FrameReader::new(server.stream, session::MAX_FRAME);
-    let agreed = session::handshake(&mut reader).await;
+    let agreed = session::handshake_within(&mut reader, options.timeout).await;
     // End the session: the server takes end of stream before a request as a clean goodbye.
     let _ = reader.stream.shutdown().await;
     let status = server.exit.wait().await;

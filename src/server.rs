@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// Where the server tells what the client does not hear through the protocol, such as a
     /// stranger's connection to the data port that was refused. Default: nowhere.
     pub log: crate::Log,
+    /// How long a client may take to say hello and send its request: one that connects and
+    /// says nothing does not hold the server. Default: [`SERVER_IDLE_TIMEOUT`].
+    pub setup_timeout: Option<Duration>,
     /// What clients may do here: confined to a folder, read-only, write-only, no deletes
     /// (`fastcp server --restrict-to`, for a forced command in authorized_keys). Default:
     /// anything the account may do.
@@ -231,6 +234,7 @@ impl Default for ServerConfig {
             idle_timeout: Some(SERVER_IDLE_TIMEOUT),
             log: crate::Log::default(),
             policy: Policy::default(),
+            setup_timeout: Some(SERVER_IDLE_TIMEOUT),
         }
     }
 }
@@ -281,8 +285,14 @@ where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
-    let agreed = session::handshake(&mut reader).await?;
-    let request = match reader.next("waiting for the request").await {
+    let agreed = session::handshake_within(&mut reader, config.setup_timeout).await?;
+    let request = crate::client::within(
+        config.setup_timeout,
+        "waiting for the client's request",
+        reader.next("waiting for the request"),
+    )
+    .await;
+    let request = match request {
         Ok(Frame::Request(r)) => r,
         // A client that only wanted the hellos (`fastcp doctor`) ends here.
         Err(Error::ConnectionClosed(_)) if reader.buffer().is_empty() => {

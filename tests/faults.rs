@@ -624,3 +624,22 @@ fn kill_9_of_the_receiver_then_resume() {
         resume_and_check(&sshd, &src, &dst, pull, &["--transport", "tcp"]);
     }
 }
+
+/// A remote program that starts and never speaks (a wedged install, a wrapper waiting on
+/// something) ends the copy within `--timeout`, with the connection exit code.
+#[test]
+fn a_remote_program_that_never_speaks_times_out() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let silent = script(work.path(), "silent", "exec sleep 600");
+    let src = work.path().join("f");
+    write(&src, b"x", 0o644);
+    let started = Instant::now();
+    let out = run(fastcp(&sshd, &silent)
+        .args(["--timeout", "2", "--no-deploy"])
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("g"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("says nothing"), "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}

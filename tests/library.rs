@@ -402,3 +402,22 @@ async fn events_tell_what_happened_to_each_file() {
     );
     assert_eq!(count(&seen, |e| matches!(e, Event::Skipped { .. })), 11);
 }
+
+/// `server::serve` over any stream: a client that connects and says nothing does not hold
+/// the server past its setup timeout.
+#[tokio::test]
+async fn a_server_gives_up_on_a_client_that_never_says_hello() {
+    let (_client, server_end) = tokio::io::duplex(1 << 16);
+    let config = fastcp::server::ServerConfig {
+        setup_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        fastcp::server::serve(server_end, &config),
+    )
+    .await
+    .expect("the server waited past its setup timeout")
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+}
