@@ -24,17 +24,15 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let cancel = CancellationToken::new();
-    let options = CopyOptions {
-        recursive: true,
-        skip_unchanged: true,
-        cancel: Some(cancel.clone()),
-        log: fastcp::Log::new(|level, line| {
+    let options = CopyOptions::default()
+        .recursive(true)
+        .skip_unchanged(true)
+        .cancel(cancel.clone())
+        .log(fastcp::Log::new(|level, line| {
             if level == fastcp::LogLevel::Warn {
                 eprintln!("warning: {line}");
             }
-        }),
-        ..CopyOptions::default()
-    };
+        }));
     // Always into DST, whether or not it existed: a trailing '/' says so.
     let dst = Location::parse(&format!("{}/", dst.trim_end_matches('/')));
     if let Location::Local(dir) = &dst

@@ -13,11 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [src, dst] = &args[..] else {
         return Err("usage: blocking SRC DST".into());
     };
-    let options = CopyOptions {
-        recursive: true,
-        preserve: true,
-        ..CopyOptions::default()
-    };
+    let options = CopyOptions::default().recursive(true).preserve(true);
     let plan = Plan::new(vec![Location::parse(src)], Location::parse(dst), options)?;
     let progress = Arc::new(Progress::default());
     let outcome = match plan.remote() {

@@ -21,10 +21,7 @@ async fn main() {
             let plan = Plan::new(
                 vec![Location::parse(&src)],
                 Location::Local(dst.clone()),
-                CopyOptions {
-                    recursive: true,
-                    ..CopyOptions::default()
-                },
+                CopyOptions::default().recursive(true),
             )
             .unwrap();
             let n = Arc::new(AtomicU64::new(0));

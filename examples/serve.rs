@@ -23,10 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plan = Plan::new(
         vec![Location::parse(src)],
         Location::parse(&format!("in-process:{dst}")),
-        CopyOptions {
-            recursive: true,
-            ..CopyOptions::default()
-        },
+        CopyOptions::default().recursive(true),
     )?;
     let done = fastcp::run_session::<_, fastcp::transport::SshSession>(
         &plan,

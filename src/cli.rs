@@ -350,17 +350,15 @@ fn stderr_log(output: &Output, quiet: bool, verbose: u8) -> Log {
 
 impl LinkArgs {
     fn options(&self) -> CopyOptions {
-        CopyOptions {
-            streams: self.streams,
-            transport: match self.transport {
-                TransportArg::Auto => TransportChoice::Auto,
-                TransportArg::Ssh => TransportChoice::Ssh,
-                TransportArg::Tcp => TransportChoice::Tcp,
-            },
-            cipher: self.cipher,
-            tcp_ports: self.tcp_ports,
-            ..Default::default()
-        }
+        let mut options = CopyOptions::default().transport(match self.transport {
+            TransportArg::Auto => TransportChoice::Auto,
+            TransportArg::Ssh => TransportChoice::Ssh,
+            TransportArg::Tcp => TransportChoice::Tcp,
+        });
+        options.streams = self.streams;
+        options.cipher = self.cipher;
+        options.tcp_ports = self.tcp_ports;
+        options
     }
 }
 
@@ -429,30 +427,30 @@ fn filter_from_command_line() -> anyhow::Result<Option<Arc<fastcp::stream::Filte
 async fn copy(args: &Args) -> anyhow::Result<u8> {
     let output = Output::default();
     let (dest, sources) = args.operands.split_last().context("no target given")?;
-    let options = CopyOptions {
-        recursive: args.recursive,
-        preserve: args.preserve,
-        dry_run: args.dry_run,
-        fsync: args.fsync,
-        skip_unchanged: args.skip_unchanged,
-        hard_links: args.hard_links,
-        checksum: args.checksum,
-        resume: args.resume,
-        filter: filter_from_command_line()?,
-        delete: args.delete,
-        no_deploy: args.no_deploy,
-        sftp: args.sftp,
-        shard: args.shard,
-        timeout: (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout)),
-        deploy_from: args.deploy_from.clone(),
-        compress: args.compress,
-        // scp's -l: Kbit/s of 1024 bits.
-        bwlimit: args
-            .bwlimit
-            .or(args.limit_kbit.map(|k| k.saturating_mul(1024) / 8)),
-        log: stderr_log(&output, args.quiet, args.verbose),
-        ..args.link.options()
-    };
+    let mut options = args
+        .link
+        .options()
+        .recursive(args.recursive)
+        .preserve(args.preserve)
+        .dry_run(args.dry_run)
+        .fsync(args.fsync)
+        .skip_unchanged(args.skip_unchanged)
+        .hard_links(args.hard_links)
+        .checksum(args.checksum)
+        .resume(args.resume)
+        .delete(args.delete)
+        .no_deploy(args.no_deploy)
+        .sftp(args.sftp)
+        .compress(args.compress)
+        .log(stderr_log(&output, args.quiet, args.verbose));
+    options.filter = filter_from_command_line()?;
+    options.shard = args.shard;
+    options.timeout = (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout));
+    options.deploy_from = args.deploy_from.clone();
+    // scp's -l: Kbit/s of 1024 bits.
+    options.bwlimit = args
+        .bwlimit
+        .or(args.limit_kbit.map(|k| k.saturating_mul(1024) / 8));
     let plan = Plan::new(
         sources.iter().map(|s| Location::parse(s)).collect(),
         Location::parse(dest),
@@ -659,10 +657,10 @@ async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
             }
         },
     };
-    let options = CopyOptions {
-        log: stderr_log(&output, false, args.verbose),
-        ..args.link.options()
-    };
+    let options = args
+        .link
+        .options()
+        .log(stderr_log(&output, false, args.verbose));
     let ssh = args.ssh.options();
     let probe = fastcp::probe(&remote, &ssh, &options).await?;
     let here = fastcp::crypto::CpuFeatures::probe();

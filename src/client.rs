@@ -40,7 +40,24 @@ pub enum TransportChoice {
 }
 
 /// What to copy and how. The defaults copy like `scp` without flags.
+///
+/// Build it from [`CopyOptions::default`] with its builder methods, one per field, each
+/// named as the field it sets; new options arrive as new fields and methods, so the type is
+/// `#[non_exhaustive]`.
+///
+/// ```
+/// use std::time::Duration;
+/// use fastcp::CopyOptions;
+///
+/// let nightly = CopyOptions::default()
+///     .recursive(true)
+///     .skip_unchanged(true)
+///     .resume(true)
+///     .timeout(Duration::from_secs(60));
+/// assert!(nightly.recursive && nightly.resume);
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct CopyOptions {
     /// Copy directories recursively (`-r`).
     pub recursive: bool,
@@ -129,6 +146,159 @@ pub struct CopyOptions {
     pub shard: Option<crate::shard::Shard>,
     /// Where the copy reports its steps and choices.
     pub log: Log,
+}
+
+/// Builder methods, one per field.
+impl CopyOptions {
+    /// Sets [`recursive`](CopyOptions::recursive).
+    pub fn recursive(mut self, value: bool) -> CopyOptions {
+        self.recursive = value;
+        self
+    }
+
+    /// Sets [`preserve`](CopyOptions::preserve).
+    pub fn preserve(mut self, value: bool) -> CopyOptions {
+        self.preserve = value;
+        self
+    }
+
+    /// Sets [`follow_links`](CopyOptions::follow_links).
+    pub fn follow_links(mut self, value: bool) -> CopyOptions {
+        self.follow_links = value;
+        self
+    }
+
+    /// Sets [`streams`](CopyOptions::streams).
+    pub fn streams(mut self, value: u16) -> CopyOptions {
+        self.streams = Some(value);
+        self
+    }
+
+    /// Sets [`transport`](CopyOptions::transport).
+    pub fn transport(mut self, value: TransportChoice) -> CopyOptions {
+        self.transport = value;
+        self
+    }
+
+    /// Sets [`cipher`](CopyOptions::cipher).
+    pub fn cipher(mut self, value: fastcp_crypto::CipherSuite) -> CopyOptions {
+        self.cipher = Some(value);
+        self
+    }
+
+    /// Sets [`chunk_size`](CopyOptions::chunk_size).
+    pub fn chunk_size(mut self, value: usize) -> CopyOptions {
+        self.chunk_size = Some(value);
+        self
+    }
+
+    /// Sets [`tcp_ports`](CopyOptions::tcp_ports).
+    pub fn tcp_ports(mut self, value: (u16, u16)) -> CopyOptions {
+        self.tcp_ports = Some(value);
+        self
+    }
+
+    /// Sets [`dry_run`](CopyOptions::dry_run).
+    pub fn dry_run(mut self, value: bool) -> CopyOptions {
+        self.dry_run = value;
+        self
+    }
+
+    /// Sets [`compress`](CopyOptions::compress).
+    pub fn compress(mut self, value: bool) -> CopyOptions {
+        self.compress = value;
+        self
+    }
+
+    /// Sets [`bwlimit`](CopyOptions::bwlimit).
+    pub fn bwlimit(mut self, value: u64) -> CopyOptions {
+        self.bwlimit = Some(value);
+        self
+    }
+
+    /// Sets [`fsync`](CopyOptions::fsync).
+    pub fn fsync(mut self, value: bool) -> CopyOptions {
+        self.fsync = value;
+        self
+    }
+
+    /// Sets [`skip_unchanged`](CopyOptions::skip_unchanged).
+    pub fn skip_unchanged(mut self, value: bool) -> CopyOptions {
+        self.skip_unchanged = value;
+        self
+    }
+
+    /// Sets [`delete`](CopyOptions::delete).
+    pub fn delete(mut self, value: bool) -> CopyOptions {
+        self.delete = value;
+        self
+    }
+
+    /// Sets [`no_deploy`](CopyOptions::no_deploy).
+    pub fn no_deploy(mut self, value: bool) -> CopyOptions {
+        self.no_deploy = value;
+        self
+    }
+
+    /// Sets [`timeout`](CopyOptions::timeout).
+    pub fn timeout(mut self, value: Duration) -> CopyOptions {
+        self.timeout = Some(value);
+        self
+    }
+
+    /// Sets [`checksum`](CopyOptions::checksum).
+    pub fn checksum(mut self, value: bool) -> CopyOptions {
+        self.checksum = value;
+        self
+    }
+
+    /// Sets [`resume`](CopyOptions::resume).
+    pub fn resume(mut self, value: bool) -> CopyOptions {
+        self.resume = value;
+        self
+    }
+
+    /// Sets [`hard_links`](CopyOptions::hard_links).
+    pub fn hard_links(mut self, value: bool) -> CopyOptions {
+        self.hard_links = value;
+        self
+    }
+
+    /// Sets [`filter`](CopyOptions::filter).
+    pub fn filter(mut self, value: fastcp_stream::Filter) -> CopyOptions {
+        self.filter = Some(Arc::new(value));
+        self
+    }
+
+    /// Sets [`cancel`](CopyOptions::cancel).
+    pub fn cancel(mut self, value: tokio_util::sync::CancellationToken) -> CopyOptions {
+        self.cancel = Some(value);
+        self
+    }
+
+    /// Sets [`deploy_from`](CopyOptions::deploy_from).
+    pub fn deploy_from(mut self, value: impl Into<std::path::PathBuf>) -> CopyOptions {
+        self.deploy_from = Some(value.into());
+        self
+    }
+
+    /// Sets [`sftp`](CopyOptions::sftp).
+    pub fn sftp(mut self, value: bool) -> CopyOptions {
+        self.sftp = value;
+        self
+    }
+
+    /// Sets [`shard`](CopyOptions::shard).
+    pub fn shard(mut self, value: crate::shard::Shard) -> CopyOptions {
+        self.shard = Some(value);
+        self
+    }
+
+    /// Sets [`log`](CopyOptions::log).
+    pub fn log(mut self, value: Log) -> CopyOptions {
+        self.log = value;
+        self
+    }
 }
 
 /// How a finished copy went.

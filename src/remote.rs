@@ -38,7 +38,7 @@ use crate::{CopyOptions, Error, Progress};
 ///
 /// let target = Location::parse("backup@nas:nightly/");
 /// let host = target.remote().expect("a remote operand");
-/// let options = CopyOptions { recursive: true, skip_unchanged: true, ..CopyOptions::default() };
+/// let options = CopyOptions::default().recursive(true).skip_unchanged(true);
 /// let session = Session::connect(host, &SshOptions::default(), &options).await?;
 /// for folder in ["/etc", "/home", "/srv"] {
 ///     let plan = Plan::new(vec![Location::parse(folder)], target.clone(), options.clone())?;

@@ -256,12 +256,7 @@ async fn pull(cfg: &Path, source: &str, dest: &Path) -> Result<fastcp::Outcome, 
             path: source.into(),
         })],
         Location::Local(dest.to_path_buf()),
-        CopyOptions {
-            recursive: true,
-            sftp: true,
-            streams: Some(2),
-            ..CopyOptions::default()
-        },
+        CopyOptions::default().recursive(true).sftp(true).streams(2),
     )?;
     let ssh = fastcp::transport::SshOptions {
         config_file: Some(cfg.to_path_buf()),

@@ -23,11 +23,7 @@ fn a_blocking_copy_copies_a_tree() {
     let plan = Plan::new(
         vec![Location::Local(src.clone())],
         Location::Local(work.path().join("dst")),
-        CopyOptions {
-            recursive: true,
-            preserve: true,
-            ..CopyOptions::default()
-        },
+        CopyOptions::default().recursive(true).preserve(true),
     )
     .unwrap();
     let outcome = fastcp::blocking::copy_local(&plan, Arc::new(Progress::default())).unwrap();
@@ -45,16 +41,12 @@ async fn a_cancelled_copy_returns_cancelled_and_leaves_no_temp_file() {
     let dst = work.path().join("dst");
     std::fs::create_dir(&dst).unwrap();
     let token = CancellationToken::new();
-    let plan = Plan::new(
-        vec![Location::Local(src)],
-        Location::Local(dst.clone()),
-        CopyOptions {
-            // Slow enough to be cancelled mid-file.
-            bwlimit: Some(4 << 20),
-            cancel: Some(token.clone()),
-            ..CopyOptions::default()
-        },
-    )
+    let plan = Plan::new(vec![Location::Local(src)], Location::Local(dst.clone()), {
+        // Slow enough to be cancelled mid-file.
+        CopyOptions::default()
+            .bwlimit(4 << 20)
+            .cancel(token.clone())
+    })
     .unwrap();
     let progress = Arc::new(Progress::default());
     let copy = tokio::spawn({
@@ -148,10 +140,7 @@ async fn one_session_runs_many_copies_over_one_login() {
         ..Default::default()
     };
     let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
-    let options = CopyOptions {
-        recursive: true,
-        ..CopyOptions::default()
-    };
+    let options = CopyOptions::default().recursive(true);
     let target = remote(work.path());
     let session = Session::connect(target.remote().unwrap(), &ssh, &options)
         .await
@@ -205,11 +194,7 @@ async fn one_session_runs_many_copies_over_one_login() {
     assert_eq!(logins(), 1, "four copies, one login");
 
     // Two streams over SSH channels: one more connection, opened once.
-    let over_ssh = CopyOptions {
-        transport: TransportChoice::Ssh,
-        streams: Some(2),
-        ..options.clone()
-    };
+    let over_ssh = options.clone().transport(TransportChoice::Ssh).streams(2);
     for name in ["pushed3", "pushed4"] {
         let outcome = copy(
             Location::Local(srcs[3].clone()),
@@ -251,10 +236,7 @@ fn a_blocking_session_copies_from_two_threads() {
         ..Default::default()
     };
     let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
-    let options = CopyOptions {
-        recursive: true,
-        ..CopyOptions::default()
-    };
+    let options = CopyOptions::default().recursive(true);
     let target = remote(work.path());
     let session =
         fastcp::blocking::Session::connect(target.remote().unwrap(), &ssh, &options).unwrap();
@@ -314,11 +296,7 @@ async fn events_tell_what_happened_to_each_file() {
         }
     };
     let count = |seen: &[Event], f: fn(&Event) -> bool| seen.iter().filter(|e| f(e)).count();
-    let options = CopyOptions {
-        recursive: true,
-        skip_unchanged: true,
-        ..CopyOptions::default()
-    };
+    let options = CopyOptions::default().recursive(true).skip_unchanged(true);
     let pushed = work.path().join("pushed");
     std::fs::create_dir(&pushed).unwrap();
     let (_, seen) = run(
@@ -373,10 +351,7 @@ async fn events_tell_what_happened_to_each_file() {
     let (outcome, seen) = run(
         from,
         Location::Local(pulled.clone()),
-        CopyOptions {
-            delete: true,
-            ..options.clone()
-        },
+        options.clone().delete(true),
     )
     .await;
     assert!(outcome.report.is_complete());

@@ -83,11 +83,9 @@ fn a_confined_client_copies_inside_its_folder_and_nowhere_else() {
     let plan = fastcp::Plan::new(
         vec![fastcp::Location::parse(&named(&sshd, "in"))],
         fastcp::Location::Local(work.path().join("followed")),
-        fastcp::CopyOptions {
-            recursive: true,
-            follow_links: true,
-            ..Default::default()
-        },
+        fastcp::CopyOptions::default()
+            .recursive(true)
+            .follow_links(true),
     )
     .unwrap();
     let ssh = fastcp::transport::SshOptions {
