@@ -94,6 +94,10 @@ pub struct Args {
     /// Read exclude patterns from FILE, one a line (`+ PATTERN` includes; `#` comments).
     #[arg(long, value_name = "FILE", help_heading = "Copy")]
     pub exclude_from: Vec<std::path::PathBuf>,
+    /// Copy only the paths listed in FILE, one a line, relative to the source (rsync's
+    /// --files-from; `-` reads standard input); local sources only (a push or a local copy).
+    #[arg(long, value_name = "FILE", help_heading = "Copy")]
+    pub files_from: Option<std::path::PathBuf>,
     /// Never upload fastcp to a remote host that does not have it (such a copy goes over
     /// SFTP).
     #[arg(long, help_heading = "SSH")]
@@ -395,7 +399,9 @@ pub async fn run(args: Args) -> anyhow::Result<u8> {
 
 /// The --include, --exclude and --exclude-from rules in the order they were given (clap keeps
 /// each option's values apart; rsync's rules depend on their order across options).
-fn filter_from_command_line() -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
+fn filter_from_command_line(
+    files_from: Option<&std::path::Path>,
+) -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
     let mut filter = fastcp::stream::Filter::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -421,6 +427,15 @@ fn filter_from_command_line() -> anyhow::Result<Option<Arc<fastcp::stream::Filte
             }
         }
     }
+    if let Some(list) = files_from {
+        let text = if list == std::path::Path::new("-") {
+            std::io::read_to_string(std::io::stdin()).context("reading --files-from -")?
+        } else {
+            std::fs::read_to_string(list)
+                .with_context(|| format!("reading --files-from {}", list.display()))?
+        };
+        filter = filter.files_from(text.lines().filter(|l| !l.trim().is_empty()));
+    }
     Ok((!filter.is_empty()).then(|| Arc::new(filter)))
 }
 
@@ -443,7 +458,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         .sftp(args.sftp)
         .compress(args.compress)
         .log(stderr_log(&output, args.quiet, args.verbose));
-    options.filter = filter_from_command_line()?;
+    options.filter = filter_from_command_line(args.files_from.as_deref())?;
     options.shard = args.shard;
     options.timeout = (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout));
     options.deploy_from = args.deploy_from.clone();

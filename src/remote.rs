@@ -132,8 +132,22 @@ impl Session {
                 .is_some_and(|f| f.has_predicate())
         {
             return Err(Error::Usage(
-                "a filter predicate runs where the files are read: it cannot serve a pull (use \
-                 include and exclude rules, which travel)"
+                "a filter predicate or --files-from runs where the files are read: it cannot \
+                 serve a pull (use include and exclude rules, which travel)"
+                    .into(),
+            ));
+        }
+        if plan.dest.remote().is_some()
+            && plan.options.delete
+            && plan
+                .options
+                .filter
+                .as_ref()
+                .is_some_and(|f| f.has_predicate())
+        {
+            return Err(Error::Usage(
+                "--delete with a filter predicate or --files-from: the remote side cannot tell \
+                 what they leave out from what is gone, and would delete it"
                     .into(),
             ));
         }

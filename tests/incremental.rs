@@ -186,6 +186,85 @@ fn include_and_exclude_rules_locally_and_on_a_pull() {
     assert_eq!(listing(&pulled.join("src")), with_old);
 }
 
+/// `--files-from`: only the listed paths (and the folders leading to them, and what is
+/// beneath a listed folder) are copied, locally and on a push; a pull, and a push with
+/// `--delete`, are refused with a clear error, never copied wrongly.
+#[test]
+fn files_from_copies_only_the_listed_paths() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for d in ["a/b", "c/d", "e"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for f in [
+        "a/b/one", "a/b/two", "a/three", "c/d/four", "c/five", "e/six", "top",
+    ] {
+        write(&src.join(f), f.as_bytes(), 0o644);
+    }
+    let list = work.path().join("list");
+    std::fs::write(
+        &list,
+        "a/b/one
+./c/
+
+top
+missing/file
+",
+    )
+    .unwrap();
+    let want = [
+        "a", "a/b", "a/b/one", "c", "c/d", "c/d/four", "c/five", "top",
+    ];
+    let listing = |root: &Path| {
+        let mut v = walk_names(root);
+        v.sort();
+        v
+    };
+    for push in [false, true] {
+        let dst = work.path().join(format!("dst-{push}"));
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = if push {
+            let mut c = fastcp(&sshd, bin());
+            c.arg("-r").arg("--files-from").arg(&list).arg(&src);
+            c.arg(remote(&sshd, &dst));
+            c
+        } else {
+            let mut c = Command::new(BIN);
+            c.arg("-r")
+                .arg("--files-from")
+                .arg(&list)
+                .arg(&src)
+                .arg(&dst);
+            c
+        };
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(listing(&dst.join("src")), want, "push={push}");
+    }
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp(&sshd, bin())
+        .arg("-r")
+        .arg("--files-from")
+        .arg(&list)
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot serve a pull"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--delete", "--files-from"])
+        .arg(&list)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("dst-true"))));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("would delete"), "{}", stderr(&out));
+    assert!(work.path().join("dst-true/src/top").exists());
+}
+
 /// Relative paths of everything beneath `root`.
 fn walk_names(root: &Path) -> Vec<String> {
     let mut out = Vec::new();

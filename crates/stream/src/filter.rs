@@ -42,6 +42,33 @@ pub type Predicate = Arc<dyn Fn(&[u8], bool) -> bool + Send + Sync>;
 pub struct Filter {
     rules: Vec<Rule>,
     predicate: Option<Predicate>,
+    only: Option<Arc<Only>>,
+}
+
+/// A list of files in place of a walk (rsync's `--files-from`).
+#[derive(Debug, Default)]
+struct Only {
+    /// The listed paths, relative to a source's top.
+    listed: std::collections::HashSet<Vec<u8>>,
+    /// Their parent directories.
+    parents: std::collections::HashSet<Vec<u8>>,
+}
+
+impl Only {
+    /// Whether the entry at `wire` (its first component is the source's top) is listed,
+    /// leads to a listed path, or lies beneath a listed directory.
+    fn allows(&self, wire: &[u8], is_dir: bool) -> bool {
+        let Some(i) = wire.iter().position(|&b| b == b'/') else {
+            return true;
+        };
+        let rel = &wire[i + 1..];
+        if self.listed.contains(rel) || (is_dir && self.parents.contains(rel)) {
+            return true;
+        }
+        rel.iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'/' && self.listed.contains(&rel[..i]))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +88,7 @@ impl fmt::Debug for Filter {
         f.debug_struct("Filter")
             .field("rules", &self.rules())
             .field("predicate", &self.predicate.is_some())
+            .field("files_from", &self.only.as_ref().map(|o| o.listed.len()))
             .finish()
     }
 }
@@ -108,6 +136,45 @@ impl Filter {
         self
     }
 
+    /// Copies only the listed paths (rsync's `--files-from`): each is relative to a source's
+    /// top (`d/f` for `SRC/d/f`), `/`-separated; a listed directory brings what is beneath
+    /// it (with recursion), and the directories that lead to a listed path are made. Like a
+    /// predicate it runs on the sending side only, so it is for local sources. Blank lines
+    /// and a leading `./` or `/` are ignored.
+    ///
+    /// ```
+    /// let filter = fastcp_stream::Filter::default().files_from(["a/b.txt", "c/"]);
+    /// assert!(filter.allows(b"src", true));
+    /// assert!(filter.allows(b"src/a", true));
+    /// assert!(filter.allows(b"src/a/b.txt", false));
+    /// assert!(!filter.allows(b"src/a/other.txt", false));
+    /// assert!(filter.allows(b"src/c/deep/x", false));
+    /// assert!(!filter.allows(b"src/d", true));
+    /// ```
+    pub fn files_from<P: AsRef<[u8]>>(mut self, paths: impl IntoIterator<Item = P>) -> Filter {
+        let mut only = Only::default();
+        for p in paths {
+            let mut p = p.as_ref();
+            while let Some(rest) = p.strip_prefix(b"./").or_else(|| p.strip_prefix(b"/")) {
+                p = rest;
+            }
+            while let Some(rest) = p.strip_suffix(b"/") {
+                p = rest;
+            }
+            if p.is_empty() {
+                continue;
+            }
+            let mut at = 0;
+            while let Some(i) = p[at..].iter().position(|&b| b == b'/') {
+                only.parents.insert(p[..at + i].to_vec());
+                at += i + 1;
+            }
+            only.listed.insert(p.to_vec());
+        }
+        self.only = Some(Arc::new(only));
+        self
+    }
+
     /// The rules as `+ PATTERN` and `- PATTERN` lines, the form [`Filter::add_rules`]
     /// reads (and the protocol carries).
     pub fn rules(&self) -> Vec<String> {
@@ -117,18 +184,24 @@ impl Filter {
             .collect()
     }
 
-    /// Whether a predicate was set ([`Filter::with_predicate`]).
+    /// Whether something only the sending side can apply was set: a predicate
+    /// ([`Filter::with_predicate`]) or a list ([`Filter::files_from`]).
     pub fn has_predicate(&self) -> bool {
-        self.predicate.is_some()
+        self.predicate.is_some() || self.only.is_some()
     }
 
-    /// Whether there are no rules and no predicate.
+    /// Whether there are no rules, no predicate and no list.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.predicate.is_none()
+        self.rules.is_empty() && self.predicate.is_none() && self.only.is_none()
     }
 
     /// Whether the entry at `wire` (a directory or not) is copied.
     pub fn allows(&self, wire: &[u8], is_dir: bool) -> bool {
+        if let Some(only) = &self.only
+            && !only.allows(wire, is_dir)
+        {
+            return false;
+        }
         let path = String::from_utf8_lossy(wire);
         for r in &self.rules {
             if r.dir_only && !is_dir {
