@@ -1140,10 +1140,72 @@ pub(crate) async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
 }
 
 /// Runs the client side of a session over `control`, the remote `fastcp server`'s stdio, and
-/// opens any extra data streams as `mode` says. Extra SSH channels go round-robin over
-/// `peers`, connections to the same host (the first one runs the server).
+/// opens any extra data streams as `mode` says. Extra streams go round-robin over `peers`,
+/// connections to the same host (the first one runs the server), through
+/// [`Transport::open_stream`]. The plan's remote host is only a label here: `control` and
+/// `peers` are the connection.
 ///
 /// With [`CopyOptions::dry_run`] the session only lists what would be copied.
+///
+/// # A transport of your own
+///
+/// Anything that can start a server and open streams to it is a [`Transport`]. Here the
+/// server is [`crate::server::serve`] in this process, on one end of a `tokio::io::duplex`
+/// pipe, and the copy's three data streams reach it at the Unix socket it names:
+///
+/// ```
+/// use std::sync::Arc;
+/// use fastcp::transport::{self, RemoteProcess, Rendezvous, Transport};
+/// use fastcp::{BoxStream, CopyOptions, Location, Mode, Plan, Progress};
+///
+/// struct InProcess;
+///
+/// impl Transport for InProcess {
+///     async fn start_server(&self) -> Result<RemoteProcess, transport::Error> {
+///         let (client_end, server_end) = tokio::io::duplex(1 << 20);
+///         tokio::spawn(async move {
+///             fastcp::server::serve(server_end, &Default::default()).await
+///         });
+///         Ok(RemoteProcess::from_stream(client_end))
+///     }
+///
+///     async fn open_stream(&self, at: &Rendezvous) -> Result<BoxStream, transport::Error> {
+///         match at {
+///             Rendezvous::UnixSocket(path) => {
+///                 let s = tokio::net::UnixStream::connect(path).await;
+///                 Ok(Box::new(s.map_err(|e| transport::Error::io("joining", e))?))
+///             }
+///             _ => Err(transport::Error::SingleStream("unix sockets only")),
+///         }
+///     }
+///
+///     fn supports_extra_streams(&self) -> bool {
+///         true
+///     }
+/// }
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let plan = Plan::new(
+///     vec![Location::Local(dir.path().join("a.txt"))],
+///     Location::parse(&format!("in-process:{}", dir.path().join("b.txt").display())),
+///     CopyOptions::default(),
+/// )?;
+/// let server = InProcess.start_server().await?;
+/// let done = fastcp::run_session(
+///     &plan,
+///     server.stream,
+///     Mode::Unix { streams: 3 },
+///     &[InProcess],
+///     Arc::new(Progress::default()),
+/// )
+/// .await?;
+/// assert_eq!(done.streams, 3);
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(()) }
+/// ```
 pub async fn run_session<S, T>(
     plan: &Plan,
     control: S,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
+use fastcp_transport::{self as transport, AnyTransport, SshOptions};
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Plan,

@@ -108,14 +108,15 @@ pub enum Rendezvous {
     TcpPort(u16),
 }
 
-/// A way to reach a peer and talk to `fastcp server` there.
-pub trait Transport: Send + Sync + Sized {
-    /// Reaches `destination` (`[user@]host`) as `options` say.
-    fn connect(
-        destination: &str,
-        options: &SshOptions,
-    ) -> impl Future<Output = Result<Self, Error>> + Send;
-
+/// A way to talk to `fastcp server` on a peer: start it and get its control stream, then
+/// open more data streams to where it waits for them.
+///
+/// SSH implements it ([`SshSession`], [`SshProgram`], [`AnyTransport`]); so can anything
+/// else that reaches a server: a caller's own SSH session, a QUIC connection, an in-memory
+/// pair for tests. [`RemoteProcess::from_stream`] makes the control stream of a server that
+/// has no stderr or exit status of its own. The `fastcp` crate's `run_session` runs a copy
+/// over any transport; its docs have a whole copy over `tokio::io::duplex`.
+pub trait Transport: Send + Sync {
     /// Starts `fastcp server` (or `--remote-path`'s program, with the fixed argument
     /// `server`) and returns its control stream, stderr and exit status.
     fn start_server(&self) -> impl Future<Output = Result<RemoteProcess, Error>> + Send;
@@ -136,12 +137,6 @@ pub trait Transport: Send + Sync + Sized {
 
 /// A shared transport, as an embedder keeps one for several copies.
 impl<T: Transport> Transport for std::sync::Arc<T> {
-    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
-        T::connect(destination, options)
-            .await
-            .map(std::sync::Arc::new)
-    }
-
     async fn start_server(&self) -> Result<RemoteProcess, Error> {
         (**self).start_server().await
     }
@@ -156,10 +151,6 @@ impl<T: Transport> Transport for std::sync::Arc<T> {
 }
 
 impl Transport for SshSession {
-    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
-        SshSession::connect(destination, options).await
-    }
-
     async fn start_server(&self) -> Result<RemoteProcess, Error> {
         let cmd = self.server_command()?;
         Ok(self.exec(&cmd).await?.boxed())
@@ -179,10 +170,6 @@ impl Transport for SshSession {
 }
 
 impl Transport for SshProgram {
-    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
-        SshProgram::connect(destination, options).await
-    }
-
     async fn start_server(&self) -> Result<RemoteProcess, Error> {
         Ok(self.start().await?.boxed())
     }
@@ -225,6 +212,15 @@ pub enum AnyTransport {
 }
 
 impl AnyTransport {
+    /// Reaches `destination` (`[user@]host`) as `options` say: with the system ssh when
+    /// [`SshOptions::ssh_program`] is set, else with the built-in client.
+    pub async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
+        Ok(match options.ssh_program {
+            Some(_) => AnyTransport::Program(SshProgram::connect(destination, options).await?),
+            None => AnyTransport::Builtin(SshSession::connect(destination, options).await?),
+        })
+    }
+
     /// Warnings to show the user, such as a host key just recorded in known_hosts (the
     /// system ssh program prints its own).
     pub fn warnings(&self) -> &[String] {
@@ -262,13 +258,6 @@ impl AnyTransport {
 }
 
 impl Transport for AnyTransport {
-    async fn connect(destination: &str, options: &SshOptions) -> Result<Self, Error> {
-        Ok(match options.ssh_program {
-            Some(_) => AnyTransport::Program(SshProgram::connect(destination, options).await?),
-            None => AnyTransport::Builtin(SshSession::connect(destination, options).await?),
-        })
-    }
-
     async fn start_server(&self) -> Result<RemoteProcess, Error> {
         match self {
             AnyTransport::Builtin(s) => s.start_server().await,

@@ -162,7 +162,9 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+    /// An I/O error while doing `context` (for a [`Transport`](crate::Transport) of one's
+    /// own, too).
+    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
         Error::Io {
             context: context.into(),
             source,

@@ -110,6 +110,23 @@ pub struct RemoteProcess<S = BoxStream> {
     pub exit: ExitWaiter,
 }
 
+impl RemoteProcess {
+    /// A server reached by a stream of its own (an in-process `fastcp::server::serve`, a
+    /// socket, a channel of a caller's own SSH session): no stderr, and an exit status of
+    /// success, since there is no process whose status could say otherwise. Its errors
+    /// come through the protocol.
+    pub fn from_stream(stream: impl crate::Duplex + 'static) -> RemoteProcess {
+        let (_, stderr) = mpsc::unbounded_channel();
+        let (exit, waiter) = oneshot::channel();
+        let _ = exit.send(ExitStatus::Code(0));
+        RemoteProcess {
+            stream: Box::new(stream),
+            stderr: Stderr(stderr),
+            exit: ExitWaiter(waiter),
+        }
+    }
+}
+
 impl<S: crate::Duplex> RemoteProcess<S> {
     /// The same process with its stream boxed.
     pub fn boxed(self) -> RemoteProcess<BoxStream> {
