@@ -783,18 +783,16 @@ fn server_policy(args: &ServerArgs) -> fastcp::server::Policy {
 
 async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
     let stdio = fastcp::stdio::Stdio::new();
-    let config = fastcp::server::ServerConfig {
-        tcp_bind: args.bind,
-        tcp_ports: args.ports.map(|(lo, hi)| lo..=hi),
-        policy: server_policy(args),
+    let mut config = fastcp::server::ServerConfig::default()
+        .policy(server_policy(args))
         // Warnings reach the client's stderr through sshd.
-        log: fastcp::Log::new(|level, line| {
+        .log(fastcp::Log::new(|level, line| {
             if level == fastcp::LogLevel::Warn {
                 eprintln!("fastcp server: warning: {line}");
             }
-        }),
-        ..Default::default()
-    };
+        }));
+    config.tcp_bind = args.bind;
+    config.tcp_ports = args.ports.map(|(lo, hi)| lo..=hi);
     // The client learns of failures through the protocol and shows them; stderr (which sshd
     // passes on to the client) is for what could not travel that way.
     match fastcp::server::serve(stdio, &config).await {

@@ -32,7 +32,21 @@ use crate::{BoxStream, Error, Report};
 pub const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How `fastcp server` behaves. The defaults suit a server started over SSH.
+///
+/// Build it from [`ServerConfig::default`] with its builder methods, one per field;
+/// the type is `#[non_exhaustive]`, so new settings do not break callers.
+///
+/// ```
+/// use std::time::Duration;
+/// use fastcp::server::{Policy, ServerConfig};
+///
+/// let config = ServerConfig::default()
+///     .policy(Policy::default().confined_to("/srv/backup/host1").no_delete())
+///     .setup_timeout(Duration::from_secs(10));
+/// assert!(config.policy.deny_delete);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// How long extra streams may take to connect and prove themselves. Default 15 s.
     pub join_timeout: Duration,
@@ -74,13 +88,10 @@ pub struct ServerConfig {
 /// of kind permission denied that the client shows.
 ///
 /// ```
-/// use fastcp::server::{Policy, ServerConfig};
+/// use fastcp::server::Policy;
 ///
-/// let config = ServerConfig {
-///     policy: Policy::default().confined_to("/srv/backup/host1").no_delete(),
-///     ..ServerConfig::default()
-/// };
-/// assert!(config.policy.deny_delete);
+/// let policy = Policy::default().confined_to("/srv/backup/host1").no_delete();
+/// assert!(policy.deny_delete && !policy.read_only);
 /// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -240,6 +251,66 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// Sets [`join_timeout`](ServerConfig::join_timeout).
+    pub fn join_timeout(mut self, value: Duration) -> ServerConfig {
+        self.join_timeout = value;
+        self
+    }
+
+    /// Sets [`max_streams`](ServerConfig::max_streams).
+    pub fn max_streams(mut self, value: u16) -> ServerConfig {
+        self.max_streams = value;
+        self
+    }
+
+    /// Sets [`tcp_bind`](ServerConfig::tcp_bind).
+    pub fn tcp_bind(mut self, value: IpAddr) -> ServerConfig {
+        self.tcp_bind = Some(value);
+        self
+    }
+
+    /// Sets [`tcp_ports`](ServerConfig::tcp_ports).
+    pub fn tcp_ports(mut self, value: RangeInclusive<u16>) -> ServerConfig {
+        self.tcp_ports = Some(value);
+        self
+    }
+
+    /// Sets [`tcp`](ServerConfig::tcp).
+    pub fn tcp(mut self, value: TcpConfig) -> ServerConfig {
+        self.tcp = value;
+        self
+    }
+
+    /// Sets [`tcp_client`](ServerConfig::tcp_client).
+    pub fn tcp_client(mut self, value: IpAddr) -> ServerConfig {
+        self.tcp_client = Some(value);
+        self
+    }
+
+    /// Sets [`idle_timeout`](ServerConfig::idle_timeout).
+    pub fn idle_timeout(mut self, value: Duration) -> ServerConfig {
+        self.idle_timeout = Some(value);
+        self
+    }
+
+    /// Sets [`log`](ServerConfig::log).
+    pub fn log(mut self, value: crate::Log) -> ServerConfig {
+        self.log = value;
+        self
+    }
+
+    /// Sets [`setup_timeout`](ServerConfig::setup_timeout).
+    pub fn setup_timeout(mut self, value: Duration) -> ServerConfig {
+        self.setup_timeout = Some(value);
+        self
+    }
+
+    /// Sets [`policy`](ServerConfig::policy).
+    pub fn policy(mut self, value: Policy) -> ServerConfig {
+        self.policy = value;
+        self
+    }
+
     /// The address to listen on for TCP data streams.
     pub fn tcp_address(&self) -> IpAddr {
         self.tcp_bind

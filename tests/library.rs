@@ -383,10 +383,7 @@ async fn events_tell_what_happened_to_each_file() {
 #[tokio::test]
 async fn a_server_gives_up_on_a_client_that_never_says_hello() {
     let (_client, server_end) = tokio::io::duplex(1 << 16);
-    let config = fastcp::server::ServerConfig {
-        setup_timeout: Some(Duration::from_millis(300)),
-        ..Default::default()
-    };
+    let config = fastcp::server::ServerConfig::default().setup_timeout(Duration::from_millis(300));
     let err = tokio::time::timeout(
         Duration::from_secs(10),
         fastcp::server::serve(server_end, &config),
