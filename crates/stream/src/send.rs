@@ -53,8 +53,9 @@ pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
 /// How many walked entries may wait for the producer.
 const WALK_QUEUE: usize = 1024;
 
-/// The cap on a frame from the receiver (errors and the final report are small).
-const REPLY_MAX_FRAME: u32 = 64 << 10;
+/// The cap on a frame from the receiver: errors and the final report are small; the largest
+/// is a `Partial` with all its block hashes (`--resume`, 256 KiB of them).
+const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
 
 /// Quick-check probes sent and not yet answered, at most.
 const PROBE_WINDOW: usize = 4096;
@@ -1181,4 +1182,36 @@ fn at_eof(fd: &OwnedFd, size: u64) -> io::Result<bool> {
     let mut one = [0u8; 1];
     let n = retry(|| rustix::io::pread(fd, &mut one, size))?;
     Ok(n == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The biggest `Partial` a receiver sends (a file of 16 GiB or more) reaches the
+    /// producer with its answer.
+    #[tokio::test]
+    async fn replies_carry_a_partial_with_every_hash() {
+        let hashes: Vec<u128> = (0..fastcp_proto::MAX_PARTIAL_HASHES as u128).collect();
+        let mut wire = BytesMut::new();
+        let partial = Partial {
+            id: 7,
+            block: 1 << 20,
+            hashes: hashes.clone(),
+        };
+        encode(&Frame::Partial(partial), &mut wire);
+        let answer = Answer {
+            id: 7,
+            send: true,
+            hash: None,
+        };
+        encode(&Frame::Answer(answer), &mut wire);
+        encode(&Frame::Done(Summary::default()), &mut wire);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = read_replies(&wire[..], Some(tx), true, None).await;
+        assert!(done.is_ok(), "{done:?}");
+        let (got, offer) = rx.recv().unwrap();
+        assert_eq!(got, answer);
+        assert_eq!(offer.unwrap().hashes, hashes);
+    }
 }
