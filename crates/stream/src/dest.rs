@@ -299,6 +299,13 @@ fn is_temp_name(name: &[u8]) -> bool {
         && tail[8..].iter().all(|b| b.is_ascii_hexdigit())
 }
 
+/// Whether `name` is a file fastcp works in: a temp name (`.NAME.fastcp-XXXXXXXX`) or a
+/// partial file kept for `--resume` (`.NAME.fastcp-partial`). Mirroring leaves them alone:
+/// they belong to a live copy, or to the next one.
+pub(crate) fn is_work_file(name: &[u8]) -> bool {
+    is_temp_name(name) || (name.starts_with(b".") && name.ends_with(b".fastcp-partial"))
+}
+
 /// How long before a transfer began a temp file must have been last written for its sweep to
 /// take it: another live copy creates its temp file and locks it a moment later, and file
 /// times come from a coarse clock, so a fresh temp file is never taken for a stale one.

@@ -54,6 +54,10 @@ pub(crate) fn delete_extras(
             if sent.contains(&wire[..]) {
                 continue;
             }
+            // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
+            if crate::dest::is_work_file(&name) {
+                continue;
+            }
             // What the rules exclude was never sent, and is not ours to delete.
             if let Some(filter) = &shared.config.filter {
                 let is_dir = rustix::fs::statat(&fd, &name[..], AtFlags::SYMLINK_NOFOLLOW)

@@ -676,6 +676,9 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     )
     .unwrap();
     write(&dst.path().join("beside"), b"not part of the copy", 0o644);
+    // Another copy's temp file and a partial file kept for --resume are not extras.
+    write(&t.join(".a.fastcp-0badcafe"), b"live", 0o600);
+    write(&t.join("keep/.big.fastcp-partial"), b"kept", 0o600);
 
     let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 2).await;
     sent.unwrap();
@@ -685,7 +688,16 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     assert_eq!(received.local.deleted, 8);
     let mut left: Vec<String> = walkdir(&t);
     left.sort();
-    assert_eq!(left, ["a", "keep", "keep/b"]);
+    assert_eq!(
+        left,
+        [
+            ".a.fastcp-0badcafe",
+            "a",
+            "keep",
+            "keep/.big.fastcp-partial",
+            "keep/b"
+        ]
+    );
     assert_eq!(
         fs::read(outside.path().join("precious")).unwrap(),
         b"do not touch"
