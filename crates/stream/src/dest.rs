@@ -474,7 +474,17 @@ impl Writer {
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Op>) {
         while let Some(op) = rx.blocking_recv() {
             if self.shared.abort.is_set() {
-                break;
+                // With `resume`, what already arrived still goes into the partial files, for
+                // the next copy (the readers have stopped: this is what they had queued).
+                if !self.shared.config.resume {
+                    break;
+                }
+                if matches!(op, Op::Create { .. } | Op::Data { .. } | Op::Keep { .. })
+                    && self.handle(op).is_err()
+                {
+                    break;
+                }
+                continue;
             }
             if let Err(e) = self.handle(op) {
                 self.shared.abort.trigger(e);
