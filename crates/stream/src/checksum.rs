@@ -19,14 +19,21 @@ use std::collections::BTreeMap;
 
 use xxhash_rust::xxh3::{Xxh3Default, xxh3_128};
 
-/// The XXH3-128 of everything `r` reads: the content hash `--checksum` compares.
-pub(crate) fn content_hash(mut r: impl std::io::Read) -> std::io::Result<u128> {
+/// The XXH3-128 of everything `r` reads: the content hash `--checksum` compares. The bytes
+/// read count in `progress` as checked.
+pub(crate) fn content_hash(
+    mut r: impl std::io::Read,
+    progress: &crate::Progress,
+) -> std::io::Result<u128> {
     let mut h = Xxh3Default::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         match r.read(&mut buf) {
             Ok(0) => return Ok(h.digest128()),
-            Ok(n) => h.update(&buf[..n]),
+            Ok(n) => {
+                h.update(&buf[..n]);
+                progress.add_checked(n as u64);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }

@@ -37,6 +37,7 @@ pub struct Progress {
     files_skipped: AtomicU64,
     bytes_skipped: AtomicU64,
     bytes_resumed: AtomicU64,
+    bytes_checked: AtomicU64,
     deleted: AtomicU64,
     current: Mutex<Bytes>,
     events: Option<crate::EventSink>,
@@ -67,6 +68,10 @@ pub struct Snapshot {
     /// Bytes of files that the receiver's partial copies already held and that were not sent
     /// again (`--resume`).
     pub bytes_resumed: u64,
+    /// File bytes read and hashed to compare with the other side (`checksum`, and the
+    /// partial files of `resume`), on either side: a long comparison is progress, not a
+    /// stall.
+    pub bytes_checked: u64,
     /// Entries the receiver removed because the sender does not have them (mirroring).
     pub deleted: u64,
 }
@@ -136,6 +141,7 @@ impl Progress {
             files_skipped: self.files_skipped.load(Relaxed),
             bytes_skipped: self.bytes_skipped.load(Relaxed),
             bytes_resumed: self.bytes_resumed.load(Relaxed),
+            bytes_checked: self.bytes_checked.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
         }
     }
@@ -188,6 +194,10 @@ impl Progress {
 
     pub(crate) fn add_done_file(&self) {
         self.files_done.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add_checked(&self, bytes: u64) {
+        self.bytes_checked.fetch_add(bytes, Relaxed);
     }
 
     pub(crate) fn add_resumed(&self, bytes: u64) {

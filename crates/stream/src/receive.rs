@@ -478,17 +478,35 @@ impl Reader {
 
     /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks
     /// (hashed off the async threads); `None` when there is none to offer.
+    ///
+    /// The hashes go to the sender as they are made, a `Partial` frame every
+    /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
+    /// file is progress on both sides rather than a silence.
     async fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, crate::resume::Offer)> {
         use crate::resume;
         if p.size <= resume::PARTIAL_MIN {
             return None;
         }
         let (dir, name) = self.probed_dir(p)?;
-        let size = p.size;
+        let (size, id) = (p.size, p.id);
+        let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || {
             let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
             let block = resume::block_size(size);
-            let hashes = resume::block_hashes(&fd, size, block).ok()?;
+            // What was sent is what is offered, even if a read fails part way.
+            let mut sent = Vec::new();
+            let _ = resume::block_hashes(&fd, size, block, |piece, bytes| {
+                shared.progress.add_checked(bytes);
+                sent.extend_from_slice(piece);
+                let frame = Frame::Partial(fastcp_proto::Partial {
+                    id,
+                    block,
+                    hashes: piece.to_vec(),
+                });
+                // Fails only when the reply stream is gone, and then the session is over.
+                let _ = shared.replies.blocking_send(frame);
+            });
+            let hashes = sent;
             (!hashes.is_empty()).then_some((fd, resume::Offer { block, hashes }))
         })
         .await
@@ -500,10 +518,11 @@ impl Reader {
     async fn content_hash(&mut self, p: &Probe) -> Option<u128> {
         self.same_size(p)?;
         let (dir, name) = self.probed_dir(p)?;
+        let progress = self.shared.progress.clone();
         tokio::task::spawn_blocking(move || {
             let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
-            crate::checksum::content_hash(std::fs::File::from(fd)).ok()
+            crate::checksum::content_hash(std::fs::File::from(fd), &progress).ok()
         })
         .await
         .ok()?

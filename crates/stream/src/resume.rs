@@ -76,14 +76,27 @@ impl Offer {
     }
 }
 
+/// A long hash sends its hashes every this many bytes hashed, in a `Partial` frame of their
+/// own: the sender sees progress, and neither side's `--timeout` takes it for a stall.
+pub(crate) const PIECE_BYTES: u64 = 256 << 20;
+
 /// The XXH3-128 of each whole block of `block` bytes of `fd` from offset 0, as far as both
 /// the file and `size` (the sender's size) go; the last block may end at `size`, shorter.
-pub(crate) fn block_hashes(fd: &OwnedFd, size: u64, block: u64) -> io::Result<Vec<u128>> {
+/// `piece` gets the new hashes each time they cover [`PIECE_BYTES`] (and the rest at the
+/// end), with the bytes they cover.
+pub(crate) fn block_hashes(
+    fd: &OwnedFd,
+    size: u64,
+    block: u64,
+    mut piece: impl FnMut(&[u128], u64),
+) -> io::Result<Vec<u128>> {
     let have = rustix::fs::fstat(fd)?.st_size as u64;
     let end = have.min(size);
     let mut hashes = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut offset = 0;
+    // The hashes handed to `piece` so far, and the offset they reach.
+    let (mut given, mut reported) = (0, 0);
     while offset < end && hashes.len() < fastcp_proto::MAX_PARTIAL_HASHES {
         let len = block.min(size - offset);
         if offset + len > end {
@@ -95,6 +108,10 @@ pub(crate) fn block_hashes(fd: &OwnedFd, size: u64, block: u64) -> io::Result<Ve
             let n = buf.len().min((offset + len - at) as usize);
             let got = rustix::io::pread(fd, &mut buf[..n], at)?;
             if got == 0 {
+                // Shorter than it was: what is hashed so far.
+                if given < hashes.len() {
+                    piece(&hashes[given..], offset - reported);
+                }
                 return Ok(hashes);
             }
             h.update(&buf[..got]);
@@ -102,6 +119,13 @@ pub(crate) fn block_hashes(fd: &OwnedFd, size: u64, block: u64) -> io::Result<Ve
         }
         hashes.push(h.digest128());
         offset += len;
+        if offset - reported >= PIECE_BYTES {
+            piece(&hashes[given..], offset - reported);
+            (given, reported) = (hashes.len(), offset);
+        }
+    }
+    if given < hashes.len() {
+        piece(&hashes[given..], offset - reported);
     }
     Ok(hashes)
 }
@@ -144,19 +168,39 @@ mod tests {
         let h = |b: &[u8]| xxhash_rust::xxh3::xxh3_128(b);
         // The sender's file is longer: only whole blocks of the partial count.
         assert_eq!(
-            block_hashes(&fd, 100, 4).unwrap(),
+            block_hashes(&fd, 100, 4, |_, _| {}).unwrap(),
             vec![h(&data[..4]), h(&data[4..8])]
         );
         // The sender's file ends at 10: the last, short block counts too.
         assert_eq!(
-            block_hashes(&fd, 10, 4).unwrap(),
+            block_hashes(&fd, 10, 4, |_, _| {}).unwrap(),
             vec![h(&data[..4]), h(&data[4..8]), h(&data[8..])]
         );
         // Shorter than the partial: what the sender's size covers, its short last block too.
         assert_eq!(
-            block_hashes(&fd, 6, 4).unwrap(),
+            block_hashes(&fd, 6, 4, |_, _| {}).unwrap(),
             vec![h(&data[..4]), h(&data[4..6])]
         );
+    }
+
+    #[test]
+    fn hashes_come_in_pieces_that_cover_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        let block = 64 << 20;
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(10 * block).unwrap();
+        let fd: OwnedFd = std::fs::File::open(&path).unwrap().into();
+        let mut pieces = Vec::new();
+        let all = block_hashes(&fd, 10 * block, block, |p, bytes| {
+            pieces.push((p.to_vec(), bytes))
+        })
+        .unwrap();
+        // 256 MiB a piece: four blocks, four blocks, then the last two.
+        let sizes: Vec<_> = pieces.iter().map(|(p, b)| (p.len(), *b)).collect();
+        assert_eq!(sizes, [(4, 4 * block), (4, 4 * block), (2, 2 * block)]);
+        let joined: Vec<u128> = pieces.into_iter().flat_map(|(p, _)| p).collect();
+        assert_eq!(joined, all);
     }
 
     #[test]

@@ -331,6 +331,7 @@ where
         answers,
         resume,
         events.clone(),
+        Some(progress.clone()),
     ))]);
 
     let pool = Arc::new(Pool::default());
@@ -533,6 +534,7 @@ async fn read_replies<R: AsyncRead + Unpin>(
     answers: Option<std::sync::mpsc::Sender<(Answer, Option<Partial>)>>,
     resume: bool,
     events: Option<Arc<Progress>>,
+    checked: Option<Arc<Progress>>,
 ) -> ReplyResult {
     let mut decoder = Decoder::new(REPLY_MAX_FRAME);
     let mut buf = BytesMut::with_capacity(8 << 10);
@@ -555,7 +557,24 @@ async fn read_replies<R: AsyncRead + Unpin>(
                     }
                 }
                 Frame::Done(summary) => return Ok((summary, failures)),
-                Frame::Partial(p) if resume => partial = Some(p),
+                Frame::Partial(p) if resume => {
+                    if let Some(progress) = &checked {
+                        progress.add_checked(p.hashes.len() as u64 * p.block);
+                    }
+                    // A long hash comes in pieces: later ones add to the first.
+                    match &mut partial {
+                        Some(have) if have.id == p.id && have.block == p.block => {
+                            if have.hashes.len() + p.hashes.len() > fastcp_proto::MAX_PARTIAL_HASHES
+                            {
+                                return Err(Error::Protocol(
+                                    "more block hashes than a partial file may have".into(),
+                                ));
+                            }
+                            have.hashes.extend(p.hashes);
+                        }
+                        _ => partial = Some(p),
+                    }
+                }
                 Frame::Answer(a) if answers.is_some() => {
                     let offer = partial.take().filter(|p| p.id == a.id && a.send);
                     // The producer may be gone already (a stopped transfer): nothing to do.
@@ -824,7 +843,7 @@ impl Producer<'_> {
         // The receiver hashes its copy while we hash ours.
         let hash = if self.config.checksum {
             std::fs::File::open(&path)
-                .and_then(crate::checksum::content_hash)
+                .and_then(|f| crate::checksum::content_hash(f, &self.progress))
                 .ok()
         } else {
             None
@@ -1208,10 +1227,48 @@ mod tests {
         encode(&Frame::Answer(answer), &mut wire);
         encode(&Frame::Done(Summary::default()), &mut wire);
         let (tx, rx) = std::sync::mpsc::channel();
-        let done = read_replies(&wire[..], Some(tx), true, None).await;
+        let done = read_replies(&wire[..], Some(tx), true, None, None).await;
         assert!(done.is_ok(), "{done:?}");
         let (got, offer) = rx.recv().unwrap();
         assert_eq!(got, answer);
         assert_eq!(offer.unwrap().hashes, hashes);
+    }
+
+    /// A long hash comes in pieces: they add up to one offer, the bytes they cover count as
+    /// checked (progress, not a stall), and more hashes than a file may have are refused.
+    #[tokio::test]
+    async fn partial_pieces_add_up_and_count_as_progress() {
+        let piece = |from: u128, n: usize| {
+            Frame::Partial(Partial {
+                id: 3,
+                block: 1 << 20,
+                hashes: (from..from + n as u128).collect(),
+            })
+        };
+        let answer = Answer {
+            id: 3,
+            send: true,
+            hash: None,
+        };
+        let mut wire = BytesMut::new();
+        encode(&piece(0, 1024), &mut wire);
+        encode(&piece(1024, 10), &mut wire);
+        encode(&Frame::Answer(answer), &mut wire);
+        encode(&Frame::Done(Summary::default()), &mut wire);
+        let progress = Arc::new(Progress::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = read_replies(&wire[..], Some(tx), true, None, Some(progress.clone())).await;
+        assert!(done.is_ok(), "{done:?}");
+        let (_, offer) = rx.recv().unwrap();
+        assert_eq!(offer.unwrap().hashes, (0..1034).collect::<Vec<u128>>());
+        assert_eq!(progress.snapshot().bytes_checked, 1034 << 20);
+
+        let mut wire = BytesMut::new();
+        let n = fastcp_proto::MAX_PARTIAL_HASHES;
+        encode(&piece(0, n), &mut wire);
+        encode(&piece(0, 1), &mut wire);
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let done = read_replies(&wire[..], Some(tx), true, None, None).await;
+        assert!(matches!(done, Err(Error::Protocol(_))), "{done:?}");
     }
 }
