@@ -277,6 +277,23 @@ const MAX_PENDING_CHUNKS: usize = 65_536;
 /// Chunks of zeros at least this long are left as holes instead of written.
 const HOLE_MIN: usize = 4096;
 
+/// File `id` of `files`, open, for `len` more of its bytes; `None` when the sender abandoned
+/// it after these bytes were queued, or it failed here (its bytes are then counted and
+/// dropped, and it is forgotten once they and its end have all come).
+fn open_file(files: &mut HashMap<u64, FileState>, id: u64, len: u64) -> Option<&mut OpenFile> {
+    if let Some(FileState::Skipped(s)) = files.get_mut(&id) {
+        s.got += len;
+        if s.got >= s.size && s.end {
+            files.remove(&id);
+        }
+        return None;
+    }
+    match files.get_mut(&id) {
+        Some(FileState::Open(f)) => Some(f),
+        _ => None,
+    }
+}
+
 /// Whether every byte of `b` is zero (exits at the first that is not).
 fn is_zero(b: &[u8]) -> bool {
     let mut words = b.chunks_exact(8);
@@ -709,18 +726,8 @@ impl Writer {
     /// A block of a file that its partial file already holds: accounted as written, and
     /// folded into the checksum with the hash the receiver offered for it.
     fn keep(&mut self, id: u64, offset: u64, len: u64) -> Result<(), Error> {
-        let Some(state) = self.files.get_mut(&id) else {
+        let Some(f) = open_file(&mut self.files, id, len) else {
             return Ok(());
-        };
-        let f = match state {
-            FileState::Skipped(s) => {
-                s.got += len;
-                if s.got >= s.size && s.end {
-                    self.files.remove(&id);
-                }
-                return Ok(());
-            }
-            FileState::Open(f) => f,
         };
         let offered = f.offer.as_ref().and_then(|o| o.hash(offset, len, f.size));
         let Some(hash) = offered else {
@@ -747,19 +754,8 @@ impl Writer {
 
     fn data(&mut self, id: u64, offset: u64, bytes: Bytes, hash: ChunkHash) -> Result<(), Error> {
         let len = bytes.len() as u64;
-        let Some(state) = self.files.get_mut(&id) else {
-            // Abandoned by the sender after this chunk was queued.
+        let Some(f) = open_file(&mut self.files, id, len) else {
             return Ok(());
-        };
-        let f = match state {
-            FileState::Skipped(s) => {
-                s.got += len;
-                if s.got >= s.size && s.end {
-                    self.files.remove(&id);
-                }
-                return Ok(());
-            }
-            FileState::Open(f) => f,
         };
         if len == 0 {
             return Ok(());

@@ -608,12 +608,8 @@ impl Reader {
             Frame::Data(d) => {
                 let len = d.bytes.len() as u64;
                 self.counts.bytes += len;
-                let size = loop {
-                    match self.account(d.id, Some((d.offset, len)))? {
-                        Accounted::Forward(size) => break size,
-                        Accounted::Drop => return Ok(None),
-                        Accounted::Wait => self.wait_announced(d.id).await?,
-                    }
+                let Some(size) = self.accounted(d.id, Some((d.offset, len))).await? else {
+                    return Ok(None);
                 };
                 // Hashed here, in parallel over the streams and in whatever order chunks
                 // come; the writer only merges the values.
@@ -643,12 +639,12 @@ impl Reader {
                 self.send(self.writer(d.id), op).await?;
             }
             Frame::Keep(k) if self.shared.config.resume => {
-                loop {
-                    match self.account(k.id, Some((k.offset, k.len)))? {
-                        Accounted::Forward(_) => break,
-                        Accounted::Drop => return Ok(None),
-                        Accounted::Wait => self.wait_announced(k.id).await?,
-                    }
+                if self
+                    .accounted(k.id, Some((k.offset, k.len)))
+                    .await?
+                    .is_none()
+                {
+                    return Ok(None);
                 }
                 let op = Op::Keep {
                     id: k.id,
@@ -658,12 +654,8 @@ impl Reader {
                 self.send(self.writer(k.id), op).await?;
             }
             Frame::FileEnd(e) => {
-                loop {
-                    match self.account(e.id, None)? {
-                        Accounted::Forward(_) => break,
-                        Accounted::Drop => return Ok(None),
-                        Accounted::Wait => self.wait_announced(e.id).await?,
-                    }
+                if self.accounted(e.id, None).await?.is_none() {
+                    return Ok(None);
                 }
                 let op = Op::End {
                     id: e.id,
@@ -777,6 +769,18 @@ impl Reader {
             }
         }
         Ok(None)
+    }
+
+    /// [`account`](Self::account), waiting for the file's entry if it has not come yet: the
+    /// file's size when the frame goes to its writer, `None` when it is dropped.
+    async fn accounted(&self, id: u64, chunk: Option<(u64, u64)>) -> Result<Option<u64>, Error> {
+        loop {
+            match self.account(id, chunk)? {
+                Accounted::Forward(size) => return Ok(Some(size)),
+                Accounted::Drop => return Ok(None),
+                Accounted::Wait => self.wait_announced(id).await?,
+            }
+        }
     }
 
     /// Accounts a chunk (`Some((offset, len))`) or a file's end (`None`) against its file.
