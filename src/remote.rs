@@ -118,33 +118,25 @@ impl Session {
 
     /// Closes the session's connections. Copies still running on it fail.
     pub async fn close(self) {
-        let connections = std::mem::take(&mut *lock(&self.connections));
-        drop(connections);
+        drop(self);
     }
 
     async fn copy_now(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let plan = &plan.sharded().await?;
-        if matches!(plan.dest, Location::Local(_))
-            && plan
-                .options
-                .filter
-                .as_ref()
-                .is_some_and(|f| f.has_predicate())
-        {
+        // A predicate (or a list) runs where the files are read, and never travels.
+        let local_only = plan
+            .options
+            .filter
+            .as_ref()
+            .is_some_and(|f| f.has_predicate());
+        if local_only && matches!(plan.dest, Location::Local(_)) {
             return Err(Error::Usage(
                 "a filter predicate or --files-from runs where the files are read: it cannot \
                  serve a pull (use include and exclude rules, which travel)"
                     .into(),
             ));
         }
-        if plan.dest.remote().is_some()
-            && plan.options.delete
-            && plan
-                .options
-                .filter
-                .as_ref()
-                .is_some_and(|f| f.has_predicate())
-        {
+        if local_only && plan.options.delete && plan.dest.remote().is_some() {
             return Err(Error::Usage(
                 "--delete with a filter predicate or --files-from: the remote side cannot tell \
                  what they leave out from what is gone, and would delete it"

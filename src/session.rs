@@ -50,7 +50,6 @@ pub(crate) fn local_hello() -> Hello {
     }
 }
 
-/// Sends our hello and reads the peer's.
 /// [`handshake`], given at most `limit` (none: no limit) for the peer's hello: a peer that
 /// never speaks (a remote program that hangs, a client that connected and went quiet) ends
 /// in [`Error::Timeout`].
@@ -58,19 +57,15 @@ pub(crate) async fn handshake_within<S: AsyncRead + AsyncWrite + Unpin>(
     reader: &mut FrameReader<S>,
     limit: Option<std::time::Duration>,
 ) -> Result<Negotiated, Error> {
-    match limit.filter(|l| !l.is_zero()) {
-        None => handshake(reader).await,
-        Some(limit) => tokio::time::timeout(limit, handshake(reader))
-            .await
-            .map_err(|_| {
-                Error::Timeout(format!(
-                    "waiting {} s for the peer's hello: it started but says nothing",
-                    limit.as_secs_f32()
-                ))
-            })?,
-    }
+    crate::client::within(
+        limit,
+        "waiting for the peer's hello (it started but says nothing)",
+        handshake(reader),
+    )
+    .await
 }
 
+/// Sends our hello and reads the peer's.
 pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     reader: &mut FrameReader<S>,
 ) -> Result<Negotiated, Error> {
