@@ -10,7 +10,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -201,15 +201,11 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
     );
     // The server notices too, and removes its temp file: at once after a cut, within its
     // own idle limit (a minute) after a stall.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let left = std::fs::read_dir(&dst).unwrap().count();
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the server left its temp file");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(90),
+        "the server left its temp file",
+        || std::fs::read_dir(&dst).unwrap().count() == 0,
+    );
     assert_no_temp(&dst);
 }
 
@@ -259,6 +255,48 @@ fn has_temp(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// fastcp for `sshd` with `args`, copying `src` to `dst`: a pull (the source is on the
+/// remote) or a push (the target is).
+fn transfer(sshd: &Sshd, args: &[&str], src: &Path, dst: &Path, pull: bool) -> Command {
+    let mut cmd = fastcp(sshd, bin());
+    cmd.args(args);
+    if pull {
+        cmd.arg(remote(sshd, src)).arg(dst);
+    } else {
+        cmd.arg(src).arg(remote(sshd, dst));
+    }
+    cmd
+}
+
+/// Waits up to `limit` for `done`, failing with `what` when it never comes.
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits up to `limit` for `child` to end, failing with `what` when it does not.
+fn wait_exit(child: &mut std::process::Child, limit: Duration, what: &str) -> ExitStatus {
+    let mut status = None;
+    wait_until(limit, what, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    status.unwrap()
+}
+
+/// Sends `signal` (`-INT`, `-9`...) to process `pid`.
+fn kill(signal: &str, pid: impl std::fmt::Display) {
+    let st = Command::new(fastcp_testsupport::tools::require("kill"))
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
 /// Ctrl-C (SIGINT), SIGTERM and SIGHUP mid-copy, pull and push: the client exits 130, and
 /// neither side leaves a temp file or a partial file.
 #[test]
@@ -275,39 +313,28 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
         write(&src, &pseudo_random(16 << 20, 5), 0o644);
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
-        let mut cmd = fastcp(&sshd, bin());
-        cmd.args(["--transport", "ssh", "--bwlimit", "2M"]);
-        if pull {
-            cmd.arg(remote(&sshd, &src)).arg(&dst);
-        } else {
-            cmd.arg(&src).arg(remote(&sshd, &dst));
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = transfer(
+            &sshd,
+            &["--transport", "ssh", "--bwlimit", "2M"],
+            &src,
+            &dst,
+            pull,
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
         // Mid-copy: the receiver's temp file is there.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !has_temp(&dst) {
-            assert!(Instant::now() < deadline, "the copy never started");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let st = Command::new(fastcp_testsupport::tools::require("kill"))
-            .arg(signal)
-            .arg(child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "{signal} did not stop the copy");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        wait_until(Duration::from_secs(30), "the copy never started", || {
+            has_temp(&dst)
+        });
+        kill(signal, child.id());
+        let status = wait_exit(
+            &mut child,
+            Duration::from_secs(30),
+            &format!("{signal} did not stop the copy"),
+        );
         let mut err = String::new();
         child
             .stderr
@@ -318,14 +345,11 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
         assert_eq!(status.code(), Some(130), "{signal} pull={pull}: {err}");
         assert!(err.contains("interrupted"), "{err}");
         // The server side (a push) notices its client is gone and cleans up too.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while has_temp(&dst) {
-            assert!(
-                Instant::now() < deadline,
-                "{signal} pull={pull}: a temp file was left"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(
+            Duration::from_secs(30),
+            &format!("{signal} pull={pull}: a temp file was left"),
+            || !has_temp(&dst),
+        );
         assert!(
             !dst.join("big").exists(),
             "a partial file under its final name"
@@ -365,11 +389,9 @@ fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !has_temp(&dst) {
-            assert!(Instant::now() < deadline, "the copy never started");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(Duration::from_secs(30), "the copy never started", || {
+            has_temp(&dst)
+        });
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(has_temp(&dst), "kill -9 leaves its temp file (pull={pull})");
@@ -457,15 +479,8 @@ fn holder_of(path: &Path) -> Option<i32> {
 
 /// Waits until no process holds `path` open (the side that wrote it has ended).
 fn wait_released(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while holder_of(path).is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "{} is still held",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let what = format!("{} is still held", path.display());
+    wait_until(Duration::from_secs(60), &what, || holder_of(path).is_none());
 }
 
 /// Reruns a copy with `--resume` and checks that the file is whole and that little more
@@ -476,14 +491,12 @@ fn resume_and_check(sshd: &Sshd, src: &Path, dst: &Path, pull: bool, extra: &[&s
     let partial = dst.join(".big.fastcp-partial");
     let have = bytes_in_place(&partial, &content);
     let missing = content.len() as u64 - have;
-    let mut cmd = fastcp(sshd, bin());
-    cmd.args(["--resume", "--json"]).args(extra);
-    if pull {
-        cmd.arg(remote(sshd, src)).arg(dst);
-    } else {
-        cmd.arg(src).arg(remote(sshd, dst));
-    }
-    let out = run(&mut cmd);
+    let args: Vec<&str> = ["--resume", "--json"]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    let out = run(&mut transfer(sshd, &args, src, dst, pull));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         std::fs::read(dst.join("big")).unwrap() == content,
@@ -572,47 +585,32 @@ fn kill_9_of_the_receiver_then_resume() {
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
         let partial = dst.join(".big.fastcp-partial");
-        let mut cmd = fastcp(&sshd, bin());
-        cmd.args(["--transport", "tcp", "--resume", "--bwlimit", "8M"]);
-        if pull {
-            cmd.arg(remote(&sshd, &src)).arg(&dst);
-        } else {
-            cmd.arg(&src).arg(remote(&sshd, &dst));
-        }
-        let mut child = cmd
+        let args = ["--transport", "tcp", "--resume", "--bwlimit", "8M"];
+        let mut child = transfer(&sshd, &args, &src, &dst, pull)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
         // Written, not just sized: the partial file has its full length from the start.
         let written = || {
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(&partial).map_or(0, |m| m.blocks() * 512)
         };
-        while written() < 16 << 20 {
-            assert!(Instant::now() < deadline, "the copy never got far");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(Duration::from_secs(60), "the copy never got far", || {
+            written() >= 16 << 20
+        });
         if pull {
             child.kill().unwrap();
         } else {
             let pid = holder_of(&partial).expect("the server holds its partial file");
-            let st = Command::new(fastcp_testsupport::tools::require("kill"))
-                .args(["-9", &pid.to_string()])
-                .status()
-                .unwrap();
-            assert!(st.success());
+            kill("-9", pid);
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "the client did not end");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_exit(
+            &mut child,
+            Duration::from_secs(30),
+            "the client did not end",
+        );
         if !pull {
             assert_eq!(status.code(), Some(3), "the server was killed");
         }
