@@ -120,6 +120,20 @@ fn an_unreachable_host_is_a_connect_error_on_the_network() {
     );
 }
 
+/// SSH options for the test sshd, with the fastcp under test as the remote program.
+fn ssh_options(sshd: &Sshd) -> fastcp::transport::SshOptions {
+    fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        remote_path: Some(common::BIN.into()),
+        ..Default::default()
+    }
+}
+
+/// `path` on the test sshd's host.
+fn on(sshd: &Sshd, path: &std::path::Path) -> Location {
+    Location::parse(&common::remote(sshd, path))
+}
+
 /// One `Session`, many copies: pushes and a pull one after another, two pushes at the same
 /// time, all over one SSH login; copies over SSH channels open one more connection once and
 /// keep it; a copy to another host is refused.
@@ -134,12 +148,8 @@ async fn one_session_runs_many_copies_over_one_login() {
             src
         })
         .collect();
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        remote_path: Some(common::BIN.into()),
-        ..Default::default()
-    };
-    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let ssh = ssh_options(&sshd);
+    let remote = |p: &std::path::Path| on(&sshd, p);
     let options = CopyOptions::default().recursive(true);
     let target = remote(work.path());
     let session = Session::connect(target.remote().unwrap(), &ssh, &options)
@@ -230,12 +240,8 @@ fn a_blocking_session_copies_from_two_threads() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     build_tiny(&src, 30);
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        remote_path: Some(common::BIN.into()),
-        ..Default::default()
-    };
-    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let ssh = ssh_options(&sshd);
+    let remote = |p: &std::path::Path| on(&sshd, p);
     let options = CopyOptions::default().recursive(true);
     let target = remote(work.path());
     let session =
@@ -273,12 +279,8 @@ async fn events_tell_what_happened_to_each_file() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     build_tiny(&src, 12);
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        remote_path: Some(common::BIN.into()),
-        ..Default::default()
-    };
-    let remote = |p: &std::path::Path| Location::parse(&common::remote(&sshd, p));
+    let ssh = ssh_options(&sshd);
+    let remote = |p: &std::path::Path| on(&sshd, p);
     let run = |from: Location, to: Location, options: CopyOptions| {
         let ssh = ssh.clone();
         async move {
