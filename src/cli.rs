@@ -67,18 +67,34 @@ pub struct Args {
     /// Keep hard links: a file's other names arrive as names of the same file.
     #[arg(short = 'H', help_heading = "Copy")]
     pub hard_links: bool,
+    /// Archive: -r -p --owner --group, as rsync's -a (the owner only takes when the
+    /// receiving side runs as root).
+    #[arg(short = 'a', long, help_heading = "Copy")]
+    pub archive: bool,
+    /// Keep each file's owner (needs root on the receiving side; mapped by user name unless
+    /// --numeric-ids).
+    #[arg(long, help_heading = "Copy")]
+    pub owner: bool,
+    /// Keep each file's group (a receiver that is not root sets the groups it is in).
+    #[arg(long, help_heading = "Copy")]
+    pub group: bool,
+    /// With --owner or --group: keep the numeric ids, never map them by name.
+    #[arg(long, help_heading = "Copy")]
+    pub numeric_ids: bool,
+    /// Keep extended attributes: user.*, and trusted.* and security.* as root
+    /// (security.capability is never set).
+    #[arg(short = 'X', long, help_heading = "Copy")]
+    pub xattrs: bool,
+    /// Keep POSIX ACLs (numeric ids inside).
+    #[arg(short = 'A', long, help_heading = "Copy")]
+    pub acls: bool,
     /// Skip files the destination already has with the same size and modification time
     /// (rsync's quick check); implies -p, since times only match if the copy keeps them.
     #[arg(long, help_heading = "Copy")]
     pub skip_unchanged: bool,
     /// Mirror: remove from each directory copied what the destination holds and the source
     /// does not (rsync's --delete); only beneath the destination, never through a symlink.
-    #[arg(
-        long,
-        help_heading = "Copy",
-        requires = "recursive",
-        conflicts_with = "dry_run"
-    )]
+    #[arg(long, help_heading = "Copy", conflicts_with = "dry_run")]
     pub delete: bool,
     /// End the copy (exit code 3) when no data has moved for SECS seconds: a peer that
     /// stopped answering or a link that dropped. 0 waits forever.
@@ -445,8 +461,15 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     let mut options = args
         .link
         .options()
-        .recursive(args.recursive)
-        .preserve(args.preserve)
+        .recursive(args.recursive || args.archive)
+        .preserve(args.preserve || args.archive)
+        .attrs(fastcp::KeepAttrs {
+            owner: args.owner || args.archive,
+            group: args.group || args.archive,
+            numeric_ids: args.numeric_ids,
+            xattrs: args.xattrs,
+            acls: args.acls,
+        })
         .dry_run(args.dry_run)
         .fsync(args.fsync)
         .skip_unchanged(args.skip_unchanged)

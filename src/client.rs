@@ -124,6 +124,9 @@ pub struct CopyOptions {
     /// Keep hard links (`-H`): a file's further names arrive as names of the same file, not
     /// as copies. Needs protocol version 4 on both ends.
     pub hard_links: bool,
+    /// Keep owners, groups, extended attributes or ACLs (`--owner`, `--group`,
+    /// `--numeric-ids`, `-X`, `-A`); see [`fastcp_stream::KeepAttrs`]. Not over SFTP.
+    pub attrs: fastcp_stream::KeepAttrs,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
     /// travel to the remote side for a pull, and protect what they exclude from `--delete`.
@@ -264,6 +267,22 @@ impl CopyOptions {
         self
     }
 
+    /// Sets [`attrs`](CopyOptions::attrs).
+    ///
+    /// ```
+    /// use fastcp::{CopyOptions, KeepAttrs};
+    ///
+    /// let backup = CopyOptions::default()
+    ///     .recursive(true)
+    ///     .preserve(true)
+    ///     .attrs(KeepAttrs { owner: true, group: true, xattrs: true, ..KeepAttrs::default() });
+    /// assert!(backup.attrs.owner);
+    /// ```
+    pub fn attrs(mut self, value: fastcp_stream::KeepAttrs) -> CopyOptions {
+        self.attrs = value;
+        self
+    }
+
     /// Sets [`filter`](CopyOptions::filter).
     pub fn filter(mut self, value: fastcp_stream::Filter) -> CopyOptions {
         self.filter = Some(Arc::new(value));
@@ -357,6 +376,11 @@ impl Plan {
         if sources.is_empty() {
             return Err(Error::Usage("no source given".into()));
         }
+        if options.delete && !options.recursive {
+            return Err(Error::Usage(
+                "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
         let remote_sources = sources.iter().filter(|s| s.remote().is_some()).count();
         if remote_sources > 0 && dest.remote().is_some() {
             return Err(Error::Usage(
@@ -420,6 +444,7 @@ impl Plan {
             resume: self.options.resume,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
+            attrs: self.options.attrs,
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -440,6 +465,7 @@ impl Plan {
             delete: self.options.delete,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
+            attrs: self.options.attrs,
             ..Default::default()
         }
     }
@@ -489,6 +515,7 @@ impl Plan {
         if self.options.hard_links {
             f |= flags::HARD_LINKS;
         }
+        f |= self.options.attrs.flags();
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
         }

@@ -71,7 +71,7 @@ pub use wire::Prefixed;
 pub use fastcp_crypto as crypto;
 pub use fastcp_proto as proto;
 pub use fastcp_stream as stream;
-pub use fastcp_stream::{Event, EventSink, Progress, Report, SkipReason};
+pub use fastcp_stream::{Event, EventSink, KeepAttrs, Progress, Report, SkipReason};
 pub use fastcp_transport as transport;
 
 pub use fastcp_transport::{BoxStream, Duplex};

@@ -543,6 +543,7 @@ where
                     checksum: request.flags & flags::CHECKSUM != 0,
                     resume: request.flags & flags::RESUME != 0,
                     hard_links: request.flags & flags::HARD_LINKS != 0,
+                    attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()
@@ -559,6 +560,7 @@ where
                     checksum: request.flags & flags::CHECKSUM != 0,
                     resume: request.flags & flags::RESUME != 0,
                     hard_links: request.flags & flags::HARD_LINKS != 0,
+                    attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()

@@ -296,6 +296,7 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
         (o.checksum, "--checksum"),
         (o.resume, "--resume"),
         (o.hard_links, "-H"),
+        (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.dry_run, "-n"),
         (pull && o.skip_unchanged, "--skip-unchanged on a pull"),
         (

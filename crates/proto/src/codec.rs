@@ -160,6 +160,18 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                 dst.put_u128(*h);
             }
         }
+        Frame::Attrs(a) => {
+            put_bytes(dst, &a.path);
+            dst.put_u32(a.uid);
+            dst.put_u32(a.gid);
+            put_bytes(dst, &a.user);
+            put_bytes(dst, &a.group);
+            dst.put_u32(a.xattrs.len() as u32);
+            for (name, value) in &a.xattrs {
+                put_bytes(dst, name);
+                put_bytes(dst, value);
+            }
+        }
         Frame::Keep(k) => {
             dst.put_u64(k.id);
             dst.put_u64(k.offset);
@@ -309,6 +321,7 @@ fn known_kind(k: u8) -> bool {
             | kind::PROBE
             | kind::HARD_LINK
             | kind::KEEP
+            | kind::ATTRS
             | kind::PARTIAL
             | kind::ANSWER
             | kind::ERROR
@@ -514,6 +527,34 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             r.need(n * 16)?;
             let hashes = (0..n).map(|_| r.buf.get_u128()).collect();
             Frame::Partial(Partial { id, block, hashes })
+        }
+        kind::ATTRS => {
+            r.frame = "Attrs";
+            let path = r.bytes(MAX_PATH)?;
+            let uid = r.u32()?;
+            let gid = r.u32()?;
+            let user = r.bytes(MAX_ID_NAME)?;
+            let group = r.bytes(MAX_ID_NAME)?;
+            let n = r.u32()? as usize;
+            if n > MAX_XATTRS {
+                return Err(r.invalid("more extended attributes than allowed"));
+            }
+            let mut xattrs = Vec::with_capacity(n.min(64));
+            for _ in 0..n {
+                let name = r.bytes(MAX_XATTR_NAME)?;
+                if name.is_empty() || name.contains(&0) {
+                    return Err(r.invalid("extended attribute name is empty or holds a NUL"));
+                }
+                xattrs.push((name, r.bytes(MAX_XATTR_VALUE)?));
+            }
+            Frame::Attrs(Attrs {
+                path,
+                uid,
+                gid,
+                user,
+                group,
+                xattrs,
+            })
         }
         kind::KEEP => {
             r.frame = "Keep";
@@ -943,6 +984,48 @@ mod tests {
             wire.extend_from_slice(&payload);
             assert!(Decoder::new(1 << 20).decode(&mut wire).is_err());
         }
+    }
+
+    #[test]
+    fn attrs_roundtrip_and_hostile_fields_fail() {
+        let attrs = Attrs {
+            path: Bytes::from_static(b"d/f"),
+            uid: 1000,
+            gid: 100,
+            user: Bytes::from_static(b"alice"),
+            group: Bytes::from_static(b"users"),
+            xattrs: vec![
+                (Bytes::from_static(b"user.a"), Bytes::from_static(b"1")),
+                (Bytes::from_static(b"user.empty"), Bytes::new()),
+            ],
+        };
+        roundtrip(Frame::Attrs(attrs.clone()));
+        roundtrip(Frame::Attrs(Attrs::default()));
+        let decode = |a: &Attrs| {
+            let mut buf = BytesMut::new();
+            encode(&Frame::Attrs(a.clone()), &mut buf);
+            Decoder::new(HARD_MAX_FRAME).decode(&mut buf)
+        };
+        let nul = Attrs {
+            xattrs: vec![(Bytes::from_static(b"user.\0x"), Bytes::new())],
+            ..attrs.clone()
+        };
+        assert!(decode(&nul).is_err());
+        let long_name = Attrs {
+            xattrs: vec![(Bytes::from(vec![b'a'; MAX_XATTR_NAME + 1]), Bytes::new())],
+            ..attrs.clone()
+        };
+        assert!(decode(&long_name).is_err());
+        let many = Attrs {
+            xattrs: vec![(Bytes::from_static(b"user.a"), Bytes::new()); MAX_XATTRS + 1],
+            ..attrs.clone()
+        };
+        assert!(decode(&many).is_err());
+        let long_user = Attrs {
+            user: Bytes::from(vec![b'u'; MAX_ID_NAME + 1]),
+            ..attrs
+        };
+        assert!(decode(&long_user).is_err());
     }
 
     #[test]

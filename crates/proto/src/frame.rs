@@ -46,6 +46,10 @@ pub enum Frame {
     /// Sender to receiver, with `--resume`: a block of a file that the receiver's partial
     /// copy already holds, in place of its bytes.
     Keep(Keep),
+    /// Sender to receiver, with [`flags::OWNER`], [`flags::GROUP`], [`flags::XATTRS`] or
+    /// [`flags::ACLS`]: the owner and extended attributes of the entry that follows it on the
+    /// same stream.
+    Attrs(Attrs),
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -69,6 +73,7 @@ pub mod kind {
     pub const PROBE: u8 = 0x16;
     pub const HARD_LINK: u8 = 0x17;
     pub const KEEP: u8 = 0x18;
+    pub const ATTRS: u8 = 0x19;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
     pub const ANSWER: u8 = 0x22;
@@ -95,6 +100,7 @@ impl Frame {
             Frame::HardLink(_) => kind::HARD_LINK,
             Frame::Partial(_) => kind::PARTIAL,
             Frame::Keep(_) => kind::KEEP,
+            Frame::Attrs(_) => kind::ATTRS,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -119,6 +125,7 @@ impl Frame {
             Frame::HardLink(_) => "HardLink",
             Frame::Partial(_) => "Partial",
             Frame::Keep(_) => "Keep",
+            Frame::Attrs(_) => "Attrs",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -219,6 +226,21 @@ pub mod flags {
     /// ([`super::Partial`]), and the sender sends [`super::Keep`] for each block that
     /// matches instead of its bytes.
     pub const RESUME: u32 = 1 << 13;
+    /// Keep each entry's owner (`--owner`): the sender precedes entries with [`super::Attrs`],
+    /// and a receiver running as root sets the owner, by user name unless
+    /// [`NUMERIC_IDS`] (a name it does not know falls back to the number).
+    pub const OWNER: u32 = 1 << 14;
+    /// Keep each entry's group (`--group`), mapped as [`OWNER`] maps users. A receiver that
+    /// is not root sets it where it may (a group it belongs to).
+    pub const GROUP: u32 = 1 << 15;
+    /// With [`OWNER`] or [`GROUP`]: use the numbers, never the names (`--numeric-ids`).
+    pub const NUMERIC_IDS: u32 = 1 << 16;
+    /// Keep extended attributes (`-X`): the `user.` ones, and `trusted.` and `security.` as
+    /// far as the receiver may set them.
+    pub const XATTRS: u32 = 1 << 17;
+    /// Keep POSIX ACLs (`-A`): the `system.posix_acl_access` and `system.posix_acl_default`
+    /// attributes, with numeric ids inside.
+    pub const ACLS: u32 = 1 << 18;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -233,7 +255,12 @@ pub mod flags {
         | HARD_LINKS
         | CHECKSUM
         | FORWARDED
-        | RESUME;
+        | RESUME
+        | OWNER
+        | GROUP
+        | NUMERIC_IDS
+        | XATTRS
+        | ACLS;
 }
 
 /// Which way the files flow in a session.
@@ -377,6 +404,35 @@ pub struct Keep {
     /// Its length.
     pub len: u64,
 }
+
+/// The owner and extended attributes of the entry that follows on the same stream (a `Dir`,
+/// `File`, `Symlink` or `Probe` of the same path).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attrs {
+    /// The entry's wire path.
+    pub path: Bytes,
+    /// Owner's user id on the sender.
+    pub uid: u32,
+    /// Group id on the sender.
+    pub gid: u32,
+    /// The owner's user name on the sender, empty when it has none (at most
+    /// [`MAX_ID_NAME`] bytes).
+    pub user: Bytes,
+    /// The group's name on the sender, empty when it has none.
+    pub group: Bytes,
+    /// Extended attributes, name and value, at most [`MAX_XATTRS`] of them; a name is at
+    /// most [`MAX_XATTR_NAME`] bytes, a value at most [`MAX_XATTR_VALUE`].
+    pub xattrs: Vec<(Bytes, Bytes)>,
+}
+
+/// The longest user or group name an [`Attrs`] carries.
+pub const MAX_ID_NAME: usize = 256;
+/// The most extended attributes an [`Attrs`] carries.
+pub const MAX_XATTRS: usize = 1024;
+/// The longest extended attribute name (Linux's `XATTR_NAME_MAX`).
+pub const MAX_XATTR_NAME: usize = 255;
+/// The largest extended attribute value (Linux's `XATTR_SIZE_MAX`).
+pub const MAX_XATTR_VALUE: usize = 65_536;
 
 /// Another name of a file sent earlier in the session (`-H`).
 #[derive(Debug, Clone, PartialEq, Eq)]

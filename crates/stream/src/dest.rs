@@ -17,11 +17,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
-use fastcp_proto::{LinkTimes, Meta};
+use fastcp_proto::{Attrs, LinkTimes, Meta};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use crate::attrs::Target;
 use crate::checksum::{Algorithm, Assembler, ChunkHash};
 use crate::event::Event;
 use crate::receive::Shared;
@@ -41,6 +42,7 @@ pub(crate) enum Op {
         wire: Bytes,
         size: u64,
         meta: Meta,
+        attrs: Option<Box<Attrs>>,
     },
     /// A chunk of a file, already hashed. The permit holds the receiver's byte budget until
     /// written.
@@ -58,12 +60,17 @@ pub(crate) enum Op {
     /// The sender gave up on a file: drop it.
     Abandon { id: u64 },
     /// A directory.
-    Dir { wire: Bytes, meta: Meta },
+    Dir {
+        wire: Bytes,
+        meta: Meta,
+        attrs: Option<Box<Attrs>>,
+    },
     /// A symbolic link.
     Symlink {
         wire: Bytes,
         target: Bytes,
         times: Option<LinkTimes>,
+        attrs: Option<Box<Attrs>>,
     },
 }
 
@@ -126,6 +133,7 @@ pub(crate) struct Fixup {
     pub(crate) mode: Option<u32>,
     pub(crate) mtime: Option<(i64, u32)>,
     pub(crate) atime: Option<(i64, u32)>,
+    pub(crate) attrs: Option<Box<Attrs>>,
 }
 
 /// The times to set: `mtime`, and `atime` when it travelled (otherwise left as it is).
@@ -414,6 +422,8 @@ struct OpenFile {
     /// Bytes at the start of the temp file that hold an earlier copy's data: zeros there are
     /// written, not left as holes.
     stale: u64,
+    /// The owner and attributes to set before the rename.
+    attrs: Option<Box<Attrs>>,
 }
 
 impl OpenFile {
@@ -455,6 +465,8 @@ pub(crate) struct Writer {
     readback: Vec<u8>,
     /// With `fsync`: the directories entries went into, to flush at the end.
     to_sync: HashMap<Vec<u8>, Arc<OwnedFd>>,
+    /// Local ids by the sender's user and group names.
+    ids: crate::attrs::Ids,
 }
 
 impl Writer {
@@ -465,6 +477,7 @@ impl Writer {
             files: HashMap::new(),
             readback: Vec::new(),
             to_sync: HashMap::new(),
+            ids: crate::attrs::Ids::default(),
         }
     }
 
@@ -534,7 +547,8 @@ impl Writer {
                 wire,
                 size,
                 meta,
-            } => self.create(id, wire, size, meta),
+                attrs,
+            } => self.create(id, wire, size, meta, attrs),
             Op::Data {
                 id,
                 offset,
@@ -550,16 +564,17 @@ impl Writer {
                 }
                 Ok(())
             }
-            Op::Dir { wire, meta } => {
-                self.dir(wire, meta);
+            Op::Dir { wire, meta, attrs } => {
+                self.dir(wire, meta, attrs);
                 Ok(())
             }
             Op::Symlink {
                 wire,
                 target,
                 times,
+                attrs,
             } => {
-                self.symlink(wire, target, times);
+                self.symlink(wire, target, times, attrs);
                 Ok(())
             }
         }
@@ -576,7 +591,14 @@ impl Writer {
         );
     }
 
-    fn create(&mut self, id: u64, wire: Bytes, size: u64, meta: Meta) -> Result<(), Error> {
+    fn create(
+        &mut self,
+        id: u64,
+        wire: Bytes,
+        size: u64,
+        meta: Meta,
+        attrs: Option<Box<Attrs>>,
+    ) -> Result<(), Error> {
         self.shared.progress.set_current(&wire);
         self.shared.progress.event(|| Event::Started {
             path: wire.clone(),
@@ -621,6 +643,7 @@ impl Writer {
                         meta,
                         checksum: Algorithm::for_version(self.shared.config.version)
                             .assembler(size),
+                        attrs,
                         ..file
                     };
                     self.files.insert(id, FileState::Open(Box::new(file)));
@@ -669,6 +692,7 @@ impl Writer {
             partial: false,
             offer: None,
             stale: 0,
+            attrs,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
         Ok(())
@@ -720,6 +744,7 @@ impl Writer {
             partial: true,
             offer,
             stale,
+            attrs: None,
         }))
     }
 
@@ -877,6 +902,14 @@ impl Writer {
         } else {
             f.meta.mode & 0o777 & !shared.umask
         };
+        // The file keeps its bytes when its owner or attributes cannot be set; the failure is
+        // reported.
+        if let Some(a) = &f.attrs
+            && let Err(e) =
+                crate::attrs::apply(Target::Fd(&f.fd), a, &shared.config.attrs, &mut self.ids)
+        {
+            shared.entry_failed(&f.wire, &Error::io(display(), e));
+        }
         if want != 0o600
             && let Err(e) = rustix::fs::fchmod(&f.fd, Mode::from_raw_mode(want))
         {
@@ -926,7 +959,7 @@ impl Writer {
         Ok(())
     }
 
-    fn dir(&mut self, wire: Bytes, meta: Meta) {
+    fn dir(&mut self, wire: Bytes, meta: Meta, attrs: Option<Box<Attrs>>) {
         let shared = self.shared.clone();
         let local = shared.root.local(&wire);
         let (parent_path, name) = split_parent(&local);
@@ -998,18 +1031,27 @@ impl Writer {
                 mode: Some(meta.mode & SAFE_MODE_BITS),
                 mtime: Some((meta.mtime, meta.mtime_nsec)),
                 atime: meta.atime,
+                attrs,
             }),
             (Some(created), false) => {
                 let want = mode & !shared.umask;
-                (want != created).then_some(Fixup {
+                (want != created || attrs.is_some()).then_some(Fixup {
                     local,
                     wire,
                     mode: Some(want),
                     mtime: None,
                     atime: None,
+                    attrs,
                 })
             }
-            (None, false) => None,
+            (None, false) => attrs.is_some().then_some(Fixup {
+                local,
+                wire,
+                mode: None,
+                mtime: None,
+                atime: None,
+                attrs,
+            }),
         };
         if let Some(fixup) = fixup {
             dirs.fixups.push(fixup);
@@ -1018,7 +1060,13 @@ impl Writer {
         shared.written.dirs.fetch_add(1, Relaxed);
     }
 
-    fn symlink(&mut self, wire: Bytes, target: Bytes, times: Option<LinkTimes>) {
+    fn symlink(
+        &mut self,
+        wire: Bytes,
+        target: Bytes,
+        times: Option<LinkTimes>,
+        attrs: Option<Box<Attrs>>,
+    ) {
         let shared = self.shared.clone();
         let local = shared.root.local(&wire);
         let (parent_path, name) = split_parent(&local);
@@ -1038,7 +1086,14 @@ impl Writer {
                 }
             }
         };
-        // The link's own times (with -p), set before it takes its name: a rename keeps them.
+        // Its owner, then its own times (with -p), set before it takes its name: a rename
+        // keeps them. A link whose owner cannot be set is still made; the failure is reported.
+        if let Some(a) = &attrs {
+            let target = Target::Link(&parent, &temp[..]);
+            if let Err(e) = crate::attrs::apply(target, a, &shared.config.attrs, &mut self.ids) {
+                shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e));
+            }
+        }
         if let Some(t) = times.filter(|_| shared.config.preserve) {
             let stamps = timestamps((t.mtime, t.mtime_nsec), Some((t.atime, t.atime_nsec)));
             if let Err(e) =
@@ -1073,6 +1128,7 @@ impl Writer {
 pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
     fixups.sort_by_key(|f| std::cmp::Reverse(f.local.iter().filter(|&&b| b == b'/').count()));
     let mut resolver = Resolver::new(shared.clone(), false);
+    let mut ids = crate::attrs::Ids::default();
     for f in fixups {
         let fd = match resolver.dir(&f.local) {
             Ok(fd) => fd,
@@ -1082,6 +1138,11 @@ pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
             }
         };
         let display = || shared.root.display(&f.local);
+        if let Some(a) = &f.attrs
+            && let Err(e) = crate::attrs::apply(Target::Fd(&fd), a, &shared.config.attrs, &mut ids)
+        {
+            shared.entry_failed(&f.wire, &Error::io(display(), e));
+        }
         if let Some(mtime) = f.mtime {
             let times = timestamps(mtime, f.atime);
             if let Err(e) = rustix::fs::futimens(&*fd, &times) {

@@ -50,6 +50,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod attrs;
 mod budget;
 mod checksum;
 mod dest;
@@ -72,6 +73,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use attrs::KeepAttrs;
 pub use checksum::{FileChecksum, whole_file_checksum};
 pub use display::escape;
 pub use error::Error;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fastcp_proto::{Answer, Decoder, ErrorFrame, Frame, Probe, Summary};
+use fastcp_proto::{Answer, Attrs, Decoder, ErrorFrame, Frame, Probe, Summary};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -150,6 +150,10 @@ pub struct ReceiveConfig {
     /// is answered with the hashes of the blocks it holds, so that the sender sends only the
     /// blocks that differ. Without it a `Keep` frame is a protocol error. Default: false.
     pub resume: bool,
+    /// Owners and extended attributes to set from the `Attrs` frame that precedes each entry
+    /// (see [`KeepAttrs`](crate::KeepAttrs)). Without them an `Attrs` frame is a protocol
+    /// error. Default: none.
+    pub attrs: crate::KeepAttrs,
 }
 
 impl Default for ReceiveConfig {
@@ -170,6 +174,7 @@ impl Default for ReceiveConfig {
             hard_links: false,
             checksum: false,
             resume: false,
+            attrs: crate::KeepAttrs::default(),
         }
     }
 }
@@ -414,6 +419,8 @@ struct Reader {
     next_writer: usize,
     /// Opens directories to answer quick-check probes (never creates any).
     lookup: Option<Resolver>,
+    /// The owner and attributes for the next entry on this stream.
+    attrs: Option<Box<Attrs>>,
 }
 
 /// What accounting said about a `Data` or `FileEnd` frame.
@@ -528,11 +535,35 @@ impl Reader {
         .ok()?
     }
 
+    /// The `Attrs` that came just before the entry for `path`, if any.
+    fn attrs_for(&mut self, path: &[u8]) -> Result<Option<Box<Attrs>>, Error> {
+        match self.attrs.take() {
+            Some(a) if a.path != path => Err(Error::Protocol(format!(
+                "stream {}: attributes for {} came before the entry for {}",
+                self.stream,
+                escape(&a.path),
+                escape(path)
+            ))),
+            a => Ok(a),
+        }
+    }
+
     /// Handles one frame; returns the sender's totals at the stream's `Done`.
     async fn frame(&mut self, frame: Frame) -> Result<Option<Summary>, Error> {
         match frame {
+            Frame::Attrs(a) if self.shared.config.attrs.any() => {
+                if let Some(before) = &self.attrs {
+                    return Err(Error::Protocol(format!(
+                        "stream {}: attributes for {} with no entry after them",
+                        self.stream,
+                        escape(&before.path)
+                    )));
+                }
+                self.attrs = Some(Box::new(a));
+            }
             Frame::Dir(d) => {
                 self.shared.check_entry(&d.path, Kind::Dir)?;
+                let attrs = self.attrs_for(&d.path)?;
                 self.counts.dirs += 1;
                 let w = self.next_writer % self.writers.len();
                 self.next_writer += 1;
@@ -541,12 +572,14 @@ impl Reader {
                     Op::Dir {
                         wire: d.path,
                         meta: d.meta,
+                        attrs,
                     },
                 )
                 .await?;
             }
             Frame::Symlink(s) => {
                 self.shared.check_entry(&s.path, Kind::Symlink)?;
+                let attrs = self.attrs_for(&s.path)?;
                 self.counts.symlinks += 1;
                 let w = self.next_writer % self.writers.len();
                 self.next_writer += 1;
@@ -556,12 +589,14 @@ impl Reader {
                         wire: s.path,
                         target: s.target,
                         times: s.times,
+                        attrs,
                     },
                 )
                 .await?;
             }
             Frame::File(f) => {
                 self.shared.check_entry(&f.path, Kind::File)?;
+                let attrs = self.attrs_for(&f.path)?;
                 self.counts.files += 1;
                 if self.shared.config.skip_unchanged {
                     lock(&self.shared.table).maybe_skipped.remove(&f.path);
@@ -595,6 +630,7 @@ impl Reader {
                     wire: f.path,
                     size: f.size,
                     meta: f.meta,
+                    attrs,
                 };
                 self.send(self.writer(f.id), op).await?;
                 {
@@ -750,6 +786,13 @@ impl Reader {
                 let _ = self.shared.replies.send(answer).await;
             }
             Frame::Done(summary) => {
+                if let Some(a) = &self.attrs {
+                    return Err(Error::Protocol(format!(
+                        "stream {}: attributes for {} with no entry after them",
+                        self.stream,
+                        escape(&a.path)
+                    )));
+                }
                 if summary != self.counts {
                     return Err(Error::Protocol(format!(
                         "stream {}: the sender's totals ({}) do not match what arrived ({})",
@@ -1250,6 +1293,7 @@ where
             counts: Summary::default(),
             next_writer: i,
             lookup: None,
+            attrs: None,
         };
         readers.spawn(read_stream(r, reader));
     }

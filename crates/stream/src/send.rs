@@ -34,6 +34,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 
+use crate::attrs::Source;
 use crate::budget::{AbortOnDrop, Budget, CloseOnDrop, Closed, Pool};
 use crate::checksum::Algorithm;
 use crate::event::{Event, SkipReason};
@@ -116,6 +117,9 @@ pub struct SendConfig {
     /// with the hashes of the blocks its partial copy holds, each block of the source that
     /// matches goes as a `Keep` instead of its bytes. Default: false.
     pub resume: bool,
+    /// Owners and extended attributes to send ahead of each entry, as an `Attrs` frame (the
+    /// receiver must be configured alike). Default: none.
+    pub attrs: crate::KeepAttrs,
 }
 
 impl Default for SendConfig {
@@ -132,6 +136,7 @@ impl Default for SendConfig {
             hard_links: false,
             checksum: false,
             resume: false,
+            attrs: crate::KeepAttrs::default(),
         }
     }
 }
@@ -407,6 +412,7 @@ where
                 skipped: (0, 0),
             },
             names: HashMap::new(),
+            owners: crate::attrs::Names::default(),
             resumed: 0,
             events,
         };
@@ -723,6 +729,8 @@ struct Producer<'a> {
     probes: Probes,
     /// With `hard_links`: the wire path each multiply-named file was first sent under.
     names: HashMap<(u64, u64), Bytes>,
+    /// User and group names by id, with `attrs`.
+    owners: crate::attrs::Names,
     /// Bytes the receiver's partial files held, sent as `Keep`s (`resume`).
     resumed: u64,
     /// Where this side's events go, when it reports them.
@@ -761,6 +769,7 @@ impl Producer<'_> {
                 Ok(entry) => match entry.kind {
                     EntryKind::Dir => {
                         let s = self.out.pick();
+                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
                         let frame = Frame::Dir(DirEntry {
                             path: entry.wire,
                             meta: self.meta(entry.meta),
@@ -770,6 +779,7 @@ impl Producer<'_> {
                     }
                     EntryKind::Symlink { target } => {
                         let s = self.out.pick();
+                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
                         let frame = Frame::Symlink(SymlinkEntry {
                             path: entry.wire,
                             target,
@@ -911,6 +921,25 @@ impl Producer<'_> {
         })
     }
 
+    /// With `attrs`: sends the owner and extended attributes of the entry about to go on
+    /// stream `s`. When they cannot be read, the entry still goes, without them, and the
+    /// failure is reported.
+    fn attrs(
+        &mut self,
+        s: usize,
+        wire: &Bytes,
+        path: &Path,
+        from: Source<'_>,
+    ) -> Result<(), Closed> {
+        if !self.config.attrs.any() {
+            return Ok(());
+        }
+        match crate::attrs::read(wire, from, &self.config.attrs, &mut self.owners) {
+            Ok(a) => self.out.push(s, Msg::frame(&Frame::Attrs(a))),
+            Err(e) => self.fail(s, wire.clone(), &Error::io(path, e)),
+        }
+    }
+
     /// Records a failed entry and tells the receiver on stream `s`.
     fn fail(&mut self, s: usize, path: Bytes, e: &Error) -> Result<(), Closed> {
         let frame = ErrorFrame {
@@ -978,12 +1007,13 @@ impl Producer<'_> {
                     return self.fail(s, wire, &Error::io(path, source));
                 }
             }
+            let s = self.out.pick();
+            self.attrs(s, &wire, path, Source::Fd(&fd))?;
             let mut b = BytesMut::with_capacity(128 + wire.len());
             encode(&entry, &mut b);
             if size > 0 {
                 encode_data_header(id, 0, content.len(), &mut b);
             }
-            let s = self.out.pick();
             let counts = &mut self.out.counts[s];
             counts.files += 1;
             counts.bytes += size;
@@ -998,6 +1028,7 @@ impl Producer<'_> {
 
         // Big: the entry on one stream, chunks on whichever streams are least loaded.
         let home = self.out.pick();
+        self.attrs(home, &wire, path, Source::Fd(&fd))?;
         self.out.counts[home].files += 1;
         self.out.push(home, Msg::frame(&entry))?;
         let mut hasher = Algorithm::for_version(self.config.version).sequential();

@@ -809,3 +809,113 @@ async fn endless_out_of_order_chunks_hit_a_cap() {
     sb.assert_contained();
     assert!(!sb.dest.join("gappy").exists());
 }
+
+fn attrs(path: &[u8], xattrs: &[(&'static [u8], &'static [u8])]) -> Frame {
+    Frame::Attrs(fastcp_proto::Attrs {
+        path: Bytes::copy_from_slice(path),
+        uid: 0,
+        gid: 0,
+        xattrs: xattrs
+            .iter()
+            .map(|&(n, v)| (Bytes::from_static(n), Bytes::from_static(v)))
+            .collect(),
+        ..fastcp_proto::Attrs::default()
+    })
+}
+
+fn keep_all() -> ReceiveConfig {
+    ReceiveConfig {
+        attrs: fastcp_stream::KeepAttrs {
+            owner: true,
+            group: true,
+            numeric_ids: true,
+            xattrs: true,
+            acls: true,
+        },
+        ..recursive()
+    }
+}
+
+/// Attributes must name the entry that follows them, come only when asked for, and be
+/// followed by an entry: anything else is a protocol error and nothing is written.
+#[tokio::test]
+async fn attributes_out_of_place_are_refused() {
+    let cases: [(&str, ReceiveConfig, Vec<Frame>); 4] = [
+        (
+            "for another entry",
+            keep_all(),
+            vec![attrs(b"other", &[]), file(1, b"f", 2), data(1, 0, b"ab")],
+        ),
+        (
+            "twice",
+            keep_all(),
+            vec![attrs(b"f", &[]), attrs(b"f", &[]), file(1, b"f", 2)],
+        ),
+        (
+            "with no entry after them",
+            keep_all(),
+            vec![attrs(b"f", &[]), done(0, 0, 0, 0)],
+        ),
+        (
+            "not asked for",
+            recursive(),
+            vec![attrs(b"f", &[]), file(1, b"f", 2)],
+        ),
+    ];
+    for (what, config, frames) in cases {
+        let sb = Sandbox::new();
+        let outcome = run(&sb.dest, config, vec![wire(&frames)], true).await;
+        let err = outcome.result.expect_err(what);
+        assert!(
+            matches!(err, Error::Protocol(_) | Error::Decode { .. }),
+            "{what}: {err}"
+        );
+        assert!(!sb.dest.join("f").exists(), "{what}");
+        sb.assert_contained();
+    }
+}
+
+/// A sender cannot give the receiver a file capability, nor attributes outside what was
+/// asked for (`-X` without `-A` keeps no ACL).
+#[tokio::test]
+async fn a_file_capability_is_never_set() {
+    let sb = Sandbox::new();
+    let cap: &'static [u8] = &[
+        0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let acl: &'static [u8] = &[2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255];
+    let stream = wire(&[
+        attrs(
+            b"f",
+            &[
+                (b"security.capability", cap),
+                (b"system.posix_acl_access", acl),
+                (b"user.ok", b"1"),
+            ],
+        ),
+        file(1, b"f", 2),
+        data(1, 0, b"#!"),
+        end(1, b"#!"),
+        done(1, 0, 0, 2),
+    ]);
+    let config = ReceiveConfig {
+        attrs: fastcp_stream::KeepAttrs {
+            xattrs: true,
+            ..fastcp_stream::KeepAttrs::default()
+        },
+        ..recursive()
+    };
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert!(report.is_complete(), "{:?}", report.failures);
+    let get = |name: &str| {
+        let mut buf = [0u8; 256];
+        rustix::fs::getxattr(sb.dest.join("f"), name, &mut buf[..]).map(|n| buf[..n].to_vec())
+    };
+    assert_eq!(get("user.ok").unwrap(), b"1");
+    assert!(get("security.capability").is_err());
+    assert!(get("system.posix_acl_access").is_err());
+    sb.assert_contained();
+}
