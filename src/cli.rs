@@ -94,7 +94,7 @@ pub struct Args {
     pub skip_unchanged: bool,
     /// Mirror: remove from each directory copied what the destination holds and the source
     /// does not (rsync's --delete); only beneath the destination, never through a symlink.
-    #[arg(long, help_heading = "Copy", conflicts_with = "dry_run")]
+    #[arg(long, help_heading = "Copy")]
     pub delete: bool,
     /// End the copy (exit code 3) when no data has moved for SECS seconds: a peer that
     /// stopped answering or a link that dropped. 0 waits forever.
@@ -587,13 +587,20 @@ fn says_already(text: &str, cause: &str) -> bool {
     text.to_lowercase().contains(&bare.to_lowercase())
 }
 
-/// One line of a dry run's listing: directories end with '/', links show their target.
+/// One line of a dry run's listing: directories end with '/', links show their target, and
+/// what `--delete` would remove starts with "deleting ".
 fn listing_line(entry: &fastcp::Listed) -> String {
     let path = escape(&entry.path);
-    match &entry.kind {
+    let line = match &entry.kind {
         EntryKind::Dir => format!("{path}/"),
         EntryKind::File { .. } => path,
         EntryKind::Symlink { target } => format!("{path} -> {}", escape(target)),
+    };
+    // As rsync words it.
+    if entry.delete {
+        format!("deleting {line}")
+    } else {
+        line
     }
 }
 
@@ -673,7 +680,15 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
                     EntryKind::File { size } => ("file", Some(*size), None),
                     EntryKind::Symlink { target } => ("symlink", None, Some(escape(target))),
                 };
-                json!({ "path": escape(&e.path), "kind": kind, "size": size, "target": target })
+                json!({
+                    "path": escape(&e.path),
+                    "kind": kind,
+                    "size": size,
+                    "target": target,
+                    "mode": format!("{:04o}", e.meta.mode),
+                    "mtime": e.meta.mtime,
+                    "action": if e.delete { "delete" } else { "copy" },
+                })
             })
             .collect();
     }

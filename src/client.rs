@@ -344,7 +344,7 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// One entry a dry run would copy.
+/// One entry a dry run would copy, or with `--delete` remove.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     /// Its path relative to the target, '/'-separated, starting with the source's name. Raw
@@ -352,6 +352,12 @@ pub struct Listed {
     pub path: Bytes,
     /// A directory, a file and its size, or a link and its target.
     pub kind: EntryKind,
+    /// Its mode and modification time (no access time), on the side it is on: the source's
+    /// for an entry to copy, the destination's for one to remove.
+    pub meta: fastcp_stream::Meta,
+    /// True for an entry of the destination that `--delete` would remove (a directory with
+    /// all it holds).
+    pub delete: bool,
 }
 
 /// A copy that can run: checked operands and options.
@@ -379,6 +385,15 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
+        let push = dest.remote().is_some();
+        let judged = options.delete || options.skip_unchanged || options.checksum || options.resume;
+        if push && options.dry_run && judged {
+            return Err(Error::Usage(
+                "-n with --delete, --skip-unchanged, --checksum or --resume previews local copies \
+                 and pulls only: on a push the judging is done on the remote side"
+                    .into(),
             ));
         }
         let remote_sources = sources.iter().filter(|s| s.remote().is_some()).count();
@@ -649,7 +664,9 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
         elapsed: Duration::ZERO,
     };
     if plan.options.dry_run {
-        (outcome.listing, outcome.report) = list_local(plan);
+        let (listing, mut report) = list_local(plan);
+        outcome.listing = crate::preview::apply(plan, dest, listing, &mut report);
+        outcome.report = report;
         outcome.elapsed = started.elapsed();
         return Ok(outcome);
     }
@@ -717,7 +734,8 @@ async fn copy_local_limited(
 
 /// Walks the local sources: what a dry run of a local copy or a push lists.
 fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
-    let config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
+    let mut config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
+    config.filter = plan.options.filter.clone();
     let mut listing = Vec::new();
     let mut report = Report::default();
     for entry in fastcp_stream::walk(&plan.local_sources(), &config) {
@@ -727,6 +745,11 @@ fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
                 listing.push(Listed {
                     path: entry.wire,
                     kind: entry.kind,
+                    meta: fastcp_stream::Meta {
+                        atime: None,
+                        ..entry.meta
+                    },
+                    delete: false,
                 });
             }
             Err(e) => push_failure(
@@ -743,7 +766,7 @@ fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
     (listing, report)
 }
 
-fn count(summary: &mut Summary, kind: &EntryKind) {
+pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
     match kind {
         EntryKind::Dir => summary.dirs += 1,
         EntryKind::File { size } => {
@@ -1531,8 +1554,14 @@ async fn dry_run(
     }
     loop {
         let frame = reader.next("listing what would be copied").await?;
-        let (path, kind) = match frame {
-            Frame::Done(_) => return Ok(()),
+        let (path, kind, meta) = match frame {
+            Frame::Done(_) => {
+                if let Location::Local(dest) = &plan.dest {
+                    let listing = std::mem::take(&mut done.listing);
+                    done.listing = crate::preview::apply(plan, dest, listing, &mut done.report);
+                }
+                return Ok(());
+            }
             Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
             Frame::Error(e) => {
                 push_failure(
@@ -1546,13 +1575,15 @@ async fn dry_run(
                 );
                 continue;
             }
-            Frame::Dir(d) if direction == Direction::Pull => (d.path, EntryKind::Dir),
+            Frame::Dir(d) if direction == Direction::Pull => (d.path, EntryKind::Dir, d.meta),
             Frame::File(f) if direction == Direction::Pull => {
-                (f.path, EntryKind::File { size: f.size })
+                (f.path, EntryKind::File { size: f.size }, f.meta)
             }
-            Frame::Symlink(l) if direction == Direction::Pull => {
-                (l.path, EntryKind::Symlink { target: l.target })
-            }
+            Frame::Symlink(l) if direction == Direction::Pull => (
+                l.path,
+                EntryKind::Symlink { target: l.target },
+                fastcp_stream::Meta::default(),
+            ),
             other => {
                 return Err(Error::UnexpectedFrame {
                     expected: "a listing",
@@ -1565,6 +1596,11 @@ async fn dry_run(
         done.listing.push(Listed {
             path: Bytes::copy_from_slice(&path),
             kind,
+            meta: fastcp_stream::Meta {
+                atime: None,
+                ..meta
+            },
+            delete: false,
         });
     }
 }
@@ -1579,6 +1615,7 @@ pub(crate) async fn serve_dry_run<S>(
     sources: &[PathBuf],
     target: &std::path::Path,
     flags: u32,
+    filter: Option<Arc<fastcp_stream::Filter>>,
 ) -> Result<Report, Error>
 where
     S: AsyncWrite + Unpin,
@@ -1604,10 +1641,11 @@ where
             return Err(Error::Unsupported(message));
         }
     } else {
-        let config = WalkConfig::new(
+        let mut config = WalkConfig::new(
             flags & flags::RECURSIVE != 0,
             flags & flags::FOLLOW_LINKS != 0,
         );
+        config.filter = filter;
         let mut id = 0;
         for entry in fastcp_stream::walk(sources, &config) {
             let frame = match entry {

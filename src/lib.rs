@@ -48,6 +48,7 @@ mod error;
 pub mod limit;
 mod location;
 mod log;
+mod preview;
 mod remote;
 pub mod server;
 mod session;

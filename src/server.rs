@@ -500,20 +500,6 @@ where
     if request.flags & flags::THROUGHPUT != 0 {
         return discard(data).await.map_err(|e| (None, e));
     }
-    if request.flags & flags::DRY_RUN != 0 {
-        let sources = resolved;
-        let target = sources.first().cloned().unwrap_or_default();
-        let stream = data.into_iter().next().expect("at least one stream");
-        return crate::client::serve_dry_run(
-            stream,
-            request.direction,
-            &sources,
-            &target,
-            request.flags,
-        )
-        .await
-        .map_err(|e| (None, e));
-    }
     let progress = Arc::new(fastcp_stream::Progress::default());
     let filter = if request.flags & flags::FILTERS != 0 {
         let mut f = fastcp_stream::Filter::default();
@@ -529,6 +515,21 @@ where
     } else {
         None
     };
+    if request.flags & flags::DRY_RUN != 0 {
+        let sources = resolved;
+        let target = sources.first().cloned().unwrap_or_default();
+        let stream = data.into_iter().next().expect("at least one stream");
+        return crate::client::serve_dry_run(
+            stream,
+            request.direction,
+            &sources,
+            &target,
+            request.flags,
+            filter.clone(),
+        )
+        .await
+        .map_err(|e| (None, e));
+    }
     let engine = async {
         match request.direction {
             Direction::Push => {

@@ -387,3 +387,88 @@ fn checksum_compares_content_not_times() {
         assert_same_tree(&src, &top, true);
     }
 }
+
+/// `-n` judges as the copy would: it leaves out what the rules exclude (locally and on a
+/// pull, where the server walks), what the quick check would skip, and lists what `--delete`
+/// would remove, all without writing or removing anything. On a push, where the remote side
+/// judges, asking for the preview of a quick check or `--delete` is refused.
+#[test]
+fn dry_run_previews_rules_quick_check_and_delete() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a.txt"), b"a", 0o644);
+    write(&src.join("b.o"), b"b", 0o644);
+    write(&src.join("sub/c"), b"c", 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let out = run(Command::new(BIN).arg("-rp").arg(&src).arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    write(&src.join("sub/new"), b"n", 0o644);
+    write(&dst.join("src/extra"), b"x", 0o644);
+    std::fs::create_dir(dst.join("src/sub/old")).unwrap();
+    write(&dst.join("src/kept.o"), b"k", 0o644);
+    let names = |d: &Path| {
+        let mut v = walk_names(d);
+        v.sort();
+        v
+    };
+    let before = names(&dst);
+
+    let lines = |cmd: &mut Command| {
+        let out = run(cmd);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut v: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        v.sort();
+        v
+    };
+    let args = [
+        "-n",
+        "-r",
+        "--skip-unchanged",
+        "--delete",
+        "--exclude",
+        "*.o",
+    ];
+    let want = [
+        "deleting src/extra",
+        "deleting src/sub/old/",
+        "src/",
+        "src/sub/",
+        "src/sub/new",
+    ];
+    let local = lines(Command::new(BIN).args(args).arg(&src).arg(&dst));
+    assert_eq!(local, want);
+    let pulled = lines(
+        fastcp(&sshd, bin())
+            .args(args)
+            .arg(remote(&sshd, &src))
+            .arg(&dst),
+    );
+    assert_eq!(pulled, want);
+    // The rules alone, on a pull: the server's walk leaves out what they exclude.
+    let plain = lines(
+        fastcp(&sshd, bin())
+            .args(["-n", "-r", "--exclude", "*.o"])
+            .arg(remote(&sshd, &src))
+            .arg(&dst),
+    );
+    assert_eq!(
+        plain,
+        ["src/", "src/a.txt", "src/sub/", "src/sub/c", "src/sub/new"]
+    );
+    assert_eq!(names(&dst), before, "a dry run changed the destination");
+
+    let out = run(fastcp(&sshd, bin())
+        .args(["-n", "-r", "--delete"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("previews local copies and pulls only"));
+    assert_eq!(names(&dst), before);
+}

@@ -327,7 +327,7 @@ fn is_temp_name(name: &[u8]) -> bool {
 /// Whether `name` is a file fastcp works in: a temp name (`.NAME.fastcp-XXXXXXXX`) or a
 /// partial file kept for `--resume` (`.NAME.fastcp-partial`). Mirroring leaves them alone:
 /// they belong to a live copy, or to the next one.
-pub(crate) fn is_work_file(name: &[u8]) -> bool {
+pub fn is_work_file(name: &[u8]) -> bool {
     is_temp_name(name) || (name.starts_with(b".") && name.ends_with(b".fastcp-partial"))
 }
 
