@@ -67,10 +67,19 @@ pub struct Args {
     /// Keep hard links: a file's other names arrive as names of the same file.
     #[arg(short = 'H', help_heading = "Copy")]
     pub hard_links: bool,
-    /// Archive: -r -p --owner --group, as rsync's -a (the owner only takes when the
-    /// receiving side runs as root).
+    /// Archive: -r -p --owner --group -D, as rsync's -a (owners and devices only take when
+    /// the receiving side runs as root).
     #[arg(short = 'a', long, help_heading = "Copy")]
     pub archive: bool,
+    /// Copy device nodes (needs root on the receiving side) instead of skipping them.
+    #[arg(long, help_heading = "Copy")]
+    pub devices: bool,
+    /// Copy named pipes and sockets instead of skipping them.
+    #[arg(long, help_heading = "Copy")]
+    pub specials: bool,
+    /// --devices --specials.
+    #[arg(short = 'D', help_heading = "Copy")]
+    pub devices_and_specials: bool,
     /// Keep each file's owner (needs root on the receiving side; mapped by user name unless
     /// --numeric-ids).
     #[arg(long, help_heading = "Copy")]
@@ -470,6 +479,8 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
             xattrs: args.xattrs,
             acls: args.acls,
         })
+        .devices(args.devices || args.devices_and_specials || args.archive)
+        .specials(args.specials || args.devices_and_specials || args.archive)
         .dry_run(args.dry_run)
         .fsync(args.fsync)
         .skip_unchanged(args.skip_unchanged)
@@ -593,7 +604,7 @@ fn listing_line(entry: &fastcp::Listed) -> String {
     let path = escape(&entry.path);
     let line = match &entry.kind {
         EntryKind::Dir => format!("{path}/"),
-        EntryKind::File { .. } => path,
+        EntryKind::File { .. } | EntryKind::Special { .. } => path,
         EntryKind::Symlink { target } => format!("{path} -> {}", escape(target)),
     };
     // As rsync words it.
@@ -601,6 +612,17 @@ fn listing_line(entry: &fastcp::Listed) -> String {
         format!("deleting {line}")
     } else {
         line
+    }
+}
+
+/// The `--json` kind of a pipe, socket or device.
+fn special_name(kind: fastcp::stream::SpecialKind) -> &'static str {
+    use fastcp::stream::SpecialKind;
+    match kind {
+        SpecialKind::Fifo => "fifo",
+        SpecialKind::Socket => "socket",
+        SpecialKind::CharDevice => "char-device",
+        SpecialKind::BlockDevice => "block-device",
     }
 }
 
@@ -679,6 +701,7 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
                     EntryKind::Dir => ("dir", None, None),
                     EntryKind::File { size } => ("file", Some(*size), None),
                     EntryKind::Symlink { target } => ("symlink", None, Some(escape(target))),
+                    EntryKind::Special { kind, .. } => (special_name(*kind), None, None),
                 };
                 json!({
                     "path": escape(&e.path),

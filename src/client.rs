@@ -127,6 +127,12 @@ pub struct CopyOptions {
     /// Keep owners, groups, extended attributes or ACLs (`--owner`, `--group`,
     /// `--numeric-ids`, `-X`, `-A`); see [`fastcp_stream::KeepAttrs`]. Not over SFTP.
     pub attrs: fastcp_stream::KeepAttrs,
+    /// Copy device nodes (`--devices`): only a receiving side running as root can make
+    /// them. Without it each is skipped with a warning. Not over SFTP.
+    pub devices: bool,
+    /// Copy named pipes and sockets (`--specials`; a socket arrives as its name, not a
+    /// listening socket). Without it each is skipped with a warning. Not over SFTP.
+    pub specials: bool,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
     /// travel to the remote side for a pull, and protect what they exclude from `--delete`.
@@ -280,6 +286,18 @@ impl CopyOptions {
     /// ```
     pub fn attrs(mut self, value: fastcp_stream::KeepAttrs) -> CopyOptions {
         self.attrs = value;
+        self
+    }
+
+    /// Sets [`devices`](CopyOptions::devices).
+    pub fn devices(mut self, value: bool) -> CopyOptions {
+        self.devices = value;
+        self
+    }
+
+    /// Sets [`specials`](CopyOptions::specials).
+    pub fn specials(mut self, value: bool) -> CopyOptions {
+        self.specials = value;
         self
     }
 
@@ -460,6 +478,8 @@ impl Plan {
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             attrs: self.options.attrs,
+            devices: self.options.devices,
+            specials: self.options.specials,
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -481,6 +501,8 @@ impl Plan {
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             attrs: self.options.attrs,
+            devices: self.options.devices,
+            specials: self.options.specials,
             ..Default::default()
         }
     }
@@ -531,6 +553,12 @@ impl Plan {
             f |= flags::HARD_LINKS;
         }
         f |= self.options.attrs.flags();
+        if self.options.devices {
+            f |= flags::DEVICES;
+        }
+        if self.options.specials {
+            f |= flags::SPECIALS;
+        }
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
         }
@@ -736,6 +764,8 @@ async fn copy_local_limited(
 fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
     let mut config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
     config.filter = plan.options.filter.clone();
+    config.devices = plan.options.devices;
+    config.specials = plan.options.specials;
     let mut listing = Vec::new();
     let mut report = Report::default();
     for entry in fastcp_stream::walk(&plan.local_sources(), &config) {
@@ -774,6 +804,7 @@ pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
             summary.bytes += size;
         }
         EntryKind::Symlink { .. } => summary.symlinks += 1,
+        EntryKind::Special { .. } => summary.files += 1,
     }
 }
 
@@ -1584,6 +1615,14 @@ async fn dry_run(
                 EntryKind::Symlink { target: l.target },
                 fastcp_stream::Meta::default(),
             ),
+            Frame::Special(e) if direction == Direction::Pull => (
+                e.path,
+                EntryKind::Special {
+                    kind: e.kind,
+                    rdev: e.rdev,
+                },
+                e.meta,
+            ),
             other => {
                 return Err(Error::UnexpectedFrame {
                     expected: "a listing",
@@ -1646,6 +1685,8 @@ where
             flags & flags::FOLLOW_LINKS != 0,
         );
         config.filter = filter;
+        config.devices = flags & flags::DEVICES != 0;
+        config.specials = flags & flags::SPECIALS != 0;
         let mut id = 0;
         for entry in fastcp_stream::walk(sources, &config) {
             let frame = match entry {
@@ -1675,6 +1716,14 @@ where
                             target,
                             times: None,
                         }),
+                        EntryKind::Special { kind, rdev } => {
+                            Frame::Special(fastcp_proto::SpecialEntry {
+                                path: entry.wire,
+                                kind,
+                                rdev,
+                                meta,
+                            })
+                        }
                     }
                 }
                 Err(e) => {

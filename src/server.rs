@@ -545,6 +545,8 @@ where
                     resume: request.flags & flags::RESUME != 0,
                     hard_links: request.flags & flags::HARD_LINKS != 0,
                     attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
+                    devices: request.flags & flags::DEVICES != 0,
+                    specials: request.flags & flags::SPECIALS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()
@@ -562,6 +564,8 @@ where
                     resume: request.flags & flags::RESUME != 0,
                     hard_links: request.flags & flags::HARD_LINKS != 0,
                     attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
+                    devices: request.flags & flags::DEVICES != 0,
+                    specials: request.flags & flags::SPECIALS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
                     ..Default::default()

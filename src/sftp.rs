@@ -297,6 +297,7 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
         (o.resume, "--resume"),
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
+        (o.devices || o.specials, "--devices and --specials"),
         (o.dry_run, "-n"),
         (pull && o.skip_unchanged, "--skip-unchanged on a pull"),
         (

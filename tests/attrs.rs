@@ -265,3 +265,86 @@ fn sftp_refuses_owners_and_attributes() {
     }
     assert!(std::fs::read_dir(&dst).unwrap().next().is_none());
 }
+
+/// `-D` (and `-a`) copies named pipes, sockets (their names) and device nodes, locally and
+/// both ways over SSH, with their modes and times; without it each is skipped with a
+/// warning and the rest is copied.
+#[test]
+fn pipes_sockets_and_devices_with_d() {
+    use std::os::unix::fs::FileTypeExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("plain"), b"p", 0o644);
+    let mode = |m| rustix::fs::Mode::from_raw_mode(m);
+    use rustix::fs::FileType;
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("fifo"),
+        FileType::Fifo,
+        mode(0o640),
+        0,
+    )
+    .unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("sock"),
+        FileType::Socket,
+        mode(0o600),
+        0,
+    )
+    .unwrap();
+    let null = rustix::fs::makedev(1, 3);
+    if is_root() {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            src.join("null"),
+            FileType::CharacterDevice,
+            mode(0o666),
+            null,
+        )
+        .unwrap();
+    }
+    let check = |top: &Path| {
+        let m = |n: &str| std::fs::symlink_metadata(top.join(n)).unwrap();
+        assert!(m("fifo").file_type().is_fifo(), "{}", top.display());
+        assert_eq!(m("fifo").mode() & 0o7777, 0o640);
+        assert!(m("sock").file_type().is_socket());
+        assert_eq!(
+            m("fifo").mtime(),
+            std::fs::symlink_metadata(src.join("fifo")).unwrap().mtime()
+        );
+        if is_root() {
+            assert!(m("null").file_type().is_char_device());
+            assert_eq!(m("null").rdev(), null);
+        }
+        assert_eq!(std::fs::read(top.join("plain")).unwrap(), b"p");
+    };
+    for (name, how) in [("local", 0), ("push", 1), ("pull", 2)] {
+        let dst = work.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = match how {
+            0 => Command::new(BIN),
+            _ => fastcp(&sshd, bin()),
+        };
+        cmd.arg("-rpD");
+        match how {
+            0 => cmd.arg(&src).arg(&dst),
+            1 => cmd.arg(&src).arg(remote(&sshd, &dst)),
+            _ => cmd.arg(remote(&sshd, &src)).arg(&dst),
+        };
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        check(&dst.join("src"));
+    }
+    // Without -D: skipped, each with a warning that names the option; the rest arrives.
+    let dst = work.path().join("without");
+    std::fs::create_dir(&dst).unwrap();
+    let out = run(Command::new(BIN).arg("-r").arg(&src).arg(&dst));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--specials copies it"), "{err}");
+    assert_eq!(std::fs::read(dst.join("src/plain")).unwrap(), b"p");
+    assert!(!dst.join("src/fifo").exists());
+}

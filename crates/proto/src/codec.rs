@@ -121,6 +121,12 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                 dst.put_u32(t.atime_nsec);
             }
         }
+        Frame::Special(e) => {
+            put_bytes(dst, &e.path);
+            dst.put_u8(e.kind.to_u8());
+            dst.put_u64(e.rdev);
+            put_meta(dst, &e.meta);
+        }
         Frame::Data(d) => {
             dst.put_u64(d.id);
             dst.put_u64(d.offset);
@@ -322,6 +328,7 @@ fn known_kind(k: u8) -> bool {
             | kind::HARD_LINK
             | kind::KEEP
             | kind::ATTRS
+            | kind::SPECIAL
             | kind::PARTIAL
             | kind::ANSWER
             | kind::ERROR
@@ -456,6 +463,17 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 path,
                 target,
                 times,
+            })
+        }
+        kind::SPECIAL => {
+            r.frame = "Special";
+            let path = r.bytes(MAX_PATH)?;
+            let kind = SpecialKind::from_u8(r.u8()?).ok_or_else(|| r.invalid("unknown kind"))?;
+            Frame::Special(SpecialEntry {
+                path,
+                kind,
+                rdev: r.u64()?,
+                meta: r.meta()?,
             })
         }
         kind::DATA => {
@@ -984,6 +1002,36 @@ mod tests {
             wire.extend_from_slice(&payload);
             assert!(Decoder::new(1 << 20).decode(&mut wire).is_err());
         }
+    }
+
+    #[test]
+    fn special_roundtrip_and_unknown_kind_fails() {
+        for kind in [
+            SpecialKind::Fifo,
+            SpecialKind::Socket,
+            SpecialKind::CharDevice,
+            SpecialKind::BlockDevice,
+        ] {
+            roundtrip(Frame::Special(SpecialEntry {
+                path: Bytes::from_static(b"dev/null"),
+                kind,
+                rdev: 0x0103,
+                meta: meta(),
+            }));
+        }
+        let mut buf = BytesMut::new();
+        encode(
+            &Frame::Special(SpecialEntry {
+                path: Bytes::from_static(b"p"),
+                kind: SpecialKind::Fifo,
+                rdev: 0,
+                meta: meta(),
+            }),
+            &mut buf,
+        );
+        // The kind byte follows the path's length and its one byte.
+        buf[crate::HEADER_LEN + 4 + 1] = 9;
+        assert!(Decoder::new(HARD_MAX_FRAME).decode(&mut buf).is_err());
     }
 
     #[test]

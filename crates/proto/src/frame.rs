@@ -24,6 +24,9 @@ pub enum Frame {
     File(FileEntry),
     /// A symbolic link of the manifest, kept as a link.
     Symlink(SymlinkEntry),
+    /// A named pipe, socket or device node of the manifest ([`flags::SPECIALS`],
+    /// [`flags::DEVICES`]).
+    Special(SpecialEntry),
     /// A chunk of a file's bytes.
     Data(Data),
     /// All of a file's chunks have been sent; carries the file's checksum.
@@ -74,6 +77,7 @@ pub mod kind {
     pub const HARD_LINK: u8 = 0x17;
     pub const KEEP: u8 = 0x18;
     pub const ATTRS: u8 = 0x19;
+    pub const SPECIAL: u8 = 0x1a;
     pub const ERROR: u8 = 0x20;
     pub const DONE: u8 = 0x21;
     pub const ANSWER: u8 = 0x22;
@@ -101,6 +105,7 @@ impl Frame {
             Frame::Partial(_) => kind::PARTIAL,
             Frame::Keep(_) => kind::KEEP,
             Frame::Attrs(_) => kind::ATTRS,
+            Frame::Special(_) => kind::SPECIAL,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -126,6 +131,7 @@ impl Frame {
             Frame::Partial(_) => "Partial",
             Frame::Keep(_) => "Keep",
             Frame::Attrs(_) => "Attrs",
+            Frame::Special(_) => "Special",
             Frame::Error(_) => "Error",
             Frame::Done(_) => "Done",
         }
@@ -241,6 +247,11 @@ pub mod flags {
     /// Keep POSIX ACLs (`-A`): the `system.posix_acl_access` and `system.posix_acl_default`
     /// attributes, with numeric ids inside.
     pub const ACLS: u32 = 1 << 18;
+    /// Copy device nodes (`--devices`) as [`super::SpecialEntry`]s, where a sender would
+    /// otherwise skip them with a warning. Only a receiver running as root can make them.
+    pub const DEVICES: u32 = 1 << 19;
+    /// Copy named pipes and sockets (`--specials`) as [`super::SpecialEntry`]s.
+    pub const SPECIALS: u32 = 1 << 20;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -260,7 +271,9 @@ pub mod flags {
         | GROUP
         | NUMERIC_IDS
         | XATTRS
-        | ACLS;
+        | ACLS
+        | DEVICES
+        | SPECIALS;
 }
 
 /// Which way the files flow in a session.
@@ -490,6 +503,61 @@ pub struct FileEntry {
     pub size: u64,
     /// Mode and mtime.
     pub meta: Meta,
+}
+
+/// A named pipe, socket or device node of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecialEntry {
+    /// Relative path, '/'-separated; see [`crate::path`].
+    pub path: Bytes,
+    /// What it is.
+    pub kind: SpecialKind,
+    /// For a device, its device number (`st_rdev`); 0 otherwise.
+    pub rdev: u64,
+    /// Mode and mtime.
+    pub meta: Meta,
+}
+
+/// The kind of a [`SpecialEntry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialKind {
+    /// A named pipe (FIFO).
+    Fifo,
+    /// A Unix domain socket's name (the receiver makes the name, not a listening socket).
+    Socket,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+}
+
+impl SpecialKind {
+    /// Its byte on the wire.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            SpecialKind::Fifo => 1,
+            SpecialKind::Socket => 2,
+            SpecialKind::CharDevice => 3,
+            SpecialKind::BlockDevice => 4,
+        }
+    }
+
+    /// The kind a wire byte names, if any.
+    pub fn from_u8(b: u8) -> Option<SpecialKind> {
+        Some(match b {
+            1 => SpecialKind::Fifo,
+            2 => SpecialKind::Socket,
+            3 => SpecialKind::CharDevice,
+            4 => SpecialKind::BlockDevice,
+            _ => return None,
+        })
+    }
+
+    /// True for the device kinds ([`flags::DEVICES`]); false for pipes and sockets
+    /// ([`flags::SPECIALS`]).
+    pub fn is_device(self) -> bool {
+        matches!(self, SpecialKind::CharDevice | SpecialKind::BlockDevice)
+    }
 }
 
 /// A symbolic link of the manifest.

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
-use fastcp_proto::{Attrs, LinkTimes, Meta};
+use fastcp_proto::{Attrs, LinkTimes, Meta, SpecialKind};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -62,6 +62,14 @@ pub(crate) enum Op {
     /// A directory.
     Dir {
         wire: Bytes,
+        meta: Meta,
+        attrs: Option<Box<Attrs>>,
+    },
+    /// A named pipe, socket or device node.
+    Special {
+        wire: Bytes,
+        kind: SpecialKind,
+        rdev: u64,
         meta: Meta,
         attrs: Option<Box<Attrs>>,
     },
@@ -566,6 +574,16 @@ impl Writer {
             }
             Op::Dir { wire, meta, attrs } => {
                 self.dir(wire, meta, attrs);
+                Ok(())
+            }
+            Op::Special {
+                wire,
+                kind,
+                rdev,
+                meta,
+                attrs,
+            } => {
+                self.special(wire, kind, rdev, meta, attrs);
                 Ok(())
             }
             Op::Symlink {
@@ -1119,6 +1137,101 @@ impl Writer {
                     e => Error::io(shared.root.display(&local), e.into()),
                 };
                 shared.entry_failed(&wire, &e);
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// Makes a named pipe, socket or device node under a temp name, gives it its owner,
+    /// mode and times there, and renames it over whatever has its name (never a directory).
+    fn special(
+        &mut self,
+        wire: Bytes,
+        kind: SpecialKind,
+        rdev: u64,
+        meta: Meta,
+        attrs: Option<Box<Attrs>>,
+    ) {
+        let shared = self.shared.clone();
+        let local = shared.root.local(&wire);
+        let (parent_path, name) = split_parent(&local);
+        let parent = match self.resolver.dir(parent_path) {
+            Ok(fd) => fd,
+            Err(e) => return shared.entry_failed(&wire, &e),
+        };
+        let fail = |e: Errno| {
+            shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
+        };
+        let file_type = match kind {
+            SpecialKind::Fifo => FileType::Fifo,
+            SpecialKind::Socket => FileType::Socket,
+            SpecialKind::CharDevice => FileType::CharacterDevice,
+            SpecialKind::BlockDevice => FileType::BlockDevice,
+        };
+        let temp = loop {
+            let temp = temp_name(name);
+            match rustix::fs::mknodat(
+                &parent,
+                &temp[..],
+                file_type,
+                Mode::from_raw_mode(0o600),
+                rdev,
+            ) {
+                Ok(()) => break temp,
+                Err(Errno::EXIST) => continue,
+                Err(e) => return fail(e),
+            }
+        };
+        let remove = || {
+            let _ = rustix::fs::unlinkat(&parent, &temp[..], AtFlags::empty());
+        };
+        if let Some(a) = &attrs {
+            let target = Target::Link(&parent, &temp[..]);
+            if let Err(e) = crate::attrs::apply(target, a, &shared.config.attrs, &mut self.ids) {
+                shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e));
+            }
+        }
+        let mode = if shared.config.preserve {
+            meta.mode & SAFE_MODE_BITS
+        } else {
+            meta.mode & 0o777 & !shared.umask
+        };
+        // The temp name is ours and not a link: nothing is followed.
+        if let Err(e) = rustix::fs::chmodat(
+            &parent,
+            &temp[..],
+            Mode::from_raw_mode(mode),
+            AtFlags::empty(),
+        ) {
+            remove();
+            return fail(e);
+        }
+        if shared.config.preserve {
+            let stamps = timestamps((meta.mtime, meta.mtime_nsec), meta.atime);
+            if let Err(e) =
+                rustix::fs::utimensat(&parent, &temp[..], &stamps, AtFlags::SYMLINK_NOFOLLOW)
+            {
+                remove();
+                return fail(e);
+            }
+        }
+        match rustix::fs::renameat(&parent, &temp[..], &parent, name) {
+            Ok(()) => {
+                shared.written.files.fetch_add(1, Relaxed);
+                self.wrote_into(parent_path, &parent);
+            }
+            Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
+                remove();
+                let e = Error::Unsupported {
+                    path: shared.root.display(&local),
+                    reason: "a directory is in the way; not copied".into(),
+                };
+                shared.entry_failed(&wire, &e);
+            }
+            Err(e) => {
+                remove();
+                fail(e);
             }
         }
     }

@@ -79,7 +79,7 @@ pub use dest::is_work_file;
 pub use display::escape;
 pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};
-pub use fastcp_proto::{ErrorCode, Meta, Summary};
+pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
 pub use filter::{Filter, Predicate};
 pub use pattern::{expand_sources, has_wildcard};
 pub use pipe::{ByteReader, ByteWriter, ReadInto, WriteFrom};

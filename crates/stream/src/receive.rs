@@ -154,6 +154,12 @@ pub struct ReceiveConfig {
     /// (see [`KeepAttrs`](crate::KeepAttrs)). Without them an `Attrs` frame is a protocol
     /// error. Default: none.
     pub attrs: crate::KeepAttrs,
+    /// Accept device nodes (`--devices`) and make them (only root can); without it a device
+    /// entry is a protocol error. Default: false.
+    pub devices: bool,
+    /// Accept named pipes and sockets (`--specials`) and make them; without it such an
+    /// entry is a protocol error. Default: false.
+    pub specials: bool,
 }
 
 impl Default for ReceiveConfig {
@@ -175,6 +181,8 @@ impl Default for ReceiveConfig {
             checksum: false,
             resume: false,
             attrs: crate::KeepAttrs::default(),
+            devices: false,
+            specials: false,
         }
     }
 }
@@ -593,6 +601,24 @@ impl Reader {
                     },
                 )
                 .await?;
+            }
+            Frame::Special(e)
+                if (e.kind.is_device() && self.shared.config.devices)
+                    || (!e.kind.is_device() && self.shared.config.specials) =>
+            {
+                self.shared.check_entry(&e.path, Kind::File)?;
+                let attrs = self.attrs_for(&e.path)?;
+                self.counts.files += 1;
+                let w = self.next_writer % self.writers.len();
+                self.next_writer += 1;
+                let op = Op::Special {
+                    wire: e.path,
+                    kind: e.kind,
+                    rdev: e.rdev,
+                    meta: e.meta,
+                    attrs,
+                };
+                self.send(&self.writers[w], op).await?;
             }
             Frame::File(f) => {
                 self.shared.check_entry(&f.path, Kind::File)?;

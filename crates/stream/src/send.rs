@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
     Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Keep, LinkTimes,
-    Meta, Partial, Probe, Summary, SymlinkEntry, Totals, encode, encode_data_header,
+    Meta, Partial, Probe, SpecialEntry, Summary, SymlinkEntry, Totals, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -120,6 +120,12 @@ pub struct SendConfig {
     /// Owners and extended attributes to send ahead of each entry, as an `Attrs` frame (the
     /// receiver must be configured alike). Default: none.
     pub attrs: crate::KeepAttrs,
+    /// Send device nodes (`--devices`) instead of skipping each with a warning (the receiver
+    /// must be configured alike). Default: false.
+    pub devices: bool,
+    /// Send named pipes and sockets (`--specials`) instead of skipping each with a warning
+    /// (the receiver must be configured alike). Default: false.
+    pub specials: bool,
 }
 
 impl Default for SendConfig {
@@ -137,6 +143,8 @@ impl Default for SendConfig {
             checksum: false,
             resume: false,
             attrs: crate::KeepAttrs::default(),
+            devices: false,
+            specials: false,
         }
     }
 }
@@ -357,6 +365,8 @@ where
 
     let (walk_tx, walk_rx) = mpsc::channel(WALK_QUEUE);
     let mut walk_config = WalkConfig::new(config.recursive, config.follow_links);
+    walk_config.devices = config.devices;
+    walk_config.specials = config.specials;
     walk_config.filter = config.filter.clone();
     let walk_sources = sources.to_vec();
     let walk_progress = progress.clone();
@@ -786,6 +796,18 @@ impl Producer<'_> {
                             times: self.link_times(entry.meta),
                         });
                         self.out.counts[s].symlinks += 1;
+                        self.out.push(s, Msg::frame(&frame))?;
+                    }
+                    EntryKind::Special { kind, rdev } => {
+                        let s = self.out.pick();
+                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
+                        let frame = Frame::Special(SpecialEntry {
+                            path: entry.wire,
+                            kind,
+                            rdev,
+                            meta: self.meta(entry.meta),
+                        });
+                        self.out.counts[s].files += 1;
                         self.out.push(s, Msg::frame(&frame))?;
                     }
                     EntryKind::File { .. }

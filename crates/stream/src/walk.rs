@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
 use bytes::Bytes;
-use fastcp_proto::{MAX_PATH, Meta};
+use fastcp_proto::{MAX_PATH, Meta, SpecialKind};
 
 use crate::Error;
 
@@ -26,6 +26,12 @@ pub struct WalkConfig {
     /// Include and exclude rules; what they leave out is not walked (a directory left out is
     /// not descended into). Top-level sources are always walked. Default: none.
     pub filter: Option<std::sync::Arc<crate::Filter>>,
+    /// Yield device nodes as [`EntryKind::Special`] (rsync's `--devices`) instead of an
+    /// error for each. Default: false.
+    pub devices: bool,
+    /// Yield named pipes and sockets as [`EntryKind::Special`] (rsync's `--specials`)
+    /// instead of an error for each. Default: false.
+    pub specials: bool,
 }
 
 impl WalkConfig {
@@ -34,7 +40,7 @@ impl WalkConfig {
         WalkConfig {
             recursive,
             follow_links,
-            filter: None,
+            ..WalkConfig::default()
         }
     }
 }
@@ -70,6 +76,14 @@ pub enum EntryKind {
     Symlink {
         /// The link's target, as stored.
         target: Bytes,
+    },
+    /// A named pipe, socket or device node, with [`WalkConfig::specials`] or
+    /// [`WalkConfig::devices`].
+    Special {
+        /// What it is.
+        kind: SpecialKind,
+        /// A device's number (`st_rdev`); 0 for pipes and sockets.
+        rdev: u64,
     },
 }
 
@@ -230,13 +244,24 @@ impl Walk {
             EntryKind::Symlink {
                 target: Bytes::from(target),
             }
+        } else if let Some(kind) = special_kind(&ft).filter(|k| {
+            if k.is_device() {
+                self.config.devices
+            } else {
+                self.config.specials
+            }
+        }) {
+            EntryKind::Special {
+                kind,
+                rdev: if kind.is_device() { meta.rdev() } else { 0 },
+            }
         } else {
             let what = if ft.is_fifo() {
-                "a named pipe"
+                "a named pipe; --specials copies it"
             } else if ft.is_socket() {
-                "a socket"
+                "a socket; --specials copies its name"
             } else if ft.is_block_device() || ft.is_char_device() {
-                "a device"
+                "a device; --devices copies it"
             } else {
                 "of an unknown type"
             };
@@ -253,6 +278,21 @@ impl Walk {
             meta: meta_of(&meta),
             inode,
         }))
+    }
+}
+
+/// What a file type is, when it is a pipe, socket or device.
+fn special_kind(ft: &fs::FileType) -> Option<SpecialKind> {
+    if ft.is_fifo() {
+        Some(SpecialKind::Fifo)
+    } else if ft.is_socket() {
+        Some(SpecialKind::Socket)
+    } else if ft.is_char_device() {
+        Some(SpecialKind::CharDevice)
+    } else if ft.is_block_device() {
+        Some(SpecialKind::BlockDevice)
+    } else {
+        None
     }
 }
 

@@ -919,3 +919,64 @@ async fn a_file_capability_is_never_set() {
     assert!(get("system.posix_acl_access").is_err());
     sb.assert_contained();
 }
+
+fn special(path: &[u8], kind: fastcp_proto::SpecialKind) -> Frame {
+    Frame::Special(fastcp_proto::SpecialEntry {
+        path: Bytes::copy_from_slice(path),
+        kind,
+        rdev: 0x0103,
+        meta: meta(),
+    })
+}
+
+/// A pipe, socket or device the receiver did not ask for is a protocol error (a device
+/// needs `devices` even when `specials` is on), and nothing is made.
+#[tokio::test]
+async fn special_files_not_asked_for_are_refused() {
+    use fastcp_proto::SpecialKind;
+    let specials_only = ReceiveConfig {
+        specials: true,
+        ..recursive()
+    };
+    for (config, kind) in [
+        (recursive(), SpecialKind::Fifo),
+        (recursive(), SpecialKind::Socket),
+        (specials_only, SpecialKind::CharDevice),
+    ] {
+        let sb = Sandbox::new();
+        let stream = wire(&[special(b"x", kind), done(1, 0, 0, 0)]);
+        let err = run(&sb.dest, config, vec![stream], true)
+            .await
+            .result
+            .expect_err("refused");
+        assert!(matches!(err, Error::Protocol(_)), "{kind:?}: {err}");
+        assert!(fs::symlink_metadata(sb.dest.join("x")).is_err());
+        sb.assert_contained();
+    }
+}
+
+/// A special file never replaces a directory, and never lands through a symlink.
+#[tokio::test]
+async fn a_special_file_replaces_no_directory_and_follows_no_link() {
+    use fastcp_proto::SpecialKind;
+    let sb = Sandbox::new();
+    fs::create_dir(sb.dest.join("d")).unwrap();
+    fs::write(sb.dest.join("d/keep"), b"k").unwrap();
+    symlink(&sb.outside, sb.dest.join("out")).unwrap();
+    let stream = wire(&[
+        special(b"d", SpecialKind::Fifo),
+        special(b"out/p", SpecialKind::Fifo),
+        done(2, 0, 0, 0),
+    ]);
+    let config = ReceiveConfig {
+        specials: true,
+        ..recursive()
+    };
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.failure_count, 2, "{:?}", report.failures);
+    assert_eq!(fs::read(sb.dest.join("d/keep")).unwrap(), b"k");
+    sb.assert_contained();
+}
