@@ -62,5 +62,8 @@ pub const HARD_MAX_FRAME: u32 = 64 << 20;
 pub const MAX_PATH: usize = 4096;
 /// The cap on a single path component's length in bytes.
 pub const MAX_NAME: usize = 255;
+/// The cap on a path's depth, in components: deeper trees exist only to exhaust a peer (each
+/// level is a directory handle the receiver opens).
+pub const MAX_DEPTH: usize = 1024;
 /// The cap on human-readable text (error messages, software versions) in bytes.
 pub const MAX_TEXT: usize = 4096;

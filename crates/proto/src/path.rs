@@ -14,7 +14,7 @@
 //! assert_eq!(validate(b"/etc/passwd"), Err(PathError::Absolute));
 //! ```
 
-use crate::{MAX_NAME, MAX_PATH};
+use crate::{MAX_DEPTH, MAX_NAME, MAX_PATH};
 
 /// Why a wire path was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +41,9 @@ pub enum PathError {
     /// The path or one of its components is too long.
     #[error("path too long")]
     TooLong,
+    /// The path has more than [`MAX_DEPTH`](crate::MAX_DEPTH) components.
+    #[error("path nested deeper than {} levels", crate::MAX_DEPTH)]
+    TooDeep,
 }
 
 /// Checks that `path` is a safe relative wire path.
@@ -57,7 +60,10 @@ pub fn validate(path: &[u8]) -> Result<(), PathError> {
     if path.contains(&0) {
         return Err(PathError::Nul);
     }
-    for component in path.split(|&b| b == b'/') {
+    for (depth, component) in path.split(|&b| b == b'/').enumerate() {
+        if depth == MAX_DEPTH {
+            return Err(PathError::TooDeep);
+        }
         match component {
             b"" => return Err(PathError::EmptyComponent),
             b"." => return Err(PathError::Dot),
@@ -77,6 +83,14 @@ pub fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn depth_is_capped() {
+        let at_cap = vec!["d"; crate::MAX_DEPTH].join("/");
+        assert_eq!(validate(at_cap.as_bytes()), Ok(()));
+        let deeper = format!("{at_cap}/d");
+        assert_eq!(validate(deeper.as_bytes()), Err(PathError::TooDeep));
+    }
 
     #[test]
     fn accepts_ordinary_and_odd_names() {

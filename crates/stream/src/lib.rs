@@ -85,7 +85,8 @@ pub use pattern::{expand_sources, has_wildcard};
 pub use pipe::{ByteReader, ByteWriter, ReadInto, WriteFrom};
 pub use progress::{Progress, Snapshot};
 pub use receive::{
-    DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive, receive_from,
+    DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,
+    receive_from,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send, send_to};

@@ -160,7 +160,16 @@ pub struct ReceiveConfig {
     /// Accept named pipes and sockets (`--specials`) and make them; without it such an
     /// entry is a protocol error. Default: false.
     pub specials: bool,
+    /// The most manifest frames (entries, and quick-check probes, which count apart from the
+    /// entry that may follow) a session may send. What the receiver remembers of each (the
+    /// directories, links and, with `delete` or `hard_links`, every name) lives as long as
+    /// the session, so a sender past this cap is stopped with a protocol error rather than
+    /// left to exhaust memory. Default: [`DEFAULT_MAX_ENTRIES`].
+    pub max_entries: u64,
 }
+
+/// The default [`ReceiveConfig::max_entries`]: 100 million.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000_000;
 
 impl Default for ReceiveConfig {
     fn default() -> ReceiveConfig {
@@ -183,6 +192,7 @@ impl Default for ReceiveConfig {
             attrs: crate::KeepAttrs::default(),
             devices: false,
             specials: false,
+            max_entries: DEFAULT_MAX_ENTRIES,
         }
     }
 }
@@ -243,6 +253,8 @@ struct Live {
 /// What the readers share about the session's files and names.
 #[derive(Debug, Default)]
 struct Table {
+    /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
+    entries: u64,
     live: HashMap<u64, Live>,
     done: IdSet,
     /// The top-level name, when the destination is not a directory.
@@ -347,6 +359,13 @@ impl Shared {
             )));
         }
         let mut t = lock(&self.table);
+        t.entries += 1;
+        if t.entries > self.config.max_entries {
+            return Err(Error::Protocol(format!(
+                "more than {} entries: the sender's tree is larger than this receiver accepts",
+                self.config.max_entries
+            )));
+        }
         if self.root.rename_top.is_some() {
             match &t.top {
                 None => t.top = Some(Bytes::copy_from_slice(first)),

@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
 use bytes::Bytes;
-use fastcp_proto::{MAX_PATH, Meta, SpecialKind};
+use fastcp_proto::{MAX_DEPTH, MAX_PATH, Meta, SpecialKind};
 
 use crate::Error;
 
@@ -198,6 +198,12 @@ impl Walk {
                 reason: format!("path longer than {MAX_PATH} bytes"),
             });
         }
+        if wire.iter().filter(|&&b| b == b'/').count() >= MAX_DEPTH {
+            return Err(Error::Unsupported {
+                path,
+                reason: format!("nested deeper than {MAX_DEPTH} levels"),
+            });
+        }
         let ft = meta.file_type();
         if !top
             && let Some(filter) = &self.config.filter
@@ -349,6 +355,24 @@ fn no_name(source: &Path) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_deeper_than_the_protocol_allows_is_reported_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let deepest = (0..MAX_DEPTH).fold(dir.path().join("top"), |p, _| p.join("d"));
+        fs::create_dir_all(&deepest).unwrap();
+        fs::write(deepest.join("f"), b"too deep").unwrap();
+        let items: Vec<_> =
+            walk(&[dir.path().join("top")], &WalkConfig::new(true, false)).collect();
+        let errors: Vec<String> = items
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("deeper than 1024"), "{errors:?}");
+        // "top" and its 1023 nested directories: the 1024 levels the protocol carries.
+        assert_eq!(items.len() - 1, MAX_DEPTH);
+    }
 
     #[test]
     fn top_names() {

@@ -980,3 +980,42 @@ async fn a_special_file_replaces_no_directory_and_follows_no_link() {
     assert_eq!(fs::read(sb.dest.join("d/keep")).unwrap(), b"k");
     sb.assert_contained();
 }
+
+/// A sender past the receiver's cap on entries is stopped with a clear error; so is a path
+/// nested deeper than the protocol allows.
+#[tokio::test]
+async fn entry_count_and_depth_caps_stop_the_sender() {
+    let sb = Sandbox::new();
+    let frames: Vec<Frame> = (0..11)
+        .map(|i| {
+            Frame::Dir(DirEntry {
+                path: Bytes::from(format!("d{i}")),
+                meta: meta(),
+            })
+        })
+        .collect();
+    let config = ReceiveConfig {
+        max_entries: 10,
+        ..recursive()
+    };
+    let err = run(&sb.dest, config, vec![wire(&frames)], true)
+        .await
+        .result
+        .expect_err("past the cap");
+    assert!(err.to_string().contains("more than 10 entries"), "{err}");
+    sb.assert_contained();
+
+    let sb = Sandbox::new();
+    let deep = vec!["d"; fastcp_proto::MAX_DEPTH + 1].join("/");
+    let frames = [Frame::Dir(DirEntry {
+        path: Bytes::from(deep),
+        meta: meta(),
+    })];
+    let err = run(&sb.dest, recursive(), vec![wire(&frames)], true)
+        .await
+        .result
+        .expect_err("too deep");
+    assert!(err.to_string().contains("deeper than 1024"), "{err}");
+    assert!(!sb.dest.join("d").exists());
+    sb.assert_contained();
+}
