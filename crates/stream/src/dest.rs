@@ -952,6 +952,9 @@ impl Writer {
         }
         match rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name()) {
             Ok(()) => {
+                if !f.partial && f.size > crate::resume::PARTIAL_MIN {
+                    remove_stale_partial(&f.parent, f.name());
+                }
                 shared.written.files.fetch_add(1, Relaxed);
                 shared.written.bytes.fetch_add(f.size, Relaxed);
                 shared.progress.add_done_file();
@@ -1234,6 +1237,15 @@ impl Writer {
                 fail(e);
             }
         }
+    }
+}
+
+/// Removes the partial file an earlier `--resume` copy kept for `name`, now that the file is
+/// complete without it; not one that another live copy holds.
+fn remove_stale_partial(parent: &OwnedFd, name: &[u8]) {
+    let partial = crate::resume::partial_name(name);
+    if let Some(_locked) = crate::resume::open_partial(parent, &partial, false) {
+        let _ = rustix::fs::unlinkat(parent, &partial[..], AtFlags::empty());
     }
 }
 

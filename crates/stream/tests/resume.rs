@@ -109,3 +109,28 @@ async fn a_partial_file_held_by_another_copy_is_not_touched() {
     assert_eq!(report.bytes_resumed, 0);
     assert_eq!(fs::read(&held_path).unwrap(), &content[..3 * MIB]);
 }
+
+/// A copy without `--resume` that completes a file removes the partial file an earlier
+/// `--resume` copy kept for it: nothing is left to leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_copy_without_resume_removes_the_stale_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    let content = pseudo_random(6 * MIB, 3);
+    fs::write(&src, &content).unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join(".big.fastcp-partial"), &content[..2 * MIB]).unwrap();
+    copy_local(
+        &[src],
+        &dest,
+        &SendConfig::default(),
+        &ReceiveConfig::default(),
+        2,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fs::read(dest.join("big")).unwrap(), content);
+    assert!(!dest.join(".big.fastcp-partial").exists());
+}
