@@ -541,13 +541,12 @@ impl Plan {
         if self.options.delete {
             f |= flags::DELETE;
         }
-        if self
-            .options
-            .filter
-            .as_ref()
-            .is_some_and(|f| !f.rules().is_empty())
-        {
-            f |= flags::FILTERS;
+        if let Some(filter) = &self.options.filter {
+            if filter.listed().is_some() {
+                f |= flags::FILTERS | flags::FILES_FROM;
+            } else if !filter.rules().is_empty() {
+                f |= flags::FILTERS;
+            }
         }
         if self.options.hard_links {
             f |= flags::HARD_LINKS;
@@ -638,6 +637,21 @@ impl Plan {
         let mut plan = self.clone();
         plan.options.filter = Some(crate::shard::narrow(self.options.filter.clone(), share));
         Ok(plan)
+    }
+
+    /// The filter lines a request carries: the rules, then `= PATH` for each path of a
+    /// `--files-from` list.
+    fn filter_lines(&self) -> Vec<Bytes> {
+        let Some(filter) = &self.options.filter else {
+            return Vec::new();
+        };
+        let mut lines: Vec<Bytes> = filter.rules().into_iter().map(Bytes::from).collect();
+        for path in filter.listed().unwrap_or_default() {
+            let mut line = b"= ".to_vec();
+            line.extend_from_slice(&path);
+            lines.push(Bytes::from(line));
+        }
+        lines
     }
 
     fn local_sources(&self) -> Vec<PathBuf> {
@@ -1392,6 +1406,15 @@ where
         request_flags |= flags::FORWARDED;
     }
     let client_random = random32();
+    let filters = plan.filter_lines();
+    let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
+    if filter_bytes > fastcp_proto::DEFAULT_MAX_FRAME as usize {
+        return Err(Error::Usage(format!(
+            "the filter rules and --files-from list take {filter_bytes} bytes, more than one \
+             request carries ({} bytes): split the list over several copies",
+            fastcp_proto::DEFAULT_MAX_FRAME
+        )));
+    }
     reader
         .send(&Frame::Request(Request {
             direction,
@@ -1403,12 +1426,7 @@ where
             compression,
             client_random,
             tcp_ports: plan.options.tcp_ports.unwrap_or((0, 0)),
-            filters: plan
-                .options
-                .filter
-                .as_ref()
-                .map(|f| f.rules().into_iter().map(Bytes::from).collect())
-                .unwrap_or_default(),
+            filters,
         }))
         .await?;
     let accept = within(

@@ -123,7 +123,8 @@ impl Session {
 
     async fn copy_now(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let plan = &plan.sharded().await?;
-        // A predicate (or a list) runs where the files are read, and never travels.
+        // A predicate is code: it runs where the files are read, and never travels (rules
+        // and a --files-from list do).
         let local_only = plan
             .options
             .filter
@@ -131,15 +132,15 @@ impl Session {
             .is_some_and(|f| f.has_predicate());
         if local_only && matches!(plan.dest, Location::Local(_)) {
             return Err(Error::Usage(
-                "a filter predicate or --files-from runs where the files are read: it cannot \
-                 serve a pull (use include and exclude rules, which travel)"
+                "a filter predicate runs where the files are read: it cannot serve a pull (use \
+                 include and exclude rules or a --files-from list, which travel)"
                     .into(),
             ));
         }
         if local_only && plan.options.delete && plan.dest.remote().is_some() {
             return Err(Error::Usage(
-                "--delete with a filter predicate or --files-from: the remote side cannot tell \
-                 what they leave out from what is gone, and would delete it"
+                "--delete with a filter predicate: the remote side cannot tell what it leaves \
+                 out from what is gone, and would delete it"
                     .into(),
             ));
         }

@@ -503,13 +503,20 @@ where
     let progress = Arc::new(fastcp_stream::Progress::default());
     let filter = if request.flags & flags::FILTERS != 0 {
         let mut f = fastcp_stream::Filter::default();
-        let rules: Vec<String> = request
+        let list = request.flags & flags::FILES_FROM != 0;
+        let (listed, rules): (Vec<&Bytes>, Vec<&Bytes>) = request
             .filters
+            .iter()
+            .partition(|r| list && r.starts_with(b"= "));
+        let rules: Vec<String> = rules
             .iter()
             .map(|r| String::from_utf8_lossy(r).into_owned())
             .collect();
         if let Err(e) = f.add_rules(&rules.join("\n")) {
             return Err((None, Error::Engine(e)));
+        }
+        if list {
+            f = f.files_from(listed.iter().map(|l| &l[2..]));
         }
         Some(Arc::new(f))
     } else {

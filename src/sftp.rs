@@ -305,6 +305,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             "--include/--exclude on a pull",
         ),
         (
+            pull && o.filter.as_ref().is_some_and(|f| f.listed().is_some()),
+            "--files-from on a pull",
+        ),
+        (
             o.transport == crate::TransportChoice::Tcp,
             "--transport tcp",
         ),

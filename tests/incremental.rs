@@ -187,8 +187,8 @@ fn include_and_exclude_rules_locally_and_on_a_pull() {
 }
 
 /// `--files-from`: only the listed paths (and the folders leading to them, and what is
-/// beneath a listed folder) are copied, locally and on a push; a pull, and a push with
-/// `--delete`, are refused with a clear error, never copied wrongly.
+/// beneath a listed folder) are copied, locally, on a push and on a pull (the list travels),
+/// and `--delete` removes only what lies where the list reaches.
 #[test]
 fn files_from_copies_only_the_listed_paths() {
     let sshd = Sshd::start().unwrap();
@@ -242,27 +242,33 @@ missing/file
         assert!(out.status.success(), "{}", stderr(&out));
         assert_eq!(listing(&dst.join("src")), want, "push={push}");
     }
-    let pulled = work.path().join("pulled");
-    let out = run(fastcp(&sshd, bin())
-        .arg("-r")
-        .arg("--files-from")
-        .arg(&list)
-        .arg(remote(&sshd, &src))
-        .arg(&pulled));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cannot serve a pull"),
-        "{}",
-        stderr(&out)
-    );
+    // The list travels: a pull copies the same paths, over SSH and over TCP.
+    for transport in ["ssh", "tcp"] {
+        let pulled = work.path().join(format!("pulled-{transport}"));
+        std::fs::create_dir(&pulled).unwrap();
+        let out = run(fastcp(&sshd, bin())
+            .args(["-r", "--transport", transport, "--files-from"])
+            .arg(&list)
+            .arg(remote(&sshd, &src))
+            .arg(&pulled));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(listing(&pulled.join("src")), want, "{transport}");
+    }
+    // With --delete the remote side knows the list too: an extra beneath a listed folder
+    // goes, what the list leaves out stays.
+    let dst = work.path().join("dst-true");
+    write(&dst.join("src/c/extra"), b"x", 0o644);
+    std::fs::create_dir_all(dst.join("src/e")).unwrap();
+    write(&dst.join("src/e/unlisted"), b"u", 0o644);
     let out = run(fastcp(&sshd, bin())
         .args(["-r", "--delete", "--files-from"])
         .arg(&list)
         .arg(&src)
-        .arg(remote(&sshd, &work.path().join("dst-true"))));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("would delete"), "{}", stderr(&out));
-    assert!(work.path().join("dst-true/src/top").exists());
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!dst.join("src/c/extra").exists());
+    assert!(dst.join("src/e/unlisted").exists());
+    assert!(dst.join("src/top").exists());
 }
 
 /// Relative paths of everything beneath `root`.

@@ -182,7 +182,7 @@ pub struct Request {
     pub tcp_ports: (u16, u16),
     /// With [`flags::FILTERS`]: include and exclude rules, `+ PATTERN` or `- PATTERN` each,
     /// in order (rsync's meaning; the sender walks by them, the receiver keeps what they
-    /// exclude from mirroring).
+    /// exclude from mirroring), and with [`flags::FILES_FROM`] `= PATH` lines.
     pub filters: Vec<Bytes>,
 }
 
@@ -252,6 +252,10 @@ pub mod flags {
     pub const DEVICES: u32 = 1 << 19;
     /// Copy named pipes and sockets (`--specials`) as [`super::SpecialEntry`]s.
     pub const SPECIALS: u32 = 1 << 20;
+    /// With [`FILTERS`]: some of the filter lines are `= PATH`, the paths of an rsync-style
+    /// `--files-from` list (relative to a source's top): only they, the folders leading to
+    /// them and what is beneath listed folders are copied, and mirroring keeps the rest.
+    pub const FILES_FROM: u32 = 1 << 21;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -273,7 +277,8 @@ pub mod flags {
         | XATTRS
         | ACLS
         | DEVICES
-        | SPECIALS;
+        | SPECIALS
+        | FILES_FROM;
 }
 
 /// Which way the files flow in a session.

@@ -184,10 +184,19 @@ impl Filter {
             .collect()
     }
 
-    /// Whether something only the sending side can apply was set: a predicate
-    /// ([`Filter::with_predicate`]) or a list ([`Filter::files_from`]).
+    /// Whether a predicate ([`Filter::with_predicate`]) was set: code, which only the side
+    /// that holds it can run, so it never travels.
     pub fn has_predicate(&self) -> bool {
-        self.predicate.is_some() || self.only.is_some()
+        self.predicate.is_some()
+    }
+
+    /// The paths of the [`Filter::files_from`] list, sorted, as the protocol carries them;
+    /// `None` without a list.
+    pub fn listed(&self) -> Option<Vec<Vec<u8>>> {
+        let only = self.only.as_ref()?;
+        let mut v: Vec<Vec<u8>> = only.listed.iter().cloned().collect();
+        v.sort_unstable();
+        Some(v)
     }
 
     /// Whether there are no rules, no predicate and no list.
