@@ -6,16 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fastcp_proto::{
-    DirEntry, Direction, FileEntry, Frame, Join, Meta, Rendezvous, Request, Summary, SymlinkEntry,
-    TransportKind, flags,
-};
-use fastcp_stream::{EntryKind, Failure, Side, WalkConfig, escape};
+use fastcp_proto::{Direction, Frame, Join, Rendezvous, Request, TransportKind, flags};
+use fastcp_stream::{Failure, WalkConfig, escape};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::compress;
+use crate::dry_run::{Listed, dry_run, list_local};
 use crate::limit::{Limited, RateLimit};
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
@@ -362,22 +360,6 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// One entry a dry run would copy, or with `--delete` remove.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    /// Its path relative to the target, '/'-separated, starting with the source's name. Raw
-    /// bytes (they may come from the peer): escape them with [`crate::stream::escape`].
-    pub path: Bytes,
-    /// A directory, a file and its size, or a link and its target.
-    pub kind: EntryKind,
-    /// Its mode and modification time (no access time), on the side it is on: the source's
-    /// for an entry to copy, the destination's for one to remove.
-    pub meta: fastcp_stream::Meta,
-    /// True for an entry of the destination that `--delete` would remove (a directory with
-    /// all it holds).
-    pub delete: bool,
-}
-
 /// A copy that can run: checked operands and options.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -654,7 +636,7 @@ impl Plan {
         lines
     }
 
-    fn local_sources(&self) -> Vec<PathBuf> {
+    pub(crate) fn local_sources(&self) -> Vec<PathBuf> {
         self.sources
             .iter()
             .filter_map(|s| match s {
@@ -707,7 +689,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     };
     if plan.options.dry_run {
         let (listing, mut report) = list_local(plan);
-        outcome.listing = crate::preview::apply(plan, dest, listing, &mut report);
+        outcome.listing = crate::dry_run::apply(plan, dest, listing, &mut report);
         outcome.report = report;
         outcome.elapsed = started.elapsed();
         return Ok(outcome);
@@ -774,55 +756,7 @@ async fn copy_local_limited(
     }
 }
 
-/// Walks the local sources: what a dry run of a local copy or a push lists.
-fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
-    let mut config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
-    config.filter = plan.options.filter.clone();
-    config.devices = plan.options.devices;
-    config.specials = plan.options.specials;
-    let mut listing = Vec::new();
-    let mut report = Report::default();
-    for entry in fastcp_stream::walk(&plan.local_sources(), &config) {
-        match entry {
-            Ok(entry) => {
-                count(&mut report.local, &entry.kind);
-                listing.push(Listed {
-                    path: entry.wire,
-                    kind: entry.kind,
-                    meta: fastcp_stream::Meta {
-                        atime: None,
-                        ..entry.meta
-                    },
-                    delete: false,
-                });
-            }
-            Err(e) => push_failure(
-                &mut report,
-                Failure {
-                    side: Side::Sender,
-                    path: Bytes::new(),
-                    code: e.code(),
-                    message: e.to_string(),
-                },
-            ),
-        }
-    }
-    (listing, report)
-}
-
-pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
-    match kind {
-        EntryKind::Dir => summary.dirs += 1,
-        EntryKind::File { size } => {
-            summary.files += 1;
-            summary.bytes += size;
-        }
-        EntryKind::Symlink { .. } => summary.symlinks += 1,
-        EntryKind::Special { .. } => summary.files += 1,
-    }
-}
-
-fn push_failure(report: &mut Report, failure: Failure) {
+pub(crate) fn push_failure(report: &mut Report, failure: Failure) {
     report.failure_count += 1;
     if report.failures.len() < fastcp_stream::MAX_FAILURES {
         report.failures.push(failure);
@@ -1583,188 +1517,6 @@ where
     done.report = within_idle_limit(&progress, plan.options.timeout, engine).await?;
     done.data_time = data_started.elapsed();
     Ok(done)
-}
-
-/// The client's side of a dry run: a push lists its own walk and waits for the server's
-/// word that it accepts the target; a pull lists what the server sends.
-async fn dry_run(
-    plan: &Plan,
-    direction: Direction,
-    data: Vec<BoxStream>,
-    done: &mut SessionDone,
-) -> Result<(), Error> {
-    let control = data
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
-    let mut reader = FrameReader::new(control, session::MAX_FRAME);
-    if direction == Direction::Push {
-        (done.listing, done.report) = list_local(plan);
-    }
-    loop {
-        let frame = reader.next("listing what would be copied").await?;
-        let (path, kind, meta) = match frame {
-            Frame::Done(_) => {
-                if let Location::Local(dest) = &plan.dest {
-                    let listing = std::mem::take(&mut done.listing);
-                    done.listing = crate::preview::apply(plan, dest, listing, &mut done.report);
-                }
-                return Ok(());
-            }
-            Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
-            Frame::Error(e) => {
-                push_failure(
-                    &mut done.report,
-                    Failure {
-                        side: Side::Sender,
-                        path: e.path,
-                        code: e.code,
-                        message: e.message,
-                    },
-                );
-                continue;
-            }
-            Frame::Dir(d) if direction == Direction::Pull => (d.path, EntryKind::Dir, d.meta),
-            Frame::File(f) if direction == Direction::Pull => {
-                (f.path, EntryKind::File { size: f.size }, f.meta)
-            }
-            Frame::Symlink(l) if direction == Direction::Pull => (
-                l.path,
-                EntryKind::Symlink { target: l.target },
-                fastcp_stream::Meta::default(),
-            ),
-            Frame::Special(e) if direction == Direction::Pull => (
-                e.path,
-                EntryKind::Special {
-                    kind: e.kind,
-                    rdev: e.rdev,
-                },
-                e.meta,
-            ),
-            other => {
-                return Err(Error::UnexpectedFrame {
-                    expected: "a listing",
-                    got: other.name(),
-                });
-            }
-        };
-        count(&mut done.report.local, &kind);
-        // Copies: a slice would pin the whole receive buffer.
-        done.listing.push(Listed {
-            path: Bytes::copy_from_slice(&path),
-            kind,
-            meta: fastcp_stream::Meta {
-                atime: None,
-                ..meta
-            },
-            delete: false,
-        });
-    }
-}
-
-/// The server's side of a dry run, on the session's only stream: for a pull, the walk of
-/// `sources` as `Dir`, `File` (no data) and `Symlink` frames and an `Error` for each entry
-/// that cannot be read; then `Done` with the totals. For a push, only `Done`, or a fatal
-/// `Error` if `target` cannot be the target. Nothing is written.
-pub(crate) async fn serve_dry_run<S>(
-    mut stream: S,
-    direction: Direction,
-    sources: &[PathBuf],
-    target: &std::path::Path,
-    flags: u32,
-    filter: Option<Arc<fastcp_stream::Filter>>,
-) -> Result<Report, Error>
-where
-    S: AsyncWrite + Unpin,
-{
-    let mut report = Report::default();
-    let mut out = bytes::BytesMut::new();
-    if direction == Direction::Push {
-        if flags & flags::TARGET_IS_DIR != 0 && !target.is_dir() {
-            let message = format!(
-                "{}: not a directory (several sources, or a trailing '/', need an existing directory)",
-                target.display()
-            );
-            crate::wire::write_frame(
-                &mut stream,
-                &Frame::Error(fastcp_proto::ErrorFrame {
-                    code: fastcp_proto::ErrorCode::NotFound,
-                    fatal: true,
-                    path: Bytes::new(),
-                    message: message.clone(),
-                }),
-            )
-            .await?;
-            return Err(Error::Unsupported(message));
-        }
-    } else {
-        let mut config = WalkConfig::new(
-            flags & flags::RECURSIVE != 0,
-            flags & flags::FOLLOW_LINKS != 0,
-        );
-        config.filter = filter;
-        config.devices = flags & flags::DEVICES != 0;
-        config.specials = flags & flags::SPECIALS != 0;
-        let mut id = 0;
-        for entry in fastcp_stream::walk(sources, &config) {
-            let frame = match entry {
-                Ok(entry) => {
-                    count(&mut report.local, &entry.kind);
-                    // A listing: no access times, which a version 1 client would refuse.
-                    let meta = Meta {
-                        atime: None,
-                        ..entry.meta
-                    };
-                    match entry.kind {
-                        EntryKind::Dir => Frame::Dir(DirEntry {
-                            path: entry.wire,
-                            meta,
-                        }),
-                        EntryKind::File { size } => {
-                            id += 1;
-                            Frame::File(FileEntry {
-                                id,
-                                path: entry.wire,
-                                size,
-                                meta,
-                            })
-                        }
-                        EntryKind::Symlink { target } => Frame::Symlink(SymlinkEntry {
-                            path: entry.wire,
-                            target,
-                            times: None,
-                        }),
-                        EntryKind::Special { kind, rdev } => {
-                            Frame::Special(fastcp_proto::SpecialEntry {
-                                path: entry.wire,
-                                kind,
-                                rdev,
-                                meta,
-                            })
-                        }
-                    }
-                }
-                Err(e) => {
-                    report.local.errors += 1;
-                    Frame::Error(fastcp_proto::ErrorFrame {
-                        code: e.code(),
-                        fatal: false,
-                        path: Bytes::new(),
-                        message: e.to_string(),
-                    })
-                }
-            };
-            fastcp_proto::encode(&frame, &mut out);
-            if out.len() >= 64 * 1024 {
-                stream.write_all(&out).await?;
-                out.clear();
-            }
-        }
-    }
-    fastcp_proto::encode(&Frame::Done(report.local), &mut out);
-    stream.write_all(&out).await?;
-    stream.flush().await?;
-    Ok(report)
 }
 
 /// The name a remote source arrives under: its last path component.

@@ -44,11 +44,11 @@ mod client;
 pub mod compress;
 pub mod data;
 pub mod deploy;
+mod dry_run;
 mod error;
 pub mod limit;
 mod location;
 mod log;
-mod preview;
 mod remote;
 pub mod server;
 mod session;
@@ -58,10 +58,11 @@ pub mod stdio;
 mod wire;
 
 pub use client::{
-    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, DEFAULT_TIMEOUT, Listed,
-    MAX_SSH_STREAMS, Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice,
-    copy_local, copy_remote, measure, probe, run_session,
+    CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, DEFAULT_TIMEOUT, MAX_SSH_STREAMS,
+    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote,
+    measure, probe, run_session,
 };
+pub use dry_run::Listed;
 pub use error::{Error, ErrorKind, Fault, exit};
 pub use location::{Location, RemotePath};
 pub use log::{Log, LogLevel};

@@ -526,7 +526,7 @@ where
         let sources = resolved;
         let target = sources.first().cloned().unwrap_or_default();
         let stream = data.into_iter().next().expect("at least one stream");
-        return crate::client::serve_dry_run(
+        return crate::dry_run::serve_dry_run(
             stream,
             request.direction,
             &sources,
