@@ -348,3 +348,85 @@ fn pipes_sockets_and_devices_with_d() {
     assert_eq!(std::fs::read(dst.join("src/plain")).unwrap(), b"p");
     assert!(!dst.join("src/fifo").exists());
 }
+
+/// A rerun that skips a file whose bytes did not change still brings its mode, owner and
+/// attributes (and with --checksum its times) in line with the source, as rsync does;
+/// locally and both ways over SSH.
+#[test]
+fn a_skipped_file_takes_the_sources_new_mode_owner_and_attributes() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"same bytes", 0o644);
+    write(&src.join("g"), b"other bytes", 0o644);
+    for (name, how) in [("local", 0), ("push", 1), ("pull", 2)] {
+        let dst = work.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let mut cmd = match how {
+                0 => Command::new(BIN),
+                _ => fastcp(&sshd, bin()),
+            };
+            cmd.args(["-a", "-X", "--json"]).args(extra);
+            match how {
+                0 => cmd.arg(&src).arg(&dst),
+                1 => cmd.arg(&src).arg(remote(&sshd, &dst)),
+                _ => cmd.arg(remote(&sshd, &src)).arg(&dst),
+            };
+            let out = run(&mut cmd);
+            assert!(out.status.success(), "{name}: {}", stderr(&out));
+            json(&out)
+        };
+        // Start from the plain state each round.
+        std::fs::set_permissions(
+            src.join("f"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .unwrap();
+        let _ = rustix::fs::lremovexattr(src.join("f"), "user.tag");
+        copy(&["--skip-unchanged"]);
+        // Only metadata changes: the mtime stays.
+        std::fs::set_permissions(
+            src.join("f"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        set(&src.join("f"), "user.tag", b"v2");
+        if is_root() {
+            chown(&src.join("f"), 3333, 4444);
+        }
+        let v = copy(&["--skip-unchanged"]);
+        assert_eq!(v["files_skipped"], 2, "{name}: {v}");
+        assert_eq!(v["files"], 0, "{name}: {v}");
+        let top = dst.join("src");
+        let m = std::fs::metadata(top.join("f")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o600, "{name}");
+        assert_eq!(
+            get(&top.join("f"), "user.tag").as_deref(),
+            Some(&b"v2"[..]),
+            "{name}"
+        );
+        if is_root() {
+            assert_eq!(owner(&top.join("f")), (3333, 4444), "{name}");
+        }
+        // --checksum skips g by content and gives it the source's newer time.
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(src.join("g"))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let v = copy(&["--checksum"]);
+        assert_eq!(v["files"], 0, "{name}: {v}");
+        assert_eq!(
+            std::fs::metadata(top.join("g")).unwrap().mtime(),
+            std::fs::metadata(src.join("g")).unwrap().mtime(),
+            "{name}"
+        );
+        if is_root() {
+            chown(&src.join("f"), 0, 0);
+        }
+    }
+}

@@ -146,6 +146,9 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(p.size);
             dst.put_i64(p.mtime);
             dst.put_u32(p.mtime_nsec);
+            if let Some(mode) = p.mode {
+                dst.put_u32(mode);
+            }
         }
         Frame::Answer(a) => {
             dst.put_u64(a.id);
@@ -516,12 +519,18 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
             let path = r.bytes(MAX_PATH)?;
             let size = r.u64()?;
             let (mtime, mtime_nsec) = r.time()?;
+            let mode = if r.buf.has_remaining() {
+                Some(r.u32()? & 0o7777)
+            } else {
+                None
+            };
             Frame::Probe(Probe {
                 id,
                 path,
                 size,
                 mtime,
                 mtime_nsec,
+                mode,
             })
         }
         kind::HARD_LINK => {
@@ -931,13 +940,16 @@ mod tests {
 
     #[test]
     fn probe_and_answer_roundtrip() {
-        roundtrip(Frame::Probe(Probe {
-            id: 9,
-            path: Bytes::from_static(b"dir/file"),
-            size: 1 << 40,
-            mtime: -3,
-            mtime_nsec: 999_999_999,
-        }));
+        for mode in [None, Some(0o640)] {
+            roundtrip(Frame::Probe(Probe {
+                id: 9,
+                path: Bytes::from_static(b"dir/file"),
+                size: 1 << 40,
+                mtime: -3,
+                mtime_nsec: 999_999_999,
+                mode,
+            }));
+        }
         roundtrip(Frame::Answer(Answer {
             id: 9,
             send: true,

@@ -392,6 +392,9 @@ pub struct Probe {
     pub mtime: i64,
     /// Nanoseconds of the modification time.
     pub mtime_nsec: u32,
+    /// Its permission bits (from protocol version 5; encoded after the other fields only
+    /// when present).
+    pub mode: Option<u32>,
 }
 
 /// What the receiver's partial copy of a file holds (`--resume`): the XXH3-128 of each of

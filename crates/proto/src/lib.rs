@@ -48,8 +48,10 @@ pub use handshake::{Handshake, HandshakeError, Negotiated};
 pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// The protocol version this build speaks. Version 2 adds the [`Totals`] frame; version 3
 /// makes the [`FileEnd`] checksum XXH3-128 instead of BLAKE3; version 4 adds the quick check
-/// ([`Probe`], [`Answer`], request flag [`flags::SKIP_UNCHANGED`]).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// ([`Probe`], [`Answer`], request flag [`flags::SKIP_UNCHANGED`]); version 5 adds the
+/// file's mode to a [`Probe`], so that a receiver brings a file it skips in line with the
+/// source's mode, times, owner and attributes, as rsync does.
+pub const PROTOCOL_VERSION: u16 = 5;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

@@ -264,7 +264,13 @@ pub(crate) fn apply(
     let root = rustix::process::geteuid().is_root();
     let uid = (keep.owner && root).then(|| Uid::from_raw(ids.uid(attrs)));
     let gid = keep.group.then(|| Gid::from_raw(ids.gid(attrs)));
-    if uid.is_some() || gid.is_some() {
+    let current = match target {
+        Target::Fd(fd) => rustix::fs::fstat(fd)?,
+        Target::Link(dir, name) => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?,
+    };
+    let differs = uid.is_some_and(|u| u.as_raw() != current.st_uid)
+        || gid.is_some_and(|g| g.as_raw() != current.st_gid);
+    if differs {
         let chown = match target {
             Target::Fd(fd) => rustix::fs::fchown(fd, uid, gid),
             Target::Link(dir, name) => {

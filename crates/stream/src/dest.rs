@@ -65,6 +65,14 @@ pub(crate) enum Op {
         meta: Meta,
         attrs: Option<Box<Attrs>>,
     },
+    /// A file the quick check skips: what of its metadata differs from the sender's.
+    Refresh {
+        wire: Bytes,
+        size: u64,
+        mode: Option<u32>,
+        mtime: Option<(i64, u32)>,
+        attrs: Option<Box<Attrs>>,
+    },
     /// A named pipe, socket or device node.
     Special {
         wire: Bytes,
@@ -319,7 +327,7 @@ fn is_zero(b: &[u8]) -> bool {
 
 /// The permission bits a received file or directory may get: everything but setuid and
 /// setgid (the sticky bit stays).
-const SAFE_MODE_BITS: u32 = 0o1777;
+pub(crate) const SAFE_MODE_BITS: u32 = 0o1777;
 
 /// Whether `name` is one of fastcp's temp names: `.NAME.fastcp-` and 8 hex digits.
 fn is_temp_name(name: &[u8]) -> bool {
@@ -574,6 +582,16 @@ impl Writer {
             }
             Op::Dir { wire, meta, attrs } => {
                 self.dir(wire, meta, attrs);
+                Ok(())
+            }
+            Op::Refresh {
+                wire,
+                size,
+                mode,
+                mtime,
+                attrs,
+            } => {
+                self.refresh(wire, size, mode, mtime, attrs);
                 Ok(())
             }
             Op::Special {
@@ -1146,6 +1164,57 @@ impl Writer {
 }
 
 impl Writer {
+    /// Brings a file the quick check skipped in line with the sender's mode, times, owner
+    /// and attributes, through its own descriptor (opened without following a link, and
+    /// only if it is still the regular file of that size the check saw).
+    fn refresh(
+        &mut self,
+        wire: Bytes,
+        size: u64,
+        mode: Option<u32>,
+        mtime: Option<(i64, u32)>,
+        attrs: Option<Box<Attrs>>,
+    ) {
+        let shared = self.shared.clone();
+        let local = shared.root.local(&wire);
+        let (parent_path, name) = split_parent(&local);
+        let fail = |e: std::io::Error| {
+            shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e));
+        };
+        let parent = match self.resolver.dir(parent_path) {
+            Ok(fd) => fd,
+            Err(e) => return shared.entry_failed(&wire, &e),
+        };
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(&parent, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(e) => return fail(e.into()),
+        };
+        match rustix::fs::fstat(&fd) {
+            Ok(st)
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && st.st_size as u64 == size => {}
+            Ok(_) => return, // replaced since the check: not ours to change
+            Err(e) => return fail(e.into()),
+        }
+        if let Some(a) = &attrs
+            && let Err(e) =
+                crate::attrs::apply(Target::Fd(&fd), a, &shared.config.attrs, &mut self.ids)
+        {
+            fail(e);
+        }
+        if let Some(mode) = mode
+            && let Err(e) = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+        {
+            fail(e.into());
+        }
+        if let Some(mtime) = mtime
+            && let Err(e) = rustix::fs::futimens(&fd, &timestamps(mtime, None))
+        {
+            fail(e.into());
+        }
+    }
+
     /// Makes a named pipe, socket or device node under a temp name, gives it its owner,
     /// mode and times there, and renames it over whatever has its name (never a directory).
     fn special(

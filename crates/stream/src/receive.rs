@@ -484,6 +484,37 @@ impl Reader {
         })
     }
 
+    /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
+    /// they differ) and owner and attributes (when sent), as rsync brings an unchanged file
+    /// in line; a writer does it. Nothing is queued when nothing differs.
+    async fn refresh(&mut self, p: &Probe, attrs: Option<Box<Attrs>>) -> Result<(), Error> {
+        let preserve = self.shared.config.preserve;
+        let (mode, mtime) = match (preserve, p.mode, self.same_size(p)) {
+            (true, Some(mode), Some(st)) => {
+                let mode = mode & crate::dest::SAFE_MODE_BITS;
+                let times = (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec);
+                (
+                    (st.st_mode & 0o7777 != mode).then_some(mode),
+                    times.then_some((p.mtime, p.mtime_nsec)),
+                )
+            }
+            _ => (None, None),
+        };
+        if mode.is_none() && mtime.is_none() && attrs.is_none() {
+            return Ok(());
+        }
+        let w = self.next_writer % self.writers.len();
+        self.next_writer += 1;
+        let op = Op::Refresh {
+            wire: p.path.clone(),
+            size: p.size,
+            mode,
+            mtime,
+            attrs,
+        };
+        self.send(&self.writers[w], op).await
+    }
+
     /// The destination's regular file at the probe's path (not a link, reached without
     /// following one), if it has the probe's size.
     fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
@@ -784,6 +815,7 @@ impl Reader {
             }
             Frame::Probe(p) if self.shared.config.skip_unchanged && self.stream == 0 => {
                 self.shared.check_entry(&p.path, Kind::File)?;
+                let attrs = self.attrs_for(&p.path)?;
                 if self.shared.config.hard_links {
                     lock(&self.shared.table).files.insert(p.path.clone());
                 }
@@ -793,6 +825,9 @@ impl Reader {
                 } else {
                     (!self.have(&p), None)
                 };
+                if !send {
+                    self.refresh(&p, attrs).await?;
+                }
                 if !send && !self.shared.config.checksum {
                     // Certain: the sender skips it.
                     self.shared.progress.add_skipped(p.size);

@@ -870,7 +870,14 @@ impl Producer<'_> {
             size,
             mtime: meta.mtime,
             mtime_nsec: meta.mtime_nsec,
+            // A receiver of version 5 brings a file it skips in line with the mode.
+            mode: (self.config.version >= 5).then_some(meta.mode),
         });
+        // With version 5, the attributes too (a file it sends gets them again, with its
+        // `File` entry).
+        if self.config.version >= 5 {
+            self.attrs(0, &wire, &path, Source::Path(&path))?;
+        }
         self.out.push(0, Msg::frame(&frame))?;
         // The receiver hashes its copy while we hash ours.
         let hash = if self.config.checksum {
