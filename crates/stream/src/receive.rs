@@ -475,22 +475,18 @@ impl Reader {
         })
     }
 
-    /// Whether the destination already holds the file a probe asks about: a regular file
-    /// (not a link) with its size and modification time, reached without following a
-    /// symlink. Anything else, a missing directory included, means "send it".
-    fn have(&mut self, p: &Probe) -> bool {
-        self.same_size(p).is_some_and(|st| {
-            st.st_mtime == p.mtime && i128::from(st.st_mtime_nsec) == i128::from(p.mtime_nsec)
-        })
-    }
-
     /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
     /// they differ) and owner and attributes (when sent), as rsync brings an unchanged file
     /// in line; a writer does it. Nothing is queued when nothing differs.
-    async fn refresh(&mut self, p: &Probe, attrs: Option<Box<Attrs>>) -> Result<(), Error> {
+    async fn refresh(
+        &mut self,
+        p: &Probe,
+        st: &rustix::fs::Stat,
+        attrs: Option<Box<Attrs>>,
+    ) -> Result<(), Error> {
         let preserve = self.shared.config.preserve;
-        let (mode, mtime) = match (preserve, p.mode, self.same_size(p)) {
-            (true, Some(mode), Some(st)) => {
+        let (mode, mtime) = match (preserve, p.mode) {
+            (true, Some(mode)) => {
                 let mode = mode & crate::dest::SAFE_MODE_BITS;
                 let times = (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec);
                 (
@@ -819,14 +815,23 @@ impl Reader {
                 if self.shared.config.hard_links {
                     lock(&self.shared.table).files.insert(p.path.clone());
                 }
+                // The destination already holds the file when a regular file (not a link) is
+                // there with its size and modification time, reached without following a
+                // symlink; anything else, a missing directory included, means "send it". One
+                // stat serves the check and the refresh.
+                let st = self.same_size(&p);
                 let (send, hash) = if self.shared.config.checksum {
                     let hash = self.content_hash(&p).await;
                     (hash.is_none(), hash)
                 } else {
-                    (!self.have(&p), None)
+                    let same_time = st.as_ref().is_some_and(|st| {
+                        (st.st_mtime, i128::from(st.st_mtime_nsec))
+                            == (p.mtime, i128::from(p.mtime_nsec))
+                    });
+                    (!same_time, None)
                 };
-                if !send {
-                    self.refresh(&p, attrs).await?;
+                if !send && let Some(st) = st {
+                    self.refresh(&p, &st, attrs).await?;
                 }
                 if !send && !self.shared.config.checksum {
                     // Certain: the sender skips it.
