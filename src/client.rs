@@ -965,6 +965,18 @@ pub(crate) async fn session_over(
     progress: Arc<Progress>,
     job: Job,
 ) -> Result<Started, Error> {
+    // One round trip when fastcp is on the remote PATH or already deployed there.
+    if ssh.remote_path.is_none()
+        && !plan.options.no_deploy
+        && peers[0].remote_path().is_none()
+        && let Some(launcher) = crate::deploy::launcher()
+    {
+        plan.options.log.info(|| {
+            "remote program: fastcp from the remote PATH, else the one self-deploy cached there"
+                .into()
+        });
+        peers[0].set_launcher(Some(launcher));
+    }
     let err = match try_session(plan, peers, ssh, mode, progress.clone(), job).await {
         Ok(done) => return Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => return Err(e),

@@ -2,7 +2,9 @@
 //!
 //! When `fastcp server` is not found on the remote host, the client uploads a fastcp binary
 //! into a per-user cache there, `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256
-//! prefix>/fastcp`, and runs that one. A later copy finds it and uploads nothing.
+//! prefix>/fastcp`, and runs that one. A later copy finds it and uploads nothing: its first
+//! command ([`launcher`]) tries `fastcp` on the remote PATH, then that cached binary (after
+//! the same folder checks and with its hash checked), so it costs no extra round trip.
 //!
 //! - **What goes**: the binary that runs here when it can run there (a static build always
 //!   can on its architecture; a glibc build only when the remote glibc is at least the newest
@@ -146,6 +148,39 @@ pub async fn deploy(
         path,
         uploaded: true,
     })
+}
+
+/// The command that starts the server on a host in one round trip, in place of `fastcp
+/// server`: `fastcp` from the remote PATH, else the binary an earlier self-deploy of this
+/// very binary cached there, when the cache folders pass the checks [`deploy`] makes (the
+/// user's own, writable by nobody else) and the binary's SHA-256 is this one's; else it
+/// exits with 127, as a missing program does, and [`deploy`] takes over. `None` when this
+/// program's binary cannot be read.
+pub fn launcher() -> Option<String> {
+    static NAME_AND_HASH: std::sync::OnceLock<Option<(String, String)>> =
+        std::sync::OnceLock::new();
+    let (name, hash) = NAME_AND_HASH
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            let binary = Binary::load(&exe).ok()?;
+            Some((binary.cache_name(), binary.sha256))
+        })
+        .as_ref()?;
+    Some(remote_command(&launch_script(name, hash)))
+}
+
+/// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
+fn launch_script(name: &str, hash: &str) -> String {
+    format!(
+        "command -v fastcp >/dev/null 2>&1 && exec fastcp server; \
+         c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; u=$(id -u); \
+         for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
+         [ -d \"$f\" ] || exit 127; set -- $(stat -c \"%u %a\" \"$f\"); \
+         [ \"$1\" = \"$u\" ] || exit 127; case \"$2\" in *[2367]?|*[2367]) exit 127;; esac; done; \
+         [ -f \"$d/fastcp\" ] || exit 127; \
+         h=$( (sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
+         [ \"$h\" = {hash} ] || exit 127; exec \"$d/fastcp\" server"
+    )
 }
 
 /// Runs one fixed script on the remote through `sh`, feeding it `input`; returns stdout, or
@@ -502,6 +537,7 @@ mod tests {
             .arg("-c")
             .arg(remote_command(script))
             .env("HOME", home)
+            .env("PATH", "/usr/bin:/bin")
             .env_remove("XDG_CACHE_HOME")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -552,6 +588,26 @@ mod tests {
             let out = run_under(&shell, &inspect_script(&name), home.path(), b"");
             let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
             assert_eq!(remote.cached.as_deref(), Some(hash.as_str()), "{what}");
+
+            // The launcher runs the cached binary, and nothing from a cache it must refuse.
+            let launch = || run_under(&shell, &launch_script(&name, &hash), home.path(), b"");
+            let ran = launch();
+            assert!(ran.status.success(), "{what}: {ran:?}");
+            assert!(String::from_utf8_lossy(&ran.stdout).contains("not really fastcp"));
+            let set_mode = |p: &Path, m| {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+            };
+            set_mode(&dir, 0o770);
+            let refused = launch();
+            assert_eq!(refused.status.code(), Some(127), "{what}: {refused:?}");
+            assert!(refused.stdout.is_empty(), "{what}: {refused:?}");
+            set_mode(&dir, 0o700);
+            std::fs::write(&landed, b"#!/bin/sh\necho tampered\n").unwrap();
+            let tampered = launch();
+            assert_eq!(tampered.status.code(), Some(127), "{what}: {tampered:?}");
+            assert!(tampered.stdout.is_empty(), "{what}: {tampered:?}");
+            std::fs::remove_dir_all(home.path().join(".cache")).unwrap();
+            assert_eq!(launch().status.code(), Some(127), "{what}");
         }
     }
 

@@ -79,11 +79,13 @@ fn a_remote_without_fastcp_gets_it_deployed_then_reuses_it() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("uploading"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("not found"), "{}", stderr(&out));
+    // Found by the first command, in one round trip: no inspection, no second start.
     assert!(
-        stderr(&out).contains("using the fastcp cached"),
+        stderr(&out).contains("self-deploy cached there"),
         "{}",
         stderr(&out)
     );
+    assert!(!stderr(&out).contains("deploying it"), "{}", stderr(&out));
     assert_same_tree(&src, &pulled, false);
     let again = fs::metadata(&binary).unwrap();
     assert_eq!((again.ino(), again.mtime()), (first.ino(), first.mtime()));
@@ -125,11 +127,13 @@ fn the_system_ssh_deploys_too() {
         .arg(remote(&sshd, &src))
         .arg(&pulled));
     assert!(out.status.success(), "{}", stderr(&out));
+    // Found by the first command, in one round trip: no inspection, no second start.
     assert!(
-        stderr(&out).contains("using the fastcp cached"),
+        stderr(&out).contains("self-deploy cached there"),
         "{}",
         stderr(&out)
     );
+    assert!(!stderr(&out).contains("deploying it"), "{}", stderr(&out));
     assert_same_tree(&src, &pulled, false);
     let summary = json(&out);
     assert_eq!(summary["transport"], "ssh", "{summary}");

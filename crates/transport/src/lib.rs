@@ -255,6 +255,16 @@ impl AnyTransport {
             AnyTransport::Program(p) => p.set_remote_path(path),
         }
     }
+
+    /// Runs `command` in place of `fastcp server` when no remote path is named: a fixed
+    /// command line that the caller built, which must put no user data in it (fastcp's own
+    /// tries the remote PATH, then a binary self-deploy cached there).
+    pub fn set_launcher(&self, command: Option<String>) {
+        match self {
+            AnyTransport::Builtin(s) => s.set_launcher(command),
+            AnyTransport::Program(p) => p.set_launcher(command),
+        }
+    }
 }
 
 impl Transport for AnyTransport {

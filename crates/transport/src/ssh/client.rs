@@ -18,7 +18,7 @@ use super::Error;
 use super::auth::{self, AuthUsed};
 use super::config::{self, HostConfig, SshOptions, StrictHostKeyChecking};
 use super::known_hosts::{self, HostKeyStatus, fingerprint, key_type_name};
-use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command};
+use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, launch_command};
 use super::stream::SshStream;
 
 /// Tuning of the built-in SSH client.
@@ -342,6 +342,7 @@ pub struct SshSession {
     via: Option<Arc<SshSession>>,
     warnings: Vec<String>,
     remote_path: std::sync::Mutex<Option<String>>,
+    launcher: std::sync::Mutex<Option<String>>,
     peer_addr: Option<SocketAddr>,
     /// The ProxyCommand process carrying the connection, killed with the session.
     _proxy: Option<Box<tokio::process::Child>>,
@@ -401,6 +402,7 @@ impl SshSession {
         )
         .await?;
         s.set_remote_path(self.remote_path());
+        s.set_launcher(self.launcher());
         Ok(s)
     }
 
@@ -534,9 +536,23 @@ impl SshSession {
         *self.remote_path.lock().unwrap_or_else(|p| p.into_inner()) = path;
     }
 
+    /// The command line [`start_server`](crate::Transport::start_server) runs when no
+    /// remote path is named, in place of `fastcp server` (see [`crate::ssh::server_command`]).
+    pub fn launcher(&self) -> Option<String> {
+        self.launcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sets [`launcher`](SshSession::launcher).
+    pub fn set_launcher(&self, command: Option<String>) {
+        *self.launcher.lock().unwrap_or_else(|p| p.into_inner()) = command;
+    }
+
     /// The fixed command line that starts `fastcp server`.
     pub(crate) fn server_command(&self) -> Result<String, Error> {
-        server_command(self.remote_path().as_deref())
+        launch_command(self.remote_path().as_deref(), self.launcher())
     }
 }
 
@@ -688,6 +704,7 @@ async fn connect_one(
         via,
         warnings,
         remote_path: std::sync::Mutex::new(None),
+        launcher: std::sync::Mutex::new(None),
         peer_addr: peer_addr.into_inner().expect("peer addr"),
         _proxy: proxy,
     })

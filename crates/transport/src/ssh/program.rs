@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Error;
 use super::config::SshOptions;
-use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command};
+use super::remote::{
+    ExitStatus, ExitWaiter, RemoteProcess, Stderr, launch_command, server_command,
+};
 
 /// Runs `fastcp server` on the peer through the system `ssh` program.
 #[derive(Debug)]
@@ -37,6 +39,8 @@ pub struct SshProgram {
     ///
     /// [`set_remote_path`]: SshProgram::set_remote_path
     remote_path: Mutex<Option<String>>,
+    /// What runs in place of `fastcp server` when no remote path is named.
+    launcher: Mutex<Option<String>>,
     /// The connection master this copy's ssh processes share, when ssh may prompt (see
     /// [`connect`](SshProgram::connect)).
     master: Option<Arc<Master>>,
@@ -51,6 +55,7 @@ impl Clone for SshProgram {
             destination: self.destination.clone(),
             options: self.options.clone(),
             remote_path: Mutex::new(self.remote_path()),
+            launcher: Mutex::new(self.launcher()),
             master: self.master.clone(),
             streams_through_master: self.streams_through_master.clone(),
         }
@@ -168,6 +173,7 @@ impl SshProgram {
             destination: destination.to_owned(),
             options: options.clone(),
             remote_path: Mutex::new(options.remote_path.clone()),
+            launcher: Mutex::new(None),
             master: None,
             streams_through_master: Arc::new(AtomicBool::new(false)),
         })
@@ -233,6 +239,20 @@ impl SshProgram {
         *self.remote_path.lock().unwrap_or_else(|p| p.into_inner()) = path;
     }
 
+    /// The command line [`start`](SshProgram::start) runs when no remote path is named, in
+    /// place of `fastcp server` (see [`crate::ssh::server_command`]).
+    pub fn launcher(&self) -> Option<String> {
+        self.launcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sets [`launcher`](SshProgram::launcher).
+    pub fn set_launcher(&self, command: Option<String>) {
+        *self.launcher.lock().unwrap_or_else(|p| p.into_inner()) = command;
+    }
+
     /// Runs `command` through the peer's login shell, as `ssh host command` does; a
     /// connection of its own (unless ssh_config's ControlMaster shares one). For fixed
     /// commands only: the caller quotes nothing, and must put no user data in it.
@@ -247,7 +267,7 @@ impl SshProgram {
         let mut a = self.shared_argv(Share::Master);
         a.push("--".into());
         a.push((&self.destination).into());
-        a.push(server_command(self.remote_path().as_deref())?.into());
+        a.push(launch_command(self.remote_path().as_deref(), self.launcher())?.into());
         Ok(a)
     }
 

@@ -157,6 +157,19 @@ pub fn server_command(remote_path: Option<&str>) -> Result<String, Error> {
     Ok(format!("{quoted} server"))
 }
 
+/// What starts the server: `remote_path`'s `server` when a path is named, else `launcher`
+/// (a fixed command line the caller built, such as one that also tries a self-deployed
+/// binary), else `fastcp server`.
+pub(crate) fn launch_command(
+    remote_path: Option<&str>,
+    launcher: Option<String>,
+) -> Result<String, Error> {
+    match (remote_path, launcher) {
+        (None, Some(launcher)) => Ok(launcher),
+        (path, _) => server_command(path),
+    }
+}
+
 /// Quotes `s` as one word for the remote login shell, a POSIX shell or a csh-like one (plain
 /// when it is made of safe characters): single quotes, with `'` and `!` (which csh expands
 /// even inside single quotes) escaped between them. It cannot quote a newline for csh:
