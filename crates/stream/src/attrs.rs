@@ -91,8 +91,9 @@ impl KeepAttrs {
 pub(crate) enum Source<'a> {
     /// An open regular file.
     Fd(&'a OwnedFd),
-    /// A directory or symbolic link, by path (never followed).
-    Path(&'a Path),
+    /// An entry of the walk, by path (never followed), with the owner and group the walk
+    /// saw.
+    Path(&'a Path, (u32, u32)),
 }
 
 /// User and group names by id, looked up once each (sending side).
@@ -138,21 +139,24 @@ pub(crate) fn read(
     keep: &KeepAttrs,
     names: &mut Names,
 ) -> io::Result<Attrs> {
-    let st = match &source {
-        Source::Fd(fd) => rustix::fs::fstat(fd)?,
-        Source::Path(p) => rustix::fs::lstat(*p)?,
+    let (uid, gid) = match &source {
+        Source::Fd(fd) => {
+            let st = rustix::fs::fstat(fd)?;
+            (st.st_uid, st.st_gid)
+        }
+        Source::Path(_, owner) => *owner,
     };
     let mut attrs = Attrs {
         path: wire.clone(),
-        uid: st.st_uid,
-        gid: st.st_gid,
+        uid,
+        gid,
         ..Attrs::default()
     };
     if keep.owner && !keep.numeric_ids {
-        attrs.user = names.user(st.st_uid);
+        attrs.user = names.user(uid);
     }
     if keep.group && !keep.numeric_ids {
-        attrs.group = names.group(st.st_gid);
+        attrs.group = names.group(gid);
     }
     if keep.xattrs || keep.acls {
         attrs.xattrs = read_xattrs(&source, keep)?;
@@ -163,7 +167,7 @@ pub(crate) fn read(
 fn read_xattrs(source: &Source<'_>, keep: &KeepAttrs) -> io::Result<Vec<(Bytes, Bytes)>> {
     let list = match source {
         Source::Fd(fd) => grow(|buf| rustix::fs::flistxattr(fd, buf)),
-        Source::Path(p) => grow(|buf| rustix::fs::llistxattr(*p, buf)),
+        Source::Path(p, _) => grow(|buf| rustix::fs::llistxattr(*p, buf)),
     };
     let list = match list {
         Ok(l) => l,
@@ -177,7 +181,7 @@ fn read_xattrs(source: &Source<'_>, keep: &KeepAttrs) -> io::Result<Vec<(Bytes, 
         }
         let value = match source {
             Source::Fd(fd) => grow(|buf| rustix::fs::fgetxattr(fd, name, buf)),
-            Source::Path(p) => grow(|buf| rustix::fs::lgetxattr(*p, name, buf)),
+            Source::Path(p, _) => grow(|buf| rustix::fs::lgetxattr(*p, name, buf)),
         };
         match value {
             Ok(v) if v.len() <= MAX_XATTR_VALUE => {
@@ -216,6 +220,25 @@ pub(crate) struct Ids {
 }
 
 impl Ids {
+    /// The owner and group `attrs` ask this receiver for, under `keep`: the owner only when
+    /// running as root.
+    pub(crate) fn wanted(&mut self, attrs: &Attrs, keep: &KeepAttrs) -> (Option<u32>, Option<u32>) {
+        let root = rustix::process::geteuid().is_root();
+        (
+            (keep.owner && root).then(|| self.uid(attrs)),
+            keep.group.then(|| self.gid(attrs)),
+        )
+    }
+
+    /// Whether a file owned by `uid`:`gid` already has what `attrs` ask for under `keep`,
+    /// when they carry no extended attributes to compare.
+    pub(crate) fn in_line(&mut self, attrs: &Attrs, keep: &KeepAttrs, uid: u32, gid: u32) -> bool {
+        let (want_uid, want_gid) = self.wanted(attrs, keep);
+        !(keep.xattrs || keep.acls)
+            && want_uid.is_none_or(|u| u == uid)
+            && want_gid.is_none_or(|g| g == gid)
+    }
+
     /// The local uid for the sender's owner: by name unless it is empty, unknown here, or
     /// for id 0.
     fn uid(&mut self, attrs: &Attrs) -> u32 {
@@ -262,8 +285,8 @@ pub(crate) fn apply(
     ids: &mut Ids,
 ) -> io::Result<()> {
     let root = rustix::process::geteuid().is_root();
-    let uid = (keep.owner && root).then(|| Uid::from_raw(ids.uid(attrs)));
-    let gid = keep.group.then(|| Gid::from_raw(ids.gid(attrs)));
+    let (uid, gid) = ids.wanted(attrs, keep);
+    let (uid, gid) = (uid.map(Uid::from_raw), gid.map(Gid::from_raw));
     let current = match target {
         Target::Fd(fd) => rustix::fs::fstat(fd)?,
         Target::Link(dir, name) => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?,

@@ -448,6 +448,8 @@ struct Reader {
     lookup: Option<Resolver>,
     /// The owner and attributes for the next entry on this stream.
     attrs: Option<Box<Attrs>>,
+    /// Local ids by the sender's user and group names, for the quick check's refresh.
+    ids: crate::attrs::Ids,
 }
 
 /// What accounting said about a `Data` or `FileEnd` frame.
@@ -496,6 +498,8 @@ impl Reader {
             }
             _ => (None, None),
         };
+        let keep = &self.shared.config.attrs;
+        let attrs = attrs.filter(|a| !self.ids.in_line(a, keep, st.st_uid, st.st_gid));
         if mode.is_none() && mtime.is_none() && attrs.is_none() {
             return Ok(());
         }
@@ -1379,6 +1383,7 @@ where
             next_writer: i,
             lookup: None,
             attrs: None,
+            ids: crate::attrs::Ids::default(),
         };
         readers.spawn(read_stream(r, reader));
     }

@@ -779,7 +779,12 @@ impl Producer<'_> {
                 Ok(entry) => match entry.kind {
                     EntryKind::Dir => {
                         let s = self.out.pick();
-                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
+                        self.attrs(
+                            s,
+                            &entry.wire,
+                            &entry.path,
+                            Source::Path(&entry.path, entry.owner),
+                        )?;
                         let frame = Frame::Dir(DirEntry {
                             path: entry.wire,
                             meta: self.meta(entry.meta),
@@ -789,7 +794,12 @@ impl Producer<'_> {
                     }
                     EntryKind::Symlink { target } => {
                         let s = self.out.pick();
-                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
+                        self.attrs(
+                            s,
+                            &entry.wire,
+                            &entry.path,
+                            Source::Path(&entry.path, entry.owner),
+                        )?;
                         let frame = Frame::Symlink(SymlinkEntry {
                             path: entry.wire,
                             target,
@@ -800,7 +810,12 @@ impl Producer<'_> {
                     }
                     EntryKind::Special { kind, rdev } => {
                         let s = self.out.pick();
-                        self.attrs(s, &entry.wire, &entry.path, Source::Path(&entry.path))?;
+                        self.attrs(
+                            s,
+                            &entry.wire,
+                            &entry.path,
+                            Source::Path(&entry.path, entry.owner),
+                        )?;
                         let frame = Frame::Special(SpecialEntry {
                             path: entry.wire,
                             kind,
@@ -824,7 +839,7 @@ impl Producer<'_> {
                     }
                     EntryKind::File { size } if self.config.skip_unchanged => {
                         self.first_name(&entry);
-                        self.probe(entry.path, entry.wire, size, entry.meta)?;
+                        self.probe(entry.path, entry.wire, size, entry.meta, entry.owner)?;
                     }
                     EntryKind::File { .. } => {
                         self.first_name(&entry);
@@ -857,7 +872,14 @@ impl Producer<'_> {
 
     /// Asks the receiver about a file on stream 0 (see [`SendConfig::skip_unchanged`]),
     /// waiting for an answer first when too many are outstanding.
-    fn probe(&mut self, path: PathBuf, wire: Bytes, size: u64, meta: Meta) -> Result<(), Closed> {
+    fn probe(
+        &mut self,
+        path: PathBuf,
+        wire: Bytes,
+        size: u64,
+        meta: Meta,
+        owner: (u32, u32),
+    ) -> Result<(), Closed> {
         while self.probes.waiting.len() >= PROBE_WINDOW {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
@@ -876,7 +898,7 @@ impl Producer<'_> {
         // With version 5, the attributes too (a file it sends gets them again, with its
         // `File` entry).
         if self.config.version >= 5 {
-            self.attrs(0, &wire, &path, Source::Path(&path))?;
+            self.attrs(0, &wire, &path, Source::Path(&path, owner))?;
         }
         self.out.push(0, Msg::frame(&frame))?;
         // The receiver hashes its copy while we hash ours.

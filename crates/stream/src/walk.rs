@@ -59,6 +59,8 @@ pub struct Entry {
     /// For a regular file with more than one name: its (device, inode), which its other
     /// names share.
     pub inode: Option<(u64, u64)>,
+    /// Its owner's user and group ids.
+    pub owner: (u32, u32),
 }
 
 /// The kind of a manifest [`Entry`].
@@ -283,6 +285,7 @@ impl Walk {
             kind,
             meta: meta_of(&meta),
             inode,
+            owner: (meta.uid(), meta.gid()),
         }))
     }
 }
