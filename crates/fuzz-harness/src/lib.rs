@@ -138,8 +138,17 @@ pub fn record(data: &[u8]) {
 pub fn receive(data: &[u8]) {
     let root = tempfile::tempdir().expect("a temp dir");
     let dest = root.path().join("dest");
+    // Every kind of entry the receiver can be asked to take, but devices (made only as
+    // root, and not worth making here).
     let config = fastcp_stream::ReceiveConfig {
         recursive: true,
+        specials: true,
+        attrs: fastcp_stream::KeepAttrs {
+            group: true,
+            xattrs: true,
+            acls: true,
+            ..fastcp_stream::KeepAttrs::default()
+        },
         ..fastcp_stream::ReceiveConfig::default()
     };
     let progress = Arc::new(fastcp_stream::Progress::default());
