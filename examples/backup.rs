@@ -1,7 +1,8 @@
 //! A nightly backup with fastcp as a library: an incremental copy of SRC into the existing
 //! folder HOST:DST (only files whose size or modification time changed travel; mirroring is
-//! one option away, `delete: true`), progress lines while it runs, and a clean cancel on
-//! Ctrl-C. A local DST is created if missing.
+//! one option away, `delete: true`), one line per event while it runs (a file started, its
+//! progress, done, skipped, deleted or failed), and a clean cancel on Ctrl-C. A local DST is
+//! created if missing.
 //!
 //! ```sh
 //! cargo run --release --example backup -- SRC HOST:DST
@@ -12,9 +13,32 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use fastcp::{CancellationToken, CopyOptions, Location, Plan, Progress};
+use fastcp::stream::escape;
+use fastcp::{CancellationToken, CopyOptions, Event, EventSink, Location, Plan, Progress};
+
+/// One line for an event.
+fn line(event: &Event) -> String {
+    match event {
+        Event::Started { path, size } => format!("start    {} ({size} bytes)", escape(path)),
+        Event::Progress { path, done, size } => {
+            format!("progress {} {done}/{size}", escape(path))
+        }
+        Event::Done {
+            path,
+            bytes,
+            verified,
+        } => format!(
+            "done     {} ({bytes} bytes{})",
+            escape(path),
+            if *verified { ", verified" } else { "" }
+        ),
+        Event::Skipped { path, reason, .. } => format!("skipped  {} ({reason:?})", escape(path)),
+        Event::Deleted { path } => format!("deleted  {}", escape(path)),
+        Event::Failed(f) => format!("failed   {}: {}", escape(&f.path), f.message),
+        other => format!("{other:?}"),
+    }
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -57,29 +81,15 @@ async fn main() -> ExitCode {
             }
         }
     });
-    let progress = Arc::new(Progress::default());
-    let ticker = tokio::spawn({
-        let progress = progress.clone();
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let s = progress.snapshot();
-                println!(
-                    "progress: {} files sent, {} unchanged, {} of {} bytes",
-                    s.files_sent,
-                    s.files_skipped,
-                    s.bytes_sent + s.bytes_skipped,
-                    s.bytes_seen
-                );
-            }
-        }
-    });
+    // Called on the engine's threads: printing a line is quick enough.
+    let progress = Arc::new(Progress::with_events(EventSink::new(|e: &Event| {
+        println!("{}", line(e))
+    })));
     let ssh = fastcp::transport::SshOptions::default();
     let result = match plan.remote() {
         Some(_) => fastcp::copy_remote(&plan, &ssh, progress).await,
         None => fastcp::copy_local(&plan, progress).await,
     };
-    ticker.abort();
     match result {
         Ok(outcome) => {
             let r = &outcome.report;

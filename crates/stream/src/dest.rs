@@ -810,6 +810,7 @@ impl Writer {
         f.checksum.add(offset, len, ChunkHash::Xxh3(hash));
         self.shared.written.resumed.fetch_add(len, Relaxed);
         self.shared.progress.add_resumed(len);
+        progressed(&self.shared.progress, f);
         self.finish_if_complete(id)
     }
 
@@ -866,6 +867,7 @@ impl Writer {
         f.got += len;
         f.checksum.add(offset, len, hash);
         self.shared.progress.add_done_bytes(len);
+        progressed(&self.shared.progress, f);
         self.finish_if_complete(id)
     }
 
@@ -1348,6 +1350,17 @@ pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
         {
             shared.entry_failed(&f.wire, &Error::io(display(), e.into()));
         }
+    }
+}
+
+/// Reports a file's progress, unless it is complete ([`Event::Done`] follows then).
+fn progressed(progress: &crate::Progress, f: &OpenFile) {
+    if f.got < f.size {
+        progress.event(|| Event::Progress {
+            path: f.wire.clone(),
+            done: f.got,
+            size: f.size,
+        });
     }
 }
 

@@ -25,6 +25,17 @@ pub enum Event {
         /// Its size in bytes.
         size: u64,
     },
+    /// More of a big file (one cut into chunks) has been written (or handed to the
+    /// streams): `done` of its `size` bytes, counting what `--resume` kept. One for each chunk
+    /// but the last, which [`Event::Done`] stands for.
+    Progress {
+        /// The file.
+        path: Bytes,
+        /// Its bytes done so far.
+        done: u64,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// A regular file is done.
     Done {
         /// The file.

@@ -1130,6 +1130,13 @@ impl Producer<'_> {
                     .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
                 self.resumed += len;
                 self.progress.add_resumed(len);
+                if end < size {
+                    self.event(|| Event::Progress {
+                        path: wire.clone(),
+                        done: end,
+                        size,
+                    });
+                }
                 offset = end;
                 continue;
             }
@@ -1144,6 +1151,14 @@ impl Producer<'_> {
                 msg.data = n as u64;
                 msg.recycle = true;
                 self.out.push(s, msg)?;
+                let done = at + n as u64;
+                if done < size {
+                    self.event(|| Event::Progress {
+                        path: wire.clone(),
+                        done,
+                        size,
+                    });
+                }
             }
             offset = end;
         }

@@ -777,3 +777,53 @@ async fn a_sparse_file_stays_sparse() {
     );
     assert!(fs::read(&copy).unwrap() == fs::read(&path).unwrap());
 }
+
+/// A big file reports its progress chunk by chunk between its start and its end: bytes done
+/// growing, below its size, then `Done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_file_reports_progress_between_start_and_done() {
+    use fastcp_stream::{Event, EventSink};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    let size = 5 * (1 << 20) + 77;
+    fs::write(&src, pseudo_random(size, 3)).unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = EventSink::new({
+        let seen = seen.clone();
+        move |e: &Event| seen.lock().unwrap().push(e.clone())
+    });
+    let (send, receive) = configs(false);
+    let report = copy_local(
+        &[src],
+        &dest,
+        &send,
+        &receive,
+        3,
+        Arc::new(Progress::with_events(sink)),
+    )
+    .await
+    .unwrap();
+    assert!(report.is_complete());
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        matches!(seen.first(), Some(Event::Started { .. })),
+        "{seen:?}"
+    );
+    assert!(matches!(seen.last(), Some(Event::Done { bytes, .. }) if *bytes == size as u64));
+    let done: Vec<u64> = seen
+        .iter()
+        .filter_map(|e| match e {
+            Event::Progress { done, size: s, .. } => {
+                assert_eq!(*s, size as u64);
+                Some(*done)
+            }
+            _ => None,
+        })
+        .collect();
+    // Six chunks of 1 MiB at most: five reports before the last one completes the file.
+    assert_eq!(done.len(), 5, "{seen:?}");
+    assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
+    assert!(done.iter().all(|&d| d < size as u64));
+}
