@@ -138,7 +138,9 @@ pub struct Walk {
 struct Level {
     dir: PathBuf,
     wire: Vec<u8>,
-    names: std::vec::IntoIter<OsString>,
+    /// The names, each with its metadata as the listing got it (from the directory's own
+    /// handle, not followed), when it could.
+    names: std::vec::IntoIter<(OsString, Option<Metadata>)>,
     /// (device, inode), to detect loops when following links.
     id: (u64, u64),
 }
@@ -153,13 +155,13 @@ impl Iterator for Walk {
         loop {
             if let Some(level) = self.stack.last_mut() {
                 match level.names.next() {
-                    Some(name) => {
+                    Some((name, listed)) => {
                         let path = level.dir.join(&name);
                         let mut wire = Vec::with_capacity(level.wire.len() + 1 + name.len());
                         wire.extend_from_slice(&level.wire);
                         wire.push(b'/');
                         wire.extend_from_slice(name.as_bytes());
-                        match self.visit(path, wire, false) {
+                        match self.visit(path, wire, false, listed) {
                             Ok(None) => continue,
                             other => return other.transpose(),
                         }
@@ -171,7 +173,7 @@ impl Iterator for Walk {
                 }
             }
             let source = self.sources.next()?;
-            match top_name(&source).and_then(|name| self.visit(source, name, true)) {
+            match top_name(&source).and_then(|name| self.visit(source, name, true, None)) {
                 Ok(None) => continue,
                 other => return other.transpose(),
             }
@@ -180,10 +182,20 @@ impl Iterator for Walk {
 }
 
 impl Walk {
-    /// The entry at `path`, or `None` when the filter leaves it out.
-    fn visit(&mut self, path: PathBuf, wire: Vec<u8>, top: bool) -> Result<Option<Entry>, Error> {
+    /// The entry at `path`, or `None` when the filter leaves it out. `listed` is its
+    /// metadata from the directory listing, if any (looked up again otherwise).
+    fn visit(
+        &mut self,
+        path: PathBuf,
+        wire: Vec<u8>,
+        top: bool,
+        listed: Option<Metadata>,
+    ) -> Result<Option<Entry>, Error> {
         let follow = self.config.follow_links || (top && ends_with_slash(&path));
-        let lmeta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        let lmeta = match listed {
+            Some(m) => m,
+            None => fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?,
+        };
         let meta = if follow && lmeta.file_type().is_symlink() {
             match fs::metadata(&path) {
                 Ok(m) => m,
@@ -305,13 +317,16 @@ fn special_kind(ft: &fs::FileType) -> Option<SpecialKind> {
     }
 }
 
-/// The names in a directory, sorted by their bytes.
-fn list(dir: &Path) -> io::Result<Vec<OsString>> {
+/// The names in a directory, sorted by their bytes, each with its metadata (not followed)
+/// when it could be had: looked up from the directory's own handle, which spares the kernel
+/// a walk of the whole path for each.
+fn list(dir: &Path) -> io::Result<Vec<(OsString, Option<Metadata>)>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir)? {
-        names.push(entry?.file_name());
+        let entry = entry?;
+        names.push((entry.file_name(), entry.metadata().ok()));
     }
-    names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    names.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     Ok(names)
 }
 
