@@ -60,6 +60,9 @@ const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (6
 
 /// Quick-check probes sent and not yet answered, at most.
 const PROBE_WINDOW: usize = 4096;
+/// Probes gathered into one message for stream 0, at most: one hand-off to its writer for
+/// many files instead of one each.
+const PROBE_BATCH: usize = 64;
 
 /// How long to wait for the receiver's explanation once a stream broke.
 const EXPLANATION_WAIT: Duration = Duration::from_secs(5);
@@ -420,6 +423,8 @@ where
                 waiting: HashMap::new(),
                 next: 0,
                 skipped: (0, 0),
+                batch: BytesMut::new(),
+                batched: 0,
             },
             names: HashMap::new(),
             owners: crate::attrs::Names::default(),
@@ -757,11 +762,26 @@ struct Probes {
     next: u64,
     /// Files and bytes skipped.
     skipped: (u64, u64),
+    /// Probes (and their `Attrs`) encoded and not yet handed to stream 0, and how many.
+    batch: BytesMut,
+    batched: usize,
 }
 
 impl Producer<'_> {
     fn run(&mut self, mut walk: mpsc::Receiver<Result<crate::Entry, Error>>) -> Result<(), Closed> {
-        while let Some(item) = walk.blocking_recv() {
+        loop {
+            let item = match walk.try_recv() {
+                Ok(item) => item,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Nothing to add to the batch for now: let it go before waiting.
+                    self.flush_probes()?;
+                    match walk.blocking_recv() {
+                        Some(item) => item,
+                        None => break,
+                    }
+                }
+            };
             match item {
                 Err(e) => {
                     let path = match &e {
@@ -852,6 +872,7 @@ impl Producer<'_> {
                 self.answered(a)?;
             }
         }
+        self.flush_probes()?;
         while !self.probes.waiting.is_empty() {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
@@ -880,6 +901,9 @@ impl Producer<'_> {
         meta: Meta,
         owner: (u32, u32),
     ) -> Result<(), Closed> {
+        if self.probes.waiting.len() >= PROBE_WINDOW {
+            self.flush_probes()?;
+        }
         while self.probes.waiting.len() >= PROBE_WINDOW {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
@@ -896,11 +920,23 @@ impl Producer<'_> {
             mode: (self.config.version >= 5).then_some(meta.mode),
         });
         // With version 5, the attributes too (a file it sends gets them again, with its
-        // `File` entry).
-        if self.config.version >= 5 {
-            self.attrs(0, &wire, &path, Source::Path(&path, owner))?;
+        // `File` entry), just before it.
+        if self.config.version >= 5 && self.config.attrs.any() {
+            match crate::attrs::read(
+                &wire,
+                Source::Path(&path, owner),
+                &self.config.attrs,
+                &mut self.owners,
+            ) {
+                Ok(a) => encode(&Frame::Attrs(a), &mut self.probes.batch),
+                Err(e) => self.fail(0, wire.clone(), &Error::io(&path, e))?,
+            }
         }
-        self.out.push(0, Msg::frame(&frame))?;
+        encode(&frame, &mut self.probes.batch);
+        self.probes.batched += 1;
+        if self.probes.batched >= PROBE_BATCH {
+            self.flush_probes()?;
+        }
         // The receiver hashes its copy while we hash ours.
         let hash = if self.config.checksum {
             std::fs::File::open(&path)
@@ -911,6 +947,17 @@ impl Producer<'_> {
         };
         self.probes.waiting.insert(id, (path, wire, size, hash));
         Ok(())
+    }
+
+    /// Hands the batched probes to stream 0.
+    fn flush_probes(&mut self) -> Result<(), Closed> {
+        if self.probes.batched == 0 {
+            return Ok(());
+        }
+        self.probes.batched = 0;
+        let batch = self.probes.batch.split().freeze();
+        self.out
+            .push(0, Msg::parts(batch, Bytes::new(), Bytes::new()))
     }
 
     /// Sends or skips the file a probe asked about. An answer to no outstanding probe (a
