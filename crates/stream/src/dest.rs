@@ -1000,14 +1000,25 @@ impl Writer {
         Ok(())
     }
 
+    /// The local path of the entry at `wire`, and its parent directory, opened beneath the
+    /// root; `None`, the failure reported, when the parent cannot be had.
+    fn parent_of(&mut self, wire: &[u8]) -> Option<(Vec<u8>, Arc<OwnedFd>)> {
+        let local = self.shared.root.local(wire);
+        match self.resolver.dir(split_parent(&local).0) {
+            Ok(fd) => Some((local, fd)),
+            Err(e) => {
+                self.shared.entry_failed(wire, &e);
+                None
+            }
+        }
+    }
+
     fn dir(&mut self, wire: Bytes, meta: Meta, attrs: Option<Box<Attrs>>) {
         let shared = self.shared.clone();
-        let local = shared.root.local(&wire);
-        let (parent_path, name) = split_parent(&local);
-        let parent = match self.resolver.dir(parent_path) {
-            Ok(fd) => fd,
-            Err(e) => return shared.entry_failed(&wire, &e),
+        let Some((local, parent)) = self.parent_of(&wire) else {
+            return;
         };
+        let (parent_path, name) = split_parent(&local);
         self.wrote_into(parent_path, &parent);
         let preserve = shared.config.preserve;
         let mode = meta.mode & 0o777;
@@ -1109,12 +1120,10 @@ impl Writer {
         attrs: Option<Box<Attrs>>,
     ) {
         let shared = self.shared.clone();
-        let local = shared.root.local(&wire);
-        let (parent_path, name) = split_parent(&local);
-        let parent = match self.resolver.dir(parent_path) {
-            Ok(fd) => fd,
-            Err(e) => return shared.entry_failed(&wire, &e),
+        let Some((local, parent)) = self.parent_of(&wire) else {
+            return;
         };
+        let (parent_path, name) = split_parent(&local);
         // Made under a temp name and renamed over whatever has the name: atomic replace.
         let temp = loop {
             let temp = temp_name(name);
@@ -1178,14 +1187,12 @@ impl Writer {
         attrs: Option<Box<Attrs>>,
     ) {
         let shared = self.shared.clone();
-        let local = shared.root.local(&wire);
-        let (parent_path, name) = split_parent(&local);
+        let Some((local, parent)) = self.parent_of(&wire) else {
+            return;
+        };
+        let name = split_parent(&local).1;
         let fail = |e: std::io::Error| {
             shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e));
-        };
-        let parent = match self.resolver.dir(parent_path) {
-            Ok(fd) => fd,
-            Err(e) => return shared.entry_failed(&wire, &e),
         };
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let fd = match rustix::fs::openat(&parent, name, flags, Mode::empty()) {
@@ -1228,12 +1235,10 @@ impl Writer {
         attrs: Option<Box<Attrs>>,
     ) {
         let shared = self.shared.clone();
-        let local = shared.root.local(&wire);
-        let (parent_path, name) = split_parent(&local);
-        let parent = match self.resolver.dir(parent_path) {
-            Ok(fd) => fd,
-            Err(e) => return shared.entry_failed(&wire, &e),
+        let Some((local, parent)) = self.parent_of(&wire) else {
+            return;
         };
+        let (parent_path, name) = split_parent(&local);
         let fail = |e: Errno| {
             shared.entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
         };

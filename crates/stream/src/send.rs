@@ -798,52 +798,28 @@ impl Producer<'_> {
                 }
                 Ok(entry) => match entry.kind {
                     EntryKind::Dir => {
-                        let s = self.out.pick();
-                        self.attrs(
-                            s,
-                            &entry.wire,
-                            &entry.path,
-                            Source::Path(&entry.path, entry.owner),
-                        )?;
                         let frame = Frame::Dir(DirEntry {
-                            path: entry.wire,
+                            path: entry.wire.clone(),
                             meta: self.meta(entry.meta),
                         });
-                        self.out.counts[s].dirs += 1;
-                        self.out.push(s, Msg::frame(&frame))?;
+                        self.announce(&entry, frame, |c| c.dirs += 1)?;
                     }
-                    EntryKind::Symlink { target } => {
-                        let s = self.out.pick();
-                        self.attrs(
-                            s,
-                            &entry.wire,
-                            &entry.path,
-                            Source::Path(&entry.path, entry.owner),
-                        )?;
+                    EntryKind::Symlink { ref target } => {
                         let frame = Frame::Symlink(SymlinkEntry {
-                            path: entry.wire,
-                            target,
+                            path: entry.wire.clone(),
+                            target: target.clone(),
                             times: self.link_times(entry.meta),
                         });
-                        self.out.counts[s].symlinks += 1;
-                        self.out.push(s, Msg::frame(&frame))?;
+                        self.announce(&entry, frame, |c| c.symlinks += 1)?;
                     }
                     EntryKind::Special { kind, rdev } => {
-                        let s = self.out.pick();
-                        self.attrs(
-                            s,
-                            &entry.wire,
-                            &entry.path,
-                            Source::Path(&entry.path, entry.owner),
-                        )?;
                         let frame = Frame::Special(SpecialEntry {
-                            path: entry.wire,
+                            path: entry.wire.clone(),
                             kind,
                             rdev,
                             meta: self.meta(entry.meta),
                         });
-                        self.out.counts[s].files += 1;
-                        self.out.push(s, Msg::frame(&frame))?;
+                        self.announce(&entry, frame, |c| c.files += 1)?;
                     }
                     EntryKind::File { .. }
                         if self.config.hard_links
@@ -1017,6 +993,21 @@ impl Producer<'_> {
             atime,
             atime_nsec,
         })
+    }
+
+    /// Sends a directory, link or special entry on the least loaded stream, after its
+    /// `Attrs`, and counts it there.
+    fn announce(
+        &mut self,
+        entry: &crate::Entry,
+        frame: Frame,
+        count: impl FnOnce(&mut Summary),
+    ) -> Result<(), Closed> {
+        let s = self.out.pick();
+        let from = Source::Path(&entry.path, entry.owner);
+        self.attrs(s, &entry.wire, &entry.path, from)?;
+        count(&mut self.out.counts[s]);
+        self.out.push(s, Msg::frame(&frame))
     }
 
     /// With `attrs`: sends the owner and extended attributes of the entry about to go on
