@@ -564,6 +564,8 @@ async fn push(
     };
     let mut send_config = plan_send_config(plan);
     send_config.checksum = false;
+    // Nothing on the remote side could check a file's checksum: none is computed.
+    send_config.file_checksums = false;
     let sources: Vec<_> = plan
         .sources
         .iter()

@@ -123,6 +123,11 @@ pub struct SendConfig {
     /// Owners and extended attributes to send ahead of each entry, as an `Attrs` frame (the
     /// receiver must be configured alike). Default: none.
     pub attrs: crate::KeepAttrs,
+    /// Compute each file's checksum for its `FileEnd`. Off, the checksum is all zeros: for a
+    /// bridge whose far end cannot check it (the SFTP path, where nothing remote reads the
+    /// bytes back), so that hashing costs nothing. A fastcp receiver refuses such files.
+    /// Default: true.
+    pub file_checksums: bool,
     /// Send device nodes (`--devices`) instead of skipping each with a warning (the receiver
     /// must be configured alike). Default: false.
     pub devices: bool,
@@ -146,6 +151,7 @@ impl Default for SendConfig {
             checksum: false,
             resume: false,
             attrs: crate::KeepAttrs::default(),
+            file_checksums: true,
             devices: false,
             specials: false,
         }
@@ -361,7 +367,9 @@ where
             queued: queued.clone(),
             progress: progress.clone(),
             pool: pool.clone(),
-            checksum: Algorithm::for_version(config.version),
+            checksum: config
+                .file_checksums
+                .then(|| Algorithm::for_version(config.version)),
         };
         writers.0.push(tokio::spawn(write_stream(i, w, rx, ctx)));
     }
@@ -628,7 +636,8 @@ struct WriteCtx {
     queued: Arc<Vec<AtomicUsize>>,
     progress: Arc<Progress>,
     pool: Arc<Pool>,
-    checksum: Algorithm,
+    /// `None` without [`SendConfig::file_checksums`].
+    checksum: Option<Algorithm>,
 }
 
 /// Drains one stream's queue into the stream.
@@ -662,7 +671,7 @@ async fn write_stream<K: Sink>(
         };
         // The sink may seal the parts in place: whatever reads them comes first.
         let end = msg.end_of.map(|id| {
-            let hash = checksum.whole(&msg.parts[1]);
+            let hash = checksum.map_or([0; 32], |c| c.whole(&msg.parts[1]));
             encode(&Frame::FileEnd(FileEnd { id, hash }), &mut end_frame);
             end_frame.split().freeze()
         });
@@ -1120,7 +1129,10 @@ impl Producer<'_> {
         self.attrs(home, &wire, path, Source::Fd(&fd))?;
         self.out.counts[home].files += 1;
         self.out.push(home, Msg::frame(&entry))?;
-        let mut hasher = Algorithm::for_version(self.config.version).sequential();
+        let mut hasher = self
+            .config
+            .file_checksums
+            .then(|| Algorithm::for_version(self.config.version).sequential());
         // Offered blocks only make sense with the XXH3 checksum (version 4 has it).
         let offer = offer.filter(|_| self.config.resume && self.config.version >= 4);
         let mut offset = 0u64;
@@ -1159,7 +1171,9 @@ impl Producer<'_> {
                 && b.digest128() == h
             {
                 let len = end - offset;
-                hasher.keep(offset, len, h);
+                if let Some(hasher) = &mut hasher {
+                    hasher.keep(offset, len, h);
+                }
                 for (_, bytes) in chunks {
                     self.pool.give(bytes);
                 }
@@ -1180,7 +1194,9 @@ impl Producer<'_> {
             }
             for (at, bytes) in chunks {
                 let n = bytes.len();
-                hasher.update(at, &bytes);
+                if let Some(hasher) = &mut hasher {
+                    hasher.update(at, &bytes);
+                }
                 let mut head = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
                 encode_data_header(id, at, n, &mut head);
                 let s = self.out.pick();
@@ -1209,7 +1225,7 @@ impl Producer<'_> {
         }
         let end = Frame::FileEnd(FileEnd {
             id,
-            hash: hasher.finish(),
+            hash: hasher.map_or([0; 32], |h| h.finish()),
         });
         let s = self.out.pick();
         let mut msg = Msg::frame(&end);
