@@ -1,8 +1,8 @@
 //! A nightly backup with fastcp as a library: an incremental copy of SRC into the existing
 //! folder HOST:DST (only files whose size or modification time changed travel; mirroring is
 //! one option away, `delete: true`), one line per event while it runs (a file started, its
-//! progress, done, skipped, deleted or failed), and a clean cancel on Ctrl-C. A local DST is
-//! created if missing.
+//! progress, done, skipped, deleted or failed, and the summary), and a clean cancel on
+//! Ctrl-C. A local DST is created if missing.
 //!
 //! ```sh
 //! cargo run --release --example backup -- SRC HOST:DST
@@ -36,6 +36,10 @@ fn line(event: &Event) -> String {
         Event::Skipped { path, reason, .. } => format!("skipped  {} ({reason:?})", escape(path)),
         Event::Deleted { path } => format!("deleted  {}", escape(path)),
         Event::Failed(f) => format!("failed   {}: {}", escape(&f.path), f.message),
+        Event::Finished(r) => format!(
+            "finished {} files, {} bytes, {} unchanged, {} failed",
+            r.local.files, r.local.bytes, r.files_skipped, r.failure_count
+        ),
         other => format!("{other:?}"),
     }
 }

@@ -666,7 +666,10 @@ pub(crate) async fn cancellable<T>(
 ///
 /// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
-    cancellable(plan.options.cancel.as_ref(), copy_local_now(plan, progress)).await
+    let copy = copy_local_now(plan, progress.clone());
+    let outcome = cancellable(plan.options.cancel.as_ref(), copy).await?;
+    progress.finished(&outcome.report);
+    Ok(outcome)
 }
 
 async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {

@@ -113,7 +113,10 @@ impl Session {
     /// (same user, host and port). Cancel it with [`CopyOptions::cancel`] or by dropping the
     /// future; the session stays usable either way.
     pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
-        cancellable(plan.options.cancel.as_ref(), self.copy_now(plan, progress)).await
+        let copy = self.copy_now(plan, progress.clone());
+        let outcome = cancellable(plan.options.cancel.as_ref(), copy).await?;
+        progress.finished(&outcome.report);
+        Ok(outcome)
     }
 
     /// Closes the session's connections. Copies still running on it fail.

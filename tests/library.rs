@@ -301,12 +301,18 @@ async fn events_tell_what_happened_to_each_file() {
     let options = CopyOptions::default().recursive(true).skip_unchanged(true);
     let pushed = work.path().join("pushed");
     std::fs::create_dir(&pushed).unwrap();
-    let (_, seen) = run(
+    let (outcome, seen) = run(
         Location::Local(src.clone()),
         remote(&pushed),
         options.clone(),
     )
     .await;
+    // The last event is the summary the call returns.
+    match seen.last() {
+        Some(Event::Finished(report)) => assert_eq!(**report, outcome.report),
+        other => panic!("the last event is {other:?}"),
+    }
+    assert_eq!(count(&seen, |e| matches!(e, Event::Finished(_))), 1);
     assert_eq!(count(&seen, |e| matches!(e, Event::Started { .. })), 12);
     assert_eq!(
         count(&seen, |e| matches!(

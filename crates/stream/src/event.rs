@@ -62,6 +62,10 @@ pub enum Event {
     },
     /// An entry could not be copied; the transfer went on without it.
     Failed(Failure),
+    /// The copy ended without a fatal error, with this summary: the last event of a copy
+    /// that returns `Ok` (see [`Progress::finished`](crate::Progress::finished)); a copy that
+    /// fails returns its error instead.
+    Finished(Box<crate::Report>),
 }
 
 /// Why a file was skipped.

@@ -116,6 +116,13 @@ impl Progress {
         }
     }
 
+    /// Reports the end of a copy to the sink, as [`Event::Finished`](crate::Event::Finished)
+    /// with `report`: for the layer that runs a whole copy (fastcp's `copy_local` and
+    /// `Session::copy` call it once, when the copy returns `Ok`).
+    pub fn finished(&self, report: &crate::Report) {
+        self.event(|| crate::Event::Finished(Box::new(report.clone())));
+    }
+
     /// Reports an event, when someone listens.
     pub(crate) fn event(&self, event: impl FnOnce() -> crate::Event) {
         if let Some(sink) = &self.events {
