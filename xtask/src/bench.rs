@@ -33,8 +33,13 @@ pub enum Mode {
     /// Through an emulated 50 ms, 1 Gbit/s link: fastcp's transports vs scp and rsync.
     Wan,
     /// fastcp's SFTP path (`--sftp`, no fastcp on the remote) vs scp (which speaks SFTP
-    /// since OpenSSH 9), `tar | ssh` and mscp where installed.
+    /// since OpenSSH 9), `tar | ssh`, and the parallel copiers found on PATH.
     Sftp,
+    /// Scaling with streams: the big file over TCP and SSH with `-j` from 1 to 16.
+    Streams,
+    /// Scaling with file count: trees of 1 to 1,000,000 small files, local, over TCP and
+    /// SSH, against `tar | ssh` and rsync.
+    Files,
 }
 
 impl Mode {
@@ -46,10 +51,12 @@ impl Mode {
             Mode::Tcp => "tcp",
             Mode::Wan => "wan",
             Mode::Sftp => "sftp",
+            Mode::Streams => "streams",
+            Mode::Files => "files",
         }
     }
 
-    /// Parses `local`, `ssh` or `tcp`.
+    /// Parses a mode's name.
     pub fn parse(s: &str) -> Result<Mode> {
         Ok(match s {
             "local" => Mode::Local,
@@ -57,7 +64,11 @@ impl Mode {
             "tcp" => Mode::Tcp,
             "wan" => Mode::Wan,
             "sftp" => Mode::Sftp,
-            _ => bail!("unknown benchmark {s:?} (expected local, ssh, tcp or wan)"),
+            "streams" => Mode::Streams,
+            "files" => Mode::Files,
+            _ => bail!(
+                "unknown benchmark {s:?} (expected local, ssh, tcp, wan, sftp, streams or files)"
+            ),
         })
     }
 }
@@ -69,6 +80,8 @@ pub enum DataSet {
     Big,
     /// The kernel-shaped tree.
     Tree,
+    /// A tree of this many small files (`bench files`).
+    Files(u64),
 }
 
 impl DataSet {
@@ -79,6 +92,20 @@ impl DataSet {
             "tree" => DataSet::Tree,
             _ => bail!("unknown data set {s:?} (expected big or tree)"),
         })
+    }
+
+    /// Whether the data set is a directory tree.
+    pub fn is_tree(self) -> bool {
+        self != DataSet::Big
+    }
+
+    /// `big`, `tree` or `files-N`: in log file names and the results file.
+    pub fn label(self) -> String {
+        match self {
+            DataSet::Big => "big".into(),
+            DataSet::Tree => "tree".into(),
+            DataSet::Files(n) => format!("files-{n}"),
+        }
     }
 }
 
@@ -109,6 +136,14 @@ pub struct BenchOptions {
     pub big_size: u64,
     /// `bench wan`: bytes in flight per connection through the relay.
     pub wan_window: usize,
+    /// `bench wan`: the round-trip time the relay adds.
+    pub rtt: Duration,
+    /// `bench files`: the file counts, one tree each.
+    pub file_counts: Vec<u64>,
+    /// `bench files`: the size of each file.
+    pub file_size: u64,
+    /// `bench streams`: the stream counts (`-j`).
+    pub streams: Vec<usize>,
     /// Scale of the tree (1.0 = the full shape).
     pub scale: f64,
     /// The tree's shape file.
@@ -117,6 +152,18 @@ pub struct BenchOptions {
     pub repo: PathBuf,
     /// The command line, recorded in the report.
     pub command_line: String,
+}
+
+impl BenchOptions {
+    /// The benchmark's name in BENCHMARKS.md and in its results file: `bench tcp`, or
+    /// `bench wan 10ms` for a WAN run at another RTT than the default.
+    pub fn section(&self) -> String {
+        if self.mode == Mode::Wan && self.rtt != wan::RTT {
+            format!("bench wan {}ms", self.rtt.as_millis())
+        } else {
+            format!("bench {}", self.mode.name())
+        }
+    }
 }
 
 /// A prepared data set: source path and what the copy must equal.
@@ -209,8 +256,16 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
 
     let sets: Vec<DataSet> = match (opts.mode, opts.only) {
         // Tens of thousands of files at 50 ms per round trip would take scp hours.
-        (Mode::Wan, Some(DataSet::Tree)) => bail!("bench wan copies the big file only"),
-        (Mode::Wan, _) => vec![DataSet::Big],
+        (Mode::Wan | Mode::Streams, Some(DataSet::Tree)) => {
+            bail!("bench {} copies the big file only", opts.mode.name())
+        }
+        (Mode::Wan | Mode::Streams, _) => vec![DataSet::Big],
+        (Mode::Files, Some(_)) => bail!("bench files has its own trees: use --files LIST"),
+        (Mode::Files, None) => opts
+            .file_counts
+            .iter()
+            .map(|&n| DataSet::Files(n))
+            .collect(),
         (_, Some(s)) => vec![s],
         (_, None) => vec![DataSet::Big, DataSet::Tree],
     };
@@ -224,7 +279,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     let mut wan = None;
     let sshd = match opts.mode {
         Mode::Local => None,
-        Mode::Ssh | Mode::Tcp | Mode::Wan | Mode::Sftp => {
+        _ => {
             let sshd = Sshd::start(&root.join(format!("sshd-{}", std::process::id())))?;
             if opts.mode == Mode::Wan {
                 let bin = fastcp.as_deref().unwrap_or(Path::new("fastcp"));
@@ -233,6 +288,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                     &root.join(format!("wan-{}", std::process::id())),
                     bin,
                     opts.wan_window,
+                    opts.rtt,
                 )?;
                 notes.extend(w.notes(sshd.port(), datas.first().map(|d| d.bytes)));
                 wan = Some(w);
@@ -304,7 +360,9 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
             let ids: Vec<String> = contenders.iter().map(Contender::id).collect();
             for want in &opts.contenders {
                 // nc only copies the big file; asking for it is fine when the tree runs too.
-                let known = ids.contains(want) || (want == "nc" && data.set == DataSet::Tree);
+                // Some contenders copy one data set only (nc: the big file; fastcp-local in
+                // bench tcp: the tree); asking for them is fine when the other runs too.
+                let known = ids.contains(want) || ["nc", "fastcp-local"].contains(&want.as_str());
                 if !known {
                     bail!(
                         "no contender {want:?} in bench {} (there are: {})",
@@ -331,12 +389,17 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     println!("{markdown}");
     if opts.write {
         let path = opts.repo.join("BENCHMARKS.md");
-        report::write_section(&path, &format!("## bench {}", opts.mode.name()), &markdown)?;
-        eprintln!(
-            "updated section \"## bench {}\" of {}",
-            opts.mode.name(),
-            path.display()
-        );
+        let heading = format!("## {}", opts.section());
+        report::write_section(&path, &heading, &markdown)?;
+        eprintln!("updated section \"{heading}\" of {}", path.display());
+        let results = report::results_path(&opts.repo, &opts.section());
+        let params = if opts.mode == Mode::Wan {
+            vec![("rtt_ms", opts.rtt.as_millis().to_string())]
+        } else {
+            Vec::new()
+        };
+        report.write_results(&results, &params)?;
+        eprintln!("wrote every timed run to {}", results.display());
     }
     Ok(report)
 }
@@ -381,6 +444,42 @@ fn prepare(set: DataSet, data_dir: &Path, opts: &BenchOptions) -> Result<Data> {
                     "{} random file ({} bytes)",
                     report::human_size(bytes),
                     report::thousands(bytes)
+                ),
+            })
+        }
+        DataSet::Files(count) => {
+            let src = data_dir.join(format!("files-{count}"));
+            let stamp = format!(
+                "generator {}, seed {}, files {count}, size {}\n",
+                data::GENERATOR_VERSION,
+                data::DEFAULT_SEED,
+                opts.file_size
+            );
+            if !stamp_matches(&src, &stamp)? {
+                let partial = data::partial_name(&src);
+                if partial.exists() {
+                    fs::remove_dir_all(&partial)?;
+                }
+                eprintln!("generating {} ...", src.display());
+                let t = Instant::now();
+                data::gen_flat_tree(&partial, count, opts.file_size, data::DEFAULT_SEED)?;
+                fs::rename(&partial, &src)?;
+                fs::write(stamp_path(&src), &stamp)?;
+                eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
+            }
+            let manifest = verify::scan(&src)?;
+            let bytes = manifest.bytes();
+            Ok(Data {
+                set,
+                src,
+                manifest,
+                bytes,
+                description: format!(
+                    "{} files of {} ({} bytes), at most {} per directory",
+                    report::thousands(count),
+                    report::human_size(opts.file_size),
+                    report::thousands(bytes),
+                    data::FILES_PER_DIR
                 ),
             })
         }
@@ -544,7 +643,7 @@ fn contenders(
     dst: &Path,
     wan: Option<&Wan>,
 ) -> Vec<Contender> {
-    let tree = data.set == DataSet::Tree;
+    let tree = data.set.is_tree();
     let (src, dstq) = (p(&data.src), p(dst));
     let src_parent = p(data.src.parent().unwrap());
     let dst_parent = p(dst.parent().unwrap());
@@ -569,14 +668,28 @@ fn contenders(
         listener: None,
         broken: None,
     };
-    let fastcp_remote = |transport: &str| Contender {
-        name: "fastcp".into(),
-        command: format!(
-            "{fastcp_bin} {r}--transport {transport} -F \"$CFG\" --remote-path {fastcp_bin}{extra} {src} {ALIAS}:{dstq}"
-        ),
+    let fastcp_run = |name: &str, args: String| Contender {
+        name: name.into(),
+        command: format!("{fastcp_bin} {r}{args}{extra}"),
         listener: None,
         broken: broken.clone(),
     };
+    let remote =
+        |transport: &str| format!("--transport {transport} -F \"$CFG\" --remote-path {fastcp_bin}");
+    let fastcp_remote = |transport: &str| {
+        fastcp_run(
+            "fastcp",
+            format!("{} {src} {ALIAS}:{dstq}", remote(transport)),
+        )
+    };
+    // Pulls copy the same source, named as the remote side sees it, to the same destination.
+    let fastcp_pull = |transport: &str| {
+        fastcp_run(
+            "fastcp pull",
+            format!("{} {ALIAS}:{src} {dstq}", remote(transport)),
+        )
+    };
+    let fastcp_local = fastcp_run("fastcp local", format!("{src} {dstq}"));
     // scp -r follows symlinks and stops at a dangling one, after copying most of the tree
     // (minutes, for the kernel-shaped tree): it is listed as failed without being run.
     let mut scp = cmd(
@@ -594,6 +707,28 @@ fn contenders(
     } else {
         format!("tar -C {dst_parent} -xf -")
     };
+    let tar_ssh_pull = cmd(
+        "tar | ssh pull",
+        if tree {
+            format!(
+                "mkdir -p {dstq} && ssh -F \"$CFG\"{c} {ALIAS} {} | tar -C {dstq} -xf -",
+                sq(&format!("tar -C {src} -cf - ."))
+            )
+        } else {
+            format!(
+                "ssh -F \"$CFG\"{c} {ALIAS} {} | tar -C {dst_parent} -xf -",
+                sq(&format!("tar -C {src_parent} -cf - {name}"))
+            )
+        },
+    );
+    let rsync = cmd(
+        "rsync",
+        if tree {
+            format!("rsync -a -e \"ssh -F $CFG{c}\" {src}/ {ALIAS}:{dstq}/")
+        } else {
+            format!("rsync -a -e \"ssh -F $CFG{c}\" {src} {ALIAS}:{dstq}")
+        },
+    );
     let tar_ssh = cmd(
         "tar | ssh",
         if tree {
@@ -612,9 +747,7 @@ fn contenders(
         Mode::Local => vec![
             Contender {
                 name: "fastcp".into(),
-                command: format!("{fastcp_bin}{extra} {r}{src} {dstq}"),
-                listener: None,
-                broken: broken.clone(),
+                ..fastcp_local
             },
             cmd("cp -a", format!("cp -a {src} {dstq}")),
             cmd(
@@ -628,6 +761,7 @@ fn contenders(
         ],
         Mode::Ssh => vec![
             fastcp_remote("ssh"),
+            fastcp_pull("ssh"),
             // The system OpenSSH client carrying the session (as when ssh_config needs it):
             // the data then takes sealed TCP streams to the address `ssh -G` resolves.
             Contender {
@@ -639,15 +773,9 @@ fn contenders(
                 broken: broken.clone(),
             },
             scp,
-            cmd(
-                "rsync",
-                if tree {
-                    format!("rsync -a -e \"ssh -F $CFG{c}\" {src}/ {ALIAS}:{dstq}/")
-                } else {
-                    format!("rsync -a -e \"ssh -F $CFG{c}\" {src} {ALIAS}:{dstq}")
-                },
-            ),
+            rsync,
             tar_ssh,
+            tar_ssh_pull,
         ],
         Mode::Sftp => {
             let mut v = vec![
@@ -662,17 +790,20 @@ fn contenders(
                 scp,
                 tar_ssh,
             ];
-            if which("mscp") {
-                v.push(cmd(
-                    "mscp",
-                    format!("mscp -q -F \"$CFG\" -c aes128-gcm@openssh.com {src} {ALIAS}:{dstq}"),
-                ));
-            }
+            v.extend(peers(&src, &dstq, tree));
             v
         }
         Mode::Tcp => {
-            let mut v = vec![fastcp_remote("tcp"), scp, tar_ssh];
-            if !tree {
+            let mut v = vec![fastcp_remote("tcp"), fastcp_pull("tcp")];
+            if tree {
+                // The physical limit for a tree: the same engine without the network.
+                v.push(fastcp_local);
+            } else {
+                // The probe's override: as on a CPU without AES, fastcp picks ChaCha20.
+                let mut no_aes = fastcp_remote("tcp");
+                no_aes.name = "fastcp no-aes".into();
+                no_aes.command = format!("{NO_HW_AES}=1 {}", no_aes.command);
+                v.push(no_aes);
                 v.push(Contender {
                     name: "nc".into(),
                     command: format!("nc -N 127.0.0.1 \"$PORT\" < {src}"),
@@ -680,8 +811,35 @@ fn contenders(
                     broken: None,
                 });
             }
+            v.extend([scp, tar_ssh, tar_ssh_pull]);
+            v.extend(peers(&src, &dstq, tree));
             v
         }
+        Mode::Streams => opts
+            .streams
+            .iter()
+            .flat_map(|j| {
+                ["tcp", "ssh"].map(|t| {
+                    fastcp_run(
+                        &format!("fastcp {t} -j {j}"),
+                        format!("{} -j {j} {src} {ALIAS}:{dstq}", remote(t)),
+                    )
+                })
+            })
+            .collect(),
+        Mode::Files => vec![
+            fastcp_local,
+            Contender {
+                name: "fastcp tcp".into(),
+                ..fastcp_remote("tcp")
+            },
+            Contender {
+                name: "fastcp ssh".into(),
+                ..fastcp_remote("ssh")
+            },
+            tar_ssh,
+            rsync,
+        ],
         Mode::Wan => wan::contenders(
             &fastcp_bin,
             broken,
@@ -692,6 +850,48 @@ fn contenders(
             opts.ssh_cipher.as_deref().unwrap_or(wan::SSH_CIPHER),
         ),
     }
+}
+
+/// The environment variable that makes fastcp's cipher probe act as on a CPU without AES.
+const NO_HW_AES: &str = "FASTCP_NO_HW_AES";
+
+/// Other parallel copiers found on PATH, pushing `src` to `dst` through the benchmark sshd:
+/// EScp (`../shared/peers/build-escp.sh` builds it), mscp, and rclone's SFTP backend.
+fn peers(src: &str, dst: &str, tree: bool) -> Vec<Contender> {
+    let cmd = |name: &str, command: String| Contender {
+        name: name.into(),
+        command,
+        listener: None,
+        broken: None,
+    };
+    let mut v = Vec::new();
+    if which("escp") {
+        // EScp takes no ssh_config: its port and key come from the harness's config.
+        v.push(cmd(
+            "escp",
+            format!(
+                "escp -q -P \"$(awk '/Port/{{print $2}}' \"$CFG\")\" \
+                 -i \"$(awk '/IdentityFile/{{print $2}}' \"$CFG\")\" {}{src} \"$USER\"@127.0.0.1:{dst}",
+                if tree { "-r " } else { "" }
+            ),
+        ));
+    }
+    if which("mscp") {
+        v.push(cmd(
+            "mscp",
+            format!("mscp -q -F \"$CFG\" -c aes128-gcm@openssh.com {src} {ALIAS}:{dst}"),
+        ));
+    }
+    if which("rclone") {
+        v.push(cmd(
+            "rclone",
+            format!(
+                "rclone copy{} --sftp-ssh \"ssh -F $CFG {ALIAS}\" {src} :sftp:{dst}",
+                if tree { "" } else { "to" }
+            ),
+        ));
+    }
+    v
 }
 
 /// Whether `program` is on PATH.
@@ -726,15 +926,7 @@ fn measure(
     logs: &Path,
     cfg: Option<&Path>,
 ) -> Result<Vec<Outcome>> {
-    let label = format!(
-        "{}/{}",
-        opts.mode.name(),
-        if data.set == DataSet::Big {
-            "big"
-        } else {
-            "tree"
-        }
-    );
+    let label = format!("{}/{}", opts.mode.name(), data.set.label());
     let mut outcomes: Vec<Outcome> = vec![Outcome::default(); contenders.len()];
     let run = |c: &Contender, i: usize| -> Result<Result<Duration, String>> {
         let log = logs.join(format!("{}-{}.log", label.replace('/', "-"), i));
@@ -881,9 +1073,10 @@ fn run_once(
             tail(&log.with_extension("listener.log"))
         )));
     }
-    let check = match data.set {
-        DataSet::Big => verify::compare_files(&data.src, dst),
-        DataSet::Tree => verify::compare_tree_to(&data.src, &data.manifest, dst),
+    let check = if data.set.is_tree() {
+        verify::compare_tree_to(&data.src, &data.manifest, dst)
+    } else {
+        verify::compare_files(&data.src, dst)
     };
     Ok(match check {
         Ok(()) => Ok(elapsed),

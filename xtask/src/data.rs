@@ -675,6 +675,27 @@ pub fn gen_file(path: &Path, size: u64, seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// Files per directory in [`gen_flat_tree`]'s trees.
+pub const FILES_PER_DIR: u64 = 1000;
+
+/// A tree of `count` files of `size` random bytes each, [`FILES_PER_DIR`] to a directory
+/// (`d000/f00000` ...), for scaling with file count. Each file's bytes depend on `seed` and
+/// its index only.
+pub fn gen_flat_tree(root: &Path, count: u64, size: u64, seed: u64) -> Result<()> {
+    fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
+    let mut buf = vec![0u8; usize::try_from(size)?];
+    for i in 0..count {
+        let dir = root.join(format!("d{:03}", i / FILES_PER_DIR));
+        if i % FILES_PER_DIR == 0 {
+            fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        Rng::derive(seed, i).fill(&mut buf);
+        let path = dir.join(format!("f{:05}", i % FILES_PER_DIR));
+        fs::write(&path, &buf).with_context(|| format!("write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `path` with `.partial` appended, where data is built before it is renamed into place.
 pub fn partial_name(path: &Path) -> PathBuf {
     let mut name = path

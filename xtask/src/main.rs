@@ -9,7 +9,12 @@
 //!   `--write` records it in BENCHMARKS.md.
 //! - `cargo xtask bench wan [...]`: the same through an emulated 50 ms, 1 Gbit/s link
 //!   (a relay on 127.0.0.2): fastcp's TCP and SSH transports against scp and rsync.
-//! - `cargo xtask bench all [...]`: local, ssh, tcp and wan, one after another.
+//! - `cargo xtask bench streams|files [...]`: scaling with streams (`-j` 1 to 16) and with
+//!   file count (1 to 1,000,000 files).
+//! - `cargo xtask bench all [...]`: every benchmark, one after another (the WAN at 10, 50 and
+//!   100 ms), then with `--write` the plots.
+//! - `cargo xtask plot`: PNG plots in docs/bench/ from the results files that `bench --write`
+//!   keeps there, and the "## Plots" section of BENCHMARKS.md.
 //! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
 //! - `cargo xtask sshd`: runs the benchmark sshd (and prints its ssh_config) until Enter.
 //! - `cargo xtask test [--no-install] [-- ARGS]`: installs what the test suite needs (OpenSSH's
@@ -21,6 +26,7 @@
 mod bench;
 mod data;
 mod dist;
+mod plot;
 mod report;
 mod rng;
 mod sshd;
@@ -38,7 +44,9 @@ const USAGE: &str = "\
 usage:
   cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
   cargo xtask gen file PATH --size SIZE [--seed N]
-  cargo xtask bench local|ssh|tcp|wan|sftp|all [options]
+  cargo xtask bench local|ssh|tcp|wan|sftp|streams|files|all [options]
+  cargo xtask plot                 PNG plots (docs/bench/) from the results files that
+                                   bench --write keeps, shown in BENCHMARKS.md
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
   cargo xtask sshd [--data DIR]    run the benchmark sshd until Enter, for experiments
   cargo xtask test [--no-install] [-- ARGS]
@@ -52,9 +60,11 @@ bench options:
   --runs N             timed runs per contender (default 5), after one warm-up run
   --data DIR           where data sets and copies live (default /dev/shm/fastcp-bench)
   --only big|tree      run one data set only
-  --contenders LIST    run only these, e.g. fastcp,tar-tar (ids: fastcp cp tar-tar scp rsync
-                       tar-ssh nc)
-  --write              replace this benchmark's section of BENCHMARKS.md
+  --contenders LIST    run only these, e.g. fastcp,tar-tar (ids: fastcp fastcp-pull
+                       fastcp-local fastcp-no-aes cp tar-tar scp rsync tar-ssh tar-ssh-pull
+                       nc escp mscp rclone; bench wan and streams: fastcp-tcp-N ...)
+  --write              replace this benchmark's section of BENCHMARKS.md and its results
+                       file docs/bench/bench-MODE.tsv (bench all: then draw the plots)
   --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
   --fastcp-args ARGS   extra arguments for every fastcp run, e.g. \"-j 8\"
   --ssh-cipher C       cipher for the ssh of rsync and tar | ssh (default: OpenSSH's choice;
@@ -65,6 +75,12 @@ bench options:
   --scale F            scale of the tree (default 1)
   --shape FILE         tree shape (default xtask/data/source-tree-shape.tsv)
   --timeout SECS       kill a run after this long and count it as failed (default 600)
+  --rtt LIST           bench wan: round-trip times in ms, one run each (default 50; in
+                       bench all 10,50,100)
+  --streams LIST       bench streams: the -j values (default 1,2,4,8,16)
+  --files LIST         bench files: file counts, one tree each (default
+                       1,10,100,1000,10000,100000,1000000)
+  --file-size SIZE     bench files: size of each file (default 4KiB)
 
 bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
 all connections together at 125 MB/s (1 Gbit/s) and the bytes in flight of each connection
@@ -90,6 +106,10 @@ const VALUE_OPTIONS: &[&str] = &[
     "window",
     "targets",
     "out",
+    "rtt",
+    "files",
+    "file-size",
+    "streams",
 ];
 
 fn main() -> ExitCode {
@@ -179,6 +199,57 @@ fn default_shape() -> PathBuf {
 }
 
 /// The options of `cargo xtask bench MODE` from `args` (all of them consumed).
+/// The RTTs `bench all` runs `bench wan` at, unless `--rtt` says otherwise.
+const ALL_RTTS: &[Duration] = &[
+    Duration::from_millis(10),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+];
+
+/// One [`bench::BenchOptions`] per RTT of `--rtt LIST` (bench wan), else just one.
+fn bench_runs(
+    mode: bench::Mode,
+    args: &mut Args,
+    raw: &[String],
+    default_rtts: &[Duration],
+) -> Result<Vec<bench::BenchOptions>> {
+    let rtts = match args.value("rtt")? {
+        Some(list) => list
+            .split(',')
+            .map(|ms| {
+                let ms = ms.trim().trim_end_matches("ms");
+                ms.parse::<u64>()
+                    .map(Duration::from_millis)
+                    .with_context(|| format!("bad --rtt {ms:?} (milliseconds)"))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => default_rtts.to_vec(),
+    };
+    let opts = bench_options(mode, args, raw)?;
+    if mode != bench::Mode::Wan {
+        return Ok(vec![opts]);
+    }
+    Ok(rtts
+        .into_iter()
+        .map(|rtt| bench::BenchOptions {
+            rtt,
+            ..opts.clone()
+        })
+        .collect())
+}
+
+/// A comma-separated list of numbers.
+fn parse_list<T: std::str::FromStr>(name: &str, list: &str) -> Result<Vec<T>> {
+    list.split(',')
+        .map(|v| {
+            v.trim()
+                .replace('_', "")
+                .parse()
+                .map_err(|_| anyhow::anyhow!("bad --{name} value {v:?}"))
+        })
+        .collect()
+}
+
 fn bench_options(
     mode: bench::Mode,
     args: &mut Args,
@@ -226,6 +297,16 @@ fn bench_options(
             Some(s) => usize::try_from(data::parse_size(&s)?)
                 .with_context(|| format!("bad --window {s:?}"))?,
             None => wan::DEFAULT_WINDOW,
+        },
+        rtt: wan::RTT,
+        file_counts: match args.value("files")? {
+            Some(list) => parse_list("files", &list)?,
+            None => vec![1, 10, 100, 1_000, 10_000, 100_000, 1_000_000],
+        },
+        file_size: data::parse_size(&args.value("file-size")?.unwrap_or_else(|| "4KiB".into()))?,
+        streams: match args.value("streams")? {
+            Some(list) => parse_list("streams", &list)?,
+            None => vec![1, 2, 4, 8, 16],
         },
         scale: match args.value("scale")? {
             Some(s) => s.parse().with_context(|| format!("bad --scale {s:?}"))?,
@@ -333,30 +414,53 @@ fn run() -> Result<()> {
             Ok(())
         }
         ["bench", "all"] => {
+            let only = args.value("only")?;
             let modes = [
                 bench::Mode::Local,
                 bench::Mode::Ssh,
                 bench::Mode::Tcp,
-                bench::Mode::Wan,
                 bench::Mode::Sftp,
+                bench::Mode::Streams,
+                bench::Mode::Files,
+                bench::Mode::Wan,
             ];
             for mode in modes {
+                // The sweeps and the WAN copy their own data sets.
+                let own_data = matches!(
+                    mode,
+                    bench::Mode::Streams | bench::Mode::Files | bench::Mode::Wan
+                );
+                if own_data && only.is_some() {
+                    eprintln!("bench {}: skipped (--only)", mode.name());
+                    continue;
+                }
                 let mut mode_raw = raw.clone();
                 if let Some(w) = mode_raw.iter_mut().find(|w| *w == "all") {
                     *w = mode.name().to_owned();
                 }
                 let mut mode_args = Args::parse(&mode_raw, VALUE_OPTIONS)?;
                 mode_args.positional.clear();
-                bench::run(&bench_options(mode, &mut mode_args, &mode_raw)?)?;
+                for opts in bench_runs(mode, &mut mode_args, &mode_raw, ALL_RTTS)? {
+                    bench::run(&opts)?;
+                }
             }
+            let write = args.flag("write")?;
             args.options.clear();
+            if write {
+                plot::run(&repo_root())?;
+            }
             Ok(())
         }
         ["bench", mode] => {
             let mode = bench::Mode::parse(mode)?;
-            let opts = bench_options(mode, &mut args, &raw)?;
-            bench::run(&opts)?;
+            for opts in bench_runs(mode, &mut args, &raw, &[wan::RTT])? {
+                bench::run(&opts)?;
+            }
             Ok(())
+        }
+        ["plot"] => {
+            args.finish()?;
+            plot::run(&repo_root())
         }
         ["sshd"] => {
             let dir = args

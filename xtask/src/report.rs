@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use crate::bench::{BenchOptions, DataResult, DataSet, Mode, Outcome};
 /// A finished benchmark, ready to render.
 pub struct Report {
     mode: Mode,
+    /// `bench tcp`, `bench wan 10ms`: the section's heading.
+    section: String,
     runs: usize,
     command_line: String,
     date: String,
@@ -42,24 +44,25 @@ struct Target {
 enum Bound {
     /// The time ratio is at most this.
     TimeAtMost(f64),
-    /// "Faster than": the time ratio is strictly below this.
-    TimeBelow(f64),
     /// The throughput is at least this many times the baseline's (time ratio ≤ 1/x).
     SpeedAtLeast(f64),
 }
 
 /// Baselines that ratios are computed against.
 fn baselines(mode: Mode, set: DataSet) -> &'static [&'static str] {
-    match (mode, set) {
-        (Mode::Local, DataSet::Big) => &["cp -a"],
-        (Mode::Local, DataSet::Tree) => &["tar | tar"],
-        (Mode::Ssh, DataSet::Big) => &["scp"],
-        (Mode::Ssh, DataSet::Tree) => &["tar | ssh"],
-        (Mode::Tcp, DataSet::Big) => &["scp", "nc"],
-        (Mode::Tcp, DataSet::Tree) => &["tar | ssh"],
+    let tree = set.is_tree();
+    match (mode, tree) {
+        (Mode::Local, false) => &["cp -a"],
+        (Mode::Local, true) => &["tar | tar"],
+        (Mode::Ssh, false) => &["scp"],
+        (Mode::Ssh, true) => &["tar | ssh", "tar | ssh pull"],
+        (Mode::Tcp, false) => &["scp", "nc"],
+        (Mode::Tcp, true) => &["tar | ssh", "fastcp local"],
         (Mode::Wan, _) => &["scp"],
-        (Mode::Sftp, DataSet::Big) => &["scp"],
-        (Mode::Sftp, DataSet::Tree) => &["scp", "tar | ssh"],
+        (Mode::Sftp, false) => &["scp"],
+        (Mode::Sftp, true) => &["scp", "tar | ssh"],
+        (Mode::Streams, _) => &["fastcp tcp -j 1"],
+        (Mode::Files, _) => &["fastcp local", "tar | ssh"],
     }
 }
 
@@ -70,9 +73,14 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
         baseline,
         bound,
     };
+    let pull = |baseline, bound| Target {
+        contender: "fastcp pull",
+        baseline,
+        bound,
+    };
     match (mode, set) {
         (Mode::Local, DataSet::Big) => vec![t("cp -a", TimeAtMost(1.5))],
-        (Mode::Local, DataSet::Tree) => vec![t("tar | tar", TimeAtMost(1.0))],
+        (Mode::Local, _) => vec![t("tar | tar", TimeAtMost(1.0))],
         (Mode::Ssh, DataSet::Big) => vec![
             t("scp", TimeAtMost(0.8)),
             Target {
@@ -81,11 +89,19 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
                 bound: TimeAtMost(0.8),
             },
         ],
-        (Mode::Ssh, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.7))],
-        (Mode::Tcp, DataSet::Big) => vec![t("scp", TimeAtMost(0.35)), t("nc", TimeBelow(1.0))],
-        (Mode::Tcp, DataSet::Tree) => vec![t("tar | ssh", TimeAtMost(0.5))],
+        (Mode::Ssh, _) => vec![
+            t("tar | ssh", TimeAtMost(0.7)),
+            pull("tar | ssh pull", TimeAtMost(0.7)),
+        ],
+        (Mode::Tcp, DataSet::Big) => vec![t("scp", TimeAtMost(0.35)), t("nc", TimeAtMost(1.0))],
+        (Mode::Tcp, _) => vec![
+            t("tar | ssh", TimeAtMost(0.5)),
+            t("fastcp local", TimeAtMost(1.3)),
+            pull("fastcp local", TimeAtMost(1.3)),
+        ],
         (Mode::Sftp, DataSet::Big) => vec![t("scp", TimeAtMost(0.8))],
-        (Mode::Sftp, DataSet::Tree) => vec![t("scp", TimeAtMost(0.3))],
+        (Mode::Sftp, _) => vec![t("scp", TimeAtMost(0.3))],
+        (Mode::Streams | Mode::Files, _) => Vec::new(),
         // "fastcp's TCP transport, with several streams": the default count and more.
         (Mode::Wan, _) => ["fastcp tcp -j 4", "fastcp tcp -j 8"]
             .into_iter()
@@ -225,6 +241,7 @@ impl Report {
         .join("; ");
         Report {
             mode: opts.mode,
+            section: opts.section(),
             runs: opts.runs,
             command_line: opts.command_line.clone(),
             date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
@@ -241,7 +258,7 @@ impl Report {
     /// Renders the `## bench <mode>` section.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "## bench {}\n", self.mode.name());
+        let _ = writeln!(s, "## {}\n", self.section);
         let _ = writeln!(s, "`{}`, run on {}.\n", self.command_line, self.date);
         let _ = writeln!(s, "- Machine: {}.", self.machine);
         let _ = writeln!(s, "- Versions: {}.", self.versions);
@@ -341,7 +358,6 @@ impl Report {
             let (name, base) = (t.contender, t.baseline);
             let want = match t.bound {
                 Bound::TimeAtMost(x) => format!("{name} ≤ {x:.2}x `{base}`"),
-                Bound::TimeBelow(x) => format!("{name} < {x:.2}x `{base}`"),
                 Bound::SpeedAtLeast(x) => {
                     format!("`{name}` at least {x}x the throughput of `{base}`")
                 }
@@ -355,7 +371,6 @@ impl Report {
                     let ratio = f.as_secs_f64() / b.as_secs_f64();
                     let (met, shown) = match t.bound {
                         Bound::TimeAtMost(x) => (ratio <= x, ratio),
-                        Bound::TimeBelow(x) => (ratio < x, ratio),
                         Bound::SpeedAtLeast(x) => (1.0 / ratio >= x, 1.0 / ratio),
                     };
                     format!("{} ({shown:.2}x)", if met { "met" } else { "**not met**" })
@@ -377,6 +392,57 @@ impl Report {
                 let _ = writeln!(s, "- {}: `{}`", c.name, c.command);
             }
         }
+    }
+}
+
+/// Where a benchmark's timed runs are kept for `cargo xtask plot`:
+/// `docs/bench/bench-tcp.tsv`, `docs/bench/bench-wan-10ms.tsv`.
+pub fn results_path(repo: &Path, section: &str) -> PathBuf {
+    repo.join("docs/bench")
+        .join(format!("{}.tsv", section.replace(' ', "-")))
+}
+
+/// The columns of a results file, after its `# key value` header lines.
+pub const RESULT_COLUMNS: &str = "set\tbytes\tfiles\tcontender\trun\tseconds";
+
+impl Report {
+    /// Writes every timed run, one per line, with the machine and versions in `# key value`
+    /// header lines (`params` adds more, such as the WAN's RTT).
+    pub fn write_results(&self, path: &Path, params: &[(&str, String)]) -> Result<()> {
+        let mut s = String::new();
+        let _ = writeln!(s, "# benchmark {}", self.mode.name());
+        for (k, v) in params {
+            let _ = writeln!(s, "# {k} {v}");
+        }
+        let _ = writeln!(s, "# date {}", self.date);
+        let _ = writeln!(s, "# machine {}", self.machine);
+        let _ = writeln!(s, "# versions {}", self.versions);
+        let _ = writeln!(s, "# command {}", self.command_line);
+        let _ = writeln!(s, "{RESULT_COLUMNS}");
+        for r in &self.results {
+            let files = if r.data.set.is_tree() {
+                r.data.manifest.count(&crate::verify::Kind::File)
+            } else {
+                1
+            };
+            for (c, o) in &r.contenders {
+                for (i, t) in o.times.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "{}\t{}\t{files}\t{}\t{}\t{:.4}",
+                        r.data.set.label(),
+                        r.data.bytes,
+                        c.name,
+                        i + 1,
+                        t.as_secs_f64()
+                    );
+                }
+            }
+        }
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::write(path, s).with_context(|| format!("writing {}", path.display()))
     }
 }
 

@@ -26,6 +26,13 @@ const BUILD_TOOLS: &[Prerequisite] = &[
     },
 ];
 
+/// Files the tests read, named by their path.
+const FILES: &[Prerequisite] = &[Prerequisite {
+    program: crate::plot::FONTS[0],
+    package: "fonts-dejavu-core",
+    why: "the text of the benchmark plots (xtask's plot tests)",
+}];
+
 /// Options of `cargo xtask test`.
 pub struct TestOptions {
     /// Only name what is missing; install nothing.
@@ -40,6 +47,12 @@ pub fn run(opts: &TestOptions) -> Result<ExitStatus> {
         .iter()
         .filter(|p| tools::find(p.program).is_none())
         .copied()
+        .chain(
+            FILES
+                .iter()
+                .filter(|p| !std::path::Path::new(p.program).exists())
+                .copied(),
+        )
         .chain(tools::missing())
         .collect();
     if !missing.is_empty() {

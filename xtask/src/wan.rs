@@ -9,7 +9,7 @@
 //! client ──▶ 127.0.0.2:Q+i  ──relay──▶ 127.0.0.1:Q+i  fastcp server's TCP data port
 //! ```
 //!
-//! - **RTT** [`RTT`]: half of it each way, on every connection;
+//! - **RTT** ([`RTT`] unless `--rtt` says otherwise): half of it each way, on every connection;
 //! - **link** [`LINK_RATE`] bytes per second in each direction, one bottleneck shared by all
 //!   connections of all routes, as one 1 Gbit/s path would be;
 //! - **window** ([`DEFAULT_WINDOW`], `--window`): the bytes one connection may have in flight,
@@ -38,7 +38,7 @@ use crate::bench::{Contender, sq};
 use crate::report::human_size;
 use crate::sshd::{ALIAS, Sshd};
 
-/// Round-trip time of the emulated path.
+/// The default round-trip time of the emulated path (`--rtt`).
 pub const RTT: Duration = Duration::from_millis(50);
 
 /// Rate of the emulated link in each direction, in bytes per second (1 Gbit/s).
@@ -67,6 +67,7 @@ pub struct Wan {
     ssh_addr: SocketAddr,
     data_ports: RangeInclusive<u16>,
     window: usize,
+    rtt: Duration,
     ssh_config: PathBuf,
     wrapper: PathBuf,
 }
@@ -74,12 +75,18 @@ pub struct Wan {
 impl Wan {
     /// Starts the relay in front of `sshd` and writes, under `dir`, an `ssh_config` whose
     /// host [`ALIAS`] points at it and the wrapper that runs `fastcp` as the server.
-    pub fn start(sshd: &Sshd, dir: &Path, fastcp: &Path, window: usize) -> Result<Wan> {
+    pub fn start(
+        sshd: &Sshd,
+        dir: &Path,
+        fastcp: &Path,
+        window: usize,
+        rtt: Duration,
+    ) -> Result<Wan> {
         if window == 0 {
             bail!("--window must be at least one byte");
         }
         fs::create_dir_all(dir)?;
-        let config = WanConfig::delay(RTT / 2)
+        let config = WanConfig::delay(rtt / 2)
             .with_link_rate(LINK_RATE)
             .with_max_in_flight(window);
         let upstream_ssh = SocketAddr::new(SERVER_IP, sshd.port());
@@ -151,6 +158,7 @@ impl Wan {
             ssh_addr,
             data_ports,
             window,
+            rtt,
             ssh_config,
             wrapper,
         })
@@ -168,7 +176,7 @@ impl Wan {
 
     /// Report lines describing the emulated path (and what it allows for `bytes` of data).
     pub fn notes(&self, sshd_port: u16, bytes: Option<u64>) -> Vec<String> {
-        let per_conn = self.window as f64 / RTT.as_secs_f64() / 1e6;
+        let per_conn = self.window as f64 / self.rtt.as_secs_f64() / 1e6;
         let mut notes = vec![
             format!(
                 "WAN: `fastcp_testsupport::wan::WanRelay` on {} forwarding to 127.0.0.1:{sshd_port} \
@@ -183,8 +191,8 @@ impl Wan {
                 "WAN parameters: {} ms RTT ({} ms each way), {} MB/s (1 Gbit/s) in each direction \
                  shared by every connection, at most {} in flight per connection and direction \
                  (a TCP window: {per_conn:.0} MB/s per connection at most)",
-                RTT.as_millis(),
-                RTT.as_millis() / 2,
+                self.rtt.as_millis(),
+                self.rtt.as_millis() / 2,
                 LINK_RATE / 1_000_000,
                 human_size(self.window as u64),
             ),
@@ -206,8 +214,8 @@ impl Wan {
                  this window, {:.2} s for one 2 MiB SSH channel window ({:.0} MB/s)",
                 bytes as f64 / LINK_RATE as f64,
                 bytes as f64 / (per_conn * 1e6),
-                bytes as f64 / f64::from(2u32 << 20) * RTT.as_secs_f64(),
-                f64::from(2u32 << 20) / RTT.as_secs_f64() / 1e6,
+                bytes as f64 / f64::from(2u32 << 20) * self.rtt.as_secs_f64(),
+                f64::from(2u32 << 20) / self.rtt.as_secs_f64() / 1e6,
             ));
         }
         notes
