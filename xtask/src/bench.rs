@@ -866,12 +866,13 @@ fn peers(src: &str, dst: &str, tree: bool) -> Vec<Contender> {
     };
     let mut v = Vec::new();
     if which("escp") {
-        // EScp takes no ssh_config: its port and key come from the harness's config.
+        // EScp takes no ssh_config: the port comes from it, the key and known_hosts through
+        // the sshd's `ssh-direct` wrapper.
         v.push(cmd(
             "escp",
             format!(
-                "escp -q -P \"$(awk '/Port/{{print $2}}' \"$CFG\")\" \
-                 -i \"$(awk '/IdentityFile/{{print $2}}' \"$CFG\")\" {}{src} \"$USER\"@127.0.0.1:{dst}",
+                "escp -q -P \"$(awk '/Port/{{print $2}}' \"$CFG\")\" -S \"${{CFG%/*}}/ssh-direct\" \
+                 {}{src} \"$(id -un)\"@127.0.0.1:{dst}",
                 if tree { "-r " } else { "" }
             ),
         ));

@@ -96,6 +96,21 @@ impl Sshd {
                 self.known_hosts().display(),
             ),
         )?;
+        // For tools that take an ssh program but no ssh_config (EScp).
+        let wrapper = self.dir.join("ssh-direct");
+        fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec ssh -i {} -o IdentitiesOnly=yes -o UserKnownHostsFile={} \
+                 -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes \"$@\"\n",
+                self.dir.join("id_ed25519").display(),
+                self.known_hosts().display(),
+            ),
+        )?;
+        fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
         Ok(())
     }
 
