@@ -48,7 +48,6 @@ use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, within_idle_limit};
 use crate::location::Location;
-use crate::wire::FrameReader;
 use crate::{Error, Log};
 
 /// SFTP sessions (each on an SSH connection of its own) unless `-j` says otherwise.
@@ -490,9 +489,12 @@ async fn push(
         Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
     };
     let n = sftp.len();
-    let (ours, theirs): (Vec<DuplexStream>, Vec<DuplexStream>) = (0..n)
-        .map(|_| tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER))
+    // The sender's frames come through frame pipes, its chunks as the buffers it read them
+    // into; the replies (answers to probes, the summary) go back on a byte pipe of their own.
+    let (writers, readers): (Vec<_>, Vec<_>) = (0..n)
+        .map(|_| fastcp_stream::frame_pipe(fastcp_stream::LOCAL_PIPE_BUFFER))
         .unzip();
+    let (reply_read, mut reply_half) = tokio::io::duplex(64 << 10);
     let (reply_tx, mut reply_rx) = tokio::sync::mpsc::unbounded_channel();
     let apply = Arc::new(Apply {
         sftp,
@@ -509,20 +511,6 @@ async fn push(
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
     });
-    let mut readers = Vec::new();
-    let mut reply_half = None;
-    // The sender reads nothing on the other streams; their write halves stay open.
-    let mut _idle = Vec::new();
-    for (s, stream) in theirs.into_iter().enumerate() {
-        let (read, write) = tokio::io::split(stream);
-        if s == 0 {
-            reply_half = Some(write);
-        } else {
-            _idle.push(write);
-        }
-        readers.push(read);
-    }
-    let mut reply_half: WriteHalf<DuplexStream> = reply_half.expect("one stream at least");
     let applying = {
         let apply = apply.clone();
         async move {
@@ -574,7 +562,7 @@ async fn push(
             Location::Remote(_) => None,
         })
         .collect();
-    let sending = fastcp_stream::send(&sources, ours, &send_config, progress);
+    let sending = fastcp_stream::send_to(&sources, reply_read, writers, &send_config, progress);
     let (sent, applied, ()) = tokio::join!(sending, applying, replying);
     if let Err(e) = &applied {
         log.debug(|| format!("applying over SFTP: {e}"));
@@ -608,12 +596,13 @@ impl Apply {
     async fn stream(
         self: &Arc<Self>,
         s: usize,
-        read: tokio::io::ReadHalf<DuplexStream>,
+        mut frames: fastcp_stream::PipeReader,
     ) -> Result<(), Error> {
-        let mut frames = FrameReader::new(read, fastcp_proto::HARD_MAX_FRAME);
         let mut tasks = tokio::task::JoinSet::new();
         loop {
-            let frame = frames.next("a frame from the sender").await?;
+            let frame = frames.next().await?.ok_or_else(|| {
+                Error::ConnectionClosed("the sender stopped before its Done".into())
+            })?;
             match frame {
                 // What a frame waits for here always came earlier in the sender's order (a
                 // file's folder, a chunk's file), or is freed by work that needs no stream

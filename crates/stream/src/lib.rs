@@ -82,7 +82,7 @@ pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
 pub use filter::{Filter, Predicate};
 pub use pattern::{expand_sources, has_wildcard};
-pub use pipe::{ByteReader, ByteWriter, ReadInto, WriteFrom};
+pub use pipe::{ByteReader, ByteWriter, PipeReader, PipeWriter, ReadInto, WriteFrom, frame_pipe};
 pub use progress::{Progress, Snapshot};
 pub use receive::{
     DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,

@@ -293,6 +293,93 @@ impl Source for LocalSource {
     }
 }
 
+/// A one-way stream of frames from [`send_to`](crate::send_to) to a consumer in the same
+/// process that takes the frames themselves (as fastcp's SFTP push does, which turns them into
+/// SFTP requests): the local pipe [`copy_local`](crate::copy_local) uses, with a public face.
+/// A file's chunks reach the [`PipeReader`] as the very buffers the sender read them into;
+/// nothing is copied from one side to the other. `room` bounds the bytes in the pipe.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use fastcp_stream::{WriteFrom, frame_pipe};
+///
+/// let (mut writer, mut reader) = frame_pipe(1 << 20);
+/// let mut frame = bytes::BytesMut::new();
+/// fastcp_proto::encode(&fastcp_proto::Frame::Done(Default::default()), &mut frame);
+/// writer.write_part(&mut frame.freeze()).await?;
+/// writer.shutdown().await?;
+/// assert!(matches!(reader.next().await?, Some(fastcp_proto::Frame::Done(_))));
+/// assert!(reader.next().await?.is_none());
+/// # std::io::Result::Ok(()) }).unwrap();
+/// ```
+pub fn frame_pipe(room: usize) -> (PipeWriter, PipeReader) {
+    let (sink, source) = local(room);
+    let reader = PipeReader {
+        source,
+        buf: BytesMut::new(),
+        decoder: Decoder::new(fastcp_proto::HARD_MAX_FRAME),
+        pool: Pool::default(),
+    };
+    (PipeWriter(sink), reader)
+}
+
+/// The sending end of a [`frame_pipe`]: give it to [`send_to`](crate::send_to).
+pub struct PipeWriter(LocalSink);
+
+impl WriteFrom for PipeWriter {
+    async fn write_part(&mut self, part: &mut Bytes) -> io::Result<()> {
+        Sink::write(&mut self.0, part).await
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        Sink::flush(&mut self.0).await
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        Sink::shutdown(&mut self.0).await
+    }
+}
+
+/// The receiving end of a [`frame_pipe`]: whole frames, in the order they were written.
+pub struct PipeReader {
+    source: LocalSource,
+    buf: BytesMut,
+    decoder: Decoder,
+    pool: Pool,
+}
+
+impl PipeReader {
+    /// The next frame; `None` once the writer has shut down (or is gone) after a whole
+    /// frame. Bytes that do not decode are an `InvalidData` error, a frame cut short by the
+    /// writer's end an `UnexpectedEof`.
+    pub async fn next(&mut self) -> io::Result<Option<Frame>> {
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .decode(&mut self.buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+            {
+                return Ok(Some(frame));
+            }
+            match self
+                .source
+                .fill(&mut self.buf, usize::MAX, &self.decoder, &self.pool)
+                .await?
+            {
+                Fill::Frame(frame) => return Ok(Some(frame)),
+                Fill::Read(0) if self.buf.is_empty() => return Ok(None),
+                Fill::Read(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the frame pipe ended inside a frame",
+                    ));
+                }
+                Fill::Read(_) => {}
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,6 +390,58 @@ mod tests {
     async fn fill(source: &mut impl Source, buf: &mut BytesMut, limit: usize) -> Fill {
         let (decoder, pool) = (Decoder::new(1 << 20), Pool::default());
         source.fill(buf, limit, &decoder, &pool).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_frame_pipe_hands_over_frames_and_chunks_as_written() {
+        let (mut writer, mut reader) = frame_pipe(1 << 20);
+        let mut payload = Bytes::from(vec![7u8; SHARE_MIN * 4]);
+        let mut head = BytesMut::new();
+        fastcp_proto::encode(&Frame::Totals(Default::default()), &mut head);
+        encode_data_header(3, 4096, payload.len(), &mut head);
+        writer.write_part(&mut head.freeze()).await.unwrap();
+        writer.write_part(&mut payload).await.unwrap();
+        let mut small = BytesMut::new();
+        encode_data_header(3, 0, 5, &mut small);
+        small.extend_from_slice(b"hello");
+        writer.write_part(&mut small.freeze()).await.unwrap();
+        WriteFrom::shutdown(&mut writer).await.unwrap();
+
+        assert!(matches!(
+            reader.next().await.unwrap(),
+            Some(Frame::Totals(_))
+        ));
+        let Some(Frame::Data(big)) = reader.next().await.unwrap() else {
+            panic!("a chunk");
+        };
+        assert_eq!((big.id, big.offset), (3, 4096));
+        assert_eq!(big.bytes.as_ptr(), payload.as_ptr(), "not copied");
+        let Some(Frame::Data(d)) = reader.next().await.unwrap() else {
+            panic!("a small chunk");
+        };
+        assert_eq!(&d.bytes[..], b"hello");
+        assert!(reader.next().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_frame_pipe_cut_inside_a_frame_or_fed_garbage_fails() {
+        let (mut writer, mut reader) = frame_pipe(1 << 20);
+        let mut head = BytesMut::new();
+        encode_data_header(1, 0, 10, &mut head);
+        head.extend_from_slice(b"abc");
+        writer.write_part(&mut head.freeze()).await.unwrap();
+        WriteFrom::shutdown(&mut writer).await.unwrap();
+        let e = reader.next().await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+
+        let (mut writer, mut reader) = frame_pipe(1 << 20);
+        writer
+            .write_part(&mut Bytes::from_static(&[0xee; 32]))
+            .await
+            .unwrap();
+        WriteFrom::flush(&mut writer).await.unwrap();
+        let e = reader.next().await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
     #[tokio::test]
