@@ -397,6 +397,7 @@ fn bars(path: &Path, title: &str, unit: &str, bars: &[(String, f64)]) -> Result<
         .disable_y_mesh()
         .y_labels(n)
         .y_label_formatter(&label_of)
+        .x_label_formatter(&|v| format!("{v}"))
         .x_desc(unit)
         .label_style(("sans-serif", 14))
         .draw()?;
