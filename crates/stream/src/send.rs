@@ -54,6 +54,14 @@ pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
 /// How many walked entries may wait for the producer.
 const WALK_QUEUE: usize = 1024;
 
+/// Walked entries travel to the producer in batches of this many: one entry at a time, a
+/// walker that is ahead woke up (and went back to sleep) for each slot the producer freed,
+/// two futex calls per file (measured on a 78,579-file tree).
+const WALK_BATCH: usize = 64;
+
+/// What the walker hands the producer.
+type WalkItem = Result<crate::Entry, Error>;
+
 /// The cap on a frame from the receiver: errors and the final report are small; the largest
 /// is a `Partial` with all its block hashes (`--resume`, 256 KiB of them).
 const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
@@ -374,7 +382,7 @@ where
         writers.0.push(tokio::spawn(write_stream(i, w, rx, ctx)));
     }
 
-    let (walk_tx, walk_rx) = mpsc::channel(WALK_QUEUE);
+    let (walk_tx, walk_rx) = mpsc::channel::<Vec<WalkItem>>(WALK_QUEUE / WALK_BATCH);
     let mut walk_config = WalkConfig::new(config.recursive, config.follow_links);
     walk_config.devices = config.devices;
     walk_config.specials = config.specials;
@@ -386,6 +394,7 @@ where
     let totals_out = (config.version >= 2).then(|| (txs[0].clone(), queued.clone()));
     let walker = tokio::task::spawn_blocking(move || {
         let mut totals = Totals::default();
+        let mut batch = Vec::with_capacity(WALK_BATCH);
         for item in walk(&walk_sources, &walk_config) {
             if let Ok(entry) = &item
                 && let EntryKind::File { size } = entry.kind
@@ -394,9 +403,16 @@ where
                 totals.files += 1;
                 totals.bytes += size;
             }
-            if walk_tx.blocking_send(item).is_err() {
-                return;
+            batch.push(item);
+            if batch.len() == WALK_BATCH {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(WALK_BATCH));
+                if walk_tx.blocking_send(full).is_err() {
+                    return;
+                }
             }
+        }
+        if !batch.is_empty() && walk_tx.blocking_send(batch).is_err() {
+            return;
         }
         walk_progress.set_walk_complete();
         if let Some((tx, queued)) = totals_out {
@@ -777,19 +793,24 @@ struct Probes {
 }
 
 impl Producer<'_> {
-    fn run(&mut self, mut walk: mpsc::Receiver<Result<crate::Entry, Error>>) -> Result<(), Closed> {
+    fn run(&mut self, mut walk: mpsc::Receiver<Vec<WalkItem>>) -> Result<(), Closed> {
+        let mut walked = Vec::new().into_iter();
         loop {
-            let item = match walk.try_recv() {
-                Ok(item) => item,
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    // Nothing to add to the batch for now: let it go before waiting.
-                    self.flush_probes()?;
-                    match walk.blocking_recv() {
-                        Some(item) => item,
-                        None => break,
+            let Some(item) = walked.next() else {
+                walked = match walk.try_recv() {
+                    Ok(batch) => batch,
+                    Err(mpsc::error::TryRecvError::Disconnected) => break,
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        // Nothing to add to the probe batch for now: let it go before waiting.
+                        self.flush_probes()?;
+                        match walk.blocking_recv() {
+                            Some(batch) => batch,
+                            None => break,
+                        }
                     }
                 }
+                .into_iter();
+                continue;
             };
             match item {
                 Err(e) => {
