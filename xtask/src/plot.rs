@@ -270,44 +270,37 @@ pub fn run(repo: &Path) -> Result<()> {
             "The kernel-shaped tree's time per tool (bench local, ssh, tcp and sftp)".into(),
         ));
     }
-    if !f.streams.is_empty() {
-        lines(
-            &dir.join("streams.png"),
+    let line_plots = [
+        (
+            "streams.png",
             "Big file: scaling with streams (-j)",
             ("streams", Axis::Log2),
             ("MiB/s", Axis::Linear),
             &f.streams,
-        )?;
-        shown.push((
-            "streams.png",
-            "Throughput of the big file with 1 to 16 streams (bench streams)".into(),
-        ));
-    }
-    if !f.files.is_empty() {
-        lines(
-            &dir.join("files.png"),
+            "Throughput of the big file with 1 to 16 streams (bench streams)",
+        ),
+        (
+            "files.png",
             "Scaling with file count (lower is better)",
             ("files", Axis::Log10),
             ("seconds", Axis::Log10),
             &f.files,
-        )?;
-        shown.push((
-            "files.png",
-            "Time to copy a tree of N small files, N from 1 to 1,000,000 (bench files)".into(),
-        ));
-    }
-    if !f.wan.is_empty() {
-        lines(
-            &dir.join("wan.png"),
+            "Time to copy a tree of N small files, N from 1 to 1,000,000 (bench files)",
+        ),
+        (
+            "wan.png",
             "Through the WAN relay (1 Gbit/s): throughput against RTT",
             ("RTT, ms", Axis::Linear),
             ("MB/s", Axis::Linear),
             &f.wan,
-        )?;
-        shown.push((
-            "wan.png",
-            "Throughput through the emulated WAN link at each RTT (bench wan --rtt)".into(),
-        ));
+            "Throughput through the emulated WAN link at each RTT (bench wan --rtt)",
+        ),
+    ];
+    for (png, title, x, y, series, caption) in line_plots {
+        if !series.is_empty() {
+            lines(&dir.join(png), title, x, y, series)?;
+            shown.push((png, caption.into()));
+        }
     }
 
     let mut s = String::from("## Plots\n\n");
