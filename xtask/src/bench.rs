@@ -194,6 +194,16 @@ pub struct Contender {
 }
 
 impl Contender {
+    /// A contender that needs no listener and can run.
+    pub fn new(name: &str, command: String) -> Contender {
+        Contender {
+            name: name.into(),
+            command,
+            listener: None,
+            broken: None,
+        }
+    }
+
     /// Short id for `--contenders`: the name without options and pipes (`cp`, `tar-ssh`).
     pub fn id(&self) -> String {
         self.name
@@ -662,12 +672,7 @@ fn contenders(
         .ssh_cipher
         .as_deref()
         .map_or(String::new(), |c| format!(" -c {}", sq(c)));
-    let cmd = |name: &str, command: String| Contender {
-        name: name.into(),
-        command,
-        listener: None,
-        broken: None,
-    };
+    let cmd = Contender::new;
     let fastcp_run = |name: &str, args: String| Contender {
         name: name.into(),
         command: format!("{fastcp_bin} {r}{args}{extra}"),
@@ -858,12 +863,7 @@ const NO_HW_AES: &str = "FASTCP_NO_HW_AES";
 /// Other parallel copiers found on PATH, pushing `src` to `dst` through the benchmark sshd:
 /// EScp (`../shared/peers/build-escp.sh` builds it), mscp, and rclone's SFTP backend.
 fn peers(src: &str, dst: &str, tree: bool) -> Vec<Contender> {
-    let cmd = |name: &str, command: String| Contender {
-        name: name.into(),
-        command,
-        listener: None,
-        broken: None,
-    };
+    let cmd = Contender::new;
     let mut v = Vec::new();
     if which("escp") {
         // EScp takes no ssh_config: the port comes from it, the key and known_hosts through

@@ -198,7 +198,6 @@ fn default_shape() -> PathBuf {
     repo_root().join("xtask/data/source-tree-shape.tsv")
 }
 
-/// The options of `cargo xtask bench MODE` from `args` (all of them consumed).
 /// The RTTs `bench all` runs `bench wan` at, unless `--rtt` says otherwise.
 const ALL_RTTS: &[Duration] = &[
     Duration::from_millis(10),
@@ -214,15 +213,11 @@ fn bench_runs(
     default_rtts: &[Duration],
 ) -> Result<Vec<bench::BenchOptions>> {
     let rtts = match args.value("rtt")? {
-        Some(list) => list
-            .split(',')
-            .map(|ms| {
-                let ms = ms.trim().trim_end_matches("ms");
-                ms.parse::<u64>()
-                    .map(Duration::from_millis)
-                    .with_context(|| format!("bad --rtt {ms:?} (milliseconds)"))
-            })
-            .collect::<Result<Vec<_>>>()?,
+        // Milliseconds, with or without the unit: 10,50 or 10ms,50ms.
+        Some(list) => parse_list::<u64>("rtt", &list.replace("ms", ""))?
+            .into_iter()
+            .map(Duration::from_millis)
+            .collect(),
         None => default_rtts.to_vec(),
     };
     let opts = bench_options(mode, args, raw)?;
@@ -250,6 +245,7 @@ fn parse_list<T: std::str::FromStr>(name: &str, list: &str) -> Result<Vec<T>> {
         .collect()
 }
 
+/// The options of `cargo xtask bench MODE` from `args` (all of them consumed).
 fn bench_options(
     mode: bench::Mode,
     args: &mut Args,
