@@ -45,14 +45,9 @@ pub struct TestOptions {
 pub fn run(opts: &TestOptions) -> Result<ExitStatus> {
     let missing: Vec<Prerequisite> = BUILD_TOOLS
         .iter()
-        .filter(|p| tools::find(p.program).is_none())
+        .chain(FILES)
+        .filter(|p| !present(p))
         .copied()
-        .chain(
-            FILES
-                .iter()
-                .filter(|p| !std::path::Path::new(p.program).exists())
-                .copied(),
-        )
         .chain(tools::missing())
         .collect();
     if !missing.is_empty() {
@@ -122,13 +117,22 @@ pub(crate) fn install(missing: &[Prerequisite], no_install: bool) -> Result<()> 
     apt(&args)?;
     let still: Vec<&str> = missing
         .iter()
-        .filter(|p| tools::find(p.program).is_none())
+        .filter(|p| !present(p))
         .map(|p| p.program)
         .collect();
     if !still.is_empty() {
         bail!("still missing after installing: {}", still.join(", "));
     }
     Ok(())
+}
+
+/// Whether a prerequisite is there: a program on PATH, or a file named by its absolute path.
+fn present(p: &Prerequisite) -> bool {
+    if p.program.starts_with('/') {
+        std::path::Path::new(p.program).exists()
+    } else {
+        tools::find(p.program).is_some()
+    }
 }
 
 fn is_root() -> bool {
@@ -145,4 +149,22 @@ fn sudo_without_password() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_prerequisite_is_found_by_its_path() {
+        let p = |program| Prerequisite {
+            program,
+            package: "x",
+            why: "y",
+        };
+        // A path that is not a program on PATH: the font's kind of prerequisite.
+        assert!(present(&p("/etc/passwd")));
+        assert!(!present(&p("/nonexistent/font.ttf")));
+        assert!(present(&p("sh")));
+    }
 }
