@@ -833,6 +833,29 @@ async fn silent_connection_is_dropped_and_ignored() {
     assert_eq!(server.await.unwrap().unwrap().streams.len(), 1);
 }
 
+/// A stranger still being challenged when the last stream joins is closed and reported, not
+/// dropped unseen: whichever way the joins race, the server says someone else knocked.
+#[tokio::test]
+async fn a_stranger_still_joining_at_the_end_is_reported() {
+    let secret = SessionSecret::generate().unwrap();
+    let mut config = quick();
+    config.join_timeout = Duration::from_secs(30);
+    let r = TcpRendezvous::bind(LOCALHOST, None, config.clone()).unwrap();
+    let addr = r.local_addr();
+    let server = spawn_accept(r, 1, &secret, CipherSuite::Aes128Gcm);
+    let (mut stranger, _) = raw_challenge(addr).await;
+    let _client = tcp::connect(addr, 1, &secret, &keys(CipherSuite::Aes128Gcm), &config)
+        .await
+        .unwrap();
+    let joined = server.await.unwrap().unwrap();
+    assert_eq!(joined.streams.len(), 1);
+    let refused: Vec<Rejection> = joined.refused.into_iter().map(|(_, r)| r).collect();
+    assert_eq!(refused, [Rejection::Late]);
+    // Its connection was closed unanswered.
+    let mut rest = Vec::new();
+    assert_eq!(stranger.read_to_end(&mut rest).await.unwrap_or(0), 0);
+}
+
 #[tokio::test]
 async fn nobody_joining_times_out() {
     let (r, _addr) = rendezvous().await;

@@ -261,6 +261,8 @@ pub enum Rejection {
     /// Closed unchallenged: too many connections from addresses other than the client's
     /// were already being challenged.
     Busy,
+    /// Closed while still being challenged, because every stream of the session had joined.
+    Late,
 }
 
 impl fmt::Display for Rejection {
@@ -280,6 +282,10 @@ impl fmt::Display for Rejection {
             Rejection::Busy => write!(
                 f,
                 "closed unchallenged: too many connections from elsewhere were joining"
+            ),
+            Rejection::Late => write!(
+                f,
+                "closed before it had joined: every stream of the session was there"
             ),
         }
     }

@@ -1,5 +1,6 @@
 //! The server's side: a listening port where the session's data streams join.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -161,6 +162,8 @@ impl TcpRendezvous {
             }
         };
         let mut pending = JoinSet::new();
+        // Who each challenge in `pending` is talking to, by task.
+        let mut peers: HashMap<tokio::task::Id, SocketAddr> = HashMap::new();
         let mut strangers = 0;
         let max_pending = usize::from(n) + EXTRA_PENDING;
         while joined < n {
@@ -175,19 +178,26 @@ impl TcpRendezvous {
                             }
                             strangers += usize::from(stranger);
                             let job = job.clone();
-                            pending.spawn(async move {
+                            let task = pending.spawn(async move {
                                 (stranger, challenge(conn, peer, job).await)
                             });
+                            peers.insert(task.id(), peer);
                         }
                         Err(e) if is_transient(&e) => continue,
                         Err(e) => return Err(Error::Accept(e)),
                     }
                 }
-                Some(done) = pending.join_next() => {
+                Some(done) = pending.join_next_with_id() => {
                     let (stranger, outcome) = match done {
-                        Ok(done) => done,
+                        Ok((id, done)) => {
+                            peers.remove(&id);
+                            done
+                        }
                         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        Err(_) => continue,
+                        Err(e) => {
+                            peers.remove(&e.id());
+                            continue;
+                        }
                     };
                     strangers -= usize::from(stranger);
                     match outcome? {
@@ -215,8 +225,22 @@ impl TcpRendezvous {
                 }
             }
         }
-        // Dropping the listener closes the port; dropping `pending` aborts any handshake
-        // still running (those connections are closed unanswered).
+        // Every stream has joined: dropping the listener closes the port. Connections still
+        // being challenged are closed unanswered, and reported with those that failed
+        // meanwhile, so that no stranger goes unnoticed however the joins were ordered.
+        pending.abort_all();
+        while let Some(done) = pending.join_next_with_id().await {
+            match done {
+                Ok((_, (_, Ok(Outcome::Refused(peer, reason))))) => refuse(peer, reason),
+                Ok(_) => {}
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => {
+                    if let Some(peer) = peers.remove(&e.id()) {
+                        refuse(peer, Rejection::Late);
+                    }
+                }
+            }
+        }
         Ok(Joined {
             streams: slots
                 .into_iter()
