@@ -40,6 +40,11 @@ fn line(event: &Event) -> String {
             "finished {} files, {} bytes, {} unchanged, {} failed",
             r.local.files, r.local.bytes, r.files_skipped, r.failure_count
         ),
+        Event::Aborted { message, progress } => format!(
+            "aborted  after {} files, {} bytes: {message}",
+            progress.files_done.max(progress.files_sent),
+            progress.bytes_done.max(progress.bytes_sent)
+        ),
         other => format!("{other:?}"),
     }
 }

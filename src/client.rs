@@ -667,9 +667,20 @@ pub(crate) async fn cancellable<T>(
 /// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
     let copy = copy_local_now(plan, progress.clone());
-    let outcome = cancellable(plan.options.cancel.as_ref(), copy).await?;
-    progress.finished(&outcome.report);
-    Ok(outcome)
+    let outcome = cancellable(plan.options.cancel.as_ref(), copy).await;
+    report_end(&progress, outcome)
+}
+
+/// Gives a whole copy's last event: `Finished` with its report, or `Aborted` with its error.
+pub(crate) fn report_end(
+    progress: &Progress,
+    outcome: Result<Outcome, Error>,
+) -> Result<Outcome, Error> {
+    match &outcome {
+        Ok(outcome) => progress.finished(&outcome.report),
+        Err(e) => progress.aborted(e),
+    }
+    outcome
 }
 
 async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
@@ -776,19 +787,15 @@ pub async fn copy_remote(
     ssh: &SshOptions,
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
-    cancellable(
-        plan.options.cancel.as_ref(),
-        copy_remote_now(plan, ssh, progress),
-    )
-    .await
-}
-
-async fn copy_remote_now(
-    plan: &Plan,
-    ssh: &SshOptions,
-    progress: Arc<Progress>,
-) -> Result<Outcome, Error> {
-    let session = crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await?;
+    let connect = async { crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await };
+    let session = match cancellable(plan.options.cancel.as_ref(), connect).await {
+        Ok(session) => session,
+        Err(e) => {
+            progress.aborted(&e);
+            return Err(e);
+        }
+    };
+    // The copy reports its own end.
     session.copy(plan, progress).await
 }
 

@@ -114,9 +114,8 @@ impl Session {
     /// future; the session stays usable either way.
     pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let copy = self.copy_now(plan, progress.clone());
-        let outcome = cancellable(plan.options.cancel.as_ref(), copy).await?;
-        progress.finished(&outcome.report);
-        Ok(outcome)
+        let outcome = cancellable(plan.options.cancel.as_ref(), copy).await;
+        crate::client::report_end(&progress, outcome)
     }
 
     /// Closes the session's connections. Copies still running on it fail.

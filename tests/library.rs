@@ -48,7 +48,7 @@ async fn a_cancelled_copy_returns_cancelled_and_leaves_no_temp_file() {
             .cancel(token.clone())
     })
     .unwrap();
-    let progress = Arc::new(Progress::default());
+    let (progress, seen) = recording();
     let copy = tokio::spawn({
         let progress = progress.clone();
         async move { fastcp::copy_local(&plan, progress).await }
@@ -71,6 +71,14 @@ async fn a_cancelled_copy_returns_cancelled_and_leaves_no_temp_file() {
         (ErrorKind::Cancelled, Fault::User),
         "{err}"
     );
+    // The last event says so, with what had been done.
+    match seen.lock().unwrap().last() {
+        Some(fastcp::Event::Aborted { message, progress }) => {
+            assert_eq!(message, &err.to_string());
+            assert!(progress.bytes_done > 0, "{progress:?}");
+        }
+        other => panic!("the last event is {other:?}"),
+    }
     // The engine's writers remove their temp files right after.
     let deadline = Instant::now() + Duration::from_secs(5);
     while std::fs::read_dir(&dst).unwrap().count() > 0 {
@@ -111,13 +119,34 @@ fn an_unreachable_host_is_a_connect_error_on_the_network() {
         config_file: Some(cfg),
         ..Default::default()
     };
-    let err =
-        fastcp::blocking::copy_remote(&plan, &ssh, Arc::new(Progress::default())).unwrap_err();
+    let (progress, seen) = recording();
+    let err = fastcp::blocking::copy_remote(&plan, &ssh, progress).unwrap_err();
     assert_eq!(
         (err.kind(), err.fault()),
         (ErrorKind::Connect, Fault::Network),
         "{err}"
     );
+    // A copy that never got going ends its events too, with nothing done.
+    let seen = seen.lock().unwrap();
+    match &seen[..] {
+        [fastcp::Event::Aborted { message, progress }] => {
+            assert_eq!(message, &err.to_string());
+            assert_eq!(*progress, fastcp::stream::Snapshot::default());
+        }
+        other => panic!("events: {other:?}"),
+    }
+}
+
+type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;
+
+/// Counters whose events are kept, in order.
+fn recording() -> (Arc<Progress>, Seen) {
+    let seen = Seen::default();
+    let sink = fastcp::EventSink::new({
+        let seen = seen.clone();
+        move |e: &fastcp::Event| seen.lock().unwrap().push(e.clone())
+    });
+    (Arc::new(Progress::with_events(sink)), seen)
 }
 
 /// SSH options for the test sshd, with the fastcp under test as the remote program.

@@ -63,9 +63,18 @@ pub enum Event {
     /// An entry could not be copied; the transfer went on without it.
     Failed(Failure),
     /// The copy ended without a fatal error, with this summary: the last event of a copy
-    /// that returns `Ok` (see [`Progress::finished`](crate::Progress::finished)); a copy that
-    /// fails returns its error instead.
+    /// that returns `Ok` (see [`Progress::finished`](crate::Progress::finished)).
     Finished(Box<crate::Report>),
+    /// The copy stopped on a fatal error (a lost connection, a refused login, a cancel): the
+    /// last event of a copy that returns `Err`, which holds the typed error (see
+    /// [`Progress::aborted`](crate::Progress::aborted)). Files done before it are done: each
+    /// had its [`Event::Done`]; nothing else is under a final name.
+    Aborted {
+        /// The error, as the copy's `Err` words it.
+        message: String,
+        /// The counters when it stopped: what had been walked, sent, written and skipped.
+        progress: crate::Snapshot,
+    },
 }
 
 /// Why a file was skipped.

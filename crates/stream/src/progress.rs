@@ -123,6 +123,17 @@ impl Progress {
         self.event(|| crate::Event::Finished(Box::new(report.clone())));
     }
 
+    /// Reports that a copy stopped on a fatal error, as
+    /// [`Event::Aborted`](crate::Event::Aborted) with `error`'s text and the counters at that
+    /// moment: for the layer that runs a whole copy (fastcp's `copy_local`, `copy_remote` and
+    /// `Session::copy` call it once, when the copy returns `Err`).
+    pub fn aborted(&self, error: &dyn std::fmt::Display) {
+        self.event(|| crate::Event::Aborted {
+            message: error.to_string(),
+            progress: self.snapshot(),
+        });
+    }
+
     /// Reports an event, when someone listens.
     pub(crate) fn event(&self, event: impl FnOnce() -> crate::Event) {
         if let Some(sink) = &self.events {
