@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
 use fastcp::stream::{EntryKind, Failure, Side, escape};
-use fastcp::{CopyOptions, Location, Log, LogLevel, Plan, Progress, TransportChoice, exit};
+use fastcp::{CopyOptions, Location, Log, LogLevel, Plan, TransportChoice, exit};
 use serde_json::json;
 
 use crate::progress::{self, Output, Role};
@@ -466,6 +466,27 @@ fn filter_from_command_line(
 
 async fn copy(args: &Args) -> anyhow::Result<u8> {
     let output = Output::default();
+    let (feed, progress) = progress::Feed::start(&output);
+    let result = copy_with(args, &output, &feed, progress).await;
+    if let (Err(err), true) = (&result, args.json) {
+        print_json(&aborted_json(err, &feed))?;
+    }
+    result
+}
+
+/// The exit code of a command that failed with `err`.
+pub fn exit_code_of(err: &anyhow::Error) -> u8 {
+    err.downcast_ref::<fastcp::Error>()
+        .map(fastcp::Error::exit_code)
+        .unwrap_or(exit::PARTIAL)
+}
+
+async fn copy_with(
+    args: &Args,
+    output: &Output,
+    feed: &Arc<progress::Feed>,
+    progress: Arc<fastcp::Progress>,
+) -> anyhow::Result<u8> {
     let (dest, sources) = args.operands.split_last().context("no target given")?;
     let mut options = args
         .link
@@ -491,7 +512,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         .no_deploy(args.no_deploy)
         .sftp(args.sftp)
         .compress(args.compress)
-        .log(stderr_log(&output, args.quiet, args.verbose));
+        .log(stderr_log(output, args.quiet, args.verbose));
     options.filter = filter_from_command_line(args.files_from.as_deref())?;
     options.shard = args.shard;
     options.timeout = (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout));
@@ -512,6 +533,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     } else {
         Role::Pull
     };
+    feed.set_role(role);
     let style = if args.quiet || args.dry_run {
         progress::Style::Off
     } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -521,8 +543,7 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     } else {
         progress::Style::Off
     };
-    let progress = Arc::new(Progress::default());
-    let display = progress::Display::start(progress.clone(), role, style, &output);
+    let display = progress::Display::start(progress.clone(), feed.clone(), role, style, output);
     let result = if role == Role::Local {
         fastcp::copy_local(&plan, progress.clone()).await
     } else {
@@ -531,28 +552,10 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
     display.finish(&progress, role, result.as_ref().ok()).await;
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err(err) => {
-            let exit_code = err.exit_code();
-            let err = anyhow::Error::from(err);
-            if args.json {
-                print_json(&json!({
-                    "version": 1,
-                    "exit_code": exit_code,
-                    "error": error_text(&err),
-                }))?;
-            }
-            return Err(err);
-        }
+        Err(err) => return Err(err.into()),
     };
-    for failure in &outcome.report.failures {
-        eprintln!("fastcp: {}", failure_text(failure));
-    }
-    if outcome.report.failure_count > outcome.report.failures.len() as u64 {
-        eprintln!(
-            "fastcp: ... and {} more failures",
-            outcome.report.failure_count - outcome.report.failures.len() as u64
-        );
-    }
+    // Failures were printed as they happened; the report may hold some no event told.
+    feed.print_rest(&outcome.report.failures, outcome.report.failure_count);
     let code = exit::for_report(&outcome.report);
     if args.json {
         print_json(&summary_json(&outcome, code, args.dry_run))?;
@@ -564,13 +567,33 @@ async fn copy(args: &Args) -> anyhow::Result<u8> {
         out.flush()?;
     }
     if !outcome.report.is_complete() && !args.quiet {
-        eprintln!(
-            "fastcp: {} of the entries could not be copied; the others were{}",
-            outcome.report.failure_count,
-            if args.dry_run { " listed" } else { " copied" },
-        );
+        output.line(&failures_line(&outcome.report, args.dry_run));
     }
     Ok(code)
+}
+
+/// The last line of a copy where some entries failed: how many, and whether anything else
+/// was done.
+fn failures_line(report: &fastcp::Report, dry_run: bool) -> String {
+    let r = report;
+    let verb = if dry_run { "listed" } else { "copied" };
+    let done = r.local.files + r.local.dirs + r.local.symlinks;
+    if done + r.files_skipped == 0 {
+        let entries = if r.failure_count == 1 {
+            "entry"
+        } else {
+            "entries"
+        };
+        format!(
+            "fastcp: nothing was {verb}: {} {entries} failed",
+            r.failure_count
+        )
+    } else {
+        format!(
+            "fastcp: {} of the entries could not be {verb}; the others were {verb}",
+            r.failure_count
+        )
+    }
 }
 
 /// An error and its causes, each cause once: "a: b: c", leaving out a cause whose text the
@@ -626,12 +649,6 @@ fn special_name(kind: fastcp::stream::SpecialKind) -> &'static str {
     }
 }
 
-/// A failure as the user reads it. The message names the file already; it may carry names
-/// from the peer, so control characters are escaped.
-fn failure_text(failure: &Failure) -> String {
-    escape(failure.message.as_bytes())
-}
-
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
@@ -656,6 +673,62 @@ fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
         C::Quota => "quota",
         _ => "other",
     }
+}
+
+/// A `--json` failure entry.
+fn failure_json(f: &Failure) -> serde_json::Value {
+    json!({
+        "path": escape(&f.path),
+        "side": match f.side { Side::Sender => "sender", Side::Receiver => "receiver" },
+        "code": code_name(f.code),
+        "message": f.message,
+    })
+}
+
+/// A name in snake case, from a variant's name: `HostKey` gives `host_key`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The `--json` object of a copy that stopped on an error: the error, its kind and whose
+/// fault, and how far the copy had got (from its events); README.md documents it.
+fn aborted_json(err: &anyhow::Error, feed: &progress::Feed) -> serde_json::Value {
+    let mut value = json!({
+        "version": 1,
+        "exit_code": exit_code_of(err),
+        "error": error_text(err),
+    });
+    if let Some(e) = err.downcast_ref::<fastcp::Error>() {
+        value["error_kind"] = snake_case(&format!("{:?}", e.kind())).into();
+        value["fault"] = snake_case(&format!("{:?}", e.fault())).into();
+    }
+    if let Some((done, role)) = feed.aborted() {
+        let (files, bytes) = match role {
+            Role::Push => (done.files_sent, done.bytes_sent),
+            Role::Local | Role::Pull => (done.files_done, done.bytes_done),
+        };
+        let (failures, count) = feed.failures();
+        value["files"] = files.into();
+        value["bytes"] = bytes.into();
+        value["files_skipped"] = done.files_skipped.into();
+        value["bytes_skipped"] = done.bytes_skipped.into();
+        value["bytes_resumed"] = done.bytes_resumed.into();
+        value["files_deleted"] = done.deleted.into();
+        value["error_count"] = count.into();
+        value["errors"] = failures.iter().map(failure_json).collect();
+    }
+    value
 }
 
 /// The `--json` summary; README.md documents the schema.
@@ -685,12 +758,7 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
         "streams": outcome.streams,
         "remote": outcome.remote_software.as_deref().map(|s| escape(s.as_bytes())),
         "error_count": outcome.report.failure_count,
-        "errors": outcome.report.failures.iter().map(|f| json!({
-            "path": escape(&f.path),
-            "side": match f.side { Side::Sender => "sender", Side::Receiver => "receiver" },
-            "code": code_name(f.code),
-            "message": f.message,
-        })).collect::<Vec<_>>(),
+        "errors": outcome.report.failures.iter().map(failure_json).collect::<Vec<_>>(),
     });
     if dry_run {
         value["entries"] = outcome

@@ -42,10 +42,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            let code = err
-                .downcast_ref::<fastcp::Error>()
-                .map(fastcp::Error::exit_code)
-                .unwrap_or(exit::PARTIAL);
+            let code = cli::exit_code_of(&err);
             if !is_broken_pipe(&err) {
                 let mut stderr = std::io::stderr().lock();
                 let _ = writeln!(stderr, "fastcp: {}", cli::error_text(&err));

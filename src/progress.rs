@@ -1,17 +1,24 @@
 //! What the `fastcp` command shows on stderr while a copy runs.
 //!
+//! The display is built on the library's public surface, as an embedding program's would be:
+//! the copy's [`Event`]s, taken by a [`Feed`], name the file in flight and report each failure
+//! as it happens (and how a copy that stopped on an error had got on); the [`Progress`]
+//! counters give the totals and the bytes done, read on a timer.
+//!
 //! On a terminal: one indicatif bar for the bytes, with the rate and the ETA, the files done
 //! out of the total, and the current file's name with its control characters escaped (scp's
 //! CVE-2019-6109). While the walk is still finding files the totals grow, and the bar says so
 //! ("+" after the totals, no ETA). Off a terminal, `--progress` prints a plain line every few
-//! seconds instead. Lines from the copy's [`fastcp::Log`] go through [`Output::line`] so that
-//! they do not tear the bar.
+//! seconds instead. Lines from the copy's [`fastcp::Log`] and failures go through
+//! [`Output::line`] so that they do not tear the bar.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fastcp::stream::{Snapshot, escape};
-use fastcp::{Outcome, Progress};
+use bytes::Bytes;
+use fastcp::stream::{Failure, MAX_FAILURES, Snapshot, escape};
+use fastcp::{Event, EventSink, Outcome, Progress};
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Which counters measure the work: the receiver's on a local copy and a pull, the sender's
@@ -58,6 +65,127 @@ impl Output {
             _ => eprintln!("{line}"),
         }
     }
+}
+
+/// What the command learns from a copy's events.
+///
+/// It is called on the engine's threads, so it never waits: the name of the file in flight is
+/// only updated when its lock is free, and a failure is one line on stderr.
+pub struct Feed {
+    output: Output,
+    /// The file most recently started.
+    current: Mutex<Bytes>,
+    state: Mutex<FeedState>,
+    /// Which counters measure the work, once the copy's plan is known.
+    role: std::sync::OnceLock<Role>,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// Failures printed as they happened: the first [`MAX_FAILURES`] are remembered, so that
+    /// the report's own list (which keeps as many) prints only what no event reported.
+    printed: HashSet<(Bytes, String)>,
+    /// How many were printed in all.
+    printed_count: u64,
+    /// The first [`MAX_FAILURES`], for `--json` when the copy stops on an error.
+    failures: Vec<Failure>,
+    /// The counters when the copy stopped on an error.
+    aborted: Option<Snapshot>,
+}
+
+impl Feed {
+    /// A feed that prints failures on `output`, and the [`Progress`] that reports to it.
+    pub fn start(output: &Output) -> (Arc<Feed>, Arc<Progress>) {
+        let feed = Arc::new(Feed {
+            output: output.clone(),
+            current: Mutex::new(Bytes::new()),
+            state: Mutex::new(FeedState::default()),
+            role: std::sync::OnceLock::new(),
+        });
+        let sink = EventSink::new({
+            let feed = feed.clone();
+            move |event: &Event| feed.take(event)
+        });
+        (feed, Arc::new(Progress::with_events(sink)))
+    }
+
+    fn take(&self, event: &Event) {
+        match event {
+            Event::Started { path, .. } => {
+                if let Ok(mut current) = self.current.try_lock() {
+                    *current = path.clone();
+                }
+            }
+            Event::Failed(failure) => {
+                let mut state = self.state();
+                state.printed_count += 1;
+                if state.failures.len() < MAX_FAILURES {
+                    state
+                        .printed
+                        .insert((failure.path.clone(), failure.message.clone()));
+                    state.failures.push(failure.clone());
+                }
+                drop(state);
+                self.output.line(&failure_line(failure));
+            }
+            Event::Aborted { progress, .. } => self.state().aborted = Some(*progress),
+            _ => {}
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file most recently started, escaped for the terminal.
+    fn current(&self) -> String {
+        escape(&self.current.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// After the copy: prints the failures of `failures` (the report's list, `count` in all)
+    /// that no event reported, and a line for those beyond any list.
+    pub fn print_rest(&self, failures: &[Failure], count: u64) {
+        let state = self.state();
+        let mut printed = state.printed_count;
+        for failure in failures {
+            if !state
+                .printed
+                .contains(&(failure.path.clone(), failure.message.clone()))
+            {
+                self.output.line(&failure_line(failure));
+                printed += 1;
+            }
+        }
+        if count > printed {
+            self.output.line(&format!(
+                "fastcp: ... and {} more failures",
+                count - printed
+            ));
+        }
+    }
+
+    /// The failures reported so far (the first [`MAX_FAILURES`]), and how many in all.
+    pub fn failures(&self) -> (Vec<Failure>, u64) {
+        let state = self.state();
+        (state.failures.clone(), state.printed_count)
+    }
+
+    /// Says which counters measure the work.
+    pub fn set_role(&self, role: Role) {
+        let _ = self.role.set(role);
+    }
+
+    /// The counters when the copy stopped on an error, if it did, and which of them measure
+    /// the work.
+    pub fn aborted(&self) -> Option<(Snapshot, Role)> {
+        Some((self.state().aborted?, *self.role.get()?))
+    }
+}
+
+/// A failure as the user reads it. The message names the file already; it may carry names
+/// from the peer, so control characters are escaped.
+fn failure_line(failure: &Failure) -> String {
+    format!("fastcp: {}", escape(failure.message.as_bytes()))
 }
 
 /// The counters that measure the work, by role.
@@ -108,7 +236,13 @@ pub struct Display {
 
 impl Display {
     /// Starts showing `progress` in `style`.
-    pub fn start(progress: Arc<Progress>, role: Role, style: Style, output: &Output) -> Display {
+    pub fn start(
+        progress: Arc<Progress>,
+        feed: Arc<Feed>,
+        role: Role,
+        style: Style,
+        output: &Output,
+    ) -> Display {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let mut bar = None;
         let task = match style {
@@ -122,7 +256,7 @@ impl Display {
                     let mut tick = tokio::time::interval(BAR_TICK);
                     loop {
                         tokio::select! {
-                            _ = tick.tick() => draw(&b, &progress, role),
+                            _ = tick.tick() => draw(&b, &progress, &feed, role),
                             _ = &mut stopped => break,
                         }
                     }
@@ -241,14 +375,14 @@ fn done_style() -> ProgressStyle {
     template("{percent:>3}% [{bar:20}] {bytes} {prefix} {wide_msg}")
 }
 
-fn draw(bar: &ProgressBar, progress: &Progress, role: Role) {
+fn draw(bar: &ProgressBar, progress: &Progress, feed: &Feed, role: Role) {
     let c = counts(&progress.snapshot(), role);
     // Nothing to measure against yet (the walk has found nothing so far), or nobody counts.
     if !c.known || (c.total_bytes == 0 && !c.complete) {
         bar.set_style(open_ended_style());
         bar.set_position(c.bytes);
         bar.set_prefix(format!("{} files", c.files));
-        bar.set_message(escape(&progress.current()));
+        bar.set_message(feed.current());
         return;
     }
     if c.complete {
@@ -259,7 +393,7 @@ fn draw(bar: &ProgressBar, progress: &Progress, role: Role) {
     bar.set_length(c.total_bytes);
     bar.set_position(c.bytes);
     bar.set_prefix(format!("{}/{} files", c.files, c.total_files));
-    bar.set_message(escape(&progress.current()));
+    bar.set_message(feed.current());
 }
 
 /// One `--progress` line.

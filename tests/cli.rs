@@ -296,6 +296,20 @@ fn some_files_failing_exits_1_and_names_them() {
     assert_eq!(error["code"], "not_found");
     assert_eq!(error["side"], "sender");
     assert!(error["message"].as_str().unwrap().contains("missing.txt"));
+    // The failure is printed once, and the last line counts what was done.
+    let err = String::from_utf8_lossy(&out.get_output().stderr);
+    assert_eq!(err.matches("no such file").count(), 1, "{err}");
+    assert!(err.contains("1 of the entries could not be copied; the others were copied"));
+    // When every entry failed, it does not say that others were copied.
+    fastcp()
+        .arg(&missing)
+        .arg(format!("{}/", into.display()))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "nothing was copied: 1 entry failed",
+        ))
+        .stderr(predicate::str::contains("the others").not());
 }
 
 #[test]
@@ -363,6 +377,12 @@ fn connection_refused_exits_3() {
     let v = json_of(out.get_output());
     assert_eq!(v["exit_code"], 3);
     assert!(v["error"].as_str().unwrap().contains("Connection refused"));
+    assert_eq!(
+        (&v["error_kind"], &v["fault"]),
+        (&"connect".into(), &"network".into())
+    );
+    // Nothing was done, and the object says so.
+    assert_eq!((&v["files"], &v["bytes"]), (&0.into(), &0.into()), "{v}");
     assert!(!work.path().join("b").exists());
 }
 

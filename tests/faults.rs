@@ -245,6 +245,52 @@ fn a_cut_control_connection_never_leaves_a_tcp_copy_hanging() {
     }
 }
 
+/// A copy cut mid-way still says, with `--json`, what went wrong (kind and fault) and how far
+/// it had got: a backup tool logs that much of a failed night.
+#[test]
+fn a_cut_copy_reports_how_far_it_got_in_json() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(24 << 20, 5), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let port = relay(sshd.port(), 5_000_000, Fault::Cut);
+    let cfg = through(&sshd, work.path(), port);
+    // `timeout` bounds the wait: a hang fails the test rather than the run.
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(BIN)
+        .arg("-F")
+        .arg(&cfg)
+        .args([
+            "--remote-path",
+            BIN,
+            "--transport",
+            "ssh",
+            "-j",
+            "1",
+            "--json",
+        ])
+        .arg(&src)
+        .arg(remote(&sshd, &dst))
+        .env_remove("SSH_AUTH_SOCK")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["error_kind"], "connect", "{v}");
+    assert_eq!(v["fault"], "network", "{v}");
+    // Some of the file had been handed to the stream before the cut, not all of it.
+    let bytes = v["bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes < 24 << 20, "{v}");
+    assert_eq!(v["files"], 0, "{v}");
+    assert_eq!(v["error_count"], 0, "{v}");
+}
+
 /// Whether `dir` holds a fastcp temp file (`.NAME.fastcp-*`).
 fn has_temp(dir: &Path) -> bool {
     std::fs::read_dir(dir)
