@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -311,5 +312,109 @@ fn an_older_server_is_checked_with_its_own_checksum() {
             assert!(scan(&dest).is_empty());
             assert_no_temp(&dest);
         }
+    }
+}
+
+/// Names built for command injection (`;`, `$(...)`, backticks, quotes, spaces, a newline, a
+/// leading `-`) are data under every kind of login shell the remote user may have: bash, dash
+/// and tcsh. The remote has no fastcp, so each copy also goes through self-deploy's remote
+/// commands, with the built-in client and with the system ssh (`--ssh-program ssh`), both
+/// ways. The sessions start in a home of the harness's own, where a `touch canary` that ran
+/// would leave its mark.
+#[test]
+fn hostile_names_are_data_under_every_login_shell() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user another login shell needs root");
+        return;
+    }
+    let names: [&[u8]; 8] = [
+        b"x;touch canary",
+        b"$(touch canary)",
+        b"`touch canary`",
+        b"q'uo\"te",
+        b"sp ace",
+        b"new\nline",
+        b"-leading",
+        b"!bang&amp|pipe>gt",
+    ];
+    for shell in ["bash", "dash", "tcsh"] {
+        let shell = fastcp_testsupport::tools::require(shell);
+        let sshd = Sshd::start_with_login_shell(&shell, &[]).unwrap();
+        // The sessions' shell is the one asked for.
+        let out = std::process::Command::new(fastcp_testsupport::tools::require("ssh"))
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .arg(sshd.alias())
+            .arg("ps -o comm= -p $$; true")
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let name = shell.file_name().unwrap().to_str().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), name, "{out:?}");
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        for (i, name) in names.iter().enumerate() {
+            let name = std::ffi::OsStr::from_bytes(name);
+            write(&src.join(name), format!("file {i}").as_bytes(), 0o644);
+        }
+        // The destination folder's own name is hostile too.
+        let dst = work
+            .path()
+            .join("dst;touch canary $(touch canary) `touch canary` 'q\"");
+        std::fs::create_dir(&dst).unwrap();
+        let plain = |extra: &[&str]| {
+            let mut cmd = std::process::Command::new(BIN);
+            cmd.arg("-F")
+                .arg(sshd.ssh_config())
+                .args(extra)
+                .env_remove("SSH_AUTH_SOCK");
+            cmd
+        };
+        for (how, extra) in [
+            ("built-in, ssh", &["--transport", "ssh"][..]),
+            ("built-in, tcp", &["--transport", "tcp"][..]),
+            ("system ssh", &["--ssh-program", "ssh"][..]),
+        ] {
+            let what = format!("{} ({how})", shell.display());
+            let pushed = dst.join(how);
+            let out = run(plain(extra).arg("-r").arg(&src).arg(remote(&sshd, &pushed)));
+            assert!(out.status.success(), "push, {what}: {}", stderr(&out));
+            fastcp_testsupport::tree::assert_same_tree(&src, &pushed, false);
+            let pulled = work.path().join(format!("pulled {how}"));
+            let out = run(plain(extra)
+                .arg("-r")
+                .arg(remote(&sshd, &pushed))
+                .arg(&pulled));
+            assert!(out.status.success(), "pull, {what}: {}", stderr(&out));
+            fastcp_testsupport::tree::assert_same_tree(&src, &pulled, false);
+            // One file by its own hostile name, as an operand of its own.
+            let single = remote(&sshd, &pushed.join("-leading"));
+            let copied = work.path().join(format!("single {how}"));
+            let out = run(plain(extra).arg(&single).arg(&copied));
+            assert!(out.status.success(), "single, {what}: {}", stderr(&out));
+            assert_eq!(std::fs::read(&copied).unwrap(), b"file 6");
+        }
+        let ran: Vec<_> = std::fs::read_dir(sshd.home())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n == "canary")
+            .collect();
+        assert!(
+            ran.is_empty(),
+            "a remote shell ({}) ran part of a name",
+            shell.display()
+        );
+        // The shell really was the login shell: self-deploy cached fastcp in the new home.
+        assert!(
+            sshd.home().join(".cache/fastcp").is_dir(),
+            "no deploy under {}",
+            shell.display()
+        );
+        assert!(
+            !work.path().join("canary").exists() && !dst.join("canary").exists(),
+            "a shell ran part of a name"
+        );
     }
 }

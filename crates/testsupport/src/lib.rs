@@ -109,6 +109,24 @@ impl Sshd {
         Sshd::start_logging("fastcp-test", "VERBOSE", options, true, false)
     }
 
+    /// Starts an sshd (with the session environment `vars`, as
+    /// [`start_with_env`](Sshd::start_with_env)) whose sessions run under the login shell
+    /// `shell`, as if /etc/passwd named it for the user: sshd runs in a mount namespace of its
+    /// own, where a copy of /etc/passwd with that shell is bind-mounted over the real one.
+    /// That copy also gives the user an empty home of its own, [`Sshd::home`], where the
+    /// sessions start (and the shell reads its startup files): nothing outside the test's
+    /// folders changes. Needs root (`unshare`, `mount`).
+    pub fn start_with_login_shell(shell: &Path, vars: &[(&str, &Path)]) -> io::Result<Sshd> {
+        Sshd::start_full(
+            "fastcp-test",
+            "VERBOSE",
+            &set_env(vars),
+            true,
+            false,
+            Some(shell),
+        )
+    }
+
     /// `log_level` DEBUG1 logs forwarding requests, but sshd then also copies debug lines
     /// into each session's stderr; VERBOSE keeps sessions clean.
     fn start_logging(
@@ -117,6 +135,17 @@ impl Sshd {
         extra: &str,
         sftp: bool,
         host_cert: bool,
+    ) -> io::Result<Sshd> {
+        Sshd::start_full(alias, log_level, extra, sftp, host_cert, None)
+    }
+
+    fn start_full(
+        alias: &str,
+        log_level: &str,
+        extra: &str,
+        sftp: bool,
+        host_cert: bool,
+        login_shell: Option<&Path>,
     ) -> io::Result<Sshd> {
         // Fail with the package to install, not a bare "No such file or directory".
         tools::locate("sshd")?;
@@ -166,13 +195,20 @@ impl Sshd {
             .join(" ");
         let user = current_user()?;
         ensure_privsep_dir()?;
+        if let Some(shell) = login_shell {
+            fs::create_dir(d.join("home"))?;
+            fs::write(
+                d.join("passwd"),
+                passwd_with_shell(&user, shell, &d.join("home"))?,
+            )?;
+        }
 
         // The free port can be taken between probing and sshd's bind; retry a few times.
         let mut last_err = None;
         for _ in 0..5 {
             let port = free_port()?;
             write_sshd_config(d, port, log_level, &format!("{subsystem}{extra}"))?;
-            match spawn_sshd(d, port) {
+            match spawn_sshd(d, port, login_shell.is_some()) {
                 Ok(child) => {
                     let sshd = Sshd {
                         dir,
@@ -269,6 +305,12 @@ impl Sshd {
         self.dir.path()
     }
 
+    /// The user's home in the sessions of [`Sshd::start_with_login_shell`]'s sshd: an empty
+    /// folder of the harness's own.
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
     /// The client `ssh_config` file (use with `ssh -F`).
     pub fn ssh_config(&self) -> PathBuf {
         self.dir.path().join("ssh_config")
@@ -359,7 +401,7 @@ impl Sshd {
             .take(2)
             .collect::<Vec<_>>()
             .join(" ");
-        self.child = spawn_sshd(d, self.port)?;
+        self.child = spawn_sshd(d, self.port, d.join("passwd").exists())?;
         Ok(())
     }
 }
@@ -411,8 +453,11 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// sshd's `SetEnv` line for `vars`.
+/// sshd's `SetEnv` line for `vars`; none for no vars.
 fn set_env(vars: &[(&str, &Path)]) -> String {
+    if vars.is_empty() {
+        return String::new();
+    }
     let set: Vec<String> = vars
         .iter()
         .map(|(k, v)| format!("{k}={}", v.display()))
@@ -461,12 +506,49 @@ fn write_sshd_config(d: &Path, port: u16, log_level: &str, extra: &str) -> io::R
     fs::write(d.join("sshd_config"), cfg)
 }
 
-fn spawn_sshd(d: &Path, port: u16) -> io::Result<Child> {
+/// /etc/passwd with `user`'s home and login shell replaced by `home` and `shell`.
+fn passwd_with_shell(user: &str, shell: &Path, home: &Path) -> io::Result<String> {
+    let passwd = fs::read_to_string("/etc/passwd")?;
+    let mut found = false;
+    let lines: Vec<String> = passwd
+        .lines()
+        .map(|line| {
+            let mut fields: Vec<&str> = line.split(':').collect();
+            if fields.len() == 7 && fields[0] == user {
+                found = true;
+                fields[5] = home.to_str().unwrap_or("/");
+                fields[6] = shell.to_str().unwrap_or("/bin/sh");
+            }
+            fields.join(":")
+        })
+        .collect();
+    if !found {
+        return Err(io::Error::other(format!("{user} is not in /etc/passwd")));
+    }
+    Ok(lines.join("\n") + "\n")
+}
+
+/// Starts sshd with `d`'s config; with `own_passwd`, in a mount namespace of its own where
+/// `d/passwd` stands for /etc/passwd (`unshare` execs the shell, which execs sshd: the child
+/// is sshd itself).
+fn spawn_sshd(d: &Path, port: u16, own_passwd: bool) -> io::Result<Child> {
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(d.join("sshd.log"))?;
-    let mut child = Command::new(tools::locate("sshd")?)
+    let sshd = tools::locate("sshd")?;
+    let mut command = if own_passwd {
+        let mut c = Command::new(tools::locate("unshare")?);
+        c.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+            .arg("mount --bind \"$1\" /etc/passwd && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(d.join("passwd"))
+            .arg(sshd);
+        c
+    } else {
+        Command::new(sshd)
+    };
+    let mut child = command
         .arg("-D")
         .arg("-e")
         .arg("-f")
