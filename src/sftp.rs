@@ -18,13 +18,15 @@
 //!   frames for the local receiver ([`fastcp_stream::receive`]), which checks every name,
 //!   resolves every path beneath the destination without following symlinks, writes temp
 //!   files and renames them only once complete: a hostile SFTP server meets the same
-//!   receiver as a hostile fastcp server.
+//!   receiver as a hostile fastcp server. The listing leaves out what the filter excludes;
+//!   with the quick check each file is first a `Probe` to the receiver, and only those it
+//!   answers "send" for are read ([`Probing`]); `--delete` is the receiver's own.
 //!
 //! What SFTP cannot give: a check of what landed on the remote disk (the sender's checksum
 //! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
 //! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
 //! entries fail, each with an error), times finer than a second, and the features that
-//! need fastcp on both ends (`--delete`, `--checksum`, `-H`, `-n`, rules on a pull).
+//! need fastcp on both ends (`--delete` on a push, `--checksum`, `-H`, `-n`, `--resume`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -291,22 +293,13 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
     let pull = matches!(plan.dest, Location::Local(_));
     let refused = [
-        (o.delete, "--delete"),
+        (o.delete && !pull, "--delete on a push"),
         (o.checksum, "--checksum"),
         (o.resume, "--resume"),
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
         (o.dry_run, "-n"),
-        (pull && o.skip_unchanged, "--skip-unchanged on a pull"),
-        (
-            pull && o.filter.as_ref().is_some_and(|f| !f.rules().is_empty()),
-            "--include/--exclude on a pull",
-        ),
-        (
-            pull && o.filter.as_ref().is_some_and(|f| f.listed().is_some()),
-            "--files-from on a pull",
-        ),
         (
             o.transport == crate::TransportChoice::Tcp,
             "--transport tcp",
@@ -1136,7 +1129,33 @@ struct Emit {
     preserve: bool,
     recursive: bool,
     follow: bool,
+    /// What the rules, the `--files-from` list or the predicate leave out is not listed.
+    filter: Option<Arc<fastcp_stream::Filter>>,
+    /// Ask the local receiver about each file before reading it (`--skip-unchanged`).
+    probing: Option<Probing>,
     next_id: AtomicU64,
+}
+
+/// Probes in flight at most: what a pull's quick check holds in memory, and what the
+/// receiver's answers may fill of their pipe (an answer is a few dozen bytes).
+const PROBES_IN_FLIGHT: usize = 4096;
+
+/// What reading one file takes: the `File` frame that announces a big file on stream 0
+/// (a small one's reader sends its own), and its jobs.
+type Reads = (Option<Frame>, Vec<Job>);
+
+/// A pull's quick check: the lister sends a `Probe` for each file on stream 0 and parks the
+/// file's reads here; the receiver's `Answer`s, in the order of the probes, release or drop
+/// them. The probes stream ahead of the answers: no round trip per file.
+struct Probing {
+    /// The reads of each probed file, by probe id.
+    parked: Mutex<HashMap<u64, Reads>>,
+    /// Places for probes in flight.
+    window: Semaphore,
+    /// Probes sent so far.
+    sent: AtomicU64,
+    /// How many probes the listing sent in all, once it is over.
+    listed: SetOnce<u64>,
 }
 
 async fn pull(
@@ -1165,21 +1184,33 @@ async fn pull(
             counts: Summary::default(),
         }));
     }
-    let mut replies = replies.expect("one stream at least");
+    let replies = replies.expect("one stream at least");
+    let o = &plan.options;
     let emit = Arc::new(Emit {
         sftp,
         outs,
-        preserve: plan.options.preserve,
-        recursive: plan.options.recursive,
-        follow: plan.options.follow_links,
+        preserve: o.preserve || o.skip_unchanged,
+        recursive: o.recursive,
+        follow: o.follow_links,
+        filter: o.filter.clone(),
+        probing: o.skip_unchanged.then(|| Probing {
+            parked: Mutex::new(HashMap::new()),
+            window: Semaphore::new(PROBES_IN_FLIGHT),
+            sent: AtomicU64::new(0),
+            listed: SetOnce::new(),
+        }),
         next_id: AtomicU64::new(1),
     });
     let mut config = fastcp_stream::ReceiveConfig {
-        recursive: plan.options.recursive,
-        preserve: plan.options.preserve,
+        recursive: o.recursive,
+        // The quick check compares times: they must be kept.
+        preserve: o.preserve || o.skip_unchanged,
         target_must_be_dir: plan.sources.len() > 1
             || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
-        fsync: plan.options.fsync,
+        fsync: o.fsync,
+        skip_unchanged: o.skip_unchanged,
+        delete: o.delete,
+        filter: o.filter.clone(),
         ..Default::default()
     };
     config.expected_top_level = plan
@@ -1194,18 +1225,39 @@ async fn pull(
         .filter_map(Location::remote)
         .map(|r| r.path.clone())
         .collect();
-    let draining = async move {
-        let mut sink = Vec::new();
-        let _ = tokio::io::AsyncReadExt::read_to_end(&mut replies, &mut sink).await;
-    };
-    let emitting = emit.clone().run(sources);
+    // The receiver's replies are read at once, always, so that it never waits on them; its
+    // answers to probes go on to the dispatcher.
+    let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
+    let reading_replies = read_answers(replies, answers_tx);
+    let emitting = emit.clone().run(sources, answers);
     let receiving = fastcp_stream::receive(dest, theirs, &config, progress);
-    let (emitted, received, ()) = tokio::join!(emitting, receiving, draining);
+    let (emitted, received, ()) = tokio::join!(emitting, receiving, reading_replies);
     match (emitted, received) {
         (Err(e), Err(r)) if r.is_disconnect() => Err(e),
         (_, Err(r)) => Err(r.into()),
         (Err(e), Ok(_)) => Err(e),
         (Ok(()), Ok(report)) => Ok(report),
+    }
+}
+
+/// Reads the local receiver's replies to their end, passing its answers to probes on.
+async fn read_answers(
+    mut replies: tokio::io::ReadHalf<DuplexStream>,
+    answers: tokio::sync::mpsc::UnboundedSender<Answer>,
+) {
+    // Answers are small; a `Partial` (resume) is not asked for here.
+    let mut decoder = fastcp_proto::Decoder::new(1 << 20);
+    let mut buf = BytesMut::with_capacity(8 << 10);
+    loop {
+        while let Ok(Some(frame)) = decoder.decode(&mut buf) {
+            if let Frame::Answer(a) = frame {
+                let _ = answers.send(a);
+            }
+        }
+        match tokio::io::AsyncReadExt::read_buf(&mut replies, &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 
@@ -1252,9 +1304,13 @@ impl Emit {
             .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))
     }
 
-    /// Lists the sources on session 0 while every session reads files; then ends each
-    /// stream with its `Done`.
-    async fn run(self: Arc<Self>, sources: Vec<String>) -> Result<(), Error> {
+    /// Lists the sources on session 0 while every session reads files (those the receiver
+    /// wants, with probing: see [`Probing`]); then ends each stream with its `Done`.
+    async fn run(
+        self: Arc<Self>,
+        sources: Vec<String>,
+        answers: tokio::sync::mpsc::UnboundedReceiver<Answer>,
+    ) -> Result<(), Error> {
         let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<Job>(1024);
         let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
         let mut readers = tokio::task::JoinSet::new();
@@ -1271,8 +1327,19 @@ impl Emit {
                 });
             }
         }
-        let listed = self.list(sources, jobs_tx).await;
-        let mut result = listed;
+        let dispatching = self.dispatch(answers, jobs_tx.clone());
+        let (listed, dispatched) = tokio::join!(
+            async {
+                let listed = self.list(sources, jobs_tx).await;
+                // However the listing ended, the dispatcher hears how many probes to wait for.
+                if let Some(p) = &self.probing {
+                    let _ = p.listed.set(p.sent.load(Ordering::Relaxed));
+                }
+                listed
+            },
+            dispatching
+        );
+        let mut result = listed.and(dispatched);
         while let Some(joined) = readers.join_next().await {
             let r = joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))));
             if let Err(e) = r {
@@ -1294,8 +1361,47 @@ impl Emit {
         Ok(())
     }
 
+    /// With probing: hands on the reads of each file the receiver answers "send" for, until
+    /// every probe of the listing is answered (or the receiver is gone). Holds a job sender
+    /// until then, so the readers wait for it.
+    async fn dispatch(
+        &self,
+        mut answers: tokio::sync::mpsc::UnboundedReceiver<Answer>,
+        jobs: tokio::sync::mpsc::Sender<Job>,
+    ) -> Result<(), Error> {
+        let Some(probing) = &self.probing else {
+            return Ok(());
+        };
+        let mut answered = 0;
+        loop {
+            if probing.listed.get().is_some_and(|&sent| answered >= sent) {
+                return Ok(());
+            }
+            let answer = tokio::select! {
+                a = answers.recv() => match a {
+                    Some(a) => a,
+                    // The receiver stopped: its error is the copy's.
+                    None => return Ok(()),
+                },
+                _ = probing.listed.wait(), if probing.listed.get().is_none() => continue,
+            };
+            answered += 1;
+            probing.window.add_permits(1);
+            let parked = lock(&probing.parked).remove(&answer.id);
+            let (Some((announce, reads)), true) = (parked, answer.send) else {
+                continue;
+            };
+            if let Some(frame) = announce {
+                self.send(0, &frame).await?;
+            }
+            for job in reads {
+                send_job(&jobs, job).await?;
+            }
+        }
+    }
+
     /// Walks the sources depth first: directories and links as frames on stream 0, files
-    /// as read jobs.
+    /// as read jobs (parked behind a probe, with probing).
     async fn list(
         &self,
         sources: Vec<String>,
@@ -1346,6 +1452,14 @@ impl Emit {
                             let mut child = BytesMut::from(&wire[..]);
                             child.extend_from_slice(b"/");
                             child.extend_from_slice(name.as_bytes());
+                            let is_dir = file_type(&a) == S_IFDIR;
+                            if self
+                                .filter
+                                .as_ref()
+                                .is_some_and(|f| !f.allows(&child, is_dir))
+                            {
+                                continue;
+                            }
                             stack.push((join(&remote, &name), child.freeze(), a));
                         }
                     }
@@ -1386,27 +1500,55 @@ impl Emit {
                     range,
                     shared,
                 };
-                if size <= RANGE {
-                    send_job(&jobs, job((0, size), None)).await?;
+                let (announce, reads) = if size <= RANGE {
+                    (None, vec![job((0, size), None)])
                 } else {
-                    // Announced here, before any of its ranges, on stream 0.
+                    // Announced on stream 0 before any of its ranges is read.
                     let frame = Frame::File(FileEntry {
                         id,
                         path: wire.clone(),
                         size,
                         meta,
                     });
-                    self.send(0, &frame).await?;
                     let shared = Arc::new(Mutex::new((
                         FileChecksum::new(fastcp_proto::PROTOCOL_VERSION, size),
                         size,
                     )));
+                    let mut reads = Vec::new();
                     let mut at = 0;
                     while at < size {
                         let end = (at + RANGE).min(size);
-                        send_job(&jobs, job((at, end), Some(shared.clone()))).await?;
+                        reads.push(job((at, end), Some(shared.clone())));
                         at = end;
                     }
+                    (Some(frame), reads)
+                };
+                if let Some(probing) = &self.probing {
+                    // A place for one more probe in flight; the dispatcher gives it back.
+                    probing
+                        .window
+                        .acquire()
+                        .await
+                        .map_err(|_| Error::ConnectionClosed("the pull stopped".into()))?
+                        .forget();
+                    lock(&probing.parked).insert(id, (announce, reads));
+                    let probe = Frame::Probe(fastcp_proto::Probe {
+                        id,
+                        path: wire.clone(),
+                        size,
+                        mtime: meta.mtime,
+                        mtime_nsec: 0,
+                        mode: Some(meta.mode),
+                    });
+                    self.send(0, &probe).await?;
+                    probing.sent.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if let Some(frame) = announce {
+                    self.send(0, &frame).await?;
+                }
+                for read in reads {
+                    send_job(&jobs, read).await?;
                 }
             } else {
                 let msg = "skipped: not a regular file, directory or link".to_string();
