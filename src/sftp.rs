@@ -1136,6 +1136,9 @@ struct Emit {
     next_id: AtomicU64,
 }
 
+/// Folders a pull lists at once, over all its sessions.
+const LISTINGS_IN_FLIGHT: usize = 16;
+
 /// Probes in flight at most: what a pull's quick check holds in memory, and what the
 /// receiver's answers may fill of their pipe (an answer is a few dozen bytes).
 const PROBES_IN_FLIGHT: usize = 4096;
@@ -1432,20 +1435,28 @@ impl Emit {
                 }
             }
         }
-        while let Some((remote, wire, attrs)) = stack.pop() {
-            if file_type(&attrs) == S_IFDIR {
-                if !self.recursive {
-                    let msg = "is a directory (use -r to copy it)".to_string();
-                    self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
-                        .await?;
-                    continue;
+        // Folders to list, and listings in flight: several at once, spread over the sessions,
+        // since each is a few round trips. A folder's `Dir` frame goes out before its
+        // listing is asked for, so its entries always come after it.
+        let mut to_list: std::collections::VecDeque<(String, Bytes)> = Default::default();
+        let mut listing = futures_util::stream::FuturesUnordered::new();
+        let mut next_session = 0;
+        loop {
+            let Some((remote, wire, attrs)) = stack.pop() else {
+                while listing.len() < LISTINGS_IN_FLIGHT
+                    && let Some((remote, wire)) = to_list.pop_front()
+                {
+                    let s = next_session % self.sftp.len();
+                    next_session += 1;
+                    listing.push(async move {
+                        let entries = self.read_dir(s, &remote).await;
+                        (remote, wire, entries)
+                    });
                 }
-                let frame = Frame::Dir(DirEntry {
-                    path: wire.clone(),
-                    meta: meta_of(&attrs, self.preserve),
-                });
-                self.send(0, &frame).await?;
-                match self.read_dir(&remote).await {
+                let Some((remote, wire, entries)) = listing.next().await else {
+                    break;
+                };
+                match entries {
                     Ok(mut entries) => {
                         entries.sort_by(|a, b| b.0.cmp(&a.0));
                         for (name, a) in entries {
@@ -1466,6 +1477,21 @@ impl Emit {
                     Err(Ok((c, m))) => self.send(0, &error_frame(c, &wire, m)).await?,
                     Err(Err(e)) => return Err(e),
                 }
+                continue;
+            };
+            if file_type(&attrs) == S_IFDIR {
+                if !self.recursive {
+                    let msg = "is a directory (use -r to copy it)".to_string();
+                    self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
+                        .await?;
+                    continue;
+                }
+                let frame = Frame::Dir(DirEntry {
+                    path: wire.clone(),
+                    meta: meta_of(&attrs, self.preserve),
+                });
+                self.send(0, &frame).await?;
+                to_list.push_back((remote, wire));
             } else if file_type(&attrs) == S_IFLNK {
                 match sftp.raw.readlink(remote.clone()).await {
                     Ok(name) if !name.files.is_empty() => {
@@ -1560,13 +1586,14 @@ impl Emit {
         Ok(())
     }
 
-    /// A directory's entries with their attributes; each name checked as a single,
-    /// ordinary, UTF-8 component (the receiver checks again).
+    /// A directory's entries with their attributes, listed on session `s`; each name
+    /// checked as a single, ordinary, UTF-8 component (the receiver checks again).
     async fn read_dir(
         &self,
+        s: usize,
         remote: &str,
     ) -> Result<Vec<(String, FileAttributes)>, Result<(ErrorCode, String), Error>> {
-        let sftp = &self.sftp[0];
+        let sftp = &self.sftp[s];
         let to_failure = |e: SftpError| {
             if is_session_failure(&e) {
                 Err(fatal("listing a directory", e))
