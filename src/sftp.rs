@@ -1137,7 +1137,7 @@ struct Emit {
 }
 
 /// Folders a pull lists at once, over all its sessions.
-const LISTINGS_IN_FLIGHT: usize = 16;
+const LISTINGS_IN_FLIGHT: usize = 64;
 
 /// Probes in flight at most: what a pull's quick check holds in memory, and what the
 /// receiver's answers may fill of their pipe (an answer is a few dozen bytes).
