@@ -10,23 +10,25 @@
 //! fastcp's own engine still runs on this side, bridged to SFTP through in-memory pipes
 //! that carry fastcp's frames:
 //!
-//! - a **push** runs the local sender ([`fastcp_stream::send`]); [`Apply`] reads its frames
+//! - a **push** runs the local sender ([`fastcp_stream::send`]); `Apply` reads its frames
 //!   and applies them remotely: directories made, each file written through a handle per
 //!   session to a temporary name created exclusively beside its target, its attributes set,
 //!   then renamed over the target (`posix-rename@openssh.com` where offered: atomic).
-//! - a **pull** lists the remote tree and reads it ([`Emit`]), turning what it reads into
+//! - a **pull** lists the remote tree and reads it (`Emit`), turning what it reads into
 //!   frames for the local receiver ([`fastcp_stream::receive`]), which checks every name,
 //!   resolves every path beneath the destination without following symlinks, writes temp
 //!   files and renames them only once complete: a hostile SFTP server meets the same
 //!   receiver as a hostile fastcp server. The listing leaves out what the filter excludes;
 //!   with the quick check each file is first a `Probe` to the receiver, and only those it
-//!   answers "send" for are read ([`Probing`]); `--delete` is the receiver's own.
+//!   answers "send" for are read (`Probing`); `--delete` is the receiver's own.
 //!
 //! What SFTP cannot give: a check of what landed on the remote disk (the sender's checksum
 //! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
 //! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
 //! entries fail, each with an error), times finer than a second, and the features that
-//! need fastcp on both ends (`--delete` on a push, `--checksum`, `-H`, `-n`, `--resume`).
+//! need fastcp on both ends (`--delete` on a push, `--checksum`, `-H`, `--resume`). A dry
+//! run (`-n`) lists the local walk on a push, and the remote listing on a pull
+//! (`list_remote`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -269,10 +271,23 @@ pub(crate) async fn copy(
         )
     });
     let started = std::time::Instant::now();
+    let mut listing = Vec::new();
     let work = async {
-        match &plan.dest {
-            Location::Remote(r) => push(plan, &r.path, sftp, progress.clone(), log).await,
-            Location::Local(dest) => pull(plan, dest, sftp, progress.clone()).await,
+        match (&plan.dest, plan.options.dry_run) {
+            // A push lists its own walk; the remote is not asked (Plan refuses -n with the
+            // options that would need it).
+            (Location::Remote(_), true) => {
+                let (listed, report) = crate::dry_run::list_local(plan);
+                listing = listed;
+                Ok(report)
+            }
+            (Location::Remote(r), false) => push(plan, &r.path, sftp, progress.clone(), log).await,
+            (Location::Local(dest), true) => {
+                let (listed, report) = list_remote(plan, dest, sftp).await?;
+                listing = listed;
+                Ok(report)
+            }
+            (Location::Local(dest), false) => pull(plan, dest, sftp, progress.clone()).await,
         }
     };
     let report = within_idle_limit(&progress, plan.options.timeout, work).await?;
@@ -283,9 +298,116 @@ pub(crate) async fn copy(
         provider: None,
         compression: None,
         remote_software: "SFTP version 3".into(),
-        listing: Vec::new(),
+        listing,
         data_time: started.elapsed(),
     })
+}
+
+/// A dry run of a pull: the remote tree as a pull would list it (the same listing, filter
+/// and checks, reading no file), then judged on this side as any pull's dry run is (the
+/// quick check, what `--delete` would remove).
+async fn list_remote(
+    plan: &Plan,
+    dest: &std::path::Path,
+    sftp: Vec<Arc<Sftp>>,
+) -> Result<(Vec<crate::Listed>, Report), Error> {
+    let (ours, theirs) = tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER);
+    let (_replies, write) = tokio::io::split(ours);
+    let o = &plan.options;
+    let emit = Emit {
+        sftp,
+        outs: vec![tokio::sync::Mutex::new(Out {
+            write,
+            counts: Summary::default(),
+        })],
+        preserve: true,
+        recursive: o.recursive,
+        follow: o.follow_links,
+        filter: o.filter.clone(),
+        probing: None,
+        next_id: AtomicU64::new(1),
+    };
+    let sources: Vec<String> = plan
+        .sources
+        .iter()
+        .filter_map(Location::remote)
+        .map(|r| r.path.clone())
+        .collect();
+    let (jobs_tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1024);
+    let mut report = Report::default();
+    let mut listing = Vec::new();
+    let listed = |path: Bytes, kind, meta: Meta| crate::Listed {
+        path,
+        kind,
+        meta: fastcp_stream::Meta {
+            atime: None,
+            ..meta
+        },
+        delete: false,
+    };
+    // Files come as read jobs (one per small file, the first of a big one's ranges), the
+    // rest as frames on the stream.
+    let files = async {
+        let mut files = Vec::new();
+        while let Some(job) = jobs.recv().await {
+            if job.range.0 == 0 {
+                let kind = fastcp_stream::EntryKind::File { size: job.size };
+                files.push(listed(job.wire, kind, job.meta));
+            }
+        }
+        files
+    };
+    let frames = async {
+        let mut frames = Vec::new();
+        let mut decoder = fastcp_proto::Decoder::new(crate::session::MAX_FRAME);
+        let mut buf = BytesMut::with_capacity(64 << 10);
+        let mut theirs = theirs;
+        loop {
+            while let Ok(Some(frame)) = decoder.decode(&mut buf) {
+                frames.push(frame);
+            }
+            match tokio::io::AsyncReadExt::read_buf(&mut theirs, &mut buf).await {
+                Ok(0) | Err(_) => return frames,
+                Ok(_) => {}
+            }
+        }
+    };
+    let listing_done = async {
+        let r = emit.list(sources, jobs_tx).await;
+        // The end of the stream ends the frame reader.
+        let _ = emit.outs[0].lock().await.write.shutdown().await;
+        r
+    };
+    let (result, files, frames) = tokio::join!(listing_done, files, frames);
+    result?;
+    for frame in frames {
+        match frame {
+            Frame::Dir(d) => listing.push(listed(d.path, fastcp_stream::EntryKind::Dir, d.meta)),
+            Frame::Symlink(l) => listing.push(listed(
+                l.path,
+                fastcp_stream::EntryKind::Symlink { target: l.target },
+                Meta::default(),
+            )),
+            Frame::Error(e) => crate::client::push_failure(
+                &mut report,
+                fastcp_stream::Failure {
+                    side: fastcp_stream::Side::Sender,
+                    path: e.path,
+                    code: e.code,
+                    message: e.message,
+                },
+            ),
+            _ => {}
+        }
+    }
+    listing.extend(files);
+    // In the order of the paths: a folder before what it holds.
+    listing.sort_by(|a, b| a.path.cmp(&b.path));
+    for entry in &listing {
+        crate::dry_run::count(&mut report.local, &entry.kind);
+    }
+    let listing = crate::dry_run::apply(plan, dest, listing, &mut report);
+    Ok((listing, report))
 }
 
 /// Options that need fastcp on both ends fail at once, naming the way out.
@@ -299,7 +421,6 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
-        (o.dry_run, "-n"),
         (
             o.transport == crate::TransportChoice::Tcp,
             "--transport tcp",

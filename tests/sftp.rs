@@ -303,6 +303,83 @@ fn a_nightly_pull_over_sftp_skips_unchanged_files_excludes_and_mirrors() {
     assert_no_temp(&copy);
 }
 
+/// `-n` over SFTP lists what a copy would do and writes nothing: a push lists its walk, a
+/// pull the remote listing, judged on this side (the quick check, `--delete`).
+#[test]
+fn a_dry_run_over_sftp_lists_and_writes_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("deep")).unwrap();
+    write(&src.join("one"), b"1", 0o644);
+    write(&src.join("deep/two"), b"22", 0o644);
+    symlink("one", src.join("link")).unwrap();
+    for f in ["one", "deep/two", "deep", ""] {
+        set_mtime(&src.join(f), 1_700_000_000, 0);
+    }
+    let listing = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    // Push.
+    let pushed = work.path().join("pushed");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "-n"])
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        listing(&out),
+        "src/\nsrc/deep/\nsrc/deep/two\nsrc/link -> one\nsrc/one\n"
+    );
+    assert!(!pushed.exists());
+    // Pull.
+    let dst = work.path().join("dst");
+    let pull = |extra: &[&str]| {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "-n"])
+            .args(extra)
+            .arg(remote(&sshd, &src))
+            .arg(&dst))
+    };
+    let out = pull(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        listing(&out),
+        "src/\nsrc/deep/\nsrc/deep/two\nsrc/link -> one\nsrc/one\n"
+    );
+    assert!(!dst.exists());
+    // After a real pull, a change here and an extra file: only those are listed.
+    fs::create_dir(&dst).unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "-p"])
+        .arg(remote(&sshd, &src))
+        .arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    write(&dst.join("src/one"), b"changed here", 0o644);
+    write(&dst.join("src/deep/extra"), b"x", 0o644);
+    let out = pull(&["--skip-unchanged", "--delete", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    let entries: Vec<(String, String)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] != "dir")
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_owned(),
+                e["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(entries.contains(&("src/one".into(), "copy".into())), "{v}");
+    assert!(
+        entries.contains(&("src/deep/extra".into(), "delete".into())),
+        "{v}"
+    );
+    assert!(!entries.iter().any(|(p, _)| p == "src/deep/two"), "{v}");
+    assert_eq!(fs::read(dst.join("src/one")).unwrap(), b"changed here");
+    assert!(dst.join("src/deep/extra").exists());
+}
+
 #[test]
 fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let work = tempfile::tempdir().unwrap();
