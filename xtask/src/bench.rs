@@ -792,8 +792,25 @@ fn contenders(
                     listener: None,
                     broken: broken.clone(),
                 },
+                Contender {
+                    name: "fastcp pull".into(),
+                    command: format!(
+                        "{fastcp_bin} {r}--sftp -F \"$CFG\"{extra} {ALIAS}:{src} {dstq}"
+                    ),
+                    listener: None,
+                    broken: broken.clone(),
+                },
+                Contender {
+                    name: "scp pull".into(),
+                    command: scp.command.replace(
+                        &format!("{src} {ALIAS}:{dstq}"),
+                        &format!("{ALIAS}:{src} {dstq}"),
+                    ),
+                    ..scp.clone()
+                },
                 scp,
                 tar_ssh,
+                tar_ssh_pull,
             ];
             v.extend(peers(&src, &dstq, tree));
             v

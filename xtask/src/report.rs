@@ -59,8 +59,8 @@ fn baselines(mode: Mode, set: DataSet) -> &'static [&'static str] {
         (Mode::Tcp, false) => &["scp", "nc"],
         (Mode::Tcp, true) => &["tar | ssh", "fastcp local"],
         (Mode::Wan, _) => &["scp"],
-        (Mode::Sftp, false) => &["scp"],
-        (Mode::Sftp, true) => &["scp", "tar | ssh"],
+        (Mode::Sftp, false) => &["scp", "scp pull"],
+        (Mode::Sftp, true) => &["scp", "scp pull", "tar | ssh", "tar | ssh pull"],
         (Mode::Streams, _) => &["fastcp tcp -j 1"],
         (Mode::Files, _) => &["fastcp local", "tar | ssh"],
     }
@@ -99,8 +99,10 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
             t("fastcp local", TimeAtMost(1.3)),
             pull("fastcp local", TimeAtMost(1.3)),
         ],
-        (Mode::Sftp, DataSet::Big) => vec![t("scp", TimeAtMost(0.8))],
-        (Mode::Sftp, _) => vec![t("scp", TimeAtMost(0.3))],
+        (Mode::Sftp, DataSet::Big) => {
+            vec![t("scp", TimeAtMost(0.8)), pull("scp pull", TimeAtMost(0.8))]
+        }
+        (Mode::Sftp, _) => vec![t("scp", TimeAtMost(0.3)), pull("scp pull", TimeAtMost(0.3))],
         (Mode::Streams | Mode::Files, _) => Vec::new(),
         // "fastcp's TCP transport, with several streams": the default count and more.
         (Mode::Wan, _) => ["fastcp tcp -j 4", "fastcp tcp -j 8"]
