@@ -327,12 +327,7 @@ async fn list_remote(
         probing: None,
         next_id: AtomicU64::new(1),
     };
-    let sources: Vec<String> = plan
-        .sources
-        .iter()
-        .filter_map(Location::remote)
-        .map(|r| r.path.clone())
-        .collect();
+    let sources = remote_sources(plan);
     let (jobs_tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1024);
     let mut report = Report::default();
     let mut listing = Vec::new();
@@ -359,18 +354,8 @@ async fn list_remote(
     };
     let frames = async {
         let mut frames = Vec::new();
-        let mut decoder = fastcp_proto::Decoder::new(crate::session::MAX_FRAME);
-        let mut buf = BytesMut::with_capacity(64 << 10);
-        let mut theirs = theirs;
-        loop {
-            while let Ok(Some(frame)) = decoder.decode(&mut buf) {
-                frames.push(frame);
-            }
-            match tokio::io::AsyncReadExt::read_buf(&mut theirs, &mut buf).await {
-                Ok(0) | Err(_) => return frames,
-                Ok(_) => {}
-            }
-        }
+        read_frames_to_end(theirs, crate::session::MAX_FRAME, |f| frames.push(f)).await;
+        frames
     };
     let listing_done = async {
         let r = emit.list(sources, jobs_tx).await;
@@ -668,14 +653,7 @@ async fn push(
     send_config.checksum = false;
     // Nothing on the remote side could check a file's checksum: none is computed.
     send_config.file_checksums = false;
-    let sources: Vec<_> = plan
-        .sources
-        .iter()
-        .filter_map(|s| match s {
-            Location::Local(p) => Some(p.clone()),
-            Location::Remote(_) => None,
-        })
-        .collect();
+    let sources = plan.local_sources();
     let sending = fastcp_stream::send_to(&sources, reply_read, writers, &send_config, progress);
     let (sent, applied, ()) = tokio::join!(sending, applying, replying);
     if let Err(e) = &applied {
@@ -1343,12 +1321,7 @@ async fn pull(
         .filter_map(Location::remote)
         .map(|r| top_level_name(&r.path))
         .collect();
-    let sources: Vec<String> = plan
-        .sources
-        .iter()
-        .filter_map(Location::remote)
-        .map(|r| r.path.clone())
-        .collect();
+    let sources = remote_sources(plan);
     // The receiver's replies are read at once, always, so that it never waits on them; its
     // answers to probes go on to the dispatcher.
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
@@ -1366,23 +1339,45 @@ async fn pull(
 
 /// Reads the local receiver's replies to their end, passing its answers to probes on.
 async fn read_answers(
-    mut replies: tokio::io::ReadHalf<DuplexStream>,
+    replies: tokio::io::ReadHalf<DuplexStream>,
     answers: tokio::sync::mpsc::UnboundedSender<Answer>,
 ) {
     // Answers are small; a `Partial` (resume) is not asked for here.
-    let mut decoder = fastcp_proto::Decoder::new(1 << 20);
-    let mut buf = BytesMut::with_capacity(8 << 10);
+    read_frames_to_end(replies, 1 << 20, |frame| {
+        if let Frame::Answer(a) = frame {
+            let _ = answers.send(a);
+        }
+    })
+    .await;
+}
+
+/// Reads an in-process pipe of frames to its end (or its first undecodable byte), handing
+/// each frame to `take`.
+async fn read_frames_to_end<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    max_frame: u32,
+    mut take: impl FnMut(Frame),
+) {
+    let mut decoder = fastcp_proto::Decoder::new(max_frame);
+    let mut buf = BytesMut::with_capacity(64 << 10);
     loop {
         while let Ok(Some(frame)) = decoder.decode(&mut buf) {
-            if let Frame::Answer(a) = frame {
-                let _ = answers.send(a);
-            }
+            take(frame);
         }
-        match tokio::io::AsyncReadExt::read_buf(&mut replies, &mut buf).await {
+        match tokio::io::AsyncReadExt::read_buf(&mut r, &mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
     }
+}
+
+/// The paths of `plan`'s remote sources, as typed after the colon.
+fn remote_sources(plan: &Plan) -> Vec<String> {
+    plan.sources
+        .iter()
+        .filter_map(Location::remote)
+        .map(|r| r.path.clone())
+        .collect()
 }
 
 /// The name a remote source arrives under: its last path component.
@@ -1428,8 +1423,8 @@ impl Emit {
             .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))
     }
 
-    /// Lists the sources on session 0 while every session reads files (those the receiver
-    /// wants, with probing: see [`Probing`]); then ends each stream with its `Done`.
+    /// Lists the sources while every session reads files (those the receiver wants, with
+    /// probing: see [`Probing`]); then ends each stream with its `Done`.
     async fn run(
         self: Arc<Self>,
         sources: Vec<String>,
@@ -1524,8 +1519,9 @@ impl Emit {
         }
     }
 
-    /// Walks the sources depth first: directories and links as frames on stream 0, files
-    /// as read jobs (parked behind a probe, with probing).
+    /// Walks the sources, many folders listed at once over the sessions: directories and
+    /// links as frames on stream 0 (a folder's before anything in it), files as read jobs
+    /// (parked behind a probe, with probing).
     async fn list(
         &self,
         sources: Vec<String>,
