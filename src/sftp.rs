@@ -272,25 +272,30 @@ pub(crate) async fn copy(
     });
     let started = std::time::Instant::now();
     let mut listing = Vec::new();
-    let work = async {
-        match (&plan.dest, plan.options.dry_run) {
-            // A push lists its own walk; the remote is not asked (Plan refuses -n with the
-            // options that would need it).
-            (Location::Remote(_), true) => {
-                let (listed, report) = crate::dry_run::list_local(plan);
-                listing = listed;
-                Ok(report)
-            }
-            (Location::Remote(r), false) => push(plan, &r.path, sftp, progress.clone(), log).await,
-            (Location::Local(dest), true) => {
-                let (listed, report) = list_remote(plan, dest, sftp).await?;
-                listing = listed;
-                Ok(report)
-            }
-            (Location::Local(dest), false) => pull(plan, dest, sftp, progress.clone()).await,
+    let report = match (&plan.dest, plan.options.dry_run) {
+        // A dry run moves no data, so the idle limit does not apply (as on fastcp's own
+        // path); SSH's keepalives still notice a peer that stopped answering. A push lists
+        // its own walk; the remote is not asked (Plan refuses -n with the options that would
+        // need it).
+        (Location::Remote(_), true) => {
+            let report;
+            (listing, report) = crate::dry_run::list_local(plan);
+            report
+        }
+        (Location::Local(dest), true) => {
+            let report;
+            (listing, report) = list_remote(plan, dest, sftp).await?;
+            report
+        }
+        (Location::Remote(r), false) => {
+            let work = push(plan, &r.path, sftp, progress.clone(), log);
+            within_idle_limit(&progress, plan.options.timeout, work).await?
+        }
+        (Location::Local(dest), false) => {
+            let work = pull(plan, dest, sftp, progress.clone());
+            within_idle_limit(&progress, plan.options.timeout, work).await?
         }
     };
-    let report = within_idle_limit(&progress, plan.options.timeout, work).await?;
     Ok(SessionDone {
         report,
         streams: n,
