@@ -392,7 +392,8 @@ impl LinkArgs {
 }
 
 /// Runs the parsed command and returns the exit code.
-pub async fn run(args: Args) -> anyhow::Result<u8> {
+/// Runs the command `args` name. A copy stops when `cancel` is cancelled.
+pub async fn run(args: Args, cancel: fastcp::CancellationToken) -> anyhow::Result<u8> {
     match args.command {
         Some(Command::Server(server_args)) => server(&server_args).await,
         Some(Command::Bench {
@@ -418,7 +419,7 @@ pub async fn run(args: Args) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         Some(Command::Doctor(doctor_args)) => doctor(&doctor_args).await,
-        None => copy(&args).await,
+        None => copy(&args, cancel).await,
     }
 }
 
@@ -464,10 +465,10 @@ fn filter_from_command_line(
     Ok((!filter.is_empty()).then(|| Arc::new(filter)))
 }
 
-async fn copy(args: &Args) -> anyhow::Result<u8> {
+async fn copy(args: &Args, cancel: fastcp::CancellationToken) -> anyhow::Result<u8> {
     let output = Output::default();
     let (feed, progress) = progress::Feed::start(&output);
-    let result = copy_with(args, &output, &feed, progress).await;
+    let result = copy_with(args, &output, &feed, progress, cancel).await;
     if let (Err(err), true) = (&result, args.json) {
         print_json(&aborted_json(err, &feed))?;
     }
@@ -486,6 +487,7 @@ async fn copy_with(
     output: &Output,
     feed: &Arc<progress::Feed>,
     progress: Arc<fastcp::Progress>,
+    cancel: fastcp::CancellationToken,
 ) -> anyhow::Result<u8> {
     let (dest, sources) = args.operands.split_last().context("no target given")?;
     let mut options = args
@@ -512,6 +514,7 @@ async fn copy_with(
         .no_deploy(args.no_deploy)
         .sftp(args.sftp)
         .compress(args.compress)
+        .cancel(cancel)
         .log(stderr_log(output, args.quiet, args.verbose));
     options.filter = filter_from_command_line(args.files_from.as_deref())?;
     options.shard = args.shard;

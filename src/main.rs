@@ -13,6 +13,9 @@ mod progress;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// How long a copy may take to stop after SIGINT, SIGTERM or SIGHUP before it is dropped.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn main() -> ExitCode {
     // clap exits with 2 on a usage error, 0 for --help and --version.
     let args = cli::Args::parse();
@@ -26,16 +29,34 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::PARTIAL);
         }
     };
+    let cancel = fastcp::CancellationToken::new();
+    let copying = args.command.is_none();
+    let kept = if args.resume {
+        "partial files were kept for --resume"
+    } else {
+        "nothing partial was kept"
+    };
     let outcome = runtime.block_on(async {
-        tokio::select! {
-            r = cli::run(args) => r,
-            // The copy's future is dropped here: its temp files are removed, and the writer
-            // threads finish before the runtime goes.
-            signal = interrupted() => {
-                eprintln!("fastcp: interrupted by {signal}; nothing partial was kept");
-                Ok(exit::INTERRUPTED)
+        let run = cli::run(args, cancel.clone());
+        tokio::pin!(run);
+        let signal = tokio::select! {
+            r = &mut run => return r,
+            signal = interrupted() => signal,
+        };
+        if copying {
+            // A copy stops through its token, so it ends as any cancelled copy does: its
+            // last event is `Aborted` (and --json prints how far it got), its temp files are
+            // gone. A second signal, or a copy that does not stop in time, drops it.
+            cancel.cancel();
+            tokio::select! {
+                _ = tokio::time::timeout(CANCEL_GRACE, &mut run) => {}
+                _ = interrupted() => {}
             }
         }
+        // Otherwise the command's future is dropped here: its temp files are removed, and
+        // the writer threads finish before the runtime goes.
+        eprintln!("fastcp: interrupted by {signal}; {kept}");
+        Ok(exit::INTERRUPTED)
     });
     // Blocking threads still cleaning up get a moment; none may keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));

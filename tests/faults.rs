@@ -301,6 +301,19 @@ fn has_temp(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// The size of the fastcp temp file in `dir`, or 0.
+fn temp_len(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains(".fastcp-"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+}
+
 /// fastcp for `sshd` with `args`, copying `src` to `dst`: a pull (the source is on the
 /// remote) or a push (the target is).
 fn transfer(sshd: &Sshd, args: &[&str], src: &Path, dst: &Path, pull: bool) -> Command {
@@ -396,6 +409,71 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
             &format!("{signal} pull={pull}: a temp file was left"),
             || !has_temp(&dst),
         );
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+    }
+}
+
+/// Ctrl-C stops a copy through its cancellation token, so the copy ends as a cancelled library
+/// copy does: with `--json`, stdout says it was cancelled and how far it got, for a push over
+/// SSH and a pull over SFTP alike.
+#[test]
+fn ctrl_c_with_json_reports_a_cancelled_copy_and_how_far_it_got() {
+    let sshd = Sshd::start().unwrap();
+    for (args, pull) in [
+        (&["--transport", "ssh"][..], false),
+        (&["--sftp"][..], true),
+    ] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(16 << 20, 7), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let mut child = transfer(&sshd, args, &src, &dst, pull)
+            .args(["--bwlimit", "2M", "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Some data has arrived: a few 1 MiB chunks were handed to the stream.
+        wait_until(Duration::from_secs(30), "no data arrived", || {
+            temp_len(&dst) >= 3 << 20
+        });
+        kill("-INT", child.id());
+        let status = wait_exit(
+            &mut child,
+            Duration::from_secs(30),
+            "SIGINT did not stop it",
+        );
+        let (mut out, mut err) = (String::new(), String::new());
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(130), "{args:?}: {err}");
+        assert!(err.contains("interrupted by SIGINT"), "{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert_eq!(v["exit_code"], 130, "{v}");
+        assert_eq!(v["error_kind"], "cancelled", "{v}");
+        assert_eq!(v["fault"], "user", "{v}");
+        let bytes = v["bytes"].as_u64().unwrap();
+        assert!(bytes > 0 && bytes < 16 << 20, "{args:?}: {v}");
+        assert_eq!(v["files"], 0, "{v}");
+        wait_until(Duration::from_secs(30), "a temp file was left", || {
+            !has_temp(&dst)
+        });
         assert!(
             !dst.join("big").exists(),
             "a partial file under its final name"

@@ -26,6 +26,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("handshake", handshake),
     ("path", path),
     ("record", record),
+    ("sealed", sealed),
     ("receive", receive),
 ];
 
@@ -131,6 +132,109 @@ pub fn record(data: &[u8]) {
     // Without the key no record can be forged: nothing may come out.
     assert!(out.is_empty() || result.is_ok(), "{result:?}");
     assert!(out.is_empty(), "{} bytes passed a forged tag", out.len());
+}
+
+/// The TCP record layer under a known key: the input is plaintext pieces that a writer seals
+/// into records, then edits an attacker makes to the sealed bytes (flip a byte, drop, repeat
+/// or move a span, cut the stream). The untouched stream opens to exactly the plaintext. An
+/// edited one opens to a prefix of it and then an error; only bytes edited after the end
+/// record may go unnoticed, as they are never read.
+///
+/// Input: `record_len`, a piece count, then each piece as a length byte and its bytes, then
+/// up to eight edits of five bytes each (kind, position, argument).
+pub fn sealed(data: &[u8]) {
+    use fastcp_crypto::{CipherSuite, Direction, KeyConfig, Provider, SessionSecret};
+    use tokio::io::AsyncWriteExt;
+    let mut input = data.iter().copied();
+    let mut byte = || input.next().unwrap_or(0);
+    let record_len = 1 + usize::from(byte() % 32);
+    let pieces = byte() % 16;
+    let mut plain = Vec::new();
+    let mut lengths = Vec::new();
+    for _ in 0..pieces {
+        let len = usize::from(byte());
+        let start = plain.len();
+        plain.extend((0..len).map(|_| byte()));
+        lengths.push(plain.len() - start);
+    }
+    let edits: Vec<[u8; 5]> = (0..8)
+        .map(|_| [byte(), byte(), byte(), byte(), byte()])
+        .take_while(|edit| edit[0] != 0)
+        .collect();
+
+    let secret = SessionSecret::from_bytes([7; 32]);
+    let keys = KeyConfig::new(CipherSuite::Aes128Gcm, Provider::Ring);
+    let runtime = runtime();
+    let wire = runtime.block_on(async {
+        let sink = tokio::io::join(tokio::io::empty(), Vec::new());
+        let mut writer = fastcp_transport::tcp::SealedStream::new(
+            sink,
+            &secret,
+            &keys,
+            Direction::ClientToServer,
+            1,
+            record_len,
+        )
+        .expect("a writer");
+        let mut at = 0;
+        for len in lengths {
+            writer.write_all(&plain[at..at + len]).await.expect("write");
+            writer.flush().await.expect("flush");
+            at += len;
+        }
+        writer.shutdown().await.expect("shutdown");
+        writer.get_ref().writer().clone()
+    });
+
+    let mut edited = wire.clone();
+    for [kind, a, b, c, d] in edits {
+        let pos = usize::from(u16::from_le_bytes([a, b]));
+        let arg = u16::from_le_bytes([c, d]);
+        let len = edited.len();
+        if len == 0 {
+            break;
+        }
+        let pos = pos % len;
+        let span = pos..(pos + 1 + usize::from(arg % 64)).min(len);
+        match kind % 4 {
+            0 => edited[pos] ^= (arg as u8) | 1,
+            1 => {
+                edited.drain(span);
+            }
+            2 => {
+                let copy = edited[span.clone()].to_vec();
+                let to = usize::from(arg >> 6) % (len + 1);
+                edited.splice(to..to, copy);
+            }
+            _ => edited.truncate(pos),
+        }
+    }
+
+    let mut reader = fastcp_transport::tcp::SealedStream::new(
+        tokio::io::join(std::io::Cursor::new(edited.clone()), tokio::io::sink()),
+        &secret,
+        &keys,
+        Direction::ServerToClient,
+        1,
+        record_len,
+    )
+    .expect("a reader");
+    let mut out = Vec::new();
+    let result = runtime.block_on(reader.read_to_end(&mut out));
+    assert!(
+        plain.starts_with(&out),
+        "bytes that were never sealed came out"
+    );
+    if edited == wire {
+        assert!(result.is_ok(), "the untouched stream failed: {result:?}");
+        assert_eq!(out, plain, "the untouched stream lost bytes");
+    } else if result.is_ok() {
+        assert!(
+            edited.starts_with(&wire),
+            "an edit before the end record went unnoticed"
+        );
+        assert_eq!(out, plain);
+    }
 }
 
 /// The receiver: a hostile sender's bytes on stream 0 end in a clean report or an error, and
