@@ -913,6 +913,14 @@ pub enum Mode {
         /// Data streams in all.
         streams: u16,
     },
+    /// The control stream plus `streams - 1` streams that the transport hands to the server
+    /// itself ([`Rendezvous::Caller`](transport::Rendezvous::Caller)): the server runs in
+    /// a program that takes them from the transport, through a
+    /// [`StreamInbox`](crate::server::StreamInbox).
+    Caller {
+        /// Data streams in all.
+        streams: u16,
+    },
 }
 
 impl Mode {
@@ -920,9 +928,10 @@ impl Mode {
     pub fn streams(&self) -> u16 {
         match *self {
             Mode::Inline => 1,
-            Mode::Unix { streams } | Mode::Tcp { streams, .. } | Mode::Forwarded { streams } => {
-                streams
-            }
+            Mode::Unix { streams }
+            | Mode::Tcp { streams, .. }
+            | Mode::Forwarded { streams }
+            | Mode::Caller { streams } => streams,
         }
     }
 }
@@ -1181,6 +1190,27 @@ fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
     ))
 }
 
+/// Opens the session's `streams - 1` extra streams at `rendezvous`, round-robin over `peers`,
+/// each proving the secret with a [`Join`]; returns them after `control`, in index order.
+async fn join<T: Transport>(
+    control: BoxStream,
+    rendezvous: &transport::Rendezvous,
+    kind: JoinKind,
+    secret: &fastcp_crypto::SessionSecret,
+    streams: u16,
+    peers: &[T],
+) -> Result<Vec<BoxStream>, Error> {
+    let mut data = vec![control];
+    for index in 1..streams.max(1) {
+        let peer = &peers[usize::from(index) % peers.len()];
+        let mut stream = peer.open_stream(rendezvous).await?;
+        let proof = fastcp_crypto::join_proof(secret, kind, b"", index);
+        crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
+        data.push(stream);
+    }
+    Ok(data)
+}
+
 /// The address to open TCP data streams to: the SSH host itself, when fastcp's own client
 /// reached it directly, or when the system ssh would (`ssh -G` names no proxy).
 pub(crate) async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
@@ -1330,6 +1360,7 @@ where
     let (transport, streams, choice) = match mode {
         Mode::Inline => (TransportKind::Inline, 1, None),
         Mode::Unix { streams } => (TransportKind::Unix, streams, None),
+        Mode::Caller { streams } => (TransportKind::Caller, streams, None),
         Mode::Tcp { streams, .. } | Mode::Forwarded { streams } => {
             let choice = fastcp_crypto::choose(CpuFeatures::probe(), peer_cpu, plan.options.cipher);
             log.info(|| format!("cipher: {choice}"));
@@ -1419,15 +1450,29 @@ where
         (Rendezvous::None, _) => (vec![control], None),
         (Rendezvous::Unix(path), Mode::Unix { .. }) => {
             let path = String::from_utf8_lossy(path).into_owned();
-            let mut data = vec![control];
-            for index in 1..accept.streams.max(1) {
-                let rendezvous = transport::Rendezvous::UnixSocket(path.clone());
-                let peer = &peers[usize::from(index) % peers.len()];
-                let mut stream = peer.open_stream(&rendezvous).await?;
-                let proof = fastcp_crypto::join_proof(&secret, JoinKind::Unix, b"", index);
-                crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
-                data.push(stream);
-            }
+            let rendezvous = transport::Rendezvous::UnixSocket(path);
+            let data = join(
+                control,
+                &rendezvous,
+                JoinKind::Unix,
+                &secret,
+                accept.streams,
+                peers,
+            )
+            .await?;
+            (data, None)
+        }
+        (Rendezvous::Caller, Mode::Caller { .. }) => {
+            let rendezvous = transport::Rendezvous::Caller;
+            let data = join(
+                control,
+                &rendezvous,
+                JoinKind::Caller,
+                &secret,
+                accept.streams,
+                peers,
+            )
+            .await?;
             (data, None)
         }
         (Rendezvous::Tcp(port), Mode::Tcp { .. } | Mode::Forwarded { .. }) => {

@@ -17,7 +17,7 @@ use fastcp_proto::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixListener;
 
-use fastcp_crypto::{CipherSuite, CpuFeatures, KeyConfig};
+use fastcp_crypto::{CipherSuite, CpuFeatures, JoinKind, KeyConfig};
 use fastcp_transport::tcp::{TcpConfig, TcpRendezvous};
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::RangeInclusive;
@@ -77,6 +77,114 @@ pub struct ServerConfig {
     /// (`fastcp server --restrict-to`, for a forced command in authorized_keys). Default:
     /// anything the account may do.
     pub policy: Policy,
+    /// Where a server run in-process takes the extra data streams of a client in
+    /// [`Mode::Caller`](crate::Mode::Caller): the program running it delivers them there
+    /// from a transport of its own. Default: none, and such clients are refused.
+    pub inbox: Option<StreamInbox>,
+}
+
+/// Makes a channel for handing data streams to an in-process server: give the
+/// [`StreamInbox`] to its [`ServerConfig::inbox`], and deliver each stream the client's
+/// transport opens with the [`StreamSender`]. Each stream still proves the session's secret
+/// before the server uses it. One inbox serves one session at a time.
+///
+/// The whole copy below runs over `tokio::io::duplex` pipes: the control stream and three
+/// data streams, with no socket or port anywhere.
+///
+/// ```
+/// use std::sync::Arc;
+/// use fastcp::server::{self, ServerConfig, StreamSender};
+/// use fastcp::transport::{self, RemoteProcess, Rendezvous, Transport};
+/// use fastcp::{BoxStream, CopyOptions, Location, Mode, Plan, Progress};
+///
+/// struct InMemory {
+///     config: ServerConfig,
+///     streams: StreamSender,
+/// }
+///
+/// impl Transport for InMemory {
+///     async fn start_server(&self) -> Result<RemoteProcess, transport::Error> {
+///         let (client_end, server_end) = tokio::io::duplex(1 << 20);
+///         let config = self.config.clone();
+///         tokio::spawn(async move { server::serve(server_end, &config).await });
+///         Ok(RemoteProcess::from_stream(client_end))
+///     }
+///
+///     async fn open_stream(&self, at: &Rendezvous) -> Result<BoxStream, transport::Error> {
+///         let Rendezvous::Caller = at else {
+///             return Err(transport::Error::SingleStream("an in-memory transport"));
+///         };
+///         let (client_end, server_end) = tokio::io::duplex(1 << 20);
+///         self.streams
+///             .deliver(Box::new(server_end))
+///             .await
+///             .map_err(|e| transport::Error::io("handing a stream to the server", e))?;
+///         Ok(Box::new(client_end))
+///     }
+///
+///     fn supports_extra_streams(&self) -> bool {
+///         true
+///     }
+/// }
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (streams, inbox) = server::stream_channel();
+/// let peer = InMemory { config: ServerConfig::default().inbox(inbox), streams };
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let plan = Plan::new(
+///     vec![Location::Local(dir.path().join("a.txt"))],
+///     Location::parse(&format!("in-memory:{}", dir.path().join("b.txt").display())),
+///     CopyOptions::default(),
+/// )?;
+/// let server = peer.start_server().await?;
+/// let done = fastcp::run_session(
+///     &plan,
+///     server.stream,
+///     Mode::Caller { streams: 4 },
+///     &[peer],
+///     Arc::new(Progress::default()),
+/// )
+/// .await?;
+/// assert_eq!(done.streams, 4);
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(()) }
+/// ```
+pub fn stream_channel() -> (StreamSender, StreamInbox) {
+    let (tx, rx) = tokio::sync::mpsc::channel(usize::from(u16::MAX));
+    (
+        StreamSender(tx),
+        StreamInbox(Arc::new(tokio::sync::Mutex::new(rx))),
+    )
+}
+
+/// Hands data streams to an in-process server (see [`stream_channel`]).
+#[derive(Clone, Debug)]
+pub struct StreamSender(tokio::sync::mpsc::Sender<BoxStream>);
+
+impl StreamSender {
+    /// Hands `stream` to the server; fails when the server's config, and so its inbox, is
+    /// gone.
+    pub async fn deliver(&self, stream: BoxStream) -> std::io::Result<()> {
+        self.0.send(stream).await.map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the server takes no more streams",
+            )
+        })
+    }
+}
+
+/// Where an in-process server takes the data streams its caller hands it (see
+/// [`stream_channel`]).
+#[derive(Clone)]
+pub struct StreamInbox(Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<BoxStream>>>);
+
+impl std::fmt::Debug for StreamInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamInbox")
+    }
 }
 
 /// What a server lets its clients do, as borg's `serve --restrict-to-path` and
@@ -246,6 +354,7 @@ impl Default for ServerConfig {
             log: crate::Log::default(),
             policy: Policy::default(),
             setup_timeout: Some(SERVER_IDLE_TIMEOUT),
+            inbox: None,
         }
     }
 }
@@ -308,6 +417,12 @@ impl ServerConfig {
     /// Sets [`policy`](ServerConfig::policy).
     pub fn policy(mut self, value: Policy) -> ServerConfig {
         self.policy = value;
+        self
+    }
+
+    /// Sets [`inbox`](ServerConfig::inbox).
+    pub fn inbox(mut self, value: StreamInbox) -> ServerConfig {
+        self.inbox = Some(value);
         self
     }
 
@@ -444,12 +559,18 @@ where
     let (data, _control) = match pending {
         Pending::Inline => (vec![control], None),
         Pending::Unix(listener) => {
-            match listener
-                .accept_joins(&secret, streams - 1, config.join_timeout)
-                .await
-            {
+            let joins = Joins::Unix(&listener.listener);
+            match accept_joins(joins, &secret, streams - 1, config).await {
                 Ok(extra) => (std::iter::once(control).chain(extra).collect(), None),
-                Err(e) => return Err((None, e)),
+                Err(e) => return Err((None, tell(control, e).await)),
+            }
+        }
+        Pending::Caller(inbox) => {
+            let mut inbox = inbox.0.lock().await;
+            let joins = Joins::Caller(&mut inbox);
+            match accept_joins(joins, &secret, streams - 1, config).await {
+                Ok(extra) => (std::iter::once(control).chain(extra).collect(), None),
+                Err(e) => return Err((None, tell(control, e).await)),
             }
         }
         Pending::Tcp(listener, keys) => {
@@ -636,6 +757,7 @@ enum Pending {
     Inline,
     Unix(UnixRendezvous),
     Tcp(TcpRendezvous, KeyConfig),
+    Caller(StreamInbox),
 }
 
 impl Pending {
@@ -644,6 +766,7 @@ impl Pending {
             Pending::Inline => Rendezvous::None,
             Pending::Unix(r) => Rendezvous::Unix(r.path_bytes()),
             Pending::Tcp(r, _) => Rendezvous::Tcp(r.port()),
+            Pending::Caller(_) => Rendezvous::Caller,
         }
     }
 }
@@ -657,6 +780,12 @@ fn prepare(
     match request.transport {
         TransportKind::Inline => Ok(Pending::Inline),
         TransportKind::Unix => Ok(Pending::Unix(UnixRendezvous::bind()?)),
+        TransportKind::Caller => match &config.inbox {
+            Some(inbox) => Ok(Pending::Caller(inbox.clone())),
+            None => Err(Error::Unsupported(
+                "this server takes no data streams from its caller (no inbox)".into(),
+            )),
+        },
         TransportKind::Tcp => {
             let suite = CipherSuite::from_id(request.cipher).ok_or_else(|| {
                 Error::Unsupported(format!("unknown cipher id {}", request.cipher))
@@ -785,57 +914,88 @@ impl UnixRendezvous {
     fn path_bytes(&self) -> Bytes {
         Bytes::copy_from_slice(self.path.as_os_str().as_bytes())
     }
+}
 
-    /// Accepts `n` streams, each proving the secret, and returns them ordered by index.
-    async fn accept_joins(
-        self,
-        secret: &fastcp_crypto::SessionSecret,
-        n: u16,
-        timeout: Duration,
-    ) -> Result<Vec<BoxStream>, Error> {
-        let mut slots: Vec<Option<BoxStream>> = (0..n).map(|_| None).collect();
-        let joined = async {
-            for _ in 0..n {
-                let (conn, _) = self.listener.accept().await?;
-                let mut reader = FrameReader::new(conn, session::MAX_FRAME);
-                let join = match reader.next("joining").await? {
-                    Frame::Join(j) => j,
-                    other => {
-                        return Err(Error::UnexpectedFrame {
-                            expected: "Join",
-                            got: other.name(),
-                        });
-                    }
-                };
-                let slot = (join.index as usize)
-                    .checked_sub(1)
-                    .and_then(|i| slots.get_mut(i))
-                    .filter(|s| s.is_none());
-                match slot {
-                    Some(slot)
-                        if session::verify_join(
-                            secret,
-                            session::JoinKind::Unix,
-                            b"",
-                            join.index,
-                            &join.proof,
-                        ) =>
-                    {
-                        *slot = Some(Box::new(reader.into_stream()));
-                    }
-                    _ => return Err(Error::JoinRejected(join.index)),
-                }
-            }
-            Ok::<_, Error>(())
-        };
-        tokio::time::timeout(timeout, joined)
-            .await
-            .map_err(|_| Error::Timeout("waiting for the data streams to connect".into()))??;
-        Ok(slots
-            .into_iter()
-            .map(|s| s.expect("every slot filled"))
-            .collect())
+/// Tells the client on `control` why the session ends, if it still listens; returns `err`.
+async fn tell(mut control: BoxStream, err: Error) -> Error {
+    let frame = Frame::Error(ErrorFrame {
+        code: err.code(),
+        fatal: true,
+        path: Bytes::new(),
+        message: err.to_string(),
+    });
+    let _ = crate::wire::write_frame(&mut control, &frame).await;
+    let _ = control.shutdown().await;
+    err
+}
+
+/// Where a session's extra streams come from, before they prove the secret.
+enum Joins<'a> {
+    Unix(&'a UnixListener),
+    Caller(&'a mut tokio::sync::mpsc::Receiver<BoxStream>),
+}
+
+impl Joins<'_> {
+    async fn next(&mut self) -> Result<BoxStream, Error> {
+        match self {
+            Joins::Unix(listener) => Ok(Box::new(listener.accept().await?.0)),
+            Joins::Caller(inbox) => inbox.recv().await.ok_or_else(|| {
+                Error::ConnectionClosed("the server's caller handed it no more streams".into())
+            }),
+        }
     }
+
+    /// The kind of proof the streams bring.
+    fn kind(&self) -> JoinKind {
+        match self {
+            Joins::Unix(_) => JoinKind::Unix,
+            Joins::Caller(_) => JoinKind::Caller,
+        }
+    }
+}
+
+/// Accepts `n` streams from `joins`, each proving the secret with a [`Join`], and returns
+/// them ordered by index.
+async fn accept_joins(
+    mut joins: Joins<'_>,
+    secret: &fastcp_crypto::SessionSecret,
+    n: u16,
+    config: &ServerConfig,
+) -> Result<Vec<BoxStream>, Error> {
+    let kind = joins.kind();
+    let mut slots: Vec<Option<BoxStream>> = (0..n).map(|_| None).collect();
+    let joined = async {
+        for _ in 0..n {
+            let mut reader = FrameReader::new(joins.next().await?, session::MAX_FRAME);
+            let join = match reader.next("joining").await? {
+                Frame::Join(j) => j,
+                other => {
+                    return Err(Error::UnexpectedFrame {
+                        expected: "Join",
+                        got: other.name(),
+                    });
+                }
+            };
+            let slot = (join.index as usize)
+                .checked_sub(1)
+                .and_then(|i| slots.get_mut(i))
+                .filter(|s| s.is_none());
+            match slot {
+                Some(slot) if session::verify_join(secret, kind, b"", join.index, &join.proof) => {
+                    *slot = Some(Box::new(reader.into_stream()));
+                }
+                _ => return Err(Error::JoinRejected(join.index)),
+            }
+        }
+        Ok::<_, Error>(())
+    };
+    tokio::time::timeout(config.join_timeout, joined)
+        .await
+        .map_err(|_| Error::Timeout("waiting for the data streams to connect".into()))??;
+    Ok(slots
+        .into_iter()
+        .map(|s| s.expect("every slot filled"))
+        .collect())
 }
 
 impl Error {

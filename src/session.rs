@@ -100,4 +100,4 @@ pub(crate) fn random32() -> [u8; 32] {
 
 // The session secret and the join proofs live in fastcp-crypto, with their byte formats
 // (docs/protocol.md, "Session").
-pub(crate) use fastcp_crypto::{JoinKind, verify_join};
+pub(crate) use fastcp_crypto::verify_join;

@@ -430,3 +430,145 @@ async fn a_server_gives_up_on_a_client_that_never_says_hello() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
 }
+
+/// A transport of the embedder's own, all in memory: the server runs in this process, and
+/// every stream, the control stream and the data streams alike, is a `tokio::io::duplex`
+/// pipe handed to it through its inbox. With `stranger`, the first stream handed over is a
+/// stranger's, whose `Join` does not prove the secret.
+struct InMemory {
+    config: fastcp::server::ServerConfig,
+    streams: fastcp::server::StreamSender,
+    stranger: bool,
+}
+
+impl InMemory {
+    fn new(stranger: bool) -> InMemory {
+        let (streams, inbox) = fastcp::server::stream_channel();
+        let config = fastcp::server::ServerConfig::default()
+            .inbox(inbox)
+            .join_timeout(Duration::from_secs(10));
+        InMemory {
+            config,
+            streams,
+            stranger,
+        }
+    }
+}
+
+impl fastcp::transport::Transport for InMemory {
+    async fn start_server(
+        &self,
+    ) -> Result<fastcp::transport::RemoteProcess, fastcp::transport::Error> {
+        let (client_end, server_end) = tokio::io::duplex(1 << 20);
+        let config = self.config.clone();
+        tokio::spawn(async move { fastcp::server::serve(server_end, &config).await });
+        Ok(fastcp::transport::RemoteProcess::from_stream(client_end))
+    }
+
+    async fn open_stream(
+        &self,
+        at: &fastcp::transport::Rendezvous,
+    ) -> Result<fastcp::BoxStream, fastcp::transport::Error> {
+        use fastcp::proto::{Frame, Join};
+        use tokio::io::AsyncWriteExt;
+        assert_eq!(at, &fastcp::transport::Rendezvous::Caller);
+        let deliver = async |stream: fastcp::BoxStream| {
+            self.streams
+                .deliver(stream)
+                .await
+                .map_err(|e| fastcp::transport::Error::io("handing a stream over", e))
+        };
+        if self.stranger {
+            let (mut theirs, server_end) = tokio::io::duplex(1 << 16);
+            let mut frame = bytes::BytesMut::new();
+            let join = Join {
+                index: 1,
+                proof: [7; 32],
+            };
+            fastcp::proto::encode(&Frame::Join(join), &mut frame);
+            theirs.write_all(&frame).await.unwrap();
+            deliver(Box::new(server_end)).await?;
+            std::mem::forget(theirs);
+        }
+        let (client_end, server_end) = tokio::io::duplex(1 << 20);
+        deliver(Box::new(server_end)).await?;
+        Ok(Box::new(client_end))
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        true
+    }
+}
+
+/// A whole tree pushed and pulled over four in-memory streams, through the library's
+/// `Mode::Caller`: no socket, port or SSH anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_moves_both_ways_over_in_memory_streams() {
+    use fastcp::transport::Transport;
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 200);
+    write(&src.join("big"), &pseudo_random(8 << 20, 3), 0o644);
+    let remote = |p: &std::path::Path| Location::parse(&format!("mem:{}", p.display()));
+    let options = CopyOptions::default().recursive(true).preserve(true);
+    for (sources, dest, copied) in [
+        (
+            vec![Location::Local(src.clone())],
+            remote(&work.path().join("pushed")),
+            work.path().join("pushed"),
+        ),
+        (
+            vec![remote(&src)],
+            Location::Local(work.path().join("pulled")),
+            work.path().join("pulled"),
+        ),
+    ] {
+        let plan = Plan::new(sources, dest, options.clone()).unwrap();
+        let peer = InMemory::new(false);
+        let server = peer.start_server().await.unwrap();
+        let done = fastcp::run_session(
+            &plan,
+            server.stream,
+            fastcp::Mode::Caller { streams: 4 },
+            &[peer],
+            Arc::new(Progress::default()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(done.streams, 4);
+        assert!(done.report.is_complete(), "{:?}", done.report);
+        assert_same_tree(&src, &copied, true);
+    }
+}
+
+/// A stream handed to the server that does not prove the session's secret is refused, and
+/// the session fails rather than take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_stream_without_the_secret_is_refused() {
+    use fastcp::transport::Transport;
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"hello", 0o644);
+    let plan = Plan::new(
+        vec![Location::Local(work.path().join("a"))],
+        Location::parse(&format!("mem:{}", work.path().join("b").display())),
+        CopyOptions::default(),
+    )
+    .unwrap();
+    let peer = InMemory::new(true);
+    let server = peer.start_server().await.unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(30),
+        fastcp::run_session(
+            &plan,
+            server.stream,
+            fastcp::Mode::Caller { streams: 2 },
+            &[peer],
+            Arc::new(Progress::default()),
+        ),
+    )
+    .await
+    .expect("the session ends");
+    let err = outcome.expect_err("a stranger's stream was taken");
+    assert!(err.to_string().contains("failed to authenticate"), "{err}");
+    assert!(!work.path().join("b").exists());
+}

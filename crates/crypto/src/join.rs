@@ -46,14 +46,17 @@ pub enum JoinKind {
     Unix,
     /// A TCP port on the server; the server sends a challenge first.
     Tcp,
+    /// A stream the program running the server handed to it in-process.
+    Caller,
 }
 
 impl JoinKind {
-    /// `"unix"` or `"tcp"`, as hashed into the proof.
+    /// `"unix"`, `"tcp"` or `"caller"`, as hashed into the proof.
     pub fn label(self) -> &'static str {
         match self {
             JoinKind::Unix => "unix",
             JoinKind::Tcp => "tcp",
+            JoinKind::Caller => "caller",
         }
     }
 }

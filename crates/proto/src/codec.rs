@@ -64,6 +64,7 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                 TransportKind::Inline => 0,
                 TransportKind::Unix => 1,
                 TransportKind::Tcp => 2,
+                TransportKind::Caller => 3,
             });
             dst.put_u8(r.cipher);
             dst.put_u8(r.compression);
@@ -93,6 +94,7 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                     dst.put_u8(2);
                     dst.put_u16(*port);
                 }
+                Rendezvous::Caller => dst.put_u8(3),
             }
             dst.put_slice(&a.server_random);
         }
@@ -373,6 +375,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 0 => TransportKind::Inline,
                 1 => TransportKind::Unix,
                 2 => TransportKind::Tcp,
+                3 => TransportKind::Caller,
                 _ => return Err(r.invalid("unknown transport")),
             };
             let cipher = r.u8()?;
@@ -411,6 +414,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 0 => Rendezvous::None,
                 1 => Rendezvous::Unix(r.bytes(MAX_PATH)?),
                 2 => Rendezvous::Tcp(r.u16()?),
+                3 => Rendezvous::Caller,
                 _ => return Err(r.invalid("unknown rendezvous")),
             };
             Frame::Accept(Accept {
@@ -800,6 +804,7 @@ mod tests {
             (Direction::Push, TransportKind::Inline),
             (Direction::Pull, TransportKind::Unix),
             (Direction::Pull, TransportKind::Tcp),
+            (Direction::Push, TransportKind::Caller),
         ] {
             roundtrip(Frame::Request(Request {
                 direction,
@@ -840,6 +845,7 @@ mod tests {
             Rendezvous::None,
             Rendezvous::Unix(Bytes::from_static(b"/tmp/fastcp-x/sock")),
             Rendezvous::Tcp(40123),
+            Rendezvous::Caller,
         ] {
             roundtrip(Frame::Accept(Accept {
                 streams: 8,

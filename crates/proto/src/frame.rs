@@ -299,6 +299,9 @@ pub enum TransportKind {
     Unix,
     /// Extra streams are raw TCP connections sealed with the session's AEAD.
     Tcp,
+    /// Extra streams are handed to the server by the program that runs it in-process, from
+    /// a transport of that program's own (an embedder's QUIC streams, an in-memory pipe).
+    Caller,
 }
 
 /// The server's answer to a [`Request`].
@@ -349,6 +352,9 @@ pub enum Rendezvous {
     Unix(Bytes),
     /// A TCP port on the server; the client uses the address it reached the server at.
     Tcp(u16),
+    /// The server takes its extra streams from the program that runs it
+    /// ([`TransportKind::Caller`]).
+    Caller,
 }
 
 /// A random challenge the server sends on a new data connection.

@@ -106,6 +106,10 @@ pub enum Rendezvous {
     UnixSocket(String),
     /// A TCP port on the peer's loopback (127.0.0.1).
     TcpPort(u16),
+    /// The server takes its extra streams from the program that runs it: the transport
+    /// delivers each stream there itself (the `fastcp` crate's `server::StreamInbox`), as
+    /// an embedder's own transport does. SSH cannot.
+    Caller,
 }
 
 /// A way to talk to `fastcp server` on a peer: start it and get its control stream, then
@@ -160,6 +164,9 @@ impl Transport for SshSession {
         let s = match rendezvous {
             Rendezvous::UnixSocket(path) => self.open_streamlocal(path).await?,
             Rendezvous::TcpPort(port) => self.open_direct_tcpip("127.0.0.1", *port).await?,
+            Rendezvous::Caller => {
+                return Err(Error::SingleStream("an SSH session"));
+            }
         };
         Ok(Box::new(s))
     }
@@ -194,6 +201,7 @@ impl Transport for SshProgram {
             Rendezvous::UnixSocket(_) => Err(Error::SingleStream(
                 "the system ssh (it forwards TCP ports, not unix sockets)",
             )),
+            Rendezvous::Caller => Err(Error::SingleStream("the system ssh")),
         }
     }
 
