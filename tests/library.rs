@@ -431,6 +431,124 @@ async fn a_server_gives_up_on_a_client_that_never_says_hello() {
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
 }
 
+/// Cancelled at pseudo-random moments, from before the first byte to near the end, pushes
+/// and pulls over TCP and SSH streams on one `Session`: each copy returns `Cancelled` (or
+/// finished first), no temp file stays on either side, every file under its final name is
+/// whole, and the session still copies afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_cancelled_at_random_moments_leaves_nothing_partial() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 300);
+    write(&src.join("big"), &pseudo_random(24 << 20, 4), 0o644);
+    let ssh = ssh_options(&sshd);
+    let remote = |p: &std::path::Path| on(&sshd, p);
+    // About 1.5 s a copy, so that the moments below fall all along it.
+    let options = CopyOptions::default().recursive(true).bwlimit(16 << 20);
+    let session = Session::connect(remote(work.path()).remote().unwrap(), &ssh, &options)
+        .await
+        .unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..8 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_millis(seed % 1_800);
+        let dst = work.path().join(format!("dst{round}"));
+        let (from, to) = if round % 2 == 0 {
+            (Location::Local(src.clone()), remote(&dst))
+        } else {
+            (remote(&src), Location::Local(dst.clone()))
+        };
+        let transport = if round % 4 < 2 {
+            TransportChoice::Tcp
+        } else {
+            TransportChoice::Ssh
+        };
+        let token = CancellationToken::new();
+        let options = options
+            .clone()
+            .transport(transport)
+            .streams(2)
+            .cancel(token.clone());
+        let plan = Plan::new(vec![from], to, options).unwrap();
+        let copy = session.copy(&plan, Arc::new(Progress::default()));
+        let cancel = async {
+            tokio::time::sleep(delay).await;
+            token.cancel();
+        };
+        let (outcome, ()) = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(copy, cancel)
+        })
+        .await
+        .expect("the copy neither finished nor stopped");
+        let what = format!("round {round}, cancelled after {delay:?}");
+        eprintln!("{what}: {:?}", outcome.as_ref().map(|_| "finished"));
+        match outcome {
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Cancelled, "{what}: {e}"),
+            Ok(done) => assert!(done.report.is_complete(), "{what}"),
+        }
+        // The far side notices the closed channel and removes its temp files too.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while has_temp(&dst) {
+            assert!(Instant::now() < deadline, "{what}: a temp file stayed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_whole(&src, &dst, &what);
+    }
+    // The login survives its cancelled copies.
+    let dst = work.path().join("after");
+    let plan = Plan::new(
+        vec![Location::Local(src.clone())],
+        remote(&dst),
+        CopyOptions::default().recursive(true),
+    )
+    .unwrap();
+    let done = session
+        .copy(&plan, Arc::new(Progress::default()))
+        .await
+        .unwrap();
+    assert!(done.report.is_complete());
+    assert_same_tree(&src, &dst, false);
+    session.close().await;
+}
+
+/// Whether a fastcp temp file (`.NAME.fastcp-*`) is anywhere beneath `dir`.
+fn has_temp(dir: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        e.file_name().to_string_lossy().contains(".fastcp-")
+            || (e.file_type().is_ok_and(|t| t.is_dir()) && has_temp(&e.path()))
+    })
+}
+
+/// Every file beneath `dst` has the bytes of the file of the same name beneath `src`.
+fn assert_whole(src: &std::path::Path, dst: &std::path::Path, what: &str) {
+    let mut stack = vec![dst.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(dst).unwrap();
+            let expected = std::fs::read(src.join(rel)).unwrap();
+            assert!(
+                std::fs::read(&path).unwrap() == expected,
+                "{what}: {} is not whole",
+                rel.display()
+            );
+        }
+    }
+}
+
 /// A transport of the embedder's own, all in memory: the server runs in this process, and
 /// every stream, the control stream and the data streams alike, is a `tokio::io::duplex`
 /// pipe handed to it through its inbox. With `stranger`, the first stream handed over is a
