@@ -42,12 +42,13 @@ use fastcp_proto::{
     SymlinkEntry, Totals,
 };
 use fastcp_stream::{FileChecksum, Progress, Report};
+use fastcp_stream::{PipeWriter, WriteFrom};
 use fastcp_transport::{AnyTransport, BoxStream, SshSession};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
-use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
+use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, within_idle_limit};
@@ -316,8 +317,7 @@ async fn list_remote(
     dest: &std::path::Path,
     sftp: Vec<Arc<Sftp>>,
 ) -> Result<(Vec<crate::Listed>, Report), Error> {
-    let (ours, theirs) = tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER);
-    let (_replies, write) = tokio::io::split(ours);
+    let (write, mut theirs) = fastcp_stream::frame_pipe(fastcp_stream::LOCAL_PIPE_BUFFER);
     let o = &plan.options;
     let emit = Emit {
         sftp,
@@ -359,13 +359,15 @@ async fn list_remote(
     };
     let frames = async {
         let mut frames = Vec::new();
-        read_frames_to_end(theirs, crate::session::MAX_FRAME, |f| frames.push(f)).await;
+        while let Ok(Some(frame)) = theirs.next().await {
+            frames.push(frame);
+        }
         frames
     };
     let listing_done = async {
         let r = emit.list(sources, jobs_tx).await;
-        // The end of the stream ends the frame reader.
-        let _ = emit.outs[0].lock().await.write.shutdown().await;
+        // The end of the pipe ends the frame reader.
+        emit.outs[0].lock().await.end().await;
         r
     };
     let (result, files, frames) = tokio::join!(listing_done, files, frames);
@@ -1209,8 +1211,34 @@ fn temp_name(target: &str) -> String {
 
 /// One stream to the local receiver and what was sent on it, for its `Done`.
 struct Out {
-    write: WriteHalf<DuplexStream>,
+    write: PipeWriter,
     counts: Summary,
+}
+
+impl Out {
+    /// Encodes `frame` into the pipe.
+    async fn frame(&mut self, frame: &Frame) -> Result<(), Error> {
+        let mut buf = BytesMut::new();
+        fastcp_proto::encode(frame, &mut buf);
+        self.parts([buf.freeze()]).await
+    }
+
+    /// Writes `parts` into the pipe and sends them on at once (the receiver may be waiting
+    /// for them: a probe's answer holds up the reads): a part of 16 KiB or more travels as
+    /// this very buffer, smaller ones are gathered into one.
+    async fn parts<const N: usize>(&mut self, parts: [Bytes; N]) -> Result<(), Error> {
+        let closed =
+            |e: std::io::Error| Error::ConnectionClosed(format!("the local receiver stopped: {e}"));
+        for mut part in parts {
+            self.write.write_part(&mut part).await.map_err(closed)?;
+        }
+        self.write.flush().await.map_err(closed)
+    }
+
+    /// Ends the pipe.
+    async fn end(&mut self) {
+        let _ = WriteFrom::shutdown(&mut self.write).await;
+    }
 }
 
 /// A read job: a whole small file, or one range of a big one.
@@ -1272,26 +1300,21 @@ async fn pull(
     progress: Arc<Progress>,
 ) -> Result<Report, Error> {
     let n = sftp.len();
-    let (ours, theirs): (Vec<DuplexStream>, Vec<DuplexStream>) = (0..n)
-        .map(|_| tokio::io::duplex(fastcp_stream::LOCAL_PIPE_BUFFER))
+    // Frames go to the receiver through pipes that pass a file's bytes on as the buffers
+    // the SFTP replies arrived in; its replies come back through a byte pipe.
+    let (writers, theirs): (Vec<_>, Vec<_>) = (0..n)
+        .map(|_| fastcp_stream::receiver_pipe(fastcp_stream::LOCAL_PIPE_BUFFER))
         .unzip();
-    let mut outs = Vec::new();
-    let mut replies = None;
-    // The receiver answers on stream 0 only; the other read halves stay open.
-    let mut _idle = Vec::new();
-    for (s, stream) in ours.into_iter().enumerate() {
-        let (read, write) = tokio::io::split(stream);
-        if s == 0 {
-            replies = Some(read);
-        } else {
-            _idle.push(read);
-        }
-        outs.push(tokio::sync::Mutex::new(Out {
-            write,
-            counts: Summary::default(),
-        }));
-    }
-    let replies = replies.expect("one stream at least");
+    let outs = writers
+        .into_iter()
+        .map(|write| {
+            tokio::sync::Mutex::new(Out {
+                write,
+                counts: Summary::default(),
+            })
+        })
+        .collect();
+    let (replies, reply_half) = tokio::io::duplex(64 << 10);
     let o = &plan.options;
     let emit = Arc::new(Emit {
         sftp,
@@ -1332,7 +1355,7 @@ async fn pull(
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
     let reading_replies = read_answers(replies, answers_tx);
     let emitting = emit.clone().run(sources, answers);
-    let receiving = fastcp_stream::receive(dest, theirs, &config, progress);
+    let receiving = fastcp_stream::receive_piped(dest, theirs, reply_half, &config, progress);
     let (emitted, received, ()) = tokio::join!(emitting, receiving, reading_replies);
     match (emitted, received) {
         (Err(e), Err(r)) if r.is_disconnect() => Err(e),
@@ -1343,10 +1366,7 @@ async fn pull(
 }
 
 /// Reads the local receiver's replies to their end, passing its answers to probes on.
-async fn read_answers(
-    replies: tokio::io::ReadHalf<DuplexStream>,
-    answers: tokio::sync::mpsc::UnboundedSender<Answer>,
-) {
+async fn read_answers(replies: DuplexStream, answers: tokio::sync::mpsc::UnboundedSender<Answer>) {
     // Answers are small; a `Partial` (resume) is not asked for here.
     read_frames_to_end(replies, 1 << 20, |frame| {
         if let Frame::Answer(a) = frame {
@@ -1423,9 +1443,7 @@ impl Emit {
             Frame::Error(_) => out.counts.errors += 1,
             _ => {}
         }
-        write_frame(&mut out.write, frame)
-            .await
-            .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))
+        out.frame(frame).await
     }
 
     /// Lists the sources while every session reads files (those the receiver wants, with
@@ -1477,10 +1495,8 @@ impl Emit {
         for s in 0..self.outs.len() {
             let mut out = self.outs[s].lock().await;
             let done = Frame::Done(out.counts);
-            write_frame(&mut out.write, &done)
-                .await
-                .map_err(|e| Error::ConnectionClosed(format!("the local receiver stopped: {e}")))?;
-            let _ = out.write.shutdown().await;
+            out.frame(&done).await?;
+            out.end().await;
         }
         Ok(())
     }
@@ -1980,10 +1996,7 @@ impl Emit {
         fastcp_proto::encode_data_header(job.id, offset, bytes.len(), &mut header);
         let mut out = self.outs[s].lock().await;
         out.counts.bytes += bytes.len() as u64;
-        let closed =
-            |e: std::io::Error| Error::ConnectionClosed(format!("the local receiver stopped: {e}"));
-        out.write.write_all(&header).await.map_err(closed)?;
-        out.write.write_all(&bytes).await.map_err(closed)?;
+        out.parts([header.freeze(), bytes]).await?;
         Ok(completed)
     }
 }

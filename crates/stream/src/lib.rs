@@ -82,11 +82,14 @@ pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
 pub use filter::{Filter, Predicate};
 pub use pattern::{expand_sources, has_wildcard};
-pub use pipe::{ByteReader, ByteWriter, PipeReader, PipeWriter, ReadInto, WriteFrom, frame_pipe};
+pub use pipe::{
+    ByteReader, ByteWriter, PipeReader, PipeSource, PipeWriter, ReadInto, WriteFrom, frame_pipe,
+    receiver_pipe,
+};
 pub use progress::{Progress, Snapshot};
 pub use receive::{
     DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,
-    receive_from,
+    receive_from, receive_piped,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send, send_to};

@@ -323,6 +323,32 @@ pub fn frame_pipe(room: usize) -> (PipeWriter, PipeReader) {
     (PipeWriter(sink), reader)
 }
 
+/// A pipe of frames into a receiver in the same process, for a producer of frames other than
+/// fastcp's sender (as fastcp's SFTP pull is, which turns SFTP replies into frames): write
+/// encoded frames to the [`PipeWriter`], and give the [`PipeSource`] to
+/// [`receive_piped`](crate::receive_piped). A part of 16 KiB or more, a `Data` frame's
+/// payload written on its own, reaches the receiver as the very buffer written: nothing is
+/// copied from one side to the other. `room` bounds the bytes in the pipe.
+pub fn receiver_pipe(room: usize) -> (PipeWriter, PipeSource) {
+    let (sink, source) = local(room);
+    (PipeWriter(sink), PipeSource(source))
+}
+
+/// The receiving end of a [`receiver_pipe`].
+pub struct PipeSource(LocalSource);
+
+impl Source for PipeSource {
+    async fn fill(
+        &mut self,
+        buf: &mut BytesMut,
+        limit: usize,
+        decoder: &Decoder,
+        pool: &Pool,
+    ) -> io::Result<Fill> {
+        self.0.fill(buf, limit, decoder, pool).await
+    }
+}
+
 /// The sending end of a [`frame_pipe`]: give it to [`send_to`](crate::send_to).
 pub struct PipeWriter(LocalSink);
 

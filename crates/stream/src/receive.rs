@@ -1313,6 +1313,22 @@ where
     receive_over(dest, readers, reply_half, config, progress).await
 }
 
+/// [`receive_from`] over in-process pipes of frames ([`receiver_pipe`](crate::receiver_pipe)):
+/// a `Data` frame's payload written to a pipe as a part of its own arrives as that buffer,
+/// uncopied. The receiver decodes and checks every frame as it does from a byte stream.
+pub async fn receive_piped<W>(
+    dest: &Path,
+    pipes: Vec<crate::PipeSource>,
+    reply_half: W,
+    config: &ReceiveConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    receive_over(dest, pipes, reply_half, config, progress).await
+}
+
 /// [`receive_from`] over any [`Source`], local pipes included.
 pub(crate) async fn receive_over<C, W>(
     dest: &Path,
