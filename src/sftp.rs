@@ -1341,6 +1341,9 @@ async fn pull(
         skip_unchanged: o.skip_unchanged,
         delete: o.delete,
         filter: o.filter.clone(),
+        // The bytes come from this process's own SFTP reads: hashing them on both sides of
+        // the pipe would check the same memory twice. Each file's ranges are still checked.
+        hash_content: false,
         ..Default::default()
     };
     config.expected_top_level = plan
@@ -1674,10 +1677,7 @@ impl Emit {
                         size,
                         meta,
                     });
-                    let shared = Arc::new(Mutex::new((
-                        FileChecksum::new(fastcp_proto::PROTOCOL_VERSION, size),
-                        size,
-                    )));
+                    let shared = Arc::new(Mutex::new((FileChecksum::ranges_only(size), size)));
                     let mut reads = Vec::new();
                     let mut at = 0;
                     while at < size {
@@ -1799,7 +1799,7 @@ impl Emit {
             });
             self.send(s, &frame).await?;
         }
-        let mut own = FileChecksum::new(fastcp_proto::PROTOCOL_VERSION, job.size);
+        let mut own = FileChecksum::ranges_only(job.size);
         let mut completed = false;
         match self.read_range(s, &job, &mut own, &mut completed).await {
             Ok(()) => {}

@@ -57,6 +57,12 @@ pub(crate) enum ChunkHash {
 pub(crate) enum Algorithm {
     Blake3,
     Xxh3,
+    /// XXH3's fold of `(offset, length, hash)` records with every hash 0: it proves that the
+    /// ranges arrived, once each, as they were sent, without hashing their bytes. Only for a
+    /// sender in the receiver's own process (see [`ReceiveConfig::hash_content`]).
+    ///
+    /// [`ReceiveConfig::hash_content`]: crate::ReceiveConfig::hash_content
+    Ranges,
 }
 
 impl Algorithm {
@@ -73,6 +79,16 @@ impl Algorithm {
         match self {
             Algorithm::Blake3 => ChunkHash::Blake3(tree::chunk_hash(size, offset, bytes)),
             Algorithm::Xxh3 => ChunkHash::Xxh3(xxh3_128(bytes)),
+            Algorithm::Ranges => ChunkHash::Xxh3(0),
+        }
+    }
+
+    /// The algorithm a receiver with `config` checks files with.
+    pub(crate) fn for_receiver(config: &crate::ReceiveConfig) -> Algorithm {
+        if config.hash_content || config.resume {
+            Algorithm::for_version(config.version)
+        } else {
+            Algorithm::Ranges
         }
     }
 
@@ -80,9 +96,12 @@ impl Algorithm {
     pub(crate) fn whole(self, content: &[u8]) -> [u8; 32] {
         match self {
             Algorithm::Blake3 => *blake3::hash(content).as_bytes(),
-            Algorithm::Xxh3 => {
+            Algorithm::Xxh3 | Algorithm::Ranges => {
                 let mut f = Fold::default();
-                f.push(0, content.len() as u64, xxh3_128(content));
+                let ChunkHash::Xxh3(h) = self.chunk(content.len() as u64, 0, content) else {
+                    unreachable!("an XXH3 chunk")
+                };
+                f.push(0, content.len() as u64, h);
                 f.finish()
             }
         }
@@ -93,6 +112,7 @@ impl Algorithm {
         match self {
             Algorithm::Blake3 => Sequential::Blake3(Box::new(blake3::Hasher::new())),
             Algorithm::Xxh3 => Sequential::Xxh3(Fold::default()),
+            Algorithm::Ranges => Sequential::Ranges(Fold::default()),
         }
     }
 
@@ -100,7 +120,7 @@ impl Algorithm {
     pub(crate) fn assembler(self, size: u64) -> Assembler {
         match self {
             Algorithm::Blake3 => Assembler::Blake3(TreeHash::new(size)),
-            Algorithm::Xxh3 => Assembler::Xxh3 {
+            Algorithm::Xxh3 | Algorithm::Ranges => Assembler::Xxh3 {
                 fold: Fold::default(),
                 next: 0,
                 waiting: BTreeMap::new(),
@@ -113,6 +133,7 @@ impl Algorithm {
 pub(crate) enum Sequential {
     Blake3(Box<blake3::Hasher>),
     Xxh3(Fold),
+    Ranges(Fold),
 }
 
 impl Sequential {
@@ -123,6 +144,7 @@ impl Sequential {
                 h.update(bytes);
             }
             Sequential::Xxh3(f) => f.push(offset, bytes.len() as u64, xxh3_128(bytes)),
+            Sequential::Ranges(f) => f.push(offset, bytes.len() as u64, 0),
         }
     }
 
@@ -132,13 +154,14 @@ impl Sequential {
         match self {
             Sequential::Blake3(_) => unreachable!("resume needs protocol version 4"),
             Sequential::Xxh3(f) => f.push(offset, len, hash),
+            Sequential::Ranges(f) => f.push(offset, len, 0),
         }
     }
 
     pub(crate) fn finish(self) -> [u8; 32] {
         match self {
             Sequential::Blake3(h) => *h.finalize().as_bytes(),
-            Sequential::Xxh3(f) => f.finish(),
+            Sequential::Xxh3(f) | Sequential::Ranges(f) => f.finish(),
         }
     }
 }
@@ -279,6 +302,30 @@ impl FileChecksum {
     /// A checksum under protocol `version` for a file of `size` bytes.
     pub fn new(version: u16, size: u64) -> FileChecksum {
         let algorithm = Algorithm::for_version(version);
+        FileChecksum {
+            algorithm,
+            size,
+            assembler: algorithm.assembler(size),
+        }
+    }
+
+    /// For a program that feeds a receiver in its own process ([`ReceiveConfig::hash_content`]
+    /// off): the checksum of the file's ranges alone, as such a receiver checks them, with
+    /// no byte hashed.
+    ///
+    /// ```
+    /// use fastcp_stream::FileChecksum;
+    ///
+    /// let mut c = FileChecksum::ranges_only(11);
+    /// c.add(0, b"hello ");
+    /// assert_eq!(c.finish(), None, "bytes 6..11 are missing");
+    /// c.add(6, b"world");
+    /// assert!(c.finish().is_some());
+    /// ```
+    ///
+    /// [`ReceiveConfig::hash_content`]: crate::ReceiveConfig::hash_content
+    pub fn ranges_only(size: u64) -> FileChecksum {
+        let algorithm = Algorithm::Ranges;
         FileChecksum {
             algorithm,
             size,

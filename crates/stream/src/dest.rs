@@ -677,8 +677,7 @@ impl Writer {
                         parent,
                         name_at,
                         meta,
-                        checksum: Algorithm::for_version(self.shared.config.version)
-                            .assembler(size),
+                        checksum: Algorithm::for_receiver(&self.shared.config).assembler(size),
                         attrs,
                         ..file
                     };
@@ -723,7 +722,7 @@ impl Writer {
             meta,
             written: BTreeMap::new(),
             sized: false,
-            checksum: Algorithm::for_version(self.shared.config.version).assembler(size),
+            checksum: Algorithm::for_receiver(&self.shared.config).assembler(size),
             expected: None,
             partial: false,
             offer: None,

@@ -166,6 +166,13 @@ pub struct ReceiveConfig {
     /// the session, so a sender past this cap is stopped with a protocol error rather than
     /// left to exhaust memory. Default: [`DEFAULT_MAX_ENTRIES`].
     pub max_entries: u64,
+    /// Hash each file's bytes to check them against the sender's checksum. Off, only for a
+    /// sender in this very process whose bytes are what it just read (fastcp's SFTP pull,
+    /// where both hashes would be taken of the same bytes in the same memory): each file is
+    /// still checked to arrive whole, every range once and as sent (its `FileEnd` carries
+    /// [`FileChecksum::ranges_only`](crate::FileChecksum::ranges_only)), but no byte is
+    /// hashed. Default: true.
+    pub hash_content: bool,
 }
 
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
@@ -193,6 +200,7 @@ impl Default for ReceiveConfig {
             devices: false,
             specials: false,
             max_entries: DEFAULT_MAX_ENTRIES,
+            hash_content: true,
         }
     }
 }
@@ -1393,7 +1401,7 @@ where
             writers: writer_txs.clone(),
             budget: budget.clone(),
             budget_cap,
-            checksum: Algorithm::for_version(config.version),
+            checksum: Algorithm::for_receiver(config),
             stream: i,
             counts: Summary::default(),
             next_writer: i,

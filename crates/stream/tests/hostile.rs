@@ -373,6 +373,52 @@ async fn wrong_hash_leaves_nothing() {
     sb.assert_contained();
 }
 
+/// A receiver that does not hash content (`hash_content: false`, for a sender in its own
+/// process) still checks each file's ranges against the sender's: the ranges as sent are
+/// accepted, a file whose ranges differ from what its `FileEnd` says is not kept.
+#[tokio::test]
+async fn a_receiver_without_content_hashes_still_checks_the_ranges() {
+    let config = ReceiveConfig {
+        hash_content: false,
+        ..recursive()
+    };
+    let ranges = |parts: &[(u64, &[u8])], size| {
+        let mut c = fastcp_stream::FileChecksum::ranges_only(size);
+        for (offset, bytes) in parts {
+            c.add(*offset, bytes);
+        }
+        Frame::FileEnd(FileEnd {
+            id: 0,
+            hash: c.finish().unwrap(),
+        })
+    };
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 11),
+        data(0, 6, b"world"),
+        data(0, 0, b"hello "),
+        ranges(&[(0, b"hello "), (6, b"world")], 11),
+        done(1, 0, 0, 11),
+    ]);
+    let outcome = run(&sb.dest, config.clone(), vec![stream], true).await;
+    outcome.result.unwrap();
+    assert_eq!(fs::read(sb.dest.join("f")).unwrap(), b"hello world");
+    sb.assert_contained();
+
+    // Sent in one range, announced as two.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 11),
+        data(0, 0, b"hello world"),
+        ranges(&[(0, b"hello "), (6, b"world")], 11),
+        done(1, 0, 0, 11),
+    ]);
+    let err = fatal(run(&sb.dest, config, vec![stream], true).await);
+    assert!(matches!(err, Error::Integrity { .. }), "{err}");
+    assert!(!sb.dest.join("f").exists());
+    sb.assert_contained();
+}
+
 #[tokio::test]
 async fn duplicate_file_ids_are_refused() {
     let sb = Sandbox::new();
