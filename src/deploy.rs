@@ -178,7 +178,7 @@ fn launch_script(name: &str, hash: &str) -> String {
          [ -d \"$f\" ] || exit 127; set -- $(stat -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || exit 127; case \"$2\" in *[2367]?|*[2367]) exit 127;; esac; done; \
          [ -f \"$d/fastcp\" ] || exit 127; \
-         h=$( (sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
+         h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = {hash} ] || exit 127; exec \"$d/fastcp\" server"
     )
 }
@@ -261,7 +261,7 @@ fn inspect_script(name: &str) -> String {
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
          if [ -d \"$f\" ]; then echo \"folder $(stat -c \"%u %a\" \"$f\") $f\"; fi; done; \
          if [ -f \"$d/fastcp\" ]; then \
-         echo \"cached $( (sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
+         echo \"cached $( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
          fi"
     )
 }
@@ -342,7 +342,7 @@ fn upload_script(name: &str, hash: &str) -> String {
     format!(
         "umask 077; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
          t=\"$d/.fastcp.$$.tmp\"; \
-         if cat > \"$t\" && [ \"$( (sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
+         if cat > \"$t\" && [ \"$( (openssl dgst -sha256 -r \"$t\" || sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
          && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \
          else rm -f \"$t\"; echo \"the upload did not arrive whole (full disk, or no sha256sum)\" >&2; exit 1; fi"
     )
