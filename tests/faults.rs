@@ -301,6 +301,13 @@ fn has_temp(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// All a child's piped output says.
+fn read_text(pipe: &mut Option<impl Read>) -> String {
+    let mut text = String::new();
+    pipe.take().unwrap().read_to_string(&mut text).unwrap();
+    text
+}
+
 /// The size of the fastcp temp file in `dir`, or 0.
 fn temp_len(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -394,13 +401,7 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
             Duration::from_secs(30),
             &format!("{signal} did not stop the copy"),
         );
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = read_text(&mut child.stderr);
         assert_eq!(status.code(), Some(130), "{signal} pull={pull}: {err}");
         assert!(err.contains("interrupted"), "{err}");
         // The server side (a push) notices its client is gone and cleans up too.
@@ -448,19 +449,7 @@ fn ctrl_c_with_json_reports_a_cancelled_copy_and_how_far_it_got() {
             Duration::from_secs(30),
             "SIGINT did not stop it",
         );
-        let (mut out, mut err) = (String::new(), String::new());
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (out, err) = (read_text(&mut child.stdout), read_text(&mut child.stderr));
         assert_eq!(status.code(), Some(130), "{args:?}: {err}");
         assert!(err.contains("interrupted by SIGINT"), "{err}");
         let v: serde_json::Value =
