@@ -497,14 +497,7 @@ where
         Err((reader, err)) => {
             // Tell the client why, if the control stream still works.
             if let Some(mut reader) = reader {
-                let _ = reader
-                    .send(&Frame::Error(ErrorFrame {
-                        code: err.code(),
-                        fatal: true,
-                        path: Bytes::new(),
-                        message: err.to_string(),
-                    }))
-                    .await;
+                let _ = reader.send(&fatal_frame(&err)).await;
             }
             Err(err)
         }
@@ -916,15 +909,19 @@ impl UnixRendezvous {
     }
 }
 
-/// Tells the client on `control` why the session ends, if it still listens; returns `err`.
-async fn tell(mut control: BoxStream, err: Error) -> Error {
-    let frame = Frame::Error(ErrorFrame {
+/// The frame that tells the client why the session ends.
+fn fatal_frame(err: &Error) -> Frame {
+    Frame::Error(ErrorFrame {
         code: err.code(),
         fatal: true,
         path: Bytes::new(),
         message: err.to_string(),
-    });
-    let _ = crate::wire::write_frame(&mut control, &frame).await;
+    })
+}
+
+/// Tells the client on `control` why the session ends, if it still listens; returns `err`.
+async fn tell(mut control: BoxStream, err: Error) -> Error {
+    let _ = crate::wire::write_frame(&mut control, &fatal_frame(&err)).await;
     let _ = control.shutdown().await;
     err
 }

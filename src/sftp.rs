@@ -48,7 +48,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
-use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, within_idle_limit};
@@ -519,12 +519,6 @@ fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
     })
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> std::io::Result<()> {
-    let mut buf = BytesMut::new();
-    fastcp_proto::encode(frame, &mut buf);
-    w.write_all(&buf).await
-}
-
 // ---------------------------------------------------------------------------------------
 // Push: the local sender's frames, applied over SFTP.
 
@@ -650,7 +644,11 @@ async fn push(
         while let Some(frame) = reply_rx.recv().await {
             let last =
                 matches!(frame, Frame::Done(_)) || matches!(&frame, Frame::Error(e) if e.fatal);
-            if write_frame(&mut reply_half, &frame).await.is_err() || last {
+            if crate::wire::write_frame(&mut reply_half, &frame)
+                .await
+                .is_err()
+                || last
+            {
                 break;
             }
         }
@@ -1368,33 +1366,14 @@ async fn pull(
     }
 }
 
-/// Reads the local receiver's replies to their end, passing its answers to probes on.
+/// Reads the local receiver's replies to their end (or their first undecodable byte),
+/// passing its answers to probes on.
 async fn read_answers(replies: DuplexStream, answers: tokio::sync::mpsc::UnboundedSender<Answer>) {
     // Answers are small; a `Partial` (resume) is not asked for here.
-    read_frames_to_end(replies, 1 << 20, |frame| {
+    let mut replies = crate::wire::FrameReader::new(replies, 1 << 20);
+    while let Ok(frame) = replies.next("reading the receiver's replies").await {
         if let Frame::Answer(a) = frame {
             let _ = answers.send(a);
-        }
-    })
-    .await;
-}
-
-/// Reads an in-process pipe of frames to its end (or its first undecodable byte), handing
-/// each frame to `take`.
-async fn read_frames_to_end<R: tokio::io::AsyncRead + Unpin>(
-    mut r: R,
-    max_frame: u32,
-    mut take: impl FnMut(Frame),
-) {
-    let mut decoder = fastcp_proto::Decoder::new(max_frame);
-    let mut buf = BytesMut::with_capacity(64 << 10);
-    loop {
-        while let Ok(Some(frame)) = decoder.decode(&mut buf) {
-            take(frame);
-        }
-        match tokio::io::AsyncReadExt::read_buf(&mut r, &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
         }
     }
 }

@@ -78,8 +78,15 @@ impl Algorithm {
     pub(crate) fn chunk(self, size: u64, offset: u64, bytes: &[u8]) -> ChunkHash {
         match self {
             Algorithm::Blake3 => ChunkHash::Blake3(tree::chunk_hash(size, offset, bytes)),
-            Algorithm::Xxh3 => ChunkHash::Xxh3(xxh3_128(bytes)),
-            Algorithm::Ranges => ChunkHash::Xxh3(0),
+            Algorithm::Xxh3 | Algorithm::Ranges => ChunkHash::Xxh3(self.content(bytes)),
+        }
+    }
+
+    /// What XXH3's fold records for `bytes`: their hash, or 0 when only ranges count.
+    fn content(self, bytes: &[u8]) -> u128 {
+        match self {
+            Algorithm::Ranges => 0,
+            _ => xxh3_128(bytes),
         }
     }
 
@@ -98,10 +105,7 @@ impl Algorithm {
             Algorithm::Blake3 => *blake3::hash(content).as_bytes(),
             Algorithm::Xxh3 | Algorithm::Ranges => {
                 let mut f = Fold::default();
-                let ChunkHash::Xxh3(h) = self.chunk(content.len() as u64, 0, content) else {
-                    unreachable!("an XXH3 chunk")
-                };
-                f.push(0, content.len() as u64, h);
+                f.push(0, content.len() as u64, self.content(content));
                 f.finish()
             }
         }
