@@ -551,24 +551,38 @@ fn assert_whole(src: &std::path::Path, dst: &std::path::Path, what: &str) {
 
 /// A transport of the embedder's own, all in memory: the server runs in this process, and
 /// every stream, the control stream and the data streams alike, is a `tokio::io::duplex`
-/// pipe handed to it through its inbox. With `stranger`, the first stream handed over is a
-/// stranger's, whose `Join` does not prove the secret.
+/// pipe handed to it through its inbox.
 struct InMemory {
     config: fastcp::server::ServerConfig,
     streams: fastcp::server::StreamSender,
-    stranger: bool,
+    peer: Peer,
+}
+
+/// How an [`InMemory`] transport hands streams over.
+#[derive(PartialEq)]
+enum Peer {
+    /// Each stream the client opens.
+    Honest,
+    /// First a stranger's, whose `Join` does not prove the secret.
+    Stranger,
+    /// None: the client's streams lead nowhere.
+    Silent,
 }
 
 impl InMemory {
-    fn new(stranger: bool) -> InMemory {
+    fn new(peer: Peer) -> InMemory {
         let (streams, inbox) = fastcp::server::stream_channel();
         let config = fastcp::server::ServerConfig::default()
             .inbox(inbox)
-            .join_timeout(Duration::from_secs(10));
+            .join_timeout(Duration::from_secs(if peer == Peer::Silent {
+                2
+            } else {
+                10
+            }));
         InMemory {
             config,
             streams,
-            stranger,
+            peer,
         }
     }
 }
@@ -596,7 +610,7 @@ impl fastcp::transport::Transport for InMemory {
                 .await
                 .map_err(|e| fastcp::transport::Error::io("handing a stream over", e))
         };
-        if self.stranger {
+        if self.peer == Peer::Stranger {
             let (mut theirs, server_end) = tokio::io::duplex(1 << 16);
             let mut frame = bytes::BytesMut::new();
             let join = Join {
@@ -609,7 +623,11 @@ impl fastcp::transport::Transport for InMemory {
             std::mem::forget(theirs);
         }
         let (client_end, server_end) = tokio::io::duplex(1 << 20);
-        deliver(Box::new(server_end)).await?;
+        if self.peer == Peer::Silent {
+            std::mem::forget(server_end);
+        } else {
+            deliver(Box::new(server_end)).await?;
+        }
         Ok(Box::new(client_end))
     }
 
@@ -642,7 +660,7 @@ async fn a_tree_moves_both_ways_over_in_memory_streams() {
         ),
     ] {
         let plan = Plan::new(sources, dest, options.clone()).unwrap();
-        let peer = InMemory::new(false);
+        let peer = InMemory::new(Peer::Honest);
         let server = peer.start_server().await.unwrap();
         let done = fastcp::run_session(
             &plan,
@@ -672,7 +690,7 @@ async fn an_in_memory_stream_without_the_secret_is_refused() {
         CopyOptions::default(),
     )
     .unwrap();
-    let peer = InMemory::new(true);
+    let peer = InMemory::new(Peer::Stranger);
     let server = peer.start_server().await.unwrap();
     let outcome = tokio::time::timeout(
         Duration::from_secs(30),
@@ -688,5 +706,37 @@ async fn an_in_memory_stream_without_the_secret_is_refused() {
     .expect("the session ends");
     let err = outcome.expect_err("a stranger's stream was taken");
     assert!(err.to_string().contains("failed to authenticate"), "{err}");
+    assert!(!work.path().join("b").exists());
+}
+
+/// A transport that never hands the server its data streams: the server gives up at its join
+/// timeout and says so, and the session ends with that error rather than waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_streams_that_never_arrive_time_out() {
+    use fastcp::transport::Transport;
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"hello", 0o644);
+    let plan = Plan::new(
+        vec![Location::Local(work.path().join("a"))],
+        Location::parse(&format!("mem:{}", work.path().join("b").display())),
+        CopyOptions::default(),
+    )
+    .unwrap();
+    let peer = InMemory::new(Peer::Silent);
+    let server = peer.start_server().await.unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        fastcp::run_session(
+            &plan,
+            server.stream,
+            fastcp::Mode::Caller { streams: 2 },
+            &[peer],
+            Arc::new(Progress::default()),
+        ),
+    )
+    .await
+    .expect("the session ends");
+    let err = outcome.expect_err("a session without its data streams succeeded");
+    assert!(err.to_string().contains("data streams to connect"), "{err}");
     assert!(!work.path().join("b").exists());
 }
