@@ -369,6 +369,8 @@ pub struct Plan {
     pub dest: Location,
     /// How to copy.
     pub options: CopyOptions,
+    /// With `--shard`: the files of which this run sends some ranges only.
+    pieces: Option<Arc<std::collections::HashMap<Bytes, Vec<fastcp_stream::Piece>>>>,
 }
 
 impl Plan {
@@ -423,7 +425,13 @@ impl Plan {
             sources,
             dest,
             options,
+            pieces: None,
         })
+    }
+
+    /// With `--shard`: whether this run sends some files in pieces (see [`crate::shard`]).
+    pub(crate) fn has_pieces(&self) -> bool {
+        self.pieces.is_some()
     }
 
     /// The remote host, if any.
@@ -462,6 +470,7 @@ impl Plan {
             attrs: self.options.attrs,
             devices: self.options.devices,
             specials: self.options.specials,
+            pieces: self.pieces.clone(),
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -609,14 +618,16 @@ impl Plan {
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
         self.options.log.info(|| {
             format!(
-                "shard {shard}: {} of {} files and links, {} of {} bytes",
+                "shard {shard}: {} of {} files and links ({} of them in pieces), {} of {} bytes",
                 share.files.len(),
                 share.total_files,
+                share.pieces.len(),
                 share.bytes,
                 share.total_bytes
             )
         });
         let mut plan = self.clone();
+        plan.pieces = (!share.pieces.is_empty()).then(|| Arc::new(share.pieces.clone()));
         plan.options.filter = Some(crate::shard::narrow(self.options.filter.clone(), share));
         Ok(plan)
     }

@@ -417,6 +417,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             o.transport == crate::TransportChoice::Tcp,
             "--transport tcp",
         ),
+        (
+            plan.has_pieces(),
+            "a --shard that splits big files into pieces",
+        ),
     ];
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(Error::Unsupported(format!(

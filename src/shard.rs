@@ -6,12 +6,18 @@
 //! nothing but the tree, so the `N` runs cover every file exactly once without talking to
 //! each other; every run makes every directory, so each one's files have a place to land.
 //!
-//! The split balances bytes: files, largest first (ties by path), each go to the share with
-//! the fewest bytes so far (then the fewest files, then the lowest index). Shares end within
-//! the size of one file of each other, so they are balanced as long as no single file is a
-//! large part of a share. Links and empty files weigh nothing and go round by count. A file
-//! is never split between runs: each run writes whole files, each checked and renamed into
-//! place as in any copy.
+//! The split balances bytes. A file bigger than a piece (a 16th of a share, and at least
+//! [`GRID`], in whole multiples of it) is cut into pieces of that size. Then files and
+//! pieces, largest first (ties by path, then offset), each go to the share with the fewest
+//! bytes so far (then the fewest items, then the lowest index). Shares end within one piece
+//! or one unsplit file of each other. Links and empty files weigh nothing and go round by
+//! count.
+//!
+//! A run sends the pieces it holds of a file as ranges of it (protocol version 6; adjacent
+//! ones merged). The receiver writes them into a work file that all the runs share, and the
+//! run whose range completes the file checks nothing is missing and gives it its final name
+//! (see `fastcp_stream`'s `pieces`): a file under its final name is whole, whichever run
+//! ends last.
 //!
 //! ```
 //! use fastcp::shard::{Shard, plan};
@@ -28,17 +34,20 @@
 //! assert_eq!(first.bytes + second.bytes, 700);
 //! assert_eq!((first.bytes, second.bytes), (400, 300));
 //! assert!(first.files.iter().all(|f| !second.files.contains(f)));
+//! // Files this small are never cut.
+//! assert!(first.pieces.is_empty() && second.pieces.is_empty());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use fastcp_stream::{EntryKind, Filter, WalkConfig};
+use fastcp_stream::{EntryKind, Filter, Piece, WalkConfig};
 
 use crate::Error;
 
@@ -93,12 +102,18 @@ impl FromStr for Shard {
     }
 }
 
+/// Pieces are cut at multiples of this many bytes, whatever the runs' `--chunk-size`.
+pub const GRID: u64 = fastcp_stream::DEFAULT_CHUNK_SIZE as u64;
+
 /// What one share holds.
 #[derive(Debug, Clone, Default)]
 pub struct Share {
-    /// The wire paths (relative, starting with the source's name) of its files and links.
+    /// The wire paths (relative, starting with the source's name) of its files and links,
+    /// and of the files it holds pieces of.
     pub files: HashSet<Bytes>,
-    /// Its files' bytes.
+    /// The files of which it holds some ranges only, by wire path, adjacent ranges merged.
+    pub pieces: HashMap<Bytes, Vec<Piece>>,
+    /// Its files' and pieces' bytes.
     pub bytes: u64,
     /// The bytes of the whole copy, all shares together.
     pub total_bytes: u64,
@@ -109,35 +124,71 @@ pub struct Share {
 /// Walks `sources` as `config` says and returns share `shard` of them. Every run given the
 /// same tree and the same `N` computes the same split.
 pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Share, Error> {
-    let mut items: Vec<(u64, Bytes)> = Vec::new();
+    let mut files: Vec<(u64, Bytes)> = Vec::new();
     for entry in fastcp_stream::walk(sources, config) {
         // What cannot be read is reported by the copy itself; here it is only left out.
         let Ok(entry) = entry else { continue };
         match entry.kind {
             EntryKind::Dir => {}
-            EntryKind::File { size } => items.push((size, entry.wire)),
-            _ => items.push((0, entry.wire)),
+            EntryKind::File { size } => files.push((size, entry.wire)),
+            _ => files.push((0, entry.wire)),
         }
     }
-    // Largest first; equal sizes by path, so that every run sees the same order.
-    items.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     let n = shard.count as usize;
-    let mut load = vec![(0u64, 0u64); n];
+    let total: u64 = files.iter().map(|f| f.0).sum();
+    let piece = if n == 1 {
+        u64::MAX
+    } else {
+        total.div_ceil(n as u64 * 16).div_ceil(GRID).max(1) * GRID
+    };
+    // (size, path, offset): whole files at offset 0, big ones cut into pieces.
+    let mut items: Vec<(u64, Bytes, u64)> = Vec::with_capacity(files.len());
+    let sizes: HashMap<Bytes, u64> = files.iter().map(|(s, w)| (w.clone(), *s)).collect();
+    for (size, wire) in files {
+        if size <= piece {
+            items.push((size, wire, 0));
+            continue;
+        }
+        let mut offset = 0;
+        while offset < size {
+            let len = piece.min(size - offset);
+            items.push((len, wire.clone(), offset));
+            offset += len;
+        }
+    }
+    // Largest first; equal sizes by path and offset, so that every run sees the same order.
+    items.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, a.2).cmp(&(&b.1, b.2))));
     let mut share = Share {
-        total_files: items.len() as u64,
+        total_files: sizes.len() as u64,
+        total_bytes: total,
         ..Share::default()
     };
-    for (size, wire) in items {
-        let to = (0..n)
-            .min_by_key(|&k| (load[k], k))
-            .expect("at least one share");
-        load[to].0 += size;
-        load[to].1 += 1;
-        share.total_bytes += size;
+    // Shares by (bytes, items, index), the lightest on top.
+    let mut load: BinaryHeap<Reverse<(u64, u64, usize)>> =
+        (0..n).map(|k| Reverse((0, 0, k))).collect();
+    let mut mine: HashMap<Bytes, Vec<(u64, u64)>> = HashMap::new();
+    for (len, wire, offset) in items {
+        let Reverse((bytes, count, to)) = load.pop().expect("at least one share");
+        load.push(Reverse((bytes + len, count + 1, to)));
         if to == shard.index as usize {
-            share.bytes += size;
-            share.files.insert(wire);
+            share.bytes += len;
+            mine.entry(wire).or_default().push((offset, len));
         }
+    }
+    for (wire, mut ranges) in mine {
+        let size = sizes[&wire];
+        ranges.sort_unstable();
+        let mut merged: Vec<Piece> = Vec::new();
+        for (offset, len) in ranges {
+            match merged.last_mut() {
+                Some(last) if last.offset + last.len == offset => last.len += len,
+                _ => merged.push(Piece { size, offset, len }),
+            }
+        }
+        if !(merged.len() == 1 && merged[0].len == size) {
+            share.pieces.insert(wire.clone(), merged);
+        }
+        share.files.insert(wire);
     }
     Ok(share)
 }

@@ -11,7 +11,7 @@ use common::*;
 use fastcp::shard::{Shard, plan};
 use fastcp::stream::WalkConfig;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_same_tree, pseudo_random, write};
+use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, pseudo_random, write};
 
 /// 600 files of sizes from 0 to about 200 KB (a skewed spread, as in source trees), in
 /// nested folders, and a few links.
@@ -27,22 +27,61 @@ fn build(root: &Path) {
     fs::create_dir_all(root.join("empty/dir")).unwrap();
 }
 
+/// Big files, 12 MiB and a bit, beside the tree of [`build`]: more than a piece of a share.
+const BIG: [&str; 3] = ["d1/big-a", "d2/e0/big-b", "big-c"];
+
+fn build_with_big(root: &Path) {
+    build(root);
+    for (i, name) in BIG.iter().enumerate() {
+        let size = (12 << 20) + 1000 * i;
+        write(&root.join(name), &pseudo_random(size, 90 + i as u64), 0o640);
+    }
+}
+
 #[test]
 fn shares_are_disjoint_cover_everything_and_balance_bytes_within_ten_percent() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
-    build(&src);
+    build_with_big(&src);
     let config = WalkConfig::new(true, false);
     let sources = [src.clone()];
     for n in [1u32, 2, 3, 5, 8] {
         let shares: Vec<_> = (0..n)
             .map(|i| plan(&sources, &config, Shard::new(i, n).unwrap()).unwrap())
             .collect();
+        // Whole files in one share; the pieces of a split file, over all the shares, cover
+        // it exactly once.
         let mut seen = HashSet::new();
+        let mut pieces: std::collections::HashMap<_, Vec<(u64, u64, u64)>> = Default::default();
         for share in &shares {
             for f in &share.files {
-                assert!(seen.insert(f.clone()), "{f:?} is in two shares of {n}");
+                match share.pieces.get(f) {
+                    Some(p) => pieces
+                        .entry(f.clone())
+                        .or_default()
+                        .extend(p.iter().map(|p| (p.offset, p.len, p.size))),
+                    None => assert!(seen.insert(f.clone()), "{f:?} is in two shares of {n}"),
+                }
             }
+        }
+        for (f, mut ranges) in pieces {
+            assert!(
+                seen.insert(f.clone()),
+                "{f:?} is whole in a share and split too"
+            );
+            ranges.sort_unstable();
+            let size = ranges[0].2;
+            let mut at = 0;
+            for (offset, len, _) in ranges {
+                assert_eq!(offset, at, "{f:?}: a gap or an overlap at {at} (N = {n})");
+                assert!(len > 0 && offset.is_multiple_of(fastcp::shard::GRID));
+                at += len;
+            }
+            assert_eq!(at, size, "{f:?}: the pieces end at the file's end");
+        }
+        if n > 1 {
+            // A 12 MiB file is over a 16th of a share: it is cut.
+            assert!(shares.iter().any(|s| !s.pieces.is_empty()), "N = {n}");
         }
         assert_eq!(seen.len() as u64, shares[0].total_files, "N = {n}");
         let total: u64 = shares.iter().map(|s| s.bytes).sum();
@@ -59,7 +98,105 @@ fn shares_are_disjoint_cover_everything_and_balance_bytes_within_ten_percent() {
         // The same split every time.
         let again = plan(&sources, &config, Shard::new(0, n).unwrap()).unwrap();
         assert_eq!(again.files, shares[0].files);
+        assert_eq!(again.pieces, shares[0].pieces);
     }
+}
+
+/// Big files cut into pieces over three runs, at once or one after another, locally and over
+/// SSH: each file takes its final name only when its last piece is in, whole, and no work
+/// file is left.
+#[test]
+fn pieces_of_big_files_from_several_runs_make_whole_files() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_with_big(&src);
+    let shard = |i: u32| ["-r", "-p", "--json", "--shard", &format!("{i}/3")].map(String::from);
+
+    // One after another: until the last run, the big files are nowhere under their names.
+    let local = work.path().join("local");
+    fs::create_dir(&local).unwrap();
+    let mut files = 0;
+    for i in 0..3 {
+        let out = run(Command::new(BIN).args(shard(i)).arg(&src).arg(&local));
+        assert!(out.status.success(), "{}", stderr(&out));
+        files += json(&out)["files"].as_u64().unwrap();
+        if i < 2 {
+            let done = BIG.iter().filter(|b| local.join("src").join(b).exists());
+            assert!(
+                done.count() < BIG.len(),
+                "run {i}: every big file already whole"
+            );
+        }
+        for big in BIG {
+            if let Ok(copy) = fs::read(local.join("src").join(big)) {
+                assert!(copy == fs::read(src.join(big)).unwrap(), "{big} torn");
+            }
+        }
+    }
+    assert_eq!(
+        files, 603,
+        "each file counted once, by the run that completed it"
+    );
+    assert_same_tree(&src, &local.join("src"), true);
+    assert_no_temp(&local);
+
+    // All at once, over SSH.
+    let sshd = Sshd::start().unwrap();
+    let pushed = work.path().join("pushed");
+    fs::create_dir(&pushed).unwrap();
+    let runs: Vec<_> = (0..3)
+        .map(|i| {
+            fastcp(&sshd, bin())
+                .args(shard(i))
+                .arg(&src)
+                .arg(remote(&sshd, &pushed))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (i, child) in runs.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "run {i}: {}", stderr(&out));
+    }
+    assert_same_tree(&src, &pushed.join("src"), true);
+    assert_no_temp(&pushed);
+}
+
+/// A big file rewritten between two runs' pieces is never put together from both versions:
+/// the later run's pieces start a work file of their own, and the file is whole once every
+/// run has sent its pieces of the same version.
+#[test]
+fn pieces_of_two_versions_of_a_file_never_meet() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let big = src.join("big");
+    write(&big, &pseudo_random(24 << 20, 1), 0o644);
+    write(&src.join("small"), b"small", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = |i: u32| {
+        let out = run(Command::new(BIN)
+            .args(["-r", "-p", "--shard", &format!("{i}/2")])
+            .arg(&src)
+            .arg(&dst));
+        assert!(out.status.success(), "run {i}: {}", stderr(&out));
+    };
+    copy(0);
+    // Same size, new bytes and a new time.
+    write(&big, &pseudo_random(24 << 20, 2), 0o644);
+    fastcp_testsupport::tree::set_mtime(&big, 2_000_000_000, 0);
+    copy(1);
+    assert!(!dst.join("src/big").exists(), "a file of two versions");
+    copy(0);
+    assert_eq!(
+        fs::read(dst.join("src/big")).unwrap(),
+        fs::read(&big).unwrap()
+    );
+    // The first version's work file went with the file's completion.
+    assert_no_temp(&dst);
 }
 
 #[test]

@@ -113,6 +113,14 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(f.size);
             put_meta(dst, &f.meta);
         }
+        Frame::Piece(p) => {
+            dst.put_u64(p.offset);
+            dst.put_u64(p.len);
+            dst.put_u64(p.file.id);
+            put_bytes(dst, &p.file.path);
+            dst.put_u64(p.file.size);
+            put_meta(dst, &p.file.meta);
+        }
         Frame::Symlink(s) => {
             put_bytes(dst, &s.path);
             put_bytes(dst, &s.target);
@@ -325,6 +333,7 @@ fn known_kind(k: u8) -> bool {
             | kind::JOIN
             | kind::DIR
             | kind::FILE
+            | kind::PIECE
             | kind::SYMLINK
             | kind::DATA
             | kind::FILE_END
@@ -449,6 +458,20 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 size: r.u64()?,
                 meta: r.meta()?,
             })
+        }
+        kind::PIECE => {
+            r.frame = "Piece";
+            let (offset, len) = (r.u64()?, r.u64()?);
+            let file = FileEntry {
+                id: r.u64()?,
+                path: r.bytes(MAX_PATH)?,
+                size: r.u64()?,
+                meta: r.meta()?,
+            };
+            if len == 0 || offset.checked_add(len).is_none_or(|end| end > file.size) {
+                return Err(r.invalid("the range is empty or runs past the file's end"));
+            }
+            Frame::Piece(PieceEntry { file, offset, len })
         }
         kind::SYMLINK => {
             r.frame = "Symlink";
@@ -882,6 +905,16 @@ mod tests {
                 size: 5 << 30,
                 meta,
             }));
+            roundtrip(Frame::Piece(PieceEntry {
+                file: FileEntry {
+                    id: 9,
+                    path: Bytes::from_static(b"big/file"),
+                    size: 5 << 30,
+                    meta,
+                },
+                offset: 4 << 30,
+                len: 1 << 30,
+            }));
         }
         for times in [
             None,
@@ -1230,5 +1263,33 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_piece_lies_within_its_file() {
+        let piece = |offset, len| {
+            let mut buf = BytesMut::new();
+            encode(
+                &Frame::Piece(PieceEntry {
+                    file: FileEntry {
+                        id: 1,
+                        path: Bytes::from_static(b"f"),
+                        size: 100,
+                        meta: Meta::default(),
+                    },
+                    offset,
+                    len,
+                }),
+                &mut buf,
+            );
+            Decoder::new(crate::DEFAULT_MAX_FRAME).decode(&mut buf)
+        };
+        assert!(piece(90, 10).unwrap().is_some());
+        for (offset, len) in [(0, 0), (90, 11), (u64::MAX, 2)] {
+            assert!(
+                matches!(piece(offset, len), Err(DecodeError::Invalid { .. })),
+                "{offset} + {len}"
+            );
+        }
     }
 }

@@ -22,6 +22,10 @@ pub enum Frame {
     Dir(DirEntry),
     /// A regular file of the manifest. Its bytes follow in [`Data`] frames on any stream.
     File(FileEntry),
+    /// A range of a regular file of the manifest, from one of several runs that each send a
+    /// range of it (`--shard`, protocol version 6). Its bytes follow in [`Data`] frames, all
+    /// within the range; the receiver assembles the file from the runs' pieces.
+    Piece(PieceEntry),
     /// A symbolic link of the manifest, kept as a link.
     Symlink(SymlinkEntry),
     /// A named pipe, socket or device node of the manifest ([`flags::SPECIALS`],
@@ -82,6 +86,7 @@ pub mod kind {
     pub const DONE: u8 = 0x21;
     pub const ANSWER: u8 = 0x22;
     pub const PARTIAL: u8 = 0x23;
+    pub const PIECE: u8 = 0x1b;
 }
 
 impl Frame {
@@ -95,6 +100,7 @@ impl Frame {
             Frame::Join(_) => kind::JOIN,
             Frame::Dir(_) => kind::DIR,
             Frame::File(_) => kind::FILE,
+            Frame::Piece(_) => kind::PIECE,
             Frame::Symlink(_) => kind::SYMLINK,
             Frame::Data(_) => kind::DATA,
             Frame::FileEnd(_) => kind::FILE_END,
@@ -121,6 +127,7 @@ impl Frame {
             Frame::Join(_) => "Join",
             Frame::Dir(_) => "Dir",
             Frame::File(_) => "File",
+            Frame::Piece(_) => "Piece",
             Frame::Symlink(_) => "Symlink",
             Frame::Data(_) => "Data",
             Frame::FileEnd(_) => "FileEnd",
@@ -517,6 +524,22 @@ pub struct FileEntry {
     pub size: u64,
     /// Mode and mtime.
     pub meta: Meta,
+}
+
+/// A range of a regular file: the bytes `[offset, offset + len)` of `file`, whose `size` is
+/// the whole file's. Sent when a copy is split over several runs by bytes (`--shard`), each
+/// sending a range of a file too big for one share. The [`FileEnd`] that closes it carries
+/// the checksum of the range's chunks alone (protocol version 3's fold of the records of
+/// the chunks it holds); the receiver writes the range into a work file that all the runs
+/// share and gives the file its final name once the runs' ranges cover it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PieceEntry {
+    /// The file, as a [`Frame::File`] would carry it; `file.size` is the whole file's.
+    pub file: FileEntry,
+    /// Where the range starts.
+    pub offset: u64,
+    /// The range's length: more than 0, and `offset + len <= file.size`.
+    pub len: u64,
 }
 
 /// A named pipe, socket or device node of the manifest.

@@ -50,8 +50,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// makes the [`FileEnd`] checksum XXH3-128 instead of BLAKE3; version 4 adds the quick check
 /// ([`Probe`], [`Answer`], request flag [`flags::SKIP_UNCHANGED`]); version 5 adds the
 /// file's mode to a [`Probe`], so that a receiver brings a file it skips in line with the
-/// source's mode, times, owner and attributes, as rsync does.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// source's mode, times, owner and attributes, as rsync does; version 6 adds the [`Piece`]
+/// entry, a range of a file, for a copy split over several runs (`--shard`).
+pub const PROTOCOL_VERSION: u16 = 6;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

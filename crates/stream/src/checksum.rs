@@ -120,6 +120,16 @@ impl Algorithm {
         }
     }
 
+    /// A checksum of the chunks of a file's piece that starts at `offset` (protocol version
+    /// 6, so never BLAKE3), fed in any order.
+    pub(crate) fn assembler_at(self, offset: u64) -> Assembler {
+        Assembler::Xxh3 {
+            fold: Fold::default(),
+            next: offset,
+            waiting: BTreeMap::new(),
+        }
+    }
+
     /// A checksum fed with a file's chunks in any order, as the receiver gets them.
     pub(crate) fn assembler(self, size: u64) -> Assembler {
         match self {
@@ -299,6 +309,8 @@ pub fn whole_file_checksum(version: u16, content: &[u8]) -> [u8; 32] {
 pub struct FileChecksum {
     algorithm: Algorithm,
     size: u64,
+    /// Where the payloads end: the file's size, or its piece's end.
+    end: u64,
     assembler: Assembler,
 }
 
@@ -309,6 +321,7 @@ impl FileChecksum {
         FileChecksum {
             algorithm,
             size,
+            end: size,
             assembler: algorithm.assembler(size),
         }
     }
@@ -333,7 +346,31 @@ impl FileChecksum {
         FileChecksum {
             algorithm,
             size,
+            end: size,
             assembler: algorithm.assembler(size),
+        }
+    }
+
+    /// The checksum of a `Piece`, bytes `offset..offset + len` of a file of `size` bytes
+    /// (protocol version 6).
+    ///
+    /// ```
+    /// use fastcp_stream::FileChecksum;
+    ///
+    /// // "world" of "hello world".
+    /// let mut c = FileChecksum::piece(11, 6, 5);
+    /// c.add(6, b"wor");
+    /// assert_eq!(c.finish(), None);
+    /// c.add(9, b"ld");
+    /// assert!(c.finish().is_some());
+    /// ```
+    pub fn piece(size: u64, offset: u64, len: u64) -> FileChecksum {
+        let algorithm = Algorithm::Xxh3;
+        FileChecksum {
+            algorithm,
+            size,
+            end: offset.saturating_add(len),
+            assembler: algorithm.assembler_at(offset),
         }
     }
 
@@ -346,7 +383,7 @@ impl FileChecksum {
     /// The checksum, once payloads cover the whole file; `None` before (or, under versions 1
     /// and 2, for a file cut at offsets BLAKE3's tree cannot join).
     pub fn finish(&self) -> Option<[u8; 32]> {
-        self.assembler.finish(self.size)
+        self.assembler.finish(self.end)
     }
 }
 

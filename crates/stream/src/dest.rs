@@ -43,6 +43,8 @@ pub(crate) enum Op {
         size: u64,
         meta: Meta,
         attrs: Option<Box<Attrs>>,
+        /// A `Piece`: the range `(offset, len)` that comes of the file.
+        piece: Option<(u64, u64)>,
     },
     /// A chunk of a file, already hashed. The permit holds the receiver's byte budget until
     /// written.
@@ -344,7 +346,9 @@ fn is_temp_name(name: &[u8]) -> bool {
 /// partial file kept for `--resume` (`.NAME.fastcp-partial`). Mirroring leaves them alone:
 /// they belong to a live copy, or to the next one.
 pub fn is_work_file(name: &[u8]) -> bool {
-    is_temp_name(name) || (name.starts_with(b".") && name.ends_with(b".fastcp-partial"))
+    is_temp_name(name)
+        || (name.starts_with(b".") && name.ends_with(b".fastcp-partial"))
+        || crate::pieces::is_piece_file(name)
 }
 
 /// How long before a transfer began a temp file must have been last written for its sweep to
@@ -440,11 +444,19 @@ struct OpenFile {
     stale: u64,
     /// The owner and attributes to set before the rename.
     attrs: Option<Box<Attrs>>,
+    /// A `Piece` of the file, `(offset, len)`: the temp file is the work file all the runs
+    /// that send its pieces share (see [`crate::pieces`]).
+    piece: Option<(u64, u64)>,
 }
 
 impl OpenFile {
     fn name(&self) -> &[u8] {
         &self.local[self.name_at..]
+    }
+
+    /// The bytes that come: the file's, or its piece's.
+    fn expected_bytes(&self) -> u64 {
+        self.piece.map_or(self.size, |(_, len)| len)
     }
 
     /// Removes the temp file.
@@ -453,9 +465,9 @@ impl OpenFile {
     }
 
     /// The copy stops before the file is complete: its partial file stays for `--resume`,
-    /// any other temp file goes.
+    /// and the work file of pieces for the other runs, any other temp file goes.
     fn stop(self) {
-        if !self.partial {
+        if !self.partial && self.piece.is_none() {
             self.discard();
         }
     }
@@ -564,7 +576,8 @@ impl Writer {
                 size,
                 meta,
                 attrs,
-            } => self.create(id, wire, size, meta, attrs),
+                piece,
+            } => self.create(id, wire, size, meta, attrs, piece),
             Op::Data {
                 id,
                 offset,
@@ -575,7 +588,10 @@ impl Writer {
             Op::Keep { id, offset, len } => self.keep(id, offset, len),
             Op::End { id, hash } => self.end(id, hash),
             Op::Abandon { id } => {
-                if let Some(FileState::Open(f)) = self.files.remove(&id) {
+                // The work file of a piece holds other runs' pieces: it stays.
+                if let Some(FileState::Open(f)) = self.files.remove(&id)
+                    && f.piece.is_none()
+                {
                     f.discard();
                 }
                 Ok(())
@@ -634,6 +650,7 @@ impl Writer {
         size: u64,
         meta: Meta,
         attrs: Option<Box<Attrs>>,
+        piece: Option<(u64, u64)>,
     ) -> Result<(), Error> {
         self.shared.progress.set_current(&wire);
         self.shared.progress.event(|| Event::Started {
@@ -647,10 +664,45 @@ impl Writer {
             Ok(fd) => fd,
             Err(e) => {
                 self.shared.entry_failed(&wire, &e);
-                self.skip(id, size);
+                self.skip(id, piece.map_or(size, |(_, len)| len));
                 return Ok(());
             }
         };
+        if let Some((offset, len)) = piece {
+            let temp = crate::pieces::work_name(name, size, (meta.mtime, meta.mtime_nsec));
+            let fd = match crate::pieces::open_work(&parent, &temp, size) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let e = Error::io(self.shared.root.display(&local), e);
+                    self.shared.entry_failed(&wire, &e);
+                    self.skip(id, len);
+                    return Ok(());
+                }
+            };
+            let file = OpenFile {
+                wire,
+                local,
+                parent,
+                name_at,
+                temp,
+                fd,
+                size,
+                got: 0,
+                meta,
+                written: BTreeMap::new(),
+                sized: true,
+                checksum: Algorithm::for_receiver(&self.shared.config).assembler_at(offset),
+                expected: None,
+                partial: false,
+                offer: None,
+                // Another run's bytes may be anywhere: zeros are written, not left as holes.
+                stale: size,
+                attrs,
+                piece: Some((offset, len)),
+            };
+            self.files.insert(id, FileState::Open(Box::new(file)));
+            return Ok(());
+        }
         // Private until it is complete and verified; it takes its final mode just before
         // its final name.
         let mode = Mode::from_raw_mode(0o600);
@@ -728,6 +780,7 @@ impl Writer {
             offer: None,
             stale: 0,
             attrs,
+            piece: None,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
         Ok(())
@@ -780,6 +833,7 @@ impl Writer {
             offer,
             stale,
             attrs: None,
+            piece: None,
         }))
     }
 
@@ -900,14 +954,15 @@ impl Writer {
         let Some(FileState::Open(f)) = self.files.get(&id) else {
             return Ok(());
         };
-        if f.got < f.size || f.expected.is_none() {
+        if f.got < f.expected_bytes() || f.expected.is_none() {
             return Ok(());
         }
         let Some(FileState::Open(f)) = self.files.remove(&id) else {
             return Ok(());
         };
         let f = *f;
-        let actual = match f.checksum.finish(f.size) {
+        let end = f.piece.map_or(f.size, |(offset, len)| offset + len);
+        let actual = match f.checksum.finish(end) {
             Some(sum) => sum,
             None => {
                 // Chunks that could not be hashed alone: hash the file from disk, once.
@@ -926,9 +981,57 @@ impl Writer {
         };
         if Some(actual) != f.expected {
             let path = escape(&f.wire);
-            f.discard();
+            // A piece's bad bytes are never recorded: its range is sent again.
+            f.stop();
             return Err(Error::Integrity { path });
         }
+        match f.piece {
+            Some((offset, len)) => self.piece_done(f, offset, len),
+            None => {
+                let size = f.size;
+                self.place(f, size)
+            }
+        }
+    }
+
+    /// A piece of a file arrived whole and verified: its range joins the record of the work
+    /// file, and the run whose piece completes the file gives it its final name.
+    fn piece_done(&mut self, f: OpenFile, offset: u64, len: u64) -> Result<(), Error> {
+        let shared = self.shared.clone();
+        if shared.config.fsync
+            && let Err(e) = rustix::fs::fdatasync(&f.fd)
+        {
+            shared.entry_failed(&f.wire, &Error::io(shared.root.display(&f.local), e.into()));
+            return Ok(());
+        }
+        let recorded =
+            crate::pieces::record(&f.parent, &f.temp, &f.fd, f.size, offset, offset + len);
+        match recorded {
+            Ok(crate::pieces::Recorded::Complete) => {
+                let (parent, local, name_at) = (f.parent.clone(), f.local.clone(), f.name_at);
+                self.place(f, len)?;
+                crate::pieces::remove_other_versions(&parent, &local[name_at..]);
+                Ok(())
+            }
+            Ok(_) => {
+                shared.written.bytes.fetch_add(len, Relaxed);
+                shared.progress.event(|| Event::Done {
+                    path: f.wire.clone(),
+                    bytes: len,
+                    verified: true,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                shared.entry_failed(&f.wire, &Error::io(shared.root.display(&f.local), e));
+                Ok(())
+            }
+        }
+    }
+
+    /// Gives a verified file (`bytes` of it from this copy) its mode, times and attributes,
+    /// then its final name.
+    fn place(&mut self, f: OpenFile, bytes: u64) -> Result<(), Error> {
         let shared = self.shared.clone();
         let display = || shared.root.display(&f.local);
         // The sender's bits (less the umask without `preserve`, as scp does); never setuid
@@ -975,11 +1078,11 @@ impl Writer {
                     remove_stale_partial(&f.parent, f.name());
                 }
                 shared.written.files.fetch_add(1, Relaxed);
-                shared.written.bytes.fetch_add(f.size, Relaxed);
+                shared.written.bytes.fetch_add(bytes, Relaxed);
                 shared.progress.add_done_file();
                 shared.progress.event(|| Event::Done {
                     path: f.wire.clone(),
-                    bytes: f.size,
+                    bytes,
                     verified: true,
                 });
                 self.wrote_into(split_parent(&f.local).0, &f.parent);

@@ -60,6 +60,7 @@ mod event;
 mod filter;
 mod mirror;
 mod pattern;
+mod pieces;
 mod pipe;
 mod progress;
 mod receive;
@@ -92,7 +93,7 @@ pub use receive::{
     receive_from, receive_piped,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
-pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, SendConfig, send, send_to};
+pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_to};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
 
 /// The buffer of an in-memory byte pipe (`tokio::io::duplex`) between a sender and a receiver

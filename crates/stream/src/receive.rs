@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fastcp_proto::{Answer, Attrs, Decoder, ErrorFrame, Frame, Probe, Summary};
+use fastcp_proto::{Answer, Attrs, Decoder, ErrorFrame, FileEntry, Frame, Probe, Summary};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -250,6 +250,9 @@ impl Abort {
 struct Live {
     path: Bytes,
     size: u64,
+    /// The bytes that come for it: all of the file, or a `Piece`'s range.
+    start: u64,
+    len: u64,
     seen: u64,
     end: bool,
     /// The entry has been handed to its writer; frames for it may follow.
@@ -615,6 +618,60 @@ impl Reader {
     }
 
     /// Handles one frame; returns the sender's totals at the stream's `Done`.
+    /// A `File` entry, or a `Piece` (`Some((offset, len))`) of one: its writer creates it.
+    async fn file(&mut self, f: FileEntry, piece: Option<(u64, u64)>) -> Result<(), Error> {
+        let (start, len) = piece.unwrap_or((0, f.size));
+        self.shared.check_entry(&f.path, Kind::File)?;
+        let attrs = self.attrs_for(&f.path)?;
+        self.counts.files += 1;
+        if self.shared.config.skip_unchanged {
+            lock(&self.shared.table).maybe_skipped.remove(&f.path);
+        }
+        if self.shared.config.hard_links {
+            lock(&self.shared.table).files.insert(f.path.clone());
+        }
+        {
+            let mut t = lock(&self.shared.table);
+            if t.live.contains_key(&f.id) || t.done.contains(f.id) {
+                return Err(Error::Protocol(format!(
+                    "{}: file id {} is already in use",
+                    escape(&f.path),
+                    f.id
+                )));
+            }
+            t.live.insert(
+                f.id,
+                Live {
+                    path: f.path.clone(),
+                    size: f.size,
+                    start,
+                    len,
+                    seen: 0,
+                    end: false,
+                    announced: false,
+                    abandoned: false,
+                },
+            );
+        }
+        let op = Op::Create {
+            id: f.id,
+            wire: f.path,
+            size: f.size,
+            meta: f.meta,
+            attrs,
+            piece,
+        };
+        self.send(self.writer(f.id), op).await?;
+        {
+            let mut t = lock(&self.shared.table);
+            if let Some(l) = t.live.get_mut(&f.id) {
+                l.announced = true;
+            }
+        }
+        self.shared.announced.notify_waiters();
+        Ok(())
+    }
+
     async fn frame(&mut self, frame: Frame) -> Result<Option<Summary>, Error> {
         match frame {
             Frame::Attrs(a) if self.shared.config.attrs.any() => {
@@ -678,52 +735,9 @@ impl Reader {
                 };
                 self.send(&self.writers[w], op).await?;
             }
-            Frame::File(f) => {
-                self.shared.check_entry(&f.path, Kind::File)?;
-                let attrs = self.attrs_for(&f.path)?;
-                self.counts.files += 1;
-                if self.shared.config.skip_unchanged {
-                    lock(&self.shared.table).maybe_skipped.remove(&f.path);
-                }
-                if self.shared.config.hard_links {
-                    lock(&self.shared.table).files.insert(f.path.clone());
-                }
-                {
-                    let mut t = lock(&self.shared.table);
-                    if t.live.contains_key(&f.id) || t.done.contains(f.id) {
-                        return Err(Error::Protocol(format!(
-                            "{}: file id {} is already in use",
-                            escape(&f.path),
-                            f.id
-                        )));
-                    }
-                    t.live.insert(
-                        f.id,
-                        Live {
-                            path: f.path.clone(),
-                            size: f.size,
-                            seen: 0,
-                            end: false,
-                            announced: false,
-                            abandoned: false,
-                        },
-                    );
-                }
-                let op = Op::Create {
-                    id: f.id,
-                    wire: f.path,
-                    size: f.size,
-                    meta: f.meta,
-                    attrs,
-                };
-                self.send(self.writer(f.id), op).await?;
-                {
-                    let mut t = lock(&self.shared.table);
-                    if let Some(l) = t.live.get_mut(&f.id) {
-                        l.announced = true;
-                    }
-                }
-                self.shared.announced.notify_waiters();
+            Frame::File(f) => self.file(f, None).await?,
+            Frame::Piece(p) if self.shared.config.version >= 6 => {
+                self.file(p.file, Some((p.offset, p.len))).await?
             }
             Frame::Data(d) => {
                 let len = d.bytes.len() as u64;
@@ -952,13 +966,23 @@ impl Reader {
                         l.size
                     )));
                 }
+                if offset < l.start || offset + len > l.start + l.len {
+                    return Err(Error::Protocol(format!(
+                        "{}: data outside the piece sent ({} bytes at offset {offset}, piece of \
+                         {} bytes at offset {})",
+                        escape(&l.path),
+                        len,
+                        l.len,
+                        l.start
+                    )));
+                }
                 l.seen += len;
-                if l.seen > l.size {
+                if l.seen > l.len {
                     return Err(Error::Protocol(format!(
                         "{}: more data than the file's size of {} (repeated or overlapping \
                          chunks)",
                         escape(&l.path),
-                        l.size
+                        l.len
                     )));
                 }
             }
@@ -983,7 +1007,7 @@ impl Reader {
 
     fn complete_if_done(&self, t: &mut Table, id: u64) {
         if let Some(l) = t.live.get(&id)
-            && l.seen == l.size
+            && l.seen == l.len
             && l.end
         {
             t.live.remove(&id);

@@ -28,7 +28,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
     Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Keep, LinkTimes,
-    Meta, Partial, Probe, SpecialEntry, Summary, SymlinkEntry, Totals, encode, encode_data_header,
+    Meta, Partial, PieceEntry, Probe, SpecialEntry, Summary, SymlinkEntry, Totals, encode,
+    encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -142,6 +143,22 @@ pub struct SendConfig {
     /// Send named pipes and sockets (`--specials`) instead of skipping each with a warning
     /// (the receiver must be configured alike). Default: false.
     pub specials: bool,
+    /// Files of which this run sends some ranges only, by wire path (`--shard`, protocol
+    /// version 6): each range goes as a `Piece` entry of its own, and fails as changed unless
+    /// the file still has the [`Piece::size`] it was planned with. Other runs send the other
+    /// ranges; the receiver gives the file its final name once they cover it. Default: none.
+    pub pieces: Option<Arc<HashMap<Bytes, Vec<Piece>>>>,
+}
+
+/// The range of a file one run sends (see [`SendConfig::pieces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// The whole file's size when the split was planned.
+    pub size: u64,
+    /// Where the range starts.
+    pub offset: u64,
+    /// The range's length, more than 0.
+    pub len: u64,
 }
 
 impl Default for SendConfig {
@@ -162,6 +179,7 @@ impl Default for SendConfig {
             file_checksums: true,
             devices: false,
             specials: false,
+            pieces: None,
         }
     }
 }
@@ -1076,9 +1094,29 @@ impl Producer<'_> {
         self.out.push(s, Msg::frame(&Frame::Error(frame)))
     }
 
-    /// Sends one regular file; with the receiver's `offer` (`--resume`), a block it holds
-    /// already goes as a `Keep`.
+    /// Sends one regular file, or the pieces of it that this run sends; with the receiver's
+    /// `offer` (`--resume`), a block it holds already goes as a `Keep`.
     fn file(&mut self, path: &Path, wire: Bytes, offer: Option<Partial>) -> Result<(), Closed> {
+        let pieces = self.config.pieces.clone();
+        match pieces.as_ref().and_then(|p| p.get(&wire)) {
+            Some(pieces) => {
+                for piece in pieces {
+                    self.file_or_piece(path, wire.clone(), None, Some(*piece))?;
+                }
+                Ok(())
+            }
+            None => self.file_or_piece(path, wire, offer, None),
+        }
+    }
+
+    /// Sends a regular file whole, or `piece` of it.
+    fn file_or_piece(
+        &mut self,
+        path: &Path,
+        wire: Bytes,
+        offer: Option<Partial>,
+        piece: Option<Piece>,
+    ) -> Result<(), Closed> {
         let (fd, size, meta) = match open_source(path, self.config.follow_links) {
             Ok(v) => v,
             Err(e) => {
@@ -1091,18 +1129,37 @@ impl Producer<'_> {
             path: wire.clone(),
             size,
         });
+        if piece.is_some_and(|p| p.size != size || self.config.version < 6) {
+            let s = self.out.pick();
+            let e = if size == piece.map_or(size, |p| p.size) {
+                Error::Protocol("the receiver's fastcp is too old for a piece of a file".into())
+            } else {
+                Error::SourceChanged { path: path.into() }
+            };
+            return self.fail(s, wire, &e);
+        }
         let id = self.next_id;
         self.next_id += 1;
         let mtime = (meta.mtime, meta.mtime_nsec);
-        let entry = Frame::File(FileEntry {
+        let file = FileEntry {
             id,
             path: wire.clone(),
             size,
             meta: self.meta(meta),
-        });
+        };
+        // The bytes this run sends: the whole file, or its piece.
+        let (start, stop) = piece.map_or((0, size), |p| (p.offset, p.offset + p.len));
+        let entry = match piece {
+            Some(p) => Frame::Piece(PieceEntry {
+                file,
+                offset: p.offset,
+                len: p.len,
+            }),
+            None => Frame::File(file),
+        };
         let chunk = self.config.chunk_size as u64;
 
-        if size <= chunk {
+        if size <= chunk && piece.is_none() {
             // Small: the whole file in one message on one stream.
             let content = match read_small(&fd, size) {
                 Ok(c) => c,
@@ -1155,9 +1212,10 @@ impl Producer<'_> {
             .file_checksums
             .then(|| Algorithm::for_version(self.config.version).sequential());
         // Offered blocks only make sense with the XXH3 checksum (version 4 has it).
-        let offer = offer.filter(|_| self.config.resume && self.config.version >= 4);
-        let mut offset = 0u64;
-        while offset < size {
+        let offer =
+            offer.filter(|_| self.config.resume && self.config.version >= 4 && piece.is_none());
+        let mut offset = start;
+        while offset < stop {
             // A block the receiver offered: read whole, hashed, and kept if it matches.
             let offered = offer.as_ref().and_then(|p| {
                 let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
@@ -1166,7 +1224,7 @@ impl Producer<'_> {
             });
             let (end, want) = match offered {
                 Some((len, h)) => (offset + len, Some(h)),
-                None => (offset + chunk.min(size - offset), None),
+                None => (offset + chunk.min(stop - offset), None),
             };
             let mut chunks = Vec::new();
             let mut block = want.map(|_| xxhash_rust::xxh3::Xxh3Default::new());
@@ -1252,7 +1310,7 @@ impl Producer<'_> {
         let mut msg = Msg::frame(&end);
         msg.files = 1;
         self.out.push(s, msg)?;
-        self.sent(wire, size);
+        self.sent(wire, stop - start);
         Ok(())
     }
 

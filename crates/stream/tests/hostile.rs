@@ -13,7 +13,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use common::{assert_no_temp, scan};
 use fastcp_proto::{
-    Data, DirEntry, ErrorCode, FileEnd, FileEntry, Frame, Meta, Summary, SymlinkEntry, encode,
+    Data, DirEntry, ErrorCode, FileEnd, FileEntry, Frame, Meta, PieceEntry, Summary, SymlinkEntry,
+    encode,
 };
 use fastcp_stream::{Error, Progress, ReceiveConfig, Report, receive};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -341,6 +342,96 @@ async fn overlapping_chunks_are_refused() {
     assert!(err.to_string().contains("overlapping"), "{err}");
     assert!(!sb.dest.join("f").exists());
     sb.assert_contained();
+}
+
+fn piece(id: u64, path: &[u8], size: u64, offset: u64, len: u64) -> Frame {
+    let Frame::File(file) = file(id, path, size) else {
+        unreachable!()
+    };
+    Frame::Piece(PieceEntry { file, offset, len })
+}
+
+fn piece_end(id: u64, size: u64, offset: u64, content: &[u8]) -> Frame {
+    let mut c = fastcp_stream::FileChecksum::piece(size, offset, content.len() as u64);
+    c.add(offset, content);
+    Frame::FileEnd(FileEnd {
+        id,
+        hash: c.finish().unwrap(),
+    })
+}
+
+/// Pieces of a file from two sessions make it whole; until the second, nothing is under
+/// its name.
+#[tokio::test]
+async fn pieces_from_two_sessions_make_one_file() {
+    let sb = Sandbox::new();
+    let first = wire(&[
+        piece(0, b"f", 8, 4, 4),
+        data(0, 4, b"efgh"),
+        piece_end(0, 8, 4, b"efgh"),
+        done(1, 0, 0, 4),
+    ]);
+    run(&sb.dest, recursive(), vec![first], true)
+        .await
+        .result
+        .unwrap();
+    assert!(!sb.dest.join("f").exists());
+    let second = wire(&[
+        piece(0, b"f", 8, 0, 4),
+        data(0, 0, b"abcd"),
+        piece_end(0, 8, 0, b"abcd"),
+        done(1, 0, 0, 4),
+    ]);
+    let report = run(&sb.dest, recursive(), vec![second], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.local.files, 1);
+    assert_eq!(fs::read(sb.dest.join("f")).unwrap(), b"abcdefgh");
+    sb.assert_contained();
+}
+
+/// A piece's bytes outside its range, a piece past its file's end, a bad checksum and a
+/// piece to a receiver of an older protocol: each refused, nothing under the file's name.
+#[tokio::test]
+async fn pieces_out_of_bounds_are_refused() {
+    let sb = Sandbox::new();
+    let outside = wire(&[
+        piece(0, b"f", 8, 4, 4),
+        data(0, 0, b"abcd"),
+        piece_end(0, 8, 0, b"abcd"),
+        done(1, 0, 0, 4),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![outside], true).await);
+    assert!(err.to_string().contains("outside the piece"), "{err}");
+    let tampered = wire(&[
+        piece(0, b"f", 8, 0, 4),
+        data(0, 0, b"abcd"),
+        piece_end(0, 8, 0, b"abce"),
+        done(1, 0, 0, 4),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![tampered], true).await);
+    assert!(matches!(err, Error::Integrity { .. }), "{err}");
+    // The other half, whole: the tampered half was never recorded.
+    let other = wire(&[
+        piece(0, b"f", 8, 4, 4),
+        data(0, 4, b"efgh"),
+        piece_end(0, 8, 4, b"efgh"),
+        done(1, 0, 0, 4),
+    ]);
+    run(&sb.dest, recursive(), vec![other], true)
+        .await
+        .result
+        .unwrap();
+    assert!(!sb.dest.join("f").exists());
+    let old = ReceiveConfig {
+        version: 5,
+        ..recursive()
+    };
+    let piece_to_old = wire(&[piece(0, b"g", 8, 0, 4), data(0, 0, b"abcd")]);
+    let err = fatal(run(&sb.dest, old, vec![piece_to_old], true).await);
+    assert!(err.to_string().contains("unexpected Piece"), "{err}");
+    assert!(!sb.dest.join("f").exists() && !sb.dest.join("g").exists());
 }
 
 #[tokio::test]
