@@ -13,7 +13,8 @@
 //! - a **push** runs the local sender ([`fastcp_stream::send`]); `Apply` reads its frames
 //!   and applies them remotely: directories made, each file written through a handle per
 //!   session to a temporary name created exclusively beside its target, its attributes set,
-//!   then renamed over the target (`posix-rename@openssh.com` where offered: atomic).
+//!   then renamed over the target (`posix-rename@openssh.com` where offered: atomic); with
+//!   `--delete`, the copy's folders listed and their extras removed (`Apply::mirror`).
 //! - a **pull** lists the remote tree and reads it (`Emit`), turning what it reads into
 //!   frames for the local receiver ([`fastcp_stream::receive`]), which checks every name,
 //!   resolves every path beneath the destination without following symlinks, writes temp
@@ -26,7 +27,7 @@
 //! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
 //! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
 //! entries fail, each with an error), times finer than a second, and the features that
-//! need fastcp on both ends (`--delete` on a push, `--checksum`, `-H`, `--resume`). A dry
+//! need fastcp on both ends (`--checksum`, `-H`, `--resume`). A dry
 //! run (`-n`) lists the local walk on a push, and the remote listing on a pull
 //! (`list_remote`).
 
@@ -405,9 +406,7 @@ async fn list_remote(
 /// Options that need fastcp on both ends fail at once, naming the way out.
 fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
-    let pull = matches!(plan.dest, Location::Local(_));
     let refused = [
-        (o.delete && !pull, "--delete on a push"),
         (o.checksum, "--checksum"),
         (o.resume, "--resume"),
         (o.hard_links, "-H"),
@@ -514,6 +513,62 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A failure of one entry, its message naming it (as the engine's do).
+/// A remote folder's entries (not `.` and `..`) with their attributes as listed: a
+/// symlink's own.
+async fn list_dir(sftp: &Sftp, remote: &str) -> Result<Vec<(String, FileAttributes)>, SftpError> {
+    let handle = sftp.raw.opendir(remote).await?.handle;
+    let mut entries = Vec::new();
+    let listed = loop {
+        match sftp.raw.readdir(handle.clone()).await {
+            Ok(name) => entries.extend(
+                name.files
+                    .into_iter()
+                    .filter(|f| f.filename != "." && f.filename != "..")
+                    .map(|f| (f.filename, f.attrs)),
+            ),
+            Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = sftp.raw.close(handle).await;
+    listed.map(|()| entries)
+}
+
+/// Whether a name a server listed can be one entry of its folder.
+fn is_single_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name.contains('\0') || name.contains('\u{FFFD}'))
+}
+
+/// Removes `path`: a folder with all it holds (listed again at each level, a symlink in it
+/// removed as a link), anything else as itself. Returns how many entries went.
+async fn remove_tree(sftp: &Sftp, path: String, is_dir: bool) -> Result<u64, SftpError> {
+    // (path, is a folder, its entries already listed): a folder is removed after them.
+    let mut stack = vec![(path, is_dir, false)];
+    let mut removed = 0;
+    while let Some((path, is_dir, listed)) = stack.pop() {
+        if is_dir && !listed {
+            let entries = list_dir(sftp, &path).await?;
+            stack.push((path.clone(), true, true));
+            for (name, attrs) in entries {
+                if !is_single_name(&name) {
+                    return Err(SftpError::UnexpectedBehavior(format!(
+                        "the server listed {name:?} in {path}"
+                    )));
+                }
+                stack.push((join(&path, &name), file_type(&attrs) == S_IFDIR, false));
+            }
+            continue;
+        }
+        if is_dir {
+            sftp.raw.rmdir(path).await?;
+        } else {
+            sftp.raw.remove(path).await?;
+        }
+        removed += 1;
+    }
+    Ok(removed)
+}
+
 fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
     Frame::Error(ErrorFrame {
         code,
@@ -570,6 +625,18 @@ struct Apply {
     in_flight: Arc<Semaphore>,
     /// Per session: places for small files' handles (see [`PUSH_FILES_IN_FLIGHT`]).
     open_files: Vec<Arc<Semaphore>>,
+    /// With `--delete`, what to mirror by (see [`Apply::mirror`]).
+    mirror: Option<Mutex<Mirror>>,
+}
+
+/// What a push with `--delete` gathers to find the extras: every wire path the sender sent
+/// or probed, the folders made (wire path, remote path), and whether the sender failed to
+/// read something (then nothing is deleted: what it missed would look deleted).
+#[derive(Default)]
+struct Mirror {
+    sent: std::collections::HashSet<Bytes>,
+    dirs: Vec<(Bytes, String)>,
+    blocked: bool,
 }
 
 async fn push(
@@ -614,7 +681,9 @@ async fn push(
         open_files: (0..n)
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
+        mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
     });
+    let mirror_progress = progress.clone();
     let applying = {
         let apply = apply.clone();
         async move {
@@ -638,6 +707,10 @@ async fn push(
                 }));
                 return Err(e);
             }
+            // Before the folders' times are set: removing from a folder changes its time.
+            apply
+                .mirror(plan.options.filter.as_deref(), &mirror_progress)
+                .await?;
             apply.finish_dirs().await;
             let done = *lock(&apply.done);
             let _ = apply.replies.send(Frame::Done(done));
@@ -713,6 +786,7 @@ impl Apply {
                     // What outlives the frame is copied out of the read buffer, which a
                     // slice would keep whole.
                     d.path = Bytes::copy_from_slice(&d.path);
+                    self.sent(&d.path);
                     self.registered_parent(&d.path).await;
                     let made = Arc::new(SetOnce::new());
                     self.dirs.insert(d.path.clone(), made.clone());
@@ -725,6 +799,7 @@ impl Apply {
                 }
                 Frame::File(mut f) => {
                     f.path = Bytes::copy_from_slice(&f.path);
+                    self.sent(&f.path);
                     self.registered_parent(&f.path).await;
                     // A small file's frames follow one another on this stream, so it lets go
                     // of its place soon; a big one's come on every stream, and big files in
@@ -772,11 +847,13 @@ impl Apply {
                     });
                 }
                 Frame::Symlink(l) => {
+                    self.sent(&l.path);
                     self.registered_parent(&l.path).await;
                     let this = self.clone();
                     tasks.spawn(async move { this.symlink(s, l).await });
                 }
                 Frame::Probe(p) => {
+                    self.sent(&p.path);
                     let this = self.clone();
                     tasks.spawn(async move {
                         let send = !this.unchanged(&p.path, p.size, p.mtime).await;
@@ -789,7 +866,18 @@ impl Apply {
                     });
                 }
                 Frame::Totals(_) => {}
-                Frame::Error(e) if !e.fatal => {}
+                Frame::Error(e) if !e.fatal => {
+                    // A file skipped on purpose (a FIFO, a device) is kept; anything else the
+                    // sender could not read blocks `--delete`.
+                    if let Some(m) = &self.mirror {
+                        let mut m = lock(m);
+                        if e.code == ErrorCode::Unsupported {
+                            m.sent.insert(Bytes::copy_from_slice(&e.path));
+                        } else {
+                            m.blocked = true;
+                        }
+                    }
+                }
                 Frame::Error(e) => {
                     return Err(Error::Remote(format!("the sender stopped: {}", e.message)));
                 }
@@ -853,6 +941,9 @@ impl Apply {
         Ok(match self.make_dir(s, &d).await {
             Ok(path) => {
                 lock(&self.done).dirs += 1;
+                if let Some(m) = &self.mirror {
+                    lock(m).dirs.push((d.path.clone(), path.clone()));
+                }
                 lock(&self.dir_meta).push((d.path.clone(), path, d.meta));
                 true
             }
@@ -896,6 +987,78 @@ impl Apply {
 
     /// Sets the directories' modes (and times, with `-p`) once everything is in them,
     /// deepest first.
+    /// With `--delete`, an entry sent (or probed): not an extra.
+    fn sent(&self, wire: &[u8]) {
+        if let Some(m) = &self.mirror {
+            lock(m).sent.insert(Bytes::copy_from_slice(wire));
+        }
+    }
+
+    /// `--delete`: removes from each folder this push made or found what the sender did not
+    /// send, as rsync's `--delete` and fastcp's own receiver do. Only folders of the copy are
+    /// looked into; what the rules exclude and fastcp's work files stay; a symlink goes as a
+    /// link (SFTP's remove never follows one), a folder with all it holds. Each failure is
+    /// reported on its entry. Nothing goes when the sender could not read everything.
+    async fn mirror(
+        &self,
+        filter: Option<&fastcp_stream::Filter>,
+        progress: &Progress,
+    ) -> Result<(), Error> {
+        let Some(m) = &self.mirror else {
+            return Ok(());
+        };
+        let Mirror {
+            sent,
+            dirs,
+            blocked,
+        } = std::mem::take(&mut *lock(m));
+        if blocked {
+            self.failed(
+                b"",
+                (
+                    ErrorCode::Other,
+                    "nothing was deleted: the sender could not read everything, and what it \
+                     missed would have looked deleted"
+                        .into(),
+                ),
+            );
+            return Ok(());
+        }
+        let sftp = &self.sftp[0];
+        for (dir, remote) in dirs {
+            let entries = match list_dir(sftp, &remote).await {
+                Ok(e) => e,
+                Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
+                Err(e) => {
+                    self.failed(
+                        &dir,
+                        (code(&e), format!("cannot list it for --delete: {e}")),
+                    );
+                    continue;
+                }
+            };
+            for (name, attrs) in entries {
+                if !is_single_name(&name) || fastcp_stream::is_work_file(name.as_bytes()) {
+                    continue;
+                }
+                let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
+                let is_dir = file_type(&attrs) == S_IFDIR;
+                if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
+                    continue;
+                }
+                match remove_tree(sftp, join(&remote, &name), is_dir).await {
+                    Ok(n) => {
+                        lock(&self.done).deleted += n;
+                        progress.deleted(wire, n);
+                    }
+                    Err(e) if is_session_failure(&e) => return Err(fatal("deleting", e)),
+                    Err(e) => self.failed(&wire, (code(&e), format!("cannot delete it: {e}"))),
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn finish_dirs(&self) {
         let dirs = std::mem::take(&mut *lock(&self.dir_meta));
         for (wire, path, meta) in dirs.into_iter().rev() {
@@ -1722,24 +1885,7 @@ impl Emit {
                 Ok((code(&e), format!("cannot list it: {e}")))
             }
         };
-        let handle = sftp.raw.opendir(remote).await.map_err(to_failure)?.handle;
-        let mut entries = Vec::new();
-        let listed = loop {
-            match sftp.raw.readdir(handle.clone()).await {
-                Ok(name) => {
-                    for f in name.files {
-                        if f.filename == "." || f.filename == ".." {
-                            continue;
-                        }
-                        entries.push((f.filename, f.attrs));
-                    }
-                }
-                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
-                Err(e) => break Err(to_failure(e)),
-            }
-        };
-        let _ = sftp.raw.close(handle).await;
-        listed?;
+        let mut entries = list_dir(sftp, remote).await.map_err(to_failure)?;
         if self.follow {
             for (name, attrs) in &mut entries {
                 if file_type(attrs) == S_IFLNK {
@@ -1752,11 +1898,7 @@ impl Emit {
             }
         }
         for (name, _) in &entries {
-            let bad = name.is_empty()
-                || name.contains('/')
-                || name.contains('\0')
-                || name.contains('\u{FFFD}');
-            if bad {
+            if !is_single_name(name) {
                 return Err(Ok((
                     ErrorCode::UnsafePath,
                     format!(

@@ -380,6 +380,74 @@ fn a_dry_run_over_sftp_lists_and_writes_nothing() {
     assert!(dst.join("src/deep/extra").exists());
 }
 
+/// A nightly push to a host where only SFTP serves, with `--delete`: the extras go, a
+/// folder with all it holds; a symlink among them goes as a link, never followed out of
+/// the destination; what the rules exclude, and fastcp's work files, stay. A sender that
+/// cannot read a file deletes nothing.
+#[test]
+fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("keep/sub")).unwrap();
+    write(&src.join("keep/a"), b"a", 0o644);
+    write(&src.join("keep/sub/b"), b"b", 0o644);
+    let dst = work.path().join("dst");
+    let copy = |extra: &[&str]| {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "--json"])
+            .args(extra)
+            .arg(&src)
+            .arg(remote(&sshd, &dst)))
+    };
+    fs::create_dir(&dst).unwrap();
+    let out = copy(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The extras, and what must survive them.
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    write(&outside.join("precious"), b"precious", 0o644);
+    let copied = dst.join("src");
+    write(&copied.join("keep/gone"), b"x", 0o644);
+    fs::create_dir_all(copied.join("old/deeper")).unwrap();
+    write(&copied.join("old/deeper/f"), b"x", 0o644);
+    symlink(&outside, copied.join("keep/sub/escape")).unwrap();
+    symlink(&outside, copied.join("old/deeper/escape")).unwrap();
+    write(&copied.join("keep/notes.log"), b"excluded", 0o644);
+    write(&copied.join("keep/.a.fastcp-partial"), b"work", 0o644);
+
+    let out = copy(&["--delete", "--exclude", "*.log"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    // keep/gone, keep/sub/escape, and old with the three entries beneath it.
+    assert_eq!(v["files_deleted"], 6, "{v}");
+    assert!(!copied.join("keep/gone").exists() && !copied.join("old").exists());
+    assert!(fs::symlink_metadata(copied.join("keep/sub/escape")).is_err());
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"precious");
+    assert!(copied.join("keep/notes.log").exists(), "excluded: kept");
+    assert!(
+        copied.join("keep/.a.fastcp-partial").exists(),
+        "a work file: kept"
+    );
+    assert_eq!(fs::read(copied.join("keep/sub/b")).unwrap(), b"b");
+
+    // A source file that cannot be read would look deleted: nothing goes.
+    write(&copied.join("keep/extra"), b"x", 0o644);
+    write(&src.join("keep/locked"), b"l", 0o000);
+    write(&copied.join("keep/locked"), b"old", 0o644);
+    if fs::read(src.join("keep/locked")).is_err() {
+        let out = copy(&["--delete"]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("nothing was deleted"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(copied.join("keep/extra").exists() && copied.join("keep/locked").exists());
+    }
+}
+
 #[test]
 fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let work = tempfile::tempdir().unwrap();
@@ -387,7 +455,7 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let src = work.path().join("src");
     fs::create_dir(&src).unwrap();
     write(&src.join("f"), b"f", 0o644);
-    for flag in ["--delete", "--checksum", "-H"] {
+    for flag in ["--resume", "--checksum", "-H"] {
         let out = run(plain(&sshd)
             .args(["--sftp", "-r", flag])
             .arg(&src)

@@ -226,6 +226,14 @@ impl Progress {
         self.deleted.fetch_add(entries, Relaxed);
     }
 
+    /// Counts `entries` removed by `--delete` at `path` (a folder counts with all it held)
+    /// and reports [`Event::Deleted`](crate::Event::Deleted): for a program that mirrors a
+    /// destination the engine does not write itself, as fastcp's SFTP push does.
+    pub fn deleted(&self, path: Bytes, entries: u64) {
+        self.add_deleted(entries);
+        self.event(|| crate::Event::Deleted { path });
+    }
+
     pub(crate) fn add_skipped(&self, bytes: u64) {
         self.files_skipped.fetch_add(1, Relaxed);
         self.bytes_skipped.fetch_add(bytes, Relaxed);

@@ -407,6 +407,7 @@ where
     walk_config.filter = config.filter.clone();
     let walk_sources = sources.to_vec();
     let walk_progress = progress.clone();
+    let walk_pieces = config.pieces.clone();
     // The walk's totals go out on stream 0 as soon as it ends, ahead of the file data still
     // to be read (and before the producer's `Done`, which waits for `walk_tx` to close).
     let totals_out = (config.version >= 2).then(|| (txs[0].clone(), queued.clone()));
@@ -417,6 +418,11 @@ where
             if let Ok(entry) = &item
                 && let EntryKind::File { size } = entry.kind
             {
+                // Of a file sent in pieces, the pieces' bytes.
+                let size = match walk_pieces.as_ref().and_then(|p| p.get(&entry.wire)) {
+                    Some(pieces) => pieces.iter().map(|p| p.len).sum(),
+                    None => size,
+                };
                 walk_progress.add_seen(1, size);
                 totals.files += 1;
                 totals.bytes += size;
