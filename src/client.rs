@@ -389,15 +389,6 @@ impl Plan {
                 "--delete mirrors directories: it needs -r".into(),
             ));
         }
-        let push = dest.remote().is_some();
-        let judged = options.delete || options.skip_unchanged || options.checksum || options.resume;
-        if push && options.dry_run && judged {
-            return Err(Error::Usage(
-                "-n with --delete, --skip-unchanged, --checksum or --resume previews local copies \
-                 and pulls only: on a push the judging is done on the remote side"
-                    .into(),
-            ));
-        }
         let remote_sources = sources.iter().filter(|s| s.remote().is_some()).count();
         if remote_sources > 0 && dest.remote().is_some() {
             return Err(Error::Usage(
@@ -1556,7 +1547,7 @@ where
     match job {
         Job::Copy => {}
         Job::DryRun => {
-            dry_run(plan, direction, data, &mut done).await?;
+            dry_run(plan, direction, agreed.version, data, &mut done).await?;
             done.data_time = data_started.elapsed();
             return Ok(done);
         }

@@ -1,9 +1,11 @@
 //! Dry runs (`-n`): what a copy would do, written nowhere.
 //!
 //! A local copy and a push list their own walk; a pull lists what the server's walk sends
-//! ([`serve_dry_run`] is the server's side). When the receiving side is this machine (a local
-//! copy or a pull), the listing then loses what the quick check would skip and gains what
-//! `--delete` would remove, judged as the copy would judge them ([`apply`]).
+//! ([`serve_dry_run`] is the server's side). The listing then loses what the quick check
+//! would skip and gains what `--delete` would remove, judged where the files would land, as
+//! the copy would judge them ([`judge`]): on this machine for a local copy or a pull; on the
+//! server for a push (protocol version 6), which gets the push's listing and answers with
+//! what it would skip and what it would remove.
 
 use std::collections::HashSet;
 use std::os::unix::ffi::OsStrExt;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use fastcp_proto::{DirEntry, Direction, FileEntry, Frame, Meta, Summary, SymlinkEntry, flags};
 use fastcp_stream::{EntryKind, Failure, Report, Side, WalkConfig};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::client::{Plan, SessionDone, push_failure};
 use crate::location::Location;
@@ -91,6 +93,7 @@ pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
 pub(crate) async fn dry_run(
     plan: &Plan,
     direction: Direction,
+    version: u16,
     data: Vec<BoxStream>,
     done: &mut SessionDone,
 ) -> Result<(), Error> {
@@ -101,6 +104,9 @@ pub(crate) async fn dry_run(
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan);
+        if Judge::of(plan).any() {
+            return judged_remotely(plan, version, &mut reader, done).await;
+        }
     }
     loop {
         let frame = reader.next("listing what would be copied").await?;
@@ -174,9 +180,10 @@ pub(crate) async fn serve_dry_run<S>(
     target: &std::path::Path,
     flags: u32,
     filter: Option<Arc<fastcp_stream::Filter>>,
+    idle: Option<std::time::Duration>,
 ) -> Result<Report, Error>
 where
-    S: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut report = Report::default();
     let mut out = bytes::BytesMut::new();
@@ -197,6 +204,10 @@ where
             )
             .await?;
             return Err(Error::Unsupported(message));
+        }
+        let judge = Judge::from_flags(flags, filter.as_deref());
+        if judge.any() {
+            return judge_for_client(stream, target, &judge, idle).await;
         }
     } else {
         let mut config = WalkConfig::new(
@@ -276,8 +287,51 @@ pub(crate) fn apply(
     listing: Vec<Listed>,
     report: &mut Report,
 ) -> Vec<Listed> {
-    let o = &plan.options;
-    if !(o.skip_unchanged || o.resume || o.delete) {
+    judge(&Judge::of(plan), dest, listing, report)
+}
+
+/// What judging a dry run's listing takes: the copy's quick check and `--delete`.
+pub(crate) struct Judge<'a> {
+    /// The quick check by size and time (`--skip-unchanged`, `--resume`).
+    skip_unchanged: bool,
+    /// `--checksum`: a file of the same size may differ, so none is judged unchanged here.
+    checksum: bool,
+    delete: bool,
+    /// What the rules exclude is not deleted.
+    filter: Option<&'a fastcp_stream::Filter>,
+}
+
+impl<'a> Judge<'a> {
+    pub(crate) fn of(plan: &'a Plan) -> Judge<'a> {
+        let o = &plan.options;
+        Judge {
+            skip_unchanged: o.skip_unchanged || o.resume,
+            checksum: o.checksum,
+            delete: o.delete,
+            filter: o.filter.as_deref(),
+        }
+    }
+
+    /// A push's judge, on the server, from its request.
+    fn from_flags(bits: u32, filter: Option<&'a fastcp_stream::Filter>) -> Judge<'a> {
+        Judge {
+            skip_unchanged: bits & (flags::SKIP_UNCHANGED | flags::RESUME) != 0,
+            checksum: bits & flags::CHECKSUM != 0,
+            delete: bits & flags::DELETE != 0,
+            filter,
+        }
+    }
+
+    /// Whether there is anything to judge.
+    pub(crate) fn any(&self) -> bool {
+        self.skip_unchanged || self.delete
+    }
+}
+
+/// The quick check and `--delete` applied to `listing` for a copy into the local `dest`;
+/// `report` recounted by what is left.
+fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> Vec<Listed> {
+    if !j.any() {
         return listing;
     }
     let into = dest.is_dir();
@@ -296,21 +350,17 @@ pub(crate) fn apply(
     for entry in listing {
         match entry.kind {
             EntryKind::File { size }
-                if (o.skip_unchanged || o.resume)
-                    && !o.checksum
+                if j.skip_unchanged
+                    && !j.checksum
                     && unchanged(&local(&entry.path), size, &entry.meta) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir if o.delete => extras(
-                plan,
-                &local(&entry.path),
-                &entry.path,
-                &sent,
-                &mut deletions,
-            ),
+            EntryKind::Dir if j.delete => {
+                extras(j, &local(&entry.path), &entry.path, &sent, &mut deletions)
+            }
             _ => {}
         }
         kept.push(entry);
@@ -339,7 +389,7 @@ fn unchanged(path: &Path, size: u64, meta: &Meta) -> bool {
 
 /// What the directory at `dir` (wire path `wire`) holds beyond `sent`: what `--delete` would
 /// remove. A directory that is not there, or is a symlink, holds nothing to remove.
-fn extras(plan: &Plan, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut Vec<Listed>) {
+fn extras(j: &Judge, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut Vec<Listed>) {
     if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
         return;
     }
@@ -357,7 +407,7 @@ fn extras(plan: &Plan, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut
             continue;
         }
         let Ok(m) = entry.metadata() else { continue };
-        if let Some(filter) = &plan.options.filter
+        if let Some(filter) = j.filter
             && !filter.allows(&path, m.is_dir())
         {
             continue;
@@ -386,4 +436,247 @@ fn extras(plan: &Plan, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     out.extend(found);
+}
+
+/// The frame that lists `entry` (a `File` as `id`).
+fn listing_frame(entry: &Listed, id: u64) -> Frame {
+    let meta = entry.meta;
+    match &entry.kind {
+        EntryKind::Dir => Frame::Dir(DirEntry {
+            path: entry.path.clone(),
+            meta,
+        }),
+        EntryKind::File { size } => Frame::File(FileEntry {
+            id,
+            path: entry.path.clone(),
+            size: *size,
+            meta,
+        }),
+        EntryKind::Symlink { target } => Frame::Symlink(SymlinkEntry {
+            path: entry.path.clone(),
+            target: target.clone(),
+            times: None,
+        }),
+        EntryKind::Special { kind, rdev } => Frame::Special(fastcp_proto::SpecialEntry {
+            path: entry.path.clone(),
+            kind: *kind,
+            rdev: *rdev,
+            meta,
+        }),
+    }
+}
+
+/// A listing entry from a frame of a listing; `None` for any other frame.
+fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
+    let listed = |path: Bytes, kind, meta: Meta| Listed {
+        path: Bytes::copy_from_slice(&path),
+        kind,
+        meta: Meta {
+            atime: None,
+            ..meta
+        },
+        delete: false,
+    };
+    Some(match frame {
+        Frame::Dir(d) => (None, listed(d.path, EntryKind::Dir, d.meta)),
+        Frame::File(f) => (
+            Some(f.id),
+            listed(f.path, EntryKind::File { size: f.size }, f.meta),
+        ),
+        Frame::Symlink(l) => (
+            None,
+            listed(
+                l.path,
+                EntryKind::Symlink { target: l.target },
+                Meta::default(),
+            ),
+        ),
+        Frame::Special(e) => (
+            None,
+            listed(
+                e.path,
+                EntryKind::Special {
+                    kind: e.kind,
+                    rdev: e.rdev,
+                },
+                e.meta,
+            ),
+        ),
+        _ => return None,
+    })
+}
+
+/// A push's dry run judged on the server (protocol version 6): this side sends its listing
+/// (each `File` numbered by its place in it) and a `Done`; the server answers
+/// `Answer { send: false }` for each file its quick check would skip, lists what `--delete`
+/// would remove, and ends with `Done`.
+async fn judged_remotely(
+    plan: &Plan,
+    version: u16,
+    reader: &mut FrameReader<BoxStream>,
+    done: &mut SessionDone,
+) -> Result<(), Error> {
+    if version < 6 {
+        return Err(Error::Unsupported(format!(
+            "-n with --delete, --skip-unchanged or --resume on a push is judged on the remote \
+             side, which needs protocol version 6; the remote speaks version {}: upgrade \
+             fastcp there",
+            version
+        )));
+    }
+    let mut out = bytes::BytesMut::new();
+    for (i, entry) in done.listing.iter().enumerate() {
+        fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
+        if out.len() >= 64 << 10 {
+            reader.send_bytes(&out.split()).await?;
+        }
+    }
+    fastcp_proto::encode(&Frame::Done(Summary::default()), &mut out);
+    reader.send_bytes(&out).await?;
+    let mut skipped = HashSet::new();
+    let mut deletions = Vec::new();
+    loop {
+        let frame = within(plan.options.timeout, reader.next("judging the push")).await?;
+        match frame {
+            Frame::Answer(a) if !a.send => {
+                skipped.insert(a.id);
+            }
+            Frame::Done(_) => break,
+            Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
+            Frame::Error(e) => push_failure(
+                &mut done.report,
+                Failure {
+                    side: Side::Receiver,
+                    path: e.path,
+                    code: e.code,
+                    message: e.message,
+                },
+            ),
+            frame => match listed_from(frame) {
+                Some((_, entry)) => deletions.push(Listed {
+                    delete: true,
+                    ..entry
+                }),
+                None => {
+                    return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
+                        frame: "dry run",
+                        what: "the server answered a push's listing with another frame",
+                    }));
+                }
+            },
+        }
+    }
+    let report = &mut done.report;
+    let mut kept = Vec::with_capacity(done.listing.len());
+    for (i, entry) in std::mem::take(&mut done.listing).into_iter().enumerate() {
+        if let (EntryKind::File { size }, true) = (&entry.kind, skipped.contains(&(i as u64))) {
+            report.files_skipped += 1;
+            report.bytes_skipped += size;
+            continue;
+        }
+        kept.push(entry);
+    }
+    report.local = Summary {
+        errors: report.local.errors,
+        ..Summary::default()
+    };
+    for entry in &kept {
+        count(&mut report.local, &entry.kind);
+    }
+    report.local.deleted = deletions.len() as u64;
+    kept.extend(deletions);
+    done.listing = kept;
+    Ok(())
+}
+
+/// The server's side of [`judged_remotely`]: reads the push's listing (each frame within
+/// `idle`), judges it against `target` as the copy would, and answers.
+async fn judge_for_client<S>(
+    stream: S,
+    target: &Path,
+    by: &Judge<'_>,
+    idle: Option<std::time::Duration>,
+) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut reader = FrameReader::new(stream, session::MAX_FRAME);
+    let mut listing = Vec::new();
+    let mut ids = Vec::new();
+    loop {
+        let frame = within(idle, reader.next("reading the push's listing")).await?;
+        if matches!(frame, Frame::Done(_)) {
+            break;
+        }
+        let name = frame.name();
+        let Some((id, entry)) = listed_from(frame) else {
+            return Err(Error::UnexpectedFrame {
+                expected: "a listing",
+                got: name,
+            });
+        };
+        if fastcp_proto::path::validate(&entry.path).is_err() {
+            return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
+                frame: "dry run",
+                what: "a listed path is not a safe relative path",
+            }));
+        }
+        ids.push(id);
+        listing.push(entry);
+        if listing.len() as u64 > fastcp_stream::DEFAULT_MAX_ENTRIES {
+            return Err(Error::Unsupported(
+                "the push's listing is longer than a copy may be".into(),
+            ));
+        }
+    }
+    let by_path: std::collections::HashMap<Bytes, u64> = listing
+        .iter()
+        .zip(&ids)
+        .filter_map(|(l, id)| id.map(|id| (l.path.clone(), id)))
+        .collect();
+    let mut report = Report::default();
+    let judged = judge(by, target, listing.clone(), &mut report);
+    let kept: HashSet<Bytes> = judged
+        .iter()
+        .filter(|l| !l.delete)
+        .map(|l| l.path.clone())
+        .collect();
+    let mut out = bytes::BytesMut::new();
+    for entry in &listing {
+        if matches!(entry.kind, EntryKind::File { .. }) && !kept.contains(&entry.path) {
+            let id = by_path[&entry.path];
+            fastcp_proto::encode(
+                &Frame::Answer(fastcp_proto::Answer {
+                    id,
+                    send: false,
+                    hash: None,
+                }),
+                &mut out,
+            );
+        }
+    }
+    for entry in judged.iter().filter(|l| l.delete) {
+        fastcp_proto::encode(&listing_frame(entry, 0), &mut out);
+    }
+    fastcp_proto::encode(&Frame::Done(report.local), &mut out);
+    let mut stream = reader.into_stream();
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    Ok(report)
+}
+
+/// `work`, given up after `limit` (if any) with a timeout error.
+async fn within<T>(
+    limit: Option<std::time::Duration>,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match limit {
+        None => work.await,
+        Some(limit) => tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+            Err(Error::Timeout(format!(
+                "the peer sent nothing for {} s during a dry run",
+                limit.as_secs()
+            )))
+        }),
+    }
 }

@@ -647,6 +647,7 @@ where
             &target,
             request.flags,
             filter.clone(),
+            config.idle_timeout,
         )
         .await
         .map_err(|e| (None, e));

@@ -420,6 +420,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             plan.has_pieces(),
             "a --shard that splits big files into pieces",
         ),
+        (
+            o.dry_run && plan.dest.remote().is_some() && (o.delete || o.skip_unchanged || o.resume),
+            "-n with --delete or --skip-unchanged on a push",
+        ),
     ];
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(Error::Unsupported(format!(

@@ -59,6 +59,12 @@ impl<S: AsyncRead + Unpin> FrameReader<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> FrameReader<S> {
+    /// Writes frames already encoded, and flushes them.
+    pub(crate) async fn send_bytes(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await
+    }
+
     /// Writes one frame and flushes it.
     pub(crate) async fn send(&mut self, frame: &Frame) -> io::Result<()> {
         write_frame(&mut self.stream, frame).await

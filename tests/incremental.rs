@@ -396,8 +396,8 @@ fn checksum_compares_content_not_times() {
 
 /// `-n` judges as the copy would: it leaves out what the rules exclude (locally and on a
 /// pull, where the server walks), what the quick check would skip, and lists what `--delete`
-/// would remove, all without writing or removing anything. On a push, where the remote side
-/// judges, asking for the preview of a quick check or `--delete` is refused.
+/// would remove, all without writing or removing anything: on this side for a local copy or
+/// a pull, on the server for a push (protocol version 6).
 #[test]
 fn dry_run_previews_rules_quick_check_and_delete() {
     let sshd = Sshd::start().unwrap();
@@ -470,11 +470,29 @@ fn dry_run_previews_rules_quick_check_and_delete() {
     );
     assert_eq!(names(&dst), before, "a dry run changed the destination");
 
+    // A push: judged on the server, over either transport, alike.
+    for transport in ["ssh", "tcp"] {
+        let pushed = lines(
+            fastcp(&sshd, bin())
+                .args(args)
+                .args(["--transport", transport])
+                .arg(&src)
+                .arg(remote(&sshd, &dst)),
+        );
+        assert_eq!(pushed, want, "{transport}");
+    }
+    assert_eq!(names(&dst), before, "a dry run changed the destination");
+    // JSON counts what would go.
     let out = run(fastcp(&sshd, bin())
-        .args(["-n", "-r", "--delete"])
+        .args(args)
+        .arg("--json")
         .arg(&src)
         .arg(remote(&sshd, &dst)));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("previews local copies and pulls only"));
-    assert_eq!(names(&dst), before);
+    let v = json(&out);
+    assert_eq!(
+        (v["files"].as_u64(), v["files_deleted"].as_u64()),
+        (Some(1), Some(2)),
+        "{v}"
+    );
+    assert_eq!(v["files_skipped"], 2, "{v}");
 }
