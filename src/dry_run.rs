@@ -344,23 +344,39 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             None => dest.to_path_buf(),
         }
     };
+    // As the copy's receiver does, reach nothing through a symlink in the destination: a
+    // path counts only when every folder above it, up to `dest`, is a real one.
+    let mut real: std::collections::HashMap<PathBuf, bool> = std::collections::HashMap::new();
+    let mut reachable = |path: &Path| -> bool {
+        let above: Vec<&Path> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|d| *d != dest && d.starts_with(dest))
+            .collect();
+        above.iter().rev().all(|d| {
+            *real
+                .entry(d.to_path_buf())
+                .or_insert_with(|| std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()))
+        })
+    };
     let sent: HashSet<Bytes> = listing.iter().map(|l| l.path.clone()).collect();
     let mut kept = Vec::with_capacity(listing.len());
     let mut deletions = Vec::new();
     for entry in listing {
+        let path = local(&entry.path);
+        if !reachable(&path) {
+            kept.push(entry);
+            continue;
+        }
         match entry.kind {
             EntryKind::File { size }
-                if j.skip_unchanged
-                    && !j.checksum
-                    && unchanged(&local(&entry.path), size, &entry.meta) =>
+                if j.skip_unchanged && !j.checksum && unchanged(&path, size, &entry.meta) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir if j.delete => {
-                extras(j, &local(&entry.path), &entry.path, &sent, &mut deletions)
-            }
+            EntryKind::Dir if j.delete => extras(j, &path, &entry.path, &sent, &mut deletions),
             _ => {}
         }
         kept.push(entry);

@@ -394,6 +394,32 @@ fn checksum_compares_content_not_times() {
     }
 }
 
+/// A push's dry run, judged on the server, never looks through a symlink in the
+/// destination: the folder it stands for is not listed, nor what lies beyond it.
+#[test]
+fn a_dry_run_push_never_judges_through_a_symlink_in_the_destination() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    write(&src.join("sub/deeper/f"), b"f", 0o644);
+    let outside = work.path().join("outside");
+    std::fs::create_dir_all(outside.join("deeper")).unwrap();
+    write(&outside.join("deeper/secret"), b"s", 0o644);
+    write(&outside.join("deeper/f"), b"f", 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    std::os::unix::fs::symlink(&outside, dst.join("src/sub")).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .args(["-n", "-r", "--delete", "--skip-unchanged"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed = String::from_utf8(out.stdout).unwrap();
+    assert!(!listed.contains("secret"), "{listed}");
+    assert!(listed.contains("src/sub/deeper/f"), "not judged unchanged: {listed}");
+}
+
 /// `-n` judges as the copy would: it leaves out what the rules exclude (locally and on a
 /// pull, where the server walks), what the quick check would skip, and lists what `--delete`
 /// would remove, all without writing or removing anything: on this side for a local copy or
