@@ -617,6 +617,13 @@ impl Plan {
                 share.total_bytes
             )
         });
+        if self.options.hard_links && share.cut_files > 0 {
+            return Err(Error::Usage(
+                "-H with a --shard that cuts files into pieces: a file's other names would be \
+                 linked before its last piece arrives; run without -H, or with fewer shards"
+                    .into(),
+            ));
+        }
         let mut plan = self.clone();
         plan.pieces = (!share.pieces.is_empty()).then(|| Arc::new(share.pieces.clone()));
         plan.options.filter = Some(crate::shard::narrow(self.options.filter.clone(), share));

@@ -119,6 +119,8 @@ pub struct Share {
     pub total_bytes: u64,
     /// Files and links in the whole copy.
     pub total_files: u64,
+    /// Files of the whole copy cut into pieces (whichever shares hold them).
+    pub cut_files: u64,
 }
 
 /// Walks `sources` as `config` says and returns share `shard` of them. Every run given the
@@ -141,14 +143,20 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
     } else {
         total.div_ceil(n as u64 * 16).div_ceil(GRID).max(1) * GRID
     };
+    let sizes: HashMap<Bytes, u64> = files.iter().map(|(s, w)| (w.clone(), *s)).collect();
+    let mut share = Share {
+        total_files: sizes.len() as u64,
+        total_bytes: total,
+        ..Share::default()
+    };
     // (size, path, offset): whole files at offset 0, big ones cut into pieces.
     let mut items: Vec<(u64, Bytes, u64)> = Vec::with_capacity(files.len());
-    let sizes: HashMap<Bytes, u64> = files.iter().map(|(s, w)| (w.clone(), *s)).collect();
     for (size, wire) in files {
         if size <= piece {
             items.push((size, wire, 0));
             continue;
         }
+        share.cut_files += 1;
         let mut offset = 0;
         while offset < size {
             let len = piece.min(size - offset);
@@ -158,11 +166,6 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
     }
     // Largest first; equal sizes by path and offset, so that every run sees the same order.
     items.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, a.2).cmp(&(&b.1, b.2))));
-    let mut share = Share {
-        total_files: sizes.len() as u64,
-        total_bytes: total,
-        ..Share::default()
-    };
     // Shares by (bytes, items, index), the lightest on top.
     let mut load: BinaryHeap<Reverse<(u64, u64, usize)>> =
         (0..n).map(|k| Reverse((0, 0, k))).collect();

@@ -417,7 +417,10 @@ fn a_dry_run_push_never_judges_through_a_symlink_in_the_destination() {
     assert!(out.status.success(), "{}", stderr(&out));
     let listed = String::from_utf8(out.stdout).unwrap();
     assert!(!listed.contains("secret"), "{listed}");
-    assert!(listed.contains("src/sub/deeper/f"), "not judged unchanged: {listed}");
+    assert!(
+        listed.contains("src/sub/deeper/f"),
+        "not judged unchanged: {listed}"
+    );
 }
 
 /// `-n` judges as the copy would: it leaves out what the rules exclude (locally and on a

@@ -175,27 +175,61 @@ fn pieces_of_two_versions_of_a_file_never_meet() {
     let big = src.join("big");
     write(&big, &pseudo_random(24 << 20, 1), 0o644);
     write(&src.join("small"), b"small", 0o644);
+    // With -p and without: the receiver tells versions apart by their time either way.
+    for (round, keep) in [vec!["-r", "-p"], vec!["-r"]].iter().enumerate() {
+        write(&big, &pseudo_random(24 << 20, round as u64), 0o644);
+        let dst = work.path().join(format!("dst{round}"));
+        fs::create_dir(&dst).unwrap();
+        let copy = |i: u32| {
+            let out = run(Command::new(BIN)
+                .args(keep)
+                .args(["--shard", &format!("{i}/2")])
+                .arg(&src)
+                .arg(&dst));
+            assert!(out.status.success(), "run {i}: {}", stderr(&out));
+        };
+        copy(0);
+        // Same size, new bytes and a new time.
+        write(&big, &pseudo_random(24 << 20, 10 + round as u64), 0o644);
+        fastcp_testsupport::tree::set_mtime(&big, 2_000_000_000 + round as i64, 0);
+        copy(1);
+        assert!(
+            !dst.join("src/big").exists(),
+            "{keep:?}: a file of two versions"
+        );
+        copy(0);
+        assert_eq!(
+            fs::read(dst.join("src/big")).unwrap(),
+            fs::read(&big).unwrap()
+        );
+        // The first version's work file went with the file's completion.
+        assert_no_temp(&dst);
+    }
+}
+
+/// Two big files whose long names agree in their first 200 bytes, of one size and one time,
+/// each get a work file of their own.
+#[test]
+fn long_names_alike_get_work_files_of_their_own() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let stem = "n".repeat(200);
+    for (i, end) in ["x", "y"].iter().enumerate() {
+        let path = src.join(format!("{stem}-{end}"));
+        write(&path, &pseudo_random(12 << 20, 7 + i as u64), 0o644);
+        fastcp_testsupport::tree::set_mtime(&path, 1_700_000_000, 0);
+    }
     let dst = work.path().join("dst");
     fs::create_dir(&dst).unwrap();
-    let copy = |i: u32| {
+    for i in 0..2 {
         let out = run(Command::new(BIN)
             .args(["-r", "-p", "--shard", &format!("{i}/2")])
             .arg(&src)
             .arg(&dst));
         assert!(out.status.success(), "run {i}: {}", stderr(&out));
-    };
-    copy(0);
-    // Same size, new bytes and a new time.
-    write(&big, &pseudo_random(24 << 20, 2), 0o644);
-    fastcp_testsupport::tree::set_mtime(&big, 2_000_000_000, 0);
-    copy(1);
-    assert!(!dst.join("src/big").exists(), "a file of two versions");
-    copy(0);
-    assert_eq!(
-        fs::read(dst.join("src/big")).unwrap(),
-        fs::read(&big).unwrap()
-    );
-    // The first version's work file went with the file's completion.
+    }
+    assert_same_tree(&src, &dst.join("src"), true);
     assert_no_temp(&dst);
 }
 
@@ -240,11 +274,16 @@ fn shard_misuse_is_a_usage_error() {
     let src = work.path().join("src");
     fs::create_dir(&src).unwrap();
     fs::write(src.join("f"), b"f").unwrap();
+    // A file cut into pieces: -H is refused by every run, the one without pieces too.
+    fs::write(src.join("big"), vec![7u8; 8 << 20]).unwrap();
+    fs::write(src.join("other"), vec![8u8; 8 << 20]).unwrap();
     let dst = work.path().join("dst");
     for args in [
         vec!["--shard", "3/3"],
         vec!["--shard", "one/two"],
         vec!["--shard", "0/2", "--delete"],
+        vec!["--shard", "0/3", "-H"],
+        vec!["--shard", "2/3", "-H"],
     ] {
         let out = run(Command::new(BIN).arg("-r").args(&args).arg(&src).arg(&dst));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));

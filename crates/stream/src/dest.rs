@@ -670,8 +670,29 @@ impl Writer {
         };
         if let Some((offset, len)) = piece {
             let temp = crate::pieces::work_name(name, size, (meta.mtime, meta.mtime_nsec));
-            let fd = match crate::pieces::open_work(&parent, &temp, size) {
-                Ok(fd) => fd,
+            let end = offset + len;
+            let opened = crate::pieces::open_work(&parent, &temp, size).and_then(|fd| {
+                let covered = crate::pieces::coverage(&fd, size, offset, end)?;
+                Ok((fd, covered))
+            });
+            let fd = match opened {
+                // Bytes are written only where no run's verified range is yet.
+                Ok((fd, crate::pieces::Coverage::None)) => fd,
+                Ok((_, crate::pieces::Coverage::All)) => {
+                    self.skip(id, len);
+                    return Ok(());
+                }
+                Ok((_, crate::pieces::Coverage::Some)) => {
+                    let e = Error::Unsupported {
+                        path: self.shared.root.display(&local),
+                        reason: "another run cut this file into other pieces (every run must \
+                                 walk the same tree with the same --shard count)"
+                            .into(),
+                    };
+                    self.shared.entry_failed(&wire, &e);
+                    self.skip(id, len);
+                    return Ok(());
+                }
                 Err(e) => {
                     let e = Error::io(self.shared.root.display(&local), e);
                     self.shared.entry_failed(&wire, &e);
@@ -941,10 +962,15 @@ impl Writer {
         }
     }
 
-    /// Removes a file's temp file and returns `e`, for a fatal error.
+    /// Removes a file's temp file and returns `e`, for a fatal error. The work file of a
+    /// piece stays: it holds other runs' pieces, and this one's bytes were never recorded.
     fn fail_file(&mut self, id: u64, e: Error) -> Error {
         if let Some(FileState::Open(f)) = self.files.remove(&id) {
-            f.discard();
+            if f.piece.is_some() {
+                f.stop();
+            } else {
+                f.discard();
+            }
         }
         e
     }
@@ -981,8 +1007,10 @@ impl Writer {
         };
         if Some(actual) != f.expected {
             let path = escape(&f.wire);
-            // A piece's bad bytes are never recorded: its range is sent again.
-            f.stop();
+            match f.piece {
+                Some((offset, len)) => self.piece_failed(f, offset, len),
+                None => f.discard(),
+            }
             return Err(Error::Integrity { path });
         }
         match f.piece {
@@ -994,16 +1022,39 @@ impl Writer {
         }
     }
 
+    /// A piece's bytes failed their check: its range comes off the work file's record, to be
+    /// sent again (another run may have recorded it while this one wrote over it); if
+    /// another run has meanwhile given the work file its final name, that file goes.
+    fn piece_failed(&mut self, f: OpenFile, offset: u64, len: u64) {
+        let name = &f.local[f.name_at..];
+        let forgot = crate::pieces::forget(
+            &f.parent,
+            &f.temp,
+            name,
+            &f.fd,
+            f.size,
+            offset,
+            offset + len,
+        );
+        let display = self.shared.root.display(&f.local);
+        match forgot {
+            Ok(crate::pieces::Forgot::Removed) => {
+                let e = std::io::Error::other(
+                    "another run completed it while a piece written into it failed its check: \
+                     removed, copy it again",
+                );
+                self.shared.entry_failed(&f.wire, &Error::io(display, e));
+            }
+            Ok(_) => {}
+            Err(e) => self.shared.entry_failed(&f.wire, &Error::io(display, e)),
+        }
+        f.stop();
+    }
+
     /// A piece of a file arrived whole and verified: its range joins the record of the work
     /// file, and the run whose piece completes the file gives it its final name.
     fn piece_done(&mut self, f: OpenFile, offset: u64, len: u64) -> Result<(), Error> {
         let shared = self.shared.clone();
-        if shared.config.fsync
-            && let Err(e) = rustix::fs::fdatasync(&f.fd)
-        {
-            shared.entry_failed(&f.wire, &Error::io(shared.root.display(&f.local), e.into()));
-            return Ok(());
-        }
         let recorded =
             crate::pieces::record(&f.parent, &f.temp, &f.fd, f.size, offset, offset + len);
         match recorded {

@@ -1147,12 +1147,17 @@ impl Producer<'_> {
         let id = self.next_id;
         self.next_id += 1;
         let mtime = (meta.mtime, meta.mtime_nsec);
-        let file = FileEntry {
+        let mut file = FileEntry {
             id,
             path: wire.clone(),
             size,
             meta: self.meta(meta),
         };
+        if piece.is_some() {
+            // The receiver tells the runs' versions of the source apart by its time, with
+            // `-p` or without (it sets the time only with `-p`).
+            (file.meta.mtime, file.meta.mtime_nsec) = mtime;
+        }
         // The bytes this run sends: the whole file, or its piece.
         let (start, stop) = piece.map_or((0, size), |p| (p.offset, p.offset + p.len));
         let entry = match piece {

@@ -434,6 +434,60 @@ async fn pieces_out_of_bounds_are_refused() {
     assert!(!sb.dest.join("f").exists() && !sb.dest.join("g").exists());
 }
 
+/// A range already on the work file's record is not written again: a retried run's copy of
+/// it, damaged or not, cannot touch verified bytes.
+#[tokio::test]
+async fn a_piece_already_on_record_is_not_written_again() {
+    let sb = Sandbox::new();
+    let piece_of = |offset, content: &[u8]| {
+        wire(&[
+            piece(0, b"f", 8, offset, 4),
+            data(0, offset, content),
+            piece_end(0, 8, offset, content),
+            done(1, 0, 0, 4),
+        ])
+    };
+    let ok = |outcome: Outcome| outcome.result.unwrap();
+    ok(run(&sb.dest, recursive(), vec![piece_of(0, b"abcd")], true).await);
+    let damaged = wire(&[
+        piece(0, b"f", 8, 0, 4),
+        data(0, 0, b"XXXX"),
+        piece_end(0, 8, 0, b"abcd"),
+        done(1, 0, 0, 4),
+    ]);
+    ok(run(&sb.dest, recursive(), vec![damaged], true).await);
+    ok(run(&sb.dest, recursive(), vec![piece_of(4, b"efgh")], true).await);
+    assert_eq!(fs::read(sb.dest.join("f")).unwrap(), b"abcdefgh");
+    sb.assert_contained();
+}
+
+/// A piece that fails as a protocol error leaves the work file, and what other runs put on
+/// its record, in place: the file completes with the right bytes.
+#[tokio::test]
+async fn a_failed_piece_keeps_the_other_runs_pieces() {
+    let sb = Sandbox::new();
+    let piece_of = |offset, content: &[u8]| {
+        wire(&[
+            piece(0, b"f", 8, offset, 4),
+            data(0, offset, content),
+            piece_end(0, 8, offset, content),
+            done(1, 0, 0, 4),
+        ])
+    };
+    let ok = |outcome: Outcome| outcome.result.unwrap();
+    ok(run(&sb.dest, recursive(), vec![piece_of(0, b"abcd")], true).await);
+    let overlapping = wire(&[
+        piece(0, b"f", 8, 4, 4),
+        data(0, 4, b"ef"),
+        data(0, 4, b"ef"),
+    ]);
+    // Refused (as overlapping chunks, or as a stream that ended before the piece did).
+    fatal(run(&sb.dest, recursive(), vec![overlapping], true).await);
+    ok(run(&sb.dest, recursive(), vec![piece_of(4, b"efgh")], true).await);
+    assert_eq!(fs::read(sb.dest.join("f")).unwrap(), b"abcdefgh");
+    sb.assert_contained();
+}
+
 #[tokio::test]
 async fn wrong_hash_leaves_nothing() {
     let sb = Sandbox::new();
