@@ -538,24 +538,67 @@ async fn list_dir(sftp: &Sftp, remote: &str) -> Result<Vec<(String, FileAttribut
     listed.map(|()| entries)
 }
 
+/// The server's canonical form of `path`, every symlink in it resolved.
+async fn real_path(sftp: &Sftp, path: &str) -> Result<String, SftpError> {
+    let name = sftp.raw.realpath(path).await?;
+    name.files
+        .into_iter()
+        .next()
+        .map(|f| f.filename)
+        .ok_or_else(|| SftpError::UnexpectedBehavior("realpath gave no name".into()))
+}
+
+/// Fails unless `path`, a path with no symlink in it when it was made, still resolves to
+/// itself: a symlink swapped in for it, or for a folder above it, would lead elsewhere.
+async fn unmoved(sftp: &Sftp, path: &str) -> Result<(), SftpError> {
+    if real_path(sftp, path).await? != path {
+        return Err(entry_failure(format!(
+            "{path} changed during the copy: it, or a folder above it, is now a symlink; \
+             left alone"
+        )));
+    }
+    Ok(())
+}
+
+/// A failure of one entry, not of the session: an SFTP status of `FAILURE` with `message`.
+fn entry_failure(message: String) -> SftpError {
+    SftpError::Status(russh_sftp::protocol::Status {
+        id: 0,
+        status_code: StatusCode::Failure,
+        error_message: message,
+        language_tag: "en-US".into(),
+    })
+}
+
 /// Whether a name a server listed can be one entry of its folder.
 fn is_single_name(name: &str) -> bool {
     !(name.is_empty() || name.contains('/') || name.contains('\0') || name.contains('\u{FFFD}'))
 }
 
-/// Removes `path`: a folder with all it holds (listed again at each level, a symlink in it
-/// removed as a link), anything else as itself. Returns how many entries went.
-async fn remove_tree(sftp: &Sftp, path: String, is_dir: bool) -> Result<u64, SftpError> {
+/// Removes `path`, reached with no symlink on the way: a folder with all it holds (each
+/// level checked with [`unmoved`] before it is listed, a symlink in it removed as a link),
+/// anything else as itself. Returns how many entries went, each a step of `progress`.
+///
+/// Over SFTP, which has no handles to folders, a folder swapped for a symlink between its
+/// check and the removals in it is not caught; the check makes that window small.
+async fn remove_tree(
+    sftp: &Sftp,
+    path: String,
+    is_dir: bool,
+    progress: &Progress,
+) -> Result<u64, SftpError> {
     // (path, is a folder, its entries already listed): a folder is removed after them.
     let mut stack = vec![(path, is_dir, false)];
     let mut removed = 0;
     while let Some((path, is_dir, listed)) = stack.pop() {
         if is_dir && !listed {
+            unmoved(sftp, &path).await?;
             let entries = list_dir(sftp, &path).await?;
+            progress.mirror_step();
             stack.push((path.clone(), true, true));
             for (name, attrs) in entries {
                 if !is_single_name(&name) {
-                    return Err(SftpError::UnexpectedBehavior(format!(
+                    return Err(entry_failure(format!(
                         "the server listed {name:?} in {path}"
                     )));
                 }
@@ -569,6 +612,7 @@ async fn remove_tree(sftp: &Sftp, path: String, is_dir: bool) -> Result<u64, Sft
             sftp.raw.remove(path).await?;
         }
         removed += 1;
+        progress.mirror_step();
     }
     Ok(removed)
 }
@@ -623,7 +667,7 @@ struct Apply {
     dirs: Registry<Bytes, Arc<SetOnce<bool>>>,
     /// The sender's chunk size: a file no bigger travels on one stream.
     chunk_size: u64,
-    dir_meta: Mutex<Vec<(Bytes, String, Meta)>>,
+    dir_meta: Mutex<Vec<(Bytes, Meta)>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
     done: Mutex<Summary>,
     in_flight: Arc<Semaphore>,
@@ -631,15 +675,17 @@ struct Apply {
     open_files: Vec<Arc<Semaphore>>,
     /// With `--delete`, what to mirror by (see [`Apply::mirror`]).
     mirror: Option<Mutex<Mirror>>,
+    /// The destination's real path, once asked for (see [`Apply::real_target`]).
+    root_real: OnceCell<String>,
 }
 
 /// What a push with `--delete` gathers to find the extras: every wire path the sender sent
-/// or probed, the folders made (wire path, remote path), and whether the sender failed to
+/// or probed, the folders made (wire paths), and whether the sender failed to
 /// read something (then nothing is deleted: what it missed would look deleted).
 #[derive(Default)]
 struct Mirror {
     sent: std::collections::HashSet<Bytes>,
-    dirs: Vec<(Bytes, String)>,
+    dirs: Vec<Bytes>,
     blocked: bool,
 }
 
@@ -686,6 +732,7 @@ async fn push(
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
+        root_real: OnceCell::new(),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -702,6 +749,15 @@ async fn push(
                     first_error.get_or_insert(e);
                 }
             }
+            // Before the folders' times are set: removing from a folder changes its time.
+            if first_error.is_none()
+                && let Err(e) = apply
+                    .mirror(plan.options.filter.as_deref(), &mirror_progress)
+                    .await
+            {
+                first_error = Some(e);
+            }
+            // The sender learns why, and stops waiting for the applying side's word.
             if let Some(e) = first_error {
                 let _ = apply.replies.send(Frame::Error(ErrorFrame {
                     code: ErrorCode::Io,
@@ -711,10 +767,6 @@ async fn push(
                 }));
                 return Err(e);
             }
-            // Before the folders' times are set: removing from a folder changes its time.
-            apply
-                .mirror(plan.options.filter.as_deref(), &mirror_progress)
-                .await?;
             apply.finish_dirs().await;
             let done = *lock(&apply.done);
             let _ = apply.replies.send(Frame::Done(done));
@@ -943,12 +995,12 @@ impl Apply {
     /// Makes a folder; `Ok(false)` when it failed (and the failure is reported).
     async fn dir(&self, s: usize, d: DirEntry) -> Result<bool, Error> {
         Ok(match self.make_dir(s, &d).await {
-            Ok(path) => {
+            Ok(_) => {
                 lock(&self.done).dirs += 1;
                 if let Some(m) = &self.mirror {
-                    lock(m).dirs.push((d.path.clone(), path.clone()));
+                    lock(m).dirs.push(d.path.clone());
                 }
-                lock(&self.dir_meta).push((d.path.clone(), path, d.meta));
+                lock(&self.dir_meta).push((d.path.clone(), d.meta));
                 true
             }
             Err(Err(e)) => return Err(e),
@@ -989,8 +1041,6 @@ impl Apply {
         }
     }
 
-    /// Sets the directories' modes (and times, with `-p`) once everything is in them,
-    /// deepest first.
     /// With `--delete`, an entry sent (or probed): not an extra.
     fn sent(&self, wire: &[u8]) {
         if let Some(m) = &self.mirror {
@@ -1029,9 +1079,14 @@ impl Apply {
             return Ok(());
         }
         let sftp = &self.sftp[0];
-        for (dir, remote) in dirs {
-            let entries = match list_dir(sftp, &remote).await {
-                Ok(e) => e,
+        for dir in dirs {
+            let checked = match self.checked_dir(&dir).await {
+                Ok(remote) => list_dir(sftp, &remote).await.map(|e| (remote, e)),
+                Err(e) => Err(e),
+            };
+            progress.mirror_step();
+            let (remote, entries) = match checked {
+                Ok(found) => found,
                 Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
                 Err(e) => {
                     self.failed(
@@ -1050,7 +1105,7 @@ impl Apply {
                 if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                     continue;
                 }
-                match remove_tree(sftp, join(&remote, &name), is_dir).await {
+                match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
                     Ok(n) => {
                         lock(&self.done).deleted += n;
                         progress.deleted(wire, n);
@@ -1063,9 +1118,41 @@ impl Apply {
         Ok(())
     }
 
+    /// The path of the folder `wire` of this copy as reached from the destination's real
+    /// path (the symlinks in the destination's own path resolved once), name by name.
+    async fn real_target(&self, wire: &[u8]) -> Result<String, SftpError> {
+        let (root, top_is_root) = match &self.place {
+            Place::Beneath(dir) => (dir, false),
+            Place::As(name) => (name, true),
+        };
+        let root_real = self
+            .root_real
+            .get_or_try_init(|| real_path(&self.sftp[0], root))
+            .await?;
+        let rest = match (top_is_root, wire.iter().position(|&b| b == b'/')) {
+            (false, _) => wire,
+            (true, Some(i)) => &wire[i + 1..],
+            (true, None) => b"",
+        };
+        let rest = std::str::from_utf8(rest)
+            .map_err(|_| entry_failure("a name that is not UTF-8".into()))?;
+        Ok(join(root_real, rest))
+    }
+
+    /// The folder `wire` of this copy, if it still resolves to itself from the destination:
+    /// no symlink on the way, such as one swapped in during the copy, which would lead the
+    /// path-based SFTP requests outside the destination.
+    async fn checked_dir(&self, wire: &[u8]) -> Result<String, SftpError> {
+        let path = self.real_target(wire).await?;
+        unmoved(&self.sftp[0], &path).await?;
+        Ok(path)
+    }
+
+    /// Sets the directories' modes (and times, with `-p`) once everything is in them,
+    /// deepest first, each only where it still resolves to itself ([`Apply::checked_dir`]).
     async fn finish_dirs(&self) {
         let dirs = std::mem::take(&mut *lock(&self.dir_meta));
-        for (wire, path, meta) in dirs.into_iter().rev() {
+        for (wire, meta) in dirs.into_iter().rev() {
             let mut attrs = FileAttributes {
                 permissions: Some(meta.mode & 0o777),
                 ..FileAttributes::empty()
@@ -1075,7 +1162,11 @@ impl Apply {
             } else if meta.mode & 0o700 == 0o700 {
                 continue;
             }
-            if let Err(e) = self.sftp[0].raw.setstat(path, attrs).await {
+            let set = match self.checked_dir(&wire).await {
+                Ok(path) => self.sftp[0].raw.setstat(path, attrs).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = set {
                 self.failed(&wire, (code(&e), format!("cannot set its attributes: {e}")));
             }
         }

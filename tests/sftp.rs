@@ -448,6 +448,76 @@ fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
     }
 }
 
+/// A folder of the copy swapped for a symlink while the push runs: `--delete` finds that it
+/// no longer resolves to itself and deletes nothing through it.
+#[test]
+fn a_push_over_sftp_with_delete_never_follows_a_folder_swapped_for_a_symlink() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("z")).unwrap();
+    write(&src.join("a/small"), b"s", 0o644);
+    // Long enough to copy that the swap below happens before the push ends.
+    write(&src.join("z/big"), &pseudo_random(64 << 20, 3), 0o644);
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    write(&outside.join("precious"), b"precious", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let child = plain(&sshd)
+        .args(["--sftp", "-r", "--delete", "-j", "1"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = dst.join("src/a");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !a.join("small").exists() {
+        assert!(std::time::Instant::now() < give_up, "a/small never arrived");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    fs::rename(&a, dst.join("src/a.real")).unwrap();
+    symlink(&outside, &a).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"precious");
+    // What the swap left in the copy's folder is an extra there, and goes.
+    assert!(!dst.join("src/a.real").exists());
+    if !out.status.success() {
+        assert!(
+            stderr(&out).contains("changed during the copy"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// Removing a big stale folder moves no data, yet it is progress: `--timeout` does not take
+/// it for a stall.
+#[test]
+fn a_long_delete_over_sftp_is_not_a_stall() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    write(&src.join("keep"), b"k", 0o644);
+    let dst = work.path().join("dst");
+    let old = dst.join("src/old");
+    fs::create_dir_all(&old).unwrap();
+    for i in 0..5000 {
+        fs::write(old.join(format!("f{i}")), b"").unwrap();
+    }
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--json", "--delete", "--timeout", "1"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_deleted"], 5001);
+    assert!(!old.exists());
+}
+
 #[test]
 fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let work = tempfile::tempdir().unwrap();

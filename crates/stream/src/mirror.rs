@@ -38,6 +38,7 @@ pub(crate) fn delete_extras(
         let Ok(fd) = resolver.dir(&local) else {
             continue; // it failed when it was written, and was reported then
         };
+        shared.progress.mirror_step();
         let names = match list(&fd) {
             Ok(n) => n,
             Err(e) => {

@@ -39,6 +39,7 @@ pub struct Progress {
     bytes_resumed: AtomicU64,
     bytes_checked: AtomicU64,
     deleted: AtomicU64,
+    mirror_steps: AtomicU64,
     current: Mutex<Bytes>,
     events: Option<crate::EventSink>,
 }
@@ -74,6 +75,9 @@ pub struct Snapshot {
     pub bytes_checked: u64,
     /// Entries the receiver removed because the sender does not have them (mirroring).
     pub deleted: u64,
+    /// Steps of mirroring (a folder listed, an entry removed): a long `--delete` is
+    /// progress, not a stall.
+    pub mirror_steps: u64,
 }
 
 impl Progress {
@@ -161,6 +165,7 @@ impl Progress {
             bytes_resumed: self.bytes_resumed.load(Relaxed),
             bytes_checked: self.bytes_checked.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
+            mirror_steps: self.mirror_steps.load(Relaxed),
         }
     }
 
@@ -224,6 +229,13 @@ impl Progress {
 
     pub(crate) fn add_deleted(&self, entries: u64) {
         self.deleted.fetch_add(entries, Relaxed);
+    }
+
+    /// Counts a step of mirroring (a folder listed, an entry removed) for a program that
+    /// mirrors a destination the engine does not write itself, so that an idle limit
+    /// watching [`snapshot`](Self::snapshot) sees it moving.
+    pub fn mirror_step(&self) {
+        self.mirror_steps.fetch_add(1, Relaxed);
     }
 
     /// Counts `entries` removed by `--delete` at `path` (a folder counts with all it held)
