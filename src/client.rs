@@ -553,7 +553,7 @@ impl Plan {
     }
 
     /// The bandwidth limit, if any.
-    fn rate_limit(&self) -> Option<Arc<RateLimit>> {
+    pub(crate) fn rate_limit(&self) -> Option<Arc<RateLimit>> {
         self.options
             .bwlimit
             .filter(|&rate| rate > 0)

@@ -158,11 +158,20 @@ impl Sftp {
 
 /// Opens `n` SFTP sessions, each on an SSH connection of its own: the first on `peer`'s.
 /// Returns the extra connections, to keep open while the sessions run.
+/// `n` SFTP sessions on `peer`'s connection and more to the same host; with `limit`
+/// (`--bwlimit`), all of their bytes count against it.
 async fn sessions(
     peer: &AnyTransport,
     n: usize,
     timeout: Option<Duration>,
+    limit: Option<Arc<crate::limit::RateLimit>>,
 ) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
+    let limited = |s: BoxStream| -> BoxStream {
+        match &limit {
+            Some(l) => Box::new(crate::limit::Limited::new(s, l.clone())),
+            None => s,
+        }
+    };
     let no_sftp = |e: fastcp_transport::Error| {
         Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
     };
@@ -170,24 +179,28 @@ async fn sessions(
     let mut streams: Vec<BoxStream> = Vec::new();
     match peer {
         AnyTransport::Builtin(first) => {
-            streams.push(Box::new(
+            streams.push(limited(Box::new(
                 first.open_subsystem("sftp").await.map_err(no_sftp)?,
-            ));
+            )));
             for _ in 1..n {
                 let ssh = first.reconnect().await?;
-                streams.push(Box::new(ssh.open_subsystem("sftp").await.map_err(no_sftp)?));
+                streams.push(limited(Box::new(
+                    ssh.open_subsystem("sftp").await.map_err(no_sftp)?,
+                )));
                 more.push(ssh);
             }
         }
         AnyTransport::Program(program) => {
             let first = program.open_subsystem("sftp").await.map_err(no_sftp)?;
-            let mut sftp = vec![Arc::new(Sftp::open(Box::new(first), timeout).await?)];
+            let mut sftp = vec![Arc::new(
+                Sftp::open(limited(Box::new(first)), timeout).await?,
+            )];
             for _ in 1..n {
                 let own = program
                     .open_extra_subsystem("sftp")
                     .await
                     .map_err(no_sftp)?;
-                let session = match Sftp::open(Box::new(own), timeout).await {
+                let session = match Sftp::open(limited(Box::new(own)), timeout).await {
                     Ok(session) => session,
                     // Its own login would need a prompt: ride the first one's connection.
                     Err(_) if program.has_master() && !program.streams_through_master() => {
@@ -196,7 +209,7 @@ async fn sessions(
                             .open_extra_subsystem("sftp")
                             .await
                             .map_err(no_sftp)?;
-                        Sftp::open(Box::new(shared), timeout).await?
+                        Sftp::open(limited(Box::new(shared)), timeout).await?
                     }
                     Err(e) => return Err(e),
                 };
@@ -260,7 +273,8 @@ pub(crate) async fn copy(
         .streams
         .unwrap_or(DEFAULT_SFTP_SESSIONS)
         .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
-    let (_connections, sftp) = sessions(peer, n, plan.options.timeout).await?;
+    let limit = plan.rate_limit();
+    let (_connections, sftp) = sessions(peer, n, plan.options.timeout, limit).await?;
     log.info(|| {
         format!(
             "transport: SFTP, {n} session(s), {} KiB requests, {}",

@@ -518,6 +518,40 @@ fn a_long_delete_over_sftp_is_not_a_stall() {
     assert!(!old.exists());
 }
 
+/// `--bwlimit` holds over SFTP too, both ways: the copy takes at least as long as the limit
+/// allows (a floor, not a timing of the copy).
+#[test]
+fn bwlimit_holds_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let size = 768 * 1024;
+    let src = work.path().join("data");
+    write(&src, &pseudo_random(size, 4), 0o644);
+    let pushed = work.path().join("pushed");
+    let pulled = work.path().join("pulled");
+    let rate = 256 * 1024;
+    for (from, to) in [
+        (src.display().to_string(), remote(&sshd, &pushed)),
+        (remote(&sshd, &src), pulled.display().to_string()),
+    ] {
+        let started = std::time::Instant::now();
+        let out = run(plain(&sshd)
+            .args(["--sftp", "--bwlimit", "256K"])
+            .arg(&from)
+            .arg(&to));
+        assert!(out.status.success(), "{}", stderr(&out));
+        // The bucket lets one write (a tenth of a second's worth) through ahead of time.
+        let floor = std::time::Duration::from_secs_f64(size as f64 / rate as f64 * 0.85);
+        assert!(
+            started.elapsed() >= floor,
+            "{from} -> {to}: {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(fs::read(&pushed).unwrap(), fs::read(&src).unwrap());
+    assert_eq!(fs::read(&pulled).unwrap(), fs::read(&src).unwrap());
+}
+
 #[test]
 fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let work = tempfile::tempdir().unwrap();
