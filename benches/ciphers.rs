@@ -56,7 +56,7 @@ fn ciphers(c: &mut Criterion) {
 /// The two file checksums: BLAKE3 (protocol versions 1 and 2) and XXH3-128 (version 3).
 fn checksums(c: &mut Criterion) {
     hash(c, "blake3", blake3::hash);
-    hash(c, "xxh3-128", xxhash_rust::xxh3::xxh3_128);
+    hash(c, "xxh3-128", twox_hash::XxHash3_128::oneshot);
 }
 
 fn hash<T>(c: &mut Criterion, name: &str, f: impl Fn(&[u8]) -> T) {

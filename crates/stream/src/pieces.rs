@@ -24,7 +24,11 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
+
+fn xxh3_64(bytes: &[u8]) -> u64 {
+    XxHash3_64::oneshot(bytes)
+}
 
 /// How long a run waits for another run's hold on a work file.
 const LOCK_WAIT: Duration = Duration::from_secs(60);

@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
-use xxhash_rust::xxh3::Xxh3Default;
+use twox_hash::XxHash3_128;
 
 /// Files bigger than this keep a partial file with `--resume`; smaller ones are resent whole.
 pub(crate) const PARTIAL_MIN: u64 = 4 << 20;
@@ -102,7 +102,7 @@ pub(crate) fn block_hashes(
         if offset + len > end {
             break;
         }
-        let mut h = Xxh3Default::new();
+        let mut h = XxHash3_128::new();
         let mut at = offset;
         while at < offset + len {
             let n = buf.len().min((offset + len - at) as usize);
@@ -114,10 +114,10 @@ pub(crate) fn block_hashes(
                 }
                 return Ok(hashes);
             }
-            h.update(&buf[..got]);
+            h.write(&buf[..got]);
             at += got as u64;
         }
-        hashes.push(h.digest128());
+        hashes.push(h.finish_128());
         offset += len;
         if offset - reported >= PIECE_BYTES {
             piece(&hashes[given..], offset - reported);
@@ -165,7 +165,7 @@ mod tests {
         let data: Vec<u8> = (0..10u8).collect();
         std::fs::write(&path, &data).unwrap();
         let fd: OwnedFd = std::fs::File::open(&path).unwrap().into();
-        let h = |b: &[u8]| xxhash_rust::xxh3::xxh3_128(b);
+        let h = |b: &[u8]| XxHash3_128::oneshot(b);
         // The sender's file is longer: only whole blocks of the partial count.
         assert_eq!(
             block_hashes(&fd, 100, 4, |_, _| {}).unwrap(),

@@ -1238,7 +1238,7 @@ impl Producer<'_> {
                 None => (offset + chunk.min(stop - offset), None),
             };
             let mut chunks = Vec::new();
-            let mut block = want.map(|_| xxhash_rust::xxh3::Xxh3Default::new());
+            let mut block = want.map(|_| twox_hash::XxHash3_128::new());
             let mut at = offset;
             while at < end {
                 let n = chunk.min(end - at) as usize;
@@ -1252,13 +1252,13 @@ impl Producer<'_> {
                     }
                 };
                 if let Some(b) = &mut block {
-                    b.update(&bytes);
+                    b.write(&bytes);
                 }
                 chunks.push((at, bytes));
                 at += n as u64;
             }
             if let (Some(b), Some(h)) = (&block, want)
-                && b.digest128() == h
+                && b.finish_128() == h
             {
                 let len = end - offset;
                 if let Some(hasher) = &mut hasher {
