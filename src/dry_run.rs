@@ -193,16 +193,18 @@ where
                 "{}: not a directory (several sources, or a trailing '/', need an existing directory)",
                 target.display()
             );
-            crate::wire::write_frame(
-                &mut stream,
-                &Frame::Error(fastcp_proto::ErrorFrame {
-                    code: fastcp_proto::ErrorCode::NotFound,
-                    fatal: true,
-                    path: Bytes::new(),
-                    message: message.clone(),
-                }),
-            )
-            .await?;
+            let error = Frame::Error(fastcp_proto::ErrorFrame {
+                code: fastcp_proto::ErrorCode::NotFound,
+                fatal: true,
+                path: Bytes::new(),
+                message: message.clone(),
+            });
+            crate::wire::write_frame(&mut stream, &error).await?;
+            if Judge::from_flags(flags, filter.as_deref()).any() {
+                // The client is sending its listing before it reads: take it in, so that
+                // it gets to read why.
+                drain_listing(&mut FrameReader::new(stream, session::MAX_FRAME), idle).await;
+            }
             return Err(Error::Unsupported(message));
         }
         let judge = Judge::from_flags(flags, filter.as_deref());
@@ -322,9 +324,11 @@ impl<'a> Judge<'a> {
         }
     }
 
-    /// Whether there is anything to judge.
+    /// Whether there is anything to judge: `--checksum` compares content, which a preview
+    /// does not hash, so it alone judges nothing. Both ends of a push's dry run decide by
+    /// this, from the same options.
     pub(crate) fn any(&self) -> bool {
-        self.skip_unchanged || self.delete
+        (self.skip_unchanged && !self.checksum) || self.delete
     }
 }
 
@@ -540,15 +544,18 @@ async fn judged_remotely(
             version
         )));
     }
+    // Each write within `--timeout`: a server that stopped reading is not waited for.
+    let limit = plan.options.timeout;
     let mut out = bytes::BytesMut::new();
     for (i, entry) in done.listing.iter().enumerate() {
         fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
         if out.len() >= 64 << 10 {
-            reader.send_bytes(&out.split()).await?;
+            let chunk = out.split();
+            within(limit, async { Ok(reader.send_bytes(&chunk).await?) }).await?;
         }
     }
     fastcp_proto::encode(&Frame::Done(Summary::default()), &mut out);
-    reader.send_bytes(&out).await?;
+    within(limit, async { Ok(reader.send_bytes(&out).await?) }).await?;
     let mut skipped = HashSet::new();
     let mut deletions = Vec::new();
     loop {
@@ -617,34 +624,23 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(stream, session::MAX_FRAME);
-    let mut listing = Vec::new();
-    let mut ids = Vec::new();
-    loop {
-        let frame = within(idle, reader.next("reading the push's listing")).await?;
-        if matches!(frame, Frame::Done(_)) {
-            break;
-        }
-        let name = frame.name();
-        let Some((id, entry)) = listed_from(frame) else {
-            return Err(Error::UnexpectedFrame {
-                expected: "a listing",
-                got: name,
+    let (listing, ids) = match read_listing(&mut reader, idle).await {
+        Ok(read) => read,
+        Err(e) => {
+            // Told on the stream, and the rest of the listing taken in: the client reads
+            // only once it has sent it all.
+            let error = Frame::Error(fastcp_proto::ErrorFrame {
+                code: e.code(),
+                fatal: true,
+                path: Bytes::new(),
+                message: e.to_string(),
             });
-        };
-        if fastcp_proto::path::validate(&entry.path).is_err() {
-            return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
-                frame: "dry run",
-                what: "a listed path is not a safe relative path",
-            }));
+            if reader.send(&error).await.is_ok() {
+                drain_listing(&mut reader, idle).await;
+            }
+            return Err(e);
         }
-        ids.push(id);
-        listing.push(entry);
-        if listing.len() as u64 > fastcp_stream::DEFAULT_MAX_ENTRIES {
-            return Err(Error::Unsupported(
-                "the push's listing is longer than a copy may be".into(),
-            ));
-        }
-    }
+    };
     let by_path: std::collections::HashMap<Bytes, u64> = listing
         .iter()
         .zip(&ids)
@@ -679,6 +675,56 @@ where
     stream.write_all(&out).await?;
     stream.flush().await?;
     Ok(report)
+}
+
+/// A push's listing, up to its `Done`, each frame within `idle`: the entries, and the id of
+/// each file (`None` for other entries).
+async fn read_listing<S: AsyncRead + Unpin>(
+    reader: &mut FrameReader<S>,
+    idle: Option<std::time::Duration>,
+) -> Result<(Vec<Listed>, Vec<Option<u64>>), Error> {
+    let mut listing = Vec::new();
+    let mut ids = Vec::new();
+    loop {
+        let frame = within(idle, reader.next("reading the push's listing")).await?;
+        if matches!(frame, Frame::Done(_)) {
+            return Ok((listing, ids));
+        }
+        let name = frame.name();
+        let Some((id, entry)) = listed_from(frame) else {
+            return Err(Error::UnexpectedFrame {
+                expected: "a listing",
+                got: name,
+            });
+        };
+        if fastcp_proto::path::validate(&entry.path).is_err() {
+            return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
+                frame: "dry run",
+                what: "a listed path is not a safe relative path",
+            }));
+        }
+        ids.push(id);
+        listing.push(entry);
+        if listing.len() as u64 > fastcp_stream::DEFAULT_MAX_ENTRIES {
+            return Err(Error::Unsupported(
+                "the push's listing is longer than a copy may be".into(),
+            ));
+        }
+    }
+}
+
+/// Reads and drops what is left of a push's listing, up to its `Done` or the end of the
+/// stream, each frame within `idle` (and at most as many as a listing may hold).
+async fn drain_listing<S: AsyncRead + Unpin>(
+    reader: &mut FrameReader<S>,
+    idle: Option<std::time::Duration>,
+) {
+    for _ in 0..=fastcp_stream::DEFAULT_MAX_ENTRIES {
+        match within(idle, reader.next("reading the push's listing")).await {
+            Ok(Frame::Done(_)) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
 }
 
 /// `work`, given up after `limit` (if any) with a timeout error.

@@ -258,6 +258,12 @@ impl Policy {
                 "this server does not allow --delete",
             ),
             (
+                self.write_only
+                    && request.flags & flags::DRY_RUN != 0
+                    && request.flags & flags::DELETE != 0,
+                "this server is write-only: it does not list what --delete would remove",
+            ),
+            (
                 self.root.is_some() && request.flags & flags::FOLLOW_LINKS != 0,
                 "this server is confined to a folder and does not follow symlinks",
             ),
@@ -997,7 +1003,7 @@ async fn accept_joins(
 }
 
 impl Error {
-    fn code(&self) -> ErrorCode {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
             Error::Unsupported(_) => ErrorCode::Unsupported,
             Error::Protocol(_) | Error::UnexpectedFrame { .. } => ErrorCode::Protocol,

@@ -394,6 +394,34 @@ fn checksum_compares_content_not_times() {
     }
 }
 
+/// A push's dry run ends with the server's reason, whatever it is doing: `--checksum` alone
+/// judges nothing (no content is hashed for a preview), and a target the server refuses is
+/// reported even when the listing is longer than the connection's buffers.
+#[test]
+fn a_dry_run_push_ends_with_the_servers_word() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .args(["-n", "-r", "--checksum", "--json", "--timeout", "20"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files"], 20_000);
+    let out = run(fastcp(&sshd, bin())
+        .args(["-n", "-r", "--delete", "--timeout", "20"])
+        .arg(&src)
+        .arg(format!("{}/", remote(&sshd, &work.path().join("nope")))));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+}
+
 /// A push's dry run, judged on the server, never looks through a symlink in the
 /// destination: the folder it stands for is not listed, nor what lies beyond it.
 #[test]

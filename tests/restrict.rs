@@ -132,6 +132,12 @@ fn read_only_write_only_and_no_delete_refuse_what_they_say() {
         .arg(work.path().join("pulled2")));
     refused(&out, "write-only");
     assert!(!work.path().join("pulled2").exists());
+    // A dry run's --delete would list the destination back.
+    let out = run(fastcp(&sshd, &write_only)
+        .args(["-n", "-r", "--delete"])
+        .arg(&tree)
+        .arg(&to));
+    refused(&out, "write-only");
 
     let no_delete = restricted(work.path(), "nd", "--no-delete");
     std::fs::create_dir(dst.join("tree")).unwrap();

@@ -401,7 +401,9 @@ mod tests {
     /// checksums.
     #[test]
     fn xxh3_128_matches_the_reference_values() {
-        let data: Vec<u8> = (0..(1usize << 20) + 7).map(|i| (i * 31 % 251) as u8).collect();
+        let data: Vec<u8> = (0..(1usize << 20) + 7)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
         for (len, want) in [
             (0, 0x99aa06d3014798d86001c324468d497f_u128),
             (5, 0x8156cb136c7003e99f31da1ddba90baf),
