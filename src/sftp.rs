@@ -689,8 +689,9 @@ struct Apply {
     open_files: Vec<Arc<Semaphore>>,
     /// With `--delete`, what to mirror by (see [`Apply::mirror`]).
     mirror: Option<Mutex<Mirror>>,
-    /// The destination's real path, once asked for (see [`Apply::real_target`]).
-    root_real: OnceCell<String>,
+    /// The destination's real path, resolved before the copy began (see
+    /// [`Apply::real_target`]).
+    root_real: String,
 }
 
 /// What a push with `--delete` gathers to find the extras: every wire path the sender sent
@@ -723,6 +724,21 @@ async fn push(
         Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
         Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
     };
+    // Where the copy's folders are, resolved now: a symlink swapped in later for the
+    // destination, or for any folder beneath it, is then caught by the paths no longer
+    // resolving to themselves (`Apply::checked_dir`).
+    let resolved = match &place {
+        Place::Beneath(dir) => real_path(&sftp[0], dir).await,
+        Place::As(name) => {
+            let (parent, base) = match name.rsplit_once('/') {
+                Some(("", base)) => ("/", base),
+                Some(split) => split,
+                None => (".", name.as_str()),
+            };
+            real_path(&sftp[0], parent).await.map(|p| join(&p, base))
+        }
+    };
+    let root_real = resolved.map_err(|e| fatal(&format!("resolving {typed}"), e))?;
     let n = sftp.len();
     // The sender's frames come through frame pipes, its chunks as the buffers it read them
     // into; the replies (answers to probes, the summary) go back on a byte pipe of their own.
@@ -746,7 +762,7 @@ async fn push(
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
-        root_real: OnceCell::new(),
+        root_real,
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1133,16 +1149,10 @@ impl Apply {
     }
 
     /// The path of the folder `wire` of this copy as reached from the destination's real
-    /// path (the symlinks in the destination's own path resolved once), name by name.
-    async fn real_target(&self, wire: &[u8]) -> Result<String, SftpError> {
-        let (root, top_is_root) = match &self.place {
-            Place::Beneath(dir) => (dir, false),
-            Place::As(name) => (name, true),
-        };
-        let root_real = self
-            .root_real
-            .get_or_try_init(|| real_path(&self.sftp[0], root))
-            .await?;
+    /// path (the symlinks in the destination's own path resolved before the copy), name by
+    /// name.
+    fn real_target(&self, wire: &[u8]) -> Result<String, SftpError> {
+        let top_is_root = matches!(self.place, Place::As(_));
         let rest = match (top_is_root, wire.iter().position(|&b| b == b'/')) {
             (false, _) => wire,
             (true, Some(i)) => &wire[i + 1..],
@@ -1150,14 +1160,14 @@ impl Apply {
         };
         let rest = std::str::from_utf8(rest)
             .map_err(|_| entry_failure("a name that is not UTF-8".into()))?;
-        Ok(join(root_real, rest))
+        Ok(join(&self.root_real, rest))
     }
 
     /// The folder `wire` of this copy, if it still resolves to itself from the destination:
     /// no symlink on the way, such as one swapped in during the copy, which would lead the
     /// path-based SFTP requests outside the destination.
     async fn checked_dir(&self, wire: &[u8]) -> Result<String, SftpError> {
-        let path = self.real_target(wire).await?;
+        let path = self.real_target(wire)?;
         unmoved(&self.sftp[0], &path).await?;
         Ok(path)
     }

@@ -494,6 +494,42 @@ fn a_push_over_sftp_with_delete_never_follows_a_folder_swapped_for_a_symlink() {
     }
 }
 
+/// The same with the copy's top folder, made by the push itself (the destination did not
+/// exist): swapped for a symlink, it is not followed either.
+#[test]
+fn a_push_over_sftp_with_delete_never_follows_its_top_folder_swapped_for_a_symlink() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    write(&src.join("a"), b"s", 0o644);
+    write(&src.join("z"), &pseudo_random(64 << 20, 3), 0o644);
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    write(&outside.join("precious"), b"precious", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let top = dst.join("new");
+    let child = plain(&sshd)
+        .args(["--sftp", "-r", "--delete", "-j", "1"])
+        .arg(&src)
+        .arg(remote(&sshd, &top))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !top.join("a").exists() {
+        assert!(std::time::Instant::now() < give_up, "a never arrived");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    fs::rename(&top, dst.join("moved")).unwrap();
+    symlink(&outside, &top).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"precious");
+    assert!(!out.status.success() || !outside.join("z").exists());
+}
+
 /// Removing a big stale folder moves no data, yet it is progress: `--timeout` does not take
 /// it for a stall.
 #[test]
