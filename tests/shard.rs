@@ -233,6 +233,41 @@ fn long_names_alike_get_work_files_of_their_own() {
     assert_no_temp(&dst);
 }
 
+/// Runs whose walks differ (a file grew between them, so every file is cut otherwise) still
+/// complete the file from the newer cut; a run retried after a file is whole leaves nothing
+/// behind.
+#[test]
+fn pieces_of_another_cut_and_retried_runs_complete_cleanly() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("big"), &pseudo_random(40 << 20, 1), 0o644);
+    write(&src.join("other"), b"small", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = |i: u32, extra: &[&str]| {
+        let out = run(Command::new(BIN)
+            .args(["-r", "-p", "--shard", &format!("{i}/2")])
+            .args(extra)
+            .arg(&src)
+            .arg(&dst));
+        assert!(out.status.success(), "run {i}: {}", stderr(&out));
+    };
+    copy(0, &[]);
+    // Bigger pieces from now on.
+    write(&src.join("other"), &pseudo_random(50 << 20, 2), 0o644);
+    for _ in 0..2 {
+        copy(0, &["--skip-unchanged"]);
+        copy(1, &["--skip-unchanged"]);
+    }
+    assert_same_tree(&src, &dst.join("src"), true);
+    assert_no_temp(&dst);
+    // A retried run, without --skip-unchanged, after its files are whole.
+    copy(1, &[]);
+    assert_same_tree(&src, &dst.join("src"), true);
+    assert_no_temp(&dst);
+}
+
 #[test]
 fn shard_runs_together_copy_the_tree_locally_and_over_ssh() {
     let work = tempfile::tempdir().unwrap();

@@ -671,25 +671,20 @@ impl Writer {
         if let Some((offset, len)) = piece {
             let temp = crate::pieces::work_name(name, size, (meta.mtime, meta.mtime_nsec));
             let end = offset + len;
+            // The file is whole under its name already (a run retried after the last one):
+            // nothing to do, and no work file to leave behind.
+            if already_whole(&parent, name, size, &meta) {
+                self.skip(id, len);
+                return Ok(());
+            }
             let opened = crate::pieces::open_work(&parent, &temp, size).and_then(|fd| {
-                let covered = crate::pieces::coverage(&fd, size, offset, end)?;
-                Ok((fd, covered))
+                let claimed = crate::pieces::claim(&fd, size, offset, end)?;
+                Ok((fd, claimed))
             });
             let fd = match opened {
-                // Bytes are written only where no run's verified range is yet.
-                Ok((fd, crate::pieces::Coverage::None)) => fd,
-                Ok((_, crate::pieces::Coverage::All)) => {
-                    self.skip(id, len);
-                    return Ok(());
-                }
-                Ok((_, crate::pieces::Coverage::Some)) => {
-                    let e = Error::Unsupported {
-                        path: self.shared.root.display(&local),
-                        reason: "another run cut this file into other pieces (every run must \
-                                 walk the same tree with the same --shard count)"
-                            .into(),
-                    };
-                    self.shared.entry_failed(&wire, &e);
+                // Bytes are written only where no run's verified range is.
+                Ok((fd, crate::pieces::Claim::Write)) => fd,
+                Ok((_, crate::pieces::Claim::Held)) => {
                     self.skip(id, len);
                     return Ok(());
                 }
@@ -1467,6 +1462,16 @@ impl Writer {
             }
         }
     }
+}
+
+/// Whether `name` in `parent` is a regular file of `size` bytes with the time in `meta`: the
+/// file a `Piece` belongs to, whole already, with the time `-p` gave it.
+fn already_whole(parent: &OwnedFd, name: &[u8], size: u64, meta: &Meta) -> bool {
+    rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+        FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_size as u64 == size
+            && (st.st_mtime, st.st_mtime_nsec as u32) == (meta.mtime, meta.mtime_nsec)
+    })
 }
 
 /// Removes the partial file an earlier `--resume` copy kept for `name`, now that the file is

@@ -90,27 +90,34 @@ pub(crate) fn open_work(dir: &OwnedFd, work: &[u8], size: u64) -> io::Result<Own
     Ok(fd)
 }
 
-/// How much of a range the work file's trailer holds already.
+/// What a run does with a range it is about to receive.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Coverage {
-    None,
-    Some,
-    All,
+pub(crate) enum Claim {
+    /// Write it: the trailer holds none of it (any part it held, from runs that cut the
+    /// file otherwise, is taken off until this range is recorded whole).
+    Write,
+    /// The trailer holds all of it already: nothing to write.
+    Held,
 }
 
-/// How much of `[start, end)` the trailer of `fd`, a work file of `size` bytes, holds.
-pub(crate) fn coverage(fd: &OwnedFd, size: u64, start: u64, end: u64) -> io::Result<Coverage> {
+/// Claims `[start, end)` of the work file `fd` of `size` bytes for writing: bytes are never
+/// written where the trailer vouches for them.
+pub(crate) fn claim(fd: &OwnedFd, size: u64, start: u64, end: u64) -> io::Result<Claim> {
     let _locked = Locked::take(fd)?;
-    let ranges = read_trailer(fd, size)?;
+    let mut ranges = read_trailer(fd, size)?;
     let touching = ranges
         .range(..end)
         .filter(|&(_, &e)| e > start)
         .map(|(&s, &e)| (s, e))
         .collect::<Vec<_>>();
     Ok(match touching[..] {
-        [] => Coverage::None,
-        [(s, e)] if s <= start && e >= end => Coverage::All,
-        _ => Coverage::Some,
+        [] => Claim::Write,
+        [(s, e)] if s <= start && e >= end => Claim::Held,
+        _ => {
+            remove(&mut ranges, start, end);
+            write_trailer(fd, size, &ranges)?;
+            Claim::Write
+        }
     })
 }
 
@@ -190,6 +197,7 @@ pub(crate) fn forget(
     let mut ranges = read_trailer(fd, size)?;
     remove(&mut ranges, start, end);
     write_trailer(fd, size, &ranges)?;
+    rustix::fs::fdatasync(fd)?;
     Ok(Forgot::Forgotten)
 }
 
@@ -408,9 +416,8 @@ mod tests {
             record(&dir, &work, &fd, 100, 60, 100).unwrap(),
             Recorded::Partial
         );
-        assert_eq!(coverage(&fd, 100, 70, 80).unwrap(), Coverage::All);
-        assert_eq!(coverage(&fd, 100, 50, 70).unwrap(), Coverage::Some);
-        assert_eq!(coverage(&fd, 100, 0, 60).unwrap(), Coverage::None);
+        assert_eq!(claim(&fd, 100, 70, 80).unwrap(), Claim::Held);
+        assert_eq!(claim(&fd, 100, 0, 60).unwrap(), Claim::Write);
         // Another run, its own descriptor: the trailer stays with the file.
         let other = open_work(&dir, &work, 100).unwrap();
         drop(fd);
@@ -441,9 +448,9 @@ mod tests {
             forget(&dir, &work, b"f", &fd, 100, 20, 40).unwrap(),
             Forgot::Forgotten
         );
-        assert_eq!(coverage(&fd, 100, 0, 20).unwrap(), Coverage::All);
-        assert_eq!(coverage(&fd, 100, 20, 40).unwrap(), Coverage::None);
-        assert_eq!(coverage(&fd, 100, 40, 60).unwrap(), Coverage::All);
+        assert_eq!(claim(&fd, 100, 0, 20).unwrap(), Claim::Held);
+        assert_eq!(claim(&fd, 100, 40, 60).unwrap(), Claim::Held);
+        assert_eq!(claim(&fd, 100, 20, 40).unwrap(), Claim::Write);
         // Completed by another run meanwhile: the file under its final name goes.
         rustix::fs::renameat(&dir, &work[..], &dir, "f").unwrap();
         assert_eq!(
@@ -453,6 +460,24 @@ mod tests {
         assert_eq!(
             rustix::fs::statat(&dir, "f", AtFlags::empty()).unwrap_err(),
             rustix::io::Errno::NOENT
+        );
+    }
+
+    /// Runs that cut the file otherwise: a range that overlaps recorded ones takes them off
+    /// where it overlaps, and the file completes from the new cut.
+    #[test]
+    fn a_range_of_another_cut_takes_over_what_it_overlaps() {
+        let (_t, dir) = dir();
+        let work = work_name(b"f", 90, (0, 0));
+        let fd = open_work(&dir, &work, 90).unwrap();
+        record(&dir, &work, &fd, 90, 0, 30).unwrap();
+        record(&dir, &work, &fd, 90, 60, 90).unwrap();
+        assert_eq!(claim(&fd, 90, 20, 70).unwrap(), Claim::Write);
+        assert_eq!(claim(&fd, 90, 0, 20).unwrap(), Claim::Held);
+        assert_eq!(claim(&fd, 90, 70, 90).unwrap(), Claim::Held);
+        assert_eq!(
+            record(&dir, &work, &fd, 90, 20, 70).unwrap(),
+            Recorded::Complete
         );
     }
 
@@ -479,7 +504,7 @@ mod tests {
         drop(fd);
         std::fs::remove_file(t.path().join(std::str::from_utf8(&work).unwrap())).unwrap();
         let fd = open_work(&dir, &work, 10).unwrap();
-        assert_eq!(coverage(&fd, 10, 0, 5).unwrap(), Coverage::None);
+        assert_eq!(claim(&fd, 10, 0, 5).unwrap(), Claim::Write);
         assert_eq!(
             record(&dir, &work, &fd, 10, 5, 10).unwrap(),
             Recorded::Partial
@@ -520,7 +545,7 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(coverage(&fd, 100, 0, 90).unwrap(), Coverage::None);
+        assert_eq!(claim(&fd, 100, 0, 90).unwrap(), Claim::Write);
         assert_eq!(
             record(&dir, &work, &fd, 100, 90, 100).unwrap(),
             Recorded::Partial
