@@ -110,7 +110,8 @@ pub(crate) async fn dry_run(
     }
     loop {
         let frame = reader.next("listing what would be copied").await?;
-        let (path, kind, meta) = match frame {
+        let name = frame.name();
+        let entry = match frame {
             Frame::Done(_) => {
                 if let Location::Local(dest) = &plan.dest {
                     let listing = std::mem::take(&mut done.listing);
@@ -131,41 +132,24 @@ pub(crate) async fn dry_run(
                 );
                 continue;
             }
-            Frame::Dir(d) if direction == Direction::Pull => (d.path, EntryKind::Dir, d.meta),
-            Frame::File(f) if direction == Direction::Pull => {
-                (f.path, EntryKind::File { size: f.size }, f.meta)
-            }
-            Frame::Symlink(l) if direction == Direction::Pull => (
-                l.path,
-                EntryKind::Symlink { target: l.target },
-                fastcp_stream::Meta::default(),
-            ),
-            Frame::Special(e) if direction == Direction::Pull => (
-                e.path,
-                EntryKind::Special {
-                    kind: e.kind,
-                    rdev: e.rdev,
-                },
-                e.meta,
-            ),
-            other => {
+            other if direction == Direction::Pull => match listed_from(other) {
+                Some((_, entry)) => entry,
+                None => {
+                    return Err(Error::UnexpectedFrame {
+                        expected: "a listing",
+                        got: name,
+                    });
+                }
+            },
+            _ => {
                 return Err(Error::UnexpectedFrame {
                     expected: "a listing",
-                    got: other.name(),
+                    got: name,
                 });
             }
         };
-        count(&mut done.report.local, &kind);
-        // Copies: a slice would pin the whole receive buffer.
-        done.listing.push(Listed {
-            path: Bytes::copy_from_slice(&path),
-            kind,
-            meta: fastcp_stream::Meta {
-                atime: None,
-                ..meta
-            },
-            delete: false,
-        });
+        count(&mut done.report.local, &entry.kind);
+        done.listing.push(entry);
     }
 }
 
@@ -486,7 +470,8 @@ fn listing_frame(entry: &Listed, id: u64) -> Frame {
     }
 }
 
-/// A listing entry from a frame of a listing; `None` for any other frame.
+/// A listing entry from a frame of a listing (its path copied out: a slice would pin the
+/// whole receive buffer), with a file's id; `None` for any other frame.
 fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
     let listed = |path: Bytes, kind, meta: Meta| Listed {
         path: Bytes::copy_from_slice(&path),

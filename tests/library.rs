@@ -677,23 +677,25 @@ async fn a_tree_moves_both_ways_over_in_memory_streams() {
     }
 }
 
-/// A stream handed to the server that does not prove the session's secret is refused, and
-/// the session fails rather than take it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_in_memory_stream_without_the_secret_is_refused() {
+/// Pushes a small file `a` to `b` in `dir` over two in-memory streams of `peer`, within
+/// `secs` seconds (the session must end by then).
+async fn push_in_memory(
+    dir: &std::path::Path,
+    peer: Peer,
+    secs: u64,
+) -> Result<fastcp::SessionDone, fastcp::Error> {
     use fastcp::transport::Transport;
-    let work = tempfile::tempdir().unwrap();
-    write(&work.path().join("a"), b"hello", 0o644);
+    write(&dir.join("a"), b"hello", 0o644);
     let plan = Plan::new(
-        vec![Location::Local(work.path().join("a"))],
-        Location::parse(&format!("mem:{}", work.path().join("b").display())),
+        vec![Location::Local(dir.join("a"))],
+        Location::parse(&format!("mem:{}", dir.join("b").display())),
         CopyOptions::default(),
     )
     .unwrap();
-    let peer = InMemory::new(Peer::Stranger);
+    let peer = InMemory::new(peer);
     let server = peer.start_server().await.unwrap();
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(30),
+    tokio::time::timeout(
+        Duration::from_secs(secs),
         fastcp::run_session(
             &plan,
             server.stream,
@@ -703,7 +705,15 @@ async fn an_in_memory_stream_without_the_secret_is_refused() {
         ),
     )
     .await
-    .expect("the session ends");
+    .expect("the session ends")
+}
+
+/// A stream handed to the server that does not prove the session's secret is refused, and
+/// the session fails rather than take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_stream_without_the_secret_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let outcome = push_in_memory(work.path(), Peer::Stranger, 30).await;
     let err = outcome.expect_err("a stranger's stream was taken");
     assert!(err.to_string().contains("failed to authenticate"), "{err}");
     assert!(!work.path().join("b").exists());
@@ -713,29 +723,8 @@ async fn an_in_memory_stream_without_the_secret_is_refused() {
 /// timeout and says so, and the session ends with that error rather than waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_streams_that_never_arrive_time_out() {
-    use fastcp::transport::Transport;
     let work = tempfile::tempdir().unwrap();
-    write(&work.path().join("a"), b"hello", 0o644);
-    let plan = Plan::new(
-        vec![Location::Local(work.path().join("a"))],
-        Location::parse(&format!("mem:{}", work.path().join("b").display())),
-        CopyOptions::default(),
-    )
-    .unwrap();
-    let peer = InMemory::new(Peer::Silent);
-    let server = peer.start_server().await.unwrap();
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(60),
-        fastcp::run_session(
-            &plan,
-            server.stream,
-            fastcp::Mode::Caller { streams: 2 },
-            &[peer],
-            Arc::new(Progress::default()),
-        ),
-    )
-    .await
-    .expect("the session ends");
+    let outcome = push_in_memory(work.path(), Peer::Silent, 60).await;
     let err = outcome.expect_err("a session without its data streams succeeded");
     assert!(err.to_string().contains("data streams to connect"), "{err}");
     assert!(!work.path().join("b").exists());

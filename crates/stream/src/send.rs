@@ -1135,14 +1135,20 @@ impl Producer<'_> {
             path: wire.clone(),
             size,
         });
-        if piece.is_some_and(|p| p.size != size || self.config.version < 6) {
-            let s = self.out.pick();
-            let e = if size == piece.map_or(size, |p| p.size) {
-                Error::Protocol("the receiver's fastcp is too old for a piece of a file".into())
+        if let Some(p) = piece {
+            let refused = if p.size != size {
+                Some(Error::SourceChanged { path: path.into() })
+            } else if self.config.version < 6 {
+                Some(Error::Protocol(
+                    "the receiver's fastcp is too old for a piece of a file".into(),
+                ))
             } else {
-                Error::SourceChanged { path: path.into() }
+                None
             };
-            return self.fail(s, wire, &e);
+            if let Some(e) = refused {
+                let s = self.out.pick();
+                return self.fail(s, wire, &e);
+            }
         }
         let id = self.next_id;
         self.next_id += 1;

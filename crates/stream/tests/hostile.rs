@@ -434,19 +434,21 @@ async fn pieces_out_of_bounds_are_refused() {
     assert!(!sb.dest.join("f").exists() && !sb.dest.join("g").exists());
 }
 
+/// A session that sends the 4 bytes `content` at `offset` of the 8-byte file `f`, whole.
+fn piece_of(offset: u64, content: &[u8]) -> Vec<u8> {
+    wire(&[
+        piece(0, b"f", 8, offset, 4),
+        data(0, offset, content),
+        piece_end(0, 8, offset, content),
+        done(1, 0, 0, 4),
+    ])
+}
+
 /// A range already on the work file's record is not written again: a retried run's copy of
 /// it, damaged or not, cannot touch verified bytes.
 #[tokio::test]
 async fn a_piece_already_on_record_is_not_written_again() {
     let sb = Sandbox::new();
-    let piece_of = |offset, content: &[u8]| {
-        wire(&[
-            piece(0, b"f", 8, offset, 4),
-            data(0, offset, content),
-            piece_end(0, 8, offset, content),
-            done(1, 0, 0, 4),
-        ])
-    };
     let ok = |outcome: Outcome| outcome.result.unwrap();
     ok(run(&sb.dest, recursive(), vec![piece_of(0, b"abcd")], true).await);
     let damaged = wire(&[
@@ -466,14 +468,6 @@ async fn a_piece_already_on_record_is_not_written_again() {
 #[tokio::test]
 async fn a_failed_piece_keeps_the_other_runs_pieces() {
     let sb = Sandbox::new();
-    let piece_of = |offset, content: &[u8]| {
-        wire(&[
-            piece(0, b"f", 8, offset, 4),
-            data(0, offset, content),
-            piece_end(0, 8, offset, content),
-            done(1, 0, 0, 4),
-        ])
-    };
     let ok = |outcome: Outcome| outcome.result.unwrap();
     ok(run(&sb.dest, recursive(), vec![piece_of(0, b"abcd")], true).await);
     let overlapping = wire(&[
