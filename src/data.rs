@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_stream::{
-    ByteReader, ByteWriter, Error, Progress, ReadInto, ReceiveConfig, Report, SendConfig, WriteFrom,
+    ByteReader, ByteWriter, Counted, Error, Progress, ReadInto, ReceiveConfig, Report, SendConfig,
+    WriteFrom,
 };
 use fastcp_transport::tcp::{SealedReader, SealedStream, SealedWriter};
 use fastcp_transport::{BoxStream, downcast};
@@ -42,10 +43,10 @@ pub async fn send(
             Ok(sealed) => {
                 let (r, w) = sealed.into_split();
                 readers.push(Box::new(r));
-                writers.push(DataWriter::Sealed(Box::new(w)));
+                writers.push(DataWriter::Sealed(Box::new(w), progress.clone()));
             }
             Err(stream) => {
-                let (r, w) = tokio::io::split(stream);
+                let (r, w) = tokio::io::split(Counted::new(stream, progress.clone()));
                 readers.push(Box::new(r));
                 writers.push(DataWriter::Bytes(ByteWriter::new(w)));
             }
@@ -100,11 +101,11 @@ pub async fn receive(
         match downcast::<SealedStream<TcpStream>>(stream) {
             Ok(sealed) => {
                 let (r, w) = sealed.into_split();
-                readers.push(DataReader::Sealed(Box::new(r)));
+                readers.push(DataReader::Sealed(Box::new(r), progress.clone()));
                 writers.push(Box::new(w));
             }
             Err(stream) => {
-                let (r, w) = tokio::io::split(stream);
+                let (r, w) = tokio::io::split(Counted::new(stream, progress.clone()));
                 readers.push(DataReader::Bytes(ByteReader(r)));
                 writers.push(Box::new(w));
             }
@@ -119,65 +120,93 @@ pub async fn receive(
     fastcp_stream::receive_from(dest, readers, reply_half, config, progress).await
 }
 
-/// One data stream's write half.
+/// A data stream counted in the session's [`Progress`] as its bytes move.
+type CountedStream = Counted<BoxStream>;
+
+/// One data stream's write half. Every byte written counts in the [`Progress`]
+/// ([`wire_bytes`](fastcp_stream::Snapshot::wire_bytes)): a sealed stream's part by part, at
+/// most [`SEAL_IN_PLACE`] bytes each, so that a slow link shows movement within a chunk.
 enum DataWriter {
-    Sealed(Box<SealedWriter<OwnedWriteHalf>>),
-    Bytes(ByteWriter<WriteHalf<BoxStream>>),
+    Sealed(Box<SealedWriter<OwnedWriteHalf>>, Arc<Progress>),
+    Bytes(ByteWriter<WriteHalf<CountedStream>>),
 }
 
 impl WriteFrom for DataWriter {
     async fn write_part(&mut self, part: &mut Bytes) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w) if part.len() >= SEAL_IN_PLACE => {
+            DataWriter::Sealed(w, progress) if part.len() >= SEAL_IN_PLACE => {
                 match std::mem::take(part).try_into_mut() {
                     Ok(mut owned) => {
-                        let written = w.write_sealed(&mut owned).await;
+                        let mut written = Ok(());
+                        for piece in owned.chunks_mut(SEAL_IN_PLACE) {
+                            written = w.write_sealed(piece).await;
+                            if written.is_err() {
+                                break;
+                            }
+                            progress.add_wire(piece.len() as u64);
+                        }
                         *part = owned.freeze();
                         written
                     }
                     Err(shared) => {
                         *part = shared;
-                        w.write_all(part).await
+                        write_counted(w, part, progress).await
                     }
                 }
             }
-            DataWriter::Sealed(w) => w.write_all(part).await,
+            DataWriter::Sealed(w, progress) => write_counted(w, part, progress).await,
             DataWriter::Bytes(w) => w.write_part(part).await,
         }
     }
 
     async fn flush(&mut self) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w) => w.flush().await,
+            DataWriter::Sealed(w, _) => w.flush().await,
             DataWriter::Bytes(w) => WriteFrom::flush(w).await,
         }
     }
 
     async fn shutdown(&mut self) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w) => w.shutdown().await,
+            DataWriter::Sealed(w, _) => w.shutdown().await,
             DataWriter::Bytes(w) => WriteFrom::shutdown(w).await,
         }
     }
 }
 
-/// One data stream's read half.
+/// Writes `part` to a sealed stream's record buffer and counts it.
+async fn write_counted(
+    w: &mut SealedWriter<OwnedWriteHalf>,
+    part: &[u8],
+    progress: &Progress,
+) -> io::Result<()> {
+    w.write_all(part).await?;
+    progress.add_wire(part.len() as u64);
+    Ok(())
+}
+
+/// One data stream's read half; every byte read counts in the [`Progress`], a sealed
+/// stream's record by record.
 enum DataReader {
-    Sealed(Box<SealedReader<OwnedReadHalf>>),
-    Bytes(ByteReader<ReadHalf<BoxStream>>),
+    Sealed(Box<SealedReader<OwnedReadHalf>>, Arc<Progress>),
+    Bytes(ByteReader<ReadHalf<CountedStream>>),
 }
 
 impl ReadInto for DataReader {
     async fn read_into(&mut self, buf: &mut BytesMut, limit: usize) -> io::Result<usize> {
         match self {
-            DataReader::Sealed(r) => r.read_record(buf).await,
+            DataReader::Sealed(r, progress) => {
+                let n = r.read_record(buf).await?;
+                progress.add_wire(n as u64);
+                Ok(n)
+            }
             DataReader::Bytes(r) => r.read_into(buf, limit).await,
         }
     }
 
     fn room(&self) -> usize {
         match self {
-            DataReader::Sealed(r) => r.record_room(),
+            DataReader::Sealed(r, _) => r.record_room(),
             DataReader::Bytes(_) => 0,
         }
     }

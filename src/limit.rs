@@ -100,13 +100,16 @@ impl RateLimit {
     }
 }
 
-/// A stream whose reads and writes are paced by a shared [`RateLimit`].
+/// A stream whose reads and writes are paced by a shared [`RateLimit`], each at most a
+/// [`burst`](RateLimit::burst) long.
 #[derive(Debug)]
 pub struct Limited<S> {
     inner: S,
     limit: Arc<RateLimit>,
     read_sleep: Option<Pin<Box<Sleep>>>,
     write_sleep: Option<Pin<Box<Sleep>>>,
+    /// Where a read larger than [`RateLimit::burst`] lands before it is copied out.
+    scratch: Vec<u8>,
 }
 
 impl<S> Limited<S> {
@@ -117,6 +120,7 @@ impl<S> Limited<S> {
             limit,
             read_sleep: None,
             write_sleep: None,
+            scratch: Vec::new(),
         }
     }
 }
@@ -147,9 +151,22 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         ready!(poll_ready(&this.limit, &mut this.read_sleep, cx));
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        this.limit.spend(buf.filled().len() - before);
+        let burst = this.limit.burst();
+        if buf.remaining() <= burst {
+            let before = buf.filled().len();
+            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+            this.limit.spend(buf.filled().len() - before);
+            return Poll::Ready(Ok(()));
+        }
+        // Reads, as writes, move at most a burst at once: a stream that hands out big pieces
+        // (a sealed record) would otherwise overdraw the bucket by seconds at a low rate,
+        // and nothing would move meanwhile.
+        this.scratch.resize(burst, 0);
+        let mut small = ReadBuf::new(&mut this.scratch);
+        ready!(Pin::new(&mut this.inner).poll_read(cx, &mut small))?;
+        let n = small.filled().len();
+        buf.put_slice(small.filled());
+        this.limit.spend(n);
         Poll::Ready(Ok(()))
     }
 }
@@ -275,5 +292,18 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// A read takes at most a burst, however much the stream has ready, so that a low rate
+    /// moves bytes often rather than a big piece after a long wait.
+    #[tokio::test(start_paused = true)]
+    async fn reads_move_at_most_a_burst() {
+        let limit = RateLimit::new(20_000);
+        let (a, mut peer) = tokio::io::duplex(1 << 20);
+        let mut a = Limited::new(a, limit.clone());
+        peer.write_all(&vec![1u8; 100_000]).await.unwrap();
+        let mut buf = vec![0u8; 100_000];
+        let n = a.read(&mut buf).await.unwrap();
+        assert!(n > 0 && n <= limit.burst(), "{n} bytes in one read");
     }
 }

@@ -91,7 +91,9 @@ impl Sftp {
     async fn open(stream: BoxStream, timeout: Option<Duration>) -> Result<Sftp, Error> {
         let config = russh_sftp::client::Config {
             max_packet_len: MAX_IO + (16 << 10),
-            request_timeout_secs: timeout.map_or(3600, |t| t.as_secs().max(1)),
+            request_timeout_secs: timeout
+                .filter(|t| !t.is_zero())
+                .map_or(WATCHED_REQUEST_LIMIT.as_secs(), |t| t.as_secs().max(1)),
             ..Default::default()
         };
         let mut raw = RawSftpSession::new_with_config(stream, config);
@@ -156,21 +158,23 @@ impl Sftp {
     }
 }
 
-/// Opens `n` SFTP sessions, each on an SSH connection of its own: the first on `peer`'s.
-/// Returns the extra connections, to keep open while the sessions run.
-/// `n` SFTP sessions on `peer`'s connection and more to the same host; with `limit`
-/// (`--bwlimit`), all of their bytes count against it.
+/// `n` SFTP sessions on `peer`'s connection and more to the same host, each on an SSH
+/// connection of its own; with `limit` (`--bwlimit`), all of their bytes count against it.
+/// Every byte they move counts in `progress` as it moves, for the idle limit. Returns the
+/// extra connections too, to keep open while the sessions run.
 async fn sessions(
     peer: &AnyTransport,
     n: usize,
     timeout: Option<Duration>,
     limit: Option<Arc<crate::limit::RateLimit>>,
+    progress: &Arc<Progress>,
 ) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
     let limited = |s: BoxStream| -> BoxStream {
-        match &limit {
+        let s: BoxStream = match &limit {
             Some(l) => Box::new(crate::limit::Limited::new(s, l.clone())),
             None => s,
-        }
+        };
+        Box::new(fastcp_stream::Counted::new(s, progress.clone()))
     };
     let no_sftp = |e: fastcp_transport::Error| {
         Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
@@ -274,7 +278,7 @@ pub(crate) async fn copy(
         .unwrap_or(DEFAULT_SFTP_SESSIONS)
         .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
     let limit = plan.rate_limit();
-    let (_connections, sftp) = sessions(peer, n, plan.options.timeout, limit).await?;
+    let (_connections, sftp) = sessions(peer, n, plan.options.timeout, limit, &progress).await?;
     log.info(|| {
         format!(
             "transport: SFTP, {n} session(s), {} KiB requests, {}",
@@ -304,10 +308,12 @@ pub(crate) async fn copy(
             report
         }
         (Location::Remote(r), false) => {
+            watched(&sftp);
             let work = push(plan, &r.path, sftp, progress.clone(), log);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
         (Location::Local(dest), false) => {
+            watched(&sftp);
             let work = pull(plan, dest, sftp, progress.clone());
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
@@ -322,6 +328,20 @@ pub(crate) async fn copy(
         listing,
         data_time: started.elapsed(),
     })
+}
+
+/// How long one SFTP request may wait for its answer while the idle limit watches the copy,
+/// or when there is no `--timeout`.
+const WATCHED_REQUEST_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Lets `sftp`'s requests wait up to [`WATCHED_REQUEST_LIMIT`] for their answers, once the
+/// copy runs under the idle limit (`--timeout`), which then tells a stall. A request waits
+/// behind up to [`SESSION_REQUESTS`] others on its session, and its whole queue behind a slow
+/// link or a low `--bwlimit` can take longer than `--timeout` while bytes keep moving.
+fn watched(sftp: &[Arc<Sftp>]) {
+    for session in sftp {
+        session.raw.set_timeout(WATCHED_REQUEST_LIMIT.as_secs());
+    }
 }
 
 /// A dry run of a pull: the remote tree as a pull would list it (the same listing, filter

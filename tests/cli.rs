@@ -603,22 +603,41 @@ fn dry_run_over_sshd_writes_nothing() {
     assert!(!dst.exists());
 }
 
+/// `--bwlimit` holds both ways over both transports, and a rate so low that one chunk takes
+/// longer than `--timeout` to cross is progress, not a stall: the bytes count as they move.
 #[test]
-fn bwlimit_limits_a_pull_over_sshd() {
+fn bwlimit_limits_copies_over_sshd_without_tripping_the_timeout() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("data");
     let size = 1 << 20;
     write(&src, &pseudo_random(size, 4), 0o644);
-    let started = Instant::now();
-    remote_fastcp(&sshd)
-        .args(["--bwlimit", "400K", "--transport", "ssh"])
-        .arg(remote(&sshd, &src))
-        .arg(work.path().join("copy"))
-        .assert()
-        .success();
-    assert_took_at_least(started, size as u64, 400 * 1024);
-    assert_eq!(std::fs::read(work.path().join("copy")).unwrap().len(), size);
+    for transport in ["ssh", "tcp"] {
+        let pushed = work.path().join(format!("pushed-{transport}"));
+        let pulled = work.path().join(format!("pulled-{transport}"));
+        for (from, to, copy) in [
+            (src.display().to_string(), remote(&sshd, &pushed), &pushed),
+            (remote(&sshd, &src), pulled.display().to_string(), &pulled),
+        ] {
+            let started = Instant::now();
+            // A 1 MiB chunk takes 4 s at this rate, twice the timeout.
+            remote_fastcp(&sshd)
+                .args([
+                    "--bwlimit",
+                    "256K",
+                    "--timeout",
+                    "2",
+                    "--transport",
+                    transport,
+                ])
+                .arg(&from)
+                .arg(&to)
+                .assert()
+                .success();
+            assert_took_at_least(started, size as u64, 256 * 1024);
+            assert_eq!(std::fs::read(copy).unwrap(), std::fs::read(&src).unwrap());
+        }
+    }
 }
 
 #[test]

@@ -555,7 +555,8 @@ fn a_long_delete_over_sftp_is_not_a_stall() {
 }
 
 /// `--bwlimit` holds over SFTP too, both ways: the copy takes at least as long as the limit
-/// allows (a floor, not a timing of the copy).
+/// allows (a floor, not a timing of the copy). The requests queued behind the limit wait
+/// longer than `--timeout` for their answers, which is not a stall while bytes move.
 #[test]
 fn bwlimit_holds_over_sftp() {
     let work = tempfile::tempdir().unwrap();
@@ -572,7 +573,7 @@ fn bwlimit_holds_over_sftp() {
     ] {
         let started = std::time::Instant::now();
         let out = run(plain(&sshd)
-            .args(["--sftp", "--bwlimit", "256K"])
+            .args(["--sftp", "--bwlimit", "256K", "--timeout", "2"])
             .arg(&from)
             .arg(&to));
         assert!(out.status.success(), "{}", stderr(&out));

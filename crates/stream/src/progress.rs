@@ -1,9 +1,13 @@
 //! Live counters that a user interface polls while a transfer runs.
 
-use std::sync::Mutex;
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Counters updated by the engine as it goes, cheap enough for the hot path (relaxed atomics
 /// and a lock that is only ever tried).
@@ -40,6 +44,7 @@ pub struct Progress {
     bytes_checked: AtomicU64,
     deleted: AtomicU64,
     mirror_steps: AtomicU64,
+    wire_bytes: AtomicU64,
     current: Mutex<Bytes>,
     events: Option<crate::EventSink>,
 }
@@ -78,6 +83,11 @@ pub struct Snapshot {
     /// Steps of mirroring (a folder listed, an entry removed): a long `--delete` is
     /// progress, not a stall.
     pub mirror_steps: u64,
+    /// Bytes read from or written to the data streams, counted as they move (by streams
+    /// wrapped in [`Counted`], and by fastcp's sealed streams record by record): a slow link
+    /// or a low bandwidth limit is progress, not a stall, even while one chunk takes longer
+    /// than an idle limit to cross.
+    pub wire_bytes: u64,
 }
 
 impl Progress {
@@ -166,6 +176,7 @@ impl Progress {
             bytes_checked: self.bytes_checked.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
             mirror_steps: self.mirror_steps.load(Relaxed),
+            wire_bytes: self.wire_bytes.load(Relaxed),
         }
     }
 
@@ -246,8 +257,96 @@ impl Progress {
         self.event(|| crate::Event::Deleted { path });
     }
 
+    /// Counts `bytes` that crossed a data stream, for a program that carries the engine's
+    /// streams itself; [`Counted`] calls it for every read and write.
+    pub fn add_wire(&self, bytes: u64) {
+        if bytes != 0 {
+            self.wire_bytes.fetch_add(bytes, Relaxed);
+        }
+    }
+
     pub(crate) fn add_skipped(&self, bytes: u64) {
         self.files_skipped.fetch_add(1, Relaxed);
         self.bytes_skipped.fetch_add(bytes, Relaxed);
+    }
+}
+
+/// A stream whose reads and writes count in a [`Progress`]'s
+/// [`wire_bytes`](Snapshot::wire_bytes) as they happen, so that an idle limit watching the
+/// snapshot sees a slow stream moving before a whole chunk has crossed it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// use std::sync::Arc;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// use fastcp_stream::{Counted, Progress};
+///
+/// let progress = Arc::new(Progress::default());
+/// let (a, mut b) = tokio::io::duplex(1 << 16);
+/// let mut a = Counted::new(a, progress.clone());
+/// a.write_all(b"hello").await?;
+/// let mut buf = [0; 5];
+/// b.read_exact(&mut buf).await?;
+/// assert_eq!(progress.snapshot().wire_bytes, 5);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Counted<S> {
+    inner: S,
+    progress: Arc<Progress>,
+}
+
+impl<S> Counted<S> {
+    /// Wraps `inner`, counting its bytes in `progress`.
+    pub fn new(inner: S, progress: Arc<Progress>) -> Counted<S> {
+        Counted { inner, progress }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        self.progress.add_wire((buf.filled().len() - before) as u64);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.inner).poll_write(cx, data))?;
+        self.progress.add_wire(n as u64);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, bufs))?;
+        self.progress.add_wire(n as u64);
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
