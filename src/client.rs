@@ -1487,7 +1487,12 @@ where
         (Rendezvous::Tcp(port), Mode::Tcp { .. } | Mode::Forwarded { .. }) => {
             let choice = choice.as_ref().expect("a TCP session has a cipher");
             let keys = KeyConfig::new(choice.suite, choice.provider);
-            let config = TcpConfig::default();
+            let mut config = TcpConfig::default();
+            if let Some(limit) = plan.rate_limit() {
+                // Records no longer than a burst, so that bytes leave as the limit lets
+                // them rather than when a whole record has been paid for.
+                config.record_len = config.record_len.min(limit.burst());
+            }
             let data: Vec<BoxStream> = if let Mode::Tcp { addr, .. } = mode {
                 let addr = SocketAddr::new(addr, *port);
                 let sealed =
@@ -1532,6 +1537,7 @@ where
                 Some(limit) => Box::new(Limited::new(stream, limit.clone())),
                 None => stream,
             };
+            let stream = crate::data::counted(stream, &progress);
             if compression == compress::ZSTD {
                 compress::zstd(stream)
             } else {

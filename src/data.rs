@@ -6,6 +6,11 @@
 //! record straight into the engine's buffers and opens it there
 //! ([`SealedReader::read_record`]): each side copies every byte once less. Any other stream
 //! is written and read as bytes.
+//!
+//! Both count the bytes that cross each stream in the [`Progress`]
+//! ([`wire_bytes`](fastcp_stream::Snapshot::wire_bytes)) as they go, so that an idle limit
+//! sees a slow link moving: a sealed TCP stream's at its socket; any other stream's if its
+//! caller wrapped it with [`counted`].
 
 use std::io;
 use std::path::Path;
@@ -41,12 +46,12 @@ pub async fn send(
     for stream in streams {
         match downcast::<SealedStream<TcpStream>>(stream) {
             Ok(sealed) => {
-                let (r, w) = sealed.into_split();
+                let (r, w) = split_counted(sealed, &progress);
                 readers.push(Box::new(r));
-                writers.push(DataWriter::Sealed(Box::new(w), progress.clone()));
+                writers.push(DataWriter::Sealed(Box::new(w)));
             }
             Err(stream) => {
-                let (r, w) = tokio::io::split(Counted::new(stream, progress.clone()));
+                let (r, w) = tokio::io::split(stream);
                 readers.push(Box::new(r));
                 writers.push(DataWriter::Bytes(ByteWriter::new(w)));
             }
@@ -100,12 +105,12 @@ pub async fn receive(
     for stream in streams {
         match downcast::<SealedStream<TcpStream>>(stream) {
             Ok(sealed) => {
-                let (r, w) = sealed.into_split();
-                readers.push(DataReader::Sealed(Box::new(r), progress.clone()));
+                let (r, w) = split_counted(sealed, &progress);
+                readers.push(DataReader::Sealed(Box::new(r)));
                 writers.push(Box::new(w));
             }
             Err(stream) => {
-                let (r, w) = tokio::io::split(Counted::new(stream, progress.clone()));
+                let (r, w) = tokio::io::split(stream);
                 readers.push(DataReader::Bytes(ByteReader(r)));
                 writers.push(Box::new(w));
             }
@@ -120,93 +125,89 @@ pub async fn receive(
     fastcp_stream::receive_from(dest, readers, reply_half, config, progress).await
 }
 
-/// A data stream counted in the session's [`Progress`] as its bytes move.
-type CountedStream = Counted<BoxStream>;
+/// A sealed TCP stream's halves, each counting in `progress` the bytes that cross its socket.
+fn split_counted(
+    sealed: SealedStream<TcpStream>,
+    progress: &Arc<Progress>,
+) -> (SealedReader<CountedRead>, SealedWriter<CountedWrite>) {
+    sealed.into_split_with(
+        |r| Counted::new(r, progress.clone()),
+        |w| Counted::new(w, progress.clone()),
+    )
+}
 
-/// One data stream's write half. Every byte written counts in the [`Progress`]
-/// ([`wire_bytes`](fastcp_stream::Snapshot::wire_bytes)): a sealed stream's part by part, at
-/// most [`SEAL_IN_PLACE`] bytes each, so that a slow link shows movement within a chunk.
+type CountedRead = Counted<OwnedReadHalf>;
+type CountedWrite = Counted<OwnedWriteHalf>;
+
+/// Wraps `stream` in [`Counted`] unless it is a sealed TCP stream, which [`send`] and
+/// [`receive`] count at its socket themselves. Wrap beneath any compression, to count the
+/// bytes on the wire.
+pub fn counted(stream: BoxStream, progress: &Arc<Progress>) -> BoxStream {
+    match downcast::<SealedStream<TcpStream>>(stream) {
+        Ok(sealed) => Box::new(sealed),
+        Err(stream) => Box::new(Counted::new(stream, progress.clone())),
+    }
+}
+
+/// One data stream's write half.
 enum DataWriter {
-    Sealed(Box<SealedWriter<OwnedWriteHalf>>, Arc<Progress>),
-    Bytes(ByteWriter<WriteHalf<CountedStream>>),
+    Sealed(Box<SealedWriter<CountedWrite>>),
+    Bytes(ByteWriter<WriteHalf<BoxStream>>),
 }
 
 impl WriteFrom for DataWriter {
     async fn write_part(&mut self, part: &mut Bytes) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w, progress) if part.len() >= SEAL_IN_PLACE => {
+            DataWriter::Sealed(w) if part.len() >= SEAL_IN_PLACE => {
                 match std::mem::take(part).try_into_mut() {
                     Ok(mut owned) => {
-                        let mut written = Ok(());
-                        for piece in owned.chunks_mut(SEAL_IN_PLACE) {
-                            written = w.write_sealed(piece).await;
-                            if written.is_err() {
-                                break;
-                            }
-                            progress.add_wire(piece.len() as u64);
-                        }
+                        let written = w.write_sealed(&mut owned).await;
                         *part = owned.freeze();
                         written
                     }
                     Err(shared) => {
                         *part = shared;
-                        write_counted(w, part, progress).await
+                        w.write_all(part).await
                     }
                 }
             }
-            DataWriter::Sealed(w, progress) => write_counted(w, part, progress).await,
+            DataWriter::Sealed(w) => w.write_all(part).await,
             DataWriter::Bytes(w) => w.write_part(part).await,
         }
     }
 
     async fn flush(&mut self) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w, _) => w.flush().await,
+            DataWriter::Sealed(w) => w.flush().await,
             DataWriter::Bytes(w) => WriteFrom::flush(w).await,
         }
     }
 
     async fn shutdown(&mut self) -> io::Result<()> {
         match self {
-            DataWriter::Sealed(w, _) => w.shutdown().await,
+            DataWriter::Sealed(w) => w.shutdown().await,
             DataWriter::Bytes(w) => WriteFrom::shutdown(w).await,
         }
     }
 }
 
-/// Writes `part` to a sealed stream's record buffer and counts it.
-async fn write_counted(
-    w: &mut SealedWriter<OwnedWriteHalf>,
-    part: &[u8],
-    progress: &Progress,
-) -> io::Result<()> {
-    w.write_all(part).await?;
-    progress.add_wire(part.len() as u64);
-    Ok(())
-}
-
-/// One data stream's read half; every byte read counts in the [`Progress`], a sealed
-/// stream's record by record.
+/// One data stream's read half.
 enum DataReader {
-    Sealed(Box<SealedReader<OwnedReadHalf>>, Arc<Progress>),
-    Bytes(ByteReader<ReadHalf<CountedStream>>),
+    Sealed(Box<SealedReader<CountedRead>>),
+    Bytes(ByteReader<ReadHalf<BoxStream>>),
 }
 
 impl ReadInto for DataReader {
     async fn read_into(&mut self, buf: &mut BytesMut, limit: usize) -> io::Result<usize> {
         match self {
-            DataReader::Sealed(r, progress) => {
-                let n = r.read_record(buf).await?;
-                progress.add_wire(n as u64);
-                Ok(n)
-            }
+            DataReader::Sealed(r) => r.read_record(buf).await,
             DataReader::Bytes(r) => r.read_into(buf, limit).await,
         }
     }
 
     fn room(&self) -> usize {
         match self {
-            DataReader::Sealed(r, _) => r.record_room(),
+            DataReader::Sealed(r) => r.record_room(),
             DataReader::Bytes(_) => 0,
         }
     }

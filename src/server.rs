@@ -612,15 +612,18 @@ where
             }
         }
     };
+    let progress = Arc::new(fastcp_stream::Progress::default());
+    let data = data
+        .into_iter()
+        .map(|stream| crate::data::counted(stream, &progress));
     let data: Vec<BoxStream> = if request.compression == compress::ZSTD {
-        data.into_iter().map(compress::zstd).collect()
+        data.map(compress::zstd).collect()
     } else {
-        data
+        data.collect()
     };
     if request.flags & flags::THROUGHPUT != 0 {
         return discard(data).await.map_err(|e| (None, e));
     }
-    let progress = Arc::new(fastcp_stream::Progress::default());
     let filter = if request.flags & flags::FILTERS != 0 {
         let mut f = fastcp_stream::Filter::default();
         let list = request.flags & flags::FILES_FROM != 0;

@@ -640,6 +640,39 @@ fn bwlimit_limits_copies_over_sshd_without_tripping_the_timeout() {
     }
 }
 
+/// With `-C` the bytes count on the wire, beneath the compression: a compressed block of
+/// random data takes longer than `--timeout` to cross at this rate, and still is progress.
+#[test]
+fn bwlimit_with_compression_does_not_trip_the_timeout() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data");
+    let size = 256 << 10;
+    write(&src, &pseudo_random(size, 5), 0o644);
+    let (pushed, pulled) = (work.path().join("pushed"), work.path().join("pulled"));
+    for (from, to, copy) in [
+        (src.display().to_string(), remote(&sshd, &pushed), &pushed),
+        (remote(&sshd, &src), pulled.display().to_string(), &pulled),
+    ] {
+        // 128 KiB, one block of zstd's, takes 4 s at this rate: twice the timeout.
+        remote_fastcp(&sshd)
+            .args([
+                "-C",
+                "--bwlimit",
+                "32K",
+                "--timeout",
+                "2",
+                "--transport",
+                "tcp",
+            ])
+            .arg(&from)
+            .arg(&to)
+            .assert()
+            .success();
+        assert_eq!(std::fs::read(copy).unwrap(), std::fs::read(&src).unwrap());
+    }
+}
+
 #[test]
 fn verbose_tells_the_steps_and_choices() {
     let sshd = Sshd::start().unwrap();

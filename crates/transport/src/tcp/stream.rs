@@ -115,14 +115,25 @@ impl<S: AsyncWrite + Unpin> SealedStream<S> {
 impl SealedStream<TcpStream> {
     /// Splits the stream into halves that can be used from two tasks, without a lock.
     pub fn into_split(self) -> (SealedReader<OwnedReadHalf>, SealedWriter<OwnedWriteHalf>) {
+        self.into_split_with(|r| r, |w| w)
+    }
+
+    /// Splits the stream as [`into_split`](Self::into_split) does, with each half of the
+    /// socket wrapped by `read` and `write` beneath the sealing: to count or pace the bytes
+    /// that cross the socket, say.
+    pub fn into_split_with<R, W>(
+        self,
+        read: impl FnOnce(OwnedReadHalf) -> R,
+        write: impl FnOnce(OwnedWriteHalf) -> W,
+    ) -> (SealedReader<R>, SealedWriter<W>) {
         let (r, w) = self.inner.into_split();
         (
             SealedReader {
-                inner: r,
+                inner: read(r),
                 state: self.reader,
             },
             SealedWriter {
-                inner: w,
+                inner: write(w),
                 state: self.writer,
             },
         )
