@@ -1560,7 +1560,7 @@ where
     match job {
         Job::Copy => {}
         Job::DryRun => {
-            dry_run(plan, direction, agreed.version, data, &mut done).await?;
+            dry_run(plan, direction, agreed.version, data, &progress, &mut done).await?;
             done.data_time = data_started.elapsed();
             return Ok(done);
         }

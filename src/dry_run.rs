@@ -95,6 +95,7 @@ pub(crate) async fn dry_run(
     direction: Direction,
     version: u16,
     data: Vec<BoxStream>,
+    progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
 ) -> Result<(), Error> {
     let control = data
@@ -105,7 +106,7 @@ pub(crate) async fn dry_run(
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan);
         if Judge::of(plan).any() {
-            return judged_remotely(plan, version, &mut reader, done).await;
+            return judged_remotely(plan, version, &mut reader, progress, done).await;
         }
     }
     loop {
@@ -519,6 +520,7 @@ async fn judged_remotely(
     plan: &Plan,
     version: u16,
     reader: &mut FrameReader<BoxStream>,
+    progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
 ) -> Result<(), Error> {
     if version < 6 {
@@ -529,18 +531,20 @@ async fn judged_remotely(
             version
         )));
     }
-    // Each write within `--timeout`: a server that stopped reading is not waited for.
-    let limit = plan.options.timeout;
-    let mut out = bytes::BytesMut::new();
-    for (i, entry) in done.listing.iter().enumerate() {
-        fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
-        if out.len() >= 64 << 10 {
-            let chunk = out.split();
-            within(limit, async { Ok(reader.send_bytes(&chunk).await?) }).await?;
+    // Under the idle limit, which sees the stream's bytes move (a slow link or a low
+    // `--bwlimit` is no stall): a server that stopped reading is not waited for.
+    let sending = async {
+        let mut out = bytes::BytesMut::new();
+        for (i, entry) in done.listing.iter().enumerate() {
+            fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
+            if out.len() >= 64 << 10 {
+                reader.send_bytes(&out.split()).await?;
+            }
         }
-    }
-    fastcp_proto::encode(&Frame::Done(Summary::default()), &mut out);
-    within(limit, async { Ok(reader.send_bytes(&out).await?) }).await?;
+        fastcp_proto::encode(&Frame::Done(Summary::default()), &mut out);
+        Ok(reader.send_bytes(&out).await?)
+    };
+    crate::client::within_idle_limit(progress, plan.options.timeout, sending).await?;
     let mut skipped = HashSet::new();
     let mut deletions = Vec::new();
     loop {

@@ -422,6 +422,39 @@ fn a_dry_run_push_ends_with_the_servers_word() {
     assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
 }
 
+/// A push's dry run under a low `--bwlimit`: its listing takes longer than `--timeout` to
+/// send, 64 KiB at a time, and that is progress, not a stall.
+#[test]
+fn a_slow_dry_run_push_is_not_a_stall() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..1_500 {
+        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    std::fs::write(dst.join("src/stale"), b"x").unwrap();
+    // 64 KiB of listing takes 4 s at this rate, twice the timeout.
+    let out = run(fastcp(&sshd, bin())
+        .args(["-n", "-r", "--delete", "--bwlimit", "16K", "--timeout", "2"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let names = listing
+        .lines()
+        .filter(|l| l.contains("longish-name"))
+        .count();
+    assert_eq!(names, 1_500, "{listing:.300}");
+    assert!(
+        listing.lines().any(|l| l == "deleting src/stale"),
+        "{listing:.300}"
+    );
+    assert!(dst.join("src/stale").exists());
+}
+
 /// A push's dry run, judged on the server, never looks through a symlink in the
 /// destination: the folder it stands for is not listed, nor what lies beyond it.
 #[test]
