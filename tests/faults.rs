@@ -226,6 +226,53 @@ fn a_stalled_ssh_connection_ends_the_copy_within_the_timeout() {
     );
 }
 
+/// Over SFTP too a stalled connection ends the copy within `--timeout`, both ways: the
+/// copy's idle limit notices, however long each SFTP request may wait behind a slow link.
+/// A pull leaves nothing on this side; a push nothing under the final name.
+#[test]
+fn a_stalled_sftp_copy_ends_within_the_timeout() {
+    for pull in [false, true] {
+        let sshd = Sshd::start().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(24 << 20, 6), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let port = if pull {
+            relay_both(sshd.port(), 4_000_000, Fault::Stall)
+        } else {
+            relay(sshd.port(), 4_000_000, Fault::Stall)
+        };
+        let cfg = through(&sshd, work.path(), port);
+        let (from, to) = if pull {
+            (remote(&sshd, &src), dst.display().to_string())
+        } else {
+            (src.display().to_string(), remote(&sshd, &dst))
+        };
+        let args: Vec<&std::ffi::OsStr> = vec![
+            "-F".as_ref(),
+            cfg.as_os_str(),
+            "--sftp".as_ref(),
+            "-j".as_ref(),
+            "1".as_ref(),
+            "--timeout".as_ref(),
+            "3".as_ref(),
+            from.as_ref(),
+            to.as_ref(),
+        ];
+        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "pull {pull}: {err}");
+        assert!(err.contains("no data moved for 3 s"), "pull {pull}: {err}");
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+        if pull {
+            assert_no_temp(&dst);
+        }
+    }
+}
+
 /// A server that accepts the connection and never speaks: without a ConnectTimeout in
 /// ssh_config, the copy's own timeout bounds the SSH handshake.
 #[test]
