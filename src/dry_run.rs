@@ -721,11 +721,11 @@ async fn within<T>(
     limit: Option<std::time::Duration>,
     work: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    match limit {
+    match limit.filter(|l| !l.is_zero()) {
         None => work.await,
         Some(limit) => tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
             Err(Error::Timeout(format!(
-                "the peer sent nothing for {} s during a dry run",
+                "during a dry run: the peer sent nothing for {} s (--timeout)",
                 limit.as_secs()
             )))
         }),

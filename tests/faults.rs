@@ -273,6 +273,49 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
     }
 }
 
+/// A push's dry run whose server goes silent while its listing is on the way (judged on the
+/// server, with `--delete`) ends within `--timeout`, with the connection exit code.
+#[test]
+fn a_server_silent_while_judging_a_dry_run_times_out() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    // The listing is over a megabyte; the relay stops forwarding after 300 kB of it.
+    let port = relay(sshd.port(), 300_000, Fault::Stall);
+    let cfg = through(&sshd, work.path(), port);
+    let target = remote(&sshd, &dst);
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "-F".as_ref(),
+        cfg.as_os_str(),
+        "--remote-path".as_ref(),
+        BIN.as_ref(),
+        "--transport".as_ref(),
+        "ssh".as_ref(),
+        "-n".as_ref(),
+        "-r".as_ref(),
+        "--delete".as_ref(),
+        "--timeout".as_ref(),
+        "3".as_ref(),
+        src.as_os_str(),
+        target.as_ref(),
+    ];
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{err}");
+    // Sending the listing or waiting for the answers, whichever the stall caught.
+    assert!(
+        err.contains("no data moved for 3 s")
+            || err.contains("during a dry run: the peer sent nothing for 3 s"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&dst).unwrap().count(), 0);
+}
+
 /// A server that accepts the connection and never speaks: without a ConnectTimeout in
 /// ssh_config, the copy's own timeout bounds the SSH handshake.
 #[test]
