@@ -96,6 +96,42 @@ fn relay_counting(to: u16, limit: u64, fault: Fault, both: bool) -> u16 {
     port
 }
 
+/// A relay from a free port on 127.0.0.1 to `to` for every connection, where the first
+/// stops forwarding (both ways, sockets held open) once `limit` bytes crossed it either way,
+/// and the others forward everything. Returns the port.
+fn relay_first_stalls(to: u16, limit: u64) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+            let crossed = Arc::new(AtomicU64::new(0));
+            let limit = if n == 0 { limit } else { u64::MAX };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                let crossed = crossed.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 << 10];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if crossed.fetch_add(n as u64, Ordering::SeqCst) + n as u64 >= limit {
+                            std::thread::sleep(Duration::from_secs(600));
+                            return;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    port
+}
+
 /// An ssh_config for `sshd` reached through the relay on `port`.
 fn through(sshd: &Sshd, dir: &Path, port: u16) -> std::path::PathBuf {
     let cfg = dir.join("relay_config");
@@ -271,6 +307,47 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
             assert_no_temp(&dst);
         }
     }
+}
+
+/// One SFTP session whose connection stalls, beside another whose connection works, ends
+/// the copy with the idle limit's error (the `--bwlimit` makes the copy take many times the
+/// timeout), leaving no temp file.
+#[test]
+fn one_stalled_sftp_session_ends_the_copy() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..4 {
+        write(
+            &src.join(format!("f{i}")),
+            &pseudo_random(4 << 20, 10 + i),
+            0o644,
+        );
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let port = relay_first_stalls(sshd.port(), 1_000_000);
+    let cfg = through(&sshd, work.path(), port);
+    let from = remote(&sshd, &src);
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "-F".as_ref(),
+        cfg.as_os_str(),
+        "--sftp".as_ref(),
+        "-r".as_ref(),
+        "-j".as_ref(),
+        "2".as_ref(),
+        "--bwlimit".as_ref(),
+        "1M".as_ref(),
+        "--timeout".as_ref(),
+        "2".as_ref(),
+        from.as_ref(),
+        dst.as_os_str(),
+    ];
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no data moved for 2 s"), "{err}");
+    assert_no_temp(&dst.join("src"));
 }
 
 /// A push's dry run whose server goes silent while its listing is on the way (judged on the
