@@ -285,17 +285,7 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
         } else {
             (src.display().to_string(), remote(&sshd, &dst))
         };
-        let args: Vec<&std::ffi::OsStr> = vec![
-            "-F".as_ref(),
-            cfg.as_os_str(),
-            "--sftp".as_ref(),
-            "-j".as_ref(),
-            "1".as_ref(),
-            "--timeout".as_ref(),
-            "3".as_ref(),
-            from.as_ref(),
-            to.as_ref(),
-        ];
+        let args = sftp_args(&cfg, &["-j", "1", "--timeout", "3"], &from, &to);
         let (code, err) = run_bounded(&args, Duration::from_secs(60));
         assert_eq!(code, Some(3), "pull {pull}: {err}");
         assert!(err.contains("no data moved for 3 s"), "pull {pull}: {err}");
@@ -307,6 +297,20 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
             assert_no_temp(&dst);
         }
     }
+}
+
+/// fastcp's arguments for a copy over SFTP from `from` to `to`, with ssh_config `cfg` and
+/// `extra` options.
+fn sftp_args<'a>(
+    cfg: &'a Path,
+    extra: &'a [&'a str],
+    from: &'a str,
+    to: &'a str,
+) -> Vec<&'a std::ffi::OsStr> {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["-F".as_ref(), cfg.as_os_str(), "--sftp".as_ref()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.extend([std::ffi::OsStr::new(from), std::ffi::OsStr::new(to)]);
+    args
 }
 
 /// One SFTP session whose connection stalls, beside another whose connection works, ends
@@ -330,20 +334,9 @@ fn one_stalled_sftp_session_ends_the_copy() {
     let port = relay_first_stalls(sshd.port(), 1_000_000);
     let cfg = through(&sshd, work.path(), port);
     let from = remote(&sshd, &src);
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "-F".as_ref(),
-        cfg.as_os_str(),
-        "--sftp".as_ref(),
-        "-r".as_ref(),
-        "-j".as_ref(),
-        "2".as_ref(),
-        "--bwlimit".as_ref(),
-        "1M".as_ref(),
-        "--timeout".as_ref(),
-        "2".as_ref(),
-        from.as_ref(),
-        dst.as_os_str(),
-    ];
+    let extra = ["-r", "-j", "2", "--bwlimit", "1M", "--timeout", "2"];
+    let to = dst.display().to_string();
+    let args = sftp_args(&cfg, &extra, &from, &to);
     let (code, err) = run_bounded(&args, Duration::from_secs(60));
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("no data moved for 2 s"), "{err}");
@@ -356,13 +349,7 @@ fn one_stalled_sftp_session_ends_the_copy() {
 fn a_server_silent_while_judging_a_dry_run_times_out() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    for i in 0..20_000 {
-        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
-    }
-    let dst = work.path().join("dst");
-    std::fs::create_dir(&dst).unwrap();
+    let (src, dst) = many_empty_files(work.path(), 20_000);
     // The listing is over a megabyte; the relay stops forwarding after 300 kB of it.
     let port = relay(sshd.port(), 300_000, Fault::Stall);
     let cfg = through(&sshd, work.path(), port);

@@ -401,13 +401,7 @@ fn checksum_compares_content_not_times() {
 fn a_dry_run_push_ends_with_the_servers_word() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    for i in 0..20_000 {
-        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
-    }
-    let dst = work.path().join("dst");
-    std::fs::create_dir(&dst).unwrap();
+    let (src, dst) = many_empty_files(work.path(), 20_000);
     let out = run(fastcp(&sshd, bin())
         .args(["-n", "-r", "--checksum", "--json", "--timeout", "20"])
         .arg(&src)
@@ -428,13 +422,8 @@ fn a_dry_run_push_ends_with_the_servers_word() {
 fn a_slow_dry_run_push_is_not_a_stall() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    for i in 0..1_500 {
-        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
-    }
-    let dst = work.path().join("dst");
-    std::fs::create_dir_all(dst.join("src")).unwrap();
+    let (src, dst) = many_empty_files(work.path(), 1_500);
+    std::fs::create_dir(dst.join("src")).unwrap();
     std::fs::write(dst.join("src/stale"), b"x").unwrap();
     // 64 KiB of listing takes 4 s at this rate, twice the timeout.
     let out = run(fastcp(&sshd, bin())

@@ -66,3 +66,16 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
 pub fn wrapper(dir: &Path, env: &str) -> PathBuf {
     script(dir, "fastcp-wrapper", &format!("{env} exec '{BIN}' \"$@\""))
 }
+
+/// A folder `src` in `work` with `n` empty files of longish names, and an empty `dst` beside
+/// it: a listing longer than a connection's buffers. Returns both.
+pub fn many_empty_files(work: &Path, n: usize) -> (PathBuf, PathBuf) {
+    let src = work.join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..n {
+        std::fs::write(src.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
+    }
+    let dst = work.join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    (src, dst)
+}
