@@ -1744,8 +1744,11 @@ impl Emit {
         let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<Job>(1024);
         let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
         let mut readers = tokio::task::JoinSet::new();
-        for s in 0..self.sftp.len() {
-            for _ in 0..FILES_IN_FLIGHT {
+        // The readers queue for jobs in the order they start, and the queue is served in
+        // turn: started session by session, the first session's readers would take the
+        // first `FILES_IN_FLIGHT` files, and a copy of a few files would run on one session.
+        for _ in 0..FILES_IN_FLIGHT {
+            for s in 0..self.sftp.len() {
                 let this = self.clone();
                 let jobs = jobs_rx.clone();
                 readers.spawn(async move {
