@@ -1530,6 +1530,7 @@ where
     if let Some(limit) = &limit {
         log.info(|| format!("bandwidth limit: {} bytes/s", limit.bytes_per_sec()));
     }
+    let compressed = compression == compress::ZSTD;
     let data: Vec<BoxStream> = data
         .into_iter()
         .map(|stream| {
@@ -1537,8 +1538,11 @@ where
                 Some(limit) => Box::new(Limited::new(stream, limit.clone())),
                 None => stream,
             };
-            let stream = crate::data::counted(stream, &progress);
-            if compression == compress::ZSTD {
+            // Only a copy's streams reach `data::send` or `data::receive` (which count a bare
+            // sealed TCP stream themselves); a dry run's are read here.
+            let wrap = compressed || !matches!(job, Job::Copy);
+            let stream = crate::data::counted(stream, &progress, wrap);
+            if compressed {
                 compress::zstd(stream)
             } else {
                 stream

@@ -139,11 +139,17 @@ fn split_counted(
 type CountedRead = Counted<OwnedReadHalf>;
 type CountedWrite = Counted<OwnedWriteHalf>;
 
-/// Wraps `stream` in [`Counted`] unless it is a sealed TCP stream, which [`send`] and
-/// [`receive`] count at its socket themselves. Wrap beneath any compression, to count the
-/// bytes on the wire.
-pub fn counted(stream: BoxStream, progress: &Arc<Progress>) -> BoxStream {
+/// `stream`, counting in `progress` the bytes that cross the wire beneath it, for an idle
+/// limit to watch. Call it on the stream as it comes off the wire, beneath any compression,
+/// and say whether something will `wrap` the result before it reaches [`send`] or
+/// [`receive`].
+///
+/// A sealed TCP stream that reaches them bare is counted at its socket by them, and keeps
+/// its sealing in place, so it is left as it is unless `wrap`; then it is counted at its
+/// socket here. Any other stream is wrapped in [`Counted`].
+pub fn counted(stream: BoxStream, progress: &Arc<Progress>, wrap: bool) -> BoxStream {
     match downcast::<SealedStream<TcpStream>>(stream) {
+        Ok(sealed) if wrap => Box::new(sealed.map_inner(|tcp| Counted::new(tcp, progress.clone()))),
         Ok(sealed) => Box::new(sealed),
         Err(stream) => Box::new(Counted::new(stream, progress.clone())),
     }
@@ -210,5 +216,56 @@ impl ReadInto for DataReader {
             DataReader::Sealed(r) => r.record_room(),
             DataReader::Bytes(_) => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastcp_crypto::{CipherSuite, Direction, KeyConfig, Provider, SessionSecret};
+    use tokio::io::AsyncReadExt;
+
+    /// A sealed stream over a loopback TCP connection, and the far end's socket.
+    async fn sealed_tcp() -> (SealedStream<TcpStream>, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap());
+        let (near, far) = tokio::join!(near, listener.accept());
+        let secret = SessionSecret::generate().unwrap();
+        let keys = KeyConfig::new(CipherSuite::ChaCha20Poly1305, Provider::Ring);
+        let sealed = SealedStream::new(
+            near.unwrap(),
+            &secret,
+            &keys,
+            Direction::ClientToServer,
+            1,
+            1 << 16,
+        )
+        .unwrap();
+        (sealed, far.unwrap().0)
+    }
+
+    /// A sealed TCP stream that something will wrap (compression) is counted at its socket;
+    /// one left bare stays a sealed TCP stream, for `send` and `receive` to count and seal in
+    /// place.
+    #[tokio::test]
+    async fn counted_counts_a_wrapped_sealed_stream_at_its_socket() {
+        let progress = Arc::new(Progress::default());
+        let (sealed, mut far) = sealed_tcp().await;
+        let mut stream = counted(Box::new(sealed), &progress, true);
+        let reading = tokio::spawn(async move {
+            let mut all = Vec::new();
+            far.read_to_end(&mut all).await.unwrap();
+            all.len()
+        });
+        stream.write_all(&[7u8; 300_000]).await.unwrap();
+        stream.shutdown().await.unwrap();
+        drop(stream);
+        let on_the_wire = reading.await.unwrap() as u64;
+        assert!(on_the_wire > 300_000);
+        assert_eq!(progress.snapshot().wire_bytes, on_the_wire);
+
+        let (sealed, _far) = sealed_tcp().await;
+        let bare = counted(Box::new(sealed), &progress, false);
+        assert!(downcast::<SealedStream<TcpStream>>(bare).is_ok());
     }
 }

@@ -613,10 +613,11 @@ where
         }
     };
     let progress = Arc::new(fastcp_stream::Progress::default());
+    let compressed = request.compression == compress::ZSTD;
     let data = data
         .into_iter()
-        .map(|stream| crate::data::counted(stream, &progress));
-    let data: Vec<BoxStream> = if request.compression == compress::ZSTD {
+        .map(|stream| crate::data::counted(stream, &progress, compressed));
+    let data: Vec<BoxStream> = if compressed {
         data.map(compress::zstd).collect()
     } else {
         data.collect()

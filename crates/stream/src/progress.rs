@@ -84,9 +84,9 @@ pub struct Snapshot {
     /// progress, not a stall.
     pub mirror_steps: u64,
     /// Bytes read from or written to the data streams, counted as they move (by streams
-    /// wrapped in [`Counted`], and by fastcp's sealed streams record by record): a slow link
-    /// or a low bandwidth limit is progress, not a stall, even while one chunk takes longer
-    /// than an idle limit to cross.
+    /// wrapped in [`Counted`]; fastcp counts its sealed TCP streams at their sockets, headers
+    /// and tags included): a slow link or a low bandwidth limit is progress, not a stall,
+    /// even while one chunk takes longer than an idle limit to cross.
     pub wire_bytes: u64,
 }
 

@@ -92,6 +92,16 @@ impl<S> SealedStream<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The same sealed stream over `f(inner)`: to count or pace the bytes that cross the
+    /// underlying stream, beneath the sealing.
+    pub fn map_inner<T>(self, f: impl FnOnce(S) -> T) -> SealedStream<T> {
+        SealedStream {
+            inner: f(self.inner),
+            reader: self.reader,
+            writer: self.writer,
+        }
+    }
 }
 
 impl<S: AsyncRead + Unpin> SealedStream<S> {
