@@ -1435,9 +1435,10 @@ where
         };
         readers.spawn(read_stream(r, reader));
     }
-    drop(writer_txs);
 
-    // Wait for every stream's end, or the first fatal error anywhere.
+    // Wait for every stream's end, or the first fatal error anywhere. `writer_txs` stays
+    // until the check below: a writer whose queue closed first would report a missing end
+    // on its own, in vaguer words, and race this check to be the copy's error.
     let mut peer = Summary::default();
     let outcome: Result<(), Error> = loop {
         tokio::select! {
@@ -1477,6 +1478,7 @@ where
     if let Err(e) = outcome {
         shared.abort.trigger(e);
     }
+    drop(writer_txs);
     readers.abort_all();
     while readers.join_next().await.is_some() {}
     // The writers finish the files they have (or, after an abort, remove their temp files).
