@@ -196,15 +196,14 @@ async fn sessions(
         }
         AnyTransport::Program(program) => {
             let first = program.open_subsystem("sftp").await.map_err(no_sftp)?;
-            let mut sftp = vec![Arc::new(
-                Sftp::open(limited(Box::new(first)), timeout).await?,
-            )];
+            let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
+            let mut sftp = vec![Arc::new(with_ssh_words(opened, first.stderr).await?)];
             for _ in 1..n {
                 let own = program
                     .open_extra_subsystem("sftp")
                     .await
                     .map_err(no_sftp)?;
-                let session = match Sftp::open(limited(Box::new(own)), timeout).await {
+                let session = match Sftp::open(limited(Box::new(own.stream)), timeout).await {
                     Ok(session) => session,
                     // Its own login would need a prompt: ride the first one's connection.
                     Err(_) if program.has_master() && !program.streams_through_master() => {
@@ -213,7 +212,7 @@ async fn sessions(
                             .open_extra_subsystem("sftp")
                             .await
                             .map_err(no_sftp)?;
-                        Sftp::open(limited(Box::new(shared)), timeout).await?
+                        Sftp::open(limited(Box::new(shared.stream)), timeout).await?
                     }
                     Err(e) => return Err(e),
                 };
@@ -227,6 +226,36 @@ async fn sessions(
         sftp.push(Arc::new(Sftp::open(stream, timeout).await?));
     }
     Ok((more, sftp))
+}
+
+/// `opened`, or, when the system ssh's SFTP session did not start, the error with what ssh
+/// said on its stderr (such as "subsystem request failed") in place of the SFTP library's
+/// words, which say only that the stream ended.
+async fn with_ssh_words(
+    opened: Result<Sftp, Error>,
+    mut stderr: fastcp_transport::ssh::Stderr,
+) -> Result<Sftp, Error> {
+    let Err(Error::RemoteCommand(message)) = opened else {
+        return opened;
+    };
+    let mut said = Vec::new();
+    // ssh has exited or is about to: its last words come at once.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(chunk) = stderr.recv().await {
+            said.extend_from_slice(&chunk);
+        }
+    })
+    .await;
+    let said = String::from_utf8_lossy(&said);
+    let said = said.trim();
+    if said.is_empty() {
+        return Err(Error::RemoteCommand(message));
+    }
+    let said: String = said.lines().collect::<Vec<_>>().join("; ");
+    Err(Error::RemoteCommand(format!(
+        "the remote host serves no SFTP either (ssh: {})",
+        said.chars().take(300).collect::<String>()
+    )))
 }
 
 /// Whether an SFTP failure ends the whole copy (the session is gone) rather than one file.

@@ -208,6 +208,18 @@ fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     assert!(said.contains("no SFTP"), "{said}");
     assert!(!cache.exists());
     assert!(!work.path().join("copy").exists());
+    // Through the system ssh, the error says what ssh said of the refused subsystem.
+    let out = run(fastcp_plain(&sshd)
+        .args(["--no-deploy", "--ssh-program", "ssh"])
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("copy"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("no SFTP either (ssh: subsystem request failed"),
+        "{said}"
+    );
+    assert!(!work.path().join("copy").exists());
 }
 
 /// A tmpfs mounted at a path for as long as it lives.

@@ -273,8 +273,9 @@ impl SshProgram {
 
     /// Starts the subsystem `name` (such as `sftp`) on the peer: `ssh -s`, through the
     /// copy's connection master when there is one, else a connection of its own each time
-    /// (unless ssh_config shares one with ControlMaster).
-    pub async fn open_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
+    /// (unless ssh_config shares one with ControlMaster). What ssh says comes on the
+    /// returned stderr: why the peer refused the subsystem, say.
+    pub async fn open_subsystem(&self, name: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
         self.subsystem(Share::Master, name)
     }
 
@@ -282,12 +283,15 @@ impl SshProgram {
     /// extra streams of [`forward_to_loopback`](SshProgram::forward_to_loopback), on a
     /// connection of its own that never prompts, or through the connection master once
     /// [`set_streams_through_master`](SshProgram::set_streams_through_master) says so.
-    pub async fn open_extra_subsystem(&self, name: &str) -> Result<ProcessStream, Error> {
+    pub async fn open_extra_subsystem(
+        &self,
+        name: &str,
+    ) -> Result<RemoteProcess<ProcessStream>, Error> {
         self.subsystem(self.extra_share(), name)
     }
 
     /// `ssh -s` for the subsystem `name`, using the master as `share` says.
-    fn subsystem(&self, share: Share, name: &str) -> Result<ProcessStream, Error> {
+    fn subsystem(&self, share: Share, name: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
         let mut argv = self.shared_argv(share);
         argv.extend([
             "-s".into(),
@@ -295,7 +299,7 @@ impl SshProgram {
             (&self.destination).into(),
             name.into(),
         ]);
-        Ok(self.spawn(&argv)?.stream)
+        self.spawn(&argv)
     }
 
     /// How an extra stream or session reaches the peer.
