@@ -1531,6 +1531,9 @@ where
         log.info(|| format!("bandwidth limit: {} bytes/s", limit.bytes_per_sec()));
     }
     let compressed = compression == compress::ZSTD;
+    // Only a copy's streams reach `data::send` or `data::receive` (which count a bare sealed
+    // TCP stream themselves); a dry run's are read here.
+    let wrap = compressed || !matches!(job, Job::Copy);
     let data: Vec<BoxStream> = data
         .into_iter()
         .map(|stream| {
@@ -1538,9 +1541,6 @@ where
                 Some(limit) => Box::new(Limited::new(stream, limit.clone())),
                 None => stream,
             };
-            // Only a copy's streams reach `data::send` or `data::receive` (which count a bare
-            // sealed TCP stream themselves); a dry run's are read here.
-            let wrap = compressed || !matches!(job, Job::Copy);
             let stream = crate::data::counted(stream, &progress, wrap);
             if compressed {
                 compress::zstd(stream)

@@ -100,7 +100,7 @@ impl Sftp {
         let version = raw.init().await.map_err(|e| match e {
             // The system ssh's `-s` on a host without the subsystem: the stream just ends.
             SftpError::IO(_) | SftpError::UnexpectedBehavior(_) | SftpError::Timeout => {
-                Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
+                serves_no_sftp(e)
             }
             e => fatal("starting SFTP", e),
         })?;
@@ -176,33 +176,33 @@ async fn sessions(
         };
         Box::new(fastcp_stream::Counted::new(s, progress.clone()))
     };
-    let no_sftp = |e: fastcp_transport::Error| {
-        Error::RemoteCommand(format!("the remote host serves no SFTP either ({e})"))
-    };
     let mut more = Vec::new();
     let mut streams: Vec<BoxStream> = Vec::new();
     match peer {
         AnyTransport::Builtin(first) => {
             streams.push(limited(Box::new(
-                first.open_subsystem("sftp").await.map_err(no_sftp)?,
+                first.open_subsystem("sftp").await.map_err(serves_no_sftp)?,
             )));
             for _ in 1..n {
                 let ssh = first.reconnect().await?;
                 streams.push(limited(Box::new(
-                    ssh.open_subsystem("sftp").await.map_err(no_sftp)?,
+                    ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?,
                 )));
                 more.push(ssh);
             }
         }
         AnyTransport::Program(program) => {
-            let first = program.open_subsystem("sftp").await.map_err(no_sftp)?;
+            let first = program
+                .open_subsystem("sftp")
+                .await
+                .map_err(serves_no_sftp)?;
             let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
             let mut sftp = vec![Arc::new(with_ssh_words(opened, first.stderr).await?)];
             for _ in 1..n {
                 let own = program
                     .open_extra_subsystem("sftp")
                     .await
-                    .map_err(no_sftp)?;
+                    .map_err(serves_no_sftp)?;
                 let session = match Sftp::open(limited(Box::new(own.stream)), timeout).await {
                     Ok(session) => session,
                     // Its own login would need a prompt: ride the first one's connection.
@@ -211,7 +211,7 @@ async fn sessions(
                         let shared = program
                             .open_extra_subsystem("sftp")
                             .await
-                            .map_err(no_sftp)?;
+                            .map_err(serves_no_sftp)?;
                         Sftp::open(limited(Box::new(shared.stream)), timeout).await?
                     }
                     Err(e) => return Err(e),
@@ -252,10 +252,15 @@ async fn with_ssh_words(
         return Err(Error::RemoteCommand(message));
     }
     let said: String = said.lines().collect::<Vec<_>>().join("; ");
-    Err(Error::RemoteCommand(format!(
-        "the remote host serves no SFTP either (ssh: {})",
+    Err(serves_no_sftp(format_args!(
+        "ssh: {}",
         said.chars().take(300).collect::<String>()
     )))
+}
+
+/// The error for a remote host where no SFTP session starts, saying `why`.
+fn serves_no_sftp(why: impl std::fmt::Display) -> Error {
+    Error::RemoteCommand(format!("the remote host serves no SFTP either ({why})"))
 }
 
 /// Whether an SFTP failure ends the whole copy (the session is gone) rather than one file.
