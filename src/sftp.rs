@@ -27,7 +27,9 @@
 //! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
 //! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
 //! entries fail, each with an error), times finer than a second, and the features that
-//! need fastcp on both ends (`--checksum`, `-H`, `--resume`). A dry
+//! need fastcp on both ends (`--checksum`, `-H`, `--resume` on a pull). A push's
+//! `--resume` reads the remote partial file back and hashes it here
+//! (`Apply::partial_offer`). A dry
 //! run (`-n`) lists the local walk on a push, and the remote listing on a pull
 //! (`list_remote`).
 
@@ -39,8 +41,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Meta, Summary,
-    SymlinkEntry, Totals,
+    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Keep, Meta, Partial, Probe,
+    Summary, SymlinkEntry, Totals,
 };
 use fastcp_stream::{FileChecksum, Progress, Report};
 use fastcp_stream::{PipeWriter, WriteFrom};
@@ -294,6 +296,15 @@ fn fatal(what: &str, e: SftpError) -> Error {
             Error::Timeout(format!("{what} over SFTP: the server stopped answering"))
         }
         SftpError::IO(m) => Error::ConnectionClosed(format!("{what} over SFTP: {m}")),
+        // The session's stream ended, and with it the answers its requests waited for.
+        SftpError::UnexpectedBehavior(m)
+            if m == "sender dropped"
+                || m == "session closed"
+                || m.starts_with("SendError")
+                || m.starts_with("RecvError") =>
+        {
+            Error::ConnectionClosed(format!("{what} over SFTP: the connection closed"))
+        }
         e => Error::Remote(format!("{what} over SFTP: {e}")),
     }
 }
@@ -476,7 +487,11 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
     let refused = [
         (o.checksum, "--checksum"),
-        (o.resume, "--resume"),
+        (
+            o.resume && plan.dest.remote().is_none(),
+            // SFTP could only hash the remote's blocks by reading them: what resuming saves.
+            "--resume on a pull",
+        ),
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
@@ -712,6 +727,7 @@ struct PushFile {
     wire: Bytes,
     target: Result<String, (ErrorCode, String)>,
     temp: String,
+    kind: TempKind,
     size: u64,
     meta: Meta,
     created: OnceCell<()>,
@@ -722,6 +738,19 @@ struct PushFile {
     failure: Mutex<Option<(ErrorCode, String)>>,
     /// Its place among the files open at once, given back once it is settled.
     slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+}
+
+/// What a pushed file is written to before it takes its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TempKind {
+    /// A new random temp name, removed if the file fails.
+    Random,
+    /// With `--resume`, a file bigger than [`fastcp_stream::PARTIAL_MIN`]: the partial file
+    /// `.NAME.fastcp-partial`, made afresh, and kept if the copy stops.
+    Partial,
+    /// The same, where a stopped push left one whose blocks were offered to the sender: written
+    /// over where the sender's blocks differ, then cut to the file's size.
+    Offered,
 }
 
 /// The applying side of a push.
@@ -746,6 +775,16 @@ struct Apply {
     /// The destination's real path, resolved before the copy began (see
     /// [`Apply::real_target`]).
     root_real: String,
+    /// `--resume`: big files are written to partial files, kept when the copy stops, and a
+    /// partial file a stopped push left is offered to the sender (see
+    /// [`Apply::partial_offer`]).
+    resume: bool,
+    /// The wire paths whose partial file was offered, until their `File` entry comes.
+    offered: Mutex<std::collections::HashSet<Bytes>>,
+    /// Held while a probe's `Partial` and `Answer` go out, which must not be split.
+    reply_order: Mutex<()>,
+    /// Partial files read back at once.
+    partial_reads: Semaphore,
 }
 
 /// What a push with `--delete` gathers to find the extras: every wire path the sender sent
@@ -804,7 +843,7 @@ async fn push(
     let apply = Arc::new(Apply {
         sftp,
         place,
-        preserve: plan.options.preserve || plan.options.skip_unchanged,
+        preserve: plan_send_config(plan).preserve,
         files: Registry::new(),
         dirs: Registry::new(),
         chunk_size: plan_send_config(plan).chunk_size as u64,
@@ -817,6 +856,10 @@ async fn push(
             .collect(),
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
         root_real,
+        resume: plan.options.resume,
+        offered: Mutex::new(std::collections::HashSet::new()),
+        reply_order: Mutex::new(()),
+        partial_reads: Semaphore::new(2),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -883,23 +926,31 @@ async fn push(
     }
     match (sent, applied) {
         (Ok(report), Ok(())) => Ok(report),
-        // A sender that saw its streams close was stopped by the applying side.
-        (Err(e), Err(a)) if e.is_disconnect() => Err(a),
+        // A sender that saw its streams close was stopped by the applying side, and one told
+        // that the connection was lost or stalled stopped for that.
+        (Err(e), Err(a))
+            if e.is_disconnect() || matches!(a, Error::ConnectionClosed(_) | Error::Timeout(_)) =>
+        {
+            Err(a)
+        }
         (Err(e), _) => Err(e.into()),
         (Ok(_), Err(a)) => Err(a),
     }
 }
 
 fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
+    let o = &plan.options;
+    // `--resume` implies the quick check, whose times must be kept.
     let mut c = fastcp_stream::SendConfig {
-        recursive: plan.options.recursive,
-        preserve: plan.options.preserve || plan.options.skip_unchanged,
-        follow_links: plan.options.follow_links,
-        skip_unchanged: plan.options.skip_unchanged,
-        filter: plan.options.filter.clone(),
+        recursive: o.recursive,
+        preserve: o.preserve || o.skip_unchanged || o.resume,
+        follow_links: o.follow_links,
+        skip_unchanged: o.skip_unchanged || o.resume,
+        resume: o.resume,
+        filter: o.filter.clone(),
         ..Default::default()
     };
-    if let Some(size) = plan.options.chunk_size {
+    if let Some(size) = o.chunk_size {
         c.chunk_size = size;
     }
     c
@@ -992,17 +1043,43 @@ impl Apply {
                     let this = self.clone();
                     tasks.spawn(async move { this.symlink(s, l).await });
                 }
-                Frame::Probe(p) => {
+                Frame::Probe(mut p) => {
+                    p.path = Bytes::copy_from_slice(&p.path);
                     self.sent(&p.path);
                     let this = self.clone();
                     tasks.spawn(async move {
                         let send = !this.unchanged(&p.path, p.size, p.mtime).await;
+                        let offer = match send && this.resume {
+                            true => this.partial_offer(&p).await,
+                            false => None,
+                        };
+                        // The sender takes a `Partial` for the `Answer` right behind it.
+                        let _order = lock(&this.reply_order);
+                        if let Some(partial) = offer {
+                            lock(&this.offered).insert(p.path.clone());
+                            let _ = this.replies.send(Frame::Partial(partial));
+                        }
                         let _ = this.replies.send(Frame::Answer(Answer {
                             id: p.id,
                             send,
                             hash: None,
                         }));
                         Ok(())
+                    });
+                }
+                Frame::Keep(Keep { id, len, .. }) => {
+                    // A block the remote's partial file holds already: nothing to write.
+                    let file = self.files.wait(&id).await;
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        if file.kind != TempKind::Offered {
+                            file.fail(Failure::File((
+                                ErrorCode::Protocol,
+                                "the sender kept a block no partial file offered".into(),
+                            )));
+                        }
+                        file.written.fetch_add(len, Ordering::SeqCst);
+                        this.settle_if_complete(&file).await
                     });
                 }
                 Frame::Totals(_) => {}
@@ -1252,15 +1329,23 @@ impl Apply {
 
     fn announce(&self, f: FileEntry) -> Arc<PushFile> {
         let target = self.target(&f.path);
-        let temp = match &target {
-            Ok(t) => temp_name(t),
-            Err(_) => String::new(),
+        let offered = lock(&self.offered).remove(&f.path);
+        let kind = match self.resume && f.size > fastcp_stream::PARTIAL_MIN {
+            true if offered => TempKind::Offered,
+            true => TempKind::Partial,
+            false => TempKind::Random,
+        };
+        let temp = match (&target, kind) {
+            (Ok(t), TempKind::Random) => temp_name(t),
+            (Ok(t), _) => partial_path(t),
+            (Err(_), _) => String::new(),
         };
         let file = Arc::new(PushFile {
             id: f.id,
             wire: f.path,
             target,
             temp,
+            kind,
             size: f.size,
             meta: f.meta,
             created: OnceCell::new(),
@@ -1337,11 +1422,15 @@ impl Apply {
             let Some(h) = handle.get() else { continue };
             if !failed && !attrs_set {
                 let mut attrs = FileAttributes::empty();
+                if file.kind == TempKind::Offered {
+                    // What a longer partial file holds beyond the source's end goes.
+                    attrs.size = Some(file.size);
+                }
                 if self.preserve {
                     attrs.permissions = Some(file.meta.mode & 0o777);
                     set_times(&mut attrs, &file.meta);
                 }
-                let set = if attrs.permissions.is_some() {
+                let set = if attrs.permissions.is_some() || attrs.size.is_some() {
                     sftp[s].raw.fsetstat(h.clone(), attrs).await.map(|_| ())
                 } else {
                     Ok(())
@@ -1362,7 +1451,8 @@ impl Apply {
             }
         }
         if failed || outcome.is_err() {
-            if file.created.initialized() {
+            // A partial file stays for the next `--resume`.
+            if file.created.initialized() && file.kind == TempKind::Random {
                 let _ = sftp[0].raw.remove(file.temp.clone()).await;
             }
             let failure = lock(&file.failure).take();
@@ -1381,7 +1471,9 @@ impl Apply {
                 self.files.remove(&file.id);
             }
             Err(e) => {
-                let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                if file.kind == TempKind::Random {
+                    let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                }
                 if is_session_failure(&e) {
                     return Err(fatal("renaming a file into place", e));
                 }
@@ -1439,6 +1531,113 @@ impl Apply {
     }
 }
 
+impl Apply {
+    /// `--resume`, for a probed file the remote lacks: the XXH3-128 of each whole block of the
+    /// partial file a stopped push left beside its target, read back over SFTP (nothing on
+    /// the remote can hash it), for the sender to compare with its own blocks; those that
+    /// match are not sent again. Reading back costs what sending would have, but over the
+    /// other direction of the link, and it checks what actually landed on the remote disk.
+    /// `None` when there is no partial file to offer, or it cannot be read.
+    async fn partial_offer(&self, p: &Probe) -> Option<Partial> {
+        if p.size <= fastcp_stream::PARTIAL_MIN {
+            return None;
+        }
+        let partial = partial_path(&self.target(&p.path).ok()?);
+        let sftp = &self.sftp[(p.id % self.sftp.len() as u64) as usize];
+        let _reading = self.partial_reads.acquire().await.ok()?;
+        let attrs = sftp.raw.lstat(partial.clone()).await.ok()?.attrs;
+        if file_type(&attrs) != S_IFREG {
+            return None;
+        }
+        let block = offer_block(p.size);
+        let have = attrs.size?.min(p.size);
+        // Whole blocks; the last one may end at the file's end, shorter.
+        let blocks = match have == p.size {
+            true => p.size.div_ceil(block),
+            false => have / block,
+        };
+        let blocks = blocks.min(fastcp_proto::MAX_PARTIAL_HASHES as u64);
+        if blocks == 0 {
+            return None;
+        }
+        let handle = sftp
+            .raw
+            .open(partial, OpenFlags::READ, FileAttributes::empty())
+            .await
+            .ok()?
+            .handle;
+        let hashes = read_block_hashes(sftp, &handle, (blocks * block).min(p.size), block).await;
+        let _ = sftp.raw.close(handle).await;
+        (!hashes.is_empty()).then_some(Partial {
+            id: p.id,
+            block,
+            hashes,
+        })
+    }
+}
+
+/// The block a partial file is hashed in when read back over SFTP: 64 KiB, or more for a file
+/// too big for [`fastcp_proto::MAX_PARTIAL_HASHES`] of them. Small, because a stopped push
+/// leaves holes where its requests were in flight, and a block with a hole travels again
+/// whole.
+fn offer_block(size: u64) -> u64 {
+    const MIN: u64 = 64 << 10;
+    let fit = size.div_ceil(fastcp_proto::MAX_PARTIAL_HASHES as u64);
+    fit.div_ceil(MIN).max(1) * MIN
+}
+
+/// The XXH3-128 of each `block` bytes of the open remote file `handle` up to `end` (the last
+/// block may end there, shorter), read with several requests in flight: as many as were
+/// read before a read failed or came back short.
+async fn read_block_hashes(sftp: &Sftp, handle: &str, end: u64, block: u64) -> Vec<u128> {
+    let mut hashes = Vec::new();
+    let mut hasher = twox_hash::XxHash3_128::new();
+    let mut pending = FuturesOrdered::new();
+    let (mut asked, mut hashed) = (0u64, 0u64);
+    loop {
+        while asked < end && pending.len() < IO_IN_FLIGHT {
+            let Some(place) = sftp.place(pending.is_empty()).await else {
+                break;
+            };
+            let len = u64::from(sftp.io).min(end - asked);
+            let read = sftp.raw.read(handle.to_string(), asked, len as u32);
+            pending.push_back(async move { (read.await, len, place) });
+            asked += len;
+        }
+        let Some((Ok(data), len, _place)) = pending.next().await else {
+            return hashes;
+        };
+        if data.data.len() as u64 != len {
+            return hashes;
+        }
+        let mut bytes = &data.data[..];
+        while !bytes.is_empty() {
+            let n = ((block - hashed % block) as usize).min(bytes.len());
+            hasher.write(&bytes[..n]);
+            (hashed, bytes) = (hashed + n as u64, &bytes[n..]);
+            if hashed.is_multiple_of(block) || hashed == end {
+                hashes.push(hasher.finish_128());
+                hasher = twox_hash::XxHash3_128::new();
+            }
+        }
+    }
+}
+
+/// The partial file beside `target` (`--resume`): `.NAME.fastcp-partial`, as the receiver
+/// names it, the name cut at a character boundary.
+fn partial_path(target: &str) -> String {
+    let (dir, name) = match target.rsplit_once('/') {
+        Some((d, n)) => (format!("{d}/"), n),
+        None => (String::new(), target),
+    };
+    let mut cut = name.len().min(200);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let partial = fastcp_stream::partial_name(&name.as_bytes()[..cut]);
+    format!("{dir}{}", String::from_utf8_lossy(&partial))
+}
+
 /// A failure while writing a file: the file's own, or the session's.
 enum Failure {
     File((ErrorCode, String)),
@@ -1488,7 +1687,16 @@ impl PushFile {
                             permissions: Some(self.meta.mode & 0o777),
                             ..FileAttributes::empty()
                         };
-                        let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
+                        let mut flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
+                        match self.kind {
+                            TempKind::Random => {}
+                            // A partial file that was not offered is not worth keeping.
+                            TempKind::Partial => {
+                                let _ = sftp.raw.remove(self.temp.clone()).await;
+                            }
+                            // Offered, so checked as a regular file a moment ago.
+                            TempKind::Offered => flags = OpenFlags::WRITE,
+                        }
                         let h = sftp
                             .raw
                             .open(self.temp.clone(), flags, attrs)
@@ -1795,28 +2003,37 @@ impl Emit {
             }
         }
         let dispatching = self.dispatch(answers, jobs_tx.clone());
-        let (listed, dispatched) = tokio::join!(
-            async {
-                let listed = self.list(sources, jobs_tx).await;
-                // However the listing ended, the dispatcher hears how many probes to wait for.
-                if let Some(p) = &self.probing {
-                    let _ = p.listed.set(p.sent.load(Ordering::Relaxed));
-                }
-                listed
-            },
-            dispatching
-        );
-        let mut result = listed.and(dispatched);
-        while let Some(joined) = readers.join_next().await {
-            let r = joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))));
-            if let Err(e) = r {
-                if result.is_ok() {
-                    result = Err(e);
-                }
-                readers.abort_all();
+        let listing = async {
+            let (listed, dispatched) = tokio::join!(
+                async {
+                    let listed = self.list(sources, jobs_tx).await;
+                    // However the listing ended, the dispatcher hears how many probes to
+                    // wait for.
+                    if let Some(p) = &self.probing {
+                        let _ = p.listed.set(p.sent.load(Ordering::Relaxed));
+                    }
+                    listed
+                },
+                dispatching
+            );
+            listed.and(dispatched)
+        };
+        let reading = async {
+            while let Some(joined) = readers.join_next().await {
+                joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))))?;
             }
+            Ok(())
+        };
+        // The first failure (a lost session, say) ends it all: a listing may be waiting for
+        // readers that are gone.
+        if let Err(e) = tokio::try_join!(listing, reading) {
+            readers.abort_all();
+            // The receiver stops waiting for frames that will not come.
+            for out in &self.outs {
+                out.lock().await.end().await;
+            }
+            return Err(e);
         }
-        result?;
         for s in 0..self.outs.len() {
             let mut out = self.outs[s].lock().await;
             let done = Frame::Done(out.counts);

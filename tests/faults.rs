@@ -849,6 +849,74 @@ fn a_cut_copy_resumes_with_what_was_missing() {
     }
 }
 
+/// A push over SFTP cut at random offsets, then `--resume`: the partial file left on the
+/// remote is read back, and the rerun sends little more than what was missing.
+#[test]
+fn a_cut_push_over_sftp_resumes_with_what_was_missing() {
+    let sshd = Sshd::start().unwrap();
+    let seed = now_secs() as u64;
+    eprintln!("seed {seed}");
+    let size = 48u64 << 20;
+    for i in 0..2u64 {
+        let at = 3_000_000
+            + pseudo_random(8, seed + 200 + i)
+                .iter()
+                .fold(0u64, |a, &b| a << 8 | u64::from(b))
+                % (size - 8_000_000);
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(size as usize, seed + 300 + i), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let port = relay_both(sshd.port(), at, Fault::Cut);
+        let cfg = through(&sshd, work.path(), port);
+        let target = remote(&sshd, &dst);
+        let src_arg = src.display().to_string();
+        let args = sftp_args(
+            &cfg,
+            &["-j", "1", "--timeout", "0", "--resume"],
+            &src_arg,
+            &target,
+        );
+        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "cut at {at}: {err}");
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+        let partial = dst.join(".big.fastcp-partial");
+        assert!(partial.exists(), "cut at {at}: no partial file kept");
+        wait_released(&partial);
+        eprintln!("cut at {at}");
+        resume_and_check(&sshd, &src, &dst, false, &["--sftp"]);
+    }
+}
+
+/// A pull over SFTP cut mid-copy ends at once (no idle limit needed) with the connection
+/// exit code, and leaves neither a partial file under its final name nor a temp file.
+#[test]
+fn a_cut_pull_over_sftp_ends_with_the_connection_code() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(32 << 20, 5), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let port = relay_both(sshd.port(), 9_000_000, Fault::Cut);
+    let cfg = through(&sshd, work.path(), port);
+    let source = remote(&sshd, &src);
+    let dst_arg = dst.display().to_string();
+    // No idle limit: the closed connection alone must end it.
+    let args = sftp_args(&cfg, &["-j", "1", "--timeout", "0"], &source, &dst_arg);
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        !dst.join("big").exists(),
+        "a partial file under its final name"
+    );
+    assert!(!has_temp(&dst), "a temp file stayed");
+}
+
 /// kill -9 of the receiving side mid-copy over TCP (the server on a push, the client on a
 /// pull), then `--resume`.
 #[test]

@@ -596,11 +596,13 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     let src = work.path().join("src");
     fs::create_dir(&src).unwrap();
     write(&src.join("f"), b"f", 0o644);
-    for flag in ["--resume", "--checksum", "-H"] {
-        let out = run(plain(&sshd)
-            .args(["--sftp", "-r", flag])
-            .arg(&src)
-            .arg(remote(&sshd, &work.path().join("dst"))));
+    let dst = work.path().join("dst");
+    for (flag, pull) in [("--checksum", false), ("-H", false), ("--resume", true)] {
+        let (from, to) = match pull {
+            false => (src.clone().into_os_string(), remote(&sshd, &dst).into()),
+            true => (remote(&sshd, &src).into(), dst.clone().into_os_string()),
+        };
+        let out = run(plain(&sshd).args(["--sftp", "-r", flag]).arg(from).arg(to));
         assert!(!out.status.success());
         assert!(
             stderr(&out).contains("needs fastcp on the remote host"),
@@ -608,7 +610,53 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
             stderr(&out)
         );
     }
-    assert!(!work.path().join("dst").exists());
+    assert!(!dst.exists());
+}
+
+/// `--resume` on a push over SFTP: the partial file a stopped copy left on the remote is
+/// read back and hashed by blocks, and only the blocks that differ from the source travel.
+/// A damaged block is sent again; a partial file longer than the source is cut to its size;
+/// the file is whole, under its own name, and the partial file is gone.
+#[test]
+fn a_push_over_sftp_resumes_from_the_partial_file_on_the_remote() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let content = pseudo_random((24 << 20) + 4321, 7);
+    let src = work.path().join("big");
+    write(&src, &content, 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let partial = dst.join(".big.fastcp-partial");
+    const MIB: usize = 1 << 20;
+    // Ten MiB and a little more, one byte damaged.
+    let mut held = content[..10 * MIB + 5000].to_vec();
+    held[3 * MIB + 17] ^= 1;
+    fs::write(&partial, &held).unwrap();
+    // The whole source, then more: a longer partial file (the source shrank).
+    let mut longer = content.clone();
+    longer.extend_from_slice(&pseudo_random(3 * MIB, 8));
+    // Read back in blocks of 64 KiB: the damaged one travels again.
+    for (have, kept) in [(held, 10 * MIB - (64 << 10)), (longer, content.len())] {
+        fs::write(&partial, &have).unwrap();
+        let out = run(plain(&sshd)
+            .args(["--sftp", "--resume", "--json"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let summary = json(&out);
+        assert_eq!(summary["bytes_resumed"].as_u64(), Some(kept as u64));
+        assert_eq!(
+            summary["bytes_sent"].as_u64(),
+            Some((content.len() - kept) as u64)
+        );
+        assert!(
+            fs::read(dst.join("big")).unwrap() == content,
+            "not identical"
+        );
+        assert!(!partial.exists(), "the partial file is gone once complete");
+        assert_no_temp(&dst);
+        fs::remove_file(dst.join("big")).unwrap();
+    }
 }
 
 #[test]

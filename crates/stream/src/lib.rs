@@ -93,6 +93,7 @@ pub use receive::{
     receive_from, receive_piped,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
+pub use resume::{PARTIAL_MIN, partial_name};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_to};
 pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
 

@@ -15,7 +15,7 @@ use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use twox_hash::XxHash3_128;
 
 /// Files bigger than this keep a partial file with `--resume`; smaller ones are resent whole.
-pub(crate) const PARTIAL_MIN: u64 = 4 << 20;
+pub const PARTIAL_MIN: u64 = 4 << 20;
 
 /// The smallest block a partial file is hashed in.
 const BLOCK_MIN: u64 = 1 << 20;
@@ -28,9 +28,13 @@ pub(crate) fn block_size(size: u64) -> u64 {
     fit.div_ceil(MIB).saturating_mul(MIB).max(BLOCK_MIN)
 }
 
-/// The partial file's name beside `name`: `.NAME.fastcp-partial`, short enough for any file
-/// system. It is not one of the random temp names a later copy sweeps away.
-pub(crate) fn partial_name(name: &[u8]) -> Vec<u8> {
+/// The partial file's name beside `name` (`--resume`): `.NAME.fastcp-partial`, short enough
+/// for any file system. It is not one of the random temp names a later copy sweeps away.
+///
+/// ```
+/// assert_eq!(fastcp_stream::partial_name(b"big.iso"), b".big.iso.fastcp-partial");
+/// ```
+pub fn partial_name(name: &[u8]) -> Vec<u8> {
     let keep = &name[..name.len().min(200)];
     let mut v = Vec::with_capacity(keep.len() + 16);
     v.push(b'.');
