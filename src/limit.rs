@@ -41,6 +41,8 @@ use tokio::time::{Instant, Sleep};
 pub struct RateLimit {
     bytes_per_sec: u64,
     state: Mutex<Bucket>,
+    /// Set by [`lift`](RateLimit::lift): nothing waits any more.
+    lifted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -59,7 +61,15 @@ impl RateLimit {
                 tokens: 0.0,
                 refilled: Instant::now(),
             }),
+            lifted: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Lets every stream go at full speed from now on: a copy that stops drains what it has
+    /// queued at once, and its last requests (removing its temp files) wait behind nothing.
+    pub(crate) fn lift(&self) {
+        self.lifted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The rate, in bytes a second.
@@ -84,6 +94,9 @@ impl RateLimit {
 
     /// How long to wait before the next read or write, if the bucket is overdrawn.
     fn wait(&self) -> Option<Duration> {
+        if self.lifted.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
         let b = self.bucket();
         // Less than a byte of debt is rounding; waits shorter than a millisecond would spin.
         (b.tokens <= -1.0).then(|| {

@@ -323,7 +323,8 @@ pub(crate) async fn copy(
         .unwrap_or(DEFAULT_SFTP_SESSIONS)
         .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
     let limit = plan.rate_limit();
-    let (_connections, sftp) = sessions(peer, n, plan.options.timeout, limit, &progress).await?;
+    let (_connections, sftp) =
+        sessions(peer, n, plan.options.timeout, limit.clone(), &progress).await?;
     log.info(|| {
         format!(
             "transport: SFTP, {n} session(s), {} KiB requests, {}",
@@ -354,7 +355,7 @@ pub(crate) async fn copy(
         }
         (Location::Remote(r), false) => {
             watched(&sftp);
-            let work = push(plan, &r.path, sftp, progress.clone(), log);
+            let work = push(plan, &r.path, sftp, limit, progress.clone(), log);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
         (Location::Local(dest), false) => {
@@ -728,6 +729,8 @@ struct PushFile {
     target: Result<String, (ErrorCode, String)>,
     temp: String,
     kind: TempKind,
+    /// With [`TempKind::Offered`], the offer's block size and number of blocks.
+    offer: Option<(u64, u64)>,
     size: u64,
     meta: Meta,
     created: OnceCell<()>,
@@ -779,12 +782,63 @@ struct Apply {
     /// partial file a stopped push left is offered to the sender (see
     /// [`Apply::partial_offer`]).
     resume: bool,
-    /// The wire paths whose partial file was offered, until their `File` entry comes.
-    offered: Mutex<std::collections::HashSet<Bytes>>,
+    /// The wire paths whose partial file was offered, until their `File` entry comes, with
+    /// the offer's block size and number of blocks.
+    offered: Mutex<HashMap<Bytes, (u64, u64)>>,
     /// Held while a probe's `Partial` and `Answer` go out, which must not be split.
     reply_order: Mutex<()>,
     /// Partial files read back at once.
     partial_reads: Semaphore,
+    /// The temp files made and not yet renamed or removed (see [`LiveTemps`]).
+    live: Arc<LiveTemps>,
+}
+
+/// The temp files a push has made on the remote and not yet renamed or removed, by session.
+/// What is left when the push stops early (cancelled by Ctrl-C or SIGTERM, or failed) is
+/// removed when the push's own handle on this goes (see [`TempSweeper`]): a stopped push
+/// leaves nothing partial on the remote but a `--resume` partial file.
+struct LiveTemps {
+    sftp: Vec<Arc<Sftp>>,
+    /// The copy's `--bwlimit`, lifted for the removals: they would queue behind the writes
+    /// already sent.
+    limit: Option<Arc<crate::limit::RateLimit>>,
+    /// Temp name -> the session that made it.
+    names: Mutex<HashMap<String, usize>>,
+}
+
+/// How long a stopped push waits for its leftover temp files to be removed.
+const CLEANUP_LIMIT: Duration = Duration::from_secs(2);
+
+/// Held by the push future alone, so it drops with it: then it removes what [`LiveTemps`]
+/// still holds, through the sessions, waiting at most [`CLEANUP_LIMIT`] (blocking this
+/// thread: a dropped future cannot wait). A session that is gone fails its removals at once.
+struct TempSweeper(Arc<LiveTemps>);
+
+impl Drop for TempSweeper {
+    fn drop(&mut self) {
+        let left = std::mem::take(&mut *lock(&self.0.names));
+        if left.is_empty() {
+            return;
+        }
+        if let Some(limit) = &self.0.limit {
+            limit.lift();
+        }
+        let sftp = self.0.sftp.clone();
+        let removing = async move {
+            let removals = left.into_iter().map(|(name, s)| sftp[s].raw.remove(name));
+            let _ =
+                tokio::time::timeout(CLEANUP_LIMIT, futures_util::future::join_all(removals)).await;
+        };
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| h.block_on(removing));
+            }
+            // A single-threaded runtime cannot wait here: the removals go on as a task.
+            Ok(h) => drop(h.spawn(removing)),
+            Err(_) => {}
+        }
+    }
 }
 
 /// What a push with `--delete` gathers to find the extras: every wire path the sender sent
@@ -801,6 +855,7 @@ async fn push(
     plan: &Plan,
     typed: &str,
     sftp: Vec<Arc<Sftp>>,
+    limit: Option<Arc<crate::limit::RateLimit>>,
     progress: Arc<Progress>,
     log: &Log,
 ) -> Result<Report, Error> {
@@ -840,6 +895,12 @@ async fn push(
         .unzip();
     let (reply_read, mut reply_half) = tokio::io::duplex(64 << 10);
     let (reply_tx, mut reply_rx) = tokio::sync::mpsc::unbounded_channel();
+    let live = Arc::new(LiveTemps {
+        sftp: sftp.clone(),
+        limit,
+        names: Mutex::new(HashMap::new()),
+    });
+    let _sweeper = TempSweeper(live.clone());
     let apply = Arc::new(Apply {
         sftp,
         place,
@@ -857,9 +918,10 @@ async fn push(
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
         root_real,
         resume: plan.options.resume,
-        offered: Mutex::new(std::collections::HashSet::new()),
+        offered: Mutex::new(HashMap::new()),
         reply_order: Mutex::new(()),
         partial_reads: Semaphore::new(2),
+        live,
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -926,10 +988,11 @@ async fn push(
     }
     match (sent, applied) {
         (Ok(report), Ok(())) => Ok(report),
-        // A sender that saw its streams close was stopped by the applying side, and one told
-        // that the connection was lost or stalled stopped for that.
+        // A sender that saw its streams close was stopped by the applying side, and one that
+        // got the applying side's error frame stopped for that error: the applying side's own
+        // words (and kind: a lost connection is exit code 3) tell it best.
         (Err(e), Err(a))
-            if e.is_disconnect() || matches!(a, Error::ConnectionClosed(_) | Error::Timeout(_)) =>
+            if e.is_disconnect() || matches!(e, fastcp_stream::Error::Remote { .. }) =>
         {
             Err(a)
         }
@@ -1056,7 +1119,8 @@ impl Apply {
                         // The sender takes a `Partial` for the `Answer` right behind it.
                         let _order = lock(&this.reply_order);
                         if let Some(partial) = offer {
-                            lock(&this.offered).insert(p.path.clone());
+                            let offer = (partial.block, partial.hashes.len() as u64);
+                            lock(&this.offered).insert(p.path.clone(), offer);
                             let _ = this.replies.send(Frame::Partial(partial));
                         }
                         let _ = this.replies.send(Frame::Answer(Answer {
@@ -1067,12 +1131,17 @@ impl Apply {
                         Ok(())
                     });
                 }
-                Frame::Keep(Keep { id, len, .. }) => {
+                Frame::Keep(Keep { id, offset, len }) => {
                     // A block the remote's partial file holds already: nothing to write.
                     let file = self.files.wait(&id).await;
                     let this = self.clone();
                     tasks.spawn(async move {
-                        if file.kind != TempKind::Offered {
+                        let offered = file.offer.is_some_and(|(block, blocks)| {
+                            offset.is_multiple_of(block)
+                                && offset / block < blocks
+                                && len == block.min(file.size.saturating_sub(offset))
+                        });
+                        if !offered {
                             file.fail(Failure::File((
                                 ErrorCode::Protocol,
                                 "the sender kept a block no partial file offered".into(),
@@ -1329,16 +1398,16 @@ impl Apply {
 
     fn announce(&self, f: FileEntry) -> Arc<PushFile> {
         let target = self.target(&f.path);
-        let offered = lock(&self.offered).remove(&f.path);
-        let kind = match self.resume && f.size > fastcp_stream::PARTIAL_MIN {
-            true if offered => TempKind::Offered,
-            true => TempKind::Partial,
-            false => TempKind::Random,
+        let offer = lock(&self.offered).remove(&f.path);
+        let partial = match &target {
+            Ok(t) if self.resume && f.size > fastcp_stream::PARTIAL_MIN => partial_path(t),
+            _ => None,
         };
-        let temp = match (&target, kind) {
-            (Ok(t), TempKind::Random) => temp_name(t),
-            (Ok(t), _) => partial_path(t),
-            (Err(_), _) => String::new(),
+        let (kind, temp) = match (partial, &target) {
+            (Some(p), _) if offer.is_some() => (TempKind::Offered, p),
+            (Some(p), _) => (TempKind::Partial, p),
+            (None, Ok(t)) => (TempKind::Random, temp_name(t)),
+            (None, Err(_)) => (TempKind::Random, String::new()),
         };
         let file = Arc::new(PushFile {
             id: f.id,
@@ -1346,6 +1415,7 @@ impl Apply {
             target,
             temp,
             kind,
+            offer,
             size: f.size,
             meta: f.meta,
             created: OnceCell::new(),
@@ -1454,6 +1524,7 @@ impl Apply {
             // A partial file stays for the next `--resume`.
             if file.created.initialized() && file.kind == TempKind::Random {
                 let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                lock(&self.live.names).remove(&file.temp);
             }
             let failure = lock(&file.failure).take();
             if let Some(f) = failure.or(outcome.err()) {
@@ -1464,6 +1535,7 @@ impl Apply {
         let target = file.target.as_ref().expect("a created file has a target");
         match sftp[0].replace(&file.temp, target).await {
             Ok(()) => {
+                lock(&self.live.names).remove(&file.temp);
                 let mut done = lock(&self.done);
                 done.files += 1;
                 done.bytes += file.size;
@@ -1473,6 +1545,7 @@ impl Apply {
             Err(e) => {
                 if file.kind == TempKind::Random {
                     let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                    lock(&self.live.names).remove(&file.temp);
                 }
                 if is_session_failure(&e) {
                     return Err(fatal("renaming a file into place", e));
@@ -1542,9 +1615,8 @@ impl Apply {
         if p.size <= fastcp_stream::PARTIAL_MIN {
             return None;
         }
-        let partial = partial_path(&self.target(&p.path).ok()?);
+        let partial = partial_path(&self.target(&p.path).ok()?)?;
         let sftp = &self.sftp[(p.id % self.sftp.len() as u64) as usize];
-        let _reading = self.partial_reads.acquire().await.ok()?;
         let attrs = sftp.raw.lstat(partial.clone()).await.ok()?.attrs;
         if file_type(&attrs) != S_IFREG {
             return None;
@@ -1560,6 +1632,7 @@ impl Apply {
         if blocks == 0 {
             return None;
         }
+        let _reading = self.partial_reads.acquire().await.ok()?;
         let handle = sftp
             .raw
             .open(partial, OpenFlags::READ, FileAttributes::empty())
@@ -1623,19 +1696,36 @@ async fn read_block_hashes(sftp: &Sftp, handle: &str, end: u64, block: u64) -> V
     }
 }
 
+/// Whether the open `handle` is still the regular file at `path`, as its offer found it: SFTP
+/// opens by path, following a symlink, so one swapped in since the offer is caught here (a
+/// swap in the moment between the open and this check is not).
+async fn still_the_partial(sftp: &Sftp, handle: &str, path: &str) -> bool {
+    let (Ok(open), Ok(named)) = tokio::join!(
+        sftp.raw.fstat(handle.to_string()),
+        sftp.raw.lstat(path.to_string())
+    ) else {
+        return false;
+    };
+    let (open, named) = (open.attrs, named.attrs);
+    file_type(&open) == S_IFREG
+        && file_type(&named) == S_IFREG
+        && open.size == named.size
+        && open.mtime == named.mtime
+}
+
 /// The partial file beside `target` (`--resume`): `.NAME.fastcp-partial`, as the receiver
-/// names it, the name cut at a character boundary.
-fn partial_path(target: &str) -> String {
+/// names it. `None` for a name over 200 bytes: the receiver cuts such names short, so two
+/// could share a partial file, and over SFTP no lock keeps two copies apart.
+fn partial_path(target: &str) -> Option<String> {
     let (dir, name) = match target.rsplit_once('/') {
         Some((d, n)) => (format!("{d}/"), n),
         None => (String::new(), target),
     };
-    let mut cut = name.len().min(200);
-    while !name.is_char_boundary(cut) {
-        cut -= 1;
+    if name.len() > 200 {
+        return None;
     }
-    let partial = fastcp_stream::partial_name(&name.as_bytes()[..cut]);
-    format!("{dir}{}", String::from_utf8_lossy(&partial))
+    let partial = fastcp_stream::partial_name(name.as_bytes());
+    Some(format!("{dir}{}", String::from_utf8_lossy(&partial)))
 }
 
 /// A failure while writing a file: the file's own, or the session's.
@@ -1702,6 +1792,18 @@ impl PushFile {
                             .open(self.temp.clone(), flags, attrs)
                             .await
                             .map_err(|e| Failure::opening(&self.temp, e))?;
+                        if self.kind == TempKind::Random {
+                            lock(&apply.live.names).insert(self.temp.clone(), s);
+                        }
+                        if self.kind == TempKind::Offered
+                            && !still_the_partial(sftp, &h.handle, &self.temp).await
+                        {
+                            let _ = sftp.raw.close(h.handle).await;
+                            return Err(Failure::File((
+                                ErrorCode::UnsafePath,
+                                format!("{} changed since it was offered", self.temp),
+                            )));
+                        }
                         mine = Some(h.handle);
                         Ok(())
                     })

@@ -526,34 +526,36 @@ fn kill(signal: &str, pid: impl std::fmt::Display) {
     assert!(st.success());
 }
 
-/// Ctrl-C (SIGINT), SIGTERM and SIGHUP mid-copy, pull and push: the client exits 130, and
-/// neither side leaves a temp file or a partial file.
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP mid-copy, pull and push, over SSH and SFTP: the
+/// client exits 130, and neither side leaves a temp file or a partial file (over SFTP the
+/// client removes the remote's own temp files before it exits).
 #[test]
 fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
     let sshd = Sshd::start().unwrap();
-    for (signal, pull) in [
-        ("-INT", true),
-        ("-TERM", true),
-        ("-HUP", false),
-        ("-INT", false),
+    for (signal, pull, path) in [
+        ("-INT", true, "ssh"),
+        ("-TERM", true, "ssh"),
+        ("-HUP", false, "ssh"),
+        ("-INT", false, "ssh"),
+        ("-TERM", false, "sftp"),
+        ("-INT", true, "sftp"),
     ] {
         let work = tempfile::tempdir().unwrap();
         let src = work.path().join("big");
         write(&src, &pseudo_random(16 << 20, 5), 0o644);
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
-        let mut child = transfer(
-            &sshd,
-            &["--transport", "ssh", "--bwlimit", "2M"],
-            &src,
-            &dst,
-            pull,
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        let over: &[&str] = match path {
+            "ssh" => &["--transport", "ssh"],
+            _ => &["--sftp"],
+        };
+        let mut child = transfer(&sshd, over, &src, &dst, pull)
+            .args(["--bwlimit", "2M"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         // Mid-copy: the receiver's temp file is there.
         wait_until(Duration::from_secs(30), "the copy never started", || {
             has_temp(&dst)
@@ -565,12 +567,16 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
             &format!("{signal} did not stop the copy"),
         );
         let err = read_text(&mut child.stderr);
-        assert_eq!(status.code(), Some(130), "{signal} pull={pull}: {err}");
+        assert_eq!(
+            status.code(),
+            Some(130),
+            "{signal} pull={pull} {path}: {err}"
+        );
         assert!(err.contains("interrupted"), "{err}");
         // The server side (a push) notices its client is gone and cleans up too.
         wait_until(
             Duration::from_secs(30),
-            &format!("{signal} pull={pull}: a temp file was left"),
+            &format!("{signal} pull={pull} {path}: a temp file was left"),
             || !has_temp(&dst),
         );
         assert!(

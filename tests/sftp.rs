@@ -616,7 +616,8 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
 /// `--resume` on a push over SFTP: the partial file a stopped copy left on the remote is
 /// read back and hashed by blocks, and only the blocks that differ from the source travel.
 /// A damaged block is sent again; a partial file longer than the source is cut to its size;
-/// the file is whole, under its own name, and the partial file is gone.
+/// the file is whole, under its own name, and the partial file is gone. A symlink in the
+/// partial file's place is never written through.
 #[test]
 fn a_push_over_sftp_resumes_from_the_partial_file_on_the_remote() {
     let work = tempfile::tempdir().unwrap();
@@ -657,6 +658,22 @@ fn a_push_over_sftp_resumes_from_the_partial_file_on_the_remote() {
         assert_no_temp(&dst);
         fs::remove_file(dst.join("big")).unwrap();
     }
+    // A symlink in the partial file's place is neither offered nor written through.
+    let outside = work.path().join("outside");
+    fs::write(&outside, &content[..MIB]).unwrap();
+    symlink(&outside, &partial).unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "--resume", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["bytes_resumed"].as_u64(), Some(0));
+    assert!(
+        fs::read(dst.join("big")).unwrap() == content,
+        "not identical"
+    );
+    assert_eq!(fs::read(&outside).unwrap(), &content[..MIB]);
+    assert!(fs::symlink_metadata(&partial).is_err());
 }
 
 #[test]
