@@ -791,7 +791,16 @@ struct Apply {
     partial_reads: Semaphore,
     /// The temp files made and not yet renamed or removed (see [`LiveTemps`]).
     live: Arc<LiveTemps>,
+    /// Folders looked in for the temp files a stopped push left, or made by this push (so
+    /// holding none): see [`Apply::sweep_beside`].
+    swept: Mutex<std::collections::HashSet<String>>,
 }
+
+/// A temp file last written this long before a push's own first temp file in its folder was
+/// made is taken for one a stopped push left (see [`Apply::sweep_beside`]). A live copy
+/// writes its temp files as the data comes, and one that moves nothing for longer than its
+/// `--timeout` (30 s unless set) ends itself.
+const STALE_TEMP: Duration = Duration::from_secs(120);
 
 /// The temp files a push has made on the remote and not yet renamed or removed, by session.
 /// What is left when the push stops early (cancelled by Ctrl-C or SIGTERM, or failed) is
@@ -922,6 +931,7 @@ async fn push(
         reply_order: Mutex::new(()),
         partial_reads: Semaphore::new(2),
         live,
+        swept: Mutex::new(std::collections::HashSet::new()),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1068,8 +1078,9 @@ impl Apply {
                     *lock(&file.slot) = slot;
                     let this = self.clone();
                     tasks.spawn(async move {
-                        if let Err(e) = file.handle(&this, s).await {
-                            file.fail(e);
+                        match file.handle(&this, s).await {
+                            Ok(_) => this.sweep_beside(&file, s).await,
+                            Err(e) => file.fail(e),
                         }
                         this.settle_if_complete(&file).await
                     });
@@ -1258,7 +1269,11 @@ impl Apply {
             ..FileAttributes::empty()
         };
         match sftp.raw.mkdir(path.clone(), attrs).await {
-            Ok(_) => Ok(path),
+            Ok(_) => {
+                // New: no stopped push left anything in it.
+                lock(&self.swept).insert(path.clone());
+                Ok(path)
+            }
             Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
             Err(e) => match sftp.raw.lstat(path.clone()).await {
                 Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(path),
@@ -1605,6 +1620,50 @@ impl Apply {
 }
 
 impl Apply {
+    /// Removes the temp files a stopped push (a cut, kill -9) left in the folder `file` is
+    /// written to, once per folder this push did not make: fastcp's temp names (not
+    /// `--resume` partial files) last written more than [`STALE_TEMP`] before now by the
+    /// remote's clock (the folder's time, which `file`'s own temp file set a moment ago), and
+    /// not this push's own. SFTP has no locks to tell a live copy's temp file by, so age
+    /// must. Best effort: what cannot be listed or removed stays.
+    async fn sweep_beside(&self, file: &PushFile, s: usize) {
+        let dir = match file.temp.rsplit_once('/') {
+            Some(("", _)) => "/".to_string(),
+            Some((d, _)) => d.to_string(),
+            None => String::new(),
+        };
+        if !lock(&self.swept).insert(dir.clone()) {
+            return;
+        }
+        let sftp = &self.sftp[s];
+        let listed = if dir.is_empty() { "." } else { &dir };
+        let Ok(Some(now)) = sftp.raw.lstat(listed).await.map(|a| a.attrs.mtime) else {
+            return;
+        };
+        let Ok(entries) = list_dir(sftp, listed).await else {
+            return;
+        };
+        for (name, attrs) in entries {
+            let stale = attrs
+                .mtime
+                .is_some_and(|t| u64::from(t) + STALE_TEMP.as_secs() < u64::from(now));
+            if !(stale
+                && file_type(&attrs) == S_IFREG
+                && is_single_name(&name)
+                && fastcp_stream::is_temp_name(name.as_bytes()))
+            {
+                continue;
+            }
+            let path = match dir.is_empty() {
+                true => name,
+                false => join(&dir, &name),
+            };
+            if !lock(&self.live.names).contains_key(&path) {
+                let _ = sftp.raw.remove(path).await;
+            }
+        }
+    }
+
     /// `--resume`, for a probed file the remote lacks: the XXH3-128 of each whole block of the
     /// partial file a stopped push left beside its target, read back over SFTP (nothing on
     /// the remote can hash it), for the sender to compare with its own blocks; those that
@@ -1843,15 +1902,17 @@ fn set_times(attrs: &mut FileAttributes, meta: &Meta) {
     attrs.atime = Some(clamp(meta.atime.map_or(meta.mtime, |(s, _)| s)));
 }
 
-/// A hidden temp name beside `target`, as the receiver makes them.
+/// A hidden temp name beside `target`, as the receiver makes them (so that
+/// [`fastcp_stream::is_temp_name`] knows it: `--delete` leaves it, a later copy's sweep may
+/// take it once stale).
 fn temp_name(target: &str) -> String {
     let (dir, name) = match target.rsplit_once('/') {
         Some((d, n)) => (format!("{d}/"), n),
         None => (String::new(), target),
     };
-    let tag = u64::from_le_bytes(crate::session::random32()[..8].try_into().expect("8 bytes"));
+    let tag = u32::from_le_bytes(crate::session::random32()[..4].try_into().expect("4 bytes"));
     let short: String = name.chars().take(100).collect();
-    format!("{dir}.{short}.fastcp-{tag:016x}")
+    format!("{dir}.{short}.fastcp-{tag:08x}")
 }
 
 // ---------------------------------------------------------------------------------------

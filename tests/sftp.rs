@@ -676,6 +676,50 @@ fn a_push_over_sftp_resumes_from_the_partial_file_on_the_remote() {
     assert!(fs::symlink_metadata(&partial).is_err());
 }
 
+/// The temp files a stopped push left on the remote (a cut, kill -9: nothing could remove
+/// them then) go with the next push into their folder, once stale; a fresh one (a live
+/// copy's, maybe), a `--resume` partial file, and folders the push does not write to are
+/// left alone.
+#[test]
+fn a_push_over_sftp_removes_the_stale_temp_files_a_stopped_push_left() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("top"), b"top", 0o644);
+    write(&src.join("sub/f"), b"f", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir_all(dst.join("src/sub")).unwrap();
+    fs::create_dir_all(dst.join("src/other")).unwrap();
+    let hour_ago = fastcp_testsupport::tree::now_secs() - 3600;
+    let stale = [
+        dst.join("src/.top.fastcp-0123abcd"),
+        dst.join("src/sub/.f.fastcp-89abcdef"),
+    ];
+    let kept = [
+        dst.join("src/other/.x.fastcp-0badc0de"),
+        dst.join("src/.big.fastcp-partial"),
+    ];
+    for p in stale.iter().chain(&kept) {
+        write(p, b"left", 0o600);
+        set_mtime(p, hour_ago, 0);
+    }
+    let fresh = dst.join("src/sub/.g.fastcp-fedcba98");
+    write(&fresh, b"live", 0o600);
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(dst.join("src/sub/f")).unwrap(), b"f");
+    for p in &stale {
+        assert!(!p.exists(), "{} stayed", p.display());
+    }
+    for p in kept.iter().chain([&fresh]) {
+        assert!(p.exists(), "{} was removed", p.display());
+    }
+}
+
 #[test]
 fn a_missing_remote_file_fails_alone_over_sftp() {
     let work = tempfile::tempdir().unwrap();

@@ -331,8 +331,15 @@ fn is_zero(b: &[u8]) -> bool {
 /// setgid (the sticky bit stays).
 pub(crate) const SAFE_MODE_BITS: u32 = 0o1777;
 
-/// Whether `name` is one of fastcp's temp names: `.NAME.fastcp-` and 8 hex digits.
-fn is_temp_name(name: &[u8]) -> bool {
+/// Whether `name` is one of fastcp's temp names: `.NAME.fastcp-` and 8 hex digits (not a
+/// `--resume` partial file).
+///
+/// ```
+/// assert!(fastcp_stream::is_temp_name(b".notes.txt.fastcp-0badc0de"));
+/// assert!(!fastcp_stream::is_temp_name(b".notes.txt.fastcp-partial"));
+/// assert!(!fastcp_stream::is_temp_name(b"notes.txt"));
+/// ```
+pub fn is_temp_name(name: &[u8]) -> bool {
     let Some(tail) = name.len().checked_sub(16).map(|i| &name[i..]) else {
         return false;
     };

@@ -76,7 +76,7 @@ use std::sync::Arc;
 
 pub use attrs::KeepAttrs;
 pub use checksum::{FileChecksum, whole_file_checksum};
-pub use dest::is_work_file;
+pub use dest::{is_temp_name, is_work_file};
 pub use display::escape;
 pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};
