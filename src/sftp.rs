@@ -604,22 +604,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A remote folder's entries (not `.` and `..`) with their attributes as listed: a
 /// symlink's own.
 async fn list_dir(sftp: &Sftp, remote: &str) -> Result<Vec<(String, FileAttributes)>, SftpError> {
+    list_dir_and_self(sftp, remote)
+        .await
+        .map(|(_, entries)| entries)
+}
+
+/// [`list_dir`], with the folder's own attributes when the server lists `.` (OpenSSH's does).
+async fn list_dir_and_self(
+    sftp: &Sftp,
+    remote: &str,
+) -> Result<(Option<FileAttributes>, Vec<(String, FileAttributes)>), SftpError> {
     let handle = sftp.raw.opendir(remote).await?.handle;
-    let mut entries = Vec::new();
+    let (mut dot, mut entries) = (None, Vec::new());
     let listed = loop {
         match sftp.raw.readdir(handle.clone()).await {
-            Ok(name) => entries.extend(
-                name.files
-                    .into_iter()
-                    .filter(|f| f.filename != "." && f.filename != "..")
-                    .map(|f| (f.filename, f.attrs)),
-            ),
+            Ok(name) => {
+                for f in name.files {
+                    match f.filename.as_str() {
+                        "." => dot = Some(f.attrs),
+                        ".." => {}
+                        _ => entries.push((f.filename, f.attrs)),
+                    }
+                }
+            }
             Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
             Err(e) => break Err(e),
         }
     };
     let _ = sftp.raw.close(handle).await;
-    listed.map(|()| entries)
+    listed.map(|()| (dot, entries))
 }
 
 /// The server's canonical form of `path`, every symlink in it resolved.
@@ -1623,7 +1636,8 @@ impl Apply {
     /// Removes the temp files a stopped push (a cut, kill -9) left in the folder `file` is
     /// written to, once per folder this push did not make: fastcp's temp names (not
     /// `--resume` partial files) last written more than [`STALE_TEMP`] before now by the
-    /// remote's clock (the folder's time, which `file`'s own temp file set a moment ago), and
+    /// remote's clock (the folder's time, as its listing gives it for `.`: `file`'s own temp
+    /// file set it a moment ago), and
     /// not this push's own. SFTP has no locks to tell a live copy's temp file by, so age
     /// must. Best effort: what cannot be listed or removed stays.
     async fn sweep_beside(&self, file: &PushFile, s: usize) {
@@ -1637,10 +1651,10 @@ impl Apply {
         }
         let sftp = &self.sftp[s];
         let listed = if dir.is_empty() { "." } else { &dir };
-        let Ok(Some(now)) = sftp.raw.lstat(listed).await.map(|a| a.attrs.mtime) else {
+        let Ok((Some(dot), entries)) = list_dir_and_self(sftp, listed).await else {
             return;
         };
-        let Ok(entries) = list_dir(sftp, listed).await else {
+        let Some(now) = dot.mtime else {
             return;
         };
         for (name, attrs) in entries {
@@ -1692,14 +1706,38 @@ impl Apply {
             return None;
         }
         let _reading = self.partial_reads.acquire().await.ok()?;
-        let handle = sftp
-            .raw
-            .open(partial, OpenFlags::READ, FileAttributes::empty())
-            .await
-            .ok()?
-            .handle;
-        let hashes = read_block_hashes(sftp, &handle, (blocks * block).min(p.size), block).await;
-        let _ = sftp.raw.close(handle).await;
+        // Every session reads its share of the blocks, in file order.
+        let share = blocks.div_ceil(self.sftp.len() as u64);
+        let parts = self.sftp.iter().enumerate().map(|(k, sftp)| {
+            let first = (k as u64 * share).min(blocks);
+            let last = ((k as u64 + 1) * share).min(blocks);
+            let partial = partial.clone();
+            async move {
+                if first == last {
+                    return (0, Vec::new());
+                }
+                let Ok(opened) = sftp
+                    .raw
+                    .open(partial, OpenFlags::READ, FileAttributes::empty())
+                    .await
+                else {
+                    return (last - first, Vec::new());
+                };
+                let (from, to) = (first * block, (last * block).min(p.size));
+                let hashes = read_block_hashes(sftp, &opened.handle, from, to, block).await;
+                let _ = sftp.raw.close(opened.handle).await;
+                (last - first, hashes)
+            }
+        });
+        // The offer is the blocks from the first on, up to the first share cut short.
+        let mut hashes = Vec::new();
+        for (wanted, got) in futures_util::future::join_all(parts).await {
+            let whole = got.len() as u64 == wanted;
+            hashes.extend(got);
+            if !whole {
+                break;
+            }
+        }
         (!hashes.is_empty()).then_some(Partial {
             id: p.id,
             block,
@@ -1718,14 +1756,20 @@ fn offer_block(size: u64) -> u64 {
     fit.div_ceil(MIN).max(1) * MIN
 }
 
-/// The XXH3-128 of each `block` bytes of the open remote file `handle` up to `end` (the last
-/// block may end there, shorter), read with several requests in flight: as many as were
-/// read before a read failed or came back short.
-async fn read_block_hashes(sftp: &Sftp, handle: &str, end: u64, block: u64) -> Vec<u128> {
+/// The XXH3-128 of each `block` bytes of the open remote file `handle` from `start` (a whole
+/// number of blocks) up to `end` (the last block may end there, shorter), read with several
+/// requests in flight: as many as were read before a read failed or came back short.
+async fn read_block_hashes(
+    sftp: &Sftp,
+    handle: &str,
+    start: u64,
+    end: u64,
+    block: u64,
+) -> Vec<u128> {
     let mut hashes = Vec::new();
     let mut hasher = twox_hash::XxHash3_128::new();
     let mut pending = FuturesOrdered::new();
-    let (mut asked, mut hashed) = (0u64, 0u64);
+    let (mut asked, mut hashed) = (start, start);
     loop {
         while asked < end && pending.len() < IO_IN_FLIGHT {
             let Some(place) = sftp.place(pending.is_empty()).await else {
