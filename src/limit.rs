@@ -138,6 +138,9 @@ impl<S> Limited<S> {
     }
 }
 
+/// The longest a stream sleeps on the bucket before it looks again (see [`RateLimit::lift`]).
+const LIFT_SEEN_WITHIN: Duration = Duration::from_millis(100);
+
 /// Waits until `limit` is out of debt, keeping the timer in `slot` between polls.
 fn poll_ready(
     limit: &RateLimit,
@@ -145,13 +148,19 @@ fn poll_ready(
     cx: &mut Context<'_>,
 ) -> Poll<()> {
     loop {
+        if limit.lifted.load(std::sync::atomic::Ordering::Relaxed) {
+            *slot = None;
+            return Poll::Ready(());
+        }
         if let Some(sleep) = slot.as_mut() {
             ready!(sleep.as_mut().poll(cx));
             *slot = None;
         }
         match limit.wait() {
             None => return Poll::Ready(()),
-            Some(d) => *slot = Some(Box::pin(tokio::time::sleep(d))),
+            // In slices of at most 100 ms (waits that long come only below 10 KiB/s), so
+            // that a lift is seen soon.
+            Some(d) => *slot = Some(Box::pin(tokio::time::sleep(d.min(LIFT_SEEN_WITHIN)))),
         }
     }
 }

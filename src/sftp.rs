@@ -832,8 +832,9 @@ struct LiveTemps {
 const CLEANUP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Held by the push future alone, so it drops with it: then it removes what [`LiveTemps`]
-/// still holds, through the sessions, waiting at most [`CLEANUP_LIMIT`] (blocking this
-/// thread: a dropped future cannot wait). A session that is gone fails its removals at once.
+/// still holds, through the sessions, waiting at most [`CLEANUP_LIMIT`] and a little (this
+/// thread blocks: a dropped future cannot wait). A session that is gone fails its removals
+/// at once.
 struct TempSweeper(Arc<LiveTemps>);
 
 impl Drop for TempSweeper {
@@ -854,7 +855,19 @@ impl Drop for TempSweeper {
         use tokio::runtime::{Handle, RuntimeFlavor};
         match Handle::try_current() {
             Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| h.block_on(removing));
+                // On a thread of its own, waited for a little longer than the removals' own
+                // limit: a runtime that is shutting down may drive nothing any more.
+                let (done, finished) = std::sync::mpsc::channel();
+                let removal = std::thread::Builder::new()
+                    .name("fastcp-sftp-cleanup".into())
+                    .spawn(move || {
+                        h.block_on(removing);
+                        let _ = done.send(());
+                    });
+                if removal.is_ok() {
+                    let limit = CLEANUP_LIMIT + Duration::from_millis(500);
+                    tokio::task::block_in_place(|| finished.recv_timeout(limit).ok());
+                }
             }
             // A single-threaded runtime cannot wait here: the removals go on as a task.
             Ok(h) => drop(h.spawn(removing)),
@@ -950,12 +963,14 @@ async fn push(
     let applying = {
         let apply = apply.clone();
         async move {
-            let streams = readers.into_iter().enumerate().map(|(s, r)| {
+            // In a set this future owns: dropped (a cancelled copy), it stops them.
+            let mut streams = tokio::task::JoinSet::new();
+            for (s, r) in readers.into_iter().enumerate() {
                 let apply = apply.clone();
-                tokio::spawn(async move { apply.stream(s, r).await })
-            });
+                streams.spawn(async move { apply.stream(s, r).await });
+            }
             let mut first_error = None;
-            for joined in futures_util::future::join_all(streams).await {
+            while let Some(joined) = streams.join_next().await {
                 let result = joined.unwrap_or_else(|e| Err(Error::Io(std::io::Error::other(e))));
                 if let Err(e) = result {
                     first_error.get_or_insert(e);
@@ -1561,9 +1576,11 @@ impl Apply {
             return Ok(());
         }
         let target = file.target.as_ref().expect("a created file has a target");
+        // No longer the sweeper's to remove: without posix-rename the target is removed before
+        // the rename, and a push stopped in between must not take the only copy with it.
+        lock(&self.live.names).remove(&file.temp);
         match sftp[0].replace(&file.temp, target).await {
             Ok(()) => {
-                lock(&self.live.names).remove(&file.temp);
                 let mut done = lock(&self.done);
                 done.files += 1;
                 done.bytes += file.size;
@@ -1573,7 +1590,6 @@ impl Apply {
             Err(e) => {
                 if file.kind == TempKind::Random {
                     let _ = sftp[0].raw.remove(file.temp.clone()).await;
-                    lock(&self.live.names).remove(&file.temp);
                 }
                 if is_session_failure(&e) {
                     return Err(fatal("renaming a file into place", e));
@@ -1641,16 +1657,18 @@ impl Apply {
     /// not this push's own. SFTP has no locks to tell a live copy's temp file by, so age
     /// must. Best effort: what cannot be listed or removed stays.
     async fn sweep_beside(&self, file: &PushFile, s: usize) {
-        let dir = match file.temp.rsplit_once('/') {
-            Some(("", _)) => "/".to_string(),
-            Some((d, _)) => d.to_string(),
-            None => String::new(),
+        // The folder as the temp file's own path spells it, and the prefix its neighbours'
+        // paths take, so that they compare equal to the names this push registered.
+        let (dir, prefix) = match file.temp.rfind('/') {
+            Some(0) => ("/", "/"),
+            Some(i) => (&file.temp[..i], &file.temp[..=i]),
+            None => (".", ""),
         };
-        if !lock(&self.swept).insert(dir.clone()) {
+        if !lock(&self.swept).insert(dir.to_string()) {
             return;
         }
         let sftp = &self.sftp[s];
-        let listed = if dir.is_empty() { "." } else { &dir };
+        let listed = dir;
         let Ok((Some(dot), entries)) = list_dir_and_self(sftp, listed).await else {
             return;
         };
@@ -1668,10 +1686,7 @@ impl Apply {
             {
                 continue;
             }
-            let path = match dir.is_empty() {
-                true => name,
-                false => join(&dir, &name),
-            };
+            let path = format!("{prefix}{name}");
             if !lock(&self.live.names).contains_key(&path) {
                 let _ = sftp.raw.remove(path).await;
             }
@@ -1890,14 +1905,18 @@ impl PushFile {
                             // Offered, so checked as a regular file a moment ago.
                             TempKind::Offered => flags = OpenFlags::WRITE,
                         }
-                        let h = sftp
-                            .raw
-                            .open(self.temp.clone(), flags, attrs)
-                            .await
-                            .map_err(|e| Failure::opening(&self.temp, e))?;
+                        // Known before it exists: a push dropped while the open is on its way
+                        // still removes it, on this session, so after the open.
                         if self.kind == TempKind::Random {
                             lock(&apply.live.names).insert(self.temp.clone(), s);
                         }
+                        let h = match sftp.raw.open(self.temp.clone(), flags, attrs).await {
+                            Ok(h) => h,
+                            Err(e) => {
+                                lock(&apply.live.names).remove(&self.temp);
+                                return Err(Failure::opening(&self.temp, e));
+                            }
+                        };
                         if self.kind == TempKind::Offered
                             && !still_the_partial(sftp, &h.handle, &self.temp).await
                         {
@@ -1955,8 +1974,11 @@ fn temp_name(target: &str) -> String {
         None => (String::new(), target),
     };
     let tag = u32::from_le_bytes(crate::session::random32()[..4].try_into().expect("4 bytes"));
-    let short: String = name.chars().take(100).collect();
-    format!("{dir}.{short}.fastcp-{tag:08x}")
+    let mut cut = name.len().min(100);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{dir}.{}.fastcp-{tag:08x}", &name[..cut])
 }
 
 // ---------------------------------------------------------------------------------------
