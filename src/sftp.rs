@@ -1612,12 +1612,15 @@ impl Apply {
             let points_to = utf8(&l.target)?.to_string();
             let temp = temp_name(&target);
             let sftp = &self.sftp[s];
+            // A stopped push removes it too (see `TempSweeper`), from the request on.
+            lock(&self.live.names).insert(temp.clone(), s);
             // OpenSSH's sftp-server takes the link's target first and its own path second
             // (the reverse of the draft), and so does every server it interoperates with.
-            sftp.raw
-                .symlink(points_to, temp.clone())
-                .await
-                .map_err(|e| (code(&e), format!("cannot make the link: {e}")))?;
+            let made = sftp.raw.symlink(points_to, temp.clone()).await;
+            // No longer the guard's to remove: the rename comes next, as for a file (see
+            // `settle_if_complete`).
+            lock(&self.live.names).remove(&temp);
+            made.map_err(|e| (code(&e), format!("cannot make the link: {e}")))?;
             if let Err(e) = sftp.replace(&temp, &target).await {
                 let _ = sftp.raw.remove(temp).await;
                 return Err((code(&e), format!("cannot rename the link into place: {e}")));
@@ -1679,8 +1682,9 @@ impl Apply {
             let stale = attrs
                 .mtime
                 .is_some_and(|t| u64::from(t) + STALE_TEMP.as_secs() < u64::from(now));
+            let kind = file_type(&attrs);
             if !(stale
-                && file_type(&attrs) == S_IFREG
+                && (kind == S_IFREG || kind == S_IFLNK)
                 && is_single_name(&name)
                 && fastcp_stream::is_temp_name(name.as_bytes()))
             {

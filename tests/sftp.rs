@@ -704,6 +704,10 @@ fn a_push_over_sftp_removes_the_stale_temp_files_a_stopped_push_left() {
         write(p, b"left", 0o600);
         set_mtime(p, hour_ago, 0);
     }
+    // A link's temp name, left the same way.
+    let stale_link = dst.join("src/.link.fastcp-0a0b0c0d");
+    symlink("nowhere", &stale_link).unwrap();
+    set_mtime(&stale_link, hour_ago, 0);
     let fresh = dst.join("src/sub/.g.fastcp-fedcba98");
     write(&fresh, b"live", 0o600);
     let out = run(plain(&sshd)
@@ -712,8 +716,8 @@ fn a_push_over_sftp_removes_the_stale_temp_files_a_stopped_push_left() {
         .arg(remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(fs::read(dst.join("src/sub/f")).unwrap(), b"f");
-    for p in &stale {
-        assert!(!p.exists(), "{} stayed", p.display());
+    for p in stale.iter().chain([&stale_link]) {
+        assert!(fs::symlink_metadata(p).is_err(), "{} stayed", p.display());
     }
     for p in kept.iter().chain([&fresh]) {
         assert!(p.exists(), "{} was removed", p.display());
