@@ -155,6 +155,8 @@ impl Sftp {
         if self.raw.rename(from, to).await.is_ok() {
             return Ok(());
         }
+        // The target goes only while what replaces it is still there.
+        self.raw.lstat(from).await?;
         let _ = self.raw.remove(to).await;
         self.raw.rename(from, to).await.map(|_| ())
     }
@@ -824,9 +826,40 @@ struct LiveTemps {
     /// The copy's `--bwlimit`, lifted for the removals: they would queue behind the writes
     /// already sent.
     limit: Option<Arc<crate::limit::RateLimit>>,
-    /// Temp name -> the session that made it.
-    names: Mutex<HashMap<String, usize>>,
+    /// Temp name -> the session that made it; `None` once the push is stopping and its
+    /// guard took them to remove.
+    names: Mutex<Option<HashMap<String, usize>>>,
 }
+
+impl LiveTemps {
+    /// Registers `name`, made on session `s`. False once the push is stopping: then nothing
+    /// new may be made.
+    fn add(&self, name: &str, s: usize) -> bool {
+        lock(&self.names)
+            .as_mut()
+            .map(|names| names.insert(name.to_string(), s))
+            .is_some()
+    }
+
+    /// Unregisters `name` before its rename (or after its removal). False when the stopping
+    /// push's guard took it to remove: then it must not be renamed.
+    fn take(&self, name: &str) -> bool {
+        lock(&self.names)
+            .as_mut()
+            .and_then(|names| names.remove(name))
+            .is_some()
+    }
+
+    /// Whether `name` is this push's own (or the push is stopping, and all are its guard's).
+    fn holds(&self, name: &str) -> bool {
+        lock(&self.names)
+            .as_ref()
+            .is_none_or(|names| names.contains_key(name))
+    }
+}
+
+/// A file's failure when the push stopped before it took its name.
+const STOPPING: &str = "the copy stopped before it took its name";
 
 /// How long a stopped push waits for its leftover temp files to be removed.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(2);
@@ -839,7 +872,7 @@ struct TempSweeper(Arc<LiveTemps>);
 
 impl Drop for TempSweeper {
     fn drop(&mut self) {
-        let left = std::mem::take(&mut *lock(&self.0.names));
+        let left = lock(&self.0.names).take().unwrap_or_default();
         if left.is_empty() {
             return;
         }
@@ -864,6 +897,7 @@ impl Drop for TempSweeper {
                         h.block_on(removing);
                         let _ = done.send(());
                     });
+                // Without a thread (none could be started), nothing is removed.
                 if removal.is_ok() {
                     let limit = CLEANUP_LIMIT + Duration::from_millis(500);
                     tokio::task::block_in_place(|| finished.recv_timeout(limit).ok());
@@ -933,7 +967,7 @@ async fn push(
     let live = Arc::new(LiveTemps {
         sftp: sftp.clone(),
         limit,
-        names: Mutex::new(HashMap::new()),
+        names: Mutex::new(Some(HashMap::new())),
     });
     let _sweeper = TempSweeper(live.clone());
     let apply = Arc::new(Apply {
@@ -1567,7 +1601,7 @@ impl Apply {
             // A partial file stays for the next `--resume`.
             if file.created.initialized() && file.kind == TempKind::Random {
                 let _ = sftp[0].raw.remove(file.temp.clone()).await;
-                lock(&self.live.names).remove(&file.temp);
+                self.live.take(&file.temp);
             }
             let failure = lock(&file.failure).take();
             if let Some(f) = failure.or(outcome.err()) {
@@ -1578,7 +1612,11 @@ impl Apply {
         let target = file.target.as_ref().expect("a created file has a target");
         // No longer the sweeper's to remove: without posix-rename the target is removed before
         // the rename, and a push stopped in between must not take the only copy with it.
-        lock(&self.live.names).remove(&file.temp);
+        if file.kind == TempKind::Random && !self.live.take(&file.temp) {
+            // The push is stopping, and its guard removes the temp file.
+            self.failed(&file.wire, (ErrorCode::Io, STOPPING.into()));
+            return Ok(());
+        }
         match sftp[0].replace(&file.temp, target).await {
             Ok(()) => {
                 let mut done = lock(&self.done);
@@ -1613,13 +1651,17 @@ impl Apply {
             let temp = temp_name(&target);
             let sftp = &self.sftp[s];
             // A stopped push removes it too (see `TempSweeper`), from the request on.
-            lock(&self.live.names).insert(temp.clone(), s);
+            if !self.live.add(&temp, s) {
+                return Err((ErrorCode::Io, STOPPING.into()));
+            }
             // OpenSSH's sftp-server takes the link's target first and its own path second
             // (the reverse of the draft), and so does every server it interoperates with.
             let made = sftp.raw.symlink(points_to, temp.clone()).await;
             // No longer the guard's to remove: the rename comes next, as for a file (see
             // `settle_if_complete`).
-            lock(&self.live.names).remove(&temp);
+            if !self.live.take(&temp) {
+                return Err((ErrorCode::Io, STOPPING.into()));
+            }
             made.map_err(|e| (code(&e), format!("cannot make the link: {e}")))?;
             if let Err(e) = sftp.replace(&temp, &target).await {
                 let _ = sftp.raw.remove(temp).await;
@@ -1691,7 +1733,7 @@ impl Apply {
                 continue;
             }
             let path = format!("{prefix}{name}");
-            if !lock(&self.live.names).contains_key(&path) {
+            if !self.live.holds(&path) {
                 let _ = sftp.raw.remove(path).await;
             }
         }
@@ -1911,13 +1953,13 @@ impl PushFile {
                         }
                         // Known before it exists: a push dropped while the open is on its way
                         // still removes it, on this session, so after the open.
-                        if self.kind == TempKind::Random {
-                            lock(&apply.live.names).insert(self.temp.clone(), s);
+                        if self.kind == TempKind::Random && !apply.live.add(&self.temp, s) {
+                            return Err(Failure::File((ErrorCode::Io, STOPPING.into())));
                         }
                         let h = match sftp.raw.open(self.temp.clone(), flags, attrs).await {
                             Ok(h) => h,
                             Err(e) => {
-                                lock(&apply.live.names).remove(&self.temp);
+                                apply.live.take(&self.temp);
                                 return Err(Failure::opening(&self.temp, e));
                             }
                         };

@@ -706,7 +706,8 @@ fn a_push_over_sftp_removes_the_stale_temp_files_a_stopped_push_left() {
     }
     // A link's temp name, left the same way.
     let stale_link = dst.join("src/.link.fastcp-0a0b0c0d");
-    symlink("nowhere", &stale_link).unwrap();
+    // It points at a file that must stay: removing the link is not removing what it names.
+    symlink(&kept[0], &stale_link).unwrap();
     set_mtime(&stale_link, hour_ago, 0);
     let fresh = dst.join("src/sub/.g.fastcp-fedcba98");
     write(&fresh, b"live", 0o600);
