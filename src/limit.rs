@@ -94,9 +94,6 @@ impl RateLimit {
 
     /// How long to wait before the next read or write, if the bucket is overdrawn.
     fn wait(&self) -> Option<Duration> {
-        if self.lifted.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
         let b = self.bucket();
         // Less than a byte of debt is rounding; waits shorter than a millisecond would spin.
         (b.tokens <= -1.0).then(|| {

@@ -970,13 +970,14 @@ async fn push(
         names: Mutex::new(Some(HashMap::new())),
     });
     let _sweeper = TempSweeper(live.clone());
+    let mut send_config = plan_send_config(plan);
     let apply = Arc::new(Apply {
         sftp,
         place,
-        preserve: plan_send_config(plan).preserve,
+        preserve: send_config.preserve,
         files: Registry::new(),
         dirs: Registry::new(),
-        chunk_size: plan_send_config(plan).chunk_size as u64,
+        chunk_size: send_config.chunk_size as u64,
         dir_meta: Mutex::new(Vec::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
@@ -1048,7 +1049,6 @@ async fn push(
         }
         let _ = reply_half.shutdown().await;
     };
-    let mut send_config = plan_send_config(plan);
     send_config.checksum = false;
     // Nothing on the remote side could check a file's checksum: none is computed.
     send_config.file_checksums = false;
@@ -1691,30 +1691,27 @@ impl Apply {
             Err(_) => false,
         }
     }
-}
 
-impl Apply {
     /// Removes the temp files a stopped push (a cut, kill -9) left in the folder `file` is
     /// written to, once per folder this push did not make: fastcp's temp names (not
     /// `--resume` partial files) last written more than [`STALE_TEMP`] before now by the
     /// remote's clock (the folder's time, as its listing gives it for `.`: `file`'s own temp
-    /// file set it a moment ago), and
-    /// not this push's own. SFTP has no locks to tell a live copy's temp file by, so age
-    /// must. Best effort: what cannot be listed or removed stays.
+    /// file set it a moment ago), and not this push's own. SFTP has no locks to tell a live
+    /// copy's temp file by, so age must. Best effort: what cannot be listed or removed stays.
     async fn sweep_beside(&self, file: &PushFile, s: usize) {
         // The folder as the temp file's own path spells it, and the prefix its neighbours'
         // paths take, so that they compare equal to the names this push registered.
-        let (dir, prefix) = match file.temp.rfind('/') {
-            Some(0) => ("/", "/"),
-            Some(i) => (&file.temp[..i], &file.temp[..=i]),
-            None => (".", ""),
+        let (prefix, _) = split_target(&file.temp);
+        let dir = match prefix {
+            "" => ".",
+            "/" => "/",
+            _ => &prefix[..prefix.len() - 1],
         };
         if !lock(&self.swept).insert(dir.to_string()) {
             return;
         }
         let sftp = &self.sftp[s];
-        let listed = dir;
-        let Ok((Some(dot), entries)) = list_dir_and_self(sftp, listed).await else {
+        let Ok((Some(dot), entries)) = list_dir_and_self(sftp, dir).await else {
             return;
         };
         let Some(now) = dot.mtime else {
@@ -1881,10 +1878,7 @@ async fn still_the_partial(sftp: &Sftp, handle: &str, path: &str) -> bool {
 /// names it. `None` for a name over 200 bytes: the receiver cuts such names short, so two
 /// could share a partial file, and over SFTP no lock keeps two copies apart.
 fn partial_path(target: &str) -> Option<String> {
-    let (dir, name) = match target.rsplit_once('/') {
-        Some((d, n)) => (format!("{d}/"), n),
-        None => (String::new(), target),
-    };
+    let (dir, name) = split_target(target);
     if name.len() > 200 {
         return None;
     }
@@ -2011,14 +2005,20 @@ fn set_times(attrs: &mut FileAttributes, meta: &Meta) {
     attrs.atime = Some(clamp(meta.atime.map_or(meta.mtime, |(s, _)| s)));
 }
 
+/// A remote path split after its last `/`: the folder's prefix (`""` for none, `/` kept)
+/// and the name.
+fn split_target(target: &str) -> (&str, &str) {
+    match target.rfind('/') {
+        Some(i) => (&target[..=i], &target[i + 1..]),
+        None => ("", target),
+    }
+}
+
 /// A hidden temp name beside `target`, as the receiver makes them (so that
 /// [`fastcp_stream::is_temp_name`] knows it: `--delete` leaves it, a later copy's sweep may
 /// take it once stale).
 fn temp_name(target: &str) -> String {
-    let (dir, name) = match target.rsplit_once('/') {
-        Some((d, n)) => (format!("{d}/"), n),
-        None => (String::new(), target),
-    };
+    let (dir, name) = split_target(target);
     let tag = u32::from_le_bytes(crate::session::random32()[..4].try_into().expect("4 bytes"));
     let mut cut = name.len().min(100);
     while !name.is_char_boundary(cut) {
