@@ -553,7 +553,8 @@ impl Reader {
     }
 
     /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks
-    /// (hashed off the async threads); `None` when there is none to offer.
+    /// (hashed off the async threads), sent to the sender; `None` when there is none to
+    /// offer.
     ///
     /// The hashes go to the sender as they are made, a `Partial` frame every
     /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
@@ -878,12 +879,7 @@ impl Reader {
                     && self.shared.config.resume
                     && let Some((fd, offer)) = self.partial_offer(&p).await
                 {
-                    let partial = Frame::Partial(fastcp_proto::Partial {
-                        id: p.id,
-                        block: offer.block,
-                        hashes: offer.hashes.clone(),
-                    });
-                    let _ = self.shared.replies.send(partial).await;
+                    // Its `Partial` frames are sent: the offer is held for the `File` entry.
                     lock(&self.shared.table)
                         .offers
                         .insert(p.path.clone(), (fd, offer));

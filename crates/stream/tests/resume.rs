@@ -69,6 +69,26 @@ async fn a_partial_file_is_continued_and_only_what_it_lacks_is_sent() {
     assert_eq!((again.files_skipped, again.bytes_sent), (1, 0));
 }
 
+/// Each block the partial file holds is offered once: blocks of the source past the partial
+/// file that repeat one it holds (zeros, here) travel, and are not taken for kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_past_the_partial_file_that_repeat_one_it_holds_still_travel() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    let mut content = pseudo_random(20 * MIB, 9);
+    content[..4 * MIB].fill(0);
+    content[6 * MIB..10 * MIB].fill(0);
+    fs::write(&src, &content).unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join(".big.fastcp-partial"), &content[..6 * MIB]).unwrap();
+
+    let report = copy(&src, &dest, 2).await;
+    assert_eq!(fs::read(dest.join("big")).unwrap(), content);
+    assert_eq!(report.bytes_resumed, 6 * MIB as u64);
+    assert_eq!(report.bytes_sent, 14 * MIB as u64);
+}
+
 /// A partial file longer than the source now is, and zeros in the source where the partial
 /// file holds other bytes: the zeros are written, not left as holes over stale data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
