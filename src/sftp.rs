@@ -490,11 +490,6 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
     let refused = [
         (o.checksum, "--checksum"),
-        (
-            o.resume && plan.dest.remote().is_none(),
-            // SFTP could only hash the remote's blocks by reading them: what resuming saves.
-            "--resume on a pull",
-        ),
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
@@ -2073,6 +2068,58 @@ struct Job {
     range: (u64, u64),
     /// For a big file: its checksum, fed by every range, and the bytes still to come.
     shared: Option<Arc<Mutex<(FileChecksum, u64)>>>,
+    /// `--resume`: the blocks the receiver's partial file holds of this very version of the
+    /// file, kept rather than read.
+    kept: Option<Arc<Partial>>,
+}
+
+impl Job {
+    /// The job's range in order, as runs to read and blocks the receiver keeps (`true`),
+    /// one block a run.
+    fn runs(&self) -> Vec<(u64, u64, bool)> {
+        let (start, end) = self.range;
+        let Some(offer) = &self.kept else {
+            return vec![(start, end, false)];
+        };
+        let block = offer.block.max(1);
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new();
+        let mut at = start;
+        while at < end {
+            let next = (at / block + 1).saturating_mul(block).min(end);
+            let whole = at.is_multiple_of(block) && next - at == block.min(self.size - at);
+            let held = offer
+                .hashes
+                .get((at / block) as usize)
+                .is_some_and(|&h| h != fastcp_proto::NOT_HELD);
+            let kept = whole && held;
+            match runs.last_mut() {
+                Some((_, e, false)) if !kept => *e = next,
+                _ => runs.push((at, next, kept)),
+            }
+            at = next;
+        }
+        runs
+    }
+}
+
+/// The reads of a file whose partial file the receiver holds blocks of (`offer`): the
+/// ranges moved to end on a block's edge, so that no read splits a block, each with the
+/// offer.
+fn keeping(reads: Vec<Job>, offer: Arc<Partial>) -> Vec<Job> {
+    let block = offer.block.max(1);
+    let mut start = 0;
+    let mut out = Vec::with_capacity(reads.len());
+    for mut job in reads {
+        let end = job.range.1.next_multiple_of(block).min(job.size);
+        if end <= start {
+            continue;
+        }
+        job.range = (start, end);
+        job.kept = Some(offer.clone());
+        start = end;
+        out.push(job);
+    }
+    out
 }
 
 /// The reading side of a pull.
@@ -2137,14 +2184,16 @@ async fn pull(
         .collect();
     let (replies, reply_half) = tokio::io::duplex(64 << 10);
     let o = &plan.options;
+    // `--resume` asks about each file, as the quick check does, and keeps times to match.
+    let probing = o.skip_unchanged || o.resume;
     let emit = Arc::new(Emit {
         sftp,
         outs,
-        preserve: o.preserve || o.skip_unchanged,
+        preserve: o.preserve || probing,
         recursive: o.recursive,
         follow: o.follow_links,
         filter: o.filter.clone(),
-        probing: o.skip_unchanged.then(|| Probing {
+        probing: probing.then(|| Probing {
             parked: Mutex::new(HashMap::new()),
             window: Semaphore::new(PROBES_IN_FLIGHT),
             sent: AtomicU64::new(0),
@@ -2155,11 +2204,15 @@ async fn pull(
     let mut config = fastcp_stream::ReceiveConfig {
         recursive: o.recursive,
         // The quick check compares times: they must be kept.
-        preserve: o.preserve || o.skip_unchanged,
+        preserve: o.preserve || probing,
         target_must_be_dir: plan.sources.len() > 1
             || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
         fsync: o.fsync,
-        skip_unchanged: o.skip_unchanged,
+        skip_unchanged: probing,
+        resume: o.resume,
+        // Hashing the remote's blocks would mean reading them: the partial file's record of
+        // what arrived from this version of the source stands in.
+        resume_from_record: true,
         delete: o.delete,
         filter: o.filter.clone(),
         // The bytes come from this process's own SFTP reads: hashing them on both sides of
@@ -2189,14 +2242,28 @@ async fn pull(
     }
 }
 
+/// A probe's answer, with what the receiver's partial file holds (`--resume`): a `Partial`
+/// offered from its record, whose blocks not [`NOT_HELD`](fastcp_proto::NOT_HELD) are kept
+/// unread.
+type Answered = (Answer, Option<Arc<Partial>>);
+
 /// Reads the local receiver's replies to their end (or their first undecodable byte),
-/// passing its answers to probes on.
-async fn read_answers(replies: DuplexStream, answers: tokio::sync::mpsc::UnboundedSender<Answer>) {
-    // Answers are small; a `Partial` (resume) is not asked for here.
+/// passing its answers to probes on, each with the `Partial` sent just before it.
+async fn read_answers(
+    replies: DuplexStream,
+    answers: tokio::sync::mpsc::UnboundedSender<Answered>,
+) {
+    // Answers are small; a `Partial` holds at most 16,384 hashes of 16 bytes.
     let mut replies = crate::wire::FrameReader::new(replies, 1 << 20);
+    let mut partial = None;
     while let Ok(frame) = replies.next("reading the receiver's replies").await {
-        if let Frame::Answer(a) = frame {
-            let _ = answers.send(a);
+        match frame {
+            Frame::Partial(p) => partial = Some(p),
+            Frame::Answer(a) => {
+                let offer = partial.take().filter(|p| p.id == a.id && a.send);
+                let _ = answers.send((a, offer.map(Arc::new)));
+            }
+            _ => {}
         }
     }
 }
@@ -2256,7 +2323,7 @@ impl Emit {
     async fn run(
         self: Arc<Self>,
         sources: Vec<String>,
-        answers: tokio::sync::mpsc::UnboundedReceiver<Answer>,
+        answers: tokio::sync::mpsc::UnboundedReceiver<Answered>,
     ) -> Result<(), Error> {
         let (jobs_tx, jobs_rx) = tokio::sync::mpsc::channel::<Job>(1024);
         let jobs_rx = Arc::new(tokio::sync::Mutex::new(jobs_rx));
@@ -2323,7 +2390,7 @@ impl Emit {
     /// until then, so the readers wait for it.
     async fn dispatch(
         &self,
-        mut answers: tokio::sync::mpsc::UnboundedReceiver<Answer>,
+        mut answers: tokio::sync::mpsc::UnboundedReceiver<Answered>,
         jobs: tokio::sync::mpsc::Sender<Job>,
     ) -> Result<(), Error> {
         let Some(probing) = &self.probing else {
@@ -2334,7 +2401,7 @@ impl Emit {
             if probing.listed.get().is_some_and(|&sent| answered >= sent) {
                 return Ok(());
             }
-            let answer = tokio::select! {
+            let (answer, offer) = tokio::select! {
                 a = answers.recv() => match a {
                     Some(a) => a,
                     // The receiver stopped: its error is the copy's.
@@ -2345,9 +2412,12 @@ impl Emit {
             answered += 1;
             probing.window.add_permits(1);
             let parked = lock(&probing.parked).remove(&answer.id);
-            let (Some((announce, reads)), true) = (parked, answer.send) else {
+            let (Some((announce, mut reads)), true) = (parked, answer.send) else {
                 continue;
             };
+            if let Some(offer) = offer {
+                reads = keeping(reads, offer);
+            }
             if let Some(frame) = announce {
                 self.send(0, &frame).await?;
             }
@@ -2480,6 +2550,7 @@ impl Emit {
                     meta,
                     range,
                     shared,
+                    kept: None,
                 };
                 let (announce, reads) = if size <= RANGE {
                     (None, vec![job((0, size), None)])
@@ -2645,54 +2716,59 @@ impl Emit {
             if start == 0 && end == job.size && job.size <= u64::from(sftp.io) {
                 return self.read_small(s, job, own, &handle).await;
             }
-            let mut at = start;
-            while at < end {
-                // Requests in flight from `at`; a short answer restarts from where it ended.
-                let mut pending = FuturesOrdered::new();
-                let mut asked = at;
-                loop {
-                    while asked < end && pending.len() < IO_IN_FLIGHT {
-                        // Wait for a place only with nothing in flight here: requests not yet
-                        // polled are not sent, and must not hold places others wait for.
-                        let Some(place) = sftp.place(pending.is_empty()).await else {
+            for (mut at, end, kept) in job.runs() {
+                if kept {
+                    *completed |= self.keep(s, job, own, at, end - at).await.map_err(Err)?;
+                    continue;
+                }
+                while at < end {
+                    // Requests in flight from `at`; a short answer restarts from where it ended.
+                    let mut pending = FuturesOrdered::new();
+                    let mut asked = at;
+                    loop {
+                        while asked < end && pending.len() < IO_IN_FLIGHT {
+                            // Wait for a place only with nothing in flight here: requests not yet
+                            // polled are not sent, and must not hold places others wait for.
+                            let Some(place) = sftp.place(pending.is_empty()).await else {
+                                break;
+                            };
+                            let len = (end - asked).min(u64::from(sftp.io)) as u32;
+                            let read = sftp.raw.read(handle.clone(), asked, len);
+                            pending.push_back(async move { (read.await, place) });
+                            asked += u64::from(len);
+                        }
+                        let Some((r, _place)) = pending.next().await else {
                             break;
                         };
-                        let len = (end - asked).min(u64::from(sftp.io)) as u32;
-                        let read = sftp.raw.read(handle.clone(), asked, len);
-                        pending.push_back(async move { (read.await, place) });
-                        asked += u64::from(len);
-                    }
-                    let Some((r, _place)) = pending.next().await else {
-                        break;
-                    };
-                    let mut data = match r {
-                        Ok(d) => d.data,
-                        Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
+                        let mut data = match r {
+                            Ok(d) => d.data,
+                            Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
+                                return Err(Ok((
+                                    ErrorCode::SourceChanged,
+                                    "the file shrank while it was read".into(),
+                                )));
+                            }
+                            Err(e) => return Err(to_failure(e)),
+                        };
+                        let wanted = (end - at).min(u64::from(sftp.io));
+                        let got = data.len() as u64;
+                        if got == 0 {
                             return Err(Ok((
                                 ErrorCode::SourceChanged,
                                 "the file shrank while it was read".into(),
                             )));
                         }
-                        Err(e) => return Err(to_failure(e)),
-                    };
-                    let wanted = (end - at).min(u64::from(sftp.io));
-                    let got = data.len() as u64;
-                    if got == 0 {
-                        return Err(Ok((
-                            ErrorCode::SourceChanged,
-                            "the file shrank while it was read".into(),
-                        )));
-                    }
-                    // Never more than asked for, whatever the server sends.
-                    data.truncate(wanted as usize);
-                    let offset = at;
-                    at += got.min(wanted);
-                    *completed |= self
-                        .data(s, job, own, offset, Bytes::from(data))
-                        .await
-                        .map_err(Err)?;
-                    if got < wanted {
-                        break;
+                        // Never more than asked for, whatever the server sends.
+                        data.truncate(wanted as usize);
+                        let offset = at;
+                        at += got.min(wanted);
+                        *completed |= self
+                            .data(s, job, own, offset, Bytes::from(data))
+                            .await
+                            .map_err(Err)?;
+                        if got < wanted {
+                            break;
+                        }
                     }
                 }
             }
@@ -2764,6 +2840,26 @@ impl Emit {
         Ok(())
     }
 
+    /// A block the receiver's partial file holds: a `Keep` in place of its bytes, counted as
+    /// the receiver counts it. True when it completes the file.
+    async fn keep(
+        &self,
+        s: usize,
+        job: &Job,
+        own: &mut FileChecksum,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, Error> {
+        let completed = account(job, own, len, |c| c.keep(offset, len, 1));
+        let keep = Frame::Keep(Keep {
+            id: job.id,
+            offset,
+            len,
+        });
+        self.send(s, &keep).await?;
+        Ok(completed)
+    }
+
     async fn data(
         &self,
         s: usize,
@@ -2772,18 +2868,8 @@ impl Emit {
         offset: u64,
         bytes: Bytes,
     ) -> Result<bool, Error> {
-        let completed = match &job.shared {
-            None => {
-                own.add(offset, &bytes);
-                false
-            }
-            Some(shared) => {
-                let mut shared = lock(shared);
-                shared.0.add(offset, &bytes);
-                shared.1 -= bytes.len() as u64;
-                shared.1 == 0
-            }
-        };
+        let len = bytes.len() as u64;
+        let completed = account(job, own, len, |c| c.add(offset, &bytes));
         // The header, then the payload as it came: no copy into a frame buffer.
         let mut header = BytesMut::with_capacity(fastcp_proto::HEADER_LEN + 16);
         fastcp_proto::encode_data_header(job.id, offset, bytes.len(), &mut header);
@@ -2791,6 +2877,28 @@ impl Emit {
         out.counts.bytes += bytes.len() as u64;
         out.parts([header.freeze(), bytes]).await?;
         Ok(completed)
+    }
+}
+
+/// Counts `len` bytes of `job`'s file into its checksum with `add`; true when they complete
+/// the file.
+fn account(
+    job: &Job,
+    own: &mut FileChecksum,
+    len: u64,
+    add: impl FnOnce(&mut FileChecksum),
+) -> bool {
+    match &job.shared {
+        None => {
+            add(own);
+            false
+        }
+        Some(shared) => {
+            let mut shared = lock(shared);
+            add(&mut shared.0);
+            shared.1 -= len;
+            shared.1 == 0
+        }
     }
 }
 

@@ -855,15 +855,18 @@ fn a_cut_copy_resumes_with_what_was_missing() {
     }
 }
 
-/// A push over SFTP cut at random offsets, then `--resume`: the partial file left on the
-/// remote is read back, and the rerun sends little more than what was missing.
+/// A push and a pull over SFTP cut at random offsets, then `--resume`: on a push the partial
+/// file left on the remote is read back, on a pull the local partial file's record of what
+/// arrived stands in for reading the remote, and the rerun sends little more than what was
+/// missing.
 #[test]
-fn a_cut_push_over_sftp_resumes_with_what_was_missing() {
+fn a_cut_copy_over_sftp_resumes_with_what_was_missing() {
     let sshd = Sshd::start().unwrap();
     let seed = now_secs() as u64;
     eprintln!("seed {seed}");
     let size = 48u64 << 20;
-    for i in 0..2u64 {
+    for i in 0..4u64 {
+        let pull = i % 2 == 1;
         let at = 3_000_000
             + pseudo_random(8, seed + 200 + i)
                 .iter()
@@ -876,16 +879,14 @@ fn a_cut_push_over_sftp_resumes_with_what_was_missing() {
         std::fs::create_dir(&dst).unwrap();
         let port = relay_both(sshd.port(), at, Fault::Cut);
         let cfg = through(&sshd, work.path(), port);
-        let target = remote(&sshd, &dst);
-        let src_arg = src.display().to_string();
-        let args = sftp_args(
-            &cfg,
-            &["-j", "1", "--timeout", "0", "--resume"],
-            &src_arg,
-            &target,
-        );
+        let (local_src, local_dst) = (src.display().to_string(), dst.display().to_string());
+        let (from, to) = match pull {
+            false => (local_src, remote(&sshd, &dst)),
+            true => (remote(&sshd, &src), local_dst),
+        };
+        let args = sftp_args(&cfg, &["-j", "1", "--timeout", "0", "--resume"], &from, &to);
         let (code, err) = run_bounded(&args, Duration::from_secs(60));
-        assert_eq!(code, Some(3), "cut at {at}: {err}");
+        assert_eq!(code, Some(3), "cut at {at}, pull={pull}: {err}");
         assert!(
             !dst.join("big").exists(),
             "a partial file under its final name"
@@ -894,7 +895,7 @@ fn a_cut_push_over_sftp_resumes_with_what_was_missing() {
         assert!(partial.exists(), "cut at {at}: no partial file kept");
         wait_released(&partial);
         eprintln!("cut at {at}");
-        resume_and_check(&sshd, &src, &dst, false, &["--sftp"]);
+        resume_and_check(&sshd, &src, &dst, pull, &["--sftp"]);
     }
 }
 
@@ -923,19 +924,22 @@ fn a_cut_pull_over_sftp_ends_with_the_connection_code() {
     assert!(!has_temp(&dst), "a temp file stayed");
 }
 
-/// kill -9 of the receiving side mid-copy over TCP (the server on a push, the client on a
-/// pull), then `--resume`.
+/// kill -9 of the receiving side mid-copy (the server on a push over TCP, the client on a
+/// pull over TCP and over SFTP), then `--resume`. An SFTP pull's rerun also resends what
+/// arrived after the partial file's record was last saved: up to 4 MiB here.
 #[test]
 fn kill_9_of_the_receiver_then_resume() {
     let sshd = Sshd::start().unwrap();
-    for pull in [false, true] {
+    let (tcp, sftp): (&[&str], &[&str]) = (&["--transport", "tcp"], &["--sftp"]);
+    for (pull, transport) in [(false, tcp), (true, tcp), (true, sftp)] {
         let work = tempfile::tempdir().unwrap();
         let src = work.path().join("big");
         write(&src, &pseudo_random(64 << 20, 21), 0o644);
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
         let partial = dst.join(".big.fastcp-partial");
-        let args = ["--transport", "tcp", "--resume", "--bwlimit", "8M"];
+        let mut args = transport.to_vec();
+        args.extend(["--resume", "--bwlimit", "8M"]);
         let mut child = transfer(&sshd, &args, &src, &dst, pull)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -969,8 +973,53 @@ fn kill_9_of_the_receiver_then_resume() {
             "a partial file under its final name"
         );
         wait_released(&partial);
-        resume_and_check(&sshd, &src, &dst, pull, &["--transport", "tcp"]);
+        resume_and_check(&sshd, &src, &dst, pull, transport);
     }
+}
+
+/// An SFTP pull trusts its partial file's record only for the version of the source it was
+/// made from: after the source changed (same size, another time), nothing is kept.
+#[test]
+fn a_pull_over_sftp_keeps_nothing_of_another_version_of_the_source() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(32 << 20, 31), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let partial = dst.join(".big.fastcp-partial");
+    let args = ["--sftp", "--resume", "--bwlimit", "8M"];
+    let mut child = transfer(&sshd, &args, &src, &dst, true)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the copy never got far", || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
+    });
+    kill("-TERM", child.id());
+    wait_exit(&mut child, Duration::from_secs(30), "the pull did not end");
+    wait_released(&partial);
+    let content = pseudo_random(32 << 20, 32);
+    write(&src, &content, 0o644);
+    // Another time, whenever the first write was.
+    fastcp_testsupport::tree::set_mtime(&src, now_secs() + 60, 0);
+    let out = run(&mut transfer(
+        &sshd,
+        &["--sftp", "--resume", "--json"],
+        &src,
+        &dst,
+        true,
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["bytes_resumed"].as_u64(), Some(0));
+    assert!(
+        std::fs::read(dst.join("big")).unwrap() == content,
+        "not identical"
+    );
+    assert!(!partial.exists());
 }
 
 /// A remote program that starts and never speaks (a wedged install, a wrapper waiting on

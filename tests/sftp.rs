@@ -597,7 +597,7 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     fs::create_dir(&src).unwrap();
     write(&src.join("f"), b"f", 0o644);
     let dst = work.path().join("dst");
-    for (flag, pull) in [("--checksum", false), ("-H", false), ("--resume", true)] {
+    for (flag, pull) in [("--checksum", false), ("-H", false), ("--checksum", true)] {
         let (from, to) = match pull {
             false => (src.clone().into_os_string(), remote(&sshd, &dst).into()),
             true => (remote(&sshd, &src).into(), dst.clone().into_os_string()),

@@ -413,6 +413,11 @@ pub struct Probe {
 /// What the receiver's partial copy of a file holds (`--resume`): the XXH3-128 of each of
 /// its first `hashes.len()` blocks of `block` bytes (the last one may end at the file's end,
 /// shorter). Sent just before the [`Answer`] to the probe it names.
+///
+/// A sender that cannot read its source to compare (fastcp's SFTP pull, whose reads would
+/// cost what resuming saves) has its receiver offer by the record it keeps of what arrived
+/// from that same version of the source instead: then a hash is [`NOT_HELD`] for a block
+/// the record does not vouch for, and any other value for one it does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partial {
     /// The probe answered.
@@ -425,6 +430,10 @@ pub struct Partial {
 
 /// The most block hashes a [`Partial`] carries.
 pub const MAX_PARTIAL_HASHES: usize = 16_384;
+
+/// In a [`Partial`], a block the receiver does not hold: no sender takes a block whose
+/// XXH3-128 is 0 to match it.
+pub const NOT_HELD: u128 = 0;
 
 /// A block of file `id` that the receiver's partial copy already holds (`--resume`): block
 /// `offset / block` of the [`Partial`] the receiver sent, whose hash the sender found equal

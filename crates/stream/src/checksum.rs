@@ -97,7 +97,7 @@ impl Algorithm {
 
     /// The algorithm a receiver with `config` checks files with.
     pub(crate) fn for_receiver(config: &crate::ReceiveConfig) -> Algorithm {
-        if config.hash_content || config.resume {
+        if config.hash_content || (config.resume && !config.resume_from_record) {
             Algorithm::for_version(config.version)
         } else {
             Algorithm::Ranges
@@ -383,6 +383,30 @@ impl FileChecksum {
     pub fn add(&mut self, offset: u64, bytes: &[u8]) {
         let hash = self.algorithm.chunk(self.size, offset, bytes);
         self.assembler.add(offset, bytes.len() as u64, hash);
+    }
+
+    /// Adds a block the receiver kept (`--resume`): `len` bytes at `offset` for which a
+    /// `Keep` frame went instead of `Data`, with the hash the receiver offered for it (a
+    /// ranges-only checksum counts the range alone). Blocks and payloads must not overlap.
+    ///
+    /// # Panics
+    ///
+    /// Under protocol versions 1 and 2, which have no `Keep`.
+    ///
+    /// ```
+    /// use fastcp_stream::FileChecksum;
+    ///
+    /// let mut c = FileChecksum::ranges_only(11);
+    /// c.keep(0, 6, 1);
+    /// c.add(6, b"world");
+    /// assert!(c.finish().is_some());
+    /// ```
+    pub fn keep(&mut self, offset: u64, len: u64, hash: u128) {
+        let hash = match self.algorithm {
+            Algorithm::Ranges => 0,
+            _ => hash,
+        };
+        self.assembler.add(offset, len, ChunkHash::Xxh3(hash));
     }
 
     /// The checksum, once payloads cover the whole file; `None` before (or, under versions 1

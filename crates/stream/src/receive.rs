@@ -150,6 +150,16 @@ pub struct ReceiveConfig {
     /// is answered with the hashes of the blocks it holds, so that the sender sends only the
     /// blocks that differ. Without it a `Keep` frame is a protocol error. Default: false.
     pub resume: bool,
+    /// With `resume`, for a sender that cannot read its source to compare hashes (fastcp's
+    /// SFTP pull, where reading the remote file is what resuming saves): each partial file
+    /// keeps a record of the ranges that arrived, were checked and are on disk, tagged with
+    /// the source's size and modification time, and a probe whose size and time match the
+    /// tag is offered exactly the blocks the record holds, marked held rather than hashed.
+    /// The sender keeps those without reading them. The record is saved, after an
+    /// `fdatasync`, at least every 1/32 of the file and when the copy stops; it lives in an
+    /// extended attribute of the partial file (`user.fastcp.resume`), so where the file
+    /// system has none the file is sent again whole. Default: false.
+    pub resume_from_record: bool,
     /// Owners and extended attributes to set from the `Attrs` frame that precedes each entry
     /// (see [`KeepAttrs`](crate::KeepAttrs)). Without them an `Attrs` frame is a protocol
     /// error. Default: none.
@@ -196,6 +206,7 @@ impl Default for ReceiveConfig {
             hard_links: false,
             checksum: false,
             resume: false,
+            resume_from_record: false,
             attrs: crate::KeepAttrs::default(),
             devices: false,
             specials: false,
@@ -558,13 +569,28 @@ impl Reader {
     ///
     /// The hashes go to the sender as they are made, a `Partial` frame every
     /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
-    /// file is progress on both sides rather than a silence.
+    /// file is progress on both sides rather than a silence. With `resume_from_record`, the
+    /// blocks the partial file's record holds for this version of the source are offered
+    /// at once, unread.
     async fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, crate::resume::Offer)> {
         use crate::resume;
         if p.size <= resume::PARTIAL_MIN {
             return None;
         }
         let (dir, name) = self.probed_dir(p)?;
+        if self.shared.config.resume_from_record {
+            let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
+            let record = resume::Record::load(&fd)?;
+            let offer = record.offer(p.size, (p.mtime, p.mtime_nsec))?;
+            let frame = Frame::Partial(fastcp_proto::Partial {
+                id: p.id,
+                block: offer.block,
+                hashes: offer.hashes.clone(),
+            });
+            // Fails only when the reply stream is gone, and then the session is over.
+            let _ = self.shared.replies.send(frame).await;
+            return Some((fd, offer));
+        }
         let (size, id) = (p.size, p.id);
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || {

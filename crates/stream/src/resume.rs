@@ -8,6 +8,7 @@
 //! What a block holds is judged by its content, so a partial file cut anywhere, with chunks
 //! written out of order or never flushed, only costs the blocks that differ.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -76,7 +77,142 @@ impl Offer {
         {
             return None;
         }
-        self.hashes.get((offset / self.block) as usize).copied()
+        let hash = self.hashes.get((offset / self.block) as usize).copied();
+        hash.filter(|&h| h != fastcp_proto::NOT_HELD)
+    }
+
+    /// The byte ranges of the blocks held, for a record of what the file holds.
+    pub(crate) fn held(&self, size: u64) -> BTreeMap<u64, u64> {
+        let mut ranges = BTreeMap::new();
+        let mut last: Option<(u64, u64)> = None;
+        for (i, &h) in self.hashes.iter().enumerate() {
+            let start = i as u64 * self.block;
+            let end = (start + self.block).min(size);
+            if h == fastcp_proto::NOT_HELD || start >= end {
+                continue;
+            }
+            match &mut last {
+                Some((_, e)) if *e == start => *e = end,
+                _ => {
+                    if let Some((s, e)) = last.take() {
+                        ranges.insert(s, e);
+                    }
+                    last = Some((start, end));
+                }
+            }
+        }
+        if let Some((s, e)) = last {
+            ranges.insert(s, e);
+        }
+        ranges
+    }
+}
+
+/// The extended attribute that holds a partial file's [`Record`].
+const RECORD_ATTR: &str = "user.fastcp.resume";
+
+/// The record's first bytes.
+const RECORD_MAGIC: &[u8; 8] = b"FCRESUM1";
+
+/// The most ranges a record keeps: the value stays within the 4 KiB that every file system
+/// with extended attributes allows. Ranges past these are sent again.
+const RECORD_RANGES: usize = 128;
+
+/// The smallest block offered from a record: a cut loses at most one block at the edge of
+/// each range that was being written.
+const RECORD_BLOCK_MIN: u64 = 64 << 10;
+
+/// For a sender that cannot read its source to compare hashes (the SFTP pull): which bytes
+/// of a partial file arrived, were checked and are on disk, and the version of the source
+/// (its size and modification time) they came from. Kept in an extended attribute of the
+/// partial file ([`Record::save`]), so it lives and dies with the file's inode; where the
+/// file system has none, nothing is recorded and the next copy sends the file whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) size: u64,
+    pub(crate) mtime: (i64, u32),
+    /// Start -> end, adjacent ranges merged.
+    pub(crate) ranges: BTreeMap<u64, u64>,
+}
+
+impl Record {
+    /// The record of `fd`, if it has one that decodes.
+    pub(crate) fn load(fd: &OwnedFd) -> Option<Record> {
+        let mut buf = vec![0u8; 32 + 16 * RECORD_RANGES];
+        let n = rustix::fs::fgetxattr(fd, RECORD_ATTR, &mut buf).ok()?;
+        let v = buf.get(..n)?;
+        let (head, pairs) = v.split_at_checked(28)?;
+        let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
+        if &head[..8] != RECORD_MAGIC || !pairs.len().is_multiple_of(16) {
+            return None;
+        }
+        let nsec = u32::from_le_bytes(head[24..28].try_into().unwrap());
+        let mut ranges = BTreeMap::new();
+        for pair in pairs.chunks(16) {
+            let start = u64::from_le_bytes(pair[..8].try_into().unwrap());
+            let end = u64::from_le_bytes(pair[8..].try_into().unwrap());
+            if start < end {
+                ranges.insert(start, end);
+            }
+        }
+        Some(Record {
+            size: word(8),
+            mtime: (word(16) as i64, nsec),
+            ranges,
+        })
+    }
+
+    /// Writes the record onto `fd`, whose bytes must already be on disk: a record never
+    /// vouches for bytes a crash could still lose. At most [`RECORD_RANGES`] ranges, the
+    /// first ones.
+    pub(crate) fn save(&self, fd: &OwnedFd) -> io::Result<()> {
+        let mut v = Vec::with_capacity(28 + 16 * self.ranges.len().min(RECORD_RANGES));
+        v.extend_from_slice(RECORD_MAGIC);
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.mtime.0.to_le_bytes());
+        v.extend_from_slice(&self.mtime.1.to_le_bytes());
+        for (start, end) in self.ranges.iter().take(RECORD_RANGES) {
+            v.extend_from_slice(&start.to_le_bytes());
+            v.extend_from_slice(&end.to_le_bytes());
+        }
+        rustix::fs::fsetxattr(fd, RECORD_ATTR, &v, rustix::fs::XattrFlags::empty())?;
+        Ok(())
+    }
+
+    /// Removes any record from `fd`: its bytes are about to change, or to take their final
+    /// name.
+    pub(crate) fn clear(fd: &OwnedFd) {
+        let _ = rustix::fs::fremovexattr(fd, RECORD_ATTR);
+    }
+
+    /// What to offer for a probe of a source of `size` bytes modified at `mtime`: the
+    /// block size, and for each block [`fastcp_proto::NOT_HELD`] or 1 (held: inside one
+    /// recorded range), up to the last held one. `None` when the record is of another
+    /// version of the source, or holds no whole block.
+    pub(crate) fn offer(&self, size: u64, mtime: (i64, u32)) -> Option<Offer> {
+        if (self.size, self.mtime) != (size, mtime) {
+            return None;
+        }
+        let fit = size.div_ceil(fastcp_proto::MAX_PARTIAL_HASHES as u64);
+        let block = fit
+            .div_ceil(RECORD_BLOCK_MIN)
+            .saturating_mul(RECORD_BLOCK_MIN);
+        let mut hashes = Vec::new();
+        let mut at = 0;
+        while at < size {
+            let end = (at + block).min(size);
+            let held = self
+                .ranges
+                .range(..=at)
+                .next_back()
+                .is_some_and(|(_, &e)| e >= end);
+            hashes.push(if held { 1 } else { fastcp_proto::NOT_HELD });
+            at = end;
+        }
+        while hashes.last() == Some(&fastcp_proto::NOT_HELD) {
+            hashes.pop();
+        }
+        (!hashes.is_empty()).then_some(Offer { block, hashes })
     }
 }
 
@@ -205,6 +341,72 @@ mod tests {
         assert_eq!(sizes, [(4, 4 * block), (4, 4 * block), (2, 2 * block)]);
         let joined: Vec<u128> = pieces.into_iter().flat_map(|(p, _)| p).collect();
         assert_eq!(joined, all);
+    }
+
+    #[test]
+    fn a_record_offers_the_whole_blocks_it_holds_for_its_version_only() {
+        const K: u64 = RECORD_BLOCK_MIN;
+        let size = 10 * K + 100;
+        let record = Record {
+            size,
+            mtime: (1_700_000_000, 0),
+            // Block 0 and 1 whole, 2 in part, 4 whole but 5 in part, the last short one.
+            ranges: BTreeMap::from([(0, 2 * K + 10), (4 * K, 5 * K + 3), (10 * K, size)]),
+        };
+        let offer = record.offer(size, (1_700_000_000, 0)).expect("held blocks");
+        assert_eq!(offer.block, K);
+        let held: Vec<bool> = offer.hashes.iter().map(|&h| h != 0).collect();
+        let want = [
+            true, true, false, false, true, false, false, false, false, false, true,
+        ];
+        assert_eq!(held, want);
+        assert_eq!(offer.hash(2 * K, K, size), None, "not held");
+        assert!(
+            offer.hash(10 * K, 100, size).is_some(),
+            "the short last block"
+        );
+        assert_eq!(
+            offer.held(size),
+            BTreeMap::from([(0, 2 * K), (4 * K, 5 * K), (10 * K, size)])
+        );
+        assert!(
+            record.offer(size, (1_700_000_001, 0)).is_none(),
+            "another time"
+        );
+        assert!(
+            record.offer(size + 1, (1_700_000_000, 0)).is_none(),
+            "another size"
+        );
+        let none = Record {
+            ranges: BTreeMap::from([(K + 1, 2 * K + 1)]),
+            ..record
+        };
+        assert!(
+            none.offer(size, (1_700_000_000, 0)).is_none(),
+            "no whole block"
+        );
+    }
+
+    #[test]
+    fn a_record_lives_on_its_file_until_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        std::fs::write(&path, b"x").unwrap();
+        let fd: OwnedFd = std::fs::File::open(&path).unwrap().into();
+        assert_eq!(Record::load(&fd), None);
+        let record = Record {
+            size: 1 << 30,
+            mtime: (-5, 7),
+            ranges: (0..200u64).map(|i| (i * 10, i * 10 + 5)).collect(),
+        };
+        record.save(&fd).unwrap();
+        let loaded = Record::load(&fd).expect("saved");
+        assert_eq!((loaded.size, loaded.mtime), (record.size, record.mtime));
+        // The first ranges only: the rest are sent again.
+        let first: BTreeMap<u64, u64> = record.ranges.into_iter().take(RECORD_RANGES).collect();
+        assert_eq!(loaded.ranges, first);
+        Record::clear(&fd);
+        assert_eq!(Record::load(&fd), None);
     }
 
     #[test]
