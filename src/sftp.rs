@@ -2415,7 +2415,11 @@ impl Emit {
             let (Some((announce, mut reads)), true) = (parked, answer.send) else {
                 continue;
             };
-            if let Some(offer) = offer {
+            // A record is only as good as the time it is tagged with: a server that gives
+            // no times gives nothing to trust.
+            if let Some(offer) = offer
+                && reads.iter().all(|job| job.mtime.is_some())
+            {
                 reads = keeping(reads, offer);
             }
             if let Some(frame) = announce {

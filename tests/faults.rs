@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_no_temp, now_secs, pseudo_random, set_times, write};
+use fastcp_testsupport::tree::{
+    assert_no_temp, now_secs, pseudo_random, set_mtime, set_times, write,
+};
 
 /// What the relay does once `limit` bytes went from the client to the server (or, for
 /// [`relay_both`], in either direction).
@@ -875,6 +877,8 @@ fn a_cut_copy_over_sftp_resumes_with_what_was_missing() {
         let work = tempfile::tempdir().unwrap();
         let src = work.path().join("big");
         write(&src, &pseudo_random(size as usize, seed + 300 + i), 0o644);
+        // Not written just now: an SFTP pull keeps no record of a source so fresh.
+        set_mtime(&src, now_secs() - 3600, 0);
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
         let port = relay_both(sshd.port(), at, Fault::Cut);
@@ -935,6 +939,8 @@ fn kill_9_of_the_receiver_then_resume() {
         let work = tempfile::tempdir().unwrap();
         let src = work.path().join("big");
         write(&src, &pseudo_random(64 << 20, 21), 0o644);
+        // Not written just now: an SFTP pull keeps no record of a source so fresh.
+        set_mtime(&src, now_secs() - 3600, 0);
         let dst = work.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
         let partial = dst.join(".big.fastcp-partial");
@@ -985,6 +991,7 @@ fn a_pull_over_sftp_keeps_nothing_of_another_version_of_the_source() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("big");
     write(&src, &pseudo_random(32 << 20, 31), 0o644);
+    set_mtime(&src, now_secs() - 3600, 0);
     let dst = work.path().join("dst");
     std::fs::create_dir(&dst).unwrap();
     let partial = dst.join(".big.fastcp-partial");
@@ -1004,8 +1011,8 @@ fn a_pull_over_sftp_keeps_nothing_of_another_version_of_the_source() {
     wait_released(&partial);
     let content = pseudo_random(32 << 20, 32);
     write(&src, &content, 0o644);
-    // Another time, whenever the first write was.
-    fastcp_testsupport::tree::set_mtime(&src, now_secs() + 60, 0);
+    // Another time.
+    set_mtime(&src, now_secs() - 1800, 0);
     let out = run(&mut transfer(
         &sshd,
         &["--sftp", "--resume", "--json"],

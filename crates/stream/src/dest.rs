@@ -492,28 +492,32 @@ impl OpenFile {
         let Some(r) = &mut self.record else {
             return;
         };
-        (r.unrecorded, r.saved_at) = (0, Instant::now());
+        r.unrecorded = 0;
         if rustix::fs::fdatasync(&self.fd).is_err() {
+            // The pages a failed flush lost are reported once: a later flush could succeed
+            // without them. No record from this copy, then.
+            crate::resume::Record::clear(&self.fd);
+            self.record = None;
             return;
         }
         let mut record = r.base.clone();
         for (&start, &end) in &self.written {
-            insert_range(&mut record.ranges, start, end);
+            record.add(start, end);
         }
         let _ = record.save(&self.fd);
     }
 
-    /// With a record: `len` more bytes were written. The record is saved once a 32nd of the
-    /// file (4 MiB at least) and a quarter of a second have passed since it last was: a
-    /// kill -9 costs the next copy no more than that, and a file written in less time
-    /// waits for no flush.
+    /// With a record: `len` more bytes were written. The record is saved each time a 32nd
+    /// of the file (4 MiB at least) was written since it last was, once the file has been
+    /// open a quarter of a second: a kill -9 costs the next copy no more than that, and a
+    /// file written in less time waits for no flush.
     fn wrote(&mut self, len: u64) {
         let Some(r) = &mut self.record else {
             return;
         };
         r.unrecorded += len;
         if r.unrecorded >= (self.size / 32).max(crate::resume::PARTIAL_MIN)
-            && r.saved_at.elapsed() >= Duration::from_millis(250)
+            && r.opened.elapsed() >= Duration::from_millis(250)
         {
             self.save_record();
         }
@@ -527,7 +531,7 @@ struct Recording {
     base: crate::resume::Record,
     /// Bytes written since the record was last saved.
     unrecorded: u64,
-    saved_at: Instant,
+    opened: Instant,
 }
 
 /// A file whose bytes are dropped: it failed here, and we wait for the rest of its frames.
@@ -874,8 +878,14 @@ impl Writer {
         meta: &Meta,
     ) -> std::io::Result<Option<OpenFile>> {
         let temp = crate::resume::partial_name(name);
+        let version = (size, (meta.mtime, meta.mtime_nsec));
         let (fd, offer) = match self.shared.take_offer(wire) {
-            Some((fd, offer)) => (fd, Some(offer)),
+            // An offer vouched for by a record is this file's only if it is of this version
+            // of the source (two sources may land on one name).
+            Some((fd, offer)) => (
+                fd,
+                Some(offer).filter(|o| o.version.is_none_or(|v| v == version)),
+            ),
             None => match crate::resume::open_partial(parent, &temp, true) {
                 Some(fd) => (fd, None),
                 None => return Ok(None),
@@ -892,15 +902,21 @@ impl Writer {
         // The old record speaks for bytes about to change: with a record, what this copy
         // keeps is recorded anew, before any byte is written.
         crate::resume::Record::clear(&fd);
-        let record = self
-            .shared
-            .config
-            .resume_from_record
-            .then(|| crate::resume::Record {
+        let record = (self.shared.config.resume_from_record
+            && crate::resume::Record::may_record(meta.mtime))
+        .then(|| {
+            let mut ranges = offer.as_ref().map(|o| o.held(size)).unwrap_or_default();
+            // Only what stays of the partial file.
+            ranges.retain(|&start, end| {
+                *end = (*end).min(stale);
+                start < *end
+            });
+            crate::resume::Record {
                 size,
                 mtime: (meta.mtime, meta.mtime_nsec),
-                ranges: offer.as_ref().map(|o| o.held(size)).unwrap_or_default(),
-            });
+                ranges,
+            }
+        });
         if let Some(r) = record.as_ref().filter(|r| !r.ranges.is_empty()) {
             let _ = r.save(&fd);
         }
@@ -926,7 +942,7 @@ impl Writer {
                 Box::new(Recording {
                     base,
                     unrecorded: 0,
-                    saved_at: Instant::now(),
+                    opened: Instant::now(),
                 })
             }),
             stale,

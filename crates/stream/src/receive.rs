@@ -581,7 +581,8 @@ impl Reader {
         if self.shared.config.resume_from_record {
             let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
             let record = resume::Record::load(&fd)?;
-            let offer = record.offer(p.size, (p.mtime, p.mtime_nsec))?;
+            let have = rustix::fs::fstat(&fd).ok()?.st_size as u64;
+            let offer = record.offer(p.size, (p.mtime, p.mtime_nsec), have)?;
             let frame = Frame::Partial(fastcp_proto::Partial {
                 id: p.id,
                 block: offer.block,
@@ -610,7 +611,12 @@ impl Reader {
                 let _ = shared.replies.blocking_send(frame);
             });
             let hashes = sent;
-            (!hashes.is_empty()).then_some((fd, resume::Offer { block, hashes }))
+            let offer = resume::Offer {
+                block,
+                hashes,
+                version: None,
+            };
+            (!offer.hashes.is_empty()).then_some((fd, offer))
         })
         .await
         .ok()?

@@ -67,6 +67,8 @@ pub(crate) fn open_partial(dir: &OwnedFd, name: &[u8], create: bool) -> Option<O
 pub(crate) struct Offer {
     pub(crate) block: u64,
     pub(crate) hashes: Vec<u128>,
+    /// For an offer from a [`Record`]: the size and time of the source it vouches for.
+    pub(crate) version: Option<(u64, (i64, u32))>,
 }
 
 impl Offer {
@@ -179,17 +181,45 @@ impl Record {
         Ok(())
     }
 
+    /// Adds `[start, end)` to the ranges, merged with any it overlaps or touches.
+    pub(crate) fn add(&mut self, mut start: u64, mut end: u64) {
+        let touching: Vec<(u64, u64)> = self
+            .ranges
+            .range(..=end)
+            .rev()
+            .take_while(|&(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in touching {
+            self.ranges.remove(&s);
+            (start, end) = (start.min(s), end.max(e));
+        }
+        self.ranges.insert(start, end);
+    }
+
+    /// Whether a record may be kept for a source modified at `mtime` (seconds): not when
+    /// it was modified less than 2 s before now by this host's clock. Times are whole
+    /// seconds over SFTP, so a source rewritten within the second it was read keeps its
+    /// time, and a record of that read would vouch for bytes of a version gone.
+    pub(crate) fn may_record(mtime: i64) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        mtime < now - 1
+    }
+
     /// Removes any record from `fd`: its bytes are about to change, or to take their final
     /// name.
     pub(crate) fn clear(fd: &OwnedFd) {
         let _ = rustix::fs::fremovexattr(fd, RECORD_ATTR);
     }
 
-    /// What to offer for a probe of a source of `size` bytes modified at `mtime`: the
-    /// block size, and for each block [`fastcp_proto::NOT_HELD`] or 1 (held: inside one
-    /// recorded range), up to the last held one. `None` when the record is of another
-    /// version of the source, or holds no whole block.
-    pub(crate) fn offer(&self, size: u64, mtime: (i64, u32)) -> Option<Offer> {
+    /// What to offer for a probe of a source of `size` bytes modified at `mtime`, from a
+    /// partial file of `have` bytes: the block size, and for each block
+    /// [`fastcp_proto::NOT_HELD`] or 1 (held: inside one recorded range, and within
+    /// `have`), up to the last held one. `None` when the record is of another version of
+    /// the source, or holds no whole block.
+    pub(crate) fn offer(&self, size: u64, mtime: (i64, u32), have: u64) -> Option<Offer> {
         if (self.size, self.mtime) != (size, mtime) {
             return None;
         }
@@ -201,18 +231,23 @@ impl Record {
         let mut at = 0;
         while at < size {
             let end = (at + block).min(size);
-            let held = self
-                .ranges
-                .range(..=at)
-                .next_back()
-                .is_some_and(|(_, &e)| e >= end);
+            let held = end <= have
+                && self
+                    .ranges
+                    .range(..=at)
+                    .next_back()
+                    .is_some_and(|(_, &e)| e >= end);
             hashes.push(if held { 1 } else { fastcp_proto::NOT_HELD });
             at = end;
         }
         while hashes.last() == Some(&fastcp_proto::NOT_HELD) {
             hashes.pop();
         }
-        (!hashes.is_empty()).then_some(Offer { block, hashes })
+        (!hashes.is_empty()).then_some(Offer {
+            block,
+            hashes,
+            version: Some((size, mtime)),
+        })
     }
 }
 
@@ -289,6 +324,7 @@ mod tests {
         let offer = Offer {
             block: 4,
             hashes: vec![1, 2, 3],
+            version: None,
         };
         assert_eq!(offer.hash(0, 4, 10), Some(1));
         assert_eq!(offer.hash(8, 2, 10), Some(3));
@@ -353,7 +389,9 @@ mod tests {
             // Block 0 and 1 whole, 2 in part, 4 whole but 5 in part, the last short one.
             ranges: BTreeMap::from([(0, 2 * K + 10), (4 * K, 5 * K + 3), (10 * K, size)]),
         };
-        let offer = record.offer(size, (1_700_000_000, 0)).expect("held blocks");
+        let offer = record
+            .offer(size, (1_700_000_000, 0), size)
+            .expect("held blocks");
         assert_eq!(offer.block, K);
         let held: Vec<bool> = offer.hashes.iter().map(|&h| h != 0).collect();
         let want = [
@@ -370,11 +408,11 @@ mod tests {
             BTreeMap::from([(0, 2 * K), (4 * K, 5 * K), (10 * K, size)])
         );
         assert!(
-            record.offer(size, (1_700_000_001, 0)).is_none(),
+            record.offer(size, (1_700_000_001, 0), size).is_none(),
             "another time"
         );
         assert!(
-            record.offer(size + 1, (1_700_000_000, 0)).is_none(),
+            record.offer(size + 1, (1_700_000_000, 0), size).is_none(),
             "another size"
         );
         let none = Record {
@@ -382,9 +420,43 @@ mod tests {
             ..record
         };
         assert!(
-            none.offer(size, (1_700_000_000, 0)).is_none(),
+            none.offer(size, (1_700_000_000, 0), size).is_none(),
             "no whole block"
         );
+    }
+
+    #[test]
+    fn ranges_added_to_a_record_join_what_they_overlap_or_touch() {
+        let mut r = Record {
+            size: 1000,
+            mtime: (0, 0),
+            ranges: BTreeMap::from([(0, 900)]),
+        };
+        r.add(0, 64);
+        assert_eq!(r.ranges, BTreeMap::from([(0, 900)]), "inside one");
+        r.add(950, 960);
+        r.add(970, 980);
+        r.add(900, 975);
+        assert_eq!(r.ranges, BTreeMap::from([(0, 980)]), "across three");
+        r.add(990, 1000);
+        assert_eq!(r.ranges, BTreeMap::from([(0, 980), (990, 1000)]));
+    }
+
+    #[test]
+    fn a_record_offers_nothing_past_the_partial_files_end() {
+        const K: u64 = RECORD_BLOCK_MIN;
+        let record = Record {
+            size: 8 * K,
+            mtime: (0, 0),
+            ranges: BTreeMap::from([(0, 8 * K)]),
+        };
+        let offer = record.offer(8 * K, (0, 0), 3 * K + 5).unwrap();
+        assert_eq!(
+            offer.hashes,
+            vec![1, 1, 1],
+            "cut short by hand: three blocks left"
+        );
+        assert_eq!(offer.version, Some((8 * K, (0, 0))));
     }
 
     #[test]
