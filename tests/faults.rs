@@ -354,6 +354,36 @@ fn one_stalled_sftp_session_ends_the_copy() {
     assert_no_temp(&dst.join("src"));
 }
 
+/// A push over SFTP with `--resume` whose remote goes silent while the partial file there is
+/// read back ends within `--timeout`, with the connection exit code; the partial file stays
+/// as it was, and nothing takes the final name.
+#[test]
+fn a_remote_silent_while_a_partial_file_is_read_back_times_out() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let content = pseudo_random(48 << 20, 41);
+    let src = work.path().join("big");
+    write(&src, &content, 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let partial = dst.join(".big.fastcp-partial");
+    std::fs::write(&partial, &content[..40 << 20]).unwrap();
+    // The read-back is 40 MiB coming back; the relay stops forwarding after 4 MB of it.
+    let port = relay_both(sshd.port(), 4_000_000, Fault::Stall);
+    let cfg = through(&sshd, work.path(), port);
+    let (from, to) = (src.display().to_string(), remote(&sshd, &dst));
+    let extra = ["-j", "1", "--resume", "--timeout", "2"];
+    let args = sftp_args(&cfg, &extra, &from, &to);
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no data moved for 2 s"), "{err}");
+    assert!(!dst.join("big").exists(), "a file under its final name");
+    assert!(
+        std::fs::read(&partial).unwrap() == content[..40 << 20],
+        "the partial file changed"
+    );
+}
+
 /// A push's dry run whose server goes silent while its listing is on the way (judged on the
 /// server, with `--delete`) ends within `--timeout`, with the connection exit code.
 #[test]
