@@ -18,11 +18,14 @@ use fastcp_proto::{DirEntry, Direction, FileEntry, Frame, Meta, Summary, Symlink
 use fastcp_stream::{EntryKind, Failure, Report, Side, WalkConfig};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::client::{Plan, SessionDone, push_failure};
+use crate::client::{Plan, SessionDone, push_failure, within};
 use crate::location::Location;
 use crate::session;
 use crate::wire::FrameReader;
 use crate::{BoxStream, Error};
+
+/// What a dry run's timeout error says it waited on.
+const DRY_RUN_WAIT: &str = "during a dry run, waiting on the peer (--timeout)";
 
 /// One entry a dry run would copy, or with `--delete` remove.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -548,7 +551,12 @@ async fn judged_remotely(
     let mut skipped = HashSet::new();
     let mut deletions = Vec::new();
     loop {
-        let frame = within(plan.options.timeout, reader.next("judging the push")).await?;
+        let frame = within(
+            plan.options.timeout,
+            DRY_RUN_WAIT,
+            reader.next("judging the push"),
+        )
+        .await?;
         match frame {
             Frame::Answer(a) if !a.send => {
                 skipped.insert(a.id);
@@ -675,7 +683,12 @@ async fn read_listing<S: AsyncRead + Unpin>(
     let mut listing = Vec::new();
     let mut ids = Vec::new();
     loop {
-        let frame = within(idle, reader.next("reading the push's listing")).await?;
+        let frame = within(
+            idle,
+            DRY_RUN_WAIT,
+            reader.next("reading the push's listing"),
+        )
+        .await?;
         if matches!(frame, Frame::Done(_)) {
             return Ok((listing, ids));
         }
@@ -709,25 +722,15 @@ async fn drain_listing<S: AsyncRead + Unpin>(
     idle: Option<std::time::Duration>,
 ) {
     for _ in 0..=fastcp_stream::DEFAULT_MAX_ENTRIES {
-        match within(idle, reader.next("reading the push's listing")).await {
+        match within(
+            idle,
+            DRY_RUN_WAIT,
+            reader.next("reading the push's listing"),
+        )
+        .await
+        {
             Ok(Frame::Done(_)) | Err(_) => return,
             Ok(_) => {}
         }
-    }
-}
-
-/// `work`, given up after `limit` (if any) with a timeout error.
-async fn within<T>(
-    limit: Option<std::time::Duration>,
-    work: impl std::future::Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    match limit.filter(|l| !l.is_zero()) {
-        None => work.await,
-        Some(limit) => tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-            Err(Error::Timeout(format!(
-                "during a dry run: the peer sent nothing for {} s (--timeout)",
-                limit.as_secs()
-            )))
-        }),
     }
 }

@@ -415,7 +415,7 @@ fn a_server_silent_while_judging_a_dry_run_times_out() {
     // Sending the listing or waiting for the answers, whichever the stall caught.
     assert!(
         err.contains("no data moved for 3 s")
-            || err.contains("during a dry run: the peer sent nothing for 3 s"),
+            || err.contains("during a dry run, waiting on the peer (--timeout): nothing for 3 s"),
         "{err}"
     );
     assert_eq!(std::fs::read_dir(&dst).unwrap().count(), 0);
