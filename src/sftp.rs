@@ -2702,79 +2702,23 @@ impl Emit {
         completed: &mut bool,
     ) -> Result<(), Result<(ErrorCode, String), Error>> {
         let sftp = &self.sftp[s];
-        let to_failure = |e: SftpError| {
-            if is_session_failure(&e) {
-                Err(fatal("reading a file", e))
-            } else {
-                Ok((code(&e), format!("cannot read it: {e}")))
-            }
-        };
         let handle = sftp
             .raw
             .open(job.remote.clone(), OpenFlags::READ, FileAttributes::empty())
             .await
-            .map_err(to_failure)?
+            .map_err(read_failure)?
             .handle;
         let result = async {
             let (start, end) = job.range;
             if start == 0 && end == job.size && job.size <= u64::from(sftp.io) {
                 return self.read_small(s, job, own, &handle).await;
             }
-            for (mut at, end, kept) in job.runs() {
-                if kept {
-                    *completed |= self.keep(s, job, own, at, end - at).await.map_err(Err)?;
-                    continue;
-                }
-                while at < end {
-                    // Requests in flight from `at`; a short answer restarts from where it ended.
-                    let mut pending = FuturesOrdered::new();
-                    let mut asked = at;
-                    loop {
-                        while asked < end && pending.len() < IO_IN_FLIGHT {
-                            // Wait for a place only with nothing in flight here: requests not yet
-                            // polled are not sent, and must not hold places others wait for.
-                            let Some(place) = sftp.place(pending.is_empty()).await else {
-                                break;
-                            };
-                            let len = (end - asked).min(u64::from(sftp.io)) as u32;
-                            let read = sftp.raw.read(handle.clone(), asked, len);
-                            pending.push_back(async move { (read.await, place) });
-                            asked += u64::from(len);
-                        }
-                        let Some((r, _place)) = pending.next().await else {
-                            break;
-                        };
-                        let mut data = match r {
-                            Ok(d) => d.data,
-                            Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
-                                return Err(Ok((
-                                    ErrorCode::SourceChanged,
-                                    "the file shrank while it was read".into(),
-                                )));
-                            }
-                            Err(e) => return Err(to_failure(e)),
-                        };
-                        let wanted = (end - at).min(u64::from(sftp.io));
-                        let got = data.len() as u64;
-                        if got == 0 {
-                            return Err(Ok((
-                                ErrorCode::SourceChanged,
-                                "the file shrank while it was read".into(),
-                            )));
-                        }
-                        // Never more than asked for, whatever the server sends.
-                        data.truncate(wanted as usize);
-                        let offset = at;
-                        at += got.min(wanted);
-                        *completed |= self
-                            .data(s, job, own, offset, Bytes::from(data))
-                            .await
-                            .map_err(Err)?;
-                        if got < wanted {
-                            break;
-                        }
-                    }
-                }
+            for (at, end, kept) in job.runs() {
+                *completed |= if kept {
+                    self.keep(s, job, own, at, end - at).await.map_err(Err)?
+                } else {
+                    self.read_bytes(s, job, own, &handle, at, end).await?
+                };
             }
             // A file rewritten while it was read shows a new time or size, and one that grew
             // has bytes past its end: never keep either.
@@ -2801,6 +2745,72 @@ impl Emit {
         let closing = self.sftp[s].clone();
         tokio::spawn(async move { closing.raw.close(handle).await });
         result
+    }
+
+    /// Reads bytes `at..end` of `job`'s file, open as `handle` on session `s`, with requests
+    /// in flight, and sends them on; true when they complete the file.
+    async fn read_bytes(
+        &self,
+        s: usize,
+        job: &Job,
+        own: &mut FileChecksum,
+        handle: &str,
+        mut at: u64,
+        end: u64,
+    ) -> Result<bool, Result<(ErrorCode, String), Error>> {
+        let sftp = &self.sftp[s];
+        let mut completed = false;
+        while at < end {
+            // Requests in flight from `at`; a short answer restarts from where it ended.
+            let mut pending = FuturesOrdered::new();
+            let mut asked = at;
+            loop {
+                while asked < end && pending.len() < IO_IN_FLIGHT {
+                    // Wait for a place only with nothing in flight here: requests not yet
+                    // polled are not sent, and must not hold places others wait for.
+                    let Some(place) = sftp.place(pending.is_empty()).await else {
+                        break;
+                    };
+                    let len = (end - asked).min(u64::from(sftp.io)) as u32;
+                    let read = sftp.raw.read(handle, asked, len);
+                    pending.push_back(async move { (read.await, place) });
+                    asked += u64::from(len);
+                }
+                let Some((r, _place)) = pending.next().await else {
+                    break;
+                };
+                let mut data = match r {
+                    Ok(d) => d.data,
+                    Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => {
+                        return Err(Ok((
+                            ErrorCode::SourceChanged,
+                            "the file shrank while it was read".into(),
+                        )));
+                    }
+                    Err(e) => return Err(read_failure(e)),
+                };
+                let wanted = (end - at).min(u64::from(sftp.io));
+                let got = data.len() as u64;
+                if got == 0 {
+                    return Err(Ok((
+                        ErrorCode::SourceChanged,
+                        "the file shrank while it was read".into(),
+                    )));
+                }
+                // Never more than asked for, whatever the server sends.
+                data.truncate(wanted as usize);
+                let offset = at;
+                at += got.min(wanted);
+                completed |= self
+                    .data(s, job, own, offset, Bytes::from(data))
+                    .await
+                    .map_err(Err)?;
+                if got < wanted {
+                    break;
+                }
+            }
+        }
+        Ok(completed)
     }
 
     /// A file that fits in one request: its bytes, one read past its end and its attributes,
@@ -2903,6 +2913,15 @@ fn account(
             shared.1 -= len;
             shared.1 == 0
         }
+    }
+}
+
+/// A failed read: the file's own failure, or the copy's when the session is gone.
+fn read_failure(e: SftpError) -> Result<(ErrorCode, String), Error> {
+    if is_session_failure(&e) {
+        Err(fatal("reading a file", e))
+    } else {
+        Ok((code(&e), format!("cannot read it: {e}")))
     }
 }
 
