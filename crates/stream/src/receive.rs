@@ -156,7 +156,9 @@ pub struct ReceiveConfig {
     /// the source's size and modification time, and a probe whose size and time match the
     /// tag is offered exactly the blocks the record holds, marked held rather than hashed.
     /// The sender keeps those without reading them. The record is saved, after an
-    /// `fdatasync`, at least every 1/32 of the file and when the copy stops; it lives in an
+    /// `fdatasync`, when the copy stops and, once the file has been open a quarter of a
+    /// second, every 1/32 of the file (4 MiB at least); none is kept of a source modified
+    /// less than 2 s ago, whose whole-second time could hide a rewrite. It lives in an
     /// extended attribute of the partial file (`user.fastcp.resume`), so where the file
     /// system has none the file is sent again whole. Default: false.
     pub resume_from_record: bool,
