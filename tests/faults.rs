@@ -958,6 +958,31 @@ fn a_cut_pull_over_sftp_ends_with_the_connection_code() {
     assert!(!has_temp(&dst), "a temp file stayed");
 }
 
+/// Starts a copy of the file `src` into the folder `dst` with `args`, quiet, and waits until
+/// its partial file holds `bytes` written (not just sized: it has its full length from the
+/// start).
+fn copy_until_written(
+    sshd: &Sshd,
+    args: &[&str],
+    src: &Path,
+    dst: &Path,
+    pull: bool,
+    bytes: u64,
+) -> std::process::Child {
+    let child = transfer(sshd, args, src, dst, pull)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let partial = dst.join(".big.fastcp-partial");
+    wait_until(Duration::from_secs(60), "the copy never got far", || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= bytes)
+    });
+    child
+}
+
 /// kill -9 of the receiving side mid-copy (the server on a push over TCP, the client on a
 /// pull over TCP and over SFTP), then `--resume`. An SFTP pull's rerun also resends what
 /// arrived after the partial file's record was last saved: up to 4 MiB here.
@@ -976,20 +1001,7 @@ fn kill_9_of_the_receiver_then_resume() {
         let partial = dst.join(".big.fastcp-partial");
         let mut args = transport.to_vec();
         args.extend(["--resume", "--bwlimit", "8M"]);
-        let mut child = transfer(&sshd, &args, &src, &dst, pull)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Written, not just sized: the partial file has its full length from the start.
-        let written = || {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(&partial).map_or(0, |m| m.blocks() * 512)
-        };
-        wait_until(Duration::from_secs(60), "the copy never got far", || {
-            written() >= 16 << 20
-        });
+        let mut child = copy_until_written(&sshd, &args, &src, &dst, pull, 16 << 20);
         if pull {
             child.kill().unwrap();
         } else {
@@ -1026,16 +1038,7 @@ fn a_pull_over_sftp_keeps_nothing_of_another_version_of_the_source() {
     std::fs::create_dir(&dst).unwrap();
     let partial = dst.join(".big.fastcp-partial");
     let args = ["--sftp", "--resume", "--bwlimit", "8M"];
-    let mut child = transfer(&sshd, &args, &src, &dst, true)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(Duration::from_secs(60), "the copy never got far", || {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
-    });
+    let mut child = copy_until_written(&sshd, &args, &src, &dst, true, 8 << 20);
     kill("-TERM", child.id());
     wait_exit(&mut child, Duration::from_secs(30), "the pull did not end");
     wait_released(&partial);
