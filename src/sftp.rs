@@ -506,6 +506,22 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             "-n with --delete or --skip-unchanged on a push",
         ),
     ];
+    // A partial file's record tells versions of one file apart, not two sources that land
+    // on one name.
+    if o.resume && plan.dest.remote().is_none() {
+        let mut names = std::collections::HashSet::new();
+        for source in remote_sources(plan) {
+            if let Some(name) = top_level_name(&source)
+                && !names.insert(name)
+            {
+                return Err(Error::Usage(format!(
+                    "{}: two sources of this name land on one target; with --resume over SFTP, \
+                     copy them in separate runs",
+                    crate::stream::escape(source.as_bytes())
+                )));
+            }
+        }
+    }
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         return Err(Error::Unsupported(format!(
             "{what} needs fastcp on the remote host, and this copy goes over SFTP; install \

@@ -1025,6 +1025,70 @@ fn kill_9_of_the_receiver_then_resume() {
     }
 }
 
+/// Two files whose names share their first 200 bytes share a partial file's name: an SFTP
+/// pull's record tells them apart, and keeps nothing of the one for the other. Two sources
+/// of one name, which would land on one target, are refused with `--resume` over SFTP.
+#[test]
+fn a_pull_over_sftp_keeps_nothing_of_another_file_that_shares_its_partial_file() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let long = "p".repeat(210);
+    let (one, two) = (format!("{long}1"), format!("{long}2"));
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // One size and one time: only the names tell them apart.
+    let old = now_secs() - 3600;
+    for (name, seed) in [(&one, 51), (&two, 52)] {
+        write(&src.join(name), &pseudo_random(32 << 20, seed), 0o644);
+        set_mtime(&src.join(name), old, 0);
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let dst_arg = format!("{}/", dst.display());
+    let mut child = fastcp(&sshd, bin())
+        .args(["--sftp", "--resume", "--bwlimit", "8M"])
+        .arg(remote(&sshd, &src.join(&one)))
+        .arg(&dst_arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let partial = dst.join(format!(".{}.fastcp-partial", &long[..200]));
+    wait_until(Duration::from_secs(60), "the copy never got far", || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
+    });
+    kill("-TERM", child.id());
+    wait_exit(&mut child, Duration::from_secs(30), "the pull did not end");
+    wait_released(&partial);
+    let out = run(fastcp(&sshd, bin())
+        .args(["--sftp", "--resume", "--json"])
+        .arg(remote(&sshd, &src.join(&two)))
+        .arg(&dst_arg));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["bytes_resumed"].as_u64(), Some(0));
+    assert!(
+        std::fs::read(dst.join(&two)).unwrap() == std::fs::read(src.join(&two)).unwrap(),
+        "not identical"
+    );
+
+    let other = work.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    write(&other.join(&one), b"other", 0o644);
+    let out = run(fastcp(&sshd, bin())
+        .args(["--sftp", "--resume"])
+        .arg(remote(&sshd, &src.join(&one)))
+        .arg(remote(&sshd, &other.join(&one)))
+        .arg(&dst_arg));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("two sources of this name"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// An SFTP pull trusts its partial file's record only for the version of the source it was
 /// made from: after the source changed (same size, another time), nothing is kept.
 #[test]

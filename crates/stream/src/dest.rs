@@ -878,7 +878,7 @@ impl Writer {
         meta: &Meta,
     ) -> std::io::Result<Option<OpenFile>> {
         let temp = crate::resume::partial_name(name);
-        let version = (size, (meta.mtime, meta.mtime_nsec));
+        let version = crate::resume::Version::new(name, size, (meta.mtime, meta.mtime_nsec));
         let (fd, offer) = match self.shared.take_offer(wire) {
             // An offer vouched for by a record is this file's only if it is of this version
             // of the source (two sources may land on one name).
@@ -911,11 +911,7 @@ impl Writer {
                 *end = (*end).min(stale);
                 start < *end
             });
-            crate::resume::Record {
-                size,
-                mtime: (meta.mtime, meta.mtime_nsec),
-                ranges,
-            }
+            crate::resume::Record { version, ranges }
         });
         if let Some(r) = record.as_ref().filter(|r| !r.ranges.is_empty()) {
             let _ = r.save(&fd);

@@ -584,7 +584,8 @@ impl Reader {
             let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
             let record = resume::Record::load(&fd)?;
             let have = rustix::fs::fstat(&fd).ok()?.st_size as u64;
-            let offer = record.offer(p.size, (p.mtime, p.mtime_nsec), have)?;
+            let version = resume::Version::new(&name, p.size, (p.mtime, p.mtime_nsec));
+            let offer = record.offer(version, have)?;
             let frame = Frame::Partial(fastcp_proto::Partial {
                 id: p.id,
                 block: offer.block,

@@ -67,8 +67,8 @@ pub(crate) fn open_partial(dir: &OwnedFd, name: &[u8], create: bool) -> Option<O
 pub(crate) struct Offer {
     pub(crate) block: u64,
     pub(crate) hashes: Vec<u128>,
-    /// For an offer from a [`Record`]: the size and time of the source it vouches for.
-    pub(crate) version: Option<(u64, (i64, u32))>,
+    /// For an offer from a [`Record`]: the source it vouches for.
+    pub(crate) version: Option<Version>,
 }
 
 impl Offer {
@@ -114,7 +114,7 @@ impl Offer {
 const RECORD_ATTR: &str = "user.fastcp.resume";
 
 /// The record's first bytes.
-const RECORD_MAGIC: &[u8; 8] = b"FCRESUM1";
+const RECORD_MAGIC: &[u8; 8] = b"FCRESUM2";
 
 /// The most ranges a record keeps: the value stays within the 4 KiB that every file system
 /// with extended attributes allows. Ranges past these are sent again.
@@ -124,26 +124,44 @@ const RECORD_RANGES: usize = 128;
 /// each range that was being written.
 const RECORD_BLOCK_MIN: u64 = 64 << 10;
 
-/// For a sender that cannot read its source to compare hashes (the SFTP pull): which bytes
-/// of a partial file arrived, were checked and are on disk, and the version of the source
-/// (its size and modification time) they came from. Kept in an extended attribute of the
-/// partial file ([`Record::save`]), so it lives and dies with the file's inode; where the
-/// file system has none, nothing is recorded and the next copy sends the file whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Record {
+/// The source a [`Record`] speaks for: its size and modification time, and the XXH3-64 of
+/// its whole name (names over 200 bytes share a partial file's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Version {
     pub(crate) size: u64,
     pub(crate) mtime: (i64, u32),
+    pub(crate) name: u64,
+}
+
+impl Version {
+    pub(crate) fn new(name: &[u8], size: u64, mtime: (i64, u32)) -> Version {
+        let name = twox_hash::XxHash3_64::oneshot(name);
+        Version { size, mtime, name }
+    }
+}
+
+/// For a sender that cannot read its source to compare hashes (the SFTP pull): which bytes
+/// of a partial file arrived, were checked and are on disk, and the version of the source
+/// they came from. Kept in an extended attribute of the partial file ([`Record::save`]), so
+/// it lives and dies with the file's inode; where the file system has none, nothing is
+/// recorded and the next copy sends the file whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) version: Version,
     /// Start -> end, adjacent ranges merged.
     pub(crate) ranges: BTreeMap<u64, u64>,
 }
 
+/// The record's bytes before its ranges: magic, size, mtime seconds and nanoseconds, name.
+const RECORD_HEAD: usize = 36;
+
 impl Record {
     /// The record of `fd`, if it has one that decodes.
     pub(crate) fn load(fd: &OwnedFd) -> Option<Record> {
-        let mut buf = vec![0u8; 32 + 16 * RECORD_RANGES];
+        let mut buf = vec![0u8; RECORD_HEAD + 16 * RECORD_RANGES];
         let n = rustix::fs::fgetxattr(fd, RECORD_ATTR, &mut buf).ok()?;
         let v = buf.get(..n)?;
-        let (head, pairs) = v.split_at_checked(28)?;
+        let (head, pairs) = v.split_at_checked(RECORD_HEAD)?;
         let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap());
         if &head[..8] != RECORD_MAGIC || !pairs.len().is_multiple_of(16) {
             return None;
@@ -157,22 +175,25 @@ impl Record {
                 ranges.insert(start, end);
             }
         }
-        Some(Record {
+        let version = Version {
             size: word(8),
             mtime: (word(16) as i64, nsec),
-            ranges,
-        })
+            name: word(28),
+        };
+        Some(Record { version, ranges })
     }
 
     /// Writes the record onto `fd`, whose bytes must already be on disk: a record never
     /// vouches for bytes a crash could still lose. At most [`RECORD_RANGES`] ranges, the
     /// first ones.
     pub(crate) fn save(&self, fd: &OwnedFd) -> io::Result<()> {
-        let mut v = Vec::with_capacity(28 + 16 * self.ranges.len().min(RECORD_RANGES));
+        let mut v = Vec::with_capacity(RECORD_HEAD + 16 * self.ranges.len().min(RECORD_RANGES));
+        let Version { size, mtime, name } = self.version;
         v.extend_from_slice(RECORD_MAGIC);
-        v.extend_from_slice(&self.size.to_le_bytes());
-        v.extend_from_slice(&self.mtime.0.to_le_bytes());
-        v.extend_from_slice(&self.mtime.1.to_le_bytes());
+        v.extend_from_slice(&size.to_le_bytes());
+        v.extend_from_slice(&mtime.0.to_le_bytes());
+        v.extend_from_slice(&mtime.1.to_le_bytes());
+        v.extend_from_slice(&name.to_le_bytes());
         for (start, end) in self.ranges.iter().take(RECORD_RANGES) {
             v.extend_from_slice(&start.to_le_bytes());
             v.extend_from_slice(&end.to_le_bytes());
@@ -214,15 +235,15 @@ impl Record {
         let _ = rustix::fs::fremovexattr(fd, RECORD_ATTR);
     }
 
-    /// What to offer for a probe of a source of `size` bytes modified at `mtime`, from a
-    /// partial file of `have` bytes: the block size, and for each block
-    /// [`fastcp_proto::NOT_HELD`] or 1 (held: inside one recorded range, and within
-    /// `have`), up to the last held one. `None` when the record is of another version of
-    /// the source, or holds no whole block.
-    pub(crate) fn offer(&self, size: u64, mtime: (i64, u32), have: u64) -> Option<Offer> {
-        if (self.size, self.mtime) != (size, mtime) {
+    /// What to offer for a probe of `version`, from a partial file of `have` bytes: the
+    /// block size, and for each block [`fastcp_proto::NOT_HELD`] or 1 (held: inside one
+    /// recorded range, and within `have`), up to the last held one. `None` when the record
+    /// is of another version or another file, or holds no whole block.
+    pub(crate) fn offer(&self, version: Version, have: u64) -> Option<Offer> {
+        if self.version != version {
             return None;
         }
+        let size = version.size;
         let fit = size.div_ceil(fastcp_proto::MAX_PARTIAL_HASHES as u64);
         let block = fit
             .div_ceil(RECORD_BLOCK_MIN)
@@ -246,7 +267,7 @@ impl Record {
         (!hashes.is_empty()).then_some(Offer {
             block,
             hashes,
-            version: Some((size, mtime)),
+            version: Some(version),
         })
     }
 }
@@ -383,15 +404,13 @@ mod tests {
     fn a_record_offers_the_whole_blocks_it_holds_for_its_version_only() {
         const K: u64 = RECORD_BLOCK_MIN;
         let size = 10 * K + 100;
+        let version = Version::new(b"big", size, (1_700_000_000, 0));
         let record = Record {
-            size,
-            mtime: (1_700_000_000, 0),
+            version,
             // Block 0 and 1 whole, 2 in part, 4 whole but 5 in part, the last short one.
             ranges: BTreeMap::from([(0, 2 * K + 10), (4 * K, 5 * K + 3), (10 * K, size)]),
         };
-        let offer = record
-            .offer(size, (1_700_000_000, 0), size)
-            .expect("held blocks");
+        let offer = record.offer(version, size).expect("held blocks");
         assert_eq!(offer.block, K);
         let held: Vec<bool> = offer.hashes.iter().map(|&h| h != 0).collect();
         let want = [
@@ -407,29 +426,33 @@ mod tests {
             offer.held(size),
             BTreeMap::from([(0, 2 * K), (4 * K, 5 * K), (10 * K, size)])
         );
-        assert!(
-            record.offer(size, (1_700_000_001, 0), size).is_none(),
-            "another time"
-        );
-        assert!(
-            record.offer(size + 1, (1_700_000_000, 0), size).is_none(),
-            "another size"
-        );
+        for (other, what) in [
+            (
+                Version::new(b"big", size, (1_700_000_001, 0)),
+                "another time",
+            ),
+            (
+                Version::new(b"big", size + 1, (1_700_000_000, 0)),
+                "another size",
+            ),
+            (
+                Version::new(b"bigger", size, (1_700_000_000, 0)),
+                "another name",
+            ),
+        ] {
+            assert!(record.offer(other, size).is_none(), "{what}");
+        }
         let none = Record {
             ranges: BTreeMap::from([(K + 1, 2 * K + 1)]),
             ..record
         };
-        assert!(
-            none.offer(size, (1_700_000_000, 0), size).is_none(),
-            "no whole block"
-        );
+        assert!(none.offer(version, size).is_none(), "no whole block");
     }
 
     #[test]
     fn ranges_added_to_a_record_join_what_they_overlap_or_touch() {
         let mut r = Record {
-            size: 1000,
-            mtime: (0, 0),
+            version: Version::new(b"f", 1000, (0, 0)),
             ranges: BTreeMap::from([(0, 900)]),
         };
         r.add(0, 64);
@@ -445,18 +468,18 @@ mod tests {
     #[test]
     fn a_record_offers_nothing_past_the_partial_files_end() {
         const K: u64 = RECORD_BLOCK_MIN;
+        let version = Version::new(b"f", 8 * K, (0, 0));
         let record = Record {
-            size: 8 * K,
-            mtime: (0, 0),
+            version,
             ranges: BTreeMap::from([(0, 8 * K)]),
         };
-        let offer = record.offer(8 * K, (0, 0), 3 * K + 5).unwrap();
+        let offer = record.offer(version, 3 * K + 5).unwrap();
         assert_eq!(
             offer.hashes,
             vec![1, 1, 1],
             "cut short by hand: three blocks left"
         );
-        assert_eq!(offer.version, Some((8 * K, (0, 0))));
+        assert_eq!(offer.version, Some(version));
     }
 
     #[test]
@@ -467,13 +490,12 @@ mod tests {
         let fd: OwnedFd = std::fs::File::open(&path).unwrap().into();
         assert_eq!(Record::load(&fd), None);
         let record = Record {
-            size: 1 << 30,
-            mtime: (-5, 7),
+            version: Version::new(b"p", 1 << 30, (-5, 7)),
             ranges: (0..200u64).map(|i| (i * 10, i * 10 + 5)).collect(),
         };
         record.save(&fd).unwrap();
         let loaded = Record::load(&fd).expect("saved");
-        assert_eq!((loaded.size, loaded.mtime), (record.size, record.mtime));
+        assert_eq!(loaded.version, record.version);
         // The first ranges only: the rest are sent again.
         let first: BTreeMap<u64, u64> = record.ranges.into_iter().take(RECORD_RANGES).collect();
         assert_eq!(loaded.ranges, first);
