@@ -2082,8 +2082,8 @@ struct Job {
     mtime: Option<u32>,
     meta: Meta,
     range: (u64, u64),
-    /// For a big file: its checksum, fed by every range, and the bytes still to come.
-    shared: Option<Arc<Mutex<(FileChecksum, u64)>>>,
+    /// For a big file: what its ranges share.
+    shared: Option<Arc<Mutex<BigFile>>>,
     /// `--resume`: the blocks the receiver's partial file holds of this very version of the
     /// file, kept rather than read.
     kept: Option<Arc<Partial>>,
@@ -2116,6 +2116,17 @@ impl Job {
         }
         runs
     }
+}
+
+/// What the ranges of a big file, read on any session, share.
+struct BigFile {
+    /// Fed by every range.
+    checksum: FileChecksum,
+    /// Bytes still to come.
+    left: u64,
+    /// A range failed, and said so: the file is reported once, and the ranges not yet read
+    /// are not.
+    failed: bool,
 }
 
 /// The reads of a file whose partial file the receiver holds blocks of (`offer`): the
@@ -2582,7 +2593,11 @@ impl Emit {
                         size,
                         meta,
                     });
-                    let shared = Arc::new(Mutex::new((FileChecksum::ranges_only(size), size)));
+                    let shared = Arc::new(Mutex::new(BigFile {
+                        checksum: FileChecksum::ranges_only(size),
+                        left: size,
+                        failed: false,
+                    }));
                     let mut reads = Vec::new();
                     let mut at = 0;
                     while at < size {
@@ -2683,19 +2698,30 @@ impl Emit {
             });
             self.send(s, &frame).await?;
         }
+        if job.shared.as_ref().is_some_and(|big| lock(big).failed) {
+            return Ok(());
+        }
         let mut own = FileChecksum::ranges_only(job.size);
         let mut completed = false;
         match self.read_range(s, &job, &mut own, &mut completed).await {
             Ok(()) => {}
             Err(Ok((c, m))) => {
-                return self.send(s, &error_frame(c, &job.wire, m)).await;
+                // One failure a file, whichever of its ranges finds it first.
+                let first = match &job.shared {
+                    None => true,
+                    Some(big) => !std::mem::replace(&mut lock(big).failed, true),
+                };
+                if first {
+                    self.send(s, &error_frame(c, &job.wire, m)).await?;
+                }
+                return Ok(());
             }
             Err(Err(e)) => return Err(e),
         }
         let hash = match &job.shared {
             None => own.finish(),
             // Only the range whose bytes completed the file sends its end.
-            Some(shared) if completed => lock(shared).0.finish(),
+            Some(shared) if completed => lock(shared).checksum.finish(),
             Some(_) => return Ok(()),
         };
         if let Some(hash) = hash {
@@ -2924,10 +2950,10 @@ fn account(
             false
         }
         Some(shared) => {
-            let mut shared = lock(shared);
-            add(&mut shared.0);
-            shared.1 -= len;
-            shared.1 == 0
+            let mut big = lock(shared);
+            add(&mut big.checksum);
+            big.left -= len;
+            big.left == 0
         }
     }
 }

@@ -1089,6 +1089,39 @@ fn a_pull_over_sftp_keeps_nothing_of_another_file_that_shares_its_partial_file()
     );
 }
 
+/// A big file whose time changes while an SFTP pull reads its ranges on several sessions is
+/// reported once, with the source-changed exit code, and not kept.
+#[test]
+fn a_big_file_changed_while_pulled_over_sftp_is_reported_once() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(128 << 20, 61), 0o644);
+    set_mtime(&src, now_secs() - 3600, 0);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    // Four ranges of 32 MiB, read at once; the time changes while they are on their way.
+    let child = transfer(
+        &sshd,
+        &["--sftp", "--json", "--bwlimit", "24M"],
+        &src,
+        &dst,
+        true,
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    set_mtime(&src, now_secs() - 1800, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let summary = json(&out);
+    assert_eq!(summary["error_count"].as_u64(), Some(1), "{summary}");
+    assert!(!dst.join("big").exists());
+}
+
 /// An SFTP pull trusts its partial file's record only for the version of the source it was
 /// made from: after the source changed (same size, another time), nothing is kept.
 #[test]
