@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let cancel = fastcp::CancellationToken::new();
     let copying = args.command.is_none();
     let kept = if args.resume {
-        "partial files were kept for --resume"
+        "files over 4 MiB that were under way keep their partial files for --resume"
     } else {
         "nothing partial was kept"
     };
