@@ -371,10 +371,6 @@ const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 /// sweeps a folder before it creates anything there. Best effort: what cannot be read or
 /// locked stays.
 fn sweep(dir: &OwnedFd, started: std::time::SystemTime) -> usize {
-    let before = started
-        .checked_sub(STALE_AFTER)
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as i128);
     let Ok(d) = rustix::fs::openat(
         dir,
         c".",
@@ -388,27 +384,35 @@ fn sweep(dir: &OwnedFd, started: std::time::SystemTime) -> usize {
     };
     let mut removed = 0;
     while let Some(Ok(entry)) = entries.next() {
-        let name = entry.file_name().to_bytes();
-        if !is_temp_name(name) {
-            continue;
-        }
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let Ok(fd) = rustix::fs::openat(dir, entry.file_name(), flags, Mode::empty()) else {
-            continue;
-        };
-        let stale = rustix::fs::fstat(&fd).is_ok_and(|st| {
-            let written = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec);
-            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && written < before
-        });
-        if !stale {
-            continue;
-        }
-        let free = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive);
-        if free.is_ok() && rustix::fs::unlinkat(dir, entry.file_name(), AtFlags::empty()).is_ok() {
+        if remove_if_stale(dir, entry.file_name().to_bytes(), started) {
             removed += 1;
         }
     }
     removed
+}
+
+/// Removes `name` from `dir` if it is a temp file a killed copy left: a temp name, a
+/// regular file last written [`STALE_AFTER`] or more before `started`, that no process
+/// holds a lock on. Whether it was removed.
+pub(crate) fn remove_if_stale(dir: &OwnedFd, name: &[u8], started: std::time::SystemTime) -> bool {
+    if !is_temp_name(name) {
+        return false;
+    }
+    let before = started
+        .checked_sub(STALE_AFTER)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(dir, name, flags, Mode::empty()) else {
+        return false;
+    };
+    let stale = rustix::fs::fstat(&fd).is_ok_and(|st| {
+        let written = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec);
+        FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && written < before
+    });
+    stale
+        && rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+        && rustix::fs::unlinkat(dir, name, AtFlags::empty()).is_ok()
 }
 
 /// A fresh temporary name beside `name`: `.NAME.fastcp-XXXXXXXX`, short enough for any file

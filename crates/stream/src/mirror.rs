@@ -56,7 +56,9 @@ pub(crate) fn delete_extras(
                 continue;
             }
             // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
+            // A temp file a killed copy left goes, as the sweep before writing takes it.
             if crate::dest::is_work_file(&name) {
+                crate::dest::remove_if_stale(&fd, &name, shared.started);
                 continue;
             }
             // What the rules exclude was never sent, and is not ours to delete.

@@ -705,6 +705,53 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     assert!(dst.path().join("beside").exists());
 }
 
+/// With `delete`, the temp files a killed copy left go from every folder mirrored, even
+/// where nothing is written (the sweep before a write would not reach them): a fresh one,
+/// one a live copy holds locked, and a partial file kept for `--resume` stay. They are not
+/// counted as deleted entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_takes_the_temp_files_a_killed_copy_left() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write(&tree.join("sub/b"), b"b", 0o644);
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, mut r) = configs(true);
+    (s.preserve, s.skip_unchanged) = (true, true);
+    (r.preserve, r.skip_unchanged, r.delete) = (true, true, true);
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
+    sent.unwrap();
+    received.unwrap();
+
+    let sub = dst.path().join("t/sub");
+    let hour_ago = now_secs() - 3600;
+    let [stale, fresh, held, partial] = [
+        ".x.fastcp-0123abcd",
+        ".y.fastcp-89abcdef",
+        ".z.fastcp-0badcafe",
+        ".big.fastcp-partial",
+    ]
+    .map(|n| sub.join(n));
+    for p in [&stale, &fresh, &held, &partial] {
+        write(p, b"left", 0o600);
+    }
+    for p in [&stale, &held, &partial] {
+        set_mtime(p, hour_ago, 0);
+    }
+    let lock = fs::File::open(&held).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
+    sent.unwrap();
+    let received = received.unwrap();
+    assert!(received.is_complete(), "{:?}", received.failures);
+    assert_eq!(received.local.deleted, 0);
+    assert!(!stale.exists(), "the killed copy's temp file stayed");
+    for p in [&fresh, &held, &partial] {
+        assert!(p.exists(), "{} was removed", p.display());
+    }
+}
+
 /// When the sender cannot read everything, nothing is deleted: what it missed would look
 /// deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
