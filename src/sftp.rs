@@ -523,9 +523,16 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
         }
     }
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+        // Why this copy goes over SFTP says what would let it go another way.
+        let instead = if o.sftp {
+            "drop --sftp"
+        } else if o.no_deploy {
+            "install fastcp there, or let it be deployed (drop --no-deploy)"
+        } else {
+            "install fastcp there"
+        };
         return Err(Error::Unsupported(format!(
-            "{what} needs fastcp on the remote host, and this copy goes over SFTP; install \
-             fastcp there, or let it be deployed (no --no-deploy)"
+            "{what} needs fastcp on the remote host, and this copy goes over SFTP; {instead}"
         )));
     }
     if o.compress {
