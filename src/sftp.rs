@@ -2713,13 +2713,15 @@ impl Emit {
         match self.read_range(s, &job, &mut own, &mut completed).await {
             Ok(()) => {}
             Err(Ok((c, m))) => {
-                // One failure a file, whichever of its ranges finds it first.
-                let first = match &job.shared {
-                    None => true,
-                    Some(big) => !std::mem::replace(&mut lock(big).failed, true),
+                // One failure a file, whichever of its ranges finds it first. A big file's
+                // goes on stream 0, behind its `File` entry: the receiver drops a file only
+                // once it has it, and this range may have sent nothing yet.
+                let (first, stream) = match &job.shared {
+                    None => (true, s),
+                    Some(big) => (!std::mem::replace(&mut lock(big).failed, true), 0),
                 };
                 if first {
-                    self.send(s, &error_frame(c, &job.wire, m)).await?;
+                    self.send(stream, &error_frame(c, &job.wire, m)).await?;
                 }
                 return Ok(());
             }

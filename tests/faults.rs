@@ -1113,7 +1113,14 @@ fn a_big_file_changed_while_pulled_over_sftp_is_reported_once() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until(Duration::from_secs(60), "the copy never got far", || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(&dst).unwrap().any(|e| {
+            e.unwrap()
+                .metadata()
+                .is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
+        })
+    });
     set_mtime(&src, now_secs() - 1800, 0);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));

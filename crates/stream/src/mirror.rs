@@ -55,12 +55,6 @@ pub(crate) fn delete_extras(
             if sent.contains(&wire[..]) {
                 continue;
             }
-            // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
-            // A temp file a killed copy left goes, as the sweep before writing takes it.
-            if crate::dest::is_work_file(&name) {
-                crate::dest::remove_if_stale(&fd, &name, shared.started);
-                continue;
-            }
             // What the rules exclude was never sent, and is not ours to delete.
             if let Some(filter) = &shared.config.filter {
                 let is_dir = rustix::fs::statat(&fd, &name[..], AtFlags::SYMLINK_NOFOLLOW)
@@ -71,6 +65,12 @@ pub(crate) fn delete_extras(
                 if !filter.allows(&wire, is_dir) {
                     continue;
                 }
+            }
+            // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
+            // A temp file a killed copy left goes, as the sweep before writing takes it.
+            if crate::dest::is_work_file(&name) {
+                crate::dest::remove_if_stale(&fd, &name, shared.started);
+                continue;
             }
             let mut local_child = local.clone();
             local_child.push(b'/');
