@@ -67,9 +67,23 @@ pub(crate) fn delete_extras(
                 }
             }
             // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
-            // A temp file a killed copy left goes, as the sweep before writing takes it.
+            // A temp file a killed copy left goes, as the sweep before writing takes it, and
+            // so does a partial file of a file the source no longer has.
             if crate::dest::is_work_file(&name) {
-                crate::dest::remove_if_stale(&fd, &name, shared.started);
+                match crate::resume::partial_target(&name) {
+                    Some(target) => {
+                        let mut of = Vec::with_capacity(dir.len() + 1 + target.len());
+                        of.extend_from_slice(dir);
+                        of.push(b'/');
+                        of.extend_from_slice(target);
+                        if !sent.contains(&of[..]) {
+                            crate::resume::remove_unheld_partial(&fd, &name);
+                        }
+                    }
+                    None => {
+                        crate::dest::remove_if_stale(&fd, &name, shared.started);
+                    }
+                }
                 continue;
             }
             let mut local_child = local.clone();

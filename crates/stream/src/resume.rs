@@ -44,6 +44,15 @@ pub fn partial_name(name: &[u8]) -> Vec<u8> {
     v
 }
 
+/// The name whose partial file `partial` is, when its name was not cut short (see
+/// [`partial_name`]).
+pub(crate) fn partial_target(partial: &[u8]) -> Option<&[u8]> {
+    let name = partial
+        .strip_prefix(b".")?
+        .strip_suffix(b".fastcp-partial")?;
+    (!name.is_empty() && name.len() < 200).then_some(name)
+}
+
 /// Opens (or, with `create`, creates) the partial file `name` in `dir` for this copy alone:
 /// a regular file with one link, reached without following a symlink, that no other live
 /// copy holds. The returned descriptor holds an exclusive `flock` until it is closed. `None`
@@ -60,6 +69,15 @@ pub(crate) fn open_partial(dir: &OwnedFd, name: &[u8], create: bool) -> Option<O
     }
     rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).ok()?;
     Some(fd)
+}
+
+/// Removes the partial file `name` from `dir` unless a live copy holds it (or it is not a
+/// plain file with one name).
+pub(crate) fn remove_unheld_partial(dir: &OwnedFd, name: &[u8]) {
+    // Held (locked) until it is gone.
+    if let Some(_held) = open_partial(dir, name, false) {
+        let _ = rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty());
+    }
 }
 
 /// What the receiver offered for one file: the hashes of its partial file's first blocks.
@@ -501,6 +519,22 @@ mod tests {
         assert_eq!(loaded.ranges, first);
         Record::clear(&fd);
         assert_eq!(Record::load(&fd), None);
+    }
+
+    #[test]
+    fn a_partial_files_name_gives_its_files_unless_cut() {
+        assert_eq!(
+            partial_target(&partial_name(b"big.iso")),
+            Some(&b"big.iso"[..])
+        );
+        let long = vec![b'x'; 250];
+        assert_eq!(
+            partial_target(&partial_name(&long)),
+            None,
+            "cut at 200 bytes"
+        );
+        assert_eq!(partial_target(b".fastcp-partial"), None);
+        assert_eq!(partial_target(b"big.fastcp-partial"), None);
     }
 
     #[test]

@@ -678,7 +678,7 @@ async fn delete_removes_extras_beneath_the_destination_only() {
     write(&dst.path().join("beside"), b"not part of the copy", 0o644);
     // Another copy's temp file and a partial file kept for --resume are not extras.
     write(&t.join(".a.fastcp-0badcafe"), b"live", 0o600);
-    write(&t.join("keep/.big.fastcp-partial"), b"kept", 0o600);
+    write(&t.join("keep/.b.fastcp-partial"), b"kept", 0o600);
 
     let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 2).await;
     sent.unwrap();
@@ -694,7 +694,7 @@ async fn delete_removes_extras_beneath_the_destination_only() {
             ".a.fastcp-0badcafe",
             "a",
             "keep",
-            "keep/.big.fastcp-partial",
+            "keep/.b.fastcp-partial",
             "keep/b"
         ]
     );
@@ -706,9 +706,10 @@ async fn delete_removes_extras_beneath_the_destination_only() {
 }
 
 /// With `delete`, the temp files a killed copy left go from every folder mirrored, even
-/// where nothing is written (the sweep before a write would not reach them): a fresh one,
-/// one a live copy holds locked, and a partial file kept for `--resume` stay. They are not
-/// counted as deleted entries.
+/// where nothing is written (the sweep before a write would not reach them), and so do the
+/// partial files of files the source no longer has: a fresh temp file, one a live copy
+/// holds locked, and a partial file of a file still in the source or held by a live copy
+/// stay. They are not counted as deleted entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_takes_the_temp_files_a_killed_copy_left() {
     let src = tempfile::tempdir().unwrap();
@@ -725,21 +726,26 @@ async fn delete_takes_the_temp_files_a_killed_copy_left() {
 
     let sub = dst.path().join("t/sub");
     let hour_ago = now_secs() - 3600;
-    let [stale, fresh, held, partial] = [
+    let [stale, fresh, held, partial, gone, gone_held] = [
         ".x.fastcp-0123abcd",
         ".y.fastcp-89abcdef",
         ".z.fastcp-0badcafe",
-        ".big.fastcp-partial",
+        ".b.fastcp-partial",
+        ".gone.fastcp-partial",
+        ".gone2.fastcp-partial",
     ]
     .map(|n| sub.join(n));
-    for p in [&stale, &fresh, &held, &partial] {
+    for p in [&stale, &fresh, &held, &partial, &gone, &gone_held] {
         write(p, b"left", 0o600);
     }
     for p in [&stale, &held, &partial] {
         set_mtime(p, hour_ago, 0);
     }
-    let lock = fs::File::open(&held).unwrap();
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let locks = [&held, &gone_held].map(|p| {
+        let f = fs::File::open(p).unwrap();
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        f
+    });
 
     let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
     sent.unwrap();
@@ -747,9 +753,14 @@ async fn delete_takes_the_temp_files_a_killed_copy_left() {
     assert!(received.is_complete(), "{:?}", received.failures);
     assert_eq!(received.local.deleted, 0);
     assert!(!stale.exists(), "the killed copy's temp file stayed");
-    for p in [&fresh, &held, &partial] {
+    assert!(
+        !gone.exists(),
+        "the partial file of a file gone from the source stayed"
+    );
+    for p in [&fresh, &held, &partial, &gone_held] {
         assert!(p.exists(), "{} was removed", p.display());
     }
+    drop(locks);
 }
 
 /// When the sender cannot read everything, nothing is deleted: what it missed would look
