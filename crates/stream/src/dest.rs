@@ -1581,11 +1581,8 @@ fn already_whole(parent: &OwnedFd, name: &[u8], size: u64, meta: &Meta) -> bool 
 
 /// Removes the partial file an earlier `--resume` copy kept for `name`, now that the file is
 /// complete without it; not one that another live copy holds.
-fn remove_stale_partial(parent: &OwnedFd, name: &[u8]) {
-    let partial = crate::resume::partial_name(name);
-    if let Some(_locked) = crate::resume::open_partial(parent, &partial, false) {
-        let _ = rustix::fs::unlinkat(parent, &partial[..], AtFlags::empty());
-    }
+pub(crate) fn remove_stale_partial(parent: &OwnedFd, name: &[u8]) {
+    crate::resume::remove_unheld_partial(parent, &crate::resume::partial_name(name));
 }
 
 /// Applies directory modes and times, deepest first.

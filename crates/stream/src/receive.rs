@@ -909,6 +909,14 @@ impl Reader {
                     lock(&self.shared.table)
                         .maybe_skipped
                         .insert(p.path.clone(), p.size);
+                    // The file is whole: a partial file an earlier copy kept for it is of no
+                    // more use.
+                    if self.shared.config.resume
+                        && p.size > crate::resume::PARTIAL_MIN
+                        && let Some((dir, name)) = self.probed_dir(&p)
+                    {
+                        crate::dest::remove_stale_partial(&dir, &name);
+                    }
                 }
                 if send
                     && self.shared.config.resume

@@ -64,9 +64,12 @@ async fn a_partial_file_is_continued_and_only_what_it_lacks_is_sent() {
     assert_eq!(report.bytes_sent, content.len() as u64 - 24 * MIB as u64);
     assert_no_temp(&dest);
 
-    // Once complete, a rerun sends nothing.
+    // Once complete, a rerun sends nothing; a partial file left beside the whole file (by a
+    // copy stopped while another completed it, say) goes.
+    fs::write(dest.join(".big.fastcp-partial"), &partial).unwrap();
     let again = copy(&src, &dest, 3).await;
     assert_eq!((again.files_skipped, again.bytes_sent), (1, 0));
+    assert!(!dest.join(".big.fastcp-partial").exists());
 }
 
 /// Each block the partial file holds is offered once: blocks of the source past the partial
