@@ -118,7 +118,9 @@ impl Error {
     /// The process exit code this error maps to; see [`exit`].
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Usage(_) => exit::USAGE,
+            // What this copy cannot do as asked: nothing was copied, so not "some files
+            // failed".
+            Error::Usage(_) | Error::Unsupported(_) => exit::USAGE,
             Error::Cancelled => exit::INTERRUPTED,
             Error::Transport(_) | Error::Tcp(_) | Error::Timeout(_) | Error::JoinRejected(_) => {
                 exit::CONNECTION

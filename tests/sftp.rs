@@ -603,7 +603,8 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
             true => (remote(&sshd, &src).into(), dst.clone().into_os_string()),
         };
         let out = run(plain(&sshd).args(["--sftp", "-r", flag]).arg(from).arg(to));
-        assert!(!out.status.success());
+        // A usage error: nothing was copied.
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
         assert!(
             stderr(&out).contains("needs fastcp on the remote host"),
             "{flag}: {}",
