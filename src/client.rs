@@ -412,6 +412,27 @@ impl Plan {
                 ));
             }
         }
+        // A partial file's name follows its target's: two sources that land on one target
+        // would share one.
+        if options.resume {
+            let mut names = std::collections::HashSet::new();
+            for source in &sources {
+                let name = match source {
+                    Location::Local(p) => p.file_name().map(|n| n.as_bytes().to_vec()),
+                    Location::Remote(r) => top_level_name(&r.path),
+                };
+                if let Some(name) = name
+                    && !fastcp_stream::has_wildcard(&name)
+                    && !names.insert(name.clone())
+                {
+                    return Err(Error::Usage(format!(
+                        "{}: two sources of this name would land on one target; with \
+                         --resume, copy them in separate runs",
+                        crate::stream::escape(&name)
+                    )));
+                }
+            }
+        }
         Ok(Plan {
             sources,
             dest,
@@ -1606,7 +1627,7 @@ where
 }
 
 /// The name a remote source arrives under: its last path component.
-fn top_level_name(path: &str) -> Option<Vec<u8>> {
+pub(crate) fn top_level_name(path: &str) -> Option<Vec<u8>> {
     let trimmed = path.trim_end_matches('/');
     let name = trimmed.rsplit('/').next().unwrap_or(trimmed);
     match name {

@@ -54,7 +54,7 @@ use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
 use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
-use crate::client::{Plan, SessionDone, within_idle_limit};
+use crate::client::{Plan, SessionDone, top_level_name, within_idle_limit};
 use crate::location::Location;
 use crate::{Error, Log};
 
@@ -506,22 +506,6 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             "-n with --delete or --skip-unchanged on a push",
         ),
     ];
-    // A partial file's record tells versions of one file apart, not two sources that land
-    // on one name.
-    if o.resume && plan.dest.remote().is_none() {
-        let mut names = std::collections::HashSet::new();
-        for source in remote_sources(plan) {
-            if let Some(name) = top_level_name(&source)
-                && !names.insert(name)
-            {
-                return Err(Error::Usage(format!(
-                    "{}: two sources of this name land on one target; with --resume over SFTP, \
-                     copy them in separate runs",
-                    crate::stream::escape(source.as_bytes())
-                )));
-            }
-        }
-    }
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         // Why this copy goes over SFTP says what would let it go another way.
         let instead = if o.sftp {
@@ -2309,16 +2293,6 @@ fn remote_sources(plan: &Plan) -> Vec<String> {
         .filter_map(Location::remote)
         .map(|r| r.path.clone())
         .collect()
-}
-
-/// The name a remote source arrives under: its last path component.
-fn top_level_name(path: &str) -> Option<Vec<u8>> {
-    let trimmed = path.trim_end_matches('/');
-    let name = trimmed.rsplit('/').next().unwrap_or(trimmed);
-    match name {
-        "" | "~" | "." | ".." => None,
-        n => Some(n.as_bytes().to_vec()),
-    }
 }
 
 fn meta_of(a: &FileAttributes, preserve: bool) -> Meta {

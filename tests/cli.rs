@@ -83,7 +83,11 @@ fn usage_errors_exit_2() {
     let a = work.path().join("a");
     write(&a, b"a", 0o644);
     let a = a.to_str().unwrap();
+    // Another source of the same name: with --resume they would share one partial file.
+    std::fs::create_dir(work.path().join("other")).unwrap();
+    write(&work.path().join("other/a"), b"other a", 0o644);
     let cases: &[&[&str]] = &[
+        &["--resume", a, "other/a", "b/"],
         &["--no-such-flag", a, "b"],
         &[a],
         &["-l", "100", "--bwlimit", "1M", a, "b"],
