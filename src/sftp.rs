@@ -811,6 +811,9 @@ struct Apply {
     /// Folders looked in for the temp files a stopped push left, or made by this push (so
     /// holding none): see [`Apply::sweep_beside`].
     swept: Mutex<std::collections::HashSet<String>>,
+    /// Entries of this push whose names look like temp names: the user's, which no sweep
+    /// may take.
+    temp_like: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A temp file last written this long before a push's own first temp file in its folder was
@@ -995,6 +998,7 @@ async fn push(
         partial_reads: Semaphore::new(2),
         live,
         swept: Mutex::new(std::collections::HashSet::new()),
+        temp_like: Mutex::new(std::collections::HashSet::new()),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1266,13 +1270,18 @@ impl Apply {
         fastcp_proto::path::validate(wire)
             .map_err(|e| (ErrorCode::UnsafePath, format!("refused: {e}")))?;
         let path = utf8(wire)?;
-        Ok(match &self.place {
+        let target = match &self.place {
             Place::Beneath(dir) => join(dir, path),
             Place::As(name) => match path.split_once('/') {
                 Some((_, rest)) => join(name, rest),
                 None => name.clone(),
             },
-        })
+        };
+        // An entry named like a temp file is the user's: remembered, for the sweep to spare.
+        if fastcp_stream::is_temp_name(split_target(&target).1.as_bytes()) {
+            lock(&self.temp_like).insert(target.clone());
+        }
+        Ok(target)
     }
 
     /// Waits until the `Dir` entry of the folder holding `wire` has arrived.
@@ -1732,7 +1741,7 @@ impl Apply {
                 continue;
             }
             let path = format!("{prefix}{name}");
-            if !self.live.holds(&path) {
+            if !self.live.holds(&path) && !lock(&self.temp_like).contains(&path) {
                 let _ = sftp.raw.remove(path).await;
             }
         }

@@ -726,6 +726,36 @@ fn a_push_over_sftp_removes_the_stale_temp_files_a_stopped_push_left() {
     }
 }
 
+/// A file of the user's named like a temp file is copied like any other: no sweep of a
+/// push over SFTP takes it, the copy the destination held or the one just written.
+#[test]
+fn a_push_over_sftp_keeps_the_users_files_named_like_temp_files() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("m");
+    fs::create_dir(&src).unwrap();
+    let notes = ".notes.fastcp-deadbeef";
+    write(&src.join(notes), b"notes", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir_all(dst.join("m")).unwrap();
+    write(&dst.join("m").join(notes), b"old", 0o644);
+    let hour_ago = fastcp_testsupport::tree::now_secs() - 3600;
+    set_mtime(&dst.join("m").join(notes), hour_ago, 0);
+    set_mtime(&src.join(notes), hour_ago, 0);
+    for round in 0..3 {
+        let out = run(plain(&sshd)
+            .args(["--sftp", "-r", "-p", "--delete"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(
+            fs::read(dst.join("m").join(notes)).ok().as_deref(),
+            Some(&b"notes"[..]),
+            "round {round}"
+        );
+    }
+}
+
 #[test]
 fn a_missing_remote_file_fails_alone_over_sftp() {
     let work = tempfile::tempdir().unwrap();

@@ -370,7 +370,7 @@ const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 /// until its rename, so another live copy's temp files are never touched; this transfer
 /// sweeps a folder before it creates anything there. Best effort: what cannot be read or
 /// locked stays.
-fn sweep(dir: &OwnedFd, started: std::time::SystemTime) -> usize {
+fn sweep(dir: &OwnedFd, started: std::time::SystemTime, users: impl Fn(&[u8]) -> bool) -> usize {
     let Ok(d) = rustix::fs::openat(
         dir,
         c".",
@@ -384,7 +384,8 @@ fn sweep(dir: &OwnedFd, started: std::time::SystemTime) -> usize {
     };
     let mut removed = 0;
     while let Some(Ok(entry)) = entries.next() {
-        if remove_if_stale(dir, entry.file_name().to_bytes(), started) {
+        let name = entry.file_name().to_bytes();
+        if is_temp_name(name) && !users(name) && remove_if_stale(dir, name, started) {
             removed += 1;
         }
     }
@@ -800,7 +801,25 @@ impl Writer {
             .or_default()
             .clone();
         swept.get_or_init(|| {
-            sweep(&parent, self.shared.started);
+            // A name the copy skipped (its file unchanged) or the rules exclude is the user's,
+            // however it looks.
+            let dir_wire = &wire[..wire.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+            let users = |name: &[u8]| {
+                let mut w = Vec::with_capacity(dir_wire.len() + 1 + name.len());
+                if !dir_wire.is_empty() {
+                    w.extend_from_slice(dir_wire);
+                    w.push(b'/');
+                }
+                w.extend_from_slice(name);
+                self.shared.was_skipped(&w)
+                    || self
+                        .shared
+                        .config
+                        .filter
+                        .as_ref()
+                        .is_some_and(|f| !f.allows(&w, false))
+            };
+            sweep(&parent, self.shared.started, users);
         });
         if self.shared.config.resume && size > crate::resume::PARTIAL_MIN {
             match self.open_partial(&wire, &parent, name, size, &meta) {

@@ -343,6 +343,11 @@ impl Shared {
         lock(&self.table).offers.remove(wire)
     }
 
+    /// Whether the quick check skipped `wire` (its file was unchanged) in this transfer.
+    pub(crate) fn was_skipped(&self, wire: &[u8]) -> bool {
+        lock(&self.table).maybe_skipped.contains_key(wire)
+    }
+
     pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
         let frame = ErrorFrame {
             code: e.code(),

@@ -763,6 +763,61 @@ async fn delete_takes_the_temp_files_a_killed_copy_left() {
     drop(locks);
 }
 
+/// The sweep before a copy's first temp file in a folder takes what killed copies left, by
+/// name; a file of the user's named the same way stays: one the copy skipped as unchanged,
+/// and one the rules exclude.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_spares_the_users_files_named_like_temp_files() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(&tree).unwrap();
+    write(&tree.join(".notes.fastcp-deadbeef"), b"notes", 0o644);
+    write(&tree.join("a"), b"a", 0o644);
+    let hour_ago = now_secs() - 3600;
+    set_mtime(&tree.join(".notes.fastcp-deadbeef"), hour_ago, 0);
+    let dst = tempfile::tempdir().unwrap();
+    let (mut s, mut r) = configs(true);
+    (s.preserve, s.skip_unchanged) = (true, true);
+    (r.preserve, r.skip_unchanged) = (true, true);
+    let mut filter = fastcp_stream::Filter::default();
+    filter.exclude(".keep.*").unwrap();
+    let filter = Some(Arc::new(filter));
+    (s.filter, r.filter) = (filter.clone(), filter);
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
+    sent.unwrap();
+    received.unwrap();
+
+    let t = dst.path().join("t");
+    let [notes, kept, left] = [
+        ".notes.fastcp-deadbeef",
+        ".keep.fastcp-0123abcd",
+        ".x.fastcp-89abcdef",
+    ]
+    .map(|n| t.join(n));
+    write(&kept, b"excluded", 0o600);
+    write(&left, b"left", 0o600);
+    set_mtime(&kept, hour_ago, 0);
+    set_mtime(&left, hour_ago, 0);
+    // `a` changed: its temp file sweeps the folder.
+    write(&tree.join("a"), b"a, changed", 0o644);
+    let (sent, received) = run_pair(std::slice::from_ref(&tree), dst.path(), &s, &r, 1).await;
+    sent.unwrap();
+    let received = received.unwrap();
+    assert!(received.is_complete(), "{:?}", received.failures);
+    assert_eq!(fs::read(t.join("a")).unwrap(), b"a, changed");
+    assert_eq!(
+        fs::read(&notes).unwrap(),
+        b"notes",
+        "the skipped file was taken"
+    );
+    assert_eq!(
+        fs::read(&kept).unwrap(),
+        b"excluded",
+        "the excluded file was taken"
+    );
+    assert!(!left.exists(), "the killed copy's temp file stayed");
+}
+
 /// When the sender cannot read everything, nothing is deleted: what it missed would look
 /// deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
