@@ -516,7 +516,8 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             "install fastcp there"
         };
         return Err(Error::Unsupported(format!(
-            "{what} needs fastcp on the remote host, and this copy goes over SFTP; {instead}"
+            "{what}: this needs fastcp on the remote host, and this copy goes over SFTP; \
+             {instead}"
         )));
     }
     if o.compress {
