@@ -835,6 +835,10 @@ struct LiveTemps {
     /// Temp name -> the session that made it; `None` once the push is stopping and its
     /// guard took them to remove.
     names: Mutex<Option<HashMap<String, usize>>>,
+    /// Temp names taken for their rename, until it is done: still this push's, so that
+    /// its own sweep of their folder, which may have listed them a moment before, spares
+    /// them.
+    renaming: Mutex<std::collections::HashSet<String>>,
 }
 
 impl LiveTemps {
@@ -856,11 +860,27 @@ impl LiveTemps {
             .is_some()
     }
 
+    /// Takes `name` for its rename, as [`take`](Self::take) does, until
+    /// [`renamed`](Self::renamed).
+    fn take_for_rename(&self, name: &str) -> bool {
+        let taken = self.take(name);
+        if taken {
+            lock(&self.renaming).insert(name.to_string());
+        }
+        taken
+    }
+
+    /// The rename of `name` is over, whatever its outcome.
+    fn renamed(&self, name: &str) {
+        lock(&self.renaming).remove(name);
+    }
+
     /// Whether `name` is this push's own (or the push is stopping, and all are its guard's).
     fn holds(&self, name: &str) -> bool {
-        lock(&self.names)
-            .as_ref()
-            .is_none_or(|names| names.contains_key(name))
+        lock(&self.renaming).contains(name)
+            || lock(&self.names)
+                .as_ref()
+                .is_none_or(|names| names.contains_key(name))
     }
 }
 
@@ -974,6 +994,7 @@ async fn push(
         sftp: sftp.clone(),
         limit,
         names: Mutex::new(Some(HashMap::new())),
+        renaming: Mutex::new(std::collections::HashSet::new()),
     });
     let _sweeper = TempSweeper(live.clone());
     let mut send_config = plan_send_config(plan);
@@ -1624,12 +1645,14 @@ impl Apply {
         let target = file.target.as_ref().expect("a created file has a target");
         // No longer the sweeper's to remove: without posix-rename the target is removed before
         // the rename, and a push stopped in between must not take the only copy with it.
-        if file.kind == TempKind::Random && !self.live.take(&file.temp) {
+        if file.kind == TempKind::Random && !self.live.take_for_rename(&file.temp) {
             // The push is stopping, and its guard removes the temp file.
             self.failed(&file.wire, (ErrorCode::Io, STOPPING.into()));
             return Ok(());
         }
-        match sftp[0].replace(&file.temp, target).await {
+        let replaced = sftp[0].replace(&file.temp, target).await;
+        self.live.renamed(&file.temp);
+        match replaced {
             Ok(()) => {
                 let mut done = lock(&self.done);
                 done.files += 1;
@@ -1671,11 +1694,16 @@ impl Apply {
             let made = sftp.raw.symlink(points_to, temp.clone()).await;
             // No longer the guard's to remove: the rename comes next, as for a file (see
             // `settle_if_complete`).
-            if !self.live.take(&temp) {
+            if !self.live.take_for_rename(&temp) {
                 return Err((ErrorCode::Io, STOPPING.into()));
             }
-            made.map_err(|e| (code(&e), format!("cannot make the link: {e}")))?;
-            if let Err(e) = sftp.replace(&temp, &target).await {
+            if let Err(e) = made {
+                self.live.renamed(&temp);
+                return Err((code(&e), format!("cannot make the link: {e}")));
+            }
+            let replaced = sftp.replace(&temp, &target).await;
+            self.live.renamed(&temp);
+            if let Err(e) = replaced {
                 let _ = sftp.raw.remove(temp).await;
                 return Err((code(&e), format!("cannot rename the link into place: {e}")));
             }
