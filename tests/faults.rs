@@ -959,8 +959,7 @@ fn a_cut_pull_over_sftp_ends_with_the_connection_code() {
 }
 
 /// Starts a copy of the file `src` into the folder `dst` with `args`, quiet, and waits until
-/// its partial file holds `bytes` written (not just sized: it has its full length from the
-/// start).
+/// its partial or temp file there holds `bytes` written (see [`wait_written`]).
 fn copy_until_written(
     sshd: &Sshd,
     args: &[&str],
@@ -975,12 +974,21 @@ fn copy_until_written(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let partial = dst.join(".big.fastcp-partial");
-    wait_until(Duration::from_secs(60), "the copy never got far", || {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= bytes)
-    });
+    wait_written(dst, bytes);
     child
+}
+
+/// Waits until a file in `dir` (a copy's temp or partial file) holds `bytes` written: not
+/// just sized, as a partial file is from the start.
+fn wait_written(dir: &Path, bytes: u64) {
+    use std::os::unix::fs::MetadataExt;
+    wait_until(Duration::from_secs(60), "the copy never got far", || {
+        std::fs::read_dir(dir).unwrap().any(|e| {
+            e.unwrap()
+                .metadata()
+                .is_ok_and(|m| m.blocks() * 512 >= bytes)
+        })
+    });
 }
 
 /// kill -9 of the receiving side mid-copy (the server on a push over TCP, the client on a
@@ -1055,10 +1063,7 @@ fn a_pull_over_sftp_keeps_nothing_of_another_file_that_shares_its_partial_file()
         .spawn()
         .unwrap();
     let partial = dst.join(format!(".{}.fastcp-partial", &long[..200]));
-    wait_until(Duration::from_secs(60), "the copy never got far", || {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&partial).is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
-    });
+    wait_written(&dst, 8 << 20);
     kill("-TERM", child.id());
     wait_exit(&mut child, Duration::from_secs(30), "the pull did not end");
     wait_released(&partial);
@@ -1113,14 +1118,7 @@ fn a_big_file_changed_while_pulled_over_sftp_is_reported_once() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    wait_until(Duration::from_secs(60), "the copy never got far", || {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::read_dir(&dst).unwrap().any(|e| {
-            e.unwrap()
-                .metadata()
-                .is_ok_and(|m| m.blocks() * 512 >= 8 << 20)
-        })
-    });
+    wait_written(&dst, 8 << 20);
     set_mtime(&src, now_secs() - 1800, 0);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));

@@ -344,7 +344,7 @@ fn pread_full(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> io::Result<bool> {
 }
 
 /// Adds `[start, end)` to `ranges`, merging it with the ranges it touches.
-fn insert(ranges: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
+pub(crate) fn insert(ranges: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
     let touching: Vec<(u64, u64)> = ranges
         .range(..=end)
         .filter(|&(_, &e)| e >= start)

@@ -221,19 +221,8 @@ impl Record {
     }
 
     /// Adds `[start, end)` to the ranges, merged with any it overlaps or touches.
-    pub(crate) fn add(&mut self, mut start: u64, mut end: u64) {
-        let touching: Vec<(u64, u64)> = self
-            .ranges
-            .range(..=end)
-            .rev()
-            .take_while(|&(_, &e)| e >= start)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.ranges.remove(&s);
-            (start, end) = (start.min(s), end.max(e));
-        }
-        self.ranges.insert(start, end);
+    pub(crate) fn add(&mut self, start: u64, end: u64) {
+        crate::pieces::insert(&mut self.ranges, start, end);
     }
 
     /// Whether a record may be kept for a source modified at `mtime` (seconds): not when
