@@ -50,6 +50,7 @@ pub mod limit;
 mod location;
 mod log;
 mod remote;
+mod remote_hash;
 pub mod server;
 mod session;
 pub mod sftp;

@@ -47,7 +47,7 @@ use fastcp_proto::{
 use fastcp_stream::{FileChecksum, Progress, Report};
 use fastcp_stream::{PipeWriter, WriteFrom};
 use fastcp_transport::{AnyTransport, BoxStream, SshSession};
-use futures_util::stream::{FuturesOrdered, StreamExt};
+use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
@@ -56,6 +56,7 @@ use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, top_level_name, within_idle_limit};
 use crate::location::Location;
+use crate::remote_hash::{Hasher, alongside};
 use crate::{Error, Log};
 
 /// SFTP sessions (each on an SSH connection of its own) unless `-j` says otherwise.
@@ -339,6 +340,9 @@ pub(crate) async fn copy(
         )
     });
     let started = std::time::Instant::now();
+    // `--checksum`: shells on the remote hash its files, one per session at most.
+    let (hasher, hashing) = Hasher::start(peer, n, progress.clone(), log);
+    let hasher = plan.options.checksum.then_some(hasher);
     let mut listing = Vec::new();
     let report = match (&plan.dest, plan.options.dry_run) {
         // A dry run moves no data, so the idle limit does not apply (as on fastcp's own
@@ -357,12 +361,14 @@ pub(crate) async fn copy(
         }
         (Location::Remote(r), false) => {
             watched(&sftp);
-            let work = push(plan, &r.path, sftp, limit, progress.clone(), log);
+            let work = push(plan, &r.path, sftp, limit, progress.clone(), log, hasher);
+            let work = alongside(work, hashing);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
         (Location::Local(dest), false) => {
             watched(&sftp);
-            let work = pull(plan, dest, sftp, progress.clone());
+            let work = pull(plan, dest, sftp, progress.clone(), hasher);
+            let work = alongside(work, hashing);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
     };
@@ -414,6 +420,7 @@ async fn list_remote(
         filter: o.filter.clone(),
         probing: None,
         next_id: AtomicU64::new(1),
+        hasher: None,
     };
     let sources = remote_sources(plan);
     let (jobs_tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1024);
@@ -489,7 +496,6 @@ async fn list_remote(
 fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
     let refused = [
-        (o.checksum, "--checksum"),
         (o.hard_links, "-H"),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
@@ -815,6 +821,8 @@ struct Apply {
     /// Entries of this push whose names look like temp names: the user's, which no sweep
     /// may take.
     temp_like: Mutex<std::collections::HashSet<String>>,
+    /// `--checksum`: hashes the remote's files, for the sender to compare with its own.
+    hasher: Option<Hasher>,
 }
 
 /// A temp file last written this long before a push's own first temp file in its folder was
@@ -953,6 +961,7 @@ async fn push(
     limit: Option<Arc<crate::limit::RateLimit>>,
     progress: Arc<Progress>,
     log: &Log,
+    hasher: Option<Hasher>,
 ) -> Result<Report, Error> {
     let dest = remote_path(typed);
     let place = match sftp[0].raw.stat(dest.clone()).await {
@@ -1021,6 +1030,7 @@ async fn push(
         live,
         swept: Mutex::new(std::collections::HashSet::new()),
         temp_like: Mutex::new(std::collections::HashSet::new()),
+        hasher,
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1077,7 +1087,6 @@ async fn push(
         }
         let _ = reply_half.shutdown().await;
     };
-    send_config.checksum = false;
     // Nothing on the remote side could check a file's checksum: none is computed.
     send_config.file_checksums = false;
     let sources = plan.local_sources();
@@ -1108,7 +1117,10 @@ fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
         recursive: o.recursive,
         preserve: o.preserve || o.skip_unchanged || o.resume,
         follow_links: o.follow_links,
-        skip_unchanged: o.skip_unchanged || o.resume,
+        skip_unchanged: o.skip_unchanged || o.resume || o.checksum,
+        checksum: o.checksum,
+        // What the remote's stock tools can compute (see `crate::remote_hash`).
+        content_hash: fastcp_stream::ContentHash::Sha256,
         resume: o.resume,
         filter: o.filter.clone(),
         ..Default::default()
@@ -1212,7 +1224,10 @@ impl Apply {
                     self.sent(&p.path);
                     let this = self.clone();
                     tasks.spawn(async move {
-                        let send = !this.unchanged(&p.path, p.size, p.mtime).await;
+                        let (send, hash) = match &this.hasher {
+                            Some(hasher) => this.content_hash(hasher, &p).await,
+                            None => (!this.unchanged(&p.path, p.size, p.mtime).await, None),
+                        };
                         let offer = match send && this.resume {
                             true => this.partial_offer(&p).await,
                             false => None,
@@ -1227,7 +1242,7 @@ impl Apply {
                         let _ = this.replies.send(Frame::Answer(Answer {
                             id: p.id,
                             send,
-                            hash: None,
+                            hash,
                         }));
                         Ok(())
                     });
@@ -1719,17 +1734,50 @@ impl Apply {
 
     /// The quick check over SFTP: a regular file with this size and modification second.
     async fn unchanged(&self, wire: &[u8], size: u64, mtime: i64) -> bool {
-        let Ok(target) = self.target(wire) else {
-            return false;
+        self.same_size(wire, size)
+            .await
+            .is_some_and(|(_, a)| a.mtime.map(i64::from) == Some(mtime))
+    }
+
+    /// The remote path of the regular file (not a link) of `size` bytes at `wire`'s target,
+    /// and its attributes, if there is one.
+    async fn same_size(&self, wire: &[u8], size: u64) -> Option<(String, FileAttributes)> {
+        let target = self.target(wire).ok()?;
+        let a = self.sftp[0].raw.lstat(target.clone()).await.ok()?.attrs;
+        (file_type(&a) == S_IFREG && a.size == Some(size)).then_some((target, a))
+    }
+
+    /// `--checksum`'s answer to probe `p`: "send" unless the remote has a regular file of its
+    /// size, and then that file's hash, for the sender to compare (see
+    /// [`crate::remote_hash`]). As fastcp's receiver does, a file that may be kept gets the
+    /// probe's mode and time with `-p` now: if it is sent after all, it gets them again.
+    async fn content_hash(&self, hasher: &Hasher, p: &Probe) -> (bool, Option<u128>) {
+        let Some((target, have)) = self.same_size(&p.path, p.size).await else {
+            return (true, None);
         };
-        match self.sftp[0].raw.lstat(target).await {
-            Ok(a) => {
-                file_type(&a.attrs) == S_IFREG
-                    && a.attrs.size == Some(size)
-                    && a.attrs.mtime.map(i64::from) == Some(mtime)
+        let Some(hash) = hasher.hash(&target, p.size).await else {
+            return (true, None);
+        };
+        if let (true, Some(mode)) = (self.preserve, p.mode) {
+            let mut attrs = FileAttributes::empty();
+            if have.permissions.map(|m| m & 0o7777) != Some(mode & 0o777) {
+                attrs.permissions = Some(mode & 0o777);
             }
-            Err(_) => false,
+            if have.mtime.map(i64::from) != Some(p.mtime) {
+                set_times(
+                    &mut attrs,
+                    &Meta {
+                        mtime: p.mtime,
+                        ..Meta::default()
+                    },
+                );
+            }
+            if attrs.permissions.is_some() || attrs.mtime.is_some() {
+                // Best effort, as the receiver's refresh: the copy goes on.
+                let _ = self.sftp[0].raw.setstat(target, attrs).await;
+            }
         }
+        (false, Some(hash))
     }
 
     /// Removes the temp files a stopped push (a cut, kill -9) left in the folder `file` is
@@ -2190,6 +2238,8 @@ struct Emit {
     /// Ask the local receiver about each file before reading it (`--skip-unchanged`).
     probing: Option<Probing>,
     next_id: AtomicU64,
+    /// `--checksum`: hashes the remote's files, to compare with the receiver's answers.
+    hasher: Option<Hasher>,
 }
 
 /// Folders a pull lists at once, over all its sessions.
@@ -2222,6 +2272,7 @@ async fn pull(
     dest: &std::path::Path,
     sftp: Vec<Arc<Sftp>>,
     progress: Arc<Progress>,
+    hasher: Option<Hasher>,
 ) -> Result<Report, Error> {
     let n = sftp.len();
     // Frames go to the receiver through pipes that pass a file's bytes on as the buffers
@@ -2240,12 +2291,14 @@ async fn pull(
         .collect();
     let (replies, reply_half) = tokio::io::duplex(64 << 10);
     let o = &plan.options;
-    // `--resume` asks about each file, as the quick check does, and keeps times to match.
-    let probing = o.skip_unchanged || o.resume;
+    // `--resume` asks about each file, as the quick check does, and keeps times to match;
+    // `--checksum` asks too, but compares content.
+    let probing = o.skip_unchanged || o.resume || o.checksum;
+    let preserve = o.preserve || o.skip_unchanged || o.resume;
     let emit = Arc::new(Emit {
         sftp,
         outs,
-        preserve: o.preserve || probing,
+        preserve,
         recursive: o.recursive,
         follow: o.follow_links,
         filter: o.filter.clone(),
@@ -2256,15 +2309,19 @@ async fn pull(
             listed: SetOnce::new(),
         }),
         next_id: AtomicU64::new(1),
+        hasher,
     });
     let mut config = fastcp_stream::ReceiveConfig {
         recursive: o.recursive,
         // The quick check compares times: they must be kept.
-        preserve: o.preserve || probing,
+        preserve,
         target_must_be_dir: plan.sources.len() > 1
             || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
         fsync: o.fsync,
         skip_unchanged: probing,
+        checksum: o.checksum,
+        // What the remote's stock tools can compute (see `crate::remote_hash`).
+        content_hash: fastcp_stream::ContentHash::Sha256,
         resume: o.resume,
         // Hashing the remote's blocks would mean reading them: the partial file's record of
         // what arrived from this version of the source stands in.
@@ -2443,38 +2500,74 @@ impl Emit {
             return Ok(());
         };
         let mut answered = 0;
+        // `--checksum`: files the receiver has with their size, while the remote hashes its
+        // own copy; each keeps its place in the window until then.
+        let mut comparing = FuturesUnordered::new();
         loop {
-            if probing.listed.get().is_some_and(|&sent| answered >= sent) {
+            let all = probing.listed.get().is_some_and(|&sent| answered >= sent);
+            if all && comparing.is_empty() {
                 return Ok(());
             }
             let (answer, offer) = tokio::select! {
-                a = answers.recv() => match a {
+                a = answers.recv(), if !all => match a {
                     Some(a) => a,
                     // The receiver stopped: its error is the copy's.
                     None => return Ok(()),
                 },
                 _ = probing.listed.wait(), if probing.listed.get().is_none() => continue,
+                Some((reads, differs)) = comparing.next() => {
+                    probing.window.add_permits(1);
+                    if differs {
+                        self.release(reads, None, &jobs).await?;
+                    }
+                    continue;
+                }
             };
             answered += 1;
-            probing.window.add_permits(1);
             let parked = lock(&probing.parked).remove(&answer.id);
-            let (Some((announce, mut reads)), true) = (parked, answer.send) else {
-                continue;
-            };
-            // A record is only as good as the time it is tagged with: a server that gives
-            // no times gives nothing to trust.
-            if let Some(offer) = offer
-                && reads.iter().all(|job| job.mtime.is_some())
-            {
-                reads = keeping(reads, offer);
-            }
-            if let Some(frame) = announce {
-                self.send(0, &frame).await?;
-            }
-            for job in reads {
-                send_job(&jobs, job).await?;
+            match (parked, answer.send, &self.hasher, answer.hash) {
+                (Some(reads), true, _, _) => {
+                    probing.window.add_permits(1);
+                    self.release(reads, offer, &jobs).await?;
+                }
+                (Some(reads), false, Some(hasher), Some(theirs)) => {
+                    let hasher = hasher.clone();
+                    comparing.push(async move {
+                        let (remote, size) = match reads.1.first() {
+                            Some(job) => (job.remote.clone(), job.size),
+                            None => return (reads, true),
+                        };
+                        let ours = hasher.hash(&remote, size).await;
+                        (reads, ours != Some(theirs))
+                    });
+                }
+                _ => probing.window.add_permits(1),
             }
         }
+    }
+
+    /// Hands on the reads of a file the receiver wants: the frame that announces it, if any,
+    /// then its jobs, those of the blocks `offer` says the receiver holds kept.
+    async fn release(
+        &self,
+        (announce, mut reads): Reads,
+        offer: Option<Arc<Partial>>,
+        jobs: &tokio::sync::mpsc::Sender<Job>,
+    ) -> Result<(), Error> {
+        // A record is only as good as the time it is tagged with: a server that gives no
+        // times gives nothing to trust.
+        if let Some(offer) = offer
+            && reads.iter().all(|job| job.mtime.is_some())
+        {
+            reads = keeping(reads, offer);
+        }
+        if let Some(frame) = announce {
+            self.send(0, &frame).await?;
+        }
+        for job in reads {
+            send_job(jobs, job).await?;
+        }
+        Ok(())
     }
 
     /// Walks the sources, many folders listed at once over the sessions: directories and

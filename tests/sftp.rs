@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use fastcp_stream::SHA256_RANGE;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, pseudo_random, set_mtime, write};
 
@@ -599,7 +600,7 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
     fs::create_dir(&src).unwrap();
     write(&src.join("f"), b"f", 0o644);
     let dst = work.path().join("dst");
-    for (flag, pull) in [("--checksum", false), ("-H", false), ("--checksum", true)] {
+    for (flag, pull) in [("-H", false), ("-H", true)] {
         let (from, to) = match pull {
             false => (src.clone().into_os_string(), remote(&sshd, &dst).into()),
             true => (remote(&sshd, &src).into(), dst.clone().into_os_string()),
@@ -614,6 +615,147 @@ fn what_needs_fastcp_on_both_ends_is_refused_over_sftp() {
         );
     }
     assert!(!dst.exists());
+}
+
+/// Files whose content differs from the source's at the same size and time, which only
+/// `--checksum` tells from the others: a byte in a small file, a byte in the second
+/// [`SHA256_RANGE`] of a big one, and files whose names no hashing tool's line carries as
+/// they are.
+fn alter_same_size_and_time(root: &Path) -> usize {
+    let names = ["f3", "big", "new\nline", "back\\slash"];
+    for name in names {
+        let path = root.join(name);
+        let at = if name == "big" { SHA256_RANGE + 17 } else { 1 };
+        let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"\xff", at).unwrap();
+        f.set_modified(mtime).unwrap();
+    }
+    names.len()
+}
+
+/// The tree `--checksum` is tried on: small files, a name that starts with `-`, names with
+/// a newline and a backslash, and a sparse file bigger than one [`SHA256_RANGE`], hashed by
+/// ranges.
+fn checksum_tree(root: &Path) -> usize {
+    fs::create_dir_all(root).unwrap();
+    let mut n = 0;
+    for i in 0..20 {
+        write(&root.join(format!("f{i}")), &pseudo_random(5_000, i), 0o644);
+        n += 1;
+    }
+    for name in ["-dash", "new\nline", "back\\slash", "it's"] {
+        write(&root.join(name), &pseudo_random(300, 7), 0o644);
+        n += 1;
+    }
+    let big = fs::File::create(root.join("big")).unwrap();
+    big.set_len(SHA256_RANGE + 4096).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&big, b"head", 0).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&big, b"tail", SHA256_RANGE + 100).unwrap();
+    // Whole seconds: SFTP carries no finer.
+    for (i, e) in fs::read_dir(root).unwrap().enumerate() {
+        set_mtime(&e.unwrap().path(), 1_700_000_000 + i as i64, 0);
+    }
+    n + 1
+}
+
+/// `--checksum` over SFTP, both ways: the remote's files are hashed there by its own tools
+/// (no byte of them travels), and only the files whose content differs are sent, however
+/// their sizes and times agree; a rerun sends nothing.
+#[test]
+fn checksum_over_sftp_sends_only_the_files_whose_content_differs() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    let files = checksum_tree(&src);
+    for pull in [false, true] {
+        let dst = work.path().join(format!("dst-{pull}"));
+        fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let (from, to) = match pull {
+                false => (src.clone().into_os_string(), remote(&sshd, &dst).into()),
+                true => (remote(&sshd, &src).into(), dst.clone().into_os_string()),
+            };
+            run(plain(&sshd)
+                .args(["--sftp", "-r", "-p", "--json"])
+                .args(extra)
+                .arg(from)
+                .arg(to))
+        };
+        let out = copy(&[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let changed = alter_same_size_and_time(&dst.join("src"));
+        // The quick check by times sees nothing to do.
+        let out = copy(&["--skip-unchanged"]);
+        assert_eq!(json(&out)["files_skipped"], files, "{}", json(&out));
+        let out = copy(&["--checksum"]);
+        assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
+        let report = json(&out);
+        assert_eq!(
+            report["files_skipped"],
+            files - changed,
+            "pull {pull}: {report}"
+        );
+        assert_eq!(report["error_count"], 0, "{report}");
+        assert_same_tree(&src, &dst.join("src"), true);
+        assert_no_temp(&dst);
+        let out = copy(&["--checksum"]);
+        assert_eq!(
+            json(&out)["files_skipped"],
+            files,
+            "pull {pull}: {}",
+            json(&out)
+        );
+        assert_eq!(json(&out)["bytes_sent"], 0, "pull {pull}: {}", json(&out));
+    }
+}
+
+/// `--checksum` over SFTP to an account that runs no shell commands (`ForceCommand
+/// internal-sftp`): no remote file can be hashed there, so the files of the same size are
+/// sent, with a warning that says why, and the copy is still right.
+#[test]
+fn checksum_over_sftp_to_a_host_that_cannot_hash_sends_the_files() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_options("ForceCommand internal-sftp").unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..5 {
+        write(&src.join(format!("f{i}")), &pseudo_random(1_000, i), 0o644);
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir_all(dst.join("back")).unwrap();
+    for pull in [false, true] {
+        let (from, to) = match pull {
+            false => (src.clone().into_os_string(), remote(&sshd, &dst).into()),
+            true => (
+                remote(&sshd, &src).into(),
+                dst.join("back").into_os_string(),
+            ),
+        };
+        let copy = |extra: &[&str]| {
+            run(plain(&sshd)
+                .args(["--sftp", "-r", "--json"])
+                .args(extra)
+                .arg(&from)
+                .arg(&to))
+        };
+        assert!(copy(&[]).status.success());
+        let out = copy(&["--checksum"]);
+        assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
+        assert_eq!(
+            json(&out)["files_skipped"],
+            0,
+            "pull {pull}: {}",
+            json(&out)
+        );
+        assert!(
+            stderr(&out).contains("cannot hash its files"),
+            "pull {pull}: {}",
+            stderr(&out)
+        );
+    }
+    assert_same_tree(&src, &dst.join("src"), false);
+    assert_same_tree(&src, &dst.join("back/src"), false);
 }
 
 /// `--resume` on a push over SFTP: the partial file a stopped copy left on the remote is

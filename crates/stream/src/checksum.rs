@@ -24,19 +24,117 @@ pub(crate) fn xxh3_128(bytes: &[u8]) -> u128 {
     XxHash3_128::oneshot(bytes)
 }
 
-/// The XXH3-128 of everything `r` reads: the content hash `--checksum` compares. The bytes
-/// read count in `progress` as checked.
+/// The hash `--checksum` compares a file's content by (rsync's `--checksum`): both sides
+/// hash their copy, and a file whose hashes match is not sent.
+///
+/// ```
+/// use fastcp_stream::ContentHash;
+///
+/// let hash = ContentHash::Sha256.of(&b"abc"[..]).unwrap();
+/// // The first 16 bytes of SHA-256("abc"), big-endian.
+/// assert_eq!(hash, 0xba7816bf_8f01cfea_414140de_5dae2223);
+/// assert_ne!(hash, ContentHash::Xxh3.of(&b"abc"[..]).unwrap());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ContentHash {
+    /// XXH3-128 of the whole file: what two fastcp peers compare.
+    #[default]
+    Xxh3,
+    /// SHA-256, which a host with only stock tools can compute (`openssl dgst`,
+    /// `sha256sum`, `shasum`): what fastcp's SFTP path compares. A file of up to
+    /// [`SHA256_RANGE`] bytes hashes to its SHA-256; a bigger one to the SHA-256 of its
+    /// ranges' SHA-256 digests in order (see [`sha256_of_ranges`]), so that its ranges can be
+    /// hashed at once by several processes. The hash is the digest's first 16 bytes, read
+    /// big-endian.
+    Sha256,
+}
+
+/// The ranges [`ContentHash::Sha256`] hashes a big file by: 256 MiB.
+pub const SHA256_RANGE: u64 = 256 << 20;
+
+/// [`ContentHash::Sha256`] of a file from the SHA-256 digests of its [`SHA256_RANGE`]
+/// ranges, in order (one digest: a file of up to one range).
+///
+/// ```
+/// use fastcp_stream::{ContentHash, sha256_of_ranges};
+/// use sha2::{Digest, Sha256};
+///
+/// let digest: [u8; 32] = Sha256::digest(b"abc").into();
+/// assert_eq!(sha256_of_ranges(&[digest]), ContentHash::Sha256.of(&b"abc"[..]).unwrap());
+/// ```
+pub fn sha256_of_ranges(digests: &[[u8; 32]]) -> u128 {
+    use sha2::Digest;
+    let whole: [u8; 32] = match digests {
+        [one] => *one,
+        _ => sha2::Sha256::digest(digests.concat()).into(),
+    };
+    u128::from_be_bytes(whole[..16].try_into().expect("16 bytes"))
+}
+
+impl ContentHash {
+    /// The hash of everything `r` reads.
+    pub fn of(self, r: impl std::io::Read) -> std::io::Result<u128> {
+        content_hash(self, r, &crate::Progress::default())
+    }
+}
+
+/// The `kind` hash of everything `r` reads (see [`ContentHash`]). The bytes read count in
+/// `progress` as checked.
 pub(crate) fn content_hash(
-    mut r: impl std::io::Read,
+    kind: ContentHash,
+    r: impl std::io::Read,
     progress: &crate::Progress,
 ) -> std::io::Result<u128> {
-    let mut h = XxHash3_128::new();
+    match kind {
+        ContentHash::Xxh3 => {
+            let mut h = XxHash3_128::new();
+            read_all(r, progress, |bytes| h.write(bytes))?;
+            Ok(h.finish_128())
+        }
+        ContentHash::Sha256 => sha256_by_ranges(r, SHA256_RANGE, progress),
+    }
+}
+
+/// [`ContentHash::Sha256`] with ranges of `range` bytes.
+fn sha256_by_ranges(
+    r: impl std::io::Read,
+    range: u64,
+    progress: &crate::Progress,
+) -> std::io::Result<u128> {
+    use sha2::Digest;
+    let mut sha = sha2::Sha256::new();
+    // The digests of the ranges before the current one, and the current one's length.
+    let mut ranges: Vec<[u8; 32]> = Vec::new();
+    let mut in_range = 0u64;
+    read_all(r, progress, |mut bytes| {
+        while !bytes.is_empty() {
+            if in_range == range {
+                ranges.push(sha.finalize_reset().into());
+                in_range = 0;
+            }
+            let take = bytes.len().min((range - in_range) as usize);
+            sha.update(&bytes[..take]);
+            in_range += take as u64;
+            bytes = &bytes[take..];
+        }
+    })?;
+    ranges.push(sha.finalize().into());
+    Ok(sha256_of_ranges(&ranges))
+}
+
+/// Hands everything `r` reads to `take`, counting it in `progress` as checked.
+fn read_all(
+    mut r: impl std::io::Read,
+    progress: &crate::Progress,
+    mut take: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     loop {
         match r.read(&mut buf) {
-            Ok(0) => return Ok(h.finish_128()),
+            Ok(0) => return Ok(()),
             Ok(n) => {
-                h.write(&buf[..n]);
+                take(&buf[..n]);
                 progress.add_checked(n as u64);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -419,6 +517,38 @@ impl FileChecksum {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file longer than one range hashes to the SHA-256 of its ranges' digests, whatever
+    /// sizes its reads come in; one of up to a range, to its own SHA-256.
+    #[test]
+    fn sha256_by_ranges_hashes_each_range_then_their_digests() {
+        use sha2::Digest;
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let digest = |b: &[u8]| -> [u8; 32] { sha2::Sha256::digest(b).into() };
+        let progress = crate::Progress::default();
+        // Reads of 7 bytes, so that range edges fall inside reads.
+        struct Small<'a>(&'a [u8]);
+        impl std::io::Read for Small<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(buf.len()).min(7);
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let ranges: Vec<[u8; 32]> = data.chunks(300).map(digest).collect();
+        assert_eq!(ranges.len(), 4);
+        let by_ranges = sha256_by_ranges(Small(&data), 300, &progress).unwrap();
+        assert_eq!(by_ranges, sha256_of_ranges(&ranges));
+        let whole = u128::from_be_bytes(digest(&data)[..16].try_into().unwrap());
+        assert_ne!(by_ranges, whole);
+        for len in [0, 1, 299, 300] {
+            let one = sha256_by_ranges(Small(&data[..len]), 300, &progress).unwrap();
+            let want = u128::from_be_bytes(digest(&data[..len])[..16].try_into().unwrap());
+            assert_eq!(one, want, "{len} bytes");
+        }
+        assert_eq!(progress.snapshot().bytes_checked, 1000 + 600);
+    }
 
     /// XXH3-128 (seed 0) as the reference implementation gives it, so that a change of the
     /// hashing crate, or of its code path on another CPU, cannot change the protocol's

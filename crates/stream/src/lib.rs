@@ -75,7 +75,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use attrs::KeepAttrs;
-pub use checksum::{FileChecksum, whole_file_checksum};
+pub use checksum::{
+    ContentHash, FileChecksum, SHA256_RANGE, sha256_of_ranges, whole_file_checksum,
+};
 pub use dest::{is_temp_name, is_work_file};
 pub use display::escape;
 pub use error::Error;

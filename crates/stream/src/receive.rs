@@ -132,6 +132,9 @@ pub struct ReceiveConfig {
     /// size, for the sender to compare (rsync's `--checksum`), instead of comparing times.
     /// Default: false.
     pub checksum: bool,
+    /// Which hash `checksum` answers with: the sender must hash alike. Default:
+    /// [`ContentHash::Xxh3`](crate::ContentHash::Xxh3).
+    pub content_hash: crate::ContentHash,
     /// Mirror (rsync's `--delete`): once everything has arrived, remove from each directory
     /// the sender sent whatever it holds that the sender did not send, without following a
     /// symlink. Nothing is removed when the sender reported an error, since what it could
@@ -207,6 +210,7 @@ impl Default for ReceiveConfig {
             filter: None,
             hard_links: false,
             checksum: false,
+            content_hash: crate::ContentHash::Xxh3,
             resume: false,
             resume_from_record: false,
             attrs: crate::KeepAttrs::default(),
@@ -636,10 +640,11 @@ impl Reader {
         self.same_size(p)?;
         let (dir, name) = self.probed_dir(p)?;
         let progress = self.shared.progress.clone();
+        let kind = self.shared.config.content_hash;
         tokio::task::spawn_blocking(move || {
             let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
-            crate::checksum::content_hash(std::fs::File::from(fd), &progress).ok()
+            crate::checksum::content_hash(kind, std::fs::File::from(fd), &progress).ok()
         })
         .await
         .ok()?

@@ -124,6 +124,9 @@ pub struct SendConfig {
     /// `--checksum`). The sender hashes each file while the receiver hashes its own copy of
     /// the same size. Default: false.
     pub checksum: bool,
+    /// Which hash `checksum` compares: the receiver must hash alike. Default:
+    /// [`ContentHash::Xxh3`](crate::ContentHash::Xxh3).
+    pub content_hash: crate::ContentHash,
     /// With `skip_unchanged` (protocol version 4; the receiver must be configured alike):
     /// continue the receiver's partial files (`--resume`). When the receiver answers a probe
     /// with the hashes of the blocks its partial copy holds, each block of the source that
@@ -174,6 +177,7 @@ impl Default for SendConfig {
             filter: None,
             hard_links: false,
             checksum: false,
+            content_hash: crate::ContentHash::Xxh3,
             resume: false,
             attrs: crate::KeepAttrs::default(),
             file_checksums: true,
@@ -970,7 +974,9 @@ impl Producer<'_> {
         // The receiver hashes its copy while we hash ours.
         let hash = if self.config.checksum {
             std::fs::File::open(&path)
-                .and_then(|f| crate::checksum::content_hash(f, &self.progress))
+                .and_then(|f| {
+                    crate::checksum::content_hash(self.config.content_hash, f, &self.progress)
+                })
                 .ok()
         } else {
             None
