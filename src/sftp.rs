@@ -27,9 +27,10 @@
 //! is computed, but only SSH's MAC covers the bytes in transit; nothing on the remote reads
 //! them back), names that are not UTF-8 (the SFTP crate carries names as strings: such
 //! entries fail, each with an error), times finer than a second, and the features that
-//! need fastcp on both ends (`--checksum`, `-H`, `--resume` on a pull). A push's
-//! `--resume` reads the remote partial file back and hashes it here
-//! (`Apply::partial_offer`). A dry
+//! need fastcp on both ends (`-H`, owners, extended attributes). A push's `--resume` reads
+//! the remote partial file back and hashes it here (`Apply::partial_offer`); a pull's keeps
+//! what its local partial file's record holds. `--checksum` has the remote's files hashed
+//! on the remote by its own tools (`remote_hash.rs`). A dry
 //! run (`-n`) lists the local walk on a push, and the remote listing on a pull
 //! (`list_remote`).
 
