@@ -7,8 +7,10 @@
 //! and has them hash with the first tool found of `openssl dgst -sha256`, `sha256sum` and
 //! `shasum -a 256`. The hash is [`ContentHash::Sha256`](fastcp_stream::ContentHash::Sha256):
 //! files of up to [`SHA256_RANGE`] bytes are hashed many to a command, a bigger one range by
-//! range (`dd | openssl`), and the shells, [`Hasher::start`]'s `shells` of them, run at
-//! once, each taking the next batch or range as it finishes one.
+//! range (`dd | openssl`), and the shells, up to [`MAX_SHELLS`] of them, run at once, each
+//! taking the next batch or range as it finishes one. The shells get absolute paths, made
+//! from the SFTP server's own folder, which need not be where a login shell starts (an
+//! `sftp-server -d`, a profile that changes folder).
 //!
 //! Where no such shell runs (a `ForceCommand internal-sftp` account, a host without these
 //! tools) or one stops answering, the remote hash of the files it had is unknown, and they
@@ -27,11 +29,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::Log;
 
-/// How long a shell may take to say which tool it hashes with.
-const READY_WAIT: Duration = Duration::from_secs(20);
-/// How long one batch or range may take to hash (at most [`SHA256_RANGE`] bytes: more than a
-/// minute only on a machine that hashes under 4 MB/s, or one that stopped).
-const UNIT_WAIT: Duration = Duration::from_secs(60);
+/// Shells at most: channels on the copy's first SSH connection, beside its SFTP session,
+/// well under OpenSSH's default `MaxSessions` of 10.
+pub(crate) const MAX_SHELLS: usize = 4;
+/// The most a shell may take to say which tool it hashes with, or to hash one batch or
+/// range (at most [`SHA256_RANGE`] bytes: a minute is 4 MB/s). Under an idle limit
+/// (`--timeout`), half of it: a shell that stops answering costs the files it had being
+/// sent, not the copy.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Lines a login may print before the shell's first answer.
+const MAX_GREETING: usize = 1000;
 /// Files hashed by one command at most.
 const BATCH_FILES: usize = 1000;
 /// The most bytes of paths in one command.
@@ -55,38 +62,49 @@ echo :ready
 #[derive(Clone)]
 pub(crate) struct Hasher {
     requests: mpsc::UnboundedSender<Wanted>,
+    /// The SFTP server's folder, which relative paths start from.
+    base: Arc<str>,
 }
 
 /// A remote file whose hash is wanted.
 struct Wanted {
-    /// As the remote shell reaches it: relative to the login folder, or absolute.
+    /// Absolute.
     path: String,
     size: u64,
     reply: oneshot::Sender<u128>,
 }
 
 impl Hasher {
-    /// A hasher, and the future that hashes with up to `shells` shells on `peer` (started
-    /// as they are needed): run it beside the copy, and drop it when the copy is over.
+    /// A hasher of the files at SFTP paths (relative ones start from `base`, the SFTP
+    /// server's folder, absolute), and the future that hashes them with up to `shells`
+    /// shells on `peer`, started as they are needed: run it beside the copy, and drop it when
+    /// the copy is over. `idle_limit` is the copy's `--timeout`.
     pub(crate) fn start<'a>(
         peer: &'a AnyTransport,
         shells: usize,
+        base: &str,
+        idle_limit: Option<Duration>,
         progress: Arc<Progress>,
         log: &'a Log,
     ) -> (Hasher, impl Future<Output = ()> + 'a) {
         let (requests, wanted) = mpsc::unbounded_channel();
-        let work = run(peer, shells.max(1), wanted, progress, log);
-        (Hasher { requests }, work)
+        let wait = match idle_limit.filter(|l| !l.is_zero()) {
+            Some(limit) => (limit / 2).clamp(Duration::from_secs(1), MAX_WAIT),
+            None => MAX_WAIT,
+        };
+        let shells = shells.clamp(1, MAX_SHELLS);
+        let work = run(peer, shells, wait, wanted, progress, log);
+        let base = base.trim_end_matches('/').into();
+        (Hasher { requests, base }, work)
     }
 
-    /// The remote file `path`'s hash, hashed as `size` bytes long; `None` when it cannot be
-    /// known (see the module's documentation).
+    /// The hash of the file at SFTP path `path`, hashed as `size` bytes long; `None` when it
+    /// cannot be known (see the module's documentation).
     pub(crate) async fn hash(&self, path: &str, size: u64) -> Option<u128> {
         let (reply, answer) = oneshot::channel();
-        let path = match path.starts_with('-') {
-            // Never taken for an option.
-            true => format!("./{path}"),
-            false => path.to_string(),
+        let path = match path.starts_with('/') {
+            true => path.to_string(),
+            false => format!("{}/{path}", self.base),
         };
         self.requests.send(Wanted { path, size, reply }).ok()?;
         answer.await.ok()
@@ -223,20 +241,24 @@ struct Shell {
     read: BufReader<ReadHalf<BoxStream>>,
 }
 
-/// Why a unit got no answer.
-enum Lost {
-    /// No shell could start, or none has a tool: none will.
-    Unavailable(String),
-    /// This shell stopped answering: another may still.
-    Shell(String),
+/// Why a shell did not start.
+enum NotStarted {
+    /// It runs, but has no tool: no other shell there will have one.
+    NoTool,
+    /// It could not start, or did not answer.
+    Failed(String),
 }
 
 impl Shell {
-    async fn start(peer: &AnyTransport, progress: Arc<Progress>) -> Result<Shell, Lost> {
+    async fn start(
+        peer: &AnyTransport,
+        wait: Duration,
+        progress: Arc<Progress>,
+    ) -> Result<Shell, NotStarted> {
         let process = peer
             .exec("exec sh -s")
             .await
-            .map_err(|e| Lost::Unavailable(format!("cannot run a shell there: {e}")))?;
+            .map_err(|e| NotStarted::Failed(format!("cannot run a shell there: {e}")))?;
         // Its answers count as data moving, for the idle limit.
         let stream: BoxStream = Box::new(fastcp_stream::Counted::new(process.stream, progress));
         let (read, write) = tokio::io::split(stream);
@@ -246,19 +268,25 @@ impl Shell {
         };
         let ready = async {
             shell.write.write_all(SETUP.as_bytes()).await?;
-            shell.line().await
+            // What a login script printed comes first.
+            for _ in 0..MAX_GREETING {
+                match shell.line().await? {
+                    Some(line) if line == b":ready" || line == b":none" => return Ok(Some(line)),
+                    Some(_) => {}
+                    None => return Ok(None),
+                }
+            }
+            Ok::<_, std::io::Error>(None)
         };
-        match tokio::time::timeout(READY_WAIT, ready).await {
+        match tokio::time::timeout(wait, ready).await {
             Ok(Ok(Some(line))) if line == b":ready" => Ok(shell),
-            Ok(Ok(Some(line))) if line == b":none" => Err(Lost::Unavailable(
-                "it has none of openssl, sha256sum and shasum".into(),
-            )),
-            Ok(Ok(_)) | Ok(Err(_)) => Err(Lost::Unavailable(
+            Ok(Ok(Some(_))) => Err(NotStarted::NoTool),
+            Ok(Ok(None)) | Ok(Err(_)) => Err(NotStarted::Failed(
                 "it runs no shell commands (an SFTP-only account?)".into(),
             )),
-            Err(_) => Err(Lost::Unavailable(format!(
-                "its shell did not start within {} s",
-                READY_WAIT.as_secs()
+            Err(_) => Err(NotStarted::Failed(format!(
+                "its shell did not answer within {} s",
+                wait.as_secs_f32()
             ))),
         }
     }
@@ -279,8 +307,8 @@ impl Shell {
         Ok(Some(line))
     }
 
-    /// Hashes `unit`, answering its requests.
-    async fn hash(&mut self, unit: Unit) -> Result<(), Lost> {
+    /// Hashes `unit`, answering its requests; on failure, says why.
+    async fn hash(&mut self, unit: Unit, wait: Duration) -> Result<(), String> {
         let script = unit.script();
         let work = async {
             self.write.write_all(script.as_bytes()).await?;
@@ -293,14 +321,14 @@ impl Shell {
                 }
             }
         };
-        let lines = match tokio::time::timeout(UNIT_WAIT, work).await {
+        let lines = match tokio::time::timeout(wait, work).await {
             Ok(Ok(lines)) => lines,
-            Ok(Err(e)) => return Err(Lost::Shell(format!("a remote shell stopped: {e}"))),
+            Ok(Err(e)) => return Err(format!("a remote shell stopped: {e}")),
             Err(_) => {
-                return Err(Lost::Shell(format!(
+                return Err(format!(
                     "a remote shell hashed nothing for {} s",
-                    UNIT_WAIT.as_secs()
-                )));
+                    wait.as_secs_f32()
+                ));
             }
         };
         unit.answer(lines);
@@ -308,87 +336,146 @@ impl Shell {
     }
 }
 
+/// What became of a unit handed to a shell.
+enum Outcome {
+    /// Hashed; the shell is free for another.
+    Hashed(Shell),
+    /// No shell started for it: the unit comes back.
+    NotStarted(Unit, NotStarted),
+    /// The shell stopped during it: its files are sent.
+    Lost(String),
+}
+
 /// Hands the wanted files, as batches and ranges, to up to `shells` shells until no more
-/// can come.
+/// can come. A shell that does not start (a server that allows fewer channels) leaves the
+/// work to those that did; only when none does, or one has no tool, is the host taken for
+/// one that cannot hash, and every file then said unknown.
 async fn run(
     peer: &AnyTransport,
-    shells: usize,
+    mut shells: usize,
+    wait: Duration,
     mut wanted: mpsc::UnboundedReceiver<Wanted>,
     progress: Arc<Progress>,
     log: &Log,
 ) {
-    let mut small: VecDeque<Wanted> = VecDeque::new();
-    let mut ranges: VecDeque<Unit> = VecDeque::new();
+    let mut queue = Queue::default();
     let mut idle: Vec<Shell> = Vec::new();
     let mut running = FuturesUnordered::new();
     let mut open = true;
     let mut unavailable = false;
     loop {
         while !unavailable && running.len() < shells {
-            let Some(unit) = ranges.pop_front().or_else(|| batch(&mut small)) else {
-                break;
-            };
+            let Some(unit) = queue.next() else { break };
             let shell = idle.pop();
             let progress = progress.clone();
             running.push(async move {
                 let mut shell = match shell {
                     Some(shell) => shell,
-                    None => Shell::start(peer, progress).await?,
+                    None => match Shell::start(peer, wait, progress).await {
+                        Ok(shell) => shell,
+                        Err(why) => return Outcome::NotStarted(unit, why),
+                    },
                 };
-                shell.hash(unit).await.map(|()| shell)
+                match shell.hash(unit, wait).await {
+                    Ok(()) => Outcome::Hashed(shell),
+                    Err(why) => Outcome::Lost(why),
+                }
             });
         }
         if unavailable {
             // Dropped: each says "unknown".
-            small.clear();
-            ranges.clear();
+            queue = Queue::default();
         }
-        if !open && running.is_empty() && small.is_empty() && ranges.is_empty() {
+        if !open && running.is_empty() && queue.is_empty() {
             return;
         }
         tokio::select! {
             w = wanted.recv(), if open => match w {
-                Some(w) if w.size > SHA256_RANGE && !unavailable => {
-                    let n = w.size.div_ceil(SHA256_RANGE) as usize;
-                    let file = Arc::new(Mutex::new(BigFile {
-                        digests: vec![None; n],
-                        reply: Some(w.reply),
-                    }));
-                    ranges.extend((0..n).map(|index| Unit::Range {
-                        path: w.path.clone(),
-                        index,
-                        last: index + 1 == n,
-                        file: file.clone(),
-                    }));
-                }
-                // A name a line could not carry is hashed as a range of its own.
-                Some(w) if w.path.contains(['\n', '\r', '\\']) && !unavailable => {
-                    let file = Arc::new(Mutex::new(BigFile {
-                        digests: vec![None],
-                        reply: Some(w.reply),
-                    }));
-                    ranges.push_back(Unit::Range { path: w.path, index: 0, last: true, file });
-                }
-                Some(w) if !unavailable => small.push_back(w),
+                Some(w) if !unavailable => queue.add(w),
                 Some(_) => {}
                 None => open = false,
             },
             Some(done) = running.next() => match done {
-                Ok(shell) => idle.push(shell),
-                Err(Lost::Unavailable(why)) => {
-                    if !unavailable {
-                        log.warn(|| format!(
-                            "--checksum: the remote host cannot hash its files ({why}): files \
-                             of the same size as their source's are sent"
-                        ));
+                Outcome::Hashed(shell) => idle.push(shell),
+                Outcome::NotStarted(unit, why) => {
+                    // The shells that run (or are starting) go on with it.
+                    let others = running.len() + idle.len();
+                    match why {
+                        NotStarted::Failed(_) if others > 0 => {
+                            shells = others;
+                            queue.put_back(unit);
+                        }
+                        why => {
+                            let why = match why {
+                                NotStarted::NoTool => {
+                                    "it has none of openssl, sha256sum and shasum".into()
+                                }
+                                NotStarted::Failed(why) => why,
+                            };
+                            if !unavailable {
+                                log.warn(|| format!(
+                                    "--checksum: the remote host cannot hash its files \
+                                     ({why}): files of the same size as their source's are \
+                                     sent"
+                                ));
+                            }
+                            unavailable = true;
+                        }
                     }
-                    unavailable = true;
                 }
-                Err(Lost::Shell(why)) => log.warn(|| format!(
+                Outcome::Lost(why) => log.warn(|| format!(
                     "--checksum: {why}; the files it had are sent"
                 )),
             },
         }
+    }
+}
+
+/// The work waiting for a shell: files to hash by name, and ranges.
+#[derive(Default)]
+struct Queue {
+    small: VecDeque<Wanted>,
+    ranges: VecDeque<Unit>,
+}
+
+impl Queue {
+    fn add(&mut self, w: Wanted) {
+        // A name a line could not carry is hashed as a range of its own.
+        let odd_name = w.path.contains(['\n', '\r', '\\']);
+        if w.size <= SHA256_RANGE && !odd_name {
+            self.small.push_back(w);
+            return;
+        }
+        let n = w.size.div_ceil(SHA256_RANGE).max(1) as usize;
+        let file = Arc::new(Mutex::new(BigFile {
+            digests: vec![None; n],
+            reply: Some(w.reply),
+        }));
+        self.ranges.extend((0..n).map(|index| Unit::Range {
+            path: w.path.clone(),
+            index,
+            last: index + 1 == n,
+            file: file.clone(),
+        }));
+    }
+
+    fn next(&mut self) -> Option<Unit> {
+        self.ranges.pop_front().or_else(|| batch(&mut self.small))
+    }
+
+    fn put_back(&mut self, unit: Unit) {
+        match unit {
+            Unit::Files(files) => {
+                for w in files.into_iter().rev() {
+                    self.small.push_front(w);
+                }
+            }
+            range => self.ranges.push_front(range),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.small.is_empty() && self.ranges.is_empty()
     }
 }
 

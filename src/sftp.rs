@@ -341,8 +341,16 @@ pub(crate) async fn copy(
         )
     });
     let started = std::time::Instant::now();
-    // `--checksum`: shells on the remote hash its files, one per session at most.
-    let (hasher, hashing) = Hasher::start(peer, n, progress.clone(), log);
+    // `--checksum`: shells on the remote hash its files, one per session at most. They are
+    // given absolute paths: a relative SFTP path starts from the SFTP server's folder.
+    let base = match plan.options.checksum {
+        true => real_path(&sftp[0], ".")
+            .await
+            .map_err(|e| fatal("resolving the remote's folder", e))?,
+        false => String::new(),
+    };
+    let (hasher, hashing) =
+        Hasher::start(peer, n, &base, plan.options.timeout, progress.clone(), log);
     let hasher = plan.options.checksum.then_some(hasher);
     let mut listing = Vec::new();
     let report = match (&plan.dest, plan.options.dry_run) {
@@ -824,6 +832,12 @@ struct Apply {
     temp_like: Mutex<std::collections::HashSet<String>>,
     /// `--checksum`: hashes the remote's files, for the sender to compare with its own.
     hasher: Option<Hasher>,
+    /// With `--checksum` and `-p`: the mode and times each file the remote has with the
+    /// source's size is to get if it is skipped, by wire path, until its `File` entry comes
+    /// (then it is sent after all). What is left once the sender is done is set
+    /// ([`Apply::refresh_skipped`]): set earlier, a file whose content differs would carry
+    /// the source's time if the copy stopped before it was sent.
+    refresh_later: Mutex<HashMap<Bytes, FileAttributes>>,
 }
 
 /// A temp file last written this long before a push's own first temp file in its folder was
@@ -1032,6 +1046,7 @@ async fn push(
         swept: Mutex::new(std::collections::HashSet::new()),
         temp_like: Mutex::new(std::collections::HashSet::new()),
         hasher,
+        refresh_later: Mutex::new(HashMap::new()),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1068,6 +1083,7 @@ async fn push(
                 }));
                 return Err(e);
             }
+            apply.refresh_skipped().await;
             apply.finish_dirs().await;
             let done = *lock(&apply.done);
             let _ = apply.replies.send(Frame::Done(done));
@@ -1167,6 +1183,7 @@ impl Apply {
                 Frame::File(mut f) => {
                     f.path = Bytes::copy_from_slice(&f.path);
                     self.sent(&f.path);
+                    lock(&self.refresh_later).remove(&f.path);
                     self.registered_parent(&f.path).await;
                     // A small file's frames follow one another on this stream, so it lets go
                     // of its place soon; a big one's come on every stream, and big files in
@@ -1750,8 +1767,8 @@ impl Apply {
 
     /// `--checksum`'s answer to probe `p`: "send" unless the remote has a regular file of its
     /// size, and then that file's hash, for the sender to compare (see
-    /// [`crate::remote_hash`]). As fastcp's receiver does, a file that may be kept gets the
-    /// probe's mode and time with `-p` now: if it is sent after all, it gets them again.
+    /// [`crate::remote_hash`]). With `-p`, the mode and time such a file is to get if the
+    /// sender skips it are noted ([`Apply::refresh_later`]).
     async fn content_hash(&self, hasher: &Hasher, p: &Probe) -> (bool, Option<u128>) {
         let Some((target, have)) = self.same_size(&p.path, p.size).await else {
             return (true, None);
@@ -1774,11 +1791,34 @@ impl Apply {
                 );
             }
             if attrs.permissions.is_some() || attrs.mtime.is_some() {
-                // Best effort, as the receiver's refresh: the copy goes on.
-                let _ = self.sftp[0].raw.setstat(target, attrs).await;
+                lock(&self.refresh_later).insert(p.path.clone(), attrs);
             }
         }
         (false, Some(hash))
+    }
+
+    /// Gives the files `--checksum` found the same their source's mode and time (with `-p`),
+    /// once the sender is done and they are known to be skipped, each only where it still
+    /// resolves to itself (no symlink swapped in since its check). Best effort, as the
+    /// receiver's refresh of a skipped file: the copy goes on.
+    async fn refresh_skipped(&self) {
+        let skipped = std::mem::take(&mut *lock(&self.refresh_later));
+        let mut setting: FuturesUnordered<_> = skipped
+            .into_iter()
+            .enumerate()
+            .map(|(i, (wire, attrs))| {
+                let sftp = &self.sftp[i % self.sftp.len()];
+                async move {
+                    let Ok(path) = self.real_target(&wire) else {
+                        return;
+                    };
+                    if unmoved(sftp, &path).await.is_ok() {
+                        let _ = sftp.raw.setstat(path, attrs).await;
+                    }
+                }
+            })
+            .collect();
+        while setting.next().await.is_some() {}
     }
 
     /// Removes the temp files a stopped push (a cut, kill -9) left in the folder `file` is

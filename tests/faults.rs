@@ -1182,3 +1182,61 @@ fn a_remote_program_that_never_speaks_times_out() {
     assert!(stderr(&out).contains("says nothing"), "{}", stderr(&out));
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+/// `--checksum -p`: a file of the source's size whose content differs keeps its own time
+/// until its new content takes its name. A copy stopped before that (here, the client
+/// killed mid-file) leaves it as it was, so that a later quick check by times still sends
+/// it: on fastcp's own receiver (a push, a pull) and over SFTP (a push, a pull).
+#[test]
+fn checksum_leaves_a_differing_files_time_alone_until_it_is_replaced() {
+    let sshd = Sshd::start().unwrap();
+    let (ssh, sftp): (&[&str], &[&str]) = (&["--transport", "ssh"], &["--sftp"]);
+    for (pull, transport) in [(false, ssh), (true, ssh), (false, sftp), (true, sftp)] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(32 << 20, 5), 0o644);
+        set_mtime(&src, now_secs() - 7_200, 0);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let old = dst.join("big");
+        let old_content = pseudo_random(32 << 20, 6);
+        write(&old, &old_content, 0o644);
+        let old_mtime = now_secs() - 200_000;
+        set_mtime(&old, old_mtime, 0);
+        let mut args = transport.to_vec();
+        args.extend(["--checksum", "-p", "--bwlimit", "4M"]);
+        let mut child = transfer(&sshd, &args, &src, &dst, pull)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // The new content is on its way, into a temp file beside the old.
+        wait_until(Duration::from_secs(60), "the copy never started", || {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::read_dir(&dst).unwrap().any(|e| {
+                let e = e.unwrap();
+                e.file_name() != "big" && e.metadata().is_ok_and(|m| m.blocks() * 512 >= 4 << 20)
+            })
+        });
+        child.kill().unwrap();
+        wait_exit(
+            &mut child,
+            Duration::from_secs(30),
+            "the client did not end",
+        );
+        // What the receiving side had queued is done by now.
+        std::thread::sleep(Duration::from_millis(500));
+        let case = format!("pull {pull}, {transport:?}");
+        assert_eq!(std::fs::read(&old).unwrap(), old_content, "{case}");
+        let mtime = std::fs::metadata(&old).unwrap().modified().unwrap();
+        let secs = mtime
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert_eq!(
+            secs, old_mtime,
+            "{case}: the old content got the source's time"
+        );
+    }
+}

@@ -685,9 +685,9 @@ fn checksum_over_sftp_sends_only_the_files_whose_content_differs() {
         let out = copy(&[]);
         assert!(out.status.success(), "{}", stderr(&out));
         let changed = alter_same_size_and_time(&dst.join("src"));
-        // The quick check by times sees nothing to do.
-        let out = copy(&["--skip-unchanged"]);
-        assert_eq!(json(&out)["files_skipped"], files, "{}", json(&out));
+        // The same content with another time: skipped, and given the source's time (-p).
+        set_mtime(&dst.join("src/f5"), 1_234_567_890, 0);
+
         let out = copy(&["--checksum"]);
         assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
         let report = json(&out);
@@ -708,6 +708,56 @@ fn checksum_over_sftp_sends_only_the_files_whose_content_differs() {
         );
         assert_eq!(json(&out)["bytes_sent"], 0, "pull {pull}: {}", json(&out));
     }
+}
+
+/// `--checksum` over SFTP where the SFTP server starts in a folder of its own
+/// (`sftp-server -d`), not the login shell's: the remote shell hashes the files SFTP wrote,
+/// at the absolute paths the SFTP server gives, so a rerun skips them all and a changed one
+/// is still sent. And a server that allows few channels on a connection (`MaxSessions 3`,
+/// fewer than the shells asked for with `-j 8`) still gets its files hashed, by the shells
+/// it allowed.
+#[test]
+fn checksum_over_sftp_hashes_what_sftp_sees_with_the_channels_the_server_allows() {
+    let work = tempfile::tempdir().unwrap();
+    let start = work.path().join("sftp-start");
+    fs::create_dir(&start).unwrap();
+    let sftp_server = fastcp_testsupport::tools::locate("sftp-server").unwrap();
+    let options = format!(
+        "Subsystem sftp {} -d {}\nMaxSessions 3",
+        sftp_server.display(),
+        start.display()
+    );
+    let sshd = Sshd::start_with_options(&options).unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..30 {
+        write(&src.join(format!("f{i}")), &pseudo_random(2_000, i), 0o644);
+        set_mtime(&src.join(format!("f{i}")), 1_700_000_000 + i as i64, 0);
+    }
+    // A path relative to the SFTP server's folder.
+    let dst = format!("{}:dst", sshd.alias());
+    fs::create_dir(start.join("dst")).unwrap();
+    let copy = |extra: &[&str]| {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "-p", "-j", "8", "--json"])
+            .args(extra)
+            .arg(&src)
+            .arg(&dst))
+    };
+    assert!(copy(&[]).status.success());
+    assert_same_tree(&src, &start.join("dst/src"), true);
+    let landed = start.join("dst/src/f4");
+    let mtime = fs::metadata(&landed).unwrap().modified().unwrap();
+    write(&landed, &pseudo_random(2_000, 99), 0o644);
+    fs::File::open(&landed)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let out = copy(&["--checksum"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_skipped"], 29, "{}", json(&out));
+    assert_same_tree(&src, &start.join("dst/src"), true);
 }
 
 /// `--checksum` over SFTP to an account that runs no shell commands (`ForceCommand

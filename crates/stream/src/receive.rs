@@ -300,6 +300,9 @@ struct Table {
     links: Vec<(Bytes, Bytes)>,
     /// Quick-check probes answered "skip" whose file has not come (yet): path -> size.
     maybe_skipped: HashMap<Bytes, u64>,
+    /// With `checksum`: the refresh of each file probed with the same size, until its `File`
+    /// entry comes (it was sent after all); see [`Reader::refresh`].
+    refresh_later: HashMap<Bytes, Later>,
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
     offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
@@ -536,8 +539,6 @@ impl Reader {
         if mode.is_none() && mtime.is_none() && attrs.is_none() {
             return Ok(());
         }
-        let w = self.next_writer % self.writers.len();
-        self.next_writer += 1;
         let op = Op::Refresh {
             wire: p.path.clone(),
             size: p.size,
@@ -545,6 +546,17 @@ impl Reader {
             mtime,
             attrs,
         };
+        if self.shared.config.checksum {
+            // Only the sender knows whether the contents matched: done once it is, for the
+            // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
+            // carry its time with the old content if the copy stopped before it arrived.
+            lock(&self.shared.table)
+                .refresh_later
+                .insert(p.path.clone(), Later(op));
+            return Ok(());
+        }
+        let w = self.next_writer % self.writers.len();
+        self.next_writer += 1;
         self.send(&self.writers[w], op).await
     }
 
@@ -671,7 +683,9 @@ impl Reader {
         let attrs = self.attrs_for(&f.path)?;
         self.counts.files += 1;
         if self.shared.config.skip_unchanged {
-            lock(&self.shared.table).maybe_skipped.remove(&f.path);
+            let mut t = lock(&self.shared.table);
+            t.maybe_skipped.remove(&f.path);
+            t.refresh_later.remove(&f.path);
         }
         if self.shared.config.hard_links {
             lock(&self.shared.table).files.insert(f.path.clone());
@@ -1524,8 +1538,9 @@ where
             None => Ok(()),
         }
     });
-    if let Err(e) = outcome {
-        shared.abort.trigger(e);
+    match outcome {
+        Ok(()) => refresh_skipped(&shared, &writer_txs).await,
+        Err(e) => shared.abort.trigger(e),
     }
     drop(writer_txs);
     readers.abort_all();
@@ -1645,6 +1660,29 @@ where
         }
     }
     Ok(report)
+}
+
+/// A refresh held until the sender is done (see [`Reader::refresh`]).
+struct Later(Op);
+
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Later(Op::Refresh)")
+    }
+}
+
+/// With `checksum`, once every stream has ended: the files the sender skipped take its mode
+/// and times (see [`Reader::refresh`]), by the writers.
+async fn refresh_skipped(shared: &Shared, writers: &[mpsc::Sender<Op>]) {
+    let ops: Vec<Later> = std::mem::take(&mut lock(&shared.table).refresh_later)
+        .into_values()
+        .collect();
+    for (i, Later(op)) in ops.into_iter().enumerate() {
+        // Fails only when a writer stopped, and then the abort carries the reason.
+        if writers[i % writers.len()].send(op).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Tells the sender why we stop, if the reply stream still works.

@@ -104,7 +104,8 @@ impl Sshd {
     }
 
     /// Starts an sshd with `options`, lines of sshd_config that replace the harness's
-    /// defaults of the same name, such as `AllowTcpForwarding no`.
+    /// defaults of the same name, such as `AllowTcpForwarding no` (or its `Subsystem sftp`
+    /// line).
     pub fn start_with_options(options: &str) -> io::Result<Sshd> {
         Sshd::start_logging("fastcp-test", "VERBOSE", options, true, false)
     }
@@ -150,7 +151,13 @@ impl Sshd {
         // Fail with the package to install, not a bare "No such file or directory".
         tools::locate("sshd")?;
         tools::locate("ssh-keygen")?;
-        let subsystem = if sftp {
+        // `extra` may name an SFTP subsystem of its own (a `-d` start folder, say).
+        let own_subsystem = extra.lines().any(|l| {
+            l.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("subsystem ")
+        });
+        let subsystem = if sftp && !own_subsystem {
             format!(
                 "Subsystem sftp {}\n",
                 tools::locate("sftp-server")?.display()
