@@ -2306,7 +2306,16 @@ struct Probing {
     sent: AtomicU64,
     /// How many probes the listing sent in all, once it is over.
     listed: SetOnce<u64>,
+    /// `--checksum`: the remote hashes of big files, asked for with their probes, so that
+    /// both sides hash at once (see [`HASH_AHEAD`]), by probe id.
+    hashing: Mutex<HashMap<u64, crate::remote_hash::Pending>>,
 }
+
+/// With `--checksum`, a file of this size or more is hashed on the remote as soon as it is
+/// probed, while the receiver hashes its own copy; a smaller one only once the receiver
+/// answers that it has one of that size. A big file the receiver lacks costs what the
+/// remote hashed of it before the answer came.
+const HASH_AHEAD: u64 = 16 << 20;
 
 async fn pull(
     plan: &Plan,
@@ -2348,6 +2357,7 @@ async fn pull(
             window: Semaphore::new(PROBES_IN_FLIGHT),
             sent: AtomicU64::new(0),
             listed: SetOnce::new(),
+            hashing: Mutex::new(HashMap::new()),
         }),
         next_id: AtomicU64::new(1),
         hasher,
@@ -2566,6 +2576,8 @@ impl Emit {
             };
             answered += 1;
             let parked = lock(&probing.parked).remove(&answer.id);
+            // Dropped unless compared: a hash not yet begun is then not made.
+            let pending = lock(&probing.hashing).remove(&answer.id);
             match (parked, answer.send, &self.hasher, answer.hash) {
                 (Some(reads), true, _, _) => {
                     probing.window.add_permits(1);
@@ -2578,7 +2590,10 @@ impl Emit {
                             Some(job) => (job.remote.clone(), job.size),
                             None => return (reads, true),
                         };
-                        let ours = hasher.hash(&remote, size).await;
+                        let ours = match pending {
+                            Some(pending) => pending.wait().await,
+                            None => hasher.hash(&remote, size).await,
+                        };
                         (reads, ours != Some(theirs))
                     });
                 }
@@ -2768,6 +2783,12 @@ impl Emit {
                         .await
                         .map_err(|_| Error::ConnectionClosed("the pull stopped".into()))?
                         .forget();
+                    if let (Some(hasher), true) = (&self.hasher, size >= HASH_AHEAD)
+                        && let Some(job) = reads.first()
+                    {
+                        let pending = hasher.request(&job.remote, size);
+                        lock(&probing.hashing).insert(id, pending);
+                    }
                     lock(&probing.parked).insert(id, (announce, reads));
                     let probe = Frame::Probe(fastcp_proto::Probe {
                         id,

@@ -72,6 +72,10 @@ const PROBE_WINDOW: usize = 4096;
 /// Probes gathered into one message for stream 0, at most: one hand-off to its writer for
 /// many files instead of one each.
 const PROBE_BATCH: usize = 64;
+/// With `checksum`, a file of this size or more has its probe sent before it is hashed here,
+/// so that both sides hash at once: one file's hash then takes longer than a probe batch
+/// saves.
+const HASH_AHEAD: u64 = 1 << 20;
 
 /// How long to wait for the receiver's explanation once a stream broke.
 const EXPLANATION_WAIT: Duration = Duration::from_secs(5);
@@ -968,10 +972,11 @@ impl Producer<'_> {
         }
         encode(&frame, &mut self.probes.batch);
         self.probes.batched += 1;
-        if self.probes.batched >= PROBE_BATCH {
+        // The receiver hashes its copy while we hash ours: a file that takes long to hash
+        // has its probe sent first.
+        if self.probes.batched >= PROBE_BATCH || (self.config.checksum && size >= HASH_AHEAD) {
             self.flush_probes()?;
         }
-        // The receiver hashes its copy while we hash ours.
         let hash = if self.config.checksum {
             std::fs::File::open(&path)
                 .and_then(|f| {
