@@ -128,11 +128,17 @@ impl Pending {
     }
 }
 
-/// Runs `work` with `helper` beside it until `work` is done.
+/// Runs `work` with `helper`, if any, beside it until `work` is done.
 pub(crate) async fn alongside<T>(
     work: impl Future<Output = T>,
-    helper: impl Future<Output = ()>,
+    helper: Option<impl Future<Output = ()>>,
 ) -> T {
+    let helper = async move {
+        match helper {
+            Some(helper) => helper.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(work, helper);
     let mut helping = true;
     loop {
@@ -221,10 +227,12 @@ impl Unit {
                 }
             }
             Unit::Range { index, file, .. } => {
+                let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
                 let Some((digest, _)) = lines.first().and_then(|l| parse(l)) else {
+                    // Unknown, and so the whole file: its other ranges are not hashed.
+                    file.reply = None;
                     return;
                 };
-                let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
                 file.digests[index] = Some(digest);
                 if let Some(all) = file.digests.iter().copied().collect::<Option<Vec<_>>>()
                     && let Some(reply) = file.reply.take()
@@ -325,9 +333,15 @@ impl Shell {
         Ok(Some(line))
     }
 
-    /// Hashes `unit`, answering its requests; on failure, says why.
+    /// Hashes `unit`, answering its requests; on failure, says why (and a big file's other
+    /// ranges are not hashed: its hash is unknown).
     async fn hash(&mut self, unit: Unit, wait: Duration) -> Result<(), String> {
         let script = unit.script();
+        let abandon = |unit: Unit| {
+            if let Unit::Range { file, .. } = unit {
+                file.lock().unwrap_or_else(|p| p.into_inner()).reply = None;
+            }
+        };
         let work = async {
             self.write.write_all(script.as_bytes()).await?;
             let mut lines = Vec::new();
@@ -341,8 +355,12 @@ impl Shell {
         };
         let lines = match tokio::time::timeout(wait, work).await {
             Ok(Ok(lines)) => lines,
-            Ok(Err(e)) => return Err(format!("a remote shell stopped: {e}")),
+            Ok(Err(e)) => {
+                abandon(unit);
+                return Err(format!("a remote shell stopped: {e}"));
+            }
             Err(_) => {
+                abandon(unit);
                 return Err(format!(
                     "a remote shell hashed nothing for {} s",
                     wait.as_secs_f32()
@@ -383,6 +401,7 @@ async fn run(
     let mut running = FuturesUnordered::new();
     let mut open = true;
     let mut unavailable = false;
+    let mut lost = false;
     // One shell starts now, while the copy lists and the other side hashes: the first hash
     // then does not wait for a login shell's start.
     let first = Box::pin(async {
@@ -457,9 +476,14 @@ async fn run(
                         }
                     }
                 }
-                Outcome::Lost(why) => log.warn(|| format!(
-                    "--checksum: {why}; the files it had are sent"
-                )),
+                Outcome::Lost(why) => {
+                    if !lost {
+                        log.warn(|| format!(
+                            "--checksum: {why}; the files it had are sent (said once)"
+                        ));
+                    }
+                    lost = true;
+                }
             },
         }
     }

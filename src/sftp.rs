@@ -343,15 +343,18 @@ pub(crate) async fn copy(
     let started = std::time::Instant::now();
     // `--checksum`: shells on the remote hash its files, one per session at most. They are
     // given absolute paths: a relative SFTP path starts from the SFTP server's folder.
-    let base = match plan.options.checksum {
-        true => real_path(&sftp[0], ".")
-            .await
-            .map_err(|e| fatal("resolving the remote's folder", e))?,
-        false => String::new(),
+    let (hasher, hashing) = match plan.options.checksum {
+        true => {
+            let base = real_path(&sftp[0], ".")
+                .await
+                .map_err(|e| fatal("resolving the remote's folder", e))?;
+            let timeout = plan.options.timeout;
+            let (hasher, hashing) = Hasher::start(peer, n, &base, timeout, progress.clone(), log);
+            // On the heap: a copy's futures nest deep enough for a thread's stack.
+            (Some(hasher), Some(Box::pin(hashing)))
+        }
+        false => (None, None),
     };
-    let (hasher, hashing) =
-        Hasher::start(peer, n, &base, plan.options.timeout, progress.clone(), log);
-    let hasher = plan.options.checksum.then_some(hasher);
     let mut listing = Vec::new();
     let report = match (&plan.dest, plan.options.dry_run) {
         // A dry run moves no data, so the idle limit does not apply (as on fastcp's own
@@ -371,13 +374,13 @@ pub(crate) async fn copy(
         (Location::Remote(r), false) => {
             watched(&sftp);
             let work = push(plan, &r.path, sftp, limit, progress.clone(), log, hasher);
-            let work = alongside(work, hashing);
+            let work = alongside(Box::pin(work), hashing);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
         (Location::Local(dest), false) => {
             watched(&sftp);
             let work = pull(plan, dest, sftp, progress.clone(), hasher);
-            let work = alongside(work, hashing);
+            let work = alongside(Box::pin(work), hashing);
             within_idle_limit(&progress, plan.options.timeout, work).await?
         }
     };
@@ -837,7 +840,7 @@ struct Apply {
     /// (then it is sent after all). What is left once the sender is done is set
     /// ([`Apply::refresh_skipped`]): set earlier, a file whose content differs would carry
     /// the source's time if the copy stopped before it was sent.
-    refresh_later: Mutex<HashMap<Bytes, FileAttributes>>,
+    refresh_later: Mutex<HashMap<Bytes, (FileAttributes, FileAttributes)>>,
 }
 
 /// A temp file last written this long before a push's own first temp file in its folder was
@@ -1287,6 +1290,8 @@ impl Apply {
                 }
                 Frame::Totals(_) => {}
                 Frame::Error(e) if !e.fatal => {
+                    // A file that failed on the sending side is not brought in line with it.
+                    lock(&self.refresh_later).remove(&e.path[..]);
                     // A file skipped on purpose (a FIFO, a device) is kept; anything else the
                     // sender could not read blocks `--delete`.
                     if let Some(m) = &self.mirror {
@@ -1791,7 +1796,7 @@ impl Apply {
                 );
             }
             if attrs.permissions.is_some() || attrs.mtime.is_some() {
-                lock(&self.refresh_later).insert(p.path.clone(), attrs);
+                lock(&self.refresh_later).insert(p.path.clone(), (attrs, have));
             }
         }
         (false, Some(hash))
@@ -1799,25 +1804,36 @@ impl Apply {
 
     /// Gives the files `--checksum` found the same their source's mode and time (with `-p`),
     /// once the sender is done and they are known to be skipped, each only where it still
-    /// resolves to itself (no symlink swapped in since its check). Best effort, as the
-    /// receiver's refresh of a skipped file: the copy goes on.
+    /// resolves to itself (no symlink swapped in since its check) and is the file it was
+    /// (a regular file of the size and time the check saw). Best effort, as the receiver's
+    /// refresh of a skipped file: the copy goes on.
     async fn refresh_skipped(&self) {
         let skipped = std::mem::take(&mut *lock(&self.refresh_later));
-        let mut setting: FuturesUnordered<_> = skipped
-            .into_iter()
-            .enumerate()
-            .map(|(i, (wire, attrs))| {
-                let sftp = &self.sftp[i % self.sftp.len()];
-                async move {
+        let n = self.sftp.len();
+        let setting =
+            skipped
+                .into_iter()
+                .enumerate()
+                .map(|(i, (wire, (attrs, seen)))| async move {
+                    let sftp = &self.sftp[i % n];
                     let Ok(path) = self.real_target(&wire) else {
                         return;
                     };
-                    if unmoved(sftp, &path).await.is_ok() {
+                    if unmoved(sftp, &path).await.is_err() {
+                        return;
+                    }
+                    let same = match sftp.raw.lstat(path.clone()).await {
+                        Ok(now) => {
+                            file_type(&now.attrs) == S_IFREG
+                                && (now.attrs.size, now.attrs.mtime) == (seen.size, seen.mtime)
+                        }
+                        Err(_) => false,
+                    };
+                    if same {
                         let _ = sftp.raw.setstat(path, attrs).await;
                     }
-                }
-            })
-            .collect();
+                });
+        let mut setting = futures_util::stream::iter(setting).buffer_unordered(SESSION_REQUESTS);
         while setting.next().await.is_some() {}
     }
 
@@ -2309,12 +2325,34 @@ struct Probing {
     /// `--checksum`: the remote hashes of big files, asked for with their probes, so that
     /// both sides hash at once (see [`HASH_AHEAD`]), by probe id.
     hashing: Mutex<HashMap<u64, crate::remote_hash::Pending>>,
+    /// The pull's destination, as typed.
+    dest: std::path::PathBuf,
 }
 
-/// With `--checksum`, a file of this size or more is hashed on the remote as soon as it is
-/// probed, while the receiver hashes its own copy; a smaller one only once the receiver
-/// answers that it has one of that size. A big file the receiver lacks costs what the
-/// remote hashed of it before the answer came.
+impl Probing {
+    /// Whether the destination seems to hold a regular file of `size` bytes for wire path
+    /// `wire`: a guess, only to choose what to hash ahead (the receiver, which resolves
+    /// every path safely, answers for the copy).
+    fn local_has(&self, wire: &[u8], size: u64) -> bool {
+        let Ok(wire) = std::str::from_utf8(wire) else {
+            return false;
+        };
+        let path = match self.dest.is_dir() {
+            true => self.dest.join(wire),
+            // The top level is renamed as the destination.
+            false => match wire.split_once('/') {
+                Some((_, rest)) => self.dest.join(rest),
+                None => self.dest.clone(),
+            },
+        };
+        std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == size)
+    }
+}
+
+/// With `--checksum`, a file of this size or more that the destination seems to have
+/// ([`Probing::local_has`]) is hashed on the remote as soon as it is probed, while the
+/// receiver hashes its own copy; any other only once the receiver answers that it has one
+/// of that size.
 const HASH_AHEAD: u64 = 16 << 20;
 
 async fn pull(
@@ -2358,6 +2396,7 @@ async fn pull(
             sent: AtomicU64::new(0),
             listed: SetOnce::new(),
             hashing: Mutex::new(HashMap::new()),
+            dest: dest.to_path_buf(),
         }),
         next_id: AtomicU64::new(1),
         hasher,
@@ -2562,8 +2601,14 @@ impl Emit {
             let (answer, offer) = tokio::select! {
                 a = answers.recv(), if !all => match a {
                     Some(a) => a,
-                    // The receiver stopped: its error is the copy's.
-                    None => return Ok(()),
+                    // The receiver stopped: its error is the copy's. The listing, waiting
+                    // for a place in the window, stops too, and the hashes asked ahead are
+                    // dropped.
+                    None => {
+                        probing.window.close();
+                        lock(&probing.hashing).clear();
+                        return Ok(());
+                    }
                 },
                 _ = probing.listed.wait(), if probing.listed.get().is_none() => continue,
                 Some((reads, differs)) = comparing.next() => {
@@ -2785,6 +2830,7 @@ impl Emit {
                         .forget();
                     if let (Some(hasher), true) = (&self.hasher, size >= HASH_AHEAD)
                         && let Some(job) = reads.first()
+                        && probing.local_has(&wire, size)
                     {
                         let pending = hasher.request(&job.remote, size);
                         lock(&probing.hashing).insert(id, pending);

@@ -789,7 +789,10 @@ fn checksum_over_sftp_to_a_host_that_cannot_hash_sends_the_files() {
                 .arg(&from)
                 .arg(&to))
         };
-        assert!(copy(&[]).status.success());
+        // Without --checksum no shell is tried, so no word of one.
+        let out = copy(&[]);
+        assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("--checksum"), "{}", stderr(&out));
         let out = copy(&["--checksum"]);
         assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
         assert_eq!(

@@ -870,6 +870,10 @@ impl Reader {
                 // A file the sender gave up on after announcing it: drop it.
                 let abandoned = {
                     let mut t = lock(&self.shared.table);
+                    // Nor was it skipped, if probed: it failed (and is not brought in line
+                    // with a source that could not be read).
+                    t.maybe_skipped.remove(&e.path);
+                    t.refresh_later.remove(&e.path);
                     let id = t
                         .live
                         .iter()
