@@ -190,6 +190,10 @@ pub struct ReceiveConfig {
     pub hash_content: bool,
 }
 
+/// With `checksum`, files up to this size are hashed on the stream's own task, bigger ones
+/// on a blocking thread.
+const INLINE_HASH: u64 = 256 << 10;
+
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
 pub const DEFAULT_MAX_ENTRIES: u64 = 100_000_000;
 
@@ -653,13 +657,17 @@ impl Reader {
         let (dir, name) = self.probed_dir(p)?;
         let progress = self.shared.progress.clone();
         let kind = self.shared.config.content_hash;
-        tokio::task::spawn_blocking(move || {
+        let hash = move || {
             let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
             crate::checksum::content_hash(kind, std::fs::File::from(fd), &progress).ok()
-        })
-        .await
-        .ok()?
+        };
+        // A small file is read here, as its stat was: a hand-off to a blocking thread and
+        // back cost more than the read.
+        if p.size <= INLINE_HASH {
+            return hash();
+        }
+        tokio::task::spawn_blocking(hash).await.ok()?
     }
 
     /// The `Attrs` that came just before the entry for `path`, if any.
