@@ -18,6 +18,7 @@
 //! right, only not cheaper. A warning says so, once.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -398,23 +399,21 @@ async fn run(
 ) {
     let mut queue = Queue::default();
     let mut idle: Vec<Shell> = Vec::new();
-    let mut running = FuturesUnordered::new();
+    let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = Outcome> + Send + '_>>> =
+        FuturesUnordered::new();
     let mut open = true;
     let mut unavailable = false;
     let mut lost = false;
     // One shell starts now, while the copy lists and the other side hashes: the first hash
     // then does not wait for a login shell's start.
-    let first = Box::pin(async {
-        match Shell::start(peer, wait, progress.clone()).await {
+    let starting = progress.clone();
+    running.push(Box::pin(async move {
+        match Shell::start(peer, wait, starting).await {
             Ok(shell) => Outcome::Started(shell),
             Err(why) => Outcome::NotStarted(None, why),
         }
-    });
-    let mut starting = Some(first);
+    }));
     loop {
-        if let Some(first) = starting.take() {
-            running.push(first as std::pin::Pin<Box<dyn Future<Output = Outcome> + Send + '_>>);
-        }
         while !unavailable && running.len() < shells {
             let Some(unit) = queue.next() else { break };
             let shell = idle.pop();

@@ -341,7 +341,7 @@ pub(crate) async fn copy(
         )
     });
     let started = std::time::Instant::now();
-    // `--checksum`: shells on the remote hash its files, one per session at most. They are
+    // `--checksum`: shells on the remote hash its files (see `crate::remote_hash`). They are
     // given absolute paths: a relative SFTP path starts from the SFTP server's folder.
     let (hasher, hashing) = match plan.options.checksum {
         true => {

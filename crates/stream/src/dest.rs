@@ -36,6 +36,7 @@ const DIR_CACHE: usize = 512;
 const READBACK: usize = 1 << 20;
 
 /// One job for a writer thread.
+#[derive(Debug)]
 pub(crate) enum Op {
     /// A new file: create its temp file.
     Create {

@@ -306,7 +306,7 @@ struct Table {
     maybe_skipped: HashMap<Bytes, u64>,
     /// With `checksum`: the refresh of each file probed with the same size, until its `File`
     /// entry comes (it was sent after all); see [`Reader::refresh`].
-    refresh_later: HashMap<Bytes, Later>,
+    refresh_later: HashMap<Bytes, Op>,
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
     offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
@@ -556,7 +556,7 @@ impl Reader {
             // carry its time with the old content if the copy stopped before it arrived.
             lock(&self.shared.table)
                 .refresh_later
-                .insert(p.path.clone(), Later(op));
+                .insert(p.path.clone(), op);
             return Ok(());
         }
         let w = self.next_writer % self.writers.len();
@@ -1674,22 +1674,13 @@ where
     Ok(report)
 }
 
-/// A refresh held until the sender is done (see [`Reader::refresh`]).
-struct Later(Op);
-
-impl std::fmt::Debug for Later {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Later(Op::Refresh)")
-    }
-}
-
 /// With `checksum`, once every stream has ended: the files the sender skipped take its mode
 /// and times (see [`Reader::refresh`]), by the writers.
 async fn refresh_skipped(shared: &Shared, writers: &[mpsc::Sender<Op>]) {
-    let ops: Vec<Later> = std::mem::take(&mut lock(&shared.table).refresh_later)
+    let ops: Vec<Op> = std::mem::take(&mut lock(&shared.table).refresh_later)
         .into_values()
         .collect();
-    for (i, Later(op)) in ops.into_iter().enumerate() {
+    for (i, op) in ops.into_iter().enumerate() {
         // Fails only when a writer stopped, and then the abort carries the reason.
         if writers[i % writers.len()].send(op).await.is_err() {
             return;
