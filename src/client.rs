@@ -588,6 +588,11 @@ impl Plan {
             .options
             .chunk_size
             .unwrap_or(fastcp_stream::DEFAULT_CHUNK_SIZE) as u64;
+        self.pushes_files_within(chunk)
+    }
+
+    /// Whether this is a push of regular files only (no folder), `bytes` at most together.
+    pub(crate) fn pushes_files_within(&self, bytes: u64) -> bool {
         let mut total = 0u64;
         for source in &self.sources {
             let Location::Local(path) = source else {
@@ -598,7 +603,7 @@ impl Plan {
                 _ => return false,
             }
         }
-        total <= chunk
+        total <= bytes
     }
 
     /// The plan with `--shard` applied: its filter narrowed to this run's share, found by

@@ -7,8 +7,9 @@
 //! and has them hash with the first tool found of `openssl dgst -sha256`, `sha256sum` and
 //! `shasum -a 256`. The hash is [`ContentHash::Sha256`](fastcp_stream::ContentHash::Sha256):
 //! files of up to [`SHA256_RANGE`] bytes are hashed many to a command, a bigger one range by
-//! range (`dd | openssl`), and the shells, up to [`MAX_SHELLS`] of them, run at once, each
-//! taking the next batch or range as it finishes one. The shells get absolute paths, made
+//! range (`dd | openssl`), and the shells, up to [`MAX_SHELLS`] of them but no more than the
+//! host has cores, run at once, each taking the next batch or range as it finishes one. The
+//! first starts with the first file wanted, so a copy that compares nothing runs none. The shells get absolute paths, made
 //! from the SFTP server's own folder, which need not be where a login shell starts (an
 //! `sftp-server -d`, a profile that changes folder).
 //!
@@ -49,13 +50,14 @@ const MAX_LINE: usize = 64 << 10;
 /// The line that ends each answer.
 const END: &str = ":fastcp-end:";
 
-/// The script that picks the hashing tool, as `h`, and says so with `:ready`.
+/// The script that picks the hashing tool, as `h`, and says so with `:ready`, followed by
+/// the number of the host's cores online.
 const SETUP: &str = "\
 if openssl dgst -sha256 -r /dev/null >/dev/null 2>&1; then h() { openssl dgst -sha256 -r \"$@\"; }
 elif sha256sum /dev/null >/dev/null 2>&1; then h() { sha256sum \"$@\"; }
 elif shasum -a 256 /dev/null >/dev/null 2>&1; then h() { shasum -a 256 \"$@\"; }
 else echo :none; exit 0; fi
-echo :ready
+echo \":ready $(getconf _NPROCESSORS_ONLN 2>/dev/null)\"
 ";
 
 /// Asks for remote files' [`ContentHash::Sha256`](fastcp_stream::ContentHash::Sha256);
@@ -266,6 +268,8 @@ fn parse(line: &[u8]) -> Option<([u8; 32], Option<&[u8]>)> {
 struct Shell {
     write: WriteHalf<BoxStream>,
     read: BufReader<ReadHalf<BoxStream>>,
+    /// The host's cores online, as the shell counted them (1 when it could not).
+    cores: usize,
 }
 
 /// Why a shell did not start.
@@ -274,6 +278,19 @@ enum NotStarted {
     NoTool,
     /// It could not start, or did not answer.
     Failed(String),
+}
+
+/// What a shell's first answer says: `Some(cores)` when it has a tool, `None` when it has
+/// none (`:none`); not an answer at all (a line a login script printed) is `Err`.
+fn ready(line: &[u8]) -> Result<Option<usize>, ()> {
+    if line == b":none" {
+        return Ok(None);
+    }
+    let cores = line.strip_prefix(b":ready").ok_or(())?;
+    let cores = std::str::from_utf8(cores)
+        .ok()
+        .and_then(|c| c.trim().parse().ok());
+    Ok(Some(cores.unwrap_or(1).max(1)))
 }
 
 impl Shell {
@@ -292,22 +309,29 @@ impl Shell {
         let mut shell = Shell {
             write,
             read: BufReader::new(read),
+            cores: 1,
         };
-        let ready = async {
+        let answer = async {
             shell.write.write_all(SETUP.as_bytes()).await?;
             // What a login script printed comes first.
             for _ in 0..MAX_GREETING {
                 match shell.line().await? {
-                    Some(line) if line == b":ready" || line == b":none" => return Ok(Some(line)),
-                    Some(_) => {}
+                    Some(line) => {
+                        if let Ok(cores) = ready(&line) {
+                            return Ok(Some(cores));
+                        }
+                    }
                     None => return Ok(None),
                 }
             }
             Ok::<_, std::io::Error>(None)
         };
-        match tokio::time::timeout(wait, ready).await {
-            Ok(Ok(Some(line))) if line == b":ready" => Ok(shell),
-            Ok(Ok(Some(_))) => Err(NotStarted::NoTool),
+        match tokio::time::timeout(wait, answer).await {
+            Ok(Ok(Some(Some(cores)))) => {
+                shell.cores = cores;
+                Ok(shell)
+            }
+            Ok(Ok(Some(None))) => Err(NotStarted::NoTool),
             Ok(Ok(None)) | Ok(Err(_)) => Err(NotStarted::Failed(
                 "it runs no shell commands (an SFTP-only account?)".into(),
             )),
@@ -375,23 +399,39 @@ impl Shell {
 
 /// What became of a unit handed to a shell.
 enum Outcome {
+    /// A shell started for it: it is hashed there next.
+    Started(Shell, Unit),
     /// Hashed; the shell is free for another.
     Hashed(Shell),
-    /// A shell started ahead of the work, free for it.
-    Started(Shell),
-    /// No shell started for it: the unit, if any, comes back.
-    NotStarted(Option<Unit>, NotStarted),
+    /// No shell started for it: the unit comes back.
+    NotStarted(Unit, NotStarted),
     /// The shell stopped during it: its files are sent.
     Lost(String),
 }
 
+/// A shell's work on `unit`, as [`run`] keeps it.
+type Running<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// `shell` hashing `unit`.
+fn hash<'a>(mut shell: Shell, unit: Unit, wait: Duration) -> Running<'a> {
+    Box::pin(async move {
+        match shell.hash(unit, wait).await {
+            Ok(()) => Outcome::Hashed(shell),
+            Err(why) => Outcome::Lost(why),
+        }
+    })
+}
+
 /// Hands the wanted files, as batches and ranges, to up to `shells` shells until no more
-/// can come. A shell that does not start (a server that allows fewer channels) leaves the
-/// work to those that did; only when none does, or one has no tool, is the host taken for
-/// one that cannot hash, and every file then said unknown.
+/// can come. The first shell starts with the first file wanted; the others, once it has
+/// said how many cores the host has, and only as many as that: each shell is a login (a
+/// login shell's start can cost more than hashing a batch), and more hashing at once than
+/// the host has cores gains nothing. A shell that does not start (a server that allows
+/// fewer channels) leaves the work to those that did; only when none does, or one has no
+/// tool, is the host taken for one that cannot hash, and every file then said unknown.
 async fn run(
     peer: &AnyTransport,
-    mut shells: usize,
+    shells: usize,
     wait: Duration,
     mut wanted: mpsc::UnboundedReceiver<Wanted>,
     progress: Arc<Progress>,
@@ -399,38 +439,28 @@ async fn run(
 ) {
     let mut queue = Queue::default();
     let mut idle: Vec<Shell> = Vec::new();
-    let mut running: FuturesUnordered<Pin<Box<dyn Future<Output = Outcome> + Send + '_>>> =
-        FuturesUnordered::new();
+    let mut running: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
     let mut open = true;
     let mut unavailable = false;
     let mut lost = false;
-    // One shell starts now, while the copy lists and the other side hashes: the first hash
-    // then does not wait for a login shell's start.
-    let starting = progress.clone();
-    running.push(Box::pin(async move {
-        match Shell::start(peer, wait, starting).await {
-            Ok(shell) => Outcome::Started(shell),
-            Err(why) => Outcome::NotStarted(None, why),
-        }
-    }));
+    // One shell until the first has started, then as many as the host has cores.
+    let mut limit = 1;
+    let mut counted = false;
     loop {
-        while !unavailable && running.len() < shells {
+        while !unavailable && running.len() < limit {
             let Some(unit) = queue.next() else { break };
-            let shell = idle.pop();
-            let progress = progress.clone();
-            running.push(Box::pin(async move {
-                let mut shell = match shell {
-                    Some(shell) => shell,
-                    None => match Shell::start(peer, wait, progress).await {
-                        Ok(shell) => shell,
-                        Err(why) => return Outcome::NotStarted(Some(unit), why),
-                    },
-                };
-                match shell.hash(unit, wait).await {
-                    Ok(()) => Outcome::Hashed(shell),
-                    Err(why) => Outcome::Lost(why),
+            match idle.pop() {
+                Some(shell) => running.push(hash(shell, unit, wait)),
+                None => {
+                    let progress = progress.clone();
+                    running.push(Box::pin(async move {
+                        match Shell::start(peer, wait, progress).await {
+                            Ok(shell) => Outcome::Started(shell, unit),
+                            Err(why) => Outcome::NotStarted(unit, why),
+                        }
+                    }));
                 }
-            }));
+            }
         }
         if unavailable {
             // Dropped: each says "unknown".
@@ -446,16 +476,22 @@ async fn run(
                 None => open = false,
             },
             Some(done) = running.next() => match done {
-                Outcome::Hashed(shell) | Outcome::Started(shell) => idle.push(shell),
+                Outcome::Hashed(shell) => idle.push(shell),
+                Outcome::Started(shell, unit) => {
+                    if !counted {
+                        counted = true;
+                        limit = shells.min(shell.cores);
+                    }
+                    running.push(hash(shell, unit, wait));
+                }
                 Outcome::NotStarted(unit, why) => {
                     // The shells that run (or are starting) go on with it.
                     let others = running.len() + idle.len();
                     match why {
                         NotStarted::Failed(_) if others > 0 => {
-                            shells = others;
-                            if let Some(unit) = unit {
-                                queue.put_back(unit);
-                            }
+                            limit = others;
+                            counted = true;
+                            queue.put_back(unit);
                         }
                         why => {
                             let why = match why {
@@ -584,6 +620,17 @@ mod tests {
         }
         assert!(parse(format!("{}g", &hex[..63]).as_bytes()).is_none());
         assert!(parse(b"sha256sum: a: No such file").is_none());
+    }
+
+    #[test]
+    fn a_shells_first_answer_says_its_tool_and_cores() {
+        assert_eq!(ready(b":ready 8"), Ok(Some(8)));
+        // A host whose getconf says nothing, or nonsense, counts as one core.
+        assert_eq!(ready(b":ready "), Ok(Some(1)));
+        assert_eq!(ready(b":ready 0"), Ok(Some(1)));
+        assert_eq!(ready(b":ready x"), Ok(Some(1)));
+        assert_eq!(ready(b":none"), Ok(None));
+        assert_eq!(ready(b"Welcome, :ready 8"), Err(()));
     }
 
     /// What nobody waits for any more (a file the receiver turned out to lack) is not

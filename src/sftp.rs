@@ -182,56 +182,63 @@ async fn sessions(
         };
         Box::new(fastcp_stream::Counted::new(s, progress.clone()))
     };
-    let mut more = Vec::new();
-    let mut streams: Vec<BoxStream> = Vec::new();
+    // The sessions start at once, each login beside the others (through the system ssh, once
+    // the first is up).
     match peer {
         AnyTransport::Builtin(first) => {
-            streams.push(limited(Box::new(
-                first.open_subsystem("sftp").await.map_err(serves_no_sftp)?,
-            )));
-            for _ in 1..n {
+            let extra = (1..n).map(|_| async {
                 let ssh = first.reconnect().await?;
-                streams.push(limited(Box::new(
-                    ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?,
-                )));
-                more.push(ssh);
-            }
+                let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
+                Ok::<_, Error>((ssh, stream))
+            });
+            let (stream, extra) = tokio::try_join!(
+                async { first.open_subsystem("sftp").await.map_err(serves_no_sftp) },
+                futures_util::future::try_join_all(extra),
+            )?;
+            let (more, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
+            let opens = std::iter::once(stream)
+                .chain(extra)
+                .map(|s| Sftp::open(limited(Box::new(s)), timeout));
+            let sftp = futures_util::future::try_join_all(opens).await?;
+            Ok((more, sftp.into_iter().map(Arc::new).collect()))
         }
         AnyTransport::Program(program) => {
-            let first = program
-                .open_subsystem("sftp")
-                .await
-                .map_err(serves_no_sftp)?;
-            let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
-            let mut sftp = vec![Arc::new(with_ssh_words(opened, first.stderr).await?)];
-            for _ in 1..n {
+            let first = async {
+                let first = program
+                    .open_subsystem("sftp")
+                    .await
+                    .map_err(serves_no_sftp)?;
+                let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
+                with_ssh_words(opened, first.stderr).await
+            };
+            let extra = (1..n).map(|_| async {
+                let through_master = program.streams_through_master();
                 let own = program
                     .open_extra_subsystem("sftp")
                     .await
                     .map_err(serves_no_sftp)?;
-                let session = match Sftp::open(limited(Box::new(own.stream)), timeout).await {
-                    Ok(session) => session,
+                match Sftp::open(limited(Box::new(own.stream)), timeout).await {
+                    Ok(session) => Ok(session),
                     // Its own login would need a prompt: ride the first one's connection.
-                    Err(_) if program.has_master() && !program.streams_through_master() => {
+                    Err(_) if program.has_master() && !through_master => {
                         program.set_streams_through_master(true);
                         let shared = program
                             .open_extra_subsystem("sftp")
                             .await
                             .map_err(serves_no_sftp)?;
-                        Sftp::open(limited(Box::new(shared.stream)), timeout).await?
+                        Sftp::open(limited(Box::new(shared.stream)), timeout).await
                     }
-                    Err(e) => return Err(e),
-                };
-                sftp.push(Arc::new(session));
-            }
-            return Ok((more, sftp));
+                    Err(e) => Err(e),
+                }
+            });
+            // The first before the others: it logs in (asking for a passphrase, if need be)
+            // and starts the connection master that the others may ride.
+            let first = first.await?;
+            let extra = futures_util::future::try_join_all(extra).await?;
+            let sftp = std::iter::once(first).chain(extra).map(Arc::new).collect();
+            Ok((Vec::new(), sftp))
         }
     }
-    let mut sftp = Vec::new();
-    for stream in streams {
-        sftp.push(Arc::new(Sftp::open(stream, timeout).await?));
-    }
-    Ok((more, sftp))
 }
 
 /// `opened`, or, when the system ssh's SFTP session did not start, the error with what ssh
@@ -321,11 +328,14 @@ pub(crate) async fn copy(
 ) -> Result<SessionDone, Error> {
     refuse_unsupported(plan)?;
     let log = &plan.options.log;
-    let n = plan
-        .options
-        .streams
-        .unwrap_or(DEFAULT_SFTP_SESSIONS)
-        .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
+    let n = match plan.options.streams {
+        Some(n) => n,
+        // Each file travels whole on one session: another session's login would cost more
+        // than it saved.
+        None if plan.pushes_files_within(RANGE) => 1,
+        None => DEFAULT_SFTP_SESSIONS,
+    }
+    .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
     let limit = plan.rate_limit();
     let (_connections, sftp) =
         sessions(peer, n, plan.options.timeout, limit.clone(), &progress).await?;

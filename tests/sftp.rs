@@ -114,6 +114,39 @@ fn sftp_pushes_and_pulls_a_tree_with_modes_times_links_and_a_split_file() {
     assert_same_tree(&src, &into.join("src"), false);
 }
 
+/// SFTP sessions: one for a push of a small file, where another login would cost more
+/// than it saves; four (the default) for a folder, all logging in at once, through either
+/// SSH client.
+#[test]
+fn a_small_push_over_sftp_takes_one_session_and_a_folder_four() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..3 {
+        write(&src.join(format!("f{i}")), &pseudo_random(10_000, i), 0o644);
+    }
+    for program in [None, Some("ssh")] {
+        let copy = |from: &Path, to: &Path| {
+            let mut cmd = plain(&sshd);
+            cmd.args(["--sftp", "-r", "--json"]);
+            if let Some(program) = program {
+                cmd.args(["--ssh-program", program]);
+            }
+            let out = run(cmd.arg(from).arg(remote(&sshd, to)));
+            assert!(out.status.success(), "{program:?}: {}", stderr(&out));
+            json(&out)["streams"].clone()
+        };
+        let dst = work
+            .path()
+            .join(format!("dst-{}", program.unwrap_or("builtin")));
+        fs::create_dir(&dst).unwrap();
+        assert_eq!(copy(&src.join("f0"), &dst), 1, "{program:?}");
+        assert_eq!(copy(&src, &dst), 4, "{program:?}");
+        assert_same_tree(&src, &dst.join("src"), false);
+    }
+}
+
 #[test]
 fn a_remote_without_fastcp_and_no_deploy_is_served_over_sftp() {
     let work = tempfile::tempdir().unwrap();
