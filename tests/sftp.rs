@@ -844,6 +844,183 @@ fn checksum_over_sftp_to_a_host_that_cannot_hash_sends_the_files() {
     assert_same_tree(&src, &dst.join("back/src"), false);
 }
 
+/// Runs `cmd` as [`run`] does, but kills it and fails the test if it is still running after
+/// `limit`: for a copy that only a bound of its own keeps from waiting forever.
+fn run_within(cmd: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    use std::io::{Read, Seek};
+    // Files, not pipes: nothing the child writes can fill a pipe nobody reads yet.
+    let mut out = tempfile::tempfile().unwrap();
+    let mut err = tempfile::tempfile().unwrap();
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .expect("run fastcp");
+    let started = std::time::Instant::now();
+    let give_up = started + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > give_up {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut said = String::new();
+            err.rewind().unwrap();
+            err.read_to_string(&mut said).unwrap();
+            panic!("fastcp still ran after {limit:?}, and was killed; stderr: {said}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    out.rewind().unwrap();
+    out.read_to_end(&mut stdout).unwrap();
+    err.rewind().unwrap();
+    err.read_to_end(&mut stderr).unwrap();
+    let out = std::process::Output {
+        status,
+        stdout,
+        stderr,
+    };
+    eprintln!(
+        "fastcp exited {:?} after {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        started.elapsed(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A shell command that waits as long as the folder `dir` exists: a remote program that
+/// never answers, yet is gone once the test's folder is, passed or failed.
+fn hang_while(dir: &Path) -> String {
+    format!("while [ -d '{}' ]; do sleep 1; done; exit 1", dir.display())
+}
+
+/// Pushes and pulls, over SFTP, a tree of ten small files (hashed by name, in batches) and
+/// one whose name no hashing tool's line carries as it is (hashed alone, from the tool's
+/// stdin); alters `f3` of each copy in place, keeping its size and time; and copies again
+/// with `--checksum --timeout 4`, which gives each wait on a remote shell half the idle
+/// limit, 2 s (a wait as long as the idle limit would end the copy as stalled, exit code 3).
+/// Every run is killed, and the test failed, if it has not ended after two minutes. The
+/// altered file is sent, with one warning, `warning`, and `skipped` files are skipped.
+fn checksum_against_a_silent_remote(sshd: &Sshd, work: &Path, warning: &str, skipped: u64) {
+    let limit = std::time::Duration::from_secs(120);
+    let src = work.join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..10 {
+        write(&src.join(format!("f{i}")), &pseudo_random(3_000, i), 0o644);
+    }
+    write(&src.join("back\\slash"), &pseudo_random(3_000, 10), 0o644);
+    for (i, e) in fs::read_dir(&src).unwrap().enumerate() {
+        set_mtime(&e.unwrap().path(), 1_700_000_000 + i as i64, 0);
+    }
+    for pull in [false, true] {
+        let dst = work.join(format!("dst-{pull}"));
+        fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let (from, to) = match pull {
+                false => (src.clone().into_os_string(), remote(sshd, &dst).into()),
+                true => (remote(sshd, &src).into(), dst.clone().into_os_string()),
+            };
+            run_within(
+                plain(sshd)
+                    .args(["--sftp", "-r", "-p", "--json"])
+                    .args(extra)
+                    .arg(from)
+                    .arg(to),
+                limit,
+            )
+        };
+        let out = copy(&[]);
+        assert!(out.status.success(), "pull {pull}: {}", stderr(&out));
+        assert_same_tree(&src, &dst.join("src"), true);
+        let altered = dst.join("src/f3");
+        let mtime = fs::metadata(&altered).unwrap().modified().unwrap();
+        let f = fs::OpenOptions::new().write(true).open(&altered).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"\xff", 1).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+
+        let out = copy(&["--checksum", "--timeout", "4"]);
+        let said = stderr(&out);
+        assert!(out.status.success(), "pull {pull}: {said}");
+        assert!(said.contains(warning), "pull {pull}: {said}");
+        assert_eq!(
+            said.matches("--checksum:").count(),
+            1,
+            "pull {pull}: {said}"
+        );
+        let report = json(&out);
+        assert_eq!(report["files_skipped"], skipped, "pull {pull}: {report}");
+        assert_eq!(report["error_count"], 0, "pull {pull}: {report}");
+        assert_same_tree(&src, &dst.join("src"), true);
+        assert_no_temp(&dst);
+    }
+}
+
+/// `--checksum` over SFTP to a host whose `exec sh -s` never answers (a login shell that
+/// waits on its own for that command, and runs any other, such as the SFTP server): the
+/// shell is given up after half the idle limit, the host taken for one that cannot hash,
+/// and every file of the same size sent; the copy ends, right, both ways.
+#[test]
+fn checksum_over_sftp_gives_up_on_a_remote_shell_that_never_starts() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user another login shell needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // sshd runs each session's command, the SFTP subsystem's too, as `SHELL -c COMMAND`.
+    let shell = script(
+        work.path(),
+        "login-shell",
+        &format!(
+            "if [ \"$2\" = 'exec sh -s' ]; then {}; fi\nexec /bin/sh -c \"$2\"",
+            hang_while(work.path())
+        ),
+    );
+    let sshd = Sshd::start_with_login_shell(&shell, &[]).unwrap();
+    checksum_against_a_silent_remote(
+        &sshd,
+        work.path(),
+        "--checksum: the remote host cannot hash its files (its shell did not answer \
+         within 2 s): files of the same size as their source's are sent",
+        0,
+    );
+}
+
+/// `--checksum` over SFTP to a host whose hashing tools answer the shell's probe (on
+/// `/dev/null`) and what they read from their stdin, but never a file named to them: each
+/// shell given a batch of files is given up after half the idle limit and its files are
+/// sent, with one warning; the file hashed from stdin is still hashed there, by another
+/// shell, and skipped. Both ways.
+#[test]
+fn checksum_over_sftp_gives_up_on_a_remote_shell_that_hashes_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let fake = work.path().join("fake-bin");
+    fs::create_dir(&fake).unwrap();
+    for tool in ["openssl", "sha256sum", "shasum"] {
+        // First on the session's PATH; the real tool is found on the rest of it.
+        let body = format!(
+            "for a; do case $a in /dev/null) ;; /*) {};; esac; done\n\
+             PATH=${{PATH#*:}} exec {tool} \"$@\"",
+            hang_while(work.path())
+        );
+        script(&fake, tool, &body);
+    }
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", fake.display());
+    let sshd = Sshd::start_with_env(&[("PATH", Path::new(&path))]).unwrap();
+    checksum_against_a_silent_remote(
+        &sshd,
+        work.path(),
+        "--checksum: a remote shell hashed nothing for 2 s; the files it had are sent \
+         (said once)",
+        1,
+    );
+}
+
 /// `--resume` on a push over SFTP: the partial file a stopped copy left on the remote is
 /// read back and hashed by blocks, and only the blocks that differ from the source travel.
 /// A damaged block is sent again; a partial file longer than the source is cut to its size;
