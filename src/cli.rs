@@ -178,7 +178,8 @@ pub struct Args {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
     /// Number of parallel data streams (default: 4 over TCP, 2 over SSH; 1 over SSH for a push
-    /// of files that fit in one chunk).
+    /// of files that fit in one chunk). Over SFTP, the sessions (default 4; 1 for a push of
+    /// files only, 32 MiB at most).
     #[arg(
         short = 'j',
         long = "streams",

@@ -7,11 +7,12 @@
 //! and has them hash with the first tool found of `openssl dgst -sha256`, `sha256sum` and
 //! `shasum -a 256`. The hash is [`ContentHash::Sha256`](fastcp_stream::ContentHash::Sha256):
 //! files of up to [`SHA256_RANGE`] bytes are hashed many to a command, a bigger one range by
-//! range (`dd | openssl`), and the shells, up to [`MAX_SHELLS`] of them but no more than the
-//! host has cores, run at once, each taking the next batch or range as it finishes one. The
-//! first starts with the first file wanted, so a copy that compares nothing runs none. The shells get absolute paths, made
-//! from the SFTP server's own folder, which need not be where a login shell starts (an
-//! `sftp-server -d`, a profile that changes folder).
+//! range (`dd | openssl`), and the shells (one per SFTP session, up to [`MAX_SHELLS`], but no
+//! more than the host has cores) run at once, each taking the next batch or range as it
+//! finishes one. The first starts with the first file wanted, so a copy that compares
+//! nothing runs none. The shells get absolute paths, made from the SFTP server's own folder,
+//! which need not be where a login shell starts (an `sftp-server -d`, a profile that changes
+//! folder).
 //!
 //! Where no such shell runs (a `ForceCommand internal-sftp` account, a host without these
 //! tools) or one stops answering, the remote hash of the files it had is unknown, and they
@@ -51,13 +52,13 @@ const MAX_LINE: usize = 64 << 10;
 const END: &str = ":fastcp-end:";
 
 /// The script that picks the hashing tool, as `h`, and says so with `:ready`, followed by
-/// the number of the host's cores online.
+/// the number of the host's cores online, where it can tell.
 const SETUP: &str = "\
 if openssl dgst -sha256 -r /dev/null >/dev/null 2>&1; then h() { openssl dgst -sha256 -r \"$@\"; }
 elif sha256sum /dev/null >/dev/null 2>&1; then h() { sha256sum \"$@\"; }
 elif shasum -a 256 /dev/null >/dev/null 2>&1; then h() { shasum -a 256 \"$@\"; }
 else echo :none; exit 0; fi
-echo \":ready $(getconf _NPROCESSORS_ONLN 2>/dev/null)\"
+echo \":ready $(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null)\"
 ";
 
 /// Asks for remote files' [`ContentHash::Sha256`](fastcp_stream::ContentHash::Sha256);
@@ -268,8 +269,8 @@ fn parse(line: &[u8]) -> Option<([u8; 32], Option<&[u8]>)> {
 struct Shell {
     write: WriteHalf<BoxStream>,
     read: BufReader<ReadHalf<BoxStream>>,
-    /// The host's cores online, as the shell counted them (1 when it could not).
-    cores: usize,
+    /// The host's cores online, as the shell counted them, if it could.
+    cores: Option<usize>,
 }
 
 /// Why a shell did not start.
@@ -280,23 +281,42 @@ enum NotStarted {
     Failed(String),
 }
 
-/// What a shell's first answer says: `Some(cores)` when it has a tool, `None` when it has
-/// none (`:none`); not an answer at all (a line a login script printed) is `Err`.
-fn ready(line: &[u8]) -> Result<Option<usize>, ()> {
+/// What a shell's first answer says: `Some(cores)` when it has a tool (`cores` is `None`
+/// where the host did not say), `None` when it has none (`:none`); not an answer at all (a
+/// line a login script printed) is `Err`.
+fn ready(line: &[u8]) -> Result<Option<Option<usize>>, ()> {
     if line == b":none" {
         return Ok(None);
     }
-    let cores = line.strip_prefix(b":ready").ok_or(())?;
-    let cores = std::str::from_utf8(cores)
-        .ok()
-        .and_then(|c| c.trim().parse().ok());
-    Ok(Some(cores.unwrap_or(1).max(1)))
+    let cores = match line.strip_prefix(b":ready") {
+        Some(b"") => None,
+        Some(rest) if rest.starts_with(b" ") => std::str::from_utf8(rest)
+            .ok()
+            .and_then(|c| c.trim().parse().ok())
+            .filter(|&c| c > 0),
+        _ => return Err(()),
+    };
+    Ok(Some(cores))
 }
 
 impl Shell {
+    /// A shell on `peer`, its tool picked, within `wait` (its channel's opening included).
     async fn start(
         peer: &AnyTransport,
         wait: Duration,
+        progress: Arc<Progress>,
+    ) -> Result<Shell, NotStarted> {
+        match tokio::time::timeout(wait, Shell::start_unbounded(peer, progress)).await {
+            Ok(started) => started,
+            Err(_) => Err(NotStarted::Failed(format!(
+                "its shell did not answer within {} s",
+                wait.as_secs_f32()
+            ))),
+        }
+    }
+
+    async fn start_unbounded(
+        peer: &AnyTransport,
         progress: Arc<Progress>,
     ) -> Result<Shell, NotStarted> {
         let process = peer
@@ -309,7 +329,7 @@ impl Shell {
         let mut shell = Shell {
             write,
             read: BufReader::new(read),
-            cores: 1,
+            cores: None,
         };
         let answer = async {
             shell.write.write_all(SETUP.as_bytes()).await?;
@@ -326,19 +346,15 @@ impl Shell {
             }
             Ok::<_, std::io::Error>(None)
         };
-        match tokio::time::timeout(wait, answer).await {
-            Ok(Ok(Some(Some(cores)))) => {
+        match answer.await {
+            Ok(Some(Some(cores))) => {
                 shell.cores = cores;
                 Ok(shell)
             }
-            Ok(Ok(Some(None))) => Err(NotStarted::NoTool),
-            Ok(Ok(None)) | Ok(Err(_)) => Err(NotStarted::Failed(
+            Ok(Some(None)) => Err(NotStarted::NoTool),
+            Ok(None) | Err(_) => Err(NotStarted::Failed(
                 "it runs no shell commands (an SFTP-only account?)".into(),
             )),
-            Err(_) => Err(NotStarted::Failed(format!(
-                "its shell did not answer within {} s",
-                wait.as_secs_f32()
-            ))),
         }
     }
 
@@ -428,7 +444,9 @@ fn hash<'a>(mut shell: Shell, unit: Unit, wait: Duration) -> Running<'a> {
 /// login shell's start can cost more than hashing a batch), and more hashing at once than
 /// the host has cores gains nothing. A shell that does not start (a server that allows
 /// fewer channels) leaves the work to those that did; only when none does, or one has no
-/// tool, is the host taken for one that cannot hash, and every file then said unknown.
+/// tool, is the host taken for one that cannot hash, and every file then said unknown. A
+/// shell that stops answering is not replaced, so that a host whose tools hang costs one
+/// wait per shell at most; with the last one gone, what is left is said unknown.
 async fn run(
     peer: &AnyTransport,
     shells: usize,
@@ -480,7 +498,7 @@ async fn run(
                 Outcome::Started(shell, unit) => {
                     if !counted {
                         counted = true;
-                        limit = shells.min(shell.cores);
+                        limit = shells.min(shell.cores.unwrap_or(shells));
                     }
                     running.push(hash(shell, unit, wait));
                 }
@@ -518,6 +536,12 @@ async fn run(
                         ));
                     }
                     lost = true;
+                    // Not replaced: where one shell stopped answering, the next would likely
+                    // stop too, each costing a whole wait. The others go on; once none is
+                    // left, the files still waiting are sent.
+                    counted = true;
+                    limit = limit.saturating_sub(1);
+                    unavailable |= limit == 0;
                 }
             },
         }
@@ -624,13 +648,16 @@ mod tests {
 
     #[test]
     fn a_shells_first_answer_says_its_tool_and_cores() {
-        assert_eq!(ready(b":ready 8"), Ok(Some(8)));
-        // A host whose getconf says nothing, or nonsense, counts as one core.
-        assert_eq!(ready(b":ready "), Ok(Some(1)));
-        assert_eq!(ready(b":ready 0"), Ok(Some(1)));
-        assert_eq!(ready(b":ready x"), Ok(Some(1)));
+        assert_eq!(ready(b":ready 8"), Ok(Some(Some(8))));
+        // A host that cannot count its cores, or says nonsense, did not say.
+        assert_eq!(ready(b":ready "), Ok(Some(None)));
+        assert_eq!(ready(b":ready"), Ok(Some(None)));
+        assert_eq!(ready(b":ready 0"), Ok(Some(None)));
+        assert_eq!(ready(b":ready x"), Ok(Some(None)));
         assert_eq!(ready(b":none"), Ok(None));
+        // Not the shell's answer: what a login script printed.
         assert_eq!(ready(b"Welcome, :ready 8"), Err(()));
+        assert_eq!(ready(b":readyX"), Err(()));
     }
 
     /// What nobody waits for any more (a file the receiver turned out to lack) is not

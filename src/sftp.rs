@@ -164,6 +164,19 @@ impl Sftp {
     }
 }
 
+/// SSH logins at most under way at once: OpenSSH's sshd starts refusing connections beyond
+/// 10 unauthenticated ones (`MaxStartups 10:30:100`), counting other users' too.
+const LOGINS_AT_ONCE: usize = 4;
+
+/// Runs `opens`, [`LOGINS_AT_ONCE`] at a time; their outcomes in order, or the first error.
+async fn at_once<T>(opens: Vec<impl Future<Output = Result<T, Error>>>) -> Result<Vec<T>, Error> {
+    use futures_util::TryStreamExt;
+    futures_util::stream::iter(opens)
+        .buffered(LOGINS_AT_ONCE)
+        .try_collect()
+        .await
+}
+
 /// `n` SFTP sessions on `peer`'s connection and more to the same host, each on an SSH
 /// connection of its own; with `limit` (`--bwlimit`), all of their bytes count against it.
 /// Every byte they move counts in `progress` as it moves, for the idle limit. Returns the
@@ -182,60 +195,62 @@ async fn sessions(
         };
         Box::new(fastcp_stream::Counted::new(s, progress.clone()))
     };
-    // The sessions start at once, each login beside the others (through the system ssh, once
-    // the first is up).
+    // The sessions start together, up to LOGINS_AT_ONCE logins at a time.
     match peer {
         AnyTransport::Builtin(first) => {
-            let extra = (1..n).map(|_| async {
-                let ssh = first.reconnect().await?;
-                let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
-                Ok::<_, Error>((ssh, stream))
-            });
-            let (stream, extra) = tokio::try_join!(
-                async { first.open_subsystem("sftp").await.map_err(serves_no_sftp) },
-                futures_util::future::try_join_all(extra),
-            )?;
+            let extra = (1..n)
+                .map(|_| async {
+                    let ssh = first.reconnect().await?;
+                    let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
+                    let sftp = Sftp::open(limited(Box::new(stream)), timeout).await?;
+                    Ok::<_, Error>((ssh, Arc::new(sftp)))
+                })
+                .collect();
+            let first = async {
+                let stream = first.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
+                Ok(Arc::new(
+                    Sftp::open(limited(Box::new(stream)), timeout).await?,
+                ))
+            };
+            let (first, extra) = tokio::try_join!(first, at_once(extra))?;
             let (more, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
-            let opens = std::iter::once(stream)
-                .chain(extra)
-                .map(|s| Sftp::open(limited(Box::new(s)), timeout));
-            let sftp = futures_util::future::try_join_all(opens).await?;
-            Ok((more, sftp.into_iter().map(Arc::new).collect()))
+            Ok((more, std::iter::once(first).chain(extra).collect()))
         }
         AnyTransport::Program(program) => {
-            let first = async {
-                let first = program
-                    .open_subsystem("sftp")
-                    .await
-                    .map_err(serves_no_sftp)?;
-                let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
-                with_ssh_words(opened, first.stderr).await
-            };
-            let extra = (1..n).map(|_| async {
-                let through_master = program.streams_through_master();
+            let first = program
+                .open_subsystem("sftp")
+                .await
+                .map_err(serves_no_sftp)?;
+            let opened = Sftp::open(limited(Box::new(first.stream)), timeout).await;
+            let mut sftp = vec![Arc::new(with_ssh_words(opened, first.stderr).await?)];
+            // After the first, which logs in (asking for a passphrase, if need be) and starts
+            // the connection master the others may ride; then one alone, which finds out
+            // whether they must; then the rest.
+            let extra = || async {
                 let own = program
                     .open_extra_subsystem("sftp")
                     .await
                     .map_err(serves_no_sftp)?;
                 match Sftp::open(limited(Box::new(own.stream)), timeout).await {
-                    Ok(session) => Ok(session),
+                    Ok(session) => Ok(Arc::new(session)),
                     // Its own login would need a prompt: ride the first one's connection.
-                    Err(_) if program.has_master() && !through_master => {
+                    Err(_) if program.has_master() && !program.streams_through_master() => {
                         program.set_streams_through_master(true);
                         let shared = program
                             .open_extra_subsystem("sftp")
                             .await
                             .map_err(serves_no_sftp)?;
-                        Sftp::open(limited(Box::new(shared.stream)), timeout).await
+                        Ok(Arc::new(
+                            Sftp::open(limited(Box::new(shared.stream)), timeout).await?,
+                        ))
                     }
                     Err(e) => Err(e),
                 }
-            });
-            // The first before the others: it logs in (asking for a passphrase, if need be)
-            // and starts the connection master that the others may ride.
-            let first = first.await?;
-            let extra = futures_util::future::try_join_all(extra).await?;
-            let sftp = std::iter::once(first).chain(extra).map(Arc::new).collect();
+            };
+            if n > 1 {
+                sftp.push(extra().await?);
+                sftp.extend(at_once((2..n).map(|_| extra()).collect()).await?);
+            }
             Ok((Vec::new(), sftp))
         }
     }

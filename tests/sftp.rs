@@ -142,8 +142,40 @@ fn a_small_push_over_sftp_takes_one_session_and_a_folder_four() {
             .join(format!("dst-{}", program.unwrap_or("builtin")));
         fs::create_dir(&dst).unwrap();
         assert_eq!(copy(&src.join("f0"), &dst), 1, "{program:?}");
+        assert_eq!(
+            fs::read(dst.join("f0")).unwrap(),
+            fs::read(src.join("f0")).unwrap()
+        );
         assert_eq!(copy(&src, &dst), 4, "{program:?}");
         assert_same_tree(&src, &dst.join("src"), false);
+    }
+}
+
+/// Sixteen SFTP sessions (`-j 16`) against an sshd with OpenSSH's default `MaxStartups
+/// 10:30:100`, which drops connections beyond ten still logging in: the logins go a few at
+/// a time, so none is refused, through either SSH client.
+#[test]
+fn sixteen_sftp_sessions_log_in_under_a_default_max_startups() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_options("MaxStartups 10:30:100").unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..20 {
+        write(&src.join(format!("f{i}")), &pseudo_random(5_000, i), 0o644);
+    }
+    for program in [None, Some("ssh")] {
+        let dst = work
+            .path()
+            .join(format!("dst-{}", program.unwrap_or("builtin")));
+        let mut cmd = plain(&sshd);
+        cmd.args(["--sftp", "-r", "-j", "16", "--json"]);
+        if let Some(program) = program {
+            cmd.args(["--ssh-program", program]);
+        }
+        let out = run(cmd.arg(&src).arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{program:?}: {}", stderr(&out));
+        assert_eq!(json(&out)["streams"], 16, "{program:?}");
+        assert_same_tree(&src, &dst, false);
     }
 }
 
@@ -1019,6 +1051,61 @@ fn checksum_over_sftp_gives_up_on_a_remote_shell_that_hashes_nothing() {
          (said once)",
         1,
     );
+}
+
+/// A remote shell that stops answering is not replaced by another, which would stop too:
+/// with one shell (`-j 1`) and more files than one command hashes (1,000), the copy waits
+/// on one hung tool, not on one for each batch, and sends every file of the same size.
+#[test]
+fn checksum_over_sftp_does_not_replace_a_shell_that_stopped_answering() {
+    let work = tempfile::tempdir().unwrap();
+    let fake = work.path().join("fake-bin");
+    fs::create_dir(&fake).unwrap();
+    let hung = work.path().join("hung");
+    for tool in ["openssl", "sha256sum", "shasum"] {
+        let body = format!(
+            "for a; do case $a in /dev/null) ;; /*) echo >> '{}'; {};; esac; done\n\
+             PATH=${{PATH#*:}} exec {tool} \"$@\"",
+            hung.display(),
+            hang_while(work.path())
+        );
+        script(&fake, tool, &body);
+    }
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", fake.display());
+    let sshd = Sshd::start_with_env(&[("PATH", Path::new(&path))]).unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..1_001 {
+        write(&src.join(format!("f{i}")), &[i as u8; 10], 0o644);
+        set_mtime(&src.join(format!("f{i}")), 1_700_000_000, 0);
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = |extra: &[&str]| {
+        run_within(
+            plain(&sshd)
+                .args(["--sftp", "-r", "-p", "-j", "1", "--json"])
+                .args(extra)
+                .arg(&src)
+                .arg(remote(&sshd, &dst)),
+            std::time::Duration::from_secs(120),
+        )
+    };
+    assert!(copy(&[]).status.success());
+    let out = copy(&["--checksum", "--timeout", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a remote shell hashed nothing for 2 s"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&out)["files_skipped"], 0, "{}", json(&out));
+    assert_eq!(
+        fs::read(&hung).unwrap(),
+        b"\n",
+        "one hashing command hung, not one per batch"
+    );
+    assert_same_tree(&src, &dst.join("src"), true);
 }
 
 /// `--resume` on a push over SFTP: the partial file a stopped copy left on the remote is
