@@ -1483,7 +1483,7 @@ impl Apply {
         }
         let sftp = &self.sftp[0];
         for dir in dirs {
-            let checked = match self.checked_dir(&dir).await {
+            let checked = match self.checked_dir(sftp, &dir).await {
                 Ok(remote) => list_dir(sftp, &remote).await.map(|e| (remote, e)),
                 Err(e) => Err(e),
             };
@@ -1539,33 +1539,43 @@ impl Apply {
     /// The folder `wire` of this copy, if it still resolves to itself from the destination:
     /// no symlink on the way, such as one swapped in during the copy, which would lead the
     /// path-based SFTP requests outside the destination.
-    async fn checked_dir(&self, wire: &[u8]) -> Result<String, SftpError> {
+    async fn checked_dir(&self, sftp: &Sftp, wire: &[u8]) -> Result<String, SftpError> {
         let path = self.real_target(wire)?;
-        unmoved(&self.sftp[0], &path).await?;
+        unmoved(sftp, &path).await?;
         Ok(path)
     }
 
     /// Sets the directories' modes (and times, with `-p`) once everything is in them,
-    /// deepest first, each only where it still resolves to itself ([`Apply::checked_dir`]).
+    /// deepest first (a folder made unsearchable must not keep its subfolders from being
+    /// set), each only where it still resolves to itself ([`Apply::checked_dir`]). The
+    /// folders of one depth are set at once, over all the sessions.
     async fn finish_dirs(&self) {
-        let dirs = std::mem::take(&mut *lock(&self.dir_meta));
-        for (wire, meta) in dirs.into_iter().rev() {
-            let mut attrs = FileAttributes {
-                permissions: Some(meta.mode & 0o777),
-                ..FileAttributes::empty()
-            };
-            if self.preserve {
-                set_times(&mut attrs, &meta);
-            } else if meta.mode & 0o700 == 0o700 {
-                continue;
-            }
-            let set = match self.checked_dir(&wire).await {
-                Ok(path) => self.sftp[0].raw.setstat(path, attrs).await.map(|_| ()),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = set {
-                self.failed(&wire, (code(&e), format!("cannot set its attributes: {e}")));
-            }
+        let mut dirs = std::mem::take(&mut *lock(&self.dir_meta));
+        let depth = |wire: &[u8]| wire.iter().filter(|&&b| b == b'/').count();
+        dirs.sort_by_key(|(wire, _)| std::cmp::Reverse(depth(wire)));
+        let n = self.sftp.len();
+        for level in dirs.chunk_by(|(a, _), (b, _)| depth(a) == depth(b)) {
+            futures_util::stream::iter(level.iter().enumerate())
+                .for_each_concurrent(SESSION_REQUESTS * n, |(i, (wire, meta))| async move {
+                    let mut attrs = FileAttributes {
+                        permissions: Some(meta.mode & 0o777),
+                        ..FileAttributes::empty()
+                    };
+                    if self.preserve {
+                        set_times(&mut attrs, meta);
+                    } else if meta.mode & 0o700 == 0o700 {
+                        return;
+                    }
+                    let sftp = &self.sftp[i % n];
+                    let set = match self.checked_dir(sftp, wire).await {
+                        Ok(path) => sftp.raw.setstat(path, attrs).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = set {
+                        self.failed(wire, (code(&e), format!("cannot set its attributes: {e}")));
+                    }
+                })
+                .await;
         }
     }
 
