@@ -48,6 +48,7 @@ use fastcp_proto::{
 use fastcp_stream::{FileChecksum, Progress, Report};
 use fastcp_stream::{PipeWriter, WriteFrom};
 use fastcp_transport::{AnyTransport, BoxStream, SshSession};
+use futures_util::TryStreamExt;
 use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
@@ -170,7 +171,6 @@ const LOGINS_AT_ONCE: usize = 4;
 
 /// Runs `opens`, [`LOGINS_AT_ONCE`] at a time; their outcomes in order, or the first error.
 async fn at_once<T>(opens: Vec<impl Future<Output = Result<T, Error>>>) -> Result<Vec<T>, Error> {
-    use futures_util::TryStreamExt;
     futures_util::stream::iter(opens)
         .buffered(LOGINS_AT_ONCE)
         .try_collect()
@@ -1481,44 +1481,52 @@ impl Apply {
             );
             return Ok(());
         }
-        let sftp = &self.sftp[0];
-        for dir in dirs {
-            let checked = match self.checked_dir(sftp, &dir).await {
-                Ok(remote) => list_dir(sftp, &remote).await.map(|e| (remote, e)),
-                Err(e) => Err(e),
-            };
-            progress.mirror_step();
-            let (remote, entries) = match checked {
-                Ok(found) => found,
-                Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
-                Err(e) => {
-                    self.failed(
-                        &dir,
-                        (code(&e), format!("cannot list it for --delete: {e}")),
-                    );
-                    continue;
-                }
-            };
-            for (name, attrs) in entries {
-                if !is_single_name(&name) || fastcp_stream::is_work_file(name.as_bytes()) {
-                    continue;
-                }
-                let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
-                let is_dir = file_type(&attrs) == S_IFDIR;
-                if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
-                    continue;
-                }
-                match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
-                    Ok(n) => {
-                        lock(&self.done).deleted += n;
-                        progress.deleted(wire, n);
+        // The folders at once, over every session: each removes only what it lists, which
+        // holds no folder of the copy.
+        let n = self.sftp.len();
+        let (sent, filter) = (&sent, &filter);
+        futures_util::stream::iter(dirs.into_iter().enumerate().map(Ok))
+            .try_for_each_concurrent(SESSION_REQUESTS * n, |(i, dir)| async move {
+                let sftp = &self.sftp[i % n];
+                let checked = match self.checked_dir(sftp, &dir).await {
+                    Ok(remote) => list_dir(sftp, &remote).await.map(|e| (remote, e)),
+                    Err(e) => Err(e),
+                };
+                progress.mirror_step();
+                let (remote, entries) = match checked {
+                    Ok(found) => found,
+                    Err(e) if is_session_failure(&e) => {
+                        return Err(fatal("listing a folder", e));
                     }
-                    Err(e) if is_session_failure(&e) => return Err(fatal("deleting", e)),
-                    Err(e) => self.failed(&wire, (code(&e), format!("cannot delete it: {e}"))),
+                    Err(e) => {
+                        self.failed(
+                            &dir,
+                            (code(&e), format!("cannot list it for --delete: {e}")),
+                        );
+                        return Ok(());
+                    }
+                };
+                for (name, attrs) in entries {
+                    if !is_single_name(&name) || fastcp_stream::is_work_file(name.as_bytes()) {
+                        continue;
+                    }
+                    let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
+                    let is_dir = file_type(&attrs) == S_IFDIR;
+                    if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
+                        continue;
+                    }
+                    match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
+                        Ok(n) => {
+                            lock(&self.done).deleted += n;
+                            progress.deleted(wire, n);
+                        }
+                        Err(e) if is_session_failure(&e) => return Err(fatal("deleting", e)),
+                        Err(e) => self.failed(&wire, (code(&e), format!("cannot delete it: {e}"))),
+                    }
                 }
-            }
-        }
-        Ok(())
+                Ok(())
+            })
+            .await
     }
 
     /// The path of the folder `wire` of this copy as reached from the destination's real
