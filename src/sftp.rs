@@ -101,12 +101,15 @@ impl Sftp {
                 .map_or(WATCHED_REQUEST_LIMIT.as_secs(), |t| t.as_secs().max(1)),
             ..Default::default()
         };
+        let limit = config.request_timeout_secs;
         let mut raw = RawSftpSession::new_with_config(stream, config);
         let version = raw.init().await.map_err(|e| match e {
             // The system ssh's `-s` on a host without the subsystem: the stream just ends.
-            SftpError::IO(_) | SftpError::UnexpectedBehavior(_) | SftpError::Timeout => {
-                serves_no_sftp(e)
-            }
+            SftpError::IO(_) | SftpError::UnexpectedBehavior(_) => serves_no_sftp(e),
+            // Slow, not absent: a login script that takes its time, a loaded host.
+            SftpError::Timeout => Error::Timeout(format!(
+                "starting SFTP: the remote's SFTP server did not answer within {limit} s"
+            )),
             e => fatal("starting SFTP", e),
         })?;
         let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");

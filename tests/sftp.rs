@@ -179,6 +179,35 @@ fn sixteen_sftp_sessions_log_in_under_a_default_max_startups() {
     }
 }
 
+/// An SFTP server that never answers its start (a login script stuck, a loaded host): the
+/// copy ends after the idle limit with the connection's exit code, saying the server did
+/// not answer, not that the host has no SFTP.
+#[test]
+fn an_sftp_server_that_never_answers_is_a_timeout() {
+    let work = tempfile::tempdir().unwrap();
+    let options = format!(
+        "Subsystem sftp while [ -d '{}' ]; do sleep 1; done",
+        work.path().display()
+    );
+    let sshd = Sshd::start_with_options(&options).unwrap();
+    let src = work.path().join("f");
+    write(&src, b"x", 0o644);
+    let out = run_within(
+        plain(&sshd)
+            .args(["--sftp", "--timeout", "2"])
+            .arg(&src)
+            .arg(remote(&sshd, &work.path().join("g"))),
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the remote's SFTP server did not answer within 2 s"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("g").exists());
+}
+
 #[test]
 fn a_remote_without_fastcp_and_no_deploy_is_served_over_sftp() {
     let work = tempfile::tempdir().unwrap();
@@ -802,9 +831,20 @@ fn checksum_over_sftp_hashes_what_sftp_sees_with_the_channels_the_server_allows(
     // A path relative to the SFTP server's folder.
     let dst = format!("{}:dst", sshd.alias());
     fs::create_dir(start.join("dst")).unwrap();
+    // A generous idle limit: eight logins at once can be slow on a loaded machine, and
+    // what this test checks is not how soon.
     let copy = |extra: &[&str]| {
         run(plain(&sshd)
-            .args(["--sftp", "-r", "-p", "-j", "8", "--json"])
+            .args([
+                "--sftp",
+                "-r",
+                "-p",
+                "-j",
+                "8",
+                "--json",
+                "--timeout",
+                "120",
+            ])
             .args(extra)
             .arg(&src)
             .arg(&dst))
