@@ -128,8 +128,8 @@ pub struct Args {
     #[arg(long, help_heading = "SSH")]
     pub no_deploy: bool,
     /// Copy over the remote host's SFTP subsystem, with nothing of fastcp's there: several
-    /// SFTP sessions at once (-j, default 4; 1 for a push of files only, 32 MiB at most),
-    /// many requests in flight on each.
+    /// SFTP sessions at once (-j, default 4; 1 for a push or a pull, without -r, of files
+    /// only, 32 MiB at most), many requests in flight on each.
     #[arg(long, help_heading = "SSH")]
     pub sftp: bool,
     /// Copy only share I of N (from 0): N runs with the same sources and I from 0 to N-1,
@@ -178,8 +178,8 @@ pub struct Args {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LinkArgs {
     /// Number of parallel data streams (default: 4 over TCP, 2 over SSH; 1 over SSH for a push
-    /// of files that fit in one chunk). Over SFTP, the sessions (default 4; 1 for a push of
-    /// files only, 32 MiB at most).
+    /// of files that fit in one chunk). Over SFTP, the sessions (default 4; 1 for a push or
+    /// a pull, without -r, of files only, 32 MiB at most).
     #[arg(
         short = 'j',
         long = "streams",

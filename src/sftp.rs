@@ -187,6 +187,7 @@ async fn at_once<T>(opens: Vec<impl Future<Output = Result<T, Error>>>) -> Resul
 async fn sessions(
     peer: &AnyTransport,
     n: usize,
+    small_pull: Option<&[String]>,
     timeout: Option<Duration>,
     limit: Option<Arc<crate::limit::RateLimit>>,
     progress: &Arc<Progress>,
@@ -198,24 +199,39 @@ async fn sessions(
         };
         Box::new(fastcp_stream::Counted::new(s, progress.clone()))
     };
+    // How many more than the first: for a pull of single files, asked of the first session
+    // once it is up (a pull of small files needs no more).
+    let more = async |first: &Sftp| match small_pull {
+        Some(paths) if files_within(first, paths, RANGE).await => 0,
+        _ => n - 1,
+    };
     // The sessions start together, up to LOGINS_AT_ONCE logins at a time.
     match peer {
         AnyTransport::Builtin(first) => {
-            let extra = (1..n)
-                .map(|_| async {
-                    let ssh = first.reconnect().await?;
-                    let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
-                    let sftp = Sftp::open(limited(Box::new(stream)), timeout).await?;
-                    Ok::<_, Error>((ssh, Arc::new(sftp)))
-                })
-                .collect();
+            let extra = |k: usize| -> Vec<_> {
+                (0..k)
+                    .map(|_| async {
+                        let ssh = first.reconnect().await?;
+                        let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
+                        let sftp = Sftp::open(limited(Box::new(stream)), timeout).await?;
+                        Ok::<_, Error>((ssh, Arc::new(sftp)))
+                    })
+                    .collect()
+            };
             let first = async {
                 let stream = first.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
                 Ok(Arc::new(
                     Sftp::open(limited(Box::new(stream)), timeout).await?,
                 ))
             };
-            let (first, extra) = tokio::try_join!(first, at_once(extra))?;
+            let (first, extra) = match small_pull {
+                None => tokio::try_join!(first, at_once(extra(n - 1)))?,
+                Some(_) => {
+                    let first = first.await?;
+                    let k = more(&first).await;
+                    (first, at_once(extra(k)).await?)
+                }
+            };
             let (more, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
             Ok((more, std::iter::once(first).chain(extra).collect()))
         }
@@ -250,13 +266,29 @@ async fn sessions(
                     Err(e) => Err(e),
                 }
             };
-            if n > 1 {
+            let k = more(&sftp[0]).await;
+            if k > 0 {
                 sftp.push(extra().await?);
-                sftp.extend(at_once((2..n).map(|_| extra()).collect()).await?);
+                sftp.extend(at_once((1..k).map(|_| extra()).collect()).await?);
             }
             Ok((Vec::new(), sftp))
         }
     }
+}
+
+/// Whether the remote `paths` (as typed) are all regular files, `most` bytes at most
+/// together.
+async fn files_within(sftp: &Sftp, paths: &[String], most: u64) -> bool {
+    let mut total = 0u64;
+    for path in paths {
+        match sftp.raw.stat(remote_path(path)).await {
+            Ok(a) if file_type(&a.attrs) == S_IFREG => {
+                total = total.saturating_add(a.attrs.size.unwrap_or(u64::MAX));
+            }
+            _ => return false,
+        }
+    }
+    total <= most
 }
 
 /// `opened`, or, when the system ssh's SFTP session did not start, the error with what ssh
@@ -354,9 +386,24 @@ pub(crate) async fn copy(
         None => DEFAULT_SFTP_SESSIONS,
     }
     .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
+    // A pull of single files (no -r) is sized once the first session is up, by the same
+    // rule.
+    let sources = remote_sources(plan);
+    let small_pull = (plan.options.streams.is_none()
+        && !plan.options.recursive
+        && plan.sources.iter().all(|s| s.remote().is_some()))
+    .then_some(&sources[..]);
     let limit = plan.rate_limit();
-    let (_connections, sftp) =
-        sessions(peer, n, plan.options.timeout, limit.clone(), &progress).await?;
+    let (_connections, sftp) = sessions(
+        peer,
+        n,
+        small_pull,
+        plan.options.timeout,
+        limit.clone(),
+        &progress,
+    )
+    .await?;
+    let n = sftp.len();
     log.info(|| {
         format!(
             "transport: SFTP, {n} session(s), {} KiB requests, {}",

@@ -114,11 +114,11 @@ fn sftp_pushes_and_pulls_a_tree_with_modes_times_links_and_a_split_file() {
     assert_same_tree(&src, &into.join("src"), false);
 }
 
-/// SFTP sessions: one for a push of a small file, where another login would cost more
-/// than it saves; four (the default) for a folder, all logging in at once, through either
-/// SSH client.
+/// SFTP sessions: one for a push or a pull (without -r) of small files only, where another
+/// login would cost more than it saves; four (the default) for a folder; what `-j` says
+/// when it says; through either SSH client.
 #[test]
-fn a_small_push_over_sftp_takes_one_session_and_a_folder_four() {
+fn a_small_copy_over_sftp_takes_one_session_and_a_folder_four() {
     let work = tempfile::tempdir().unwrap();
     let sshd = Sshd::start().unwrap();
     let src = work.path().join("src");
@@ -127,27 +127,40 @@ fn a_small_push_over_sftp_takes_one_session_and_a_folder_four() {
         write(&src.join(format!("f{i}")), &pseudo_random(10_000, i), 0o644);
     }
     for program in [None, Some("ssh")] {
-        let copy = |from: &Path, to: &Path| {
+        let copy = |pull: bool, extra: &[&str], from: &Path, to: &Path| {
             let mut cmd = plain(&sshd);
-            cmd.args(["--sftp", "-r", "--json"]);
+            cmd.args(["--sftp", "--json"]).args(extra);
             if let Some(program) = program {
                 cmd.args(["--ssh-program", program]);
             }
-            let out = run(cmd.arg(from).arg(remote(&sshd, to)));
+            let out = match pull {
+                false => run(cmd.arg(from).arg(remote(&sshd, to))),
+                true => run(cmd.arg(remote(&sshd, from)).arg(to)),
+            };
             assert!(out.status.success(), "{program:?}: {}", stderr(&out));
             json(&out)["streams"].clone()
         };
-        let dst = work
-            .path()
-            .join(format!("dst-{}", program.unwrap_or("builtin")));
+        let name = program.unwrap_or("builtin");
+        let dst = work.path().join(format!("dst-{name}"));
         fs::create_dir(&dst).unwrap();
-        assert_eq!(copy(&src.join("f0"), &dst), 1, "{program:?}");
+        assert_eq!(copy(false, &[], &src.join("f0"), &dst), 1, "{program:?}");
         assert_eq!(
             fs::read(dst.join("f0")).unwrap(),
             fs::read(src.join("f0")).unwrap()
         );
-        assert_eq!(copy(&src, &dst), 4, "{program:?}");
+        assert_eq!(copy(false, &["-r"], &src, &dst), 4, "{program:?}");
         assert_same_tree(&src, &dst.join("src"), false);
+        assert_eq!(copy(false, &["-j", "3"], &src.join("f1"), &dst), 3);
+        let back = work.path().join(format!("back-{name}"));
+        fs::create_dir(&back).unwrap();
+        assert_eq!(copy(true, &[], &src.join("f1"), &back), 1, "{program:?}");
+        assert_eq!(
+            fs::read(back.join("f1")).unwrap(),
+            fs::read(src.join("f1")).unwrap()
+        );
+        assert_eq!(copy(true, &["-r"], &src, &back), 4, "{program:?}");
+        assert_same_tree(&src, &back.join("src"), false);
+        assert_eq!(copy(true, &["-j", "2"], &src.join("f2"), &back), 2);
     }
 }
 
