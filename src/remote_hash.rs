@@ -508,7 +508,6 @@ async fn run(
                     match why {
                         NotStarted::Failed(_) if others > 0 => {
                             limit = others;
-                            counted = true;
                             queue.put_back(unit);
                         }
                         why => {
@@ -539,7 +538,6 @@ async fn run(
                     // Not replaced: where one shell stopped answering, the next would likely
                     // stop too, each costing a whole wait. The others go on; once none is
                     // left, the files still waiting are sent.
-                    counted = true;
                     limit = limit.saturating_sub(1);
                     unavailable |= limit == 0;
                 }

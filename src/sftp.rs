@@ -232,8 +232,8 @@ async fn sessions(
                     (first, at_once(extra(k)).await?)
                 }
             };
-            let (more, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
-            Ok((more, std::iter::once(first).chain(extra).collect()))
+            let (connections, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
+            Ok((connections, std::iter::once(first).chain(extra).collect()))
         }
         AnyTransport::Program(program) => {
             let first = program
