@@ -85,7 +85,8 @@ bench options:
 bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
 all connections together at 125 MB/s (1 Gbit/s) and the bytes in flight of each connection
 at the --window size. Contenders (ids): fastcp --transport tcp -j 1, 4 and 8 (fastcp-tcp-1,
-fastcp-tcp-4, fastcp-tcp-8), fastcp --transport ssh (fastcp-ssh), scp, rsync.
+fastcp-tcp-4, fastcp-tcp-8), fastcp --transport ssh (fastcp-ssh) and its pull
+(fastcp-ssh-pull), scp, rsync.
 
 SIZE accepts K/M/G (powers of 1024, also KiB/MiB/GiB) and KB/MB/GB (powers of 1000).";
 

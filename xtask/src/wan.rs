@@ -265,8 +265,8 @@ fn repoint(text: &str, addr: SocketAddr, known_hosts: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// The contenders: fastcp's TCP transport with 1, 4 and 8 streams and its SSH transport,
-/// then scp and rsync, copying `src` to `dst` on the far side of the relay.
+/// The contenders: fastcp's TCP transport with 1, 4 and 8 streams and its SSH transport
+/// (push and pull), then scp and rsync, copying `src` to `dst` on the far side of the relay.
 pub fn contenders(
     fastcp: &str,
     broken: Option<String>,
@@ -291,6 +291,16 @@ pub fn contenders(
         fastcp_run("fastcp tcp -j 4", "--transport tcp -j 4"),
         fastcp_run("fastcp tcp -j 8", "--transport tcp -j 8"),
         fastcp_run("fastcp ssh", "--transport ssh"),
+        Contender {
+            // The pull's window is fastcp's own (a push's is the sshd's): the same file back.
+            name: "fastcp ssh pull".into(),
+            command: format!(
+                "{fastcp} --transport ssh -F \"$CFG\" --remote-path {wrapper}{extra} \
+                 {ALIAS}:{src} {dst}"
+            ),
+            listener: None,
+            broken: broken.clone(),
+        },
         Contender {
             name: "scp".into(),
             command: format!("scp -q -F \"$CFG\" -c {c} {src} {ALIAS}:{dst}"),
