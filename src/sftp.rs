@@ -45,7 +45,7 @@ use fastcp_proto::{
     Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Keep, Meta, Partial, Probe,
     Summary, SymlinkEntry, Totals,
 };
-use fastcp_stream::{FileChecksum, Progress, Report};
+use fastcp_stream::{FileChecksum, Progress, Report, SAFE_MODE_BITS};
 use fastcp_stream::{PipeWriter, WriteFrom};
 use fastcp_transport::{AnyTransport, BoxStream, SshSession};
 use futures_util::TryStreamExt;
@@ -1620,6 +1620,7 @@ impl Apply {
                         ..FileAttributes::empty()
                     };
                     if self.preserve {
+                        attrs.permissions = Some(meta.mode & SAFE_MODE_BITS);
                         set_times(&mut attrs, meta);
                     } else if meta.mode & 0o700 == 0o700 {
                         return;
@@ -1738,7 +1739,7 @@ impl Apply {
                     attrs.size = Some(file.size);
                 }
                 if self.preserve {
-                    attrs.permissions = Some(file.meta.mode & 0o777);
+                    attrs.permissions = Some(file.meta.mode & SAFE_MODE_BITS);
                     set_times(&mut attrs, &file.meta);
                 }
                 let set = if attrs.permissions.is_some() || attrs.size.is_some() {
@@ -1876,8 +1877,8 @@ impl Apply {
         };
         if let (true, Some(mode)) = (self.preserve, p.mode) {
             let mut attrs = FileAttributes::empty();
-            if have.permissions.map(|m| m & 0o7777) != Some(mode & 0o777) {
-                attrs.permissions = Some(mode & 0o777);
+            if have.permissions.map(|m| m & 0o7777) != Some(mode & SAFE_MODE_BITS) {
+                attrs.permissions = Some(mode & SAFE_MODE_BITS);
             }
             if have.mtime.map(i64::from) != Some(p.mtime) {
                 set_times(

@@ -329,9 +329,9 @@ fn is_zero(b: &[u8]) -> bool {
         && words.remainder().iter().all(|&x| x == 0)
 }
 
-/// The permission bits a received file or directory may get: everything but setuid and
-/// setgid (the sticky bit stays).
-pub(crate) const SAFE_MODE_BITS: u32 = 0o1777;
+/// The permission bits a received file or directory may get with `-p`: everything but
+/// setuid and setgid (the sticky bit stays), whoever writes it.
+pub const SAFE_MODE_BITS: u32 = 0o1777;
 
 /// Whether `name` is one of fastcp's temp names: `.NAME.fastcp-` and 8 hex digits (not a
 /// `--resume` partial file).
