@@ -1620,6 +1620,8 @@ impl Apply {
                         ..FileAttributes::empty()
                     };
                     if self.preserve {
+                        // A folder's sticky bit too (a shared folder), as fastcp's own
+                        // receiver keeps it; never setuid or setgid.
                         attrs.permissions = Some(meta.mode & SAFE_MODE_BITS);
                         set_times(&mut attrs, meta);
                     } else if meta.mode & 0o700 == 0o700 {
@@ -1739,7 +1741,8 @@ impl Apply {
                     attrs.size = Some(file.size);
                 }
                 if self.preserve {
-                    attrs.permissions = Some(file.meta.mode & SAFE_MODE_BITS);
+                    // Not the sticky bit: a BSD server refuses it on a file (EFTYPE).
+                    attrs.permissions = Some(file.meta.mode & 0o777);
                     set_times(&mut attrs, &file.meta);
                 }
                 let set = if attrs.permissions.is_some() || attrs.size.is_some() {
@@ -1877,8 +1880,8 @@ impl Apply {
         };
         if let (true, Some(mode)) = (self.preserve, p.mode) {
             let mut attrs = FileAttributes::empty();
-            if have.permissions.map(|m| m & 0o7777) != Some(mode & SAFE_MODE_BITS) {
-                attrs.permissions = Some(mode & SAFE_MODE_BITS);
+            if have.permissions.map(|m| m & 0o7777) != Some(mode & 0o777) {
+                attrs.permissions = Some(mode & 0o777);
             }
             if have.mtime.map(i64::from) != Some(p.mtime) {
                 set_times(

@@ -25,7 +25,7 @@ fn plain(sshd: &Sshd) -> Command {
 }
 
 /// Files of many sizes (one split into ranges across sessions), folders, links and modes (a
-/// sticky folder and file among them), with whole-second times (SFTP carries no finer).
+/// sticky folder among them), with whole-second times (SFTP carries no finer).
 fn build(root: &Path) {
     fs::create_dir_all(root.join("sub/deeper")).unwrap();
     fs::create_dir_all(root.join("empty")).unwrap();
@@ -33,9 +33,9 @@ fn build(root: &Path) {
     write(&root.join("exec.sh"), b"#!/bin/sh\necho hi\n", 0o755);
     write(&root.join("private"), b"k", 0o600);
     write(&root.join("ünïcödé name"), b"u", 0o644);
-    // The sticky bit, kept with -p as the local receiver keeps it (not setuid or setgid).
+    // A shared folder's sticky bit, kept with -p as the local receiver keeps it.
     fs::create_dir(root.join("shared")).unwrap();
-    write(&root.join("shared/note"), b"n", 0o1644);
+    write(&root.join("shared/note"), b"n", 0o644);
     fs::set_permissions(root.join("shared"), fs::Permissions::from_mode(0o1777)).unwrap();
     for (i, size) in [1usize, 4095, 65_536, 300_000, (1 << 20) + 1]
         .iter()

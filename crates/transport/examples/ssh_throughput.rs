@@ -46,7 +46,11 @@ async fn main() {
             "--channels" => channels = v.parse().unwrap(),
             "--connections" => connections = v.parse().unwrap(),
             "--runs" => runs = v.parse().unwrap(),
-            "--window" => client.window_size = parse_size(v) as u32,
+            "--window" => {
+                // A fixed window: the round trip does not size it.
+                client.window_size = parse_size(v) as u32;
+                client.min_window_size = client.window_size;
+            }
             "--packet" => client.max_packet_size = parse_size(v) as u32,
             "--buffer" => client.channel_buffer_size = v.parse().unwrap(),
             "--nodelay" => client.nodelay = v == "yes",

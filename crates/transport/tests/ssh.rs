@@ -787,3 +787,67 @@ async fn proxy_jump_through_two_hops() {
             .contains(&format!("target 127.0.0.1 port {}", sshd.port()))
     );
 }
+
+#[tokio::test]
+async fn a_port_that_waits_for_the_client_to_speak_first_still_connects() {
+    // As sslh does: the port says nothing until the client has spoken, then hands the
+    // connection to sshd. The client's wait for the server's first bytes (which sizes the
+    // receive window) must end on its own, not at ConnectTimeout.
+    let sshd = Sshd::start().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = sshd.port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if client.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                let mut server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
+                    .await
+                    .unwrap();
+                server.write_all(&first).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_with(
+        &sshd,
+        dir.path(),
+        &format!(
+            "  IdentityFile {}\n  ConnectTimeout 20\n",
+            sshd.client_key().display()
+        ),
+    );
+    // The proxy's port, and the host key known under it.
+    let kh = dir.path().join("known_hosts");
+    fs::write(
+        &kh,
+        format!("[127.0.0.1]:{port} {}\n", sshd.host_public_key()),
+    )
+    .unwrap();
+    let text = fs::read_to_string(&cfg).unwrap();
+    let text = text
+        .replace(&format!("Port {}", sshd.port()), &format!("Port {port}"))
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &kh.display().to_string(),
+        );
+    fs::write(&cfg, text).unwrap();
+    let o = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    // Bounded by the test, not by ConnectTimeout: a hang until then fails it too.
+    let session = tokio::time::timeout(Duration::from_secs(10), SshSession::connect("t", &o))
+        .await
+        .expect("the connect waited for a banner that comes only after the client speaks")
+        .unwrap();
+    let mut p = session.exec("echo through").await.unwrap();
+    let mut out = String::new();
+    p.stream.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out, "through\n");
+}

@@ -32,9 +32,10 @@ pub struct SshClientConfig {
     /// acknowledge. Each connection's channels get the window its round trip needs at
     /// 2 Gbit/s, within this and [`min_window_size`](Self::min_window_size). The round trip
     /// is seen while connecting: from the TCP connection's start to the server's first
-    /// bytes, or through a ProxyJump host the time the forwarded channel took to open;
-    /// behind a ProxyCommand, where it is not seen, the window takes this size. Default
-    /// 8 MiB: room for a bandwidth-delay product of 1 Gbit/s x 67 ms.
+    /// bytes (awaited no longer than this window covers), or through a ProxyJump host the
+    /// time the forwarded channel took to open; behind a ProxyCommand, where it is not
+    /// seen, the window takes this size. Default 8 MiB: room for a bandwidth-delay product
+    /// of 1 Gbit/s x 67 ms.
     pub window_size: u32,
     /// Smallest receive window per channel, in bytes. Default 2 MiB, OpenSSH's own: on a
     /// short round trip a larger window only lets the sshd queue more, and a pull through a
@@ -96,6 +97,11 @@ impl SshClientConfig {
         };
         let product = (rtt.as_secs_f64() * WINDOW_RATE).min(f64::from(u32::MAX)) as u32;
         product.max(self.min_window_size).min(self.window_size)
+    }
+
+    /// The round trip that `window` covers at [`WINDOW_RATE`].
+    fn round_trip_for(&self, window: u32) -> Duration {
+        Duration::from_secs_f64(f64::from(window) / WINDOW_RATE)
     }
 
     /// russh's configuration, with `window` as every channel's receive window.
@@ -678,12 +684,15 @@ async fn connect_one(
                 russh::client::connect_stream(config, tokio::io::join(out, inp), handler).await
             }
             None => {
-                let (tcp, rtt) = tcp_connect(&host.host_name, host.port, timeout).await?;
+                // A longer wait for the banner would give the largest window anyway.
+                let banner_wait = client.round_trip_for(client.window_size);
+                let (tcp, rtt) =
+                    tcp_connect(&host.host_name, host.port, timeout, banner_wait).await?;
                 *peer_addr.lock().expect("peer addr") = tcp.peer_addr().ok();
                 if client.nodelay {
                     let _ = tcp.set_nodelay(true);
                 }
-                russh::client::connect_stream(config(Some(rtt))?, tcp, handler).await
+                russh::client::connect_stream(config(rtt)?, tcp, handler).await
             }
             Some(jump) => {
                 // The channel opens once the jump host has connected onwards: a round trip
@@ -749,12 +758,15 @@ async fn connect_one(
 /// Returns the connection and the round trip it shows: the time from its attempt's start to
 /// the server's first bytes (its SSH banner, sent unasked), left unread. A proxy that takes
 /// the TCP connection near this end, and only then reaches out, answers the connection
-/// quickly, but not with the server's banner.
+/// quickly, but not with the server's banner. The banner is awaited for `banner_wait` at
+/// most (a server that waits for the client to speak first); then the round trip is
+/// `None`.
 async fn tcp_connect(
     host: &str,
     port: u16,
     timeout: Option<Duration>,
-) -> Result<(TcpStream, Duration), Error> {
+    banner_wait: Duration,
+) -> Result<(TcpStream, Option<Duration>), Error> {
     let err = |source| Error::Connect {
         host: host.to_owned(),
         port,
@@ -786,8 +798,11 @@ async fn tcp_connect(
         match res {
             Ok(s) => {
                 // A failure here fails the handshake that follows, with its own message.
-                let _ = s.peek(&mut [0; 1]).await;
-                return Ok((s, started.elapsed()));
+                let rtt = match tokio::time::timeout(banner_wait, s.peek(&mut [0; 1])).await {
+                    Ok(_) => Some(started.elapsed()),
+                    Err(_) => None,
+                };
+                return Ok((s, rtt));
             }
             Err(e) => last = e,
         }
@@ -828,5 +843,9 @@ mod tests {
             ..SshClientConfig::default()
         };
         assert_eq!(crossed.window_for(Some(ms(1))), 8 << 20);
+        // The banner is awaited no longer than the largest window's round trip: 33.6 ms.
+        let wait = config.round_trip_for(config.window_size);
+        assert_eq!(wait.as_micros(), 33_554);
+        assert_eq!(config.window_for(Some(wait)), 8 << 20);
     }
 }
