@@ -1615,14 +1615,14 @@ impl Apply {
         for level in dirs.chunk_by(|(a, _), (b, _)| depth(a) == depth(b)) {
             futures_util::stream::iter(level.iter().enumerate())
                 .for_each_concurrent(SESSION_REQUESTS * n, |(i, (wire, meta))| async move {
+                    // With -p, a folder's sticky bit too (a shared folder), as fastcp's
+                    // own receiver keeps it; never setuid or setgid.
+                    let bits = if self.preserve { SAFE_MODE_BITS } else { 0o777 };
                     let mut attrs = FileAttributes {
-                        permissions: Some(meta.mode & 0o777),
+                        permissions: Some(meta.mode & bits),
                         ..FileAttributes::empty()
                     };
                     if self.preserve {
-                        // A folder's sticky bit too (a shared folder), as fastcp's own
-                        // receiver keeps it; never setuid or setgid.
-                        attrs.permissions = Some(meta.mode & SAFE_MODE_BITS);
                         set_times(&mut attrs, meta);
                     } else if meta.mode & 0o700 == 0o700 {
                         return;
