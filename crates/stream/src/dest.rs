@@ -201,6 +201,8 @@ fn split_parent(local: &[u8]) -> (&[u8], &[u8]) {
 pub(crate) struct Resolver {
     shared: Arc<Shared>,
     cache: HashMap<Vec<u8>, Arc<OwnedFd>>,
+    /// The last directory asked for: entries come directory by directory.
+    last: Option<(Vec<u8>, Arc<OwnedFd>)>,
     create: bool,
 }
 
@@ -209,6 +211,7 @@ impl Resolver {
         Resolver {
             shared,
             cache: HashMap::new(),
+            last: None,
             create,
         }
     }
@@ -218,6 +221,17 @@ impl Resolver {
         if local.is_empty() {
             return Ok(self.shared.root.fd.clone());
         }
+        if let Some((path, fd)) = &self.last
+            && path[..] == *local
+        {
+            return Ok(fd.clone());
+        }
+        let fd = self.lookup(local)?;
+        self.last = Some((local.to_vec(), fd.clone()));
+        Ok(fd)
+    }
+
+    fn lookup(&mut self, local: &[u8]) -> Result<Arc<OwnedFd>, Error> {
         if let Some(fd) = self.cache.get(local) {
             return Ok(fd.clone());
         }

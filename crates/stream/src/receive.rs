@@ -295,6 +295,10 @@ struct Table {
     symlinks: HashSet<Bytes>,
     /// Wire paths of the directories entries were sent as or into.
     dirs: HashSet<Bytes>,
+    /// The parent of the last entry checked, whose prefixes are all in `dirs` and none a
+    /// symlink: the next entry in the same directory skips those lookups. Cleared when a
+    /// symlink is sent.
+    checked_parent: Bytes,
     /// With `delete`: the wire path of every entry sent, and the directories sent.
     sent: HashSet<Bytes>,
     sent_dirs: Vec<Bytes>,
@@ -421,7 +425,10 @@ impl Shared {
                 }
             }
         }
-        if !t.symlinks.is_empty() {
+        let parent = &path[..path.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        // Most entries come beside the one before: their prefixes were checked then.
+        let same_parent = !parent.is_empty() && t.checked_parent[..] == *parent;
+        if !same_parent && !t.symlinks.is_empty() {
             for (i, _) in path.iter().enumerate().filter(|&(_, &b)| b == b'/') {
                 if t.symlinks.contains(&path[..i]) {
                     return Err(Error::unsafe_path(
@@ -443,6 +450,7 @@ impl Shared {
                     ));
                 }
                 t.symlinks.insert(Bytes::copy_from_slice(path));
+                t.checked_parent = Bytes::new();
             }
             Kind::Dir => {
                 if t.symlinks.contains(path) {
@@ -460,6 +468,9 @@ impl Shared {
         if self.config.delete && t.sent.insert(path.clone()) && kind == Kind::Dir {
             t.sent_dirs.push(path.clone());
         }
+        if same_parent {
+            return Ok(());
+        }
         // Remember every directory an entry goes into. These live as long as the session:
         // copies, so that they do not pin the receive buffers the frames were cut from.
         let mut p = &path[..];
@@ -469,6 +480,9 @@ impl Shared {
                 break;
             }
             t.dirs.insert(Bytes::copy_from_slice(p));
+        }
+        if !parent.is_empty() {
+            t.checked_parent = Bytes::copy_from_slice(parent);
         }
         Ok(())
     }

@@ -17,7 +17,7 @@
 //! when it is spent. Meanwhile a task reads stream 0 for the receiver's per-entry errors and
 //! its final report.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -67,7 +67,7 @@ type WalkItem = Result<crate::Entry, Error>;
 /// is a `Partial` with all its block hashes (`--resume`, 256 KiB of them).
 const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
 
-/// Quick-check probes sent and not yet answered, at most.
+/// Quick-check probes outstanding, at most: from the oldest one not yet answered to the newest.
 const PROBE_WINDOW: usize = 4096;
 /// Probes gathered into one message for stream 0, at most: one hand-off to its writer for
 /// many files instead of one each.
@@ -476,7 +476,7 @@ where
             failures: Vec::new(),
             probes: Probes {
                 answers: answer_rx,
-                waiting: HashMap::new(),
+                waiting: Outstanding::default(),
                 next: 0,
                 skipped: (0, 0),
                 batch: BytesMut::new(),
@@ -815,13 +815,58 @@ struct Probes {
     /// Probe id to the file's path and wire path, size (for the skipped count) and, with
     /// `checksum`, its content hash (`None` if it could not be read: it is then sent, and
     /// the send reports why).
-    waiting: HashMap<u64, (PathBuf, Bytes, u64, Option<u128>)>,
+    waiting: Outstanding<(PathBuf, Bytes, u64, Option<u128>)>,
     next: u64,
     /// Files and bytes skipped.
     skipped: (u64, u64),
     /// Probes (and their `Attrs`) encoded and not yet handed to stream 0, and how many.
     batch: BytesMut,
     batched: usize,
+}
+
+/// Values by id, for ids given out in order and mostly taken back in order: a queue from
+/// the oldest id still held, rather than a map.
+struct Outstanding<T> {
+    /// The id of the queue's front.
+    first: u64,
+    slots: VecDeque<Option<T>>,
+}
+
+impl<T> Default for Outstanding<T> {
+    fn default() -> Self {
+        Outstanding {
+            first: 0,
+            slots: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Outstanding<T> {
+    /// Holds the value of `id`, the id after the last one pushed (the first is 0).
+    fn push(&mut self, id: u64, value: T) {
+        debug_assert_eq!(id, self.first + self.slots.len() as u64);
+        self.slots.push_back(Some(value));
+    }
+
+    /// Takes `id`'s value back; `None` for an id not held (never given, or already taken).
+    fn take(&mut self, id: u64) -> Option<T> {
+        let i = usize::try_from(id.checked_sub(self.first)?).ok()?;
+        let value = self.slots.get_mut(i)?.take()?;
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.first += 1;
+        }
+        Some(value)
+    }
+
+    /// From the oldest id still held to the newest: what bounds the queue.
+    fn span(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
 }
 
 impl Producer<'_> {
@@ -939,10 +984,10 @@ impl Producer<'_> {
         meta: Meta,
         owner: (u32, u32),
     ) -> Result<(), Closed> {
-        if self.probes.waiting.len() >= PROBE_WINDOW {
+        if self.probes.waiting.span() >= PROBE_WINDOW {
             self.flush_probes()?;
         }
-        while self.probes.waiting.len() >= PROBE_WINDOW {
+        while self.probes.waiting.span() >= PROBE_WINDOW {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
         }
@@ -986,7 +1031,7 @@ impl Producer<'_> {
         } else {
             None
         };
-        self.probes.waiting.insert(id, (path, wire, size, hash));
+        self.probes.waiting.push(id, (path, wire, size, hash));
         Ok(())
     }
 
@@ -1005,7 +1050,7 @@ impl Producer<'_> {
     /// broken or hostile receiver) is ignored: it can only stop a file from being sent, and
     /// the receiver then does not have it.
     fn answered(&mut self, (a, offer): (Answer, Option<Partial>)) -> Result<(), Closed> {
-        let Some((path, wire, size, hash)) = self.probes.waiting.remove(&a.id) else {
+        let Some((path, wire, size, hash)) = self.probes.waiting.take(a.id) else {
             return Ok(());
         };
         let differs = self.config.checksum && (hash.is_none() || a.hash != hash);
@@ -1464,6 +1509,30 @@ fn at_eof(fd: &OwnedFd, size: u64) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Answers in any order find their probe once; unknown and repeated ids find nothing;
+    /// the queue shrinks as its oldest ids are taken.
+    #[test]
+    fn outstanding_probes_are_taken_once_in_any_order() {
+        let mut w = Outstanding::default();
+        for id in 0..4 {
+            w.push(id, id * 10);
+        }
+        assert_eq!(w.take(2), Some(20));
+        assert_eq!(w.take(2), None, "taken twice");
+        assert_eq!(w.take(9), None, "never given");
+        assert_eq!(w.span(), 4, "the oldest is still held");
+        assert_eq!(w.take(0), Some(0));
+        assert_eq!(w.span(), 3);
+        assert_eq!(w.take(1), Some(10));
+        assert_eq!(w.span(), 1, "2 was taken already: only 3 is left");
+        assert_eq!(w.take(0), None, "below the oldest held");
+        w.push(4, 40);
+        assert_eq!(w.take(4), Some(40));
+        assert_eq!(w.take(3), Some(30));
+        assert!(w.is_empty());
+        assert_eq!(w.take(u64::MAX), None);
+    }
 
     /// The biggest `Partial` a receiver sends (a file of 16 GiB or more) reaches the
     /// producer with its answer.

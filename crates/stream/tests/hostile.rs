@@ -255,6 +255,32 @@ async fn symlink_then_write_through_it_is_refused() {
 }
 
 #[tokio::test]
+async fn a_symlink_beside_files_already_checked_is_still_refused_as_a_parent() {
+    // Files in "d" first, so that "d"'s prefixes are known good; then a symlink in "d", and
+    // a file through it.
+    let sb = Sandbox::new();
+    let target = sb.outside.as_os_str().as_encoded_bytes().to_vec();
+    let stream = wire(&[
+        dir(b"d"),
+        file(0, b"d/a", 1),
+        data(0, 0, b"a"),
+        end(0, b"a"),
+        link(b"d/l", &target),
+        file(1, b"d/b", 1),
+        data(1, 0, b"b"),
+        end(1, b"b"),
+        file(2, b"d/l/pwned", 5),
+        data(2, 0, b"owned"),
+        end(2, b"owned"),
+        done(3, 1, 1, 7),
+    ]);
+    let err = fatal(run(&sb.dest, recursive(), vec![stream], true).await);
+    assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
+    assert!(err.to_string().contains("d/l"), "{err}");
+    sb.assert_contained();
+}
+
+#[tokio::test]
 async fn symlink_over_a_directory_with_entries_is_refused() {
     // The reverse order, across two streams: entries into "d", then "d" as a symlink.
     let sb = Sandbox::new();
