@@ -60,6 +60,70 @@ fn local_rerun_sends_only_what_changed() {
     });
 }
 
+/// A rerun leaves alone a directory whose mode and times already match (its change time
+/// stays), and sets them again on one whose time was changed since.
+#[test]
+fn a_rerun_leaves_directories_in_line_alone_and_mends_the_others() {
+    use std::os::unix::fs::MetadataExt;
+    let work = tempfile::tempdir().unwrap();
+    let src = source(work.path());
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let copy = || {
+        ok_json(
+            Command::new(BIN)
+                .args(["--json", "-r", "-p", "--skip-unchanged"])
+                .arg(&src)
+                .arg(&dst),
+        )
+    };
+    copy();
+    // The first copy's own walk moved the source directories' access times (relatime): the
+    // second copy brings those along.
+    copy();
+    let top = dst.join("src");
+    // Listed from the source: listing the copy would change its access times.
+    let dirs: Vec<_> = walkdir_dirs(&src)
+        .iter()
+        .map(|d| top.join(d.strip_prefix(&src).unwrap()))
+        .collect();
+    assert!(dirs.len() > 3, "{dirs:?}");
+    let (touched, kept) = (&dirs[1], &dirs[2]);
+    // Change times move on in whole clock ticks: let one pass.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let ctime = |d: &Path| {
+        let m = std::fs::symlink_metadata(d).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let before = ctime(kept);
+    let f = std::fs::File::open(touched).unwrap();
+    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let again = copy();
+    assert_eq!(again["files"], 0, "{again}");
+    assert_eq!(ctime(kept), before, "{} was set again", kept.display());
+    assert_same_tree(&src, &top, true);
+}
+
+/// The directories under `root`, `root` first, in walk order.
+fn walkdir_dirs(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let mut subs: Vec<_> = std::fs::read_dir(&out[i])
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.path())
+            .collect();
+        subs.sort();
+        out.extend(subs);
+        i += 1;
+    }
+    out
+}
+
 #[test]
 fn push_and_pull_reruns_send_only_what_changed_over_ssh_and_tcp() {
     let sshd = Sshd::start().unwrap();

@@ -148,6 +148,8 @@ pub(crate) struct DirState {
 /// Metadata applied to a directory once everything is written.
 #[derive(Debug)]
 pub(crate) struct Fixup {
+    /// The directory was there before this copy (not made by it).
+    pub(crate) existed: bool,
     pub(crate) local: Vec<u8>,
     pub(crate) wire: Bytes,
     pub(crate) mode: Option<u32>,
@@ -1365,6 +1367,7 @@ impl Writer {
         let wire = Bytes::copy_from_slice(&wire);
         let fixup = match (new, preserve) {
             (_, true) => Some(Fixup {
+                existed: new.is_none(),
                 local,
                 wire,
                 mode: Some(meta.mode & SAFE_MODE_BITS),
@@ -1375,6 +1378,7 @@ impl Writer {
             (Some(created), false) => {
                 let want = mode & !shared.umask;
                 (want != created || attrs.is_some()).then_some(Fixup {
+                    existed: false,
                     local,
                     wire,
                     mode: Some(want),
@@ -1384,6 +1388,7 @@ impl Writer {
                 })
             }
             (None, false) => attrs.is_some().then_some(Fixup {
+                existed: true,
                 local,
                 wire,
                 mode: None,
@@ -1619,12 +1624,37 @@ pub(crate) fn remove_stale_partial(parent: &OwnedFd, name: &[u8]) {
     crate::resume::remove_unheld_partial(parent, &crate::resume::partial_name(name));
 }
 
+/// Whether a directory that was there before the copy has, now, the mode and times its
+/// fixup would set (and no attributes to set): a rerun then leaves it alone, with one
+/// `fstatat` from its parent instead of opening it and setting both again.
+fn already_set(resolver: &mut Resolver, f: &Fixup) -> bool {
+    let (parent, name) = split_parent(&f.local);
+    if !f.existed || f.attrs.is_some() || name.is_empty() {
+        return false;
+    }
+    let Ok(parent) = resolver.dir(parent) else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::statat(&*parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+        return false;
+    };
+    FileType::from_raw_mode(st.st_mode) == FileType::Directory
+        && f.mode.is_none_or(|m| st.st_mode & 0o7777 == m)
+        && f.mtime
+            .is_none_or(|t| (st.st_mtime, st.st_mtime_nsec as u32) == t)
+        && f.atime
+            .is_none_or(|t| (st.st_atime, st.st_atime_nsec as u32) == t)
+}
+
 /// Applies directory modes and times, deepest first.
 pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
     fixups.sort_by_key(|f| std::cmp::Reverse(f.local.iter().filter(|&&b| b == b'/').count()));
     let mut resolver = Resolver::new(shared.clone(), false);
     let mut ids = crate::attrs::Ids::default();
     for f in fixups {
+        if already_set(&mut resolver, &f) {
+            continue;
+        }
         let fd = match resolver.dir(&f.local) {
             Ok(fd) => fd,
             Err(e) => {
