@@ -1363,8 +1363,9 @@ impl Writer {
         };
         // Modes and times are applied at the very end, deepest first: a read-only directory
         // must not block writing into it, and writing into it would change its mtime.
-        // Kept until the end: a copy, not a slice of a receive buffer.
-        let wire = Bytes::copy_from_slice(&wire);
+        // Kept until the end: copies, not slices of a receive buffer.
+        let wire = crate::receive::kept(&wire);
+        let attrs = attrs.as_deref().map(crate::receive::kept_attrs);
         let fixup = match (new, preserve) {
             (_, true) => Some(Fixup {
                 existed: new.is_none(),
@@ -1768,12 +1769,13 @@ fn pread_exact(fd: &OwnedFd, mut buf: &mut [u8], mut offset: u64) -> std::io::Re
 /// A set of ids stored as ranges: tiny when ids complete roughly in order.
 #[derive(Debug, Default)]
 pub(crate) struct IdSet {
+    /// First id to last id, both in the set (inclusive, so that `u64::MAX` fits).
     ranges: BTreeMap<u64, u64>,
 }
 
 impl IdSet {
     pub(crate) fn contains(&self, id: u64) -> bool {
-        matches!(self.ranges.range(..=id).next_back(), Some((_, &end)) if end > id)
+        matches!(self.ranges.range(..=id).next_back(), Some((_, &last)) if last >= id)
     }
 
     pub(crate) fn insert(&mut self, id: u64) {
@@ -1781,17 +1783,18 @@ impl IdSet {
             return;
         }
         let mut start = id;
-        let mut end = id + 1;
-        if let Some((&s, &e)) = self.ranges.range(..id).next_back()
-            && e == id
+        let mut last = id;
+        if let Some((&s, &l)) = self.ranges.range(..id).next_back()
+            && l + 1 == id
         {
             start = s;
         }
-        if let Some(&e) = self.ranges.get(&end) {
-            self.ranges.remove(&end);
-            end = e;
+        if let Some(next) = id.checked_add(1)
+            && let Some(l) = self.ranges.remove(&next)
+        {
+            last = l;
         }
-        self.ranges.insert(start, end);
+        self.ranges.insert(start, last);
     }
 }
 
@@ -1813,6 +1816,19 @@ mod tests {
         assert_eq!(s.ranges.len(), 2);
         assert!((0..=5).all(|i| s.contains(i)));
         assert!(!s.contains(6) && s.contains(10) && !s.contains(11));
+    }
+
+    /// The largest id a peer can send is a member like any other, and leaves the others be.
+    #[test]
+    fn id_set_holds_the_largest_id() {
+        let mut s = IdSet::default();
+        s.insert(0);
+        s.insert(u64::MAX);
+        assert!(s.contains(u64::MAX) && s.contains(0));
+        assert!(!s.contains(1) && !s.contains(u64::MAX - 1));
+        s.insert(u64::MAX - 1);
+        assert!(s.contains(u64::MAX - 1) && s.contains(u64::MAX));
+        assert_eq!(s.ranges.len(), 2);
     }
 
     #[test]

@@ -282,6 +282,23 @@ struct Live {
     abandoned: bool,
 }
 
+/// A copy of a name cut from a receive block, for what outlives the frame: the slice itself
+/// would keep the whole block (2 MiB or more, file data included) in memory.
+pub(crate) fn kept(b: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(b)
+}
+
+/// [`kept`] for an entry's owner and extended attributes.
+pub(crate) fn kept_attrs(a: &Attrs) -> Box<Attrs> {
+    Box::new(Attrs {
+        path: kept(&a.path),
+        user: kept(&a.user),
+        group: kept(&a.group),
+        xattrs: a.xattrs.iter().map(|(n, v)| (kept(n), kept(v))).collect(),
+        ..*a
+    })
+}
+
 /// What the readers share about the session's files and names.
 #[derive(Debug, Default)]
 struct Table {
@@ -367,7 +384,7 @@ impl Shared {
         let frame = ErrorFrame {
             code: e.code(),
             fatal: false,
-            path: Bytes::copy_from_slice(wire),
+            path: kept(wire),
             message: e.to_string(),
         };
         let failure = Failure::from_frame(Side::Receiver, &frame);
@@ -412,7 +429,7 @@ impl Shared {
         }
         if self.root.rename_top.is_some() {
             match &t.top {
-                None => t.top = Some(Bytes::copy_from_slice(first)),
+                None => t.top = Some(kept(first)),
                 Some(top) if top[..] == *first => {}
                 Some(top) => {
                     return Err(Error::Protocol(format!(
@@ -449,7 +466,7 @@ impl Shared {
                         "a symbolic link in place of a directory that entries were sent into",
                     ));
                 }
-                t.symlinks.insert(Bytes::copy_from_slice(path));
+                t.symlinks.insert(kept(path));
                 t.checked_parent = Bytes::new();
             }
             Kind::Dir => {
@@ -460,29 +477,31 @@ impl Shared {
                     ));
                 }
                 if !t.dirs.contains(path) {
-                    t.dirs.insert(Bytes::copy_from_slice(path));
+                    t.dirs.insert(kept(path));
                 }
             }
             Kind::File => {}
         }
-        if self.config.delete && t.sent.insert(path.clone()) && kind == Kind::Dir {
-            t.sent_dirs.push(path.clone());
+        if self.config.delete {
+            let path = kept(path);
+            if t.sent.insert(path.clone()) && kind == Kind::Dir {
+                t.sent_dirs.push(path);
+            }
         }
         if same_parent {
             return Ok(());
         }
-        // Remember every directory an entry goes into. These live as long as the session:
-        // copies, so that they do not pin the receive buffers the frames were cut from.
+        // Remember every directory an entry goes into, for the whole session.
         let mut p = &path[..];
         while let Some(i) = p.iter().rposition(|&b| b == b'/') {
             p = &p[..i];
             if t.dirs.contains(p) {
                 break;
             }
-            t.dirs.insert(Bytes::copy_from_slice(p));
+            t.dirs.insert(kept(p));
         }
         if !parent.is_empty() {
-            t.checked_parent = Bytes::copy_from_slice(parent);
+            t.checked_parent = kept(parent);
         }
         Ok(())
     }
@@ -557,20 +576,30 @@ impl Reader {
         if mode.is_none() && mtime.is_none() && attrs.is_none() {
             return Ok(());
         }
+        let checksum = self.shared.config.checksum;
         let op = Op::Refresh {
-            wire: p.path.clone(),
+            // Kept until the sender's verdict with `checksum`.
+            wire: if checksum {
+                kept(&p.path)
+            } else {
+                p.path.clone()
+            },
             size: p.size,
             mode,
             mtime,
-            attrs,
+            attrs: if checksum {
+                attrs.as_deref().map(kept_attrs)
+            } else {
+                attrs
+            },
         };
-        if self.shared.config.checksum {
+        if checksum {
             // Only the sender knows whether the contents matched: done once it is, for the
             // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
             // carry its time with the old content if the copy stopped before it arrived.
             lock(&self.shared.table)
                 .refresh_later
-                .insert(p.path.clone(), op);
+                .insert(kept(&p.path), op);
             return Ok(());
         }
         let w = self.next_writer % self.writers.len();
@@ -710,7 +739,7 @@ impl Reader {
             t.refresh_later.remove(&f.path);
         }
         if self.shared.config.hard_links {
-            lock(&self.shared.table).files.insert(f.path.clone());
+            lock(&self.shared.table).files.insert(kept(&f.path));
         }
         {
             let mut t = lock(&self.shared.table);
@@ -724,7 +753,7 @@ impl Reader {
             t.live.insert(
                 f.id,
                 Live {
-                    path: f.path.clone(),
+                    path: kept(&f.path),
                     size: f.size,
                     start,
                     len,
@@ -919,13 +948,15 @@ impl Reader {
                     .map_err(|e| Error::unsafe_path(&h.target, e.to_string()))?;
                 self.counts.files += 1;
                 // Made once every file is in place: its file may still be on its way.
-                lock(&self.shared.table).links.push((h.path, h.target));
+                lock(&self.shared.table)
+                    .links
+                    .push((kept(&h.path), kept(&h.target)));
             }
             Frame::Probe(p) if self.shared.config.skip_unchanged && self.stream == 0 => {
                 self.shared.check_entry(&p.path, Kind::File)?;
                 let attrs = self.attrs_for(&p.path)?;
                 if self.shared.config.hard_links {
-                    lock(&self.shared.table).files.insert(p.path.clone());
+                    lock(&self.shared.table).files.insert(kept(&p.path));
                 }
                 // The destination already holds the file when a regular file (not a link) is
                 // there with its size and modification time, reached without following a
@@ -958,7 +989,7 @@ impl Reader {
                     // Skipped unless its `File` entry comes after all (checksums differed).
                     lock(&self.shared.table)
                         .maybe_skipped
-                        .insert(p.path.clone(), p.size);
+                        .insert(kept(&p.path), p.size);
                     // The file is whole: a partial file an earlier copy kept for it is of no
                     // more use.
                     if self.shared.config.resume
@@ -975,7 +1006,7 @@ impl Reader {
                     // Its `Partial` frames are sent: the offer is held for the `File` entry.
                     lock(&self.shared.table)
                         .offers
-                        .insert(p.path.clone(), (fd, offer));
+                        .insert(kept(&p.path), (fd, offer));
                 }
                 let answer = Frame::Answer(Answer {
                     id: p.id,
