@@ -883,7 +883,9 @@ impl Reader {
                 };
                 self.send(self.writer(d.id), op).await?;
             }
-            Frame::Keep(k) if self.shared.config.resume => {
+            // Both came with version 4 (resume needs its XXH3 checksum): from an older peer
+            // they are unexpected frames.
+            Frame::Keep(k) if self.shared.config.resume && self.shared.config.version >= 4 => {
                 if self
                     .accounted(k.id, Some((k.offset, k.len)))
                     .await?
@@ -952,7 +954,11 @@ impl Reader {
                     .links
                     .push((kept(&h.path), kept(&h.target)));
             }
-            Frame::Probe(p) if self.shared.config.skip_unchanged && self.stream == 0 => {
+            Frame::Probe(p)
+                if self.shared.config.skip_unchanged
+                    && self.shared.config.version >= 4
+                    && self.stream == 0 =>
+            {
                 self.shared.check_entry(&p.path, Kind::File)?;
                 let attrs = self.attrs_for(&p.path)?;
                 if self.shared.config.hard_links {

@@ -1284,9 +1284,15 @@ impl Producer<'_> {
             .config
             .file_checksums
             .then(|| Algorithm::for_version(self.config.version).sequential());
-        // Offered blocks only make sense with the XXH3 checksum (version 4 has it).
-        let offer =
-            offer.filter(|_| self.config.resume && self.config.version >= 4 && piece.is_none());
+        // Offered blocks only make sense with the XXH3 checksum (version 4 has it). A block is
+        // read whole before it can be kept: one larger than this side would give the file is
+        // not taken, so that a receiver cannot make it hold more.
+        let offer = offer.filter(|p| {
+            self.config.resume
+                && self.config.version >= 4
+                && piece.is_none()
+                && p.block <= crate::resume::block_size(size)
+        });
         let mut offset = start;
         while offset < stop {
             // A block the receiver offered: read whole, hashed, and kept if it matches.

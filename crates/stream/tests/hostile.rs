@@ -721,6 +721,44 @@ async fn a_keep_for_a_block_not_offered_is_refused() {
     sb.assert_contained();
 }
 
+/// The quick check and `Keep` came with protocol version 4: from a peer that agreed on an
+/// older one (whose files carry BLAKE3 checksums), a probe is an unexpected frame, even with
+/// a partial file there to offer, and nothing panics.
+#[tokio::test]
+async fn a_probe_and_keep_from_a_version_2_peer_are_refused() {
+    let sb = Sandbox::new();
+    fs::write(sb.dest.join(".big.fastcp-partial"), vec![7u8; 8 << 20]).unwrap();
+    let stream = wire(&[
+        Frame::Probe(fastcp_proto::Probe {
+            id: 0,
+            path: Bytes::from_static(b"big"),
+            size: 8 << 20,
+            mtime: 1,
+            mtime_nsec: 0,
+            mode: None,
+        }),
+        file(0, b"big", 8 << 20),
+        Frame::Keep(fastcp_proto::Keep {
+            id: 0,
+            offset: 0,
+            len: 1 << 20,
+        }),
+    ]);
+    let config = ReceiveConfig {
+        version: 2,
+        ..resuming()
+    };
+    let err = fatal(run(&sb.dest, config, vec![stream], false).await);
+    assert!(matches!(err, Error::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("unexpected Probe"), "{err}");
+    assert!(!sb.dest.join("big").exists());
+    // The partial file is as it was, and nothing else is left.
+    let partial = sb.dest.join(".big.fastcp-partial");
+    assert_eq!(fs::read(&partial).unwrap(), vec![7u8; 8 << 20]);
+    fs::remove_file(&partial).unwrap();
+    sb.assert_contained();
+}
+
 #[tokio::test]
 async fn file_end_before_all_bytes_then_done() {
     let sb = Sandbox::new();

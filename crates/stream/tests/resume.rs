@@ -157,3 +157,88 @@ async fn a_complete_copy_without_resume_removes_the_stale_partial_file() {
     assert_eq!(fs::read(dest.join("big")).unwrap(), content);
     assert!(!dest.join(".big.fastcp-partial").exists());
 }
+
+/// A receiver answers a probe with a block of its own choosing. The sender takes only the
+/// block size it would itself give the file: a larger one (here the whole file, with the
+/// right hash) would have it read and hold that much before it could keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offered_block_larger_than_the_files_own_is_not_taken() {
+    use bytes::BytesMut;
+    use fastcp_proto::{Answer, Decoder, Frame, Partial, Summary, encode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    let content = pseudo_random(8 * MIB, 3);
+    fs::write(&src, &content).unwrap();
+    let config = SendConfig {
+        skip_unchanged: true,
+        resume: true,
+        ..SendConfig::default()
+    };
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let sender = tokio::spawn(async move {
+        let progress = Arc::new(Progress::default());
+        fastcp_stream::send(&[src], vec![theirs], &config, progress).await
+    });
+    // The receiver's side, by hand: one stream.
+    let (mut r, mut w) = tokio::io::split(ours);
+    let mut decoder = Decoder::new(64 << 20);
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    'read: loop {
+        while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            match &frame {
+                Frame::Probe(p) => {
+                    let mut out = BytesMut::new();
+                    let whole = twox_hash::XxHash3_128::oneshot(&content);
+                    encode(
+                        &Frame::Partial(Partial {
+                            id: p.id,
+                            block: 8 * MIB as u64,
+                            hashes: vec![whole],
+                        }),
+                        &mut out,
+                    );
+                    encode(
+                        &Frame::Answer(Answer {
+                            id: p.id,
+                            send: true,
+                            hash: None,
+                        }),
+                        &mut out,
+                    );
+                    w.write_all(&out).await.unwrap();
+                }
+                Frame::Done(_) => {
+                    frames.push(frame);
+                    break 'read;
+                }
+                _ => {}
+            }
+            frames.push(frame);
+        }
+        let n = tokio::time::timeout(std::time::Duration::from_secs(30), r.read_buf(&mut buf))
+            .await
+            .expect("the sender went quiet")
+            .unwrap();
+        assert!(n > 0, "the sender closed before its Done");
+    }
+    let mut out = BytesMut::new();
+    encode(&Frame::Done(Summary::default()), &mut out);
+    w.write_all(&out).await.unwrap();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), sender).await;
+    let kept: Vec<_> = frames
+        .iter()
+        .filter(|f| matches!(f, Frame::Keep(_)))
+        .collect();
+    assert!(kept.is_empty(), "kept with a block of its own: {kept:?}");
+    let data: usize = frames
+        .iter()
+        .map(|f| match f {
+            Frame::Data(d) => d.bytes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(data, 8 * MIB, "the file is sent whole");
+}
