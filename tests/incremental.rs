@@ -77,9 +77,15 @@ fn a_rerun_leaves_directories_in_line_alone_and_mends_the_others() {
                 .arg(&dst),
         )
     };
-    copy();
-    // The first copy's own walk moved the source directories' access times (relatime): the
-    // second copy brings those along.
+    // A walk reads each source directory after its times were taken, and that read moves an
+    // access time not later than the directory's change time (relatime): each copy would
+    // then carry a new one. An access time a day ahead stays where it is (on relatime and
+    // noatime mounts; a strictatime mount moves it on every read).
+    let ahead = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
+    for d in walkdir_dirs(&src) {
+        let times = std::fs::FileTimes::new().set_accessed(ahead);
+        std::fs::File::open(&d).unwrap().set_times(times).unwrap();
+    }
     copy();
     let top = dst.join("src");
     // Listed from the source: listing the copy would change its access times.
