@@ -577,29 +577,24 @@ impl Reader {
             return Ok(());
         }
         let checksum = self.shared.config.checksum;
+        // Kept until the sender's verdict with `checksum`: copies then.
+        let (wire, attrs) = if checksum {
+            (kept(&p.path), attrs.as_deref().map(kept_attrs))
+        } else {
+            (p.path.clone(), attrs)
+        };
         let op = Op::Refresh {
-            // Kept until the sender's verdict with `checksum`.
-            wire: if checksum {
-                kept(&p.path)
-            } else {
-                p.path.clone()
-            },
+            wire: wire.clone(),
             size: p.size,
             mode,
             mtime,
-            attrs: if checksum {
-                attrs.as_deref().map(kept_attrs)
-            } else {
-                attrs
-            },
+            attrs,
         };
         if checksum {
             // Only the sender knows whether the contents matched: done once it is, for the
             // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
             // carry its time with the old content if the copy stopped before it arrived.
-            lock(&self.shared.table)
-                .refresh_later
-                .insert(kept(&p.path), op);
+            lock(&self.shared.table).refresh_later.insert(wire, op);
             return Ok(());
         }
         let w = self.next_writer % self.writers.len();
@@ -753,7 +748,7 @@ impl Reader {
             t.live.insert(
                 f.id,
                 Live {
-                    path: kept(&f.path),
+                    path: f.path.clone(),
                     size: f.size,
                     start,
                     len,

@@ -477,7 +477,6 @@ where
             probes: Probes {
                 answers: answer_rx,
                 waiting: Outstanding::default(),
-                next: 0,
                 skipped: (0, 0),
                 batch: BytesMut::new(),
                 batched: 0,
@@ -816,7 +815,6 @@ struct Probes {
     /// `checksum`, its content hash (`None` if it could not be read: it is then sent, and
     /// the send reports why).
     waiting: Outstanding<(PathBuf, Bytes, u64, Option<u128>)>,
-    next: u64,
     /// Files and bytes skipped.
     skipped: (u64, u64),
     /// Probes (and their `Attrs`) encoded and not yet handed to stream 0, and how many.
@@ -842,9 +840,13 @@ impl<T> Default for Outstanding<T> {
 }
 
 impl<T> Outstanding<T> {
-    /// Holds the value of `id`, the id after the last one pushed (the first is 0).
-    fn push(&mut self, id: u64, value: T) {
-        debug_assert_eq!(id, self.first + self.slots.len() as u64);
+    /// The id the next value pushed gets (the first is 0).
+    fn next_id(&self) -> u64 {
+        self.first + self.slots.len() as u64
+    }
+
+    /// Holds a value under [`next_id`](Self::next_id).
+    fn push(&mut self, value: T) {
         self.slots.push_back(Some(value));
     }
 
@@ -991,8 +993,7 @@ impl Producer<'_> {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
         }
-        let id = self.probes.next;
-        self.probes.next += 1;
+        let id = self.probes.waiting.next_id();
         let frame = Frame::Probe(Probe {
             id,
             path: wire.clone(),
@@ -1031,7 +1032,7 @@ impl Producer<'_> {
         } else {
             None
         };
-        self.probes.waiting.push(id, (path, wire, size, hash));
+        self.probes.waiting.push((path, wire, size, hash));
         Ok(())
     }
 
@@ -1522,7 +1523,8 @@ mod tests {
     fn outstanding_probes_are_taken_once_in_any_order() {
         let mut w = Outstanding::default();
         for id in 0..4 {
-            w.push(id, id * 10);
+            assert_eq!(w.next_id(), id);
+            w.push(id * 10);
         }
         assert_eq!(w.take(2), Some(20));
         assert_eq!(w.take(2), None, "taken twice");
@@ -1533,7 +1535,8 @@ mod tests {
         assert_eq!(w.take(1), Some(10));
         assert_eq!(w.span(), 1, "2 was taken already: only 3 is left");
         assert_eq!(w.take(0), None, "below the oldest held");
-        w.push(4, 40);
+        assert_eq!(w.next_id(), 4);
+        w.push(40);
         assert_eq!(w.take(4), Some(40));
         assert_eq!(w.take(3), Some(30));
         assert!(w.is_empty());
