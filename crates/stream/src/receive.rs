@@ -323,7 +323,13 @@ struct Table {
     /// at the end, (name, file).
     files: HashSet<Bytes>,
     links: Vec<(Bytes, Bytes)>,
-    /// Quick-check probes answered "skip" whose file has not come (yet): path -> size.
+    /// Files the quick check skipped for certain (without `checksum`), and their bytes:
+    /// counted, not named, so that a rerun over millions of files keeps no table of them.
+    skipped: (u64, u64),
+    /// Those of them named like a temp file: a sweep must leave them alone.
+    skipped_temp_names: HashSet<Bytes>,
+    /// With `checksum`: probes answered "skip" whose file has not come (yet), which only
+    /// the sender's verdict settles: path -> size.
     maybe_skipped: HashMap<Bytes, u64>,
     /// With `checksum`: the refresh of each file probed with the same size, until its `File`
     /// entry comes (it was sent after all); see [`Reader::refresh`].
@@ -376,8 +382,10 @@ impl Shared {
     }
 
     /// Whether the quick check skipped `wire` (its file was unchanged) in this transfer.
+    /// Asked only of temp names (see [`dest::is_temp_name`]).
     pub(crate) fn was_skipped(&self, wire: &[u8]) -> bool {
-        lock(&self.table).maybe_skipped.contains_key(wire)
+        let t = lock(&self.table);
+        t.skipped_temp_names.contains(wire) || t.maybe_skipped.contains_key(wire)
     }
 
     pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
@@ -987,10 +995,19 @@ impl Reader {
                     });
                 }
                 if !send {
-                    // Skipped unless its `File` entry comes after all (checksums differed).
-                    lock(&self.shared.table)
-                        .maybe_skipped
-                        .insert(kept(&p.path), p.size);
+                    let mut t = lock(&self.shared.table);
+                    if self.shared.config.checksum {
+                        // Skipped unless its `File` entry comes after all (checksums differed).
+                        t.maybe_skipped.insert(kept(&p.path), p.size);
+                    } else {
+                        t.skipped.0 += 1;
+                        t.skipped.1 += p.size;
+                        let name = p.path.rsplit(|&b| b == b'/').next().unwrap_or_default();
+                        if dest::is_temp_name(name) {
+                            t.skipped_temp_names.insert(kept(&p.path));
+                        }
+                    }
+                    drop(t);
                     // The file is whole: a partial file an earlier copy kept for it is of no
                     // more use.
                     if self.shared.config.resume
@@ -1687,8 +1704,8 @@ where
     report.peer = peer;
     {
         let t = lock(&shared.table);
-        report.files_skipped = t.maybe_skipped.len() as u64;
-        report.bytes_skipped = t.maybe_skipped.values().sum();
+        report.files_skipped = t.skipped.0 + t.maybe_skipped.len() as u64;
+        report.bytes_skipped = t.skipped.1 + t.maybe_skipped.values().sum::<u64>();
         // With checksums, what was skipped is known only now.
         if config.checksum && shared.progress.has_events() {
             for (path, &size) in &t.maybe_skipped {
