@@ -371,6 +371,9 @@ pub struct Plan {
     pub options: CopyOptions,
     /// With `--shard`: the files of which this run sends some ranges only.
     pieces: Option<Arc<std::collections::HashMap<Bytes, Vec<fastcp_stream::Piece>>>>,
+    /// A push's walk of its sources, started before the connection (see
+    /// [`Plan::walking_ahead`]).
+    walk_ahead: Option<fastcp_stream::WalkAhead>,
 }
 
 impl Plan {
@@ -438,7 +441,29 @@ impl Plan {
             dest,
             options,
             pieces: None,
+            walk_ahead: None,
         })
+    }
+
+    /// For a push: the plan with the walk of its sources started, on a thread of its own,
+    /// so that the sender finds the tree read when the connection is up (the walk is its
+    /// first work, and a login takes as long as a walk of tens of thousands of files). The
+    /// plan as it is otherwise, and for a dry run or a `--shard` (which walks first).
+    pub(crate) fn walking_ahead(&self) -> Plan {
+        let mut plan = self.clone();
+        if self.dest.remote().is_some() && !self.options.dry_run && self.options.shard.is_none() {
+            let config = self.send_config();
+            plan.walk_ahead = Some(fastcp_stream::WalkAhead::start(
+                &self.local_sources(),
+                &config.walk_config(),
+            ));
+        }
+        plan
+    }
+
+    /// The walk [`walking_ahead`](Plan::walking_ahead) started, if any.
+    pub(crate) fn walk_ahead(&self) -> Option<fastcp_stream::WalkAhead> {
+        self.walk_ahead.clone()
     }
 
     /// With `--shard`: whether this run sends some files in pieces (see [`crate::shard`]).
@@ -483,6 +508,7 @@ impl Plan {
             devices: self.options.devices,
             specials: self.options.specials,
             pieces: self.pieces.clone(),
+            walk_ahead: self.walk_ahead.clone(),
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -822,6 +848,7 @@ pub async fn copy_remote(
     ssh: &SshOptions,
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
+    let plan = &plan.walking_ahead();
     let connect = async { crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await };
     let session = match cancellable(plan.options.cancel.as_ref(), connect).await {
         Ok(session) => session,

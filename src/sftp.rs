@@ -1218,6 +1218,7 @@ fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
         content_hash: fastcp_stream::ContentHash::Sha256,
         resume: o.resume,
         filter: o.filter.clone(),
+        walk_ahead: plan.walk_ahead(),
         ..Default::default()
     };
     if let Some(size) = o.chunk_size {

@@ -97,7 +97,7 @@ pub use receive::{
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use resume::{PARTIAL_MIN, partial_name};
 pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_to};
-pub use walk::{Entry, EntryKind, Walk, WalkConfig, walk};
+pub use walk::{Entry, EntryKind, Walk, WalkAhead, WalkConfig, walk};
 
 /// The buffer of an in-memory byte pipe (`tokio::io::duplex`) between a sender and a receiver
 /// in one process, when something must sit between them (a rate limit, say); [`copy_local`]

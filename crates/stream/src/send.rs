@@ -68,10 +68,12 @@ type WalkItem = Result<crate::Entry, Error>;
 const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
 
 /// Quick-check probes outstanding, at most: from the oldest one not yet answered to the newest.
-const PROBE_WINDOW: usize = 4096;
-/// Probes gathered into one message for stream 0, at most: one hand-off to its writer for
-/// many files instead of one each.
-const PROBE_BATCH: usize = 64;
+/// Each window costs a round trip: a no-change rerun of 78,579 files at 20 ms RTT took
+/// 1.06 s with 4,096 and 0.90 s with this (and a walk started ahead); about 2.5 MB held.
+const PROBE_WINDOW: usize = 1 << 14;
+/// Probes gathered into one message for stream 0, at most: one hand-off to its writer (and
+/// over SSH, one packet) for many files instead of one each.
+const PROBE_BATCH: usize = 512;
 /// With `checksum`, a file of this size or more has its probe sent before it is hashed here,
 /// so that both sides hash at once: one file's hash then takes longer than a probe batch
 /// saves.
@@ -155,6 +157,22 @@ pub struct SendConfig {
     /// the file still has the [`Piece::size`] it was planned with. Other runs send the other
     /// ranges; the receiver gives the file its final name once they cover it. Default: none.
     pub pieces: Option<Arc<HashMap<Bytes, Vec<Piece>>>>,
+    /// The sources' walk, started ahead (see [`WalkAhead`](crate::WalkAhead)): a send of
+    /// the same sources with the same [`walk_config`](SendConfig::walk_config) takes its
+    /// entries instead of walking. Default: none.
+    pub walk_ahead: Option<crate::WalkAhead>,
+}
+
+impl SendConfig {
+    /// The walk a send with this config makes of its sources: what to start a
+    /// [`WalkAhead`](crate::WalkAhead) with.
+    pub fn walk_config(&self) -> WalkConfig {
+        let mut walk = WalkConfig::new(self.recursive, self.follow_links);
+        walk.devices = self.devices;
+        walk.specials = self.specials;
+        walk.filter = self.filter.clone();
+        walk
+    }
 }
 
 /// The range of a file one run sends (see [`SendConfig::pieces`]).
@@ -188,6 +206,7 @@ impl Default for SendConfig {
             devices: false,
             specials: false,
             pieces: None,
+            walk_ahead: None,
         }
     }
 }
@@ -409,11 +428,9 @@ where
     }
 
     let (walk_tx, walk_rx) = mpsc::channel::<Vec<WalkItem>>(WALK_QUEUE / WALK_BATCH);
-    let mut walk_config = WalkConfig::new(config.recursive, config.follow_links);
-    walk_config.devices = config.devices;
-    walk_config.specials = config.specials;
-    walk_config.filter = config.filter.clone();
+    let walk_config = config.walk_config();
     let walk_sources = sources.to_vec();
+    let ahead = config.walk_ahead.clone();
     let walk_progress = progress.clone();
     let walk_pieces = config.pieces.clone();
     // The walk's totals go out on stream 0 as soon as it ends, ahead of the file data still
@@ -422,7 +439,14 @@ where
     let walker = tokio::task::spawn_blocking(move || {
         let mut totals = Totals::default();
         let mut batch = Vec::with_capacity(WALK_BATCH);
-        for item in walk(&walk_sources, &walk_config) {
+        let walked: Box<dyn Iterator<Item = WalkItem>> = match ahead
+            .as_ref()
+            .and_then(|a| a.take(&walk_sources, &walk_config))
+        {
+            Some(entries) => Box::new(entries),
+            None => Box::new(walk(&walk_sources, &walk_config)),
+        };
+        for item in walked {
             if let Ok(entry) = &item
                 && let EntryKind::File { size } = entry.kind
             {

@@ -45,6 +45,109 @@ impl WalkConfig {
     }
 }
 
+/// Entries a [`WalkAhead`] may hold before its thread waits for the send: about 16 MiB
+/// of names and metadata, most trees whole.
+const AHEAD_ENTRIES: usize = 1 << 16;
+
+/// Entries travel from the walk-ahead thread in batches of this many.
+const AHEAD_BATCH: usize = 64;
+
+/// A walk of a send's sources, started before the send: on a thread of its own, it reads
+/// the tree while the connection is being made, and the send that is given it (through
+/// [`SendConfig::walk_ahead`](crate::SendConfig::walk_ahead)) takes its entries instead of
+/// walking again. It holds at most about 65,000 entries, then waits for the send.
+///
+/// A send takes it only if its sources and walk are the ones it was started with; another
+/// send walks as it would without it. Only one send takes it. Dropped untaken (its last
+/// clone), its thread stops at its next entry.
+///
+/// ```
+/// use fastcp_stream::{SendConfig, WalkAhead};
+///
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let sources = [dir.path().join("a.txt")];
+/// let mut config = SendConfig::default();
+/// // Walked now, while a connection is made; `fastcp_stream::send(&sources, ...)` with this
+/// // config then takes what it found.
+/// config.walk_ahead = Some(WalkAhead::start(&sources, &config.walk_config()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct WalkAhead {
+    inner: std::sync::Arc<Ahead>,
+}
+
+/// The walk-ahead thread's batches of entries.
+type Walked = std::sync::mpsc::Receiver<Vec<Result<Entry, Error>>>;
+
+#[derive(Debug)]
+struct Ahead {
+    sources: Vec<PathBuf>,
+    config: WalkConfig,
+    walked: std::sync::Mutex<Option<Walked>>,
+}
+
+impl WalkAhead {
+    /// Starts walking `sources` as `config` says, on a new thread.
+    pub fn start(sources: &[PathBuf], config: &WalkConfig) -> WalkAhead {
+        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD_ENTRIES / AHEAD_BATCH);
+        let mut walk = walk(sources, config);
+        let spawned = std::thread::Builder::new()
+            .name("fastcp-walk-ahead".into())
+            .spawn(move || {
+                loop {
+                    let batch: Vec<_> = walk.by_ref().take(AHEAD_BATCH).collect();
+                    let last = batch.len() < AHEAD_BATCH;
+                    if tx.send(batch).is_err() || last {
+                        return;
+                    }
+                }
+            });
+        WalkAhead {
+            inner: std::sync::Arc::new(Ahead {
+                sources: sources.to_vec(),
+                config: config.clone(),
+                // No thread (none could be made): no walk to take; the send walks itself.
+                walked: std::sync::Mutex::new(spawned.ok().map(|_| rx)),
+            }),
+        }
+    }
+
+    /// The walk's entries, in walk order, if `sources` and `config` are what it was started
+    /// with and no send took them before.
+    pub(crate) fn take(
+        &self,
+        sources: &[PathBuf],
+        config: &WalkConfig,
+    ) -> Option<impl Iterator<Item = Result<Entry, Error>> + use<>> {
+        let a = &self.inner;
+        let same_filter = match (&a.config.filter, &config.filter) {
+            (None, None) => true,
+            (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
+            _ => false,
+        };
+        let same = a.sources == sources
+            && same_filter
+            && (
+                a.config.recursive,
+                a.config.follow_links,
+                a.config.devices,
+                a.config.specials,
+            ) == (
+                config.recursive,
+                config.follow_links,
+                config.devices,
+                config.specials,
+            );
+        if !same {
+            return None;
+        }
+        let walked = a.walked.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        Some(walked.into_iter().flatten())
+    }
+}
+
 /// One entry of the manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -390,6 +493,40 @@ mod tests {
         assert!(errors[0].contains("deeper than 1024"), "{errors:?}");
         // "top" and its 1023 nested directories: the 1024 levels the protocol carries.
         assert_eq!(items.len() - 1, MAX_DEPTH);
+    }
+
+    #[test]
+    fn a_walk_ahead_is_taken_once_and_only_for_its_own_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("sub")).unwrap();
+        fs::write(src.join("a"), b"a").unwrap();
+        fs::write(src.join("sub/b"), b"b").unwrap();
+        let sources = [src.clone()];
+        let config = WalkConfig::new(true, false);
+        let ahead = WalkAhead::start(&sources, &config);
+
+        let other_sources = [src.join("sub")];
+        assert!(ahead.take(&other_sources, &config).is_none());
+        assert!(
+            ahead
+                .take(&sources, &WalkConfig::new(false, false))
+                .is_none()
+        );
+        let mut filtered = config.clone();
+        filtered.filter = Some(std::sync::Arc::new(crate::Filter::default()));
+        assert!(ahead.take(&sources, &filtered).is_none());
+
+        let names = |items: Vec<Result<Entry, Error>>| -> Vec<Bytes> {
+            items.into_iter().map(|e| e.unwrap().wire).collect()
+        };
+        let taken = names(ahead.take(&sources, &config).unwrap().collect());
+        assert_eq!(taken, names(walk(&sources, &config).collect()));
+        assert_eq!(taken, ["src", "src/a", "src/sub", "src/sub/b"]);
+        assert!(
+            ahead.clone().take(&sources, &config).is_none(),
+            "taken twice"
+        );
     }
 
     #[test]

@@ -940,3 +940,25 @@ async fn a_big_file_reports_progress_between_start_and_done() {
     assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
     assert!(done.iter().all(|&d| d < size as u64));
 }
+
+/// A send given a walk started ahead copies what that walk found; a second send with the
+/// same config (the walk is taken) walks for itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_with_a_walk_started_ahead_copies_the_tree() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write(&tree.join("a"), b"a", 0o644);
+    write(&tree.join("sub/b"), b"b", 0o644);
+    let (mut s, r) = configs(true);
+    let sources = [tree.clone()];
+    s.walk_ahead = Some(fastcp_stream::WalkAhead::start(&sources, &s.walk_config()));
+    for round in 0..2 {
+        let dst = tempfile::tempdir().unwrap();
+        let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+        assert_eq!(sent.unwrap().peer.files, 2, "round {round}");
+        assert!(received.unwrap().is_complete(), "round {round}");
+        assert_eq!(fs::read(dst.path().join("t/a")).unwrap(), b"a");
+        assert_eq!(fs::read(dst.path().join("t/sub/b")).unwrap(), b"b");
+    }
+}
