@@ -621,13 +621,13 @@ impl Writer {
                     break;
                 }
                 if matches!(op, Op::Create { .. } | Op::Data { .. } | Op::Keep { .. })
-                    && self.handle(op).is_err()
+                    && self.handle_caught(op).is_err()
                 {
                     break;
                 }
                 continue;
             }
-            if let Err(e) = self.handle(op) {
+            if let Err(e) = self.handle_caught(op) {
                 self.shared.abort.trigger(e);
                 break;
             }
@@ -651,7 +651,33 @@ impl Writer {
         }
     }
 
+    /// [`handle`](Self::handle), with a panic made the transfer's error: the copy then
+    /// ends at once (the readers could otherwise wait for budget this writer held), and the
+    /// temp files of this writer's open files are removed as after any other error.
+    fn handle_caught(&mut self, op: Op) -> Result<(), Error> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(op))).unwrap_or_else(
+            |panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Error::Stream {
+                    stream: 0,
+                    source: std::io::Error::other(format!("a writer thread panicked: {what}")),
+                })
+            },
+        )
+    }
+
     fn handle(&mut self, op: Op) -> Result<(), Error> {
+        #[cfg(test)]
+        if let Op::End { id, .. } = &op
+            && matches!(self.files.get(id),
+                Some(FileState::Open(f)) if f.wire.ends_with(b"writer-panics-here"))
+        {
+            panic!("injected by a test");
+        }
         match op {
             Op::Create {
                 id,

@@ -1767,6 +1767,53 @@ async fn notify_fatal(
 mod tests {
     use super::*;
 
+    /// A writer thread that panics (a test hook makes it, at the end of a file of this
+    /// name) ends the copy with an error that says so, and its temp file is removed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_that_panics_ends_the_copy_and_leaves_no_temp_file() {
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        std::fs::create_dir(&tree).unwrap();
+        std::fs::write(tree.join("writer-panics-here"), vec![7u8; 300 << 10]).unwrap();
+        for i in 0..20 {
+            std::fs::write(tree.join(format!("f{i}")), vec![i as u8; 100 << 10]).unwrap();
+        }
+        let send_config = crate::SendConfig {
+            recursive: true,
+            ..Default::default()
+        };
+        let receive_config = ReceiveConfig {
+            recursive: true,
+            ..Default::default()
+        };
+        let (a, b): (Vec<_>, Vec<_>) = (0..2).map(|_| tokio::io::duplex(64 << 10)).unzip();
+        let progress = Arc::new(crate::Progress::default());
+        let sources = [tree.clone()];
+        let copy = async {
+            tokio::join!(
+                crate::send(&sources, a, &send_config, progress.clone()),
+                receive(dst.path(), b, &receive_config, progress.clone()),
+            )
+        };
+        // A bound on a hang, not on speed: the copy ends at once or never.
+        let (_, received) = tokio::time::timeout(Duration::from_secs(60), copy)
+            .await
+            .expect("the copy hung after a writer panicked");
+        let e = received.expect_err("a writer panicked, yet the copy succeeded");
+        assert!(e.to_string().contains("panicked"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(dst.path().join("t"))
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            !left
+                .iter()
+                .any(|n| dest::is_temp_name(n.as_encoded_bytes())),
+            "temp files left: {left:?}"
+        );
+        assert!(!dst.path().join("t/writer-panics-here").exists());
+    }
+
     #[test]
     fn pending_frame_measures_the_frame_buf_starts_with() {
         let decoder = Decoder::new(1 << 20);
