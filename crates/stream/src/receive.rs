@@ -1004,8 +1004,8 @@ impl Reader {
                         // Skipped unless its `File` entry comes after all (checksums differed).
                         t.maybe_skipped.insert(kept(&p.path), p.size);
                     } else {
-                        t.skipped.0 += 1;
-                        t.skipped.1 += p.size;
+                        t.skipped.0 = t.skipped.0.saturating_add(1);
+                        t.skipped.1 = t.skipped.1.saturating_add(p.size);
                         let name = p.path.rsplit(|&b| b == b'/').next().unwrap_or_default();
                         if dest::is_temp_name(name) {
                             t.skipped_temp_names.insert(kept(&p.path));
@@ -1712,8 +1712,11 @@ where
     report.peer = peer;
     {
         let t = lock(&shared.table);
-        report.files_skipped = t.skipped.0 + t.maybe_skipped.len() as u64;
-        report.bytes_skipped = t.skipped.1 + t.maybe_skipped.values().sum::<u64>();
+        report.files_skipped = t.skipped.0.saturating_add(t.maybe_skipped.len() as u64);
+        report.bytes_skipped = t
+            .maybe_skipped
+            .values()
+            .fold(t.skipped.1, |sum, &size| sum.saturating_add(size));
         // With checksums, what was skipped is known only now.
         if config.checksum && shared.progress.has_events() {
             for (path, &size) in &t.maybe_skipped {

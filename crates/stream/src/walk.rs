@@ -45,21 +45,32 @@ impl WalkConfig {
     }
 }
 
-/// Entries a [`WalkAhead`] may hold before its thread waits for the send: about 16 MiB
-/// of names and metadata, most trees whole.
-const AHEAD_ENTRIES: usize = 1 << 16;
+/// Bytes of entries a [`WalkAhead`] may hold before its thread waits for the send: most
+/// trees whole (about 130,000 entries of ordinary names), whatever their names' length.
+const AHEAD_BYTES: usize = 32 << 20;
 
-/// Entries travel from the walk-ahead thread in batches of this many.
-const AHEAD_BATCH: usize = 64;
+/// Entries travel from the walk-ahead thread in batches of at most this many, or of about
+/// [`AHEAD_BATCH_BYTES`].
+const AHEAD_BATCH: usize = 1024;
+const AHEAD_BATCH_BYTES: usize = 256 << 10;
+
+/// A walk started longer ago than this when its send begins (a login that waited for a
+/// password, say) is not taken: its entries' sizes and times would be that old for the
+/// quick check. The send walks again.
+const AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A walk of a send's sources, started before the send: on a thread of its own, it reads
 /// the tree while the connection is being made, and the send that is given it (through
 /// [`SendConfig::walk_ahead`](crate::SendConfig::walk_ahead)) takes its entries instead of
-/// walking again. It holds at most about 65,000 entries, then waits for the send.
+/// walking again. It holds at most about 32 MiB of entries, then waits for the send.
 ///
-/// A send takes it only if its sources and walk are the ones it was started with; another
-/// send walks as it would without it. Only one send takes it. Dropped untaken (its last
-/// clone), its thread stops at its next entry.
+/// A send takes it only if its sources are the ones it was started with, its walk config
+/// is the same (the filter the same `Arc`), and it begins within 10 seconds of the start;
+/// otherwise it walks as it would without it, and the walk ahead stops. Only one send
+/// takes it. Dropped untaken (its last clone), its thread stops at its next batch.
+///
+/// A walk that panics (in a filter predicate, say) ends with an error entry, as the send's
+/// own walk does: a walk cut short never looks complete.
 ///
 /// ```
 /// use fastcp_stream::{SendConfig, WalkAhead};
@@ -85,66 +96,135 @@ type Walked = std::sync::mpsc::Receiver<Vec<Result<Entry, Error>>>;
 struct Ahead {
     sources: Vec<PathBuf>,
     config: WalkConfig,
+    started: std::time::Instant,
     walked: std::sync::Mutex<Option<Walked>>,
 }
 
 impl WalkAhead {
-    /// Starts walking `sources` as `config` says, on a new thread.
+    /// Starts walking `sources` as `config` says: on a blocking thread of the current Tokio
+    /// runtime if there is one (a filter predicate may use it), else on a new thread.
     pub fn start(sources: &[PathBuf], config: &WalkConfig) -> WalkAhead {
-        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD_ENTRIES / AHEAD_BATCH);
-        let mut walk = walk(sources, config);
-        let spawned = std::thread::Builder::new()
-            .name("fastcp-walk-ahead".into())
-            .spawn(move || {
-                loop {
-                    let batch: Vec<_> = walk.by_ref().take(AHEAD_BATCH).collect();
-                    let last = batch.len() < AHEAD_BATCH;
-                    if tx.send(batch).is_err() || last {
-                        return;
-                    }
+        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD_BYTES / AHEAD_BATCH_BYTES);
+        let mut walk = PanicsAsErrors::new(walk(sources, config), sources);
+        let run = move || {
+            loop {
+                let mut batch = Vec::new();
+                let mut bytes = 0;
+                while batch.len() < AHEAD_BATCH && bytes < AHEAD_BATCH_BYTES {
+                    let Some(item) = walk.next() else { break };
+                    bytes += held_bytes(&item);
+                    batch.push(item);
                 }
-            });
+                let last = batch.len() < AHEAD_BATCH && bytes < AHEAD_BATCH_BYTES;
+                if tx.send(batch).is_err() || last {
+                    return;
+                }
+            }
+        };
+        let spawned = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(runtime.spawn_blocking(run));
+                true
+            }
+            Err(_) => std::thread::Builder::new()
+                .name("fastcp-walk-ahead".into())
+                .spawn(run)
+                .is_ok(),
+        };
         WalkAhead {
             inner: std::sync::Arc::new(Ahead {
                 sources: sources.to_vec(),
                 config: config.clone(),
+                started: std::time::Instant::now(),
                 // No thread (none could be made): no walk to take; the send walks itself.
-                walked: std::sync::Mutex::new(spawned.ok().map(|_| rx)),
+                walked: std::sync::Mutex::new(spawned.then_some(rx)),
             }),
         }
     }
 
     /// The walk's entries, in walk order, if `sources` and `config` are what it was started
-    /// with and no send took them before.
+    /// with, it is recent, and no send took them before. Asked once: a walk not taken stops.
     pub(crate) fn take(
         &self,
         sources: &[PathBuf],
         config: &WalkConfig,
     ) -> Option<impl Iterator<Item = Result<Entry, Error>> + use<>> {
         let a = &self.inner;
-        let same_filter = match (&a.config.filter, &config.filter) {
+        let walked = a.walked.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        // Every field, so that a field added to WalkConfig cannot be missed here.
+        let WalkConfig {
+            recursive,
+            follow_links,
+            filter,
+            devices,
+            specials,
+        } = config;
+        let same_filter = match (&a.config.filter, filter) {
             (None, None) => true,
             (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
             _ => false,
         };
         let same = a.sources == sources
             && same_filter
-            && (
-                a.config.recursive,
-                a.config.follow_links,
-                a.config.devices,
-                a.config.specials,
-            ) == (
-                config.recursive,
-                config.follow_links,
-                config.devices,
-                config.specials,
-            );
-        if !same {
-            return None;
+            && (a.config.recursive, a.config.follow_links) == (*recursive, *follow_links)
+            && (a.config.devices, a.config.specials) == (*devices, *specials)
+            && a.started.elapsed() <= AHEAD_MAX_AGE;
+        same.then(|| walked.into_iter().flatten())
+    }
+}
+
+/// About the memory an entry (or an error) holds.
+fn held_bytes(item: &Result<Entry, Error>) -> usize {
+    std::mem::size_of::<Result<Entry, Error>>()
+        + match item {
+            Ok(e) => {
+                let target = match &e.kind {
+                    EntryKind::Symlink { target } => target.len(),
+                    _ => 0,
+                };
+                e.path.as_os_str().len() + e.wire.len() + target
+            }
+            Err(_) => 256,
         }
-        let walked = a.walked.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        Some(walked.into_iter().flatten())
+}
+
+/// A walk's items, with a panic (in the walk or a filter predicate) turned into one last
+/// `Err` item: a walk cut short must not look complete, or a mirror would delete what it
+/// did not reach.
+pub(crate) struct PanicsAsErrors<I> {
+    inner: Option<I>,
+    path: PathBuf,
+}
+
+impl<I> PanicsAsErrors<I> {
+    pub(crate) fn new(inner: I, sources: &[PathBuf]) -> PanicsAsErrors<I> {
+        PanicsAsErrors {
+            inner: Some(inner),
+            path: sources.first().cloned().unwrap_or_default(),
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<Entry, Error>>> Iterator for PanicsAsErrors<I> {
+    type Item = Result<Entry, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let inner = self.inner.as_mut()?;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.next())) {
+            Ok(item) => item,
+            Err(panic) => {
+                self.inner = None;
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Some(Err(Error::Io {
+                    path: self.path.clone(),
+                    source: io::Error::other(format!("the walk stopped: it panicked: {what}")),
+                }))
+            }
+        }
     }
 }
 
@@ -504,22 +584,25 @@ mod tests {
         fs::write(src.join("sub/b"), b"b").unwrap();
         let sources = [src.clone()];
         let config = WalkConfig::new(true, false);
-        let ahead = WalkAhead::start(&sources, &config);
-
-        let other_sources = [src.join("sub")];
-        assert!(ahead.take(&other_sources, &config).is_none());
-        assert!(
-            ahead
-                .take(&sources, &WalkConfig::new(false, false))
-                .is_none()
-        );
         let mut filtered = config.clone();
         filtered.filter = Some(std::sync::Arc::new(crate::Filter::default()));
-        assert!(ahead.take(&sources, &filtered).is_none());
+        let other_sources = [src.join("sub")];
+        let mismatches: [(&[PathBuf], &WalkConfig); 3] = [
+            (&other_sources, &config),
+            (&sources, &WalkConfig::new(false, false)),
+            (&sources, &filtered),
+        ];
+        for (i, (s, c)) in mismatches.into_iter().enumerate() {
+            let ahead = WalkAhead::start(&sources, &config);
+            assert!(ahead.take(s, c).is_none(), "mismatch {i} taken");
+            // Not taken: the walk ahead stopped, and a later send walks for itself.
+            assert!(ahead.take(&sources, &config).is_none(), "mismatch {i}");
+        }
 
         let names = |items: Vec<Result<Entry, Error>>| -> Vec<Bytes> {
             items.into_iter().map(|e| e.unwrap().wire).collect()
         };
+        let ahead = WalkAhead::start(&sources, &config);
         let taken = names(ahead.take(&sources, &config).unwrap().collect());
         assert_eq!(taken, names(walk(&sources, &config).collect()));
         assert_eq!(taken, ["src", "src/a", "src/sub", "src/sub/b"]);
@@ -527,6 +610,42 @@ mod tests {
             ahead.clone().take(&sources, &config).is_none(),
             "taken twice"
         );
+    }
+
+    /// A walk whose filter predicate panics ends with an error entry, ahead or not.
+    #[test]
+    fn a_walk_that_panics_ends_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(&src).unwrap();
+        for name in ["a", "b", "c"] {
+            fs::write(src.join(name), name).unwrap();
+        }
+        let sources = [src.clone()];
+        let mut config = WalkConfig::new(true, false);
+        let filter = crate::Filter::default().with_predicate(std::sync::Arc::new(|wire, _| {
+            assert!(!wire.ends_with(b"/b"), "a predicate that panics");
+            true
+        }));
+        config.filter = Some(std::sync::Arc::new(filter));
+        let ahead = WalkAhead::start(&sources, &config);
+        let by_hand: Vec<_> = PanicsAsErrors::new(walk(&sources, &config), &sources).collect();
+        let taken: Vec<_> = ahead.take(&sources, &config).unwrap().collect();
+        for items in [by_hand, taken] {
+            let wires: Vec<_> = items
+                .iter()
+                .map(|i| {
+                    i.as_ref()
+                        .map(|e| e.wire.clone())
+                        .map_err(|e| e.to_string())
+                })
+                .collect();
+            assert_eq!(wires.len(), 3, "{wires:?}");
+            assert_eq!(wires[0].as_ref().unwrap(), "src");
+            assert_eq!(wires[1].as_ref().unwrap(), "src/a");
+            let e = wires[2].as_ref().unwrap_err();
+            assert!(e.contains("the walk stopped: it panicked"), "{e}");
+        }
     }
 
     #[test]

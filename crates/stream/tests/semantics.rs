@@ -962,3 +962,41 @@ async fn a_send_with_a_walk_started_ahead_copies_the_tree() {
         assert_eq!(fs::read(dst.path().join("t/sub/b")).unwrap(), b"b");
     }
 }
+
+/// A walk cut short by a panic (here in a filter predicate) is an error the receiver hears
+/// of: a mirror then deletes nothing, as after any error of the sender's. With a walk
+/// started ahead as without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_that_panics_deletes_nothing() {
+    for ahead in [false, true] {
+        let src = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        fs::create_dir_all(&tree).unwrap();
+        for name in ["a", "b", "c"] {
+            write(&tree.join(name), name.as_bytes(), 0o644);
+        }
+        let dst = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dst.path().join("t")).unwrap();
+        write(&dst.path().join("t/c"), b"c, kept", 0o644);
+        write(&dst.path().join("t/stale"), b"old", 0o644);
+        let (mut s, mut r) = configs(true);
+        r.delete = true;
+        let filter = fastcp_stream::Filter::default().with_predicate(Arc::new(|wire, _| {
+            assert!(!wire.ends_with(b"/b"), "a predicate that panics");
+            true
+        }));
+        s.filter = Some(Arc::new(filter));
+        let sources = [tree.clone()];
+        if ahead {
+            s.walk_ahead = Some(fastcp_stream::WalkAhead::start(&sources, &s.walk_config()));
+        }
+        let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 1).await;
+        let sent = sent.unwrap();
+        assert_eq!(sent.failures.len(), 1, "ahead {ahead}: {:?}", sent.failures);
+        let received = received.unwrap();
+        assert_eq!(received.local.deleted, 0, "ahead {ahead}");
+        assert_eq!(fs::read(dst.path().join("t/a")).unwrap(), b"a");
+        assert_eq!(fs::read(dst.path().join("t/c")).unwrap(), b"c, kept");
+        assert!(dst.path().join("t/stale").exists(), "ahead {ahead}");
+    }
+}
