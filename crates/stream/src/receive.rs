@@ -305,9 +305,6 @@ struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
-    /// The live file last announced under each path: what the sender's `Error` for a path
-    /// abandons, found without a scan of every file in flight.
-    live_paths: HashMap<Bytes, u64>,
     done: IdSet,
     /// The top-level name, when the destination is not a directory.
     top: Option<Bytes>,
@@ -756,7 +753,6 @@ impl Reader {
                     f.id
                 )));
             }
-            t.live_paths.insert(f.path.clone(), f.id);
             t.live.insert(
                 f.id,
                 Live {
@@ -934,15 +930,15 @@ impl Reader {
                     // with a source that could not be read).
                     t.maybe_skipped.remove(&e.path);
                     t.refresh_later.remove(&e.path);
-                    let id =
-                        t.live_paths.get(&e.path).copied().filter(|id| {
-                            t.live.get(id).is_some_and(|l| l.announced && !l.abandoned)
-                        });
+                    let id = t
+                        .live
+                        .iter()
+                        .find(|(_, l)| l.announced && !l.abandoned && l.path == e.path)
+                        .map(|(&id, _)| id);
                     if let Some(id) = id
                         && let Some(l) = t.live.get_mut(&id)
                     {
                         l.abandoned = true;
-                        t.live_paths.remove(&e.path);
                     }
                     id
                 };
@@ -1152,11 +1148,7 @@ impl Reader {
             && l.seen == l.len
             && l.end
         {
-            if let Some(l) = t.live.remove(&id)
-                && t.live_paths.get(&l.path) == Some(&id)
-            {
-                t.live_paths.remove(&l.path);
-            }
+            t.live.remove(&id);
             t.done.insert(id);
         }
     }
