@@ -662,8 +662,9 @@ impl Writer {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                Err(Error::Stream {
-                    stream: 0,
+                // A local fault, not a lost connection.
+                Err(Error::Io {
+                    path: self.shared.root.display(b""),
                     source: std::io::Error::other(format!("a writer thread panicked: {what}")),
                 })
             },

@@ -101,12 +101,12 @@ struct Ahead {
 }
 
 impl WalkAhead {
-    /// Starts walking `sources` as `config` says: on a blocking thread of the current Tokio
-    /// runtime if there is one (a filter predicate may use it), else on a new thread.
+    /// Starts walking `sources` as `config` says, on a new thread (inside the current Tokio
+    /// runtime's context if there is one: a filter predicate may use it).
     pub fn start(sources: &[PathBuf], config: &WalkConfig) -> WalkAhead {
         let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD_BYTES / AHEAD_BATCH_BYTES);
         let mut walk = PanicsAsErrors::new(walk(sources, config), sources);
-        let run = move || {
+        let mut run = move || {
             loop {
                 let mut batch = Vec::new();
                 let mut bytes = 0;
@@ -121,16 +121,16 @@ impl WalkAhead {
                 }
             }
         };
-        let spawned = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                drop(runtime.spawn_blocking(run));
-                true
-            }
-            Err(_) => std::thread::Builder::new()
-                .name("fastcp-walk-ahead".into())
-                .spawn(run)
-                .is_ok(),
-        };
+        // A thread of its own, not one of the runtime's blocking pool: a runtime dropped
+        // while this walk waits for its send would otherwise wait for it.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let spawned = std::thread::Builder::new()
+            .name("fastcp-walk-ahead".into())
+            .spawn(move || {
+                let _entered = runtime.as_ref().map(|r| r.enter());
+                run()
+            })
+            .is_ok();
         WalkAhead {
             inner: std::sync::Arc::new(Ahead {
                 sources: sources.to_vec(),
