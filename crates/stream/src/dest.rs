@@ -657,11 +657,7 @@ impl Writer {
     fn handle_caught(&mut self, op: Op) -> Result<(), Error> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(op))).unwrap_or_else(
             |panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = crate::error::panic_message(&*panic);
                 // A local fault, not a lost connection.
                 Err(Error::Io {
                     path: self.shared.root.display(b""),

@@ -146,6 +146,15 @@ pub(crate) fn io_message(e: &io::Error) -> String {
     }
 }
 
+/// What a caught panic said, when it said it with a string.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 fn remote_message(path: &str, message: &str) -> String {
     if path.is_empty() {
         message.to_string()

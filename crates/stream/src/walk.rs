@@ -214,11 +214,7 @@ impl<I: Iterator<Item = Result<Entry, Error>>> Iterator for PanicsAsErrors<I> {
             Ok(item) => item,
             Err(panic) => {
                 self.inner = None;
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = crate::error::panic_message(&*panic);
                 Some(Err(Error::Io {
                     path: self.path.clone(),
                     source: io::Error::other(format!("the walk stopped: it panicked: {what}")),
