@@ -159,8 +159,8 @@ async fn mitm(port: u16, attack: Attack, attacked: Arc<AtomicBool>) {
             foreign.read_exact(&mut challenge).await.unwrap();
             let mut join = vec![0x05, 0, 0, 0, 34, 0, 1];
             join.extend_from_slice(&[0x42; 32]);
-            foreign.write_all(&join).await.unwrap();
             attacked.store(true, Ordering::SeqCst);
+            foreign.write_all(&join).await.unwrap();
             tokio::spawn(async move {
                 let mut sink = Vec::new();
                 let _ = foreign.read_to_end(&mut sink).await;
@@ -205,6 +205,9 @@ async fn tamper(
         record.resize(4 + len, 0);
         from.read_exact(&mut record[4..]).await?;
         if n == 3 {
+            // Set before the attack goes out: the copy can fail, and the test read this flag,
+            // before this task is scheduled again after the write.
+            attacked.store(true, Ordering::SeqCst);
             match attack {
                 Attack::Flip => {
                     let at = record.len() / 2;
@@ -213,7 +216,6 @@ async fn tamper(
                 Attack::Replay => to.write_all(&previous).await?,
                 Attack::Inject => {}
             }
-            attacked.store(true, Ordering::SeqCst);
             to.write_all(&record).await?;
             return Ok(());
         }
