@@ -181,10 +181,11 @@ impl Session {
         let Some(AnyTransport::Builtin(first)) = have.first().map(|p| &**p) else {
             return Ok(have);
         };
-        let mut more = Vec::new();
-        for _ in have.len()..n {
-            more.push(Arc::new(AnyTransport::Builtin(first.reconnect().await?)));
-        }
+        // At once: each login is several round trips, which add up over a long path.
+        let more = futures_util::future::try_join_all((have.len()..n).map(|_| async {
+            Ok::<_, Error>(Arc::new(AnyTransport::Builtin(first.reconnect().await?)))
+        }))
+        .await?;
         let mut all = lock(&self.connections);
         all.extend(more);
         Ok(all.clone())

@@ -383,11 +383,15 @@ pub(crate) fn read_passphrase(prompt: &str) -> std::io::Result<Option<Zeroizing<
 }
 
 /// Reads one line from `/dev/tty`, echoing it or not. `Ok(None)` when there is no terminal.
+///
+/// One prompt at a time: connections that log in at once each wait for the terminal.
 pub(crate) fn read_tty_line(
     prompt: &str,
     echo: bool,
 ) -> std::io::Result<Option<Zeroizing<String>>> {
     use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+    static TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = TERMINAL.lock().unwrap_or_else(|p| p.into_inner());
     let tty = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
