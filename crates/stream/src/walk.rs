@@ -164,7 +164,13 @@ impl WalkAhead {
             (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
             _ => false,
         };
-        let same = a.sources == sources
+        // As typed: `dir/` and `dir` are equal paths, but not the same sources.
+        let same_sources = a.sources.len() == sources.len()
+            && a.sources
+                .iter()
+                .zip(sources)
+                .all(|(x, y)| x.as_os_str() == y.as_os_str());
+        let same = same_sources
             && same_filter
             && (a.config.recursive, a.config.follow_links) == (*recursive, *follow_links)
             && (a.config.devices, a.config.specials) == (*devices, *specials)
@@ -583,8 +589,13 @@ mod tests {
         let mut filtered = config.clone();
         filtered.filter = Some(std::sync::Arc::new(crate::Filter::default()));
         let other_sources = [src.join("sub")];
-        let mismatches: [(&[PathBuf], &WalkConfig); 3] = [
+        // `src/` follows `src` when it is a symbolic link: not the same walk as `src`.
+        let mut slashed = src.clone().into_os_string();
+        slashed.push("/");
+        let slashed = [PathBuf::from(slashed)];
+        let mismatches: [(&[PathBuf], &WalkConfig); 4] = [
             (&other_sources, &config),
+            (&slashed, &config),
             (&sources, &WalkConfig::new(false, false)),
             (&sources, &filtered),
         ];
