@@ -1035,12 +1035,14 @@ impl SessionDone {
     }
 }
 
-/// Starts `fastcp server` on the first of `peers` and runs one session with it. When the
-/// remote host has no fastcp, deploys it (see [`crate::deploy`]) and runs the session with
-/// that; when none can run there, says why, for the caller to copy over SFTP.
-pub(crate) async fn session_over(
+/// Starts `fastcp server` on the first of `peers` (the connection `first`) and runs one
+/// session with it. When the remote host has no fastcp, deploys it (see [`crate::deploy`])
+/// and runs the session with that; when none can run there, says why, for the caller to copy
+/// over SFTP.
+pub(crate) async fn session_over<T: Transport>(
     plan: &Plan,
-    peers: &[Arc<AnyTransport>],
+    first: &AnyTransport,
+    peers: &[T],
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
@@ -1049,14 +1051,14 @@ pub(crate) async fn session_over(
     // One round trip when fastcp is on the remote PATH or already deployed there.
     if ssh.remote_path.is_none()
         && !plan.options.no_deploy
-        && peers[0].remote_path().is_none()
+        && first.remote_path().is_none()
         && let Some(launcher) = crate::deploy::launcher()
     {
         plan.options.log.info(|| {
             "remote program: fastcp from the remote PATH, else the one self-deploy cached there"
                 .into()
         });
-        peers[0].set_launcher(Some(launcher));
+        first.set_launcher(Some(launcher));
     }
     let err = match try_session(plan, peers, ssh, mode, progress.clone(), job).await {
         Ok(done) => return Ok(Started::Done(Box::new(done))),
@@ -1067,7 +1069,7 @@ pub(crate) async fn session_over(
     if ssh.remote_path.is_some() {
         return Err(not_installed(ssh, &err));
     }
-    let peer = &peers[0];
+    let peer = first;
     if plan.options.no_deploy {
         return Ok(Started::Sftp(
             "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it".into(),
@@ -1104,9 +1106,9 @@ enum Attempt {
 }
 
 /// Starts `fastcp server` on the first of `peers` and runs one session with it.
-async fn try_session(
+async fn try_session<T: Transport>(
     plan: &Plan,
-    peers: &[Arc<AnyTransport>],
+    peers: &[T],
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,

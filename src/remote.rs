@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fastcp_transport::{self as transport, AnyTransport, SshOptions};
+use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, Transport};
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Plan,
@@ -175,22 +175,6 @@ impl Session {
         lock(&self.connections)[0].clone()
     }
 
-    /// The session's connections, at least `n` of them when the transport can open more.
-    async fn connections(&self, n: usize) -> Result<Vec<Arc<AnyTransport>>, Error> {
-        let have = lock(&self.connections).clone();
-        let Some(AnyTransport::Builtin(first)) = have.first().map(|p| &**p) else {
-            return Ok(have);
-        };
-        // At once: each login is several round trips, which add up over a long path.
-        let more = futures_util::future::try_join_all((have.len()..n).map(|_| async {
-            Ok::<_, Error>(Arc::new(AnyTransport::Builtin(first.reconnect().await?)))
-        }))
-        .await?;
-        let mut all = lock(&self.connections);
-        all.extend(more);
-        Ok(all.clone())
-    }
-
     /// Chooses the transport and runs `job` in one session; returns what it did and the
     /// transport that carried it ("tcp", "ssh" or "sftp").
     pub(crate) async fn run(
@@ -201,16 +185,23 @@ impl Session {
     ) -> Result<(SessionDone, &'static str), Error> {
         self.check_host(plan)?;
         let log = &plan.options.log;
-        let first = self.connections(1).await?;
-        let first = &first[..1];
+        let first = &[self.first_connection()];
         let peer = &first[0];
         if plan.options.sftp {
             let done = crate::sftp::copy(plan, peer, progress).await?;
             return Ok((done, "sftp"));
         }
         if job == Job::DryRun {
-            let started =
-                session_over(plan, first, &self.ssh, Mode::Inline, progress.clone(), job).await?;
+            let started = session_over(
+                plan,
+                peer,
+                first,
+                &self.ssh,
+                Mode::Inline,
+                progress.clone(),
+                job,
+            )
+            .await?;
             return over_sftp_if_needed(plan, peer, started, "ssh", progress).await;
         }
         let tcp_addr = match plan.options.transport {
@@ -236,7 +227,7 @@ impl Session {
                     mode.streams()
                 )
             });
-            match session_over(plan, first, &self.ssh, mode, progress.clone(), job).await {
+            match session_over(plan, peer, first, &self.ssh, mode, progress.clone(), job).await {
                 Err(Error::Tcp(e))
                     if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
                 {
@@ -265,7 +256,8 @@ impl Session {
                 format!("transport: {wanted} sealed stream(s) forwarded by the system ssh (ssh -W)")
             });
             loop {
-                match session_over(plan, first, &self.ssh, mode, progress.clone(), job).await {
+                match session_over(plan, peer, first, &self.ssh, mode, progress.clone(), job).await
+                {
                     Err(Error::Tcp(
                         e @ (fastcp_transport::tcp::Error::Join { .. }
                         | fastcp_transport::tcp::Error::Unreachable { .. }),
@@ -303,8 +295,8 @@ impl Session {
         // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
         // engine leaves one channel unread while it waits for an entry on another, the SSH
         // client stops reading the whole connection.
-        let peers = self.connections(mode.streams() as usize).await?;
-        let peers = &peers[..peers.len().min(mode.streams() as usize)];
+        // The connections still to open log in while the server starts on the first.
+        let peers = self.peers(mode.streams() as usize);
         log.info(|| {
             format!(
                 "transport: SSH channels, {} stream(s) over {} connection(s)",
@@ -312,8 +304,122 @@ impl Session {
                 peers.len()
             )
         });
-        let started = session_over(plan, peers, &self.ssh, mode, progress.clone(), job).await?;
-        over_sftp_if_needed(plan, &peers[0], started, "ssh", progress).await
+        let started =
+            session_over(plan, peer, &peers, &self.ssh, mode, progress.clone(), job).await;
+        self.keep(peers);
+        over_sftp_if_needed(plan, peer, started?, "ssh", progress).await
+    }
+
+    /// `n` connections for a copy's data streams, at most: the session's own, then new ones
+    /// that log in in the background (see [`Peer`]).
+    fn peers(&self, n: usize) -> Vec<Peer> {
+        let have = lock(&self.connections).clone();
+        let mut peers: Vec<Peer> = have
+            .iter()
+            .take(n.max(1))
+            .cloned()
+            .map(Peer::Ready)
+            .collect();
+        // Only the built-in client logs in again; the system ssh forwards its streams.
+        if let AnyTransport::Builtin(_) = &*have[0] {
+            for _ in peers.len()..n {
+                let first = have[0].clone();
+                let login = tokio::spawn(async move {
+                    match &*first {
+                        AnyTransport::Builtin(first) => first.reconnect().await,
+                        AnyTransport::Program(_) => Err(transport::Error::SingleStream("ssh")),
+                    }
+                });
+                peers.push(Peer::LoggingIn(Login {
+                    task: tokio::sync::Mutex::new(Some(login)),
+                    done: std::sync::OnceLock::new(),
+                }));
+            }
+        }
+        peers
+    }
+
+    /// Keeps the connections a copy logged in, for the copies after it; the logins it
+    /// never waited for are abandoned.
+    fn keep(&self, peers: Vec<Peer>) {
+        let new = peers.into_iter().filter_map(|p| match p {
+            Peer::LoggingIn(login) => login.done.get().cloned(),
+            Peer::Ready(_) => None,
+        });
+        lock(&self.connections).extend(new);
+    }
+}
+
+/// One of a copy's connections: logged in, or logging in in the background while the server
+/// starts on the first, so that over a long path the two waits overlap. A stream opened on
+/// it waits for its login, and a failed login fails that stream.
+enum Peer {
+    Ready(Arc<AnyTransport>),
+    LoggingIn(Login),
+}
+
+/// A connection logging in (see [`Peer`]).
+struct Login {
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<SshSession, transport::Error>>>>,
+    done: std::sync::OnceLock<Arc<AnyTransport>>,
+}
+
+impl Login {
+    /// The connection once logged in; the login's error the first time it fails.
+    async fn connection(&self) -> Result<Arc<AnyTransport>, transport::Error> {
+        let mut task = self.task.lock().await;
+        if let Some(done) = self.done.get() {
+            return Ok(done.clone());
+        }
+        let failed = |why: String| {
+            transport::Error::io(
+                "logging in to the host again for another data stream",
+                std::io::Error::other(why),
+            )
+        };
+        let Some(login) = task.take() else {
+            return Err(failed("the login failed".into()));
+        };
+        let session = login.await.map_err(|e| failed(e.to_string()))??;
+        Ok(self
+            .done
+            .get_or_init(|| Arc::new(AnyTransport::Builtin(session)))
+            .clone())
+    }
+}
+
+impl Drop for Login {
+    fn drop(&mut self) {
+        if let Some(login) = self.task.get_mut().take() {
+            login.abort();
+        }
+    }
+}
+
+impl Transport for Peer {
+    async fn start_server(&self) -> Result<transport::RemoteProcess, transport::Error> {
+        match self {
+            Peer::Ready(c) => c.start_server().await,
+            Peer::LoggingIn(login) => login.connection().await?.start_server().await,
+        }
+    }
+
+    async fn open_stream(
+        &self,
+        rendezvous: &transport::Rendezvous,
+    ) -> Result<crate::BoxStream, transport::Error> {
+        match self {
+            Peer::Ready(c) => c.open_stream(rendezvous).await,
+            Peer::LoggingIn(login) => login.connection().await?.open_stream(rendezvous).await,
+        }
+    }
+
+    fn supports_extra_streams(&self) -> bool {
+        match self {
+            Peer::Ready(c) => c.supports_extra_streams(),
+            // Only the built-in client logs in again.
+            Peer::LoggingIn(_) => true,
+        }
     }
 }
 

@@ -559,17 +559,19 @@ where
         Pending::Inline => (vec![control], None),
         Pending::Unix(listener) => {
             let joins = Joins::Unix(&listener.listener);
-            match accept_joins(joins, &secret, streams - 1, config).await {
-                Ok(extra) => (std::iter::once(control).chain(extra).collect(), None),
-                Err(e) => return Err((None, tell(control, e).await)),
+            let joining = accept_joins(joins, &secret, streams - 1, config);
+            match watching(control, joining).await {
+                (control, Ok(extra)) => (std::iter::once(control).chain(extra).collect(), None),
+                (control, Err(e)) => return Err((None, tell(control, e).await)),
             }
         }
         Pending::Caller(inbox) => {
             let mut inbox = inbox.0.lock().await;
             let joins = Joins::Caller(&mut inbox);
-            match accept_joins(joins, &secret, streams - 1, config).await {
-                Ok(extra) => (std::iter::once(control).chain(extra).collect(), None),
-                Err(e) => return Err((None, tell(control, e).await)),
+            let joining = accept_joins(joins, &secret, streams - 1, config);
+            match watching(control, joining).await {
+                (control, Ok(extra)) => (std::iter::once(control).chain(extra).collect(), None),
+                (control, Err(e)) => return Err((None, tell(control, e).await)),
             }
         }
         Pending::Tcp(listener, keys) => {
@@ -753,6 +755,38 @@ async fn closed(control: &mut BoxStream) {
         if n == 0 {
             break;
         }
+    }
+}
+
+/// Waits for `joining` (the client's extra streams) while watching `control`, which is data
+/// stream 0: a client that gives up, closing it (say, when a login for another stream
+/// failed), ends the wait at once rather than at the join timeout. What the client sends on it
+/// meanwhile (its first data, once its own side has joined) stays in front of the stream.
+async fn watching<T>(
+    mut control: BoxStream,
+    joining: impl Future<Output = Result<T, Error>>,
+) -> (BoxStream, Result<T, Error>) {
+    let mut joining = std::pin::pin!(joining);
+    let mut first = [0u8; 4096];
+    let read = tokio::select! {
+        joined = &mut joining => return (control, joined),
+        read = control.read(&mut first) => read,
+    };
+    match read {
+        Ok(n @ 1..) => {
+            let joined = joining.await;
+            let prefix = Bytes::copy_from_slice(&first[..n]);
+            (
+                Box::new(crate::wire::Prefixed::new(prefix, control)),
+                joined,
+            )
+        }
+        Ok(0) | Err(_) => (
+            control,
+            Err(Error::ConnectionClosed(
+                "the client closed the session while the data streams were joining".into(),
+            )),
+        ),
     }
 }
 
@@ -1017,5 +1051,46 @@ impl Error {
             Error::Io(_) => ErrorCode::Io,
             _ => ErrorCode::Other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the client sends on stream 0 while the server still waits for the other streams
+    /// is kept, in front of the stream.
+    #[tokio::test]
+    async fn bytes_sent_while_the_streams_join_are_kept() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let (joined_tx, joined_rx) = tokio::sync::oneshot::channel::<()>();
+        let joining = async move {
+            joined_rx.await.unwrap();
+            Ok::<_, Error>("joined")
+        };
+        let waiting = tokio::spawn(watching(Box::new(server), joining));
+        client.write_all(b"first frames").await.unwrap();
+        tokio::task::yield_now().await;
+        joined_tx.send(()).unwrap();
+        let (mut control, joined) = waiting.await.unwrap();
+        assert_eq!(joined.unwrap(), "joined");
+        client.write_all(b", then more").await.unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        control.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"first frames, then more");
+    }
+
+    /// A client that closes stream 0 while the streams join ends the wait.
+    #[tokio::test]
+    async fn a_client_gone_while_the_streams_join_ends_the_wait() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        drop(client);
+        let never = std::future::pending::<Result<(), Error>>();
+        let (_, joined) = watching(Box::new(server), never).await;
+        assert!(
+            matches!(joined, Err(Error::ConnectionClosed(_))),
+            "{joined:?}"
+        );
     }
 }

@@ -94,6 +94,13 @@ pub struct Prefixed<S> {
     inner: S,
 }
 
+impl<S> Prefixed<S> {
+    /// `inner` with `prefix` read from it put back in front.
+    pub(crate) fn new(prefix: Bytes, inner: S) -> Prefixed<S> {
+        Prefixed { prefix, inner }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,

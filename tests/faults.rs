@@ -134,6 +134,34 @@ fn relay_first_stalls(to: u16, limit: u64) -> u16 {
     port
 }
 
+/// A relay from a free port on 127.0.0.1 to `to` that forwards its first connection and
+/// closes every later one at once, as a host that lets one login in and no more would.
+/// Returns the port.
+fn relay_first_only(to: u16) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            if n > 0 {
+                drop(client);
+                continue;
+            }
+            let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client.try_clone().unwrap()),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    port
+}
+
 /// An ssh_config for `sshd` reached through the relay on `port`.
 fn through(sshd: &Sshd, dir: &Path, port: u16) -> std::path::PathBuf {
     let cfg = dir.join("relay_config");
@@ -252,6 +280,54 @@ fn a_cut_ssh_connection_ends_the_copy_at_once() {
     for at in [300_000, 5_000_000] {
         cut_push(Fault::Cut, at, &[], "closed");
     }
+}
+
+/// The connections for more data streams log in while the server starts: one whose login
+/// fails ends the copy, and the server's wait for the streams, at once, with the connection's
+/// exit code, leaving nothing behind.
+#[test]
+fn a_failed_login_for_another_stream_ends_the_copy() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..20 {
+        write(
+            &src.join(format!("f{i}")),
+            &pseudo_random(100_000, i),
+            0o644,
+        );
+    }
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let cfg = through(&sshd, work.path(), relay_first_only(sshd.port()));
+    let target = remote(&sshd, &dst);
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "-F".as_ref(),
+        cfg.as_os_str(),
+        "--remote-path".as_ref(),
+        BIN.as_ref(),
+        "--transport".as_ref(),
+        "ssh".as_ref(),
+        "-j".as_ref(),
+        "3".as_ref(),
+        "-r".as_ref(),
+        src.as_os_str(),
+        target.as_ref(),
+    ];
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(3), "{err}");
+    // The server stopped waiting for the streams when the client gave up, not at its join
+    // timeout.
+    assert!(
+        err.contains("the client closed the session while the data streams were joining"),
+        "{err}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the server left files behind",
+        || std::fs::read_dir(&dst).unwrap().count() == 0,
+    );
 }
 
 #[test]
