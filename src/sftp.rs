@@ -872,6 +872,9 @@ struct Apply {
     sftp: Vec<Arc<Sftp>>,
     place: Place,
     preserve: bool,
+    /// A rerun (`--skip-unchanged` and what implies it): a link that already says the same
+    /// is left alone.
+    skip_unchanged: bool,
     files: Registry<u64, Arc<PushFile>>,
     /// Directories of this copy by wire path, once their entry arrived: made (true) or
     /// failed (false) once that is known.
@@ -1104,6 +1107,7 @@ async fn push(
         sftp,
         place,
         preserve: send_config.preserve,
+        skip_unchanged: send_config.skip_unchanged,
         files: Registry::new(),
         dirs: Registry::new(),
         chunk_size: send_config.chunk_size as u64,
@@ -1819,8 +1823,16 @@ impl Apply {
                 return Err((ErrorCode::Io, "its parent could not be made".into()));
             }
             let points_to = utf8(&l.target)?.to_string();
-            let temp = temp_name(&target);
             let sftp = &self.sftp[s];
+            // As the receiver does: a rerun leaves a link that already says the same alone
+            // (SFTP sets no time on a link).
+            if self.skip_unchanged
+                && let Ok(have) = sftp.raw.readlink(target.clone()).await
+                && have.files.first().is_some_and(|f| f.filename == points_to)
+            {
+                return Ok(false);
+            }
+            let temp = temp_name(&target);
             // A stopped push removes it too (see `TempSweeper`), from the request on.
             if !self.live.add(&temp, s) {
                 return Err((ErrorCode::Io, STOPPING.into()));
@@ -1843,11 +1855,12 @@ impl Apply {
                 let _ = sftp.raw.remove(temp).await;
                 return Err((code(&e), format!("cannot rename the link into place: {e}")));
             }
-            Ok(())
+            Ok(true)
         }
         .await;
         match result {
-            Ok(()) => lock(&self.done).symlinks += 1,
+            Ok(true) => lock(&self.done).symlinks += 1,
+            Ok(false) => {}
             Err(f) => self.failed(&l.path, f),
         }
         Ok(())

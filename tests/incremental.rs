@@ -8,7 +8,7 @@ use std::process::Command;
 
 use common::*;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_same_tree, build_tiny, pseudo_random, write};
+use fastcp_testsupport::tree::{assert_same_tree, build_tiny, pseudo_random, set_times, write};
 
 /// The `--json` summary of a run that must succeed.
 fn ok_json(cmd: &mut Command) -> serde_json::Value {
@@ -110,6 +110,61 @@ fn a_rerun_leaves_directories_in_line_alone_and_mends_the_others() {
     assert_eq!(again["files"], 0, "{again}");
     assert_eq!(ctime(kept), before, "{} was set again", kept.display());
     assert_same_tree(&src, &top, true);
+}
+
+/// A rerun leaves alone a symbolic link that already says the same, as rsync does (the same
+/// inode), over SSH (with its time, `-p`) and over SFTP (which sets no time on a link); one
+/// whose target (or, over SSH, time) changed is made again.
+#[test]
+fn a_rerun_leaves_links_in_line_alone_and_mends_the_others() {
+    use std::os::unix::fs::{MetadataExt, symlink};
+    let sshd = Sshd::start().unwrap();
+    for path in [&["--transport", "ssh"][..], &["--sftp"][..]] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        write(&src.join("a"), b"a", 0o644);
+        for link in ["same", "retargeted", "retimed"] {
+            symlink("a", src.join(link)).unwrap();
+            set_times(&src.join(link), 1_600_000_000, 1_600_000_000);
+        }
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let copy = || {
+            ok_json(
+                fastcp(&sshd, Path::new(BIN))
+                    .args(["--json", "-r", "-p", "--skip-unchanged"])
+                    .args(path)
+                    .arg(&src)
+                    .arg(remote(&sshd, &dst)),
+            )
+        };
+        copy();
+        let top = dst.join("src");
+        let inode = |name: &str| std::fs::symlink_metadata(top.join(name)).unwrap().ino();
+        let before = ["same", "retargeted", "retimed"].map(inode);
+        std::fs::remove_file(src.join("retargeted")).unwrap();
+        symlink("elsewhere", src.join("retargeted")).unwrap();
+        set_times(&src.join("retimed"), 1_700_000_000, 1_700_000_000);
+        copy();
+        assert_eq!(
+            inode("same"),
+            before[0],
+            "{path:?}: an unchanged link made again"
+        );
+        assert_ne!(inode("retargeted"), before[1], "{path:?}");
+        assert_eq!(
+            std::fs::read_link(top.join("retargeted")).unwrap(),
+            Path::new("elsewhere"),
+            "{path:?}"
+        );
+        if path == ["--sftp"] {
+            continue;
+        }
+        assert_ne!(inode("retimed"), before[2]);
+        let retimed = std::fs::symlink_metadata(top.join("retimed")).unwrap();
+        assert_eq!(retimed.mtime(), 1_700_000_000);
+    }
 }
 
 /// The directories under `root`, `root` first, in walk order.

@@ -1428,6 +1428,34 @@ impl Writer {
         shared.written.dirs.fetch_add(1, Relaxed);
     }
 
+    /// Whether `parent`/`name` is already a symbolic link to `target` with `times` (when
+    /// kept) and the owner `attrs` ask for.
+    fn same_link(
+        &mut self,
+        parent: &OwnedFd,
+        name: &[u8],
+        target: &[u8],
+        times: Option<LinkTimes>,
+        attrs: Option<&Attrs>,
+    ) -> bool {
+        let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return false;
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
+            return false;
+        }
+        match rustix::fs::readlinkat(parent, name, Vec::new()) {
+            Ok(have) if have.as_bytes() == target => {}
+            _ => return false,
+        }
+        let config = &self.shared.config;
+        let time_kept = match times.filter(|_| config.preserve) {
+            Some(t) => (st.st_mtime, st.st_mtime_nsec as u32) == (t.mtime, t.mtime_nsec),
+            None => true,
+        };
+        time_kept && attrs.is_none_or(|a| self.ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
+    }
+
     fn symlink(
         &mut self,
         wire: Bytes,
@@ -1440,6 +1468,13 @@ impl Writer {
             return;
         };
         let (parent_path, name) = split_parent(&local);
+        // A rerun leaves a link that already says the same, with the time (`-p`) and owner
+        // asked for, as it is, as rsync does: no new inode for a backup's snapshots to see.
+        if shared.config.skip_unchanged
+            && self.same_link(&parent, name, &target, times, attrs.as_deref())
+        {
+            return;
+        }
         // Made under a temp name and renamed over whatever has the name: atomic replace.
         let temp = loop {
             let temp = temp_name(name);
