@@ -305,6 +305,9 @@ struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
+    /// The ids in `live` by path (one, unless two entries share a name): what a sender's
+    /// `Error` for a path abandons is found without a scan of every file in flight.
+    live_paths: HashMap<Bytes, Vec<u64>>,
     done: IdSet,
     /// The top-level name, when the destination is not a directory.
     top: Option<Bytes>,
@@ -753,6 +756,7 @@ impl Reader {
                     f.id
                 )));
             }
+            t.live_paths.entry(f.path.clone()).or_default().push(f.id);
             t.live.insert(
                 f.id,
                 Live {
@@ -930,11 +934,11 @@ impl Reader {
                     // with a source that could not be read).
                     t.maybe_skipped.remove(&e.path);
                     t.refresh_later.remove(&e.path);
-                    let id = t
-                        .live
-                        .iter()
-                        .find(|(_, l)| l.announced && !l.abandoned && l.path == e.path)
-                        .map(|(&id, _)| id);
+                    let id = t.live_paths.get(&e.path).and_then(|ids| {
+                        ids.iter()
+                            .copied()
+                            .find(|id| t.live.get(id).is_some_and(|l| l.announced && !l.abandoned))
+                    });
                     if let Some(id) = id
                         && let Some(l) = t.live.get_mut(&id)
                     {
@@ -1148,7 +1152,14 @@ impl Reader {
             && l.seen == l.len
             && l.end
         {
-            t.live.remove(&id);
+            if let Some(l) = t.live.remove(&id)
+                && let Some(ids) = t.live_paths.get_mut(&l.path)
+            {
+                ids.retain(|&other| other != id);
+                if ids.is_empty() {
+                    t.live_paths.remove(&l.path);
+                }
+            }
             t.done.insert(id);
         }
     }

@@ -937,6 +937,45 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
     sb.assert_contained();
 }
 
+/// Two entries in flight under one name, and the sender gives up on one: that one is
+/// dropped, the other lands, and the copy goes on.
+#[tokio::test]
+async fn an_error_for_a_name_two_files_share_abandons_one() {
+    let sb = Sandbox::new();
+    let error = Frame::Error(fastcp_proto::ErrorFrame {
+        code: ErrorCode::Io,
+        fatal: false,
+        path: Bytes::from_static(b"twice"),
+        message: "twice: file changed while being read; not copied".into(),
+    });
+    let stream = wire(&[
+        file(0, b"twice", 4),
+        file(1, b"twice", 4),
+        error,
+        data(0, 0, b"wxyz"),
+        end(0, b"wxyz"),
+        data(1, 0, b"abcd"),
+        end(1, b"abcd"),
+        Frame::Done(Summary {
+            files: 2,
+            dirs: 0,
+            symlinks: 0,
+            bytes: 8,
+            errors: 1,
+            deleted: 0,
+        }),
+    ]);
+    let report = run(&sb.dest, recursive(), vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.failure_count, 1);
+    assert_eq!(report.local.files, 1);
+    let landed = fs::read(sb.dest.join("twice")).unwrap();
+    assert!(landed == b"wxyz" || landed == b"abcd", "{landed:?}");
+    sb.assert_contained();
+}
+
 /// A sender cannot hand the receiving user a setuid or setgid program, even with `-p`; the
 /// other bits (sticky included) are kept.
 #[tokio::test]
