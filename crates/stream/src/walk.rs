@@ -89,8 +89,34 @@ pub struct WalkAhead {
     inner: std::sync::Arc<Ahead>,
 }
 
-/// The walk-ahead thread's batches of entries.
-type Walked = std::sync::mpsc::Receiver<Vec<Result<Entry, Error>>>;
+/// The walk-ahead thread's batches of entries, each saying whether it is the last.
+type Walked = std::sync::mpsc::Receiver<(Vec<Result<Entry, Error>>, bool)>;
+
+/// The entries of a walk ahead's batches. A walk whose thread ended without its last batch
+/// ends with an error entry: cut short, it must not look complete (a mirror would delete
+/// what it did not reach).
+fn entries(walked: Walked, path: PathBuf) -> impl Iterator<Item = Result<Entry, Error>> {
+    let mut ended = false;
+    std::iter::from_fn(move || {
+        if ended {
+            return None;
+        }
+        Some(match walked.recv() {
+            Ok((batch, last)) => {
+                ended = last;
+                batch
+            }
+            Err(_) => {
+                ended = true;
+                vec![Err(Error::Io {
+                    path: path.clone(),
+                    source: io::Error::other("the walk stopped before its end"),
+                })]
+            }
+        })
+    })
+    .flatten()
+}
 
 #[derive(Debug)]
 struct Ahead {
@@ -116,7 +142,7 @@ impl WalkAhead {
                     batch.push(item);
                 }
                 let last = batch.len() < AHEAD_BATCH && bytes < AHEAD_BATCH_BYTES;
-                if tx.send(batch).is_err() || last {
+                if tx.send((batch, last)).is_err() || last {
                     return;
                 }
             }
@@ -175,7 +201,8 @@ impl WalkAhead {
             && (a.config.recursive, a.config.follow_links) == (*recursive, *follow_links)
             && (a.config.devices, a.config.specials) == (*devices, *specials)
             && a.started.elapsed() <= AHEAD_MAX_AGE;
-        same.then(|| walked.into_iter().flatten())
+        let path = a.sources.first().cloned().unwrap_or_default();
+        same.then(|| entries(walked, path))
     }
 }
 
@@ -617,6 +644,32 @@ mod tests {
             ahead.clone().take(&sources, &config).is_none(),
             "taken twice"
         );
+    }
+
+    /// A walk ahead whose thread ended without its last batch ends with an error entry.
+    #[test]
+    fn a_walk_ahead_cut_short_ends_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a");
+        fs::write(&file, b"a").unwrap();
+        let entry = walk(&[file], &WalkConfig::new(false, false))
+            .next()
+            .unwrap()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        tx.send((vec![Ok(entry.clone())], false)).unwrap();
+        drop(tx);
+        let items: Vec<_> = entries(rx, PathBuf::from("src")).collect();
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(items[0].is_ok());
+        let err = items[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("the walk stopped before its end"), "{err}");
+
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        tx.send((vec![Ok(entry)], true)).unwrap();
+        drop(tx);
+        let items: Vec<_> = entries(rx, PathBuf::from("src")).collect();
+        assert!(items.len() == 1 && items[0].is_ok(), "{items:?}");
     }
 
     /// A walk whose filter predicate panics ends with an error entry, ahead or not.
