@@ -296,7 +296,7 @@ impl Session {
         // engine leaves one channel unread while it waits for an entry on another, the SSH
         // client stops reading the whole connection.
         // The connections still to open log in while the server starts on the first.
-        let peers = self.peers(mode.streams() as usize);
+        let peers = self.peers(mode.streams() as usize).await?;
         log.info(|| {
             format!(
                 "transport: SSH channels, {} stream(s) over {} connection(s)",
@@ -311,9 +311,12 @@ impl Session {
     }
 
     /// `n` connections for a copy's data streams, at most: the session's own, then new ones
-    /// that log in in the background (see [`Peer`]).
-    fn peers(&self, n: usize) -> Vec<Peer> {
+    /// that log in in the background (see [`Peer`]). When the first login was typed, the
+    /// new ones may ask again (a one-time code), and a prompt can outlast the server's wait
+    /// for its streams: they log in before the server starts.
+    async fn peers(&self, n: usize) -> Result<Vec<Peer>, Error> {
         let have = lock(&self.connections).clone();
+        let typed = matches!(&*have[0], AnyTransport::Builtin(s) if s.login_was_typed());
         let mut peers: Vec<Peer> = have
             .iter()
             .take(n.max(1))
@@ -336,7 +339,19 @@ impl Session {
                 }));
             }
         }
-        peers
+        if typed {
+            for peer in &mut peers {
+                if let Peer::LoggingIn(login) = peer {
+                    *peer = Peer::Ready(login.connection().await?);
+                }
+            }
+            let ready = peers.iter().skip(have.len()).filter_map(|p| match p {
+                Peer::Ready(c) => Some(c.clone()),
+                Peer::LoggingIn(_) => None,
+            });
+            lock(&self.connections).extend(ready);
+        }
+        Ok(peers)
     }
 
     /// Keeps the connections a copy logged in, for the copies after it; the logins it
@@ -377,10 +392,13 @@ impl Login {
                 std::io::Error::other(why),
             )
         };
-        let Some(login) = task.take() else {
+        let Some(login) = task.as_mut() else {
             return Err(failed("the login failed".into()));
         };
-        let session = login.await.map_err(|e| failed(e.to_string()))??;
+        // Awaited in place: a wait cancelled here leaves the login to `Drop`, which stops it.
+        let joined = login.await;
+        *task = None;
+        let session = joined.map_err(|e| failed(e.to_string()))??;
         Ok(self
             .done
             .get_or_init(|| Arc::new(AnyTransport::Builtin(session)))

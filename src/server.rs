@@ -781,11 +781,17 @@ async fn watching<T>(
                 joined,
             )
         }
-        Ok(0) | Err(_) => (
+        Ok(0) => (
             control,
             Err(Error::ConnectionClosed(
                 "the client closed the session while the data streams were joining".into(),
             )),
+        ),
+        Err(e) => (
+            control,
+            Err(Error::ConnectionClosed(format!(
+                "the session failed while the data streams were joining: {e}"
+            ))),
         ),
     }
 }

@@ -305,9 +305,9 @@ struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
-    /// The ids in `live` by path (one, unless two entries share a name): what a sender's
-    /// `Error` for a path abandons is found without a scan of every file in flight.
-    live_paths: HashMap<Bytes, Vec<u64>>,
+    /// The files in `live` not abandoned, by (path, id): what a sender's `Error` for a path
+    /// abandons is found without a scan of every file in flight, however many share a name.
+    live_paths: std::collections::BTreeSet<(Bytes, u64)>,
     done: IdSet,
     /// The top-level name, when the destination is not a directory.
     top: Option<Bytes>,
@@ -756,7 +756,7 @@ impl Reader {
                     f.id
                 )));
             }
-            t.live_paths.entry(f.path.clone()).or_default().push(f.id);
+            t.live_paths.insert((f.path.clone(), f.id));
             t.live.insert(
                 f.id,
                 Live {
@@ -934,15 +934,17 @@ impl Reader {
                     // with a source that could not be read).
                     t.maybe_skipped.remove(&e.path);
                     t.refresh_later.remove(&e.path);
-                    let id = t.live_paths.get(&e.path).and_then(|ids| {
-                        ids.iter()
-                            .copied()
-                            .find(|id| t.live.get(id).is_some_and(|l| l.announced && !l.abandoned))
-                    });
+                    let path = Bytes::copy_from_slice(&e.path);
+                    let id = t
+                        .live_paths
+                        .range((path.clone(), 0)..=(path.clone(), u64::MAX))
+                        .map(|&(_, id)| id)
+                        .find(|id| t.live.get(id).is_some_and(|l| l.announced));
                     if let Some(id) = id
                         && let Some(l) = t.live.get_mut(&id)
                     {
                         l.abandoned = true;
+                        t.live_paths.remove(&(path, id));
                     }
                     id
                 };
@@ -1152,13 +1154,8 @@ impl Reader {
             && l.seen == l.len
             && l.end
         {
-            if let Some(l) = t.live.remove(&id)
-                && let Some(ids) = t.live_paths.get_mut(&l.path)
-            {
-                ids.retain(|&other| other != id);
-                if ids.is_empty() {
-                    t.live_paths.remove(&l.path);
-                }
+            if let Some(l) = t.live.remove(&id) {
+                t.live_paths.remove(&(l.path, id));
             }
             t.done.insert(id);
         }

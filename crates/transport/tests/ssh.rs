@@ -36,7 +36,9 @@ fn config_with(sshd: &Sshd, dir: &Path, extra: &str) -> PathBuf {
 
 async fn connect(sshd: &Sshd) -> SshSession {
     match SshSession::connect(sshd.alias(), &opts(sshd)).await {
-        Ok(s) => s,
+        // A key logs in again without a prompt: more connections may log in at any time.
+        Ok(s) if !s.login_was_typed() => s,
+        Ok(_) => panic!("a key login taken for a typed one"),
         Err(e) => panic!("connect failed: {e}\nsshd log:\n{}", sshd.log()),
     }
 }

@@ -442,6 +442,13 @@ impl SshSession {
         &self.host
     }
 
+    /// Whether this login was typed (a password, keyboard-interactive answers): a
+    /// [`reconnect`](Self::reconnect) replays it, but a one-time code would be asked for
+    /// again, and a prompt can take longer than any peer waits.
+    pub fn login_was_typed(&self) -> bool {
+        matches!(self.auth, AuthUsed::Password(_) | AuthUsed::Interactive(_))
+    }
+
     /// The address the TCP connection went to; `None` when reached through ProxyJump.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer_addr
