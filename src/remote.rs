@@ -340,16 +340,12 @@ impl Session {
             }
         }
         if typed {
-            for peer in &mut peers {
+            // Logged in now; `keep` keeps them after the copy, as it does the others.
+            for peer in &peers {
                 if let Peer::LoggingIn(login) = peer {
-                    *peer = Peer::Ready(login.connection().await?);
+                    login.connection().await?;
                 }
             }
-            let ready = peers.iter().skip(have.len()).filter_map(|p| match p {
-                Peer::Ready(c) => Some(c.clone()),
-                Peer::LoggingIn(_) => None,
-            });
-            lock(&self.connections).extend(ready);
         }
         Ok(peers)
     }

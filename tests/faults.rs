@@ -302,19 +302,7 @@ fn a_failed_login_for_another_stream_ends_the_copy() {
     std::fs::create_dir(&dst).unwrap();
     let cfg = through(&sshd, work.path(), relay_first_only(sshd.port()));
     let target = remote(&sshd, &dst);
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "-F".as_ref(),
-        cfg.as_os_str(),
-        "--remote-path".as_ref(),
-        BIN.as_ref(),
-        "--transport".as_ref(),
-        "ssh".as_ref(),
-        "-j".as_ref(),
-        "3".as_ref(),
-        "-r".as_ref(),
-        src.as_os_str(),
-        target.as_ref(),
-    ];
+    let args = ssh_args(&cfg, &["-j", "3", "-r"], src.as_os_str(), target.as_ref());
     let (code, err) = run_bounded(&args, Duration::from_secs(60));
     assert_eq!(code, Some(3), "{err}");
     // The server stopped waiting for the streams when the client gave up, not at its join
@@ -379,6 +367,27 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
 
 /// fastcp's arguments for a copy over SFTP from `from` to `to`, with ssh_config `cfg` and
 /// `extra` options.
+/// Arguments for a copy over SSH channels with `cfg`, this build as the remote program,
+/// `extra`, then the operands.
+fn ssh_args<'a>(
+    cfg: &'a Path,
+    extra: &'a [&'a str],
+    from: &'a std::ffi::OsStr,
+    to: &'a std::ffi::OsStr,
+) -> Vec<&'a std::ffi::OsStr> {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-F".as_ref(),
+        cfg.as_os_str(),
+        "--remote-path".as_ref(),
+        BIN.as_ref(),
+        "--transport".as_ref(),
+        "ssh".as_ref(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.extend([from, to]);
+    args
+}
+
 fn sftp_args<'a>(
     cfg: &'a Path,
     extra: &'a [&'a str],
@@ -471,21 +480,8 @@ fn a_server_silent_while_judging_a_dry_run_times_out() {
     let port = relay(sshd.port(), 300_000, Fault::Stall);
     let cfg = through(&sshd, work.path(), port);
     let target = remote(&sshd, &dst);
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "-F".as_ref(),
-        cfg.as_os_str(),
-        "--remote-path".as_ref(),
-        BIN.as_ref(),
-        "--transport".as_ref(),
-        "ssh".as_ref(),
-        "-n".as_ref(),
-        "-r".as_ref(),
-        "--delete".as_ref(),
-        "--timeout".as_ref(),
-        "3".as_ref(),
-        src.as_os_str(),
-        target.as_ref(),
-    ];
+    let extra = ["-n", "-r", "--delete", "--timeout", "3"];
+    let args = ssh_args(&cfg, &extra, src.as_os_str(), target.as_ref());
     let (code, err) = run_bounded(&args, Duration::from_secs(60));
     assert_eq!(code, Some(3), "{err}");
     // Sending the listing or waiting for the answers, whichever the stall caught.

@@ -91,6 +91,19 @@ fn end(id: u64, content: &[u8]) -> Frame {
     })
 }
 
+/// The sender's word that it gave up on the file at `path` (it changed while read).
+fn gave_up(path: &'static [u8]) -> Frame {
+    Frame::Error(fastcp_proto::ErrorFrame {
+        code: ErrorCode::Io,
+        fatal: false,
+        path: Bytes::from_static(path),
+        message: format!(
+            "{}: file changed while being read; not copied",
+            String::from_utf8_lossy(path)
+        ),
+    })
+}
+
 fn dir(path: &[u8]) -> Frame {
     Frame::Dir(DirEntry {
         path: Bytes::copy_from_slice(path),
@@ -907,12 +920,7 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
     let stream = wire(&[
         file(0, b"changing", 10),
         data(0, 0, b"12345"),
-        Frame::Error(fastcp_proto::ErrorFrame {
-            code: ErrorCode::Io,
-            fatal: false,
-            path: Bytes::from_static(b"changing"),
-            message: "changing: file changed while being read; not copied".into(),
-        }),
+        gave_up(b"changing"),
         file(1, b"stable", 2),
         data(1, 0, b"ok"),
         end(1, b"ok"),
@@ -942,16 +950,10 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
 #[tokio::test]
 async fn an_error_for_a_name_two_files_share_abandons_one() {
     let sb = Sandbox::new();
-    let error = Frame::Error(fastcp_proto::ErrorFrame {
-        code: ErrorCode::Io,
-        fatal: false,
-        path: Bytes::from_static(b"twice"),
-        message: "twice: file changed while being read; not copied".into(),
-    });
     let stream = wire(&[
         file(0, b"twice", 4),
         file(1, b"twice", 4),
-        error,
+        gave_up(b"twice"),
         data(0, 0, b"wxyz"),
         end(0, b"wxyz"),
         data(1, 0, b"abcd"),
