@@ -62,6 +62,7 @@ mod mirror;
 mod pattern;
 mod pieces;
 mod pipe;
+mod probe;
 mod progress;
 mod receive;
 mod report;

@@ -35,17 +35,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fastcp_proto::{Answer, Attrs, Decoder, ErrorFrame, FileEntry, Frame, Probe, Summary};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use fastcp_proto::{Attrs, Decoder, ErrorFrame, FileEntry, Frame, Summary};
+use rustix::fs::{Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::budget::Pool;
 use crate::checksum::Algorithm;
-use crate::dest::{self, DirState, IdSet, Op, Resolver, Root, Writer, Written, lock};
+use crate::dest::{self, DirState, IdSet, Op, Root, Writer, Written, lock};
 use crate::event::{Event, SkipReason};
 use crate::pipe::{ByteReader, Fill, ReadInto, Source};
+use crate::probe::Probers;
 use crate::report::{Failure, Report, Side};
 use crate::{Error, Progress, display::escape, stream_error};
 
@@ -190,10 +191,6 @@ pub struct ReceiveConfig {
     pub hash_content: bool,
 }
 
-/// With `checksum`, files up to this size are hashed on the stream's own task, bigger ones
-/// on a blocking thread.
-const INLINE_HASH: u64 = 256 << 10;
-
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
 pub const DEFAULT_MAX_ENTRIES: u64 = 100_000_000;
 
@@ -301,7 +298,7 @@ pub(crate) fn kept_attrs(a: &Attrs) -> Box<Attrs> {
 
 /// What the readers share about the session's files and names.
 #[derive(Debug, Default)]
-struct Table {
+pub(crate) struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
@@ -328,18 +325,18 @@ struct Table {
     links: Vec<(Bytes, Bytes)>,
     /// Files the quick check skipped for certain (without `checksum`), and their bytes:
     /// counted, not named, so that a rerun over millions of files keeps no table of them.
-    skipped: (u64, u64),
+    pub(crate) skipped: (u64, u64),
     /// Those of them named like a temp file: a sweep must leave them alone.
-    skipped_temp_names: HashSet<Bytes>,
+    pub(crate) skipped_temp_names: HashSet<Bytes>,
     /// With `checksum`: probes answered "skip" whose file has not come (yet), which only
     /// the sender's verdict settles: path -> size.
-    maybe_skipped: HashMap<Bytes, u64>,
+    pub(crate) maybe_skipped: HashMap<Bytes, u64>,
     /// With `checksum`: the refresh of each file probed with the same size, until its `File`
-    /// entry comes (it was sent after all); see [`Reader::refresh`].
-    refresh_later: HashMap<Bytes, Op>,
+    /// entry comes (it was sent after all); see [`Prober::refresh`](crate::probe).
+    pub(crate) refresh_later: HashMap<Bytes, Op>,
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
-    offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
+    pub(crate) offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,7 +355,7 @@ pub(crate) struct Shared {
     pub(crate) abort: Abort,
     pub(crate) written: Written,
     dirs: Mutex<DirState>,
-    table: Mutex<Table>,
+    pub(crate) table: Mutex<Table>,
     announced: Notify,
     finished: AtomicUsize,
     n_streams: usize,
@@ -366,7 +363,8 @@ pub(crate) struct Shared {
     /// Receive blocks given back by the writers.
     pub(crate) pool: Pool,
     local_errors: std::sync::atomic::AtomicU64,
-    replies: mpsc::Sender<Frame>,
+    /// Frames for the sender, a message of them at a time.
+    pub(crate) replies: mpsc::Sender<Vec<Frame>>,
     /// When this transfer began: a temp file last written well before may be a killed
     /// copy's.
     pub(crate) started: std::time::SystemTime,
@@ -403,7 +401,7 @@ impl Shared {
         lock(&self.failures).push_failure(failure);
         self.local_errors.fetch_add(1, Relaxed);
         // Fails only once the reply stream is gone, when nobody is listening any more.
-        let _ = self.replies.blocking_send(Frame::Error(frame));
+        let _ = self.replies.blocking_send(vec![Frame::Error(frame)]);
     }
 
     /// Checks an entry's path against the session: safe, asked for, not through a symlink
@@ -528,12 +526,10 @@ struct Reader {
     stream: usize,
     counts: Summary,
     next_writer: usize,
-    /// Opens directories to answer quick-check probes (never creates any).
-    lookup: Option<Resolver>,
+    /// Answer quick-check probes (stream 0's reader only).
+    probers: Option<Probers>,
     /// The owner and attributes for the next entry on this stream.
     attrs: Option<Box<Attrs>>,
-    /// Local ids by the sender's user and group names, for the quick check's refresh.
-    ids: crate::attrs::Ids,
 }
 
 /// What accounting said about a `Data` or `FileEnd` frame.
@@ -559,164 +555,6 @@ impl Reader {
                 source: io::Error::other("transfer aborted"),
             }
         })
-    }
-
-    /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
-    /// they differ) and owner and attributes (when sent), as rsync brings an unchanged file
-    /// in line; a writer does it. Nothing is queued when nothing differs.
-    async fn refresh(
-        &mut self,
-        p: &Probe,
-        st: &rustix::fs::Stat,
-        attrs: Option<Box<Attrs>>,
-    ) -> Result<(), Error> {
-        let preserve = self.shared.config.preserve;
-        let (mode, mtime) = match (preserve, p.mode) {
-            (true, Some(mode)) => {
-                let mode = mode & crate::dest::SAFE_MODE_BITS;
-                let times = (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec);
-                (
-                    (st.st_mode & 0o7777 != mode).then_some(mode),
-                    times.then_some((p.mtime, p.mtime_nsec)),
-                )
-            }
-            _ => (None, None),
-        };
-        let keep = &self.shared.config.attrs;
-        let attrs = attrs.filter(|a| !self.ids.in_line(a, keep, st.st_uid, st.st_gid));
-        if mode.is_none() && mtime.is_none() && attrs.is_none() {
-            return Ok(());
-        }
-        let checksum = self.shared.config.checksum;
-        // Kept until the sender's verdict with `checksum`: copies then.
-        let (wire, attrs) = if checksum {
-            (kept(&p.path), attrs.as_deref().map(kept_attrs))
-        } else {
-            (p.path.clone(), attrs)
-        };
-        let op = Op::Refresh {
-            wire: wire.clone(),
-            size: p.size,
-            mode,
-            mtime,
-            attrs,
-        };
-        if checksum {
-            // Only the sender knows whether the contents matched: done once it is, for the
-            // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
-            // carry its time with the old content if the copy stopped before it arrived.
-            lock(&self.shared.table).refresh_later.insert(wire, op);
-            return Ok(());
-        }
-        let w = self.next_writer % self.writers.len();
-        self.next_writer += 1;
-        self.send(&self.writers[w], op).await
-    }
-
-    /// The destination's regular file at the probe's path (not a link, reached without
-    /// following one), if it has the probe's size.
-    fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
-        let (dir, name) = self.probed_dir(p)?;
-        let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;
-        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-            && st.st_size as u64 == p.size)
-            .then_some(st)
-    }
-
-    /// The existing directory a probed path's file would go into, and the file's name
-    /// (looked up without creating or following anything).
-    fn probed_dir(&mut self, p: &Probe) -> Option<(Arc<OwnedFd>, Vec<u8>)> {
-        let local = self.shared.root.local(&p.path);
-        let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
-            Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
-            None => (Vec::new(), local.clone()),
-        };
-        let shared = self.shared.clone();
-        let lookup = self
-            .lookup
-            .get_or_insert_with(|| Resolver::new(shared, false));
-        let dir = lookup.dir(&parent).ok()?;
-        (!name.is_empty()).then_some((dir, name))
-    }
-
-    /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks
-    /// (hashed off the async threads), sent to the sender; `None` when there is none to
-    /// offer.
-    ///
-    /// The hashes go to the sender as they are made, a `Partial` frame every
-    /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
-    /// file is progress on both sides rather than a silence. With `resume_from_record`, the
-    /// blocks the partial file's record holds for this version of the source are offered
-    /// at once, unread.
-    async fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, crate::resume::Offer)> {
-        use crate::resume;
-        if p.size <= resume::PARTIAL_MIN {
-            return None;
-        }
-        let (dir, name) = self.probed_dir(p)?;
-        if self.shared.config.resume_from_record {
-            let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
-            let record = resume::Record::load(&fd)?;
-            let have = rustix::fs::fstat(&fd).ok()?.st_size as u64;
-            let version = resume::Version::new(&name, p.size, (p.mtime, p.mtime_nsec));
-            let offer = record.offer(version, have)?;
-            let frame = Frame::Partial(fastcp_proto::Partial {
-                id: p.id,
-                block: offer.block,
-                hashes: offer.hashes.clone(),
-            });
-            // Fails only when the reply stream is gone, and then the session is over.
-            let _ = self.shared.replies.send(frame).await;
-            return Some((fd, offer));
-        }
-        let (size, id) = (p.size, p.id);
-        let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || {
-            let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
-            let block = resume::block_size(size);
-            // What was sent is what is offered, even if a read fails part way.
-            let mut sent = Vec::new();
-            let _ = resume::block_hashes(&fd, size, block, |piece, bytes| {
-                shared.progress.add_checked(bytes);
-                sent.extend_from_slice(piece);
-                let frame = Frame::Partial(fastcp_proto::Partial {
-                    id,
-                    block,
-                    hashes: piece.to_vec(),
-                });
-                // Fails only when the reply stream is gone, and then the session is over.
-                let _ = shared.replies.blocking_send(frame);
-            });
-            let hashes = sent;
-            let offer = resume::Offer {
-                block,
-                hashes,
-                version: None,
-            };
-            (!offer.hashes.is_empty()).then_some((fd, offer))
-        })
-        .await
-        .ok()?
-    }
-
-    /// With `checksum`: the content hash of the destination's file of the probe's size,
-    /// read off the async threads; `None` when there is none (or it cannot be read).
-    async fn content_hash(&mut self, p: &Probe) -> Option<u128> {
-        self.same_size(p)?;
-        let (dir, name) = self.probed_dir(p)?;
-        let progress = self.shared.progress.clone();
-        let kind = self.shared.config.content_hash;
-        let hash = move || {
-            let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-            let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
-            crate::checksum::content_hash(kind, std::fs::File::from(fd), &progress).ok()
-        };
-        // A small file is read here, as its stat was: a hand-off to a blocking thread and
-        // back cost more than the read.
-        if p.size <= INLINE_HASH {
-            return hash();
-        }
-        tokio::task::spawn_blocking(hash).await.ok()?
     }
 
     /// The `Attrs` that came just before the entry for `path`, if any.
@@ -791,6 +629,12 @@ impl Reader {
     }
 
     async fn frame(&mut self, frame: Frame) -> Result<Option<Summary>, Error> {
+        // Probes are handed on in batches, but never held behind another kind of frame.
+        if let Some(probers) = &mut self.probers
+            && !matches!(frame, Frame::Probe(_) | Frame::Attrs(_))
+        {
+            probers.flush().await?;
+        }
         match frame {
             Frame::Attrs(a) if self.shared.config.attrs.any() => {
                 if let Some(before) = &self.attrs {
@@ -973,72 +817,10 @@ impl Reader {
                 if self.shared.config.hard_links {
                     lock(&self.shared.table).files.insert(kept(&p.path));
                 }
-                // The destination already holds the file when a regular file (not a link) is
-                // there with its size and modification time, reached without following a
-                // symlink; anything else, a missing directory included, means "send it". One
-                // stat serves the check and the refresh.
-                let st = self.same_size(&p);
-                let (send, hash) = if self.shared.config.checksum {
-                    let hash = self.content_hash(&p).await;
-                    (hash.is_none(), hash)
-                } else {
-                    let same_time = st.as_ref().is_some_and(|st| {
-                        (st.st_mtime, i128::from(st.st_mtime_nsec))
-                            == (p.mtime, i128::from(p.mtime_nsec))
-                    });
-                    (!same_time, None)
-                };
-                if !send && let Some(st) = st {
-                    self.refresh(&p, &st, attrs).await?;
-                }
-                if !send && !self.shared.config.checksum {
-                    // Certain: the sender skips it.
-                    self.shared.progress.add_skipped(p.size);
-                    self.shared.progress.event(|| Event::Skipped {
-                        path: p.path.clone(),
-                        size: p.size,
-                        reason: SkipReason::Unchanged,
-                    });
-                }
-                if !send {
-                    let mut t = lock(&self.shared.table);
-                    if self.shared.config.checksum {
-                        // Skipped unless its `File` entry comes after all (checksums differed).
-                        t.maybe_skipped.insert(kept(&p.path), p.size);
-                    } else {
-                        t.skipped.0 = t.skipped.0.saturating_add(1);
-                        t.skipped.1 = t.skipped.1.saturating_add(p.size);
-                        let name = p.path.rsplit(|&b| b == b'/').next().unwrap_or_default();
-                        if dest::is_temp_name(name) {
-                            t.skipped_temp_names.insert(kept(&p.path));
-                        }
-                    }
-                    drop(t);
-                    // The file is whole: a partial file an earlier copy kept for it is of no
-                    // more use.
-                    if self.shared.config.resume
-                        && p.size > crate::resume::PARTIAL_MIN
-                        && let Some((dir, name)) = self.probed_dir(&p)
-                    {
-                        crate::dest::remove_stale_partial(&dir, &name);
-                    }
-                }
-                if send
-                    && self.shared.config.resume
-                    && let Some((fd, offer)) = self.partial_offer(&p).await
-                {
-                    // Its `Partial` frames are sent: the offer is held for the `File` entry.
-                    lock(&self.shared.table)
-                        .offers
-                        .insert(kept(&p.path), (fd, offer));
-                }
-                let answer = Frame::Answer(Answer {
-                    id: p.id,
-                    send,
-                    hash,
-                });
-                // Fails only when the reply stream is gone, and then the session is over.
-                let _ = self.shared.replies.send(answer).await;
+                let probers = self
+                    .probers
+                    .get_or_insert_with(|| Probers::start(&self.shared, &self.writers));
+                probers.probe(p, attrs).await?;
             }
             Frame::Done(summary) => {
                 if let Some(a) = &self.attrs {
@@ -1259,6 +1041,10 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
         } else {
             usize::MAX
         };
+        // The probes decoded so far go to their threads before this waits for more.
+        if let Some(probers) = &mut reader.probers {
+            probers.flush().await?;
+        }
         let n = match r
             .fill(&mut buf, limit, &decoder, &reader.shared.pool)
             .await
@@ -1319,13 +1105,13 @@ pub(crate) fn ensure_room(buf: &mut BytesMut, want: usize, pool: &Pool) {
 /// Writes replies to the sender on stream 0 until the final `Done` or a fatal error.
 async fn write_replies<W: AsyncWrite + Unpin>(
     w: W,
-    mut rx: mpsc::Receiver<Frame>,
+    mut rx: mpsc::Receiver<Vec<Frame>>,
 ) -> Result<W, Error> {
     let mut w = BufWriter::new(w);
     let fail = |e| stream_error(0, e, "while sending replies");
     let mut buf = BytesMut::new();
-    loop {
-        let frame = match rx.try_recv() {
+    'messages: loop {
+        let frames = match rx.try_recv() {
             Ok(f) => f,
             Err(mpsc::error::TryRecvError::Empty) => {
                 w.flush().await.map_err(fail)?;
@@ -1336,12 +1122,15 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             }
             Err(mpsc::error::TryRecvError::Disconnected) => break,
         };
-        buf.clear();
-        fastcp_proto::encode(&frame, &mut buf);
-        w.write_all(&buf).await.map_err(fail)?;
-        let last = matches!(&frame, Frame::Done(_)) || matches!(&frame, Frame::Error(e) if e.fatal);
-        if last {
-            break;
+        for frame in frames {
+            buf.clear();
+            fastcp_proto::encode(&frame, &mut buf);
+            w.write_all(&buf).await.map_err(fail)?;
+            let last =
+                matches!(&frame, Frame::Done(_)) || matches!(&frame, Frame::Error(e) if e.fatal);
+            if last {
+                break 'messages;
+            }
         }
     }
     w.flush().await.map_err(fail)?;
@@ -1575,9 +1364,8 @@ where
             stream: i,
             counts: Summary::default(),
             next_writer: i,
-            lookup: None,
+            probers: None,
             attrs: None,
-            ids: crate::attrs::Ids::default(),
         };
         readers.spawn(read_stream(r, reader));
     }
@@ -1730,7 +1518,7 @@ where
     }
     report.bytes_resumed = shared.written.resumed.load(Relaxed);
     report.bytes_sent = peer.bytes;
-    let _ = reply_tx.send(Frame::Done(report.local)).await;
+    let _ = reply_tx.send(vec![Frame::Done(report.local)]).await;
     drop(reply_tx);
     drop(shared);
     match (&mut replier.0[0]).await {
@@ -1749,7 +1537,7 @@ where
 }
 
 /// With `checksum`, once every stream has ended: the files the sender skipped take its mode
-/// and times (see [`Reader::refresh`]), by the writers.
+/// and times (see [`Prober::refresh`](crate::probe)), by the writers.
 async fn refresh_skipped(shared: &Shared, writers: &[mpsc::Sender<Op>]) {
     let ops: Vec<Op> = std::mem::take(&mut lock(&shared.table).refresh_later)
         .into_values()
@@ -1764,12 +1552,12 @@ async fn refresh_skipped(shared: &Shared, writers: &[mpsc::Sender<Op>]) {
 
 /// Tells the sender why we stop, if the reply stream still works.
 async fn notify_fatal(
-    tx: &mpsc::Sender<Frame>,
+    tx: &mpsc::Sender<Vec<Frame>>,
     replier: &mut crate::budget::AbortOnDrop<Result<impl Sized, Error>>,
     e: &Error,
 ) {
     let frame = e.to_frame(b"", true);
-    if tx.send(Frame::Error(frame)).await.is_ok() {
+    if tx.send(vec![Frame::Error(frame)]).await.is_ok() {
         let _ = tokio::time::timeout(NOTICE_WAIT, &mut replier.0[0]).await;
     }
 }

@@ -1,0 +1,445 @@
+//! The receiver's half of the quick check: a `Probe` asks whether the destination already
+//! holds a file, and the answer costs a stat (a hash, with `checksum`).
+//!
+//! A no-change rerun is nothing but probes, one per file, so they are answered on threads of
+//! their own, in parallel, rather than one after another on stream 0's reader: the reader
+//! checks each probe against the session (as every entry is checked) and hands it on. A
+//! directory's probes go to one thread, which keeps the directory open for the next.
+//!
+//! Probes go to a thread in batches, and its answers come back in one message: a stat costs
+//! less than waking a thread. Answers may go back in any order; the sender matches them by
+//! id. Everything a probe changes (the counts, the files held for `--resume`, the refresh
+//! queued to a writer) is done before its answer goes, so the `File` entry that an answer
+//! may bring finds it done.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use fastcp_proto::{Answer, Attrs, Frame, Probe};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use tokio::sync::mpsc;
+
+use crate::dest::{self, Op, Resolver, lock};
+use crate::event::{Event, SkipReason};
+use crate::receive::{Shared, kept};
+use crate::{Error, resume};
+
+/// Probes handed to a thread at once, at most: one wake-up (and one message of answers
+/// back) for many stats, each of which costs less than a wake-up.
+const PROBE_BATCH: usize = 256;
+/// Batches queued per thread.
+const PROBE_QUEUE: usize = 8;
+
+/// How many threads answer probes: stats of a cold disk overlap, and a warm one's cost CPU.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))
+}
+
+/// A probe and the attributes that came just before it.
+type Job = (Probe, Option<Box<Attrs>>);
+
+/// Hands probes to the threads that answer them, a directory's probes all to one.
+pub(crate) struct Probers {
+    queues: Vec<mpsc::Sender<Vec<Job>>>,
+    /// Each thread's probes not yet handed over.
+    batches: Vec<Vec<Job>>,
+    /// The directory of the last probe, and the queue it went to.
+    last: (Vec<u8>, usize),
+}
+
+impl Probers {
+    /// Starts the threads; a refresh goes to one of `writers`. They stop when this is
+    /// dropped, or at the transfer's first fatal error.
+    pub(crate) fn start(shared: &Arc<Shared>, writers: &[mpsc::Sender<Op>]) -> Probers {
+        let queues: Vec<_> = (0..threads())
+            .map(|i| {
+                let (tx, rx) = mpsc::channel(PROBE_QUEUE);
+                let prober = Prober {
+                    shared: shared.clone(),
+                    writers: writers.to_vec(),
+                    next_writer: i,
+                    lookup: Resolver::new(shared.clone(), false),
+                    ids: crate::attrs::Ids::default(),
+                };
+                let shared = shared.clone();
+                tokio::task::spawn_blocking(move || {
+                    let run = std::panic::AssertUnwindSafe(|| prober.run(rx));
+                    let e = match std::panic::catch_unwind(run) {
+                        Ok(Ok(())) => return,
+                        Ok(Err(e)) => e,
+                        Err(_) => Error::Protocol("a quick-check thread panicked".into()),
+                    };
+                    shared.abort.trigger(e);
+                });
+                tx
+            })
+            .collect();
+        Probers {
+            batches: queues.iter().map(|_| Vec::new()).collect(),
+            queues,
+            last: (Vec::new(), 0),
+        }
+    }
+
+    /// Queues a probe (checked against the session already) for its directory's thread.
+    /// It goes in a batch: [`flush`](Self::flush) before waiting for more frames.
+    pub(crate) async fn probe(&mut self, p: Probe, attrs: Option<Box<Attrs>>) -> Result<(), Error> {
+        let parent = &p.path[..p.path.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        if self.last.0[..] != *parent {
+            self.last = (parent.to_vec(), (self.last.1 + 1) % self.queues.len());
+        }
+        let i = self.last.1;
+        self.batches[i].push((p, attrs));
+        if self.batches[i].len() >= PROBE_BATCH {
+            self.hand_over(i).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands every probe queued so far to its thread.
+    pub(crate) async fn flush(&mut self) -> Result<(), Error> {
+        for i in 0..self.queues.len() {
+            if !self.batches[i].is_empty() {
+                self.hand_over(i).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn hand_over(&mut self, i: usize) -> Result<(), Error> {
+        let batch = std::mem::replace(&mut self.batches[i], Vec::with_capacity(PROBE_BATCH));
+        self.queues[i]
+            .send(batch)
+            .await
+            // A thread stopped: the abort carries the reason.
+            .map_err(|_| Error::Protocol("aborted".into()))
+    }
+}
+
+/// One thread's handles.
+struct Prober {
+    shared: Arc<Shared>,
+    writers: Vec<mpsc::Sender<Op>>,
+    next_writer: usize,
+    /// Opens directories to answer probes (never creates any).
+    lookup: Resolver,
+    /// Local ids by the sender's user and group names, for the refresh.
+    ids: crate::attrs::Ids,
+}
+
+impl Prober {
+    fn run(mut self, mut rx: mpsc::Receiver<Vec<Job>>) -> Result<(), Error> {
+        while let Some(batch) = rx.blocking_recv() {
+            let mut answers = Vec::with_capacity(batch.len());
+            for (p, attrs) in batch {
+                if self.shared.abort.is_set() {
+                    return Ok(());
+                }
+                answers.push(self.answer(p, attrs)?);
+            }
+            // Fails only when the reply stream is gone, and then the session is over.
+            let _ = self.shared.replies.blocking_send(answers);
+        }
+        Ok(())
+    }
+
+    /// Answers one probe: "send" unless the destination holds the file.
+    fn answer(&mut self, p: Probe, attrs: Option<Box<Attrs>>) -> Result<Frame, Error> {
+        #[cfg(test)]
+        if p.path.ends_with(b"probe-panics-here") {
+            panic!("injected by a test");
+        }
+        let config = &self.shared.config;
+        let (checksum, resume) = (config.checksum, config.resume);
+        // The destination already holds the file when a regular file (not a link) is there
+        // with its size and modification time, reached without following a symlink;
+        // anything else, a missing directory included, means "send it". One stat serves the
+        // check and the refresh.
+        let st = self.same_size(&p);
+        let (send, hash) = if checksum {
+            let hash = st.as_ref().and_then(|_| self.content_hash(&p));
+            (hash.is_none(), hash)
+        } else {
+            let same_time = st.as_ref().is_some_and(|st| {
+                (st.st_mtime, i128::from(st.st_mtime_nsec)) == (p.mtime, i128::from(p.mtime_nsec))
+            });
+            (!same_time, None)
+        };
+        if !send && let Some(st) = st {
+            self.refresh(&p, &st, attrs)?;
+        }
+        if !send && !checksum {
+            // Certain: the sender skips it.
+            self.shared.progress.add_skipped(p.size);
+            self.shared.progress.event(|| Event::Skipped {
+                path: p.path.clone(),
+                size: p.size,
+                reason: SkipReason::Unchanged,
+            });
+        }
+        if !send {
+            let mut t = lock(&self.shared.table);
+            if checksum {
+                // Skipped unless its `File` entry comes after all (checksums differed).
+                t.maybe_skipped.insert(kept(&p.path), p.size);
+            } else {
+                t.skipped.0 = t.skipped.0.saturating_add(1);
+                t.skipped.1 = t.skipped.1.saturating_add(p.size);
+                let name = p.path.rsplit(|&b| b == b'/').next().unwrap_or_default();
+                if dest::is_temp_name(name) {
+                    t.skipped_temp_names.insert(kept(&p.path));
+                }
+            }
+            drop(t);
+            // The file is whole: a partial file an earlier copy kept for it is of no more use.
+            if resume
+                && p.size > resume::PARTIAL_MIN
+                && let Some((dir, name)) = self.probed_dir(&p)
+            {
+                dest::remove_stale_partial(&dir, &name);
+            }
+        }
+        if send
+            && resume
+            && let Some((fd, offer)) = self.partial_offer(&p)
+        {
+            // Its `Partial` frames are sent: the offer is held for the `File` entry.
+            lock(&self.shared.table)
+                .offers
+                .insert(kept(&p.path), (fd, offer));
+        }
+        Ok(Frame::Answer(Answer {
+            id: p.id,
+            send,
+            hash,
+        }))
+    }
+
+    /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
+    /// they differ) and owner and attributes (when sent), as rsync brings an unchanged file
+    /// in line; a writer does it. Nothing is queued when nothing differs.
+    fn refresh(
+        &mut self,
+        p: &Probe,
+        st: &rustix::fs::Stat,
+        attrs: Option<Box<Attrs>>,
+    ) -> Result<(), Error> {
+        let preserve = self.shared.config.preserve;
+        let (mode, mtime) = match (preserve, p.mode) {
+            (true, Some(mode)) => {
+                let mode = mode & crate::dest::SAFE_MODE_BITS;
+                let times = (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec);
+                (
+                    (st.st_mode & 0o7777 != mode).then_some(mode),
+                    times.then_some((p.mtime, p.mtime_nsec)),
+                )
+            }
+            _ => (None, None),
+        };
+        let keep = &self.shared.config.attrs;
+        let attrs = attrs.filter(|a| !self.ids.in_line(a, keep, st.st_uid, st.st_gid));
+        if mode.is_none() && mtime.is_none() && attrs.is_none() {
+            return Ok(());
+        }
+        let checksum = self.shared.config.checksum;
+        // Kept until the sender's verdict with `checksum`: copies then.
+        let (wire, attrs) = if checksum {
+            (
+                kept(&p.path),
+                attrs.as_deref().map(crate::receive::kept_attrs),
+            )
+        } else {
+            (p.path.clone(), attrs)
+        };
+        let op = Op::Refresh {
+            wire: wire.clone(),
+            size: p.size,
+            mode,
+            mtime,
+            attrs,
+        };
+        if checksum {
+            // Only the sender knows whether the contents matched: done once it is, for the
+            // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
+            // carry its time with the old content if the copy stopped before it arrived.
+            lock(&self.shared.table).refresh_later.insert(wire, op);
+            return Ok(());
+        }
+        let w = self.next_writer % self.writers.len();
+        self.next_writer += 1;
+        // A writer stopped: the abort carries the reason.
+        self.writers[w]
+            .blocking_send(op)
+            .map_err(|_| Error::Protocol("aborted".into()))
+    }
+
+    /// The destination's regular file at the probe's path (not a link, reached without
+    /// following one), if it has the probe's size.
+    fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
+        let (dir, name) = self.probed_dir(p)?;
+        let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_size as u64 == p.size)
+            .then_some(st)
+    }
+
+    /// The existing directory a probed path's file would go into, and the file's name
+    /// (looked up without creating or following anything).
+    fn probed_dir(&mut self, p: &Probe) -> Option<(Arc<OwnedFd>, Vec<u8>)> {
+        let local = self.shared.root.local(&p.path);
+        let (parent, name) = match local.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&local[..i], &local[i + 1..]),
+            None => (&[][..], &local[..]),
+        };
+        let dir = self.lookup.dir(parent).ok()?;
+        (!name.is_empty()).then(|| (dir, name.to_vec()))
+    }
+
+    /// With `checksum`: the content hash of the destination's file (of the probe's size);
+    /// `None` when it cannot be read.
+    fn content_hash(&mut self, p: &Probe) -> Option<u128> {
+        let (dir, name) = self.probed_dir(p)?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
+        let (kind, progress) = (self.shared.config.content_hash, &self.shared.progress);
+        crate::checksum::content_hash(kind, std::fs::File::from(fd), progress).ok()
+    }
+
+    /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks,
+    /// sent to the sender; `None` when there is none to offer.
+    ///
+    /// The hashes go to the sender as they are made, a `Partial` frame every
+    /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
+    /// file is progress on both sides rather than a silence. With `resume_from_record`, the
+    /// blocks the partial file's record holds for this version of the source are offered
+    /// at once, unread.
+    fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, resume::Offer)> {
+        if p.size <= resume::PARTIAL_MIN {
+            return None;
+        }
+        let (dir, name) = self.probed_dir(p)?;
+        let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
+        let replies = &self.shared.replies;
+        if self.shared.config.resume_from_record {
+            let record = resume::Record::load(&fd)?;
+            let have = rustix::fs::fstat(&fd).ok()?.st_size as u64;
+            let version = resume::Version::new(&name, p.size, (p.mtime, p.mtime_nsec));
+            let offer = record.offer(version, have)?;
+            let frame = Frame::Partial(fastcp_proto::Partial {
+                id: p.id,
+                block: offer.block,
+                hashes: offer.hashes.clone(),
+            });
+            // Fails only when the reply stream is gone, and then the session is over.
+            let _ = replies.blocking_send(vec![frame]);
+            return Some((fd, offer));
+        }
+        let block = resume::block_size(p.size);
+        // What was sent is what is offered, even if a read fails part way.
+        let mut sent = Vec::new();
+        let _ = resume::block_hashes(&fd, p.size, block, |piece, bytes| {
+            self.shared.progress.add_checked(bytes);
+            sent.extend_from_slice(piece);
+            let frame = Frame::Partial(fastcp_proto::Partial {
+                id: p.id,
+                block,
+                hashes: piece.to_vec(),
+            });
+            // Fails only when the reply stream is gone, and then the session is over.
+            let _ = replies.blocking_send(vec![frame]);
+        });
+        let offer = resume::Offer {
+            block,
+            hashes: sent,
+            version: None,
+        };
+        (!offer.hashes.is_empty()).then_some((fd, offer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{Progress, ReceiveConfig, Report, SendConfig};
+
+    /// Copies `tree` into `dst` over two in-process streams, with the quick check.
+    async fn copy(tree: &Path, dst: &Path) -> Result<Report, crate::Error> {
+        let send_config = SendConfig {
+            recursive: true,
+            preserve: true,
+            skip_unchanged: true,
+            ..Default::default()
+        };
+        let receive_config = ReceiveConfig {
+            recursive: true,
+            preserve: true,
+            skip_unchanged: true,
+            ..Default::default()
+        };
+        let (a, b): (Vec<_>, Vec<_>) = (0..2).map(|_| tokio::io::duplex(64 << 10)).unzip();
+        let progress = Arc::new(Progress::default());
+        let sources = [tree.to_path_buf()];
+        let copy = async {
+            tokio::join!(
+                crate::send(&sources, a, &send_config, progress.clone()),
+                crate::receive(dst, b, &receive_config, progress.clone()),
+            )
+        };
+        // A bound on a hang, not on speed.
+        let (sent, received) = tokio::time::timeout(Duration::from_secs(60), copy)
+            .await
+            .expect("the copy hung");
+        sent?;
+        received
+    }
+
+    /// A rerun of many files in many directories, more than one batch for each probe thread,
+    /// skips every unchanged file and sends the changed ones, wherever they are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rerun_over_many_directories_sends_just_what_changed() {
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        for d in 0..40 {
+            let dir = tree.join(format!("d{d:02}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..30 {
+                std::fs::write(dir.join(format!("f{f:02}")), format!("{d} {f}")).unwrap();
+            }
+        }
+        copy(&tree, dst.path()).await.unwrap();
+        let changed = ["d00/f00", "d17/f09", "d39/f29"];
+        for c in changed {
+            // Another size: changed whatever the clock's resolution.
+            std::fs::write(tree.join(c), format!("changed {c}")).unwrap();
+        }
+        let report = copy(&tree, dst.path()).await.unwrap();
+        assert_eq!(report.files_skipped, 40 * 30 - 3);
+        assert_eq!(report.local.files, 3, "{report:?}");
+        for c in changed {
+            let got = std::fs::read_to_string(dst.path().join("t").join(c)).unwrap();
+            assert_eq!(got, format!("changed {c}"));
+        }
+    }
+
+    /// A quick-check thread that panics (a test hook makes it, for a file of this name)
+    /// ends the copy with an error that says so, rather than a hang.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quick_check_thread_that_panics_ends_the_copy() {
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        std::fs::create_dir(&tree).unwrap();
+        for i in 0..20 {
+            std::fs::write(tree.join(format!("f{i}")), [i as u8; 10]).unwrap();
+        }
+        std::fs::write(tree.join("probe-panics-here"), b"x").unwrap();
+        let e = copy(&tree, dst.path())
+            .await
+            .expect_err("a quick-check thread panicked, yet the copy succeeded");
+        assert!(e.to_string().contains("panicked"), "{e}");
+    }
+}
