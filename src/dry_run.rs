@@ -360,9 +360,9 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             kept.push(entry);
             continue;
         }
-        match entry.kind {
+        match &entry.kind {
             EntryKind::File { size }
-                if j.skip_unchanged && !j.checksum && unchanged(&path, size, &entry.meta) =>
+                if j.skip_unchanged && !j.checksum && unchanged(&path, *size, &entry.meta) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
@@ -370,6 +370,9 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             }
             EntryKind::Dir if j.delete => extras(j, &path, &entry.path, &sent, &mut deletions),
             _ => {}
+        }
+        if j.skip_unchanged && in_place(&path, &entry.kind) {
+            continue;
         }
         kept.push(entry);
     }
@@ -393,6 +396,20 @@ fn unchanged(path: &Path, size: u64, meta: &Meta) -> bool {
             && m.mtime() == meta.mtime
             && m.mtime_nsec() == i64::from(meta.mtime_nsec)
     })
+}
+
+/// Whether the destination already has a folder or link at `path` as the quick check would
+/// leave it: a real folder for a folder, a link to the same target for a link. A rerun makes
+/// nothing new of either (it brings their attributes in line, as it does a skipped file's),
+/// so a dry run does not list them, as rsync lists only what it would transfer.
+fn in_place(path: &Path, kind: &EntryKind) -> bool {
+    match kind {
+        EntryKind::Dir => std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()),
+        EntryKind::Symlink { target } => {
+            std::fs::read_link(path).is_ok_and(|t| t.as_os_str().as_bytes() == &target[..])
+        }
+        _ => false,
+    }
 }
 
 /// What the directory at `dir` (wire path `wire`) holds beyond `sent`: what `--delete` would
@@ -589,9 +606,12 @@ async fn judged_remotely(
     let report = &mut done.report;
     let mut kept = Vec::with_capacity(done.listing.len());
     for (i, entry) in std::mem::take(&mut done.listing).into_iter().enumerate() {
-        if let (EntryKind::File { size }, true) = (&entry.kind, skipped.contains(&(i as u64))) {
-            report.files_skipped += 1;
-            report.bytes_skipped += size;
+        if skipped.contains(&(i as u64)) {
+            // A file the quick check skips, or a folder or link already in place.
+            if let EntryKind::File { size } = &entry.kind {
+                report.files_skipped += 1;
+                report.bytes_skipped += size;
+            }
             continue;
         }
         kept.push(entry);
@@ -638,11 +658,6 @@ where
             return Err(e);
         }
     };
-    let by_path: std::collections::HashMap<Bytes, u64> = listing
-        .iter()
-        .zip(&ids)
-        .filter_map(|(l, id)| id.map(|id| (l.path.clone(), id)))
-        .collect();
     let mut report = Report::default();
     let judged = judge(by, target, listing.clone(), &mut report);
     let kept: HashSet<Bytes> = judged
@@ -651,9 +666,12 @@ where
         .map(|l| l.path.clone())
         .collect();
     let mut out = bytes::BytesMut::new();
-    for entry in &listing {
-        if matches!(entry.kind, EntryKind::File { .. }) && !kept.contains(&entry.path) {
-            let id = by_path[&entry.path];
+    for (i, entry) in listing.iter().enumerate() {
+        if !kept.contains(&entry.path) {
+            // A file by its id; a folder or link, which has none, by its place in the
+            // listing, which is what the client numbers its files by too. A client before
+            // folders and links were judged here keeps them listed, as it always did.
+            let id = ids[i].unwrap_or(i as u64);
             fastcp_proto::encode(
                 &Frame::Answer(fastcp_proto::Answer {
                     id,
