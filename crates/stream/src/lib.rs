@@ -19,6 +19,9 @@
 //! Memory stays bounded whatever the size of the tree or of its files: every queue between
 //! the stages is bounded in bytes or entries.
 //!
+//! Both sides run on a tokio runtime with its time driver enabled (`#[tokio::main]`, or a
+//! builder's `enable_all`), and use its blocking pool for file system work.
+//!
 //! # Example
 //!
 //! ```

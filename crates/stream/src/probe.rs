@@ -7,13 +7,18 @@
 //! directory's probes go to one thread, which keeps the directory open for the next.
 //!
 //! Probes go to a thread in batches, and its answers come back in one message: a stat costs
-//! less than waking a thread. Answers may go back in any order; the sender matches them by
-//! id. Everything a probe changes (the counts, the files held for `--resume`, the refresh
-//! queued to a writer) is done before its answer goes, so the `File` entry that an answer
-//! may bring finds it done.
+//! less than waking a thread. A batch holds what has arrived when the reader would wait;
+//! a few probes wait a moment for more (a listing that sends them one by one). Answers may
+//! go back in any order; the sender matches them by id. But a partial file's block hashes
+//! (`--resume`) are taken for the answer that comes next, so a thread sends them and their
+//! answer at its turn, and no other thread's answers come between. Everything a probe
+//! changes (the counts, the files held for `--resume`, the refresh queued to a writer) is
+//! done before its answer goes, so the `File` entry that an answer may bring finds it done.
 
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
 
 use fastcp_proto::{Answer, Attrs, Frame, Probe};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -27,124 +32,217 @@ use crate::{Error, resume};
 /// Probes handed to a thread at once, at most: one wake-up (and one message of answers
 /// back) for many stats, each of which costs less than a wake-up.
 const PROBE_BATCH: usize = 256;
+/// A batch is handed over at this many bytes of names and attributes too.
+const PROBE_BATCH_BYTES: usize = 256 << 10;
 /// Batches queued per thread.
 const PROBE_QUEUE: usize = 8;
+/// Fewer probes than this wait up to [`GATHER`] for others before they are handed over.
+const FEW: usize = 32;
+/// How long the first of a few probes may wait for more before they are handed over.
+const GATHER: Duration = Duration::from_millis(1);
+
+/// A probe thread or a writer stopped: the transfer's error, set first, says why.
+fn aborted() -> Error {
+    Error::Stream {
+        stream: 0,
+        source: std::io::Error::other("transfer aborted"),
+    }
+}
+
+/// About what a probe's attributes take in memory.
+fn attrs_bytes(a: &Attrs) -> usize {
+    a.path.len()
+        + a.user.len()
+        + a.group.len()
+        + a.xattrs
+            .iter()
+            .map(|(n, v)| n.len() + v.len())
+            .sum::<usize>()
+}
 
 /// How many threads answer probes: stats of a cold disk overlap, and a warm one's cost CPU.
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))
 }
 
-/// A probe and the attributes that came just before it.
+/// A probe and the attributes that came just before it, copied out of the receive block
+/// (a slice would keep the whole block while it waits).
 type Job = (Probe, Option<Box<Attrs>>);
 
-/// Hands probes to the threads that answer them, a directory's probes all to one.
+/// Hands probes to the threads that answer them, a directory's probes to one (a folder of
+/// more than a batch to several, a batch each).
 pub(crate) struct Probers {
     queues: Vec<mpsc::Sender<Vec<Job>>>,
-    /// Each thread's probes not yet handed over.
-    batches: Vec<Vec<Job>>,
+    /// Each thread's probes not yet handed over, and their bytes.
+    batches: Vec<(Vec<Job>, usize)>,
     /// The directory of the last probe, and the queue it went to.
     last: (Vec<u8>, usize),
+    /// When the oldest of the probes not yet handed over came.
+    since: Option<tokio::time::Instant>,
 }
 
 impl Probers {
-    /// Starts the threads; a refresh goes to one of `writers`. They stop when this is
-    /// dropped, or at the transfer's first fatal error.
+    /// Starts the threads; a refresh goes to one of `writers`. Each thread ends once its
+    /// queue is drained and this is dropped, or at the transfer's first fatal error.
     pub(crate) fn start(shared: &Arc<Shared>, writers: &[mpsc::Sender<Op>]) -> Probers {
+        let turn = Arc::new(Mutex::new(()));
         let queues: Vec<_> = (0..threads())
             .map(|i| {
                 let (tx, rx) = mpsc::channel(PROBE_QUEUE);
                 let prober = Prober {
                     shared: shared.clone(),
-                    writers: writers.to_vec(),
+                    // Weak: the writers finish when the readers are done, whatever a
+                    // probe thread is still doing (a hash, after an abort).
+                    writers: writers.iter().map(mpsc::Sender::downgrade).collect(),
                     next_writer: i,
                     lookup: Resolver::new(shared.clone(), false),
                     ids: crate::attrs::Ids::default(),
+                    turn: turn.clone(),
                 };
-                let shared = shared.clone();
-                tokio::task::spawn_blocking(move || {
-                    let run = std::panic::AssertUnwindSafe(|| prober.run(rx));
-                    let e = match std::panic::catch_unwind(run) {
-                        Ok(Ok(())) => return,
-                        Ok(Err(e)) => e,
-                        Err(_) => Error::Protocol("a quick-check thread panicked".into()),
-                    };
-                    shared.abort.trigger(e);
-                });
+                tokio::task::spawn_blocking(move || prober.run(rx));
                 tx
             })
             .collect();
         Probers {
-            batches: queues.iter().map(|_| Vec::new()).collect(),
+            batches: queues.iter().map(|_| (Vec::new(), 0)).collect(),
             queues,
             last: (Vec::new(), 0),
+            since: None,
         }
     }
 
     /// Queues a probe (checked against the session already) for its directory's thread.
-    /// It goes in a batch: [`flush`](Self::flush) before waiting for more frames.
+    /// It goes in a batch, handed over when full or by [`while_waiting`](Self::while_waiting).
     pub(crate) async fn probe(&mut self, p: Probe, attrs: Option<Box<Attrs>>) -> Result<(), Error> {
         let parent = &p.path[..p.path.iter().rposition(|&b| b == b'/').unwrap_or(0)];
         if self.last.0[..] != *parent {
             self.last = (parent.to_vec(), (self.last.1 + 1) % self.queues.len());
         }
         let i = self.last.1;
-        self.batches[i].push((p, attrs));
-        if self.batches[i].len() >= PROBE_BATCH {
+        let bytes = p.path.len() + attrs.as_ref().map_or(0, |a| attrs_bytes(a));
+        let p = Probe {
+            path: kept(&p.path),
+            ..p
+        };
+        let attrs = attrs.as_deref().map(crate::receive::kept_attrs);
+        self.since.get_or_insert_with(tokio::time::Instant::now);
+        let batch = &mut self.batches[i];
+        batch.0.push((p, attrs));
+        batch.1 += bytes;
+        if batch.0.len() >= PROBE_BATCH || batch.1 >= PROBE_BATCH_BYTES {
             self.hand_over(i).await?;
+            // The rest of a big folder goes to the next thread.
+            self.last.1 = (i + 1) % self.queues.len();
         }
         Ok(())
+    }
+
+    /// Awaits `fut` (the next read of the stream the probes come on), handing the probes
+    /// queued so far to their threads if it has to wait: what has arrived already is
+    /// decoded first, so that a batch holds all of it. A few probes wait for more until
+    /// [`GATHER`] after the first of them came, as they do when a listing sends them one by
+    /// one: a thread woken for each would cost more than its stat.
+    pub(crate) async fn while_waiting<F: Future>(&mut self, fut: F) -> Result<F::Output, Error> {
+        let mut fut = std::pin::pin!(fut);
+        let queued: usize = self.batches.iter().map(|b| b.0.len()).sum();
+        if queued == 0 {
+            return Ok(fut.await);
+        }
+        if let Poll::Ready(out) =
+            std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+        {
+            return Ok(out);
+        }
+        if queued < FEW
+            && let Some(since) = self.since
+        {
+            tokio::select! {
+                out = fut.as_mut() => return Ok(out),
+                () = tokio::time::sleep_until(since + GATHER) => {}
+            }
+        }
+        self.flush().await?;
+        Ok(fut.await)
     }
 
     /// Hands every probe queued so far to its thread.
     pub(crate) async fn flush(&mut self) -> Result<(), Error> {
         for i in 0..self.queues.len() {
-            if !self.batches[i].is_empty() {
+            if !self.batches[i].0.is_empty() {
                 self.hand_over(i).await?;
             }
         }
+        self.since = None;
         Ok(())
     }
 
     async fn hand_over(&mut self, i: usize) -> Result<(), Error> {
-        let batch = std::mem::replace(&mut self.batches[i], Vec::with_capacity(PROBE_BATCH));
-        self.queues[i]
-            .send(batch)
-            .await
-            // A thread stopped: the abort carries the reason.
-            .map_err(|_| Error::Protocol("aborted".into()))
+        let (batch, _) = std::mem::take(&mut self.batches[i]);
+        self.queues[i].send(batch).await.map_err(|_| aborted())
     }
 }
 
 /// One thread's handles.
 struct Prober {
     shared: Arc<Shared>,
-    writers: Vec<mpsc::Sender<Op>>,
+    writers: Vec<mpsc::WeakSender<Op>>,
     next_writer: usize,
     /// Opens directories to answer probes (never creates any).
     lookup: Resolver,
     /// Local ids by the sender's user and group names, for the refresh.
     ids: crate::attrs::Ids,
+    /// Held to send: what one thread sends for a probe goes back unbroken by another's.
+    turn: Arc<Mutex<()>>,
 }
 
 impl Prober {
-    fn run(mut self, mut rx: mpsc::Receiver<Vec<Job>>) -> Result<(), Error> {
-        while let Some(batch) = rx.blocking_recv() {
+    /// Answers the batches that come until the queue closes or the transfer aborts. A
+    /// failure, a panic included, is the transfer's error, set before the queue closes: the
+    /// reader, finding it closed, then reports this and not its own "aborted".
+    fn run(mut self, mut rx: mpsc::Receiver<Vec<Job>>) {
+        'batches: while let Some(batch) = rx.blocking_recv() {
             let mut answers = Vec::with_capacity(batch.len());
             for (p, attrs) in batch {
                 if self.shared.abort.is_set() {
-                    return Ok(());
+                    break 'batches;
                 }
-                answers.push(self.answer(p, attrs)?);
+                match self.answer_caught(p, attrs) {
+                    Ok(answer) => answers.extend(answer),
+                    Err(e) => {
+                        self.shared.abort.trigger(e);
+                        break 'batches;
+                    }
+                }
             }
-            // Fails only when the reply stream is gone, and then the session is over.
-            let _ = self.shared.replies.blocking_send(answers);
+            if !answers.is_empty() {
+                let _turn = lock(&self.turn);
+                // Fails only when the reply stream is gone, and then the session is over.
+                let _ = self.shared.replies.blocking_send(answers);
+            }
         }
-        Ok(())
+        drop(rx);
     }
 
-    /// Answers one probe: "send" unless the destination holds the file.
-    fn answer(&mut self, p: Probe, attrs: Option<Box<Attrs>>) -> Result<Frame, Error> {
+    /// [`answer`](Self::answer), with a panic made an error (a local fault, not the peer's).
+    fn answer_caught(
+        &mut self,
+        p: Probe,
+        attrs: Option<Box<Attrs>>,
+    ) -> Result<Option<Frame>, Error> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(p, attrs)))
+            .unwrap_or_else(|panic| {
+                let what = crate::error::panic_message(&*panic);
+                Err(Error::Io {
+                    path: self.shared.root.display(b""),
+                    source: std::io::Error::other(format!("a quick-check thread panicked: {what}")),
+                })
+            })
+    }
+
+    /// Answers one probe: "send" unless the destination holds the file. The answer is
+    /// returned to go back with others, or `None` when it went with its partial file's
+    /// hashes.
+    fn answer(&mut self, p: Probe, attrs: Option<Box<Attrs>>) -> Result<Option<Frame>, Error> {
         #[cfg(test)]
         if p.path.ends_with(b"probe-panics-here") {
             panic!("injected by a test");
@@ -199,20 +297,27 @@ impl Prober {
                 dest::remove_stale_partial(&dir, &name);
             }
         }
-        if send
-            && resume
-            && let Some((fd, offer)) = self.partial_offer(&p)
-        {
-            // Its `Partial` frames are sent: the offer is held for the `File` entry.
-            lock(&self.shared.table)
-                .offers
-                .insert(kept(&p.path), (fd, offer));
-        }
-        Ok(Frame::Answer(Answer {
+        let answer = Frame::Answer(Answer {
             id: p.id,
             send,
             hash,
-        }))
+        });
+        if send && resume && p.size > resume::PARTIAL_MIN {
+            // The sender takes a partial file's hashes for the answer that comes next:
+            // nothing else of the probe threads' goes back between them.
+            let turn = self.turn.clone();
+            let _turn = lock(&turn);
+            if let Some((fd, offer)) = self.partial_offer(&p) {
+                // Its `Partial` frames are sent: the offer is held for the `File` entry.
+                lock(&self.shared.table)
+                    .offers
+                    .insert(kept(&p.path), (fd, offer));
+                // Fails only when the reply stream is gone, and then the session is over.
+                let _ = self.shared.replies.blocking_send(vec![answer]);
+                return Ok(None);
+            }
+        }
+        Ok(Some(answer))
     }
 
     /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
@@ -267,10 +372,8 @@ impl Prober {
         }
         let w = self.next_writer % self.writers.len();
         self.next_writer += 1;
-        // A writer stopped: the abort carries the reason.
-        self.writers[w]
-            .blocking_send(op)
-            .map_err(|_| Error::Protocol("aborted".into()))
+        let writer = self.writers[w].upgrade().ok_or_else(aborted)?;
+        writer.blocking_send(op).map_err(|_| aborted())
     }
 
     /// The destination's regular file at the probe's path (not a link, reached without
@@ -359,6 +462,7 @@ impl Prober {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
@@ -367,16 +471,23 @@ mod tests {
 
     /// Copies `tree` into `dst` over two in-process streams, with the quick check.
     async fn copy(tree: &Path, dst: &Path) -> Result<Report, crate::Error> {
+        copy_with(tree, dst, false).await
+    }
+
+    /// [`copy`], with `--resume` if asked.
+    async fn copy_with(tree: &Path, dst: &Path, resume: bool) -> Result<Report, crate::Error> {
         let send_config = SendConfig {
             recursive: true,
             preserve: true,
             skip_unchanged: true,
+            resume,
             ..Default::default()
         };
         let receive_config = ReceiveConfig {
             recursive: true,
             preserve: true,
             skip_unchanged: true,
+            resume,
             ..Default::default()
         };
         let (a, b): (Vec<_>, Vec<_>) = (0..2).map(|_| tokio::io::duplex(64 << 10)).unzip();
@@ -425,6 +536,45 @@ mod tests {
         }
     }
 
+    /// Partial files in many folders, offered by several threads at once, are each resumed:
+    /// every file's block hashes reach the sender with that file's answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partial_files_offered_on_several_threads_are_all_resumed() {
+        const SIZE: usize = (crate::resume::PARTIAL_MIN + (1 << 20)) as usize;
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        let dirs = 12;
+        for d in 0..dirs {
+            let dir = tree.join(format!("d{d:02}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..40 {
+                std::fs::write(dir.join(format!("small{f:02}")), format!("{d} {f}")).unwrap();
+            }
+            let big: Vec<u8> = (0..SIZE).map(|i| (i * 7 + d) as u8).collect();
+            std::fs::write(dir.join("big"), &big).unwrap();
+            // What a cut copy would have kept: the first half, under the partial name.
+            let to = dst.path().join("t").join(format!("d{d:02}"));
+            std::fs::create_dir_all(&to).unwrap();
+            let partial = crate::resume::partial_name(b"big");
+            let partial = to.join(std::ffi::OsStr::from_bytes(&partial));
+            std::fs::write(partial, &big[..SIZE / 2]).unwrap();
+        }
+        let report = copy_with(&tree, dst.path(), true).await.unwrap();
+        // Each partial file holds whole 1 MiB blocks of the first half.
+        let held = (SIZE as u64 / 2) & !((1 << 20) - 1);
+        assert_eq!(report.bytes_resumed, held * dirs as u64, "{report:?}");
+        for d in 0..dirs {
+            let path = format!("t/d{d:02}/big");
+            let got = std::fs::read(dst.path().join(&path)).unwrap();
+            assert_eq!(
+                got,
+                std::fs::read(src.path().join(&path)).unwrap(),
+                "{path}"
+            );
+        }
+    }
+
     /// A quick-check thread that panics (a test hook makes it, for a file of this name)
     /// ends the copy with an error that says so, rather than a hang.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,11 +582,13 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         let dst = tempfile::tempdir().unwrap();
         let tree = src.path().join("t");
-        std::fs::create_dir(&tree).unwrap();
-        for i in 0..20 {
-            std::fs::write(tree.join(format!("f{i}")), [i as u8; 10]).unwrap();
+        // Many folders: probes keep going to every thread, the one that panicked included.
+        for i in 0..400 {
+            let dir = tree.join(format!("d{:02}", i % 40));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("f{i}")), [i as u8; 10]).unwrap();
         }
-        std::fs::write(tree.join("probe-panics-here"), b"x").unwrap();
+        std::fs::write(tree.join("d00/probe-panics-here"), b"x").unwrap();
         let e = copy(&tree, dst.path())
             .await
             .expect_err("a quick-check thread panicked, yet the copy succeeded");

@@ -21,7 +21,9 @@
 //! - so along any chain of waiting readers the queue times strictly decrease: no chain can
 //!   close into a cycle, and the reader holding the earliest frame is never waiting;
 //! - nothing else blocks a reader for good: writer threads and the byte budget drain on their
-//!   own (disk I/O only), and the sender's writer tasks drain every stream independently.
+//!   own (disk I/O only), the quick-check threads that stream 0's reader hands probes to
+//!   drain through the writers and the reply stream (which the sender always reads), and the
+//!   sender's writer tasks drain every stream independently.
 //!
 //! If every other stream has ended and the entry still has not come, it never will: that is
 //! a protocol error, not a wait.
@@ -375,7 +377,6 @@ impl Shared {
         lock(&self.dirs)
     }
 
-    /// Records a failed entry and tells the sender; the transfer goes on.
     /// With `resume`: the partial file offered for `wire`'s probe, held, and what was
     /// offered from it.
     pub(crate) fn take_offer(&self, wire: &[u8]) -> Option<(OwnedFd, crate::resume::Offer)> {
@@ -389,6 +390,7 @@ impl Shared {
         t.skipped_temp_names.contains(wire) || t.maybe_skipped.contains_key(wire)
     }
 
+    /// Records a failed entry and tells the sender; the transfer goes on.
     pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
         let frame = ErrorFrame {
             code: e.code(),
@@ -1041,15 +1043,13 @@ async fn read_frames<C: Source>(mut r: C, mut reader: Reader) -> Result<Summary,
         } else {
             usize::MAX
         };
-        // The probes decoded so far go to their threads before this waits for more.
-        if let Some(probers) = &mut reader.probers {
-            probers.flush().await?;
-        }
-        let n = match r
-            .fill(&mut buf, limit, &decoder, &reader.shared.pool)
-            .await
-            .map_err(|e| stream_error(i, e, "while receiving"))?
-        {
+        let fill = r.fill(&mut buf, limit, &decoder, &reader.shared.pool);
+        // The probes decoded so far go to their threads if this waits for more.
+        let filled = match &mut reader.probers {
+            Some(probers) => probers.while_waiting(fill).await?,
+            None => fill.await,
+        };
+        let n = match filled.map_err(|e| stream_error(i, e, "while receiving"))? {
             Fill::Read(n) => n,
             Fill::Frame(frame) => match reader.frame(frame).await? {
                 Some(done) => return Ok(reader.finish(done)),
