@@ -228,6 +228,45 @@ fn json_summary_of_a_local_copy() {
     );
 }
 
+/// A copy of a tree of many folders, and its rerun (whose quick check runs on threads with
+/// folders of their own open), succeed under a low limit on open files that the copy
+/// cannot raise: the directory caches are sized to the limit.
+#[test]
+fn many_folders_copy_under_a_low_open_file_limit() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    for a in 0..30 {
+        for b in 0..40 {
+            let dir = src.join(format!("a{a:02}/b{b:02}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("f"), format!("{a} {b}")).unwrap();
+        }
+    }
+    let dst = work.path().join("copy");
+    std::fs::create_dir(&dst).unwrap();
+    let run = |extra: &[&str]| {
+        // Soft and hard limit alike: the copy cannot raise it.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "ulimit -n 128 && exec \"$0\" \"$@\"", BIN])
+            .args(["-r", "-p", "--json"])
+            .args(extra)
+            .arg(&src)
+            .arg(&dst);
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_of(&out)
+    };
+    let first = run(&[]);
+    assert_eq!(first["files"], 1200, "{first}");
+    assert_same_tree(&src, &dst.join("tree"), true);
+    let again = run(&["--skip-unchanged"]);
+    assert_eq!(again["files_skipped"], 1200, "{again}");
+}
+
 /// The top-level keys of pretty-printed JSON, in the order the text has them.
 fn top_level_keys(text: &str) -> Vec<String> {
     text.lines()

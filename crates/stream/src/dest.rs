@@ -29,8 +29,20 @@ use crate::event::Event;
 use crate::receive::Shared;
 use crate::{Error, display::escape};
 
-/// How many directory fds each writer keeps open.
+/// How many directory fds a [`Resolver`] keeps open, at most.
 const DIR_CACHE: usize = 512;
+
+/// How many directory fds each of `resolvers` resolvers running at once may keep open: a
+/// quarter of the process's open-file limit shared among them, [`DIR_CACHE`] at most and 8
+/// at least. A deep tree under a low limit (1,024 is a common default) then costs more
+/// opens, not "too many open files".
+pub(crate) fn dir_cache_size(resolvers: usize) -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let share = limit.unwrap_or(u64::MAX) / 4 / resolvers.max(1) as u64;
+    usize::try_from(share)
+        .unwrap_or(usize::MAX)
+        .clamp(8, DIR_CACHE)
+}
 
 /// Block size for reading a file back to hash it, when its chunks could not be hashed alone.
 const READBACK: usize = 1 << 20;
@@ -255,7 +267,7 @@ impl Resolver {
                 break;
             }
         }
-        if self.cache.len() + ends.len() > DIR_CACHE {
+        if self.cache.len() + ends.len() > self.shared.dir_cache {
             self.cache.clear();
         }
         for j in from..ends.len() {

@@ -61,7 +61,7 @@ fn attrs_bytes(a: &Attrs) -> usize {
 }
 
 /// How many threads answer probes: stats of a cold disk overlap, and a warm one's cost CPU.
-fn threads() -> usize {
+pub(crate) fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))
 }
 

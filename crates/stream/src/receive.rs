@@ -370,6 +370,8 @@ pub(crate) struct Shared {
     /// When this transfer began: a temp file last written well before may be a killed
     /// copy's.
     pub(crate) started: std::time::SystemTime,
+    /// How many directory fds each [`Resolver`](crate::dest::Resolver) keeps open.
+    pub(crate) dir_cache: usize,
 }
 
 impl Shared {
@@ -1340,6 +1342,8 @@ where
         local_errors: Default::default(),
         replies: reply_tx.clone(),
         started: std::time::SystemTime::now(),
+        // The writers' and the quick check's resolvers run at once.
+        dir_cache: dest::dir_cache_size(config.writer_threads.max(1) + crate::probe::threads()),
     });
 
     let mut writer_txs = Vec::new();
