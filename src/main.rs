@@ -13,32 +13,12 @@ mod progress;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Raises the soft limit on open files to the hard one (at most 1,048,576), as many tools
-/// do: a copy of a deep tree keeps directories open beneath the destination, and a common
-/// default soft limit (1,024) would make it open them again and again. The engine sizes
-/// its caches to whatever limit holds, so a failure here changes nothing but speed.
-fn raise_open_file_limit() {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let limit = getrlimit(Resource::Nofile);
-    let want = limit.maximum.unwrap_or(u64::MAX).min(1 << 20);
-    if limit.current.is_some_and(|soft| soft < want) {
-        let _ = setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(want),
-                maximum: limit.maximum,
-            },
-        );
-    }
-}
-
 /// How long a copy may take to stop after SIGINT, SIGTERM or SIGHUP before it is dropped.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
     // clap exits with 2 on a usage error, 0 for --help and --version.
     let args = cli::Args::parse();
-    raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -228,9 +228,10 @@ fn json_summary_of_a_local_copy() {
     );
 }
 
-/// A copy of a tree of many folders, and its rerun (whose quick check runs on threads with
-/// folders of their own open), succeed under a low limit on open files that the copy
-/// cannot raise: the directory caches are sized to the limit.
+/// A copy of a tree of many folders, one of them deeper than the smallest cache, its rerun
+/// (whose quick check runs on threads with folders of their own open), and a copy with
+/// `--fsync` (which holds the folders written into) succeed under a low limit on open files
+/// that the copy cannot raise: the directory caches are sized to the limit.
 #[test]
 fn many_folders_copy_under_a_low_open_file_limit() {
     let work = tempfile::tempdir().unwrap();
@@ -242,6 +243,10 @@ fn many_folders_copy_under_a_low_open_file_limit() {
             std::fs::write(dir.join("f"), format!("{a} {b}")).unwrap();
         }
     }
+    // Deeper than the smallest folder cache.
+    let deep: PathBuf = (0..12).map(|i| format!("d{i}")).collect();
+    std::fs::create_dir_all(src.join(&deep)).unwrap();
+    std::fs::write(src.join(&deep).join("f"), b"deep").unwrap();
     let dst = work.path().join("copy");
     std::fs::create_dir(&dst).unwrap();
     let run = |extra: &[&str]| {
@@ -261,10 +266,15 @@ fn many_folders_copy_under_a_low_open_file_limit() {
         json_of(&out)
     };
     let first = run(&[]);
-    assert_eq!(first["files"], 1200, "{first}");
+    assert_eq!(first["files"], 1201, "{first}");
     assert_same_tree(&src, &dst.join("tree"), true);
     let again = run(&["--skip-unchanged"]);
-    assert_eq!(again["files_skipped"], 1200, "{again}");
+    assert_eq!(again["files_skipped"], 1201, "{again}");
+    // With --fsync, a writer holds the folders it wrote into until it flushes them.
+    std::fs::remove_dir_all(dst.join("tree")).unwrap();
+    let synced = run(&["--fsync"]);
+    assert_eq!(synced["files"], 1201, "{synced}");
+    assert_same_tree(&src, &dst.join("tree"), true);
 }
 
 /// The top-level keys of pretty-printed JSON, in the order the text has them.

@@ -32,10 +32,10 @@ use crate::{Error, display::escape};
 /// How many directory fds a [`Resolver`] keeps open, at most.
 const DIR_CACHE: usize = 512;
 
-/// How many directory fds each of `resolvers` resolvers running at once may keep open: a
-/// quarter of the process's open-file limit shared among them, [`DIR_CACHE`] at most and 8
-/// at least. A deep tree under a low limit (1,024 is a common default) then costs more
-/// opens, not "too many open files".
+/// How many directory fds each of `resolvers` resolvers running at once may keep open (and
+/// each writer hold for `fsync`): a quarter of the process's open-file limit shared among
+/// them, [`DIR_CACHE`] at most and 8 at least. A deep tree under a low limit (1,024 is a
+/// common default) then costs more opens, not "too many open files".
 pub(crate) fn dir_cache_size(resolvers: usize) -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     let share = limit.unwrap_or(u64::MAX) / 4 / resolvers.max(1) as u64;
@@ -267,7 +267,7 @@ impl Resolver {
                 break;
             }
         }
-        if self.cache.len() + ends.len() > self.shared.dir_cache {
+        if self.cache.len() + (ends.len() - from) > self.shared.dir_cache {
             self.cache.clear();
         }
         for j in from..ends.len() {
@@ -607,6 +607,11 @@ impl Writer {
     /// With `fsync`, remembers that an entry went into the directory `parent` at `local`.
     fn wrote_into(&mut self, local: &[u8], parent: &Arc<OwnedFd>) {
         if self.shared.config.fsync && !self.to_sync.contains_key(local) {
+            // Flushed early when there are as many as the folder cache may hold: each is
+            // an open folder. One written into again is flushed again.
+            if self.to_sync.len() >= self.shared.dir_cache {
+                self.sync_dirs();
+            }
             self.to_sync.insert(local.to_vec(), parent.clone());
         }
     }
