@@ -353,6 +353,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     };
     let sent: HashSet<Bytes> = listing.iter().map(|l| l.path.clone()).collect();
     let mut kept = Vec::with_capacity(listing.len());
+    let mut dirs_in_place = 0;
     let mut deletions = Vec::new();
     for entry in listing {
         let path = local(&entry.path);
@@ -372,6 +373,8 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             _ => {}
         }
         if j.skip_unchanged && in_place(&path, &entry.kind) {
+            // Not listed, but counted as the copy counts every folder it is sent.
+            dirs_in_place += u64::from(matches!(entry.kind, EntryKind::Dir));
             continue;
         }
         kept.push(entry);
@@ -383,6 +386,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     for entry in &kept {
         count(&mut report.local, &entry.kind);
     }
+    report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
     kept.extend(deletions);
     kept
@@ -605,12 +609,18 @@ async fn judged_remotely(
     }
     let report = &mut done.report;
     let mut kept = Vec::with_capacity(done.listing.len());
+    let mut dirs_in_place = 0;
     for (i, entry) in std::mem::take(&mut done.listing).into_iter().enumerate() {
         if skipped.contains(&(i as u64)) {
-            // A file the quick check skips, or a folder or link already in place.
-            if let EntryKind::File { size } = &entry.kind {
-                report.files_skipped += 1;
-                report.bytes_skipped += size;
+            // A file the quick check skips, or a folder or link already in place (a folder
+            // still counted, as the copy counts every folder it is sent).
+            match &entry.kind {
+                EntryKind::File { size } => {
+                    report.files_skipped += 1;
+                    report.bytes_skipped += size;
+                }
+                EntryKind::Dir => dirs_in_place += 1,
+                _ => {}
             }
             continue;
         }
@@ -623,6 +633,7 @@ async fn judged_remotely(
     for entry in &kept {
         count(&mut report.local, &entry.kind);
     }
+    report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
     kept.extend(deletions);
     done.listing = kept;

@@ -636,6 +636,21 @@ fn a_dry_run_of_a_rerun_lists_only_what_would_change() {
         }
     };
     everywhere("");
+    // The folders are still counted, as the rerun itself counts them.
+    for cmd in [
+        Command::new(BIN).arg(&src).arg(&dst),
+        fastcp(&sshd, bin()).arg(&src).arg(remote(&sshd, &dst)),
+    ]
+    .iter_mut()
+    {
+        let out = run(cmd.args(["-n", "-r", "-p", "--skip-unchanged", "--json"]));
+        let v = json(&out);
+        assert_eq!(
+            (v["dirs"].as_u64(), v["files"].as_u64()),
+            (Some(3), Some(0)),
+            "{v}"
+        );
+    }
     std::fs::remove_file(src.join("moved")).unwrap();
     std::os::unix::fs::symlink("a/b/f", src.join("moved")).unwrap();
     everywhere("src/moved -> a/b/f\n");
