@@ -133,6 +133,9 @@ impl Probers {
             self.hand_over(i).await?;
             // The rest of a big folder goes to the next thread.
             self.last.1 = (i + 1) % self.queues.len();
+            if self.batches.iter().all(|b| b.0.is_empty()) {
+                self.since = None;
+            }
         }
         Ok(())
     }
