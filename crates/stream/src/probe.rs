@@ -279,19 +279,7 @@ impl Prober {
             });
         }
         if !send {
-            let mut t = lock(&self.shared.table);
-            if checksum {
-                // Skipped unless its `File` entry comes after all (checksums differed).
-                t.maybe_skipped.insert(kept(&p.path), p.size);
-            } else {
-                t.skipped.0 = t.skipped.0.saturating_add(1);
-                t.skipped.1 = t.skipped.1.saturating_add(p.size);
-                let name = p.path.rsplit(|&b| b == b'/').next().unwrap_or_default();
-                if dest::is_temp_name(name) {
-                    t.skipped_temp_names.insert(kept(&p.path));
-                }
-            }
-            drop(t);
+            self.shared.probe_skipped(&p.path, p.size);
             // The file is whole: a partial file an earlier copy kept for it is of no more use.
             if resume
                 && p.size > resume::PARTIAL_MIN
@@ -312,9 +300,7 @@ impl Prober {
             let _turn = lock(&turn);
             if let Some((fd, offer)) = self.partial_offer(&p) {
                 // Its `Partial` frames are sent: the offer is held for the `File` entry.
-                lock(&self.shared.table)
-                    .offers
-                    .insert(kept(&p.path), (fd, offer));
+                self.shared.hold_offer(&p.path, fd, offer);
                 // Fails only when the reply stream is gone, and then the session is over.
                 let _ = self.shared.replies.blocking_send(vec![answer]);
                 return Ok(None);
@@ -370,7 +356,7 @@ impl Prober {
             // Only the sender knows whether the contents matched: done once it is, for the
             // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
             // carry its time with the old content if the copy stopped before it arrived.
-            lock(&self.shared.table).refresh_later.insert(wire, op);
+            self.shared.refresh_later(wire, op);
             return Ok(());
         }
         let w = self.next_writer % self.writers.len();

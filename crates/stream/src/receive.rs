@@ -300,7 +300,7 @@ pub(crate) fn kept_attrs(a: &Attrs) -> Box<Attrs> {
 
 /// What the readers share about the session's files and names.
 #[derive(Debug, Default)]
-pub(crate) struct Table {
+struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
@@ -327,18 +327,18 @@ pub(crate) struct Table {
     links: Vec<(Bytes, Bytes)>,
     /// Files the quick check skipped for certain (without `checksum`), and their bytes:
     /// counted, not named, so that a rerun over millions of files keeps no table of them.
-    pub(crate) skipped: (u64, u64),
+    skipped: (u64, u64),
     /// Those of them named like a temp file: a sweep must leave them alone.
-    pub(crate) skipped_temp_names: HashSet<Bytes>,
+    skipped_temp_names: HashSet<Bytes>,
     /// With `checksum`: probes answered "skip" whose file has not come (yet), which only
     /// the sender's verdict settles: path -> size.
-    pub(crate) maybe_skipped: HashMap<Bytes, u64>,
+    maybe_skipped: HashMap<Bytes, u64>,
     /// With `checksum`: the refresh of each file probed with the same size, until its `File`
     /// entry comes (it was sent after all); see [`Prober::refresh`](crate::probe).
-    pub(crate) refresh_later: HashMap<Bytes, Op>,
+    refresh_later: HashMap<Bytes, Op>,
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
-    pub(crate) offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
+    offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,7 +357,7 @@ pub(crate) struct Shared {
     pub(crate) abort: Abort,
     pub(crate) written: Written,
     dirs: Mutex<DirState>,
-    pub(crate) table: Mutex<Table>,
+    table: Mutex<Table>,
     announced: Notify,
     finished: AtomicUsize,
     n_streams: usize,
@@ -377,6 +377,35 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn lock_dirs(&self) -> MutexGuard<'_, DirState> {
         lock(&self.dirs)
+    }
+
+    /// A probed file the destination holds: skipped for certain without `checksum`
+    /// (counted, not named, but a temp-like name remembered for the sweep); with it,
+    /// skipped unless its `File` entry comes after all (the checksums differed).
+    pub(crate) fn probe_skipped(&self, wire: &[u8], size: u64) {
+        let mut t = lock(&self.table);
+        if self.config.checksum {
+            t.maybe_skipped.insert(kept(wire), size);
+            return;
+        }
+        t.skipped.0 = t.skipped.0.saturating_add(1);
+        t.skipped.1 = t.skipped.1.saturating_add(size);
+        let name = wire.rsplit(|&b| b == b'/').next().unwrap_or_default();
+        if dest::is_temp_name(name) {
+            t.skipped_temp_names.insert(kept(wire));
+        }
+    }
+
+    /// With `checksum`: the refresh of a probed file, made once the sender has skipped it
+    /// (see [`refresh_skipped`]).
+    pub(crate) fn refresh_later(&self, wire: Bytes, op: Op) {
+        lock(&self.table).refresh_later.insert(wire, op);
+    }
+
+    /// With `resume`: holds the partial file offered for `wire`'s probe, and what was
+    /// offered from it, until its `File` entry comes.
+    pub(crate) fn hold_offer(&self, wire: &[u8], fd: OwnedFd, offer: crate::resume::Offer) {
+        lock(&self.table).offers.insert(kept(wire), (fd, offer));
     }
 
     /// With `resume`: the partial file offered for `wire`'s probe, held, and what was
