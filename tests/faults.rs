@@ -931,22 +931,12 @@ fn a_cut_copy_resumes_with_what_was_missing() {
         let cfg = through(&sshd, work.path(), port);
         let target = remote(&sshd, &dst);
         let source = remote(&sshd, &src);
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "-F".as_ref(),
-            cfg.as_os_str(),
-            "--remote-path".as_ref(),
-            BIN.as_ref(),
-            "--transport".as_ref(),
-            "ssh".as_ref(),
-            "-j".as_ref(),
-            "1".as_ref(),
-            "--resume".as_ref(),
-        ];
-        if pull {
-            args.extend([source.as_ref(), dst.as_os_str()]);
+        let (from, to) = if pull {
+            (source.as_ref(), dst.as_os_str())
         } else {
-            args.extend([src.as_os_str(), target.as_ref()]);
-        }
+            (src.as_os_str(), target.as_ref())
+        };
+        let args = ssh_args(&cfg, &["-j", "1", "--resume"], from, to);
         let (code, err) = run_bounded(&args, Duration::from_secs(60));
         assert_eq!(code, Some(3), "cut at {at}, pull={pull}: {err}");
         assert!(

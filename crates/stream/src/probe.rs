@@ -279,7 +279,7 @@ impl Prober {
             });
         }
         if !send {
-            self.shared.probe_skipped(&p.path, p.size);
+            self.shared.probe_skipped(p.path.clone(), p.size);
             // The file is whole: a partial file an earlier copy kept for it is of no more use.
             if resume
                 && p.size > resume::PARTIAL_MIN
@@ -300,7 +300,7 @@ impl Prober {
             let _turn = lock(&turn);
             if let Some((fd, offer)) = self.partial_offer(&p) {
                 // Its `Partial` frames are sent: the offer is held for the `File` entry.
-                self.shared.hold_offer(&p.path, fd, offer);
+                self.shared.hold_offer(p.path.clone(), fd, offer);
                 // Fails only when the reply stream is gone, and then the session is over.
                 let _ = self.shared.replies.blocking_send(vec![answer]);
                 return Ok(None);
@@ -335,16 +335,9 @@ impl Prober {
         if mode.is_none() && mtime.is_none() && attrs.is_none() {
             return Ok(());
         }
-        let checksum = self.shared.config.checksum;
-        // Kept until the sender's verdict with `checksum`: copies then.
-        let (wire, attrs) = if checksum {
-            (
-                kept(&p.path),
-                attrs.as_deref().map(crate::receive::kept_attrs),
-            )
-        } else {
-            (p.path.clone(), attrs)
-        };
+        // The probe's name and attributes are copies already (see `Job`): they may be kept
+        // until the sender's verdict.
+        let wire = p.path.clone();
         let op = Op::Refresh {
             wire: wire.clone(),
             size: p.size,
@@ -352,7 +345,7 @@ impl Prober {
             mtime,
             attrs,
         };
-        if checksum {
+        if self.shared.config.checksum {
             // Only the sender knows whether the contents matched: done once it is, for the
             // files it skipped (`refresh_skipped`). Done now, a file it sends after all would
             // carry its time with the old content if the copy stopped before it arrived.
@@ -397,8 +390,9 @@ impl Prober {
         crate::checksum::content_hash(kind, std::fs::File::from(fd), progress).ok()
     }
 
-    /// With `resume`: the partial file of a probed file, held, with the hashes of its blocks,
-    /// sent to the sender; `None` when there is none to offer.
+    /// With `resume`: the partial file of a probed file (of more than
+    /// [`PARTIAL_MIN`](resume::PARTIAL_MIN) bytes), held, with the hashes of its blocks, sent
+    /// to the sender; `None` when there is none to offer.
     ///
     /// The hashes go to the sender as they are made, a `Partial` frame every
     /// [`PIECE_BYTES`](crate::resume::PIECE_BYTES) hashed, so that hashing a big partial
@@ -406,9 +400,6 @@ impl Prober {
     /// blocks the partial file's record holds for this version of the source are offered
     /// at once, unread.
     fn partial_offer(&mut self, p: &Probe) -> Option<(OwnedFd, resume::Offer)> {
-        if p.size <= resume::PARTIAL_MIN {
-            return None;
-        }
         let (dir, name) = self.probed_dir(p)?;
         let fd = resume::open_partial(&dir, &resume::partial_name(&name), false)?;
         let replies = &self.shared.replies;

@@ -334,7 +334,7 @@ struct Table {
     /// the sender's verdict settles: path -> size.
     maybe_skipped: HashMap<Bytes, u64>,
     /// With `checksum`: the refresh of each file probed with the same size, until its `File`
-    /// entry comes (it was sent after all); see [`Prober::refresh`](crate::probe).
+    /// entry comes (it was sent after all); see `Prober::refresh` in [`crate::probe`].
     refresh_later: HashMap<Bytes, Op>,
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
@@ -382,17 +382,18 @@ impl Shared {
     /// A probed file the destination holds: skipped for certain without `checksum`
     /// (counted, not named, but a temp-like name remembered for the sweep); with it,
     /// skipped unless its `File` entry comes after all (the checksums differed).
-    pub(crate) fn probe_skipped(&self, wire: &[u8], size: u64) {
+    /// `wire` is a copy of its own (not a slice of a receive block): it may be kept.
+    pub(crate) fn probe_skipped(&self, wire: Bytes, size: u64) {
         let mut t = lock(&self.table);
         if self.config.checksum {
-            t.maybe_skipped.insert(kept(wire), size);
+            t.maybe_skipped.insert(wire, size);
             return;
         }
         t.skipped.0 = t.skipped.0.saturating_add(1);
         t.skipped.1 = t.skipped.1.saturating_add(size);
         let name = wire.rsplit(|&b| b == b'/').next().unwrap_or_default();
         if dest::is_temp_name(name) {
-            t.skipped_temp_names.insert(kept(wire));
+            t.skipped_temp_names.insert(wire.clone());
         }
     }
 
@@ -402,10 +403,10 @@ impl Shared {
         lock(&self.table).refresh_later.insert(wire, op);
     }
 
-    /// With `resume`: holds the partial file offered for `wire`'s probe, and what was
-    /// offered from it, until its `File` entry comes.
-    pub(crate) fn hold_offer(&self, wire: &[u8], fd: OwnedFd, offer: crate::resume::Offer) {
-        lock(&self.table).offers.insert(kept(wire), (fd, offer));
+    /// With `resume`: holds the partial file offered for `wire`'s probe (a copy of its own),
+    /// and what was offered from it, until its `File` entry comes.
+    pub(crate) fn hold_offer(&self, wire: Bytes, fd: OwnedFd, offer: crate::resume::Offer) {
+        lock(&self.table).offers.insert(wire, (fd, offer));
     }
 
     /// With `resume`: the partial file offered for `wire`'s probe, held, and what was
@@ -1570,7 +1571,7 @@ where
 }
 
 /// With `checksum`, once every stream has ended: the files the sender skipped take its mode
-/// and times (see [`Prober::refresh`](crate::probe)), by the writers.
+/// and times (see `Prober::refresh` in [`crate::probe`]), by the writers.
 async fn refresh_skipped(shared: &Shared, writers: &[mpsc::Sender<Op>]) {
     let ops: Vec<Op> = std::mem::take(&mut lock(&shared.table).refresh_later)
         .into_values()

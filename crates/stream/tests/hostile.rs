@@ -123,14 +123,19 @@ fn link(path: &[u8], target: &[u8]) -> Frame {
 }
 
 fn done(files: u64, dirs: u64, symlinks: u64, bytes: u64) -> Frame {
-    Frame::Done(Summary {
+    Frame::Done(summary(files, dirs, symlinks, bytes))
+}
+
+/// The sender's totals for a stream with no errors.
+fn summary(files: u64, dirs: u64, symlinks: u64, bytes: u64) -> Summary {
+    Summary {
         files,
         dirs,
         symlinks,
         bytes,
         errors: 0,
         deleted: 0,
-    })
+    }
 }
 
 fn wire(frames: &[Frame]) -> Vec<u8> {
@@ -925,12 +930,8 @@ async fn sender_error_frames_are_reported_and_abandon_the_file() {
         data(1, 0, b"ok"),
         end(1, b"ok"),
         Frame::Done(Summary {
-            files: 2,
-            dirs: 0,
-            symlinks: 0,
-            bytes: 7,
             errors: 1,
-            deleted: 0,
+            ..summary(2, 0, 0, 7)
         }),
     ]);
     let report = run(&sb.dest, recursive(), vec![stream], true)
@@ -959,12 +960,8 @@ async fn an_error_for_a_name_two_files_share_abandons_one() {
         data(1, 0, b"abcd"),
         end(1, b"abcd"),
         Frame::Done(Summary {
-            files: 2,
-            dirs: 0,
-            symlinks: 0,
-            bytes: 8,
             errors: 1,
-            deleted: 0,
+            ..summary(2, 0, 0, 8)
         }),
     ]);
     let report = run(&sb.dest, recursive(), vec![stream], true)
