@@ -61,6 +61,9 @@ use crate::location::Location;
 use crate::remote_hash::{Hasher, alongside};
 use crate::{Error, Log};
 
+mod listings;
+use listings::Listings;
+
 /// SFTP sessions (each on an SSH connection of its own) unless `-j` says otherwise.
 pub const DEFAULT_SFTP_SESSIONS: u16 = 4;
 
@@ -733,6 +736,14 @@ async fn list_dir_and_self(
     listed.map(|()| (dot, entries))
 }
 
+/// The failure of a folder that something else is in the way of.
+fn not_a_dir() -> (ErrorCode, String) {
+    (
+        ErrorCode::Io,
+        "a file that is not a directory is in the way".into(),
+    )
+}
+
 /// The server's canonical form of `path`, every symlink in it resolved.
 async fn real_path(sftp: &Sftp, path: &str) -> Result<String, SftpError> {
     let name = sftp.raw.realpath(path).await?;
@@ -919,6 +930,8 @@ struct Apply {
     /// ([`Apply::refresh_skipped`]): set earlier, a file whose content differs would carry
     /// the source's time if the copy stopped before it was sent.
     refresh_later: Mutex<HashMap<Bytes, (FileAttributes, FileAttributes)>>,
+    /// The quick check's view of the remote's folders (see [`Listings`]).
+    listings: Listings,
 }
 
 /// A temp file last written this long before a push's own first temp file in its folder was
@@ -1129,6 +1142,7 @@ async fn push(
         temp_like: Mutex::new(std::collections::HashSet::new()),
         hasher,
         refresh_later: Mutex::new(HashMap::new()),
+        listings: Listings::default(),
     });
     let mirror_progress = progress.clone();
     let applying = {
@@ -1325,9 +1339,11 @@ impl Apply {
                     self.sent(&p.path);
                     let this = self.clone();
                     tasks.spawn(async move {
+                        // Probes come in thousands at once: spread over the sessions.
+                        let sftp = &this.sftp[(p.id % this.sftp.len() as u64) as usize];
                         let (send, hash) = match &this.hasher {
-                            Some(hasher) => this.content_hash(hasher, &p).await,
-                            None => (!this.unchanged(&p.path, p.size, p.mtime).await, None),
+                            Some(hasher) => this.content_hash(sftp, hasher, &p).await,
+                            None => (!this.unchanged(sftp, &p.path, p.size, p.mtime).await, None),
                         };
                         let offer = match send && this.resume {
                             true => this.partial_offer(&p).await,
@@ -1465,8 +1481,8 @@ impl Apply {
         })
     }
 
-    /// Makes one directory: `Err(Ok(..))` for this entry's failure, `Err(Err(..))` for the
-    /// session's.
+    /// Makes one directory, or finds it there: `Err(Ok(..))` for this entry's failure,
+    /// `Err(Err(..))` for the session's.
     async fn make_dir(
         &self,
         s: usize,
@@ -1477,23 +1493,35 @@ impl Apply {
             return Err(Ok((ErrorCode::Io, "its parent could not be made".into())));
         }
         let sftp = &self.sftp[s];
+        if self.skip_unchanged {
+            // A rerun finds most folders there: its probes list their parents anyway.
+            let (parent, name) = split_target(&path);
+            match self
+                .listings
+                .of(sftp, parent)
+                .await
+                .map(|l| l.get(name).map(file_type))
+            {
+                Some(Some(S_IFDIR)) => return Ok(path),
+                Some(Some(_)) => return Err(Ok(not_a_dir())),
+                _ => {}
+            }
+        }
         let attrs = FileAttributes {
             permissions: Some(d.meta.mode & 0o777 | 0o700),
             ..FileAttributes::empty()
         };
         match sftp.raw.mkdir(path.clone(), attrs).await {
             Ok(_) => {
-                // New: no stopped push left anything in it.
+                // New: no stopped push left anything in it, and nothing is there to probe.
                 lock(&self.swept).insert(path.clone());
+                self.listings.made(&path);
                 Ok(path)
             }
             Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
             Err(e) => match sftp.raw.lstat(path.clone()).await {
                 Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(path),
-                Ok(_) => Err(Ok((
-                    ErrorCode::Io,
-                    "a file that is not a directory is in the way".into(),
-                ))),
+                Ok(_) => Err(Ok(not_a_dir())),
                 Err(_) => Err(Ok((code(&e), format!("cannot make the directory: {e}")))),
             },
         }
@@ -1867,17 +1895,29 @@ impl Apply {
     }
 
     /// The quick check over SFTP: a regular file with this size and modification second.
-    async fn unchanged(&self, wire: &[u8], size: u64, mtime: i64) -> bool {
-        self.same_size(wire, size)
+    async fn unchanged(&self, sftp: &Sftp, wire: &[u8], size: u64, mtime: i64) -> bool {
+        self.same_size(sftp, wire, size)
             .await
             .is_some_and(|(_, a)| a.mtime.map(i64::from) == Some(mtime))
     }
 
     /// The remote path of the regular file (not a link) of `size` bytes at `wire`'s target,
     /// and its attributes, if there is one.
-    async fn same_size(&self, wire: &[u8], size: u64) -> Option<(String, FileAttributes)> {
+    async fn same_size(
+        &self,
+        sftp: &Sftp,
+        wire: &[u8],
+        size: u64,
+    ) -> Option<(String, FileAttributes)> {
         let target = self.target(wire).ok()?;
-        let a = self.sftp[0].raw.lstat(target.clone()).await.ok()?.attrs;
+        let (dir, name) = split_target(&target);
+        let a = match self.listings.of(sftp, dir).await {
+            Some(listing) => listing.get(name)?.clone(),
+            None => {
+                let _place = sftp.place(true).await;
+                sftp.raw.lstat(target.clone()).await.ok()?.attrs
+            }
+        };
         (file_type(&a) == S_IFREG && a.size == Some(size)).then_some((target, a))
     }
 
@@ -1885,8 +1925,8 @@ impl Apply {
     /// size, and then that file's hash, for the sender to compare (see
     /// [`crate::remote_hash`]). With `-p`, the mode and time such a file is to get if the
     /// sender skips it are noted ([`Apply::refresh_later`]).
-    async fn content_hash(&self, hasher: &Hasher, p: &Probe) -> (bool, Option<u128>) {
-        let Some((target, have)) = self.same_size(&p.path, p.size).await else {
+    async fn content_hash(&self, sftp: &Sftp, hasher: &Hasher, p: &Probe) -> (bool, Option<u128>) {
+        let Some((target, have)) = self.same_size(sftp, &p.path, p.size).await else {
             return (true, None);
         };
         let Some(hash) = hasher.hash(&target, p.size).await else {

@@ -336,6 +336,82 @@ fn the_quick_check_skips_unchanged_files_on_a_push_over_sftp() {
     assert_same_tree(&src, &dst.join("src"), true);
 }
 
+/// A push's rerun over many folders, each listed once rather than a stat per file: what
+/// changed in any way is sent and the rest skipped; a folder still there is used, one gone is
+/// made again, and a file in a folder's way fails that folder and what it holds, alone.
+#[test]
+fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    let mut n = 0u64;
+    for d in 0..30 {
+        for e in 0..3 {
+            let dir = src.join(format!("d{d}/e{e}"));
+            fs::create_dir_all(&dir).unwrap();
+            for f in 0..5 {
+                n += 1;
+                write(
+                    &dir.join(format!("f{f}")),
+                    &pseudo_random(100 + f, n),
+                    0o644,
+                );
+            }
+        }
+        n += 1;
+        write(&src.join(format!("d{d}/top")), &pseudo_random(50, n), 0o644);
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = || {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "--skip-unchanged", "--json"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)))
+    };
+    let out = copy();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files"], 480, "{}", json(&out));
+    let out = copy();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_skipped"], 480, "{}", json(&out));
+
+    let there = dst.join("src");
+    // Changed on the source: its size; its content and time, at the same size.
+    write(&src.join("d1/e1/f1"), &pseudo_random(7, 1), 0o644);
+    let same_size = src.join("d2/e0/f0");
+    write(&same_size, &pseudo_random(100, 12_345), 0o644);
+    set_mtime(&same_size, 1_750_000_000, 0);
+    // Changed on the destination: a file gone, a folder gone, a folder now a file.
+    fs::remove_file(there.join("d3/e2/f3")).unwrap();
+    fs::remove_dir_all(there.join("d4/e1")).unwrap();
+    fs::remove_dir_all(there.join("d6/e2")).unwrap();
+    write(&there.join("d6/e2"), b"in the way", 0o644);
+
+    let out = copy();
+    assert!(!out.status.success(), "a folder could not be made");
+    assert!(
+        stderr(&out).contains("not a directory is in the way"),
+        "{}",
+        stderr(&out)
+    );
+    let summary = json(&out);
+    // Sent: 1 + 1 + 1, the 5 in the folder made again, and the 5 beneath the file, which
+    // fail with their folder.
+    assert_eq!(summary["files"], 13, "{summary}");
+    assert_eq!(summary["error_count"], 6, "{summary}");
+    assert_eq!(summary["files_skipped"], 480 - 13, "{summary}");
+    assert_eq!(fs::read(there.join("d6/e2")).unwrap(), b"in the way");
+
+    fs::remove_file(there.join("d6/e2")).unwrap();
+    let out = copy();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files"], 5, "{}", json(&out));
+    assert_eq!(json(&out)["files_skipped"], 475, "{}", json(&out));
+    assert_same_tree(&src, &there, false);
+    assert_no_temp(&dst);
+}
+
 /// A nightly pull from a host where only SFTP serves: the second run reads only what
 /// changed (the quick check, with the probes streamed ahead of the answers), `--delete`
 /// mirrors, and `--exclude` rules leave out what they match on the remote and keep it on
