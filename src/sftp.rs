@@ -1763,6 +1763,13 @@ impl Apply {
         // Its handles are closed below, whatever happens.
         let _slot = lock(&file.slot).take();
         let sftp = &self.sftp;
+        // Its name is settled on a session it was written on (a small file's only one), so
+        // that renames are spread as writes are.
+        let home = &sftp[file
+            .handles
+            .iter()
+            .position(|h| h.initialized())
+            .unwrap_or(0)];
         let mut attrs_set = false;
         let mut outcome: Result<(), (ErrorCode, String)> = Ok(());
         for (s, handle) in file.handles.iter().enumerate() {
@@ -1801,7 +1808,7 @@ impl Apply {
         if failed || outcome.is_err() {
             // A partial file stays for the next `--resume`.
             if file.created.initialized() && file.kind == TempKind::Random {
-                let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                let _ = home.raw.remove(file.temp.clone()).await;
                 self.live.take(&file.temp);
             }
             let failure = lock(&file.failure).take();
@@ -1818,7 +1825,7 @@ impl Apply {
             self.failed(&file.wire, (ErrorCode::Io, STOPPING.into()));
             return Ok(());
         }
-        let replaced = sftp[0].replace(&file.temp, target).await;
+        let replaced = home.replace(&file.temp, target).await;
         self.live.renamed(&file.temp);
         match replaced {
             Ok(()) => {
@@ -1830,7 +1837,7 @@ impl Apply {
             }
             Err(e) => {
                 if file.kind == TempKind::Random {
-                    let _ = sftp[0].raw.remove(file.temp.clone()).await;
+                    let _ = home.raw.remove(file.temp.clone()).await;
                 }
                 if is_session_failure(&e) {
                     return Err(fatal("renaming a file into place", e));
