@@ -892,7 +892,12 @@ struct Apply {
     dirs: Registry<Bytes, Arc<SetOnce<bool>>>,
     /// The sender's chunk size: a file no bigger travels on one stream.
     chunk_size: u64,
-    dir_meta: Mutex<Vec<(Bytes, Meta)>>,
+    /// The folders of this copy by wire path, with the attributes a rerun found the folder
+    /// with if it was there (see [`Apply::finish_dirs`]).
+    dir_meta: Mutex<Vec<(Bytes, Meta, Option<FileAttributes>)>>,
+    /// The folders (by wire path) this push added to, removed from or renamed in: their
+    /// time changed.
+    touched: Mutex<std::collections::HashSet<Bytes>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
     done: Mutex<Summary>,
     in_flight: Arc<Semaphore>,
@@ -1125,6 +1130,7 @@ async fn push(
         dirs: Registry::new(),
         chunk_size: send_config.chunk_size as u64,
         dir_meta: Mutex::new(Vec::new()),
+        touched: Mutex::new(std::collections::HashSet::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
         in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
@@ -1280,6 +1286,7 @@ impl Apply {
                 Frame::File(mut f) => {
                     f.path = Bytes::copy_from_slice(&f.path);
                     self.sent(&f.path);
+                    self.touch(&f.path);
                     lock(&self.refresh_later).remove(&f.path);
                     self.registered_parent(&f.path).await;
                     // A small file's frames follow one another on this stream, so it lets go
@@ -1465,12 +1472,12 @@ impl Apply {
     /// Makes a folder; `Ok(false)` when it failed (and the failure is reported).
     async fn dir(&self, s: usize, d: DirEntry) -> Result<bool, Error> {
         Ok(match self.make_dir(s, &d).await {
-            Ok(_) => {
+            Ok(found) => {
                 lock(&self.done).dirs += 1;
                 if let Some(m) = &self.mirror {
                     lock(m).dirs.push(d.path.clone());
                 }
-                lock(&self.dir_meta).push((d.path.clone(), d.meta));
+                lock(&self.dir_meta).push((d.path.clone(), d.meta, found));
                 true
             }
             Err(Err(e)) => return Err(e),
@@ -1481,13 +1488,13 @@ impl Apply {
         })
     }
 
-    /// Makes one directory, or finds it there: `Err(Ok(..))` for this entry's failure,
-    /// `Err(Err(..))` for the session's.
+    /// Makes one directory, or finds it there (a rerun: with the attributes it has then):
+    /// `Err(Ok(..))` for this entry's failure, `Err(Err(..))` for the session's.
     async fn make_dir(
         &self,
         s: usize,
         d: &DirEntry,
-    ) -> Result<String, Result<(ErrorCode, String), Error>> {
+    ) -> Result<Option<FileAttributes>, Result<(ErrorCode, String), Error>> {
         let path = self.target(&d.path).map_err(Ok)?;
         if !self.parent_ready(&d.path).await {
             return Err(Ok((ErrorCode::Io, "its parent could not be made".into())));
@@ -1500,13 +1507,14 @@ impl Apply {
                 .listings
                 .of(sftp, parent)
                 .await
-                .map(|l| l.get(name).map(file_type))
+                .map(|l| l.get(name).cloned())
             {
-                Some(Some(S_IFDIR)) => return Ok(path),
+                Some(Some(a)) if file_type(&a) == S_IFDIR => return Ok(Some(a)),
                 Some(Some(_)) => return Err(Ok(not_a_dir())),
                 _ => {}
             }
         }
+        self.touch(&d.path);
         let attrs = FileAttributes {
             permissions: Some(d.meta.mode & 0o777 | 0o700),
             ..FileAttributes::empty()
@@ -1516,14 +1524,27 @@ impl Apply {
                 // New: no stopped push left anything in it, and nothing is there to probe.
                 lock(&self.swept).insert(path.clone());
                 self.listings.made(&path);
-                Ok(path)
+                Ok(None)
             }
             Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
             Err(e) => match sftp.raw.lstat(path.clone()).await {
-                Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(path),
+                Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(None),
                 Ok(_) => Err(Ok(not_a_dir())),
                 Err(_) => Err(Ok((code(&e), format!("cannot make the directory: {e}")))),
             },
+        }
+    }
+
+    /// Notes that this push adds, removes or renames an entry beside `wire`, in a folder
+    /// that so gets a new time (see [`Apply::finish_dirs`]).
+    fn touch(&self, wire: &[u8]) {
+        let folder = match wire.iter().rposition(|&b| b == b'/') {
+            Some(i) => &wire[..i],
+            None => &wire[..0],
+        };
+        let mut touched = lock(&self.touched);
+        if !touched.contains(folder) {
+            touched.insert(Bytes::copy_from_slice(folder));
         }
     }
 
@@ -1598,6 +1619,7 @@ impl Apply {
                     if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
                     }
+                    self.touch(&wire);
                     match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
                         Ok(n) => {
                             lock(&self.done).deleted += n;
@@ -1643,32 +1665,48 @@ impl Apply {
     async fn finish_dirs(&self) {
         let mut dirs = std::mem::take(&mut *lock(&self.dir_meta));
         let depth = |wire: &[u8]| wire.iter().filter(|&&b| b == b'/').count();
-        dirs.sort_by_key(|(wire, _)| std::cmp::Reverse(depth(wire)));
+        dirs.sort_by_key(|(wire, _, _)| std::cmp::Reverse(depth(wire)));
+        let touched = std::mem::take(&mut *lock(&self.touched));
         let n = self.sftp.len();
-        for level in dirs.chunk_by(|(a, _), (b, _)| depth(a) == depth(b)) {
+        for level in dirs.chunk_by(|(a, _, _), (b, _, _)| depth(a) == depth(b)) {
+            let touched = &touched;
             futures_util::stream::iter(level.iter().enumerate())
-                .for_each_concurrent(SESSION_REQUESTS * n, |(i, (wire, meta))| async move {
-                    // With -p, a folder's sticky bit too (a shared folder), as fastcp's
-                    // own receiver keeps it; never setuid or setgid.
-                    let bits = if self.preserve { SAFE_MODE_BITS } else { 0o777 };
-                    let mut attrs = FileAttributes {
-                        permissions: Some(meta.mode & bits),
-                        ..FileAttributes::empty()
-                    };
-                    if self.preserve {
-                        set_times(&mut attrs, meta);
-                    } else if meta.mode & 0o700 == 0o700 {
-                        return;
-                    }
-                    let sftp = &self.sftp[i % n];
-                    let set = match self.checked_dir(sftp, wire).await {
-                        Ok(path) => sftp.raw.setstat(path, attrs).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = set {
-                        self.failed(wire, (code(&e), format!("cannot set its attributes: {e}")));
-                    }
-                })
+                .for_each_concurrent(
+                    SESSION_REQUESTS * n,
+                    |(i, (wire, meta, found))| async move {
+                        // With -p, a folder's sticky bit too (a shared folder), as fastcp's
+                        // own receiver keeps it; never setuid or setgid.
+                        let bits = if self.preserve { SAFE_MODE_BITS } else { 0o777 };
+                        let mut attrs = FileAttributes {
+                            permissions: Some(meta.mode & bits),
+                            ..FileAttributes::empty()
+                        };
+                        if self.preserve {
+                            set_times(&mut attrs, meta);
+                        } else if meta.mode & 0o700 == 0o700 {
+                            return;
+                        }
+                        // A rerun's folder found as it is to be, and nothing in it changed since.
+                        if let Some(have) = found
+                            && !touched.contains(&wire[..])
+                            && have.permissions.map(|m| m & 0o7777) == attrs.permissions
+                            && (!self.preserve || have.mtime == attrs.mtime)
+                        {
+                            return;
+                        }
+                        let sftp = &self.sftp[i % n];
+                        let set = match self.checked_dir(sftp, wire).await {
+                            Ok(path) => sftp.raw.setstat(path, attrs).await.map(|_| ()),
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = set {
+                            self.failed(
+                                wire,
+                                (code(&e), format!("cannot set its attributes: {e}")),
+                            );
+                        }
+                    },
+                )
                 .await;
         }
     }
@@ -1867,6 +1905,7 @@ impl Apply {
             {
                 return Ok(false);
             }
+            self.touch(&l.path);
             let temp = temp_name(&target);
             // A stopped push removes it too (see `TempSweeper`), from the request on.
             if !self.live.add(&temp, s) {
@@ -2034,6 +2073,7 @@ impl Apply {
             }
             let path = format!("{prefix}{name}");
             if !self.live.holds(&path) && !lock(&self.temp_like).contains(&path) {
+                self.touch(&file.wire);
                 let _ = sftp.raw.remove(path).await;
             }
         }

@@ -67,6 +67,18 @@ fn build(root: &Path) {
     }
 }
 
+/// Gives every entry beneath `root` (and `root`) the whole second of its time, as SFTP
+/// carries no finer.
+fn whole_seconds(root: &Path) {
+    for p in walk(root).iter().chain([&root.to_path_buf()]) {
+        if !p.is_symlink() {
+            let t = fs::metadata(p).unwrap().modified().unwrap();
+            let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            set_mtime(p, secs as i64, 0);
+        }
+    }
+}
+
 fn walk(root: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in fs::read_dir(root).unwrap() {
@@ -338,7 +350,8 @@ fn the_quick_check_skips_unchanged_files_on_a_push_over_sftp() {
 
 /// A push's rerun over many folders, each listed once rather than a stat per file: what
 /// changed in any way is sent and the rest skipped; a folder still there is used, one gone is
-/// made again, and a file in a folder's way fails that folder and what it holds, alone.
+/// made again, and a file in a folder's way fails that folder and what it holds, alone. Each
+/// folder ends with its source's time, whether the rerun changed something in it or not.
 #[test]
 fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     let work = tempfile::tempdir().unwrap();
@@ -361,11 +374,13 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
         n += 1;
         write(&src.join(format!("d{d}/top")), &pseudo_random(50, n), 0o644);
     }
+    symlink("top", src.join("d5/link")).unwrap();
+    whole_seconds(&src);
     let dst = work.path().join("dst");
     fs::create_dir(&dst).unwrap();
     let copy = || {
         run(plain(&sshd)
-            .args(["--sftp", "-r", "--skip-unchanged", "--json"])
+            .args(["--sftp", "-r", "--skip-unchanged", "--delete", "--json"])
             .arg(&src)
             .arg(remote(&sshd, &dst)))
     };
@@ -385,8 +400,22 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     // Changed on the destination: a file gone, a folder gone, a folder now a file.
     fs::remove_file(there.join("d3/e2/f3")).unwrap();
     fs::remove_dir_all(there.join("d4/e1")).unwrap();
+    // A link retargeted on the source; an extra file on the destination, for --delete.
+    fs::remove_file(src.join("d5/link")).unwrap();
+    symlink("e0/f0", src.join("d5/link")).unwrap();
+    write(&there.join("d9/e0/extra"), b"x", 0o644);
+    // As they were, but for what they hold: so only what the rerun does there changes them.
+    for folder in ["d3/e2", "d4", "d5", "d9/e0"] {
+        let was = fs::metadata(src.join(folder)).unwrap().modified().unwrap();
+        let secs = was.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        set_mtime(&there.join(folder), secs as i64, 0);
+    }
     fs::remove_dir_all(there.join("d6/e2")).unwrap();
     write(&there.join("d6/e2"), b"in the way", 0o644);
+    // Only a folder's time differs: on the destination, on the source.
+    set_mtime(&there.join("d7/e0"), 1_500_000_000, 0);
+    set_mtime(&src.join("d8"), 1_500_000_000, 0);
+    whole_seconds(&src);
 
     let out = copy();
     assert!(!out.status.success(), "a folder could not be made");
@@ -401,14 +430,28 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     assert_eq!(summary["files"], 13, "{summary}");
     assert_eq!(summary["error_count"], 6, "{summary}");
     assert_eq!(summary["files_skipped"], 480 - 13, "{summary}");
+    assert_eq!(summary["symlinks"], 1, "{summary}");
+    assert_eq!(summary["files_deleted"], 1, "{summary}");
     assert_eq!(fs::read(there.join("d6/e2")).unwrap(), b"in the way");
+    // The folders this rerun wrote in, and those whose time alone differed, have their
+    // source's time.
+    let mtime = |p: &Path| fs::metadata(p).unwrap().modified().unwrap();
+    for folder in [
+        "d1/e1", "d2/e0", "d3/e2", "d4", "d4/e1", "d5", "d7/e0", "d8", "d9/e0",
+    ] {
+        assert_eq!(
+            mtime(&there.join(folder)),
+            mtime(&src.join(folder)),
+            "{folder}"
+        );
+    }
 
     fs::remove_file(there.join("d6/e2")).unwrap();
     let out = copy();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json(&out)["files"], 5, "{}", json(&out));
     assert_eq!(json(&out)["files_skipped"], 475, "{}", json(&out));
-    assert_same_tree(&src, &there, false);
+    assert_same_tree(&src, &there, true);
     assert_no_temp(&dst);
 }
 
