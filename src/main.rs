@@ -19,6 +19,8 @@ const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 fn main() -> ExitCode {
     // clap exits with 2 on a usage error, 0 for --help and --version.
     let args = cli::Args::parse();
+    // Before any thread starts: then growing the table costs nothing (see its docs).
+    fastcp::stream::reserve_fds();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -82,7 +82,7 @@ pub use attrs::KeepAttrs;
 pub use checksum::{
     ContentHash, FileChecksum, SHA256_RANGE, sha256_of_ranges, whole_file_checksum,
 };
-pub use dest::{SAFE_MODE_BITS, is_temp_name, is_work_file};
+pub use dest::{SAFE_MODE_BITS, is_temp_name, is_work_file, reserve_fds};
 pub use display::escape;
 pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};

@@ -1375,6 +1375,7 @@ where
         // The writers' and the quick check's resolvers run at once.
         dir_cache: dest::dir_cache_size(config.writer_threads.max(1) + crate::probe::threads()),
     });
+    dest::reserve_fds();
 
     let mut writer_txs = Vec::new();
     let mut writer_threads = Vec::new();
