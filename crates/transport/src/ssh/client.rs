@@ -699,6 +699,7 @@ async fn connect_one(
                 if client.nodelay {
                     let _ = tcp.set_nodelay(true);
                 }
+                let tcp = super::quickack::QuickAck::new(tcp);
                 russh::client::connect_stream(config(rtt)?, tcp, handler).await
             }
             Some(jump) => {

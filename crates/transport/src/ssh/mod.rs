@@ -7,6 +7,7 @@ pub mod config;
 mod error;
 pub mod known_hosts;
 pub mod program;
+mod quickack;
 pub mod remote;
 pub mod stream;
 
