@@ -34,7 +34,7 @@
 //! run (`-n`) lists the local walk on a push, and the remote listing on a pull
 //! (`list_remote`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,7 +62,7 @@ use crate::remote_hash::{Hasher, alongside};
 use crate::{Error, Log};
 
 mod listings;
-use listings::Listings;
+use listings::{Folder, LISTINGS_AT_ONCE, Listings, Seen};
 
 /// SFTP sessions (each on an SSH connection of its own) unless `-j` says otherwise.
 pub const DEFAULT_SFTP_SESSIONS: u16 = 4;
@@ -83,7 +83,8 @@ const PUSH_IN_FLIGHT: usize = 8 << 20;
 /// Small files a push has open at once on each session. The SFTP library carries handles as
 /// strings, and `sftp-server`'s handles are 4-byte numbers: from 128 on, one is not valid
 /// UTF-8 and comes back mangled (the server then refuses it). So each session keeps its
-/// open handles below 128: these, a few big files' and a listing's.
+/// open handles below 128: these, a few big files', the quick check's listings
+/// ([`LISTINGS_AT_ONCE`]) and a sweep's.
 const PUSH_FILES_IN_FLIGHT: usize = 96;
 
 /// One SFTP session and what its server allows.
@@ -93,6 +94,8 @@ struct Sftp {
     posix_rename: bool,
     /// Places for requests in flight (see [`SESSION_REQUESTS`]).
     requests: Arc<Semaphore>,
+    /// Places for the quick check's listings (see [`LISTINGS_AT_ONCE`]).
+    listing_places: Semaphore,
 }
 
 impl Sftp {
@@ -134,6 +137,7 @@ impl Sftp {
             io,
             posix_rename,
             requests: Arc::new(Semaphore::new(SESSION_REQUESTS)),
+            listing_places: Semaphore::new(LISTINGS_AT_ONCE),
         })
     }
 
@@ -701,7 +705,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A failure of one entry, its message naming it (as the engine's do).
 /// A remote folder's entries (not `.` and `..`) with their attributes as listed: a
 /// symlink's own.
 async fn list_dir(sftp: &Sftp, remote: &str) -> Result<Vec<(String, FileAttributes)>, SftpError> {
@@ -884,7 +887,8 @@ struct Apply {
     place: Place,
     preserve: bool,
     /// A rerun (`--skip-unchanged` and what implies it): a link that already says the same
-    /// is left alone.
+    /// is left alone, a folder already there is not made again (nor set, if it is as it is
+    /// to be), and probes are answered from the folders' listings ([`Listings`]).
     skip_unchanged: bool,
     files: Registry<u64, Arc<PushFile>>,
     /// Directories of this copy by wire path, once their entry arrived: made (true) or
@@ -897,7 +901,7 @@ struct Apply {
     dir_meta: Mutex<Vec<(Bytes, Meta, Option<FileAttributes>)>>,
     /// The folders (by wire path) this push added to, removed from or renamed in: their
     /// time changed.
-    touched: Mutex<std::collections::HashSet<Bytes>>,
+    touched: Mutex<HashSet<Bytes>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
     done: Mutex<Summary>,
     in_flight: Arc<Semaphore>,
@@ -923,10 +927,10 @@ struct Apply {
     live: Arc<LiveTemps>,
     /// Folders looked in for the temp files a stopped push left, or made by this push (so
     /// holding none): see [`Apply::sweep_beside`].
-    swept: Mutex<std::collections::HashSet<String>>,
+    swept: Mutex<HashSet<String>>,
     /// Entries of this push whose names look like temp names: the user's, which no sweep
     /// may take.
-    temp_like: Mutex<std::collections::HashSet<String>>,
+    temp_like: Mutex<HashSet<String>>,
     /// `--checksum`: hashes the remote's files, for the sender to compare with its own.
     hasher: Option<Hasher>,
     /// With `--checksum` and `-p`: the mode and times each file the remote has with the
@@ -960,7 +964,7 @@ struct LiveTemps {
     /// Temp names taken for their rename, until it is done: still this push's, so that
     /// its own sweep of their folder, which may have listed them a moment before, spares
     /// them.
-    renaming: Mutex<std::collections::HashSet<String>>,
+    renaming: Mutex<HashSet<String>>,
 }
 
 impl LiveTemps {
@@ -1063,7 +1067,7 @@ impl Drop for TempSweeper {
 /// read something (then nothing is deleted: what it missed would look deleted).
 #[derive(Default)]
 struct Mirror {
-    sent: std::collections::HashSet<Bytes>,
+    sent: HashSet<Bytes>,
     dirs: Vec<Bytes>,
     blocked: bool,
 }
@@ -1117,7 +1121,7 @@ async fn push(
         sftp: sftp.clone(),
         limit,
         names: Mutex::new(Some(HashMap::new())),
-        renaming: Mutex::new(std::collections::HashSet::new()),
+        renaming: Mutex::new(HashSet::new()),
     });
     let _sweeper = TempSweeper(live.clone());
     let mut send_config = plan_send_config(plan);
@@ -1130,7 +1134,7 @@ async fn push(
         dirs: Registry::new(),
         chunk_size: send_config.chunk_size as u64,
         dir_meta: Mutex::new(Vec::new()),
-        touched: Mutex::new(std::collections::HashSet::new()),
+        touched: Mutex::new(HashSet::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
         in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
@@ -1144,8 +1148,8 @@ async fn push(
         reply_order: Mutex::new(()),
         partial_reads: Semaphore::new(2),
         live,
-        swept: Mutex::new(std::collections::HashSet::new()),
-        temp_like: Mutex::new(std::collections::HashSet::new()),
+        swept: Mutex::new(HashSet::new()),
+        temp_like: Mutex::new(HashSet::new()),
         hasher,
         refresh_later: Mutex::new(HashMap::new()),
         listings: Listings::default(),
@@ -1286,7 +1290,7 @@ impl Apply {
                 Frame::File(mut f) => {
                     f.path = Bytes::copy_from_slice(&f.path);
                     self.sent(&f.path);
-                    self.touch(&f.path);
+                    self.note_change(&f.path);
                     lock(&self.refresh_later).remove(&f.path);
                     self.registered_parent(&f.path).await;
                     // A small file's frames follow one another on this stream, so it lets go
@@ -1500,21 +1504,19 @@ impl Apply {
             return Err(Ok((ErrorCode::Io, "its parent could not be made".into())));
         }
         let sftp = &self.sftp[s];
-        if self.skip_unchanged {
-            // A rerun finds most folders there: its probes list their parents anyway.
-            let (parent, name) = split_target(&path);
-            match self
-                .listings
-                .of(sftp, parent)
-                .await
-                .map(|l| l.get(name).cloned())
-            {
-                Some(Some(a)) if file_type(&a) == S_IFDIR => return Ok(Some(a)),
-                Some(Some(_)) => return Err(Ok(not_a_dir())),
-                _ => {}
+        // A rerun finds most folders there: one stat, rather than a mkdir that fails and a
+        // stat; not in a folder this push made.
+        if self.skip_unchanged && !self.listings.was_made(split_target(&path).0) {
+            match sftp.raw.lstat(path.clone()).await {
+                Ok(a) if file_type(&a.attrs) == S_IFDIR => return Ok(Some(a.attrs)),
+                Ok(_) => return Err(Ok(not_a_dir())),
+                Err(e) if is_session_failure(&e) => {
+                    return Err(Err(fatal("looking for a directory", e)));
+                }
+                Err(_) => {}
             }
         }
-        self.touch(&d.path);
+        self.note_change(&d.path);
         let attrs = FileAttributes {
             permissions: Some(d.meta.mode & 0o777 | 0o700),
             ..FileAttributes::empty()
@@ -1523,7 +1525,9 @@ impl Apply {
             Ok(_) => {
                 // New: no stopped push left anything in it, and nothing is there to probe.
                 lock(&self.swept).insert(path.clone());
-                self.listings.made(&path);
+                if self.skip_unchanged {
+                    self.listings.made(&path);
+                }
                 Ok(None)
             }
             Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
@@ -1537,7 +1541,7 @@ impl Apply {
 
     /// Notes that this push adds, removes or renames an entry beside `wire`, in a folder
     /// that so gets a new time (see [`Apply::finish_dirs`]).
-    fn touch(&self, wire: &[u8]) {
+    fn note_change(&self, wire: &[u8]) {
         let folder = match wire.iter().rposition(|&b| b == b'/') {
             Some(i) => &wire[..i],
             None => &wire[..0],
@@ -1619,7 +1623,7 @@ impl Apply {
                     if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
                     }
-                    self.touch(&wire);
+                    self.note_change(&wire);
                     match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
                         Ok(n) => {
                             lock(&self.done).deleted += n;
@@ -1661,7 +1665,10 @@ impl Apply {
     /// Sets the directories' modes (and times, with `-p`) once everything is in them,
     /// deepest first (a folder made unsearchable must not keep its subfolders from being
     /// set), each only where it still resolves to itself ([`Apply::checked_dir`]). The
-    /// folders of one depth are set at once, over all the sessions.
+    /// folders of one depth are set at once, over all the sessions. A folder a rerun found
+    /// with the mode and time it is to get is left alone, unless this push added, removed
+    /// or renamed something in it ([`Apply::note_change`]): a rerun that changes nothing
+    /// sets nothing.
     async fn finish_dirs(&self) {
         let mut dirs = std::mem::take(&mut *lock(&self.dir_meta));
         let depth = |wire: &[u8]| wire.iter().filter(|&&b| b == b'/').count();
@@ -1690,7 +1697,7 @@ impl Apply {
                         if let Some(have) = found
                             && !touched.contains(&wire[..])
                             && have.permissions.map(|m| m & 0o7777) == attrs.permissions
-                            && (!self.preserve || have.mtime == attrs.mtime)
+                            && have.mtime == attrs.mtime
                         {
                             return;
                         }
@@ -1905,7 +1912,7 @@ impl Apply {
             {
                 return Ok(false);
             }
-            self.touch(&l.path);
+            self.note_change(&l.path);
             let temp = temp_name(&target);
             // A stopped push removes it too (see `TempSweeper`), from the request on.
             if !self.live.add(&temp, s) {
@@ -1957,9 +1964,16 @@ impl Apply {
     ) -> Option<(String, FileAttributes)> {
         let target = self.target(wire).ok()?;
         let (dir, name) = split_target(&target);
-        let a = match self.listings.of(sftp, dir).await {
-            Some(listing) => listing.get(name)?.clone(),
-            None => {
+        // The copy's own folders are listed; not the destination it goes into, which may
+        // hold much else.
+        let folder = match wire.contains(&b'/') {
+            true => self.listings.of(sftp, &sftp.listing_places, dir).await,
+            false => None,
+        };
+        let a = match Folder::seen(folder.as_deref(), name) {
+            Seen::Listed(a) => a.clone(),
+            Seen::Absent => return None,
+            Seen::Unknown => {
                 let _place = sftp.place(true).await;
                 sftp.raw.lstat(target.clone()).await.ok()?.attrs
             }
@@ -2073,7 +2087,7 @@ impl Apply {
             }
             let path = format!("{prefix}{name}");
             if !self.live.holds(&path) && !lock(&self.temp_like).contains(&path) {
-                self.touch(&file.wire);
+                self.note_change(&file.wire);
                 let _ = sftp.raw.remove(path).await;
             }
         }

@@ -6,7 +6,7 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::{PermissionsExt, symlink};
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
 use std::process::Command;
 
@@ -350,8 +350,10 @@ fn the_quick_check_skips_unchanged_files_on_a_push_over_sftp() {
 
 /// A push's rerun over many folders, each listed once rather than a stat per file: what
 /// changed in any way is sent and the rest skipped; a folder still there is used, one gone is
-/// made again, and a file in a folder's way fails that folder and what it holds, alone. Each
-/// folder ends with its source's time, whether the rerun changed something in it or not.
+/// made again, and a file (or a link) in a folder's way fails that folder and what it holds,
+/// alone, with nothing written through the link. A rerun with nothing changed changes nothing
+/// there, and each folder ends with its source's time, whether a rerun changed something in
+/// it or not.
 #[test]
 fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     let work = tempfile::tempdir().unwrap();
@@ -387,11 +389,33 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     let out = copy();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json(&out)["files"], 480, "{}", json(&out));
+    let there = dst.join("src");
+    // A rerun with nothing changed changes nothing there: not a folder's attributes either.
+    let ctimes = || -> Vec<(std::path::PathBuf, i64, i64)> {
+        let mut all = walk(&there);
+        all.push(there.clone());
+        all.into_iter()
+            .map(|p| {
+                let m = fs::symlink_metadata(&p).unwrap();
+                (p, m.ctime(), m.ctime_nsec())
+            })
+            .collect()
+    };
+    let before = ctimes();
     let out = copy();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json(&out)["files_skipped"], 480, "{}", json(&out));
+    let changed: Vec<_> = ctimes()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "{} changed, as {:?}",
+        changed.len(),
+        changed.first()
+    );
 
-    let there = dst.join("src");
     // Changed on the source: its size; its content and time, at the same size.
     write(&src.join("d1/e1/f1"), &pseudo_random(7, 1), 0o644);
     let same_size = src.join("d2/e0/f0");
@@ -412,6 +436,11 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     }
     fs::remove_dir_all(there.join("d6/e2")).unwrap();
     write(&there.join("d6/e2"), b"in the way", 0o644);
+    // A folder swapped for a link to one outside the destination: nothing is written there.
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::remove_dir_all(there.join("d10/e0")).unwrap();
+    symlink(&outside, there.join("d10/e0")).unwrap();
     // Only a folder's time differs: on the destination, on the source.
     set_mtime(&there.join("d7/e0"), 1_500_000_000, 0);
     set_mtime(&src.join("d8"), 1_500_000_000, 0);
@@ -425,11 +454,12 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
         stderr(&out)
     );
     let summary = json(&out);
-    // Sent: 1 + 1 + 1, the 5 in the folder made again, and the 5 beneath the file, which
-    // fail with their folder.
-    assert_eq!(summary["files"], 13, "{summary}");
-    assert_eq!(summary["error_count"], 6, "{summary}");
-    assert_eq!(summary["files_skipped"], 480 - 13, "{summary}");
+    // Sent: 1 + 1 + 1, the 5 in the folder made again, and the 5 beneath the file and the 5
+    // beneath the link, which fail with their folder.
+    assert_eq!(summary["files"], 18, "{summary}");
+    assert_eq!(summary["error_count"], 12, "{summary}");
+    assert_eq!(summary["files_skipped"], 480 - 18, "{summary}");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
     assert_eq!(summary["symlinks"], 1, "{summary}");
     assert_eq!(summary["files_deleted"], 1, "{summary}");
     assert_eq!(fs::read(there.join("d6/e2")).unwrap(), b"in the way");
@@ -447,10 +477,11 @@ fn a_push_rerun_over_sftp_across_many_folders_sends_just_what_changed() {
     }
 
     fs::remove_file(there.join("d6/e2")).unwrap();
+    fs::remove_file(there.join("d10/e0")).unwrap();
     let out = copy();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(json(&out)["files"], 5, "{}", json(&out));
-    assert_eq!(json(&out)["files_skipped"], 475, "{}", json(&out));
+    assert_eq!(json(&out)["files"], 10, "{}", json(&out));
+    assert_eq!(json(&out)["files_skipped"], 470, "{}", json(&out));
     assert_same_tree(&src, &there, true);
     assert_no_temp(&dst);
 }

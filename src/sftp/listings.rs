@@ -1,25 +1,70 @@
-//! The remote's folders as a push's quick check sees them: each folder listed once, when
-//! the first probe for a file in it comes, and its other probes answered from that listing.
-//! A rerun then asks the server a few requests per folder rather than a stat per file:
-//! thousands of stats in flight cost the SSH server more than the stats themselves.
+//! The remote's folders as a push's quick check sees them: each folder of the copy listed
+//! once, when the first probe for a file in it comes, and its other probes answered from
+//! that listing. A rerun then asks the server a few requests per folder rather than a stat
+//! per file: thousands of stats in flight cost the SSH server more than the stats
+//! themselves.
+//!
+//! A listing is trusted for the names it holds, with their attributes as OpenSSH's server
+//! lists them (a symlink's own). A name it lacks is asked about with a stat all the same: a
+//! name the server spells otherwise (not UTF-8, or normalised) would be missed.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use russh_sftp::protocol::FileAttributes;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 
-use super::{Sftp, list_dir, lock};
+use super::{Sftp, is_single_name, list_dir, lock};
 
-/// Entries listed at most held at once, all folders together.
+/// Folders and entries held at most, all listings together (a folder counts one more).
 const LISTED_ENTRIES: usize = 1 << 16;
 
-/// A folder's entries by name, with their attributes as listed (a symlink's own); `None`
-/// when it could not be listed.
-pub(super) type Listing = Option<Arc<HashMap<String, FileAttributes>>>;
+/// Listings under way at once on each session: each holds a handle, and a push keeps its
+/// handles on a session below 128 (see `PUSH_FILES_IN_FLIGHT`).
+pub(super) const LISTINGS_AT_ONCE: usize = 8;
 
-/// The listings last taken, up to a number of entries in all (probes come in walk order, a
-/// folder's together); one let go is listed again if asked for.
+/// What a folder holds, as far as a probe can tell.
+#[derive(Debug)]
+pub(super) enum Folder {
+    /// Made by this push: nothing was there.
+    Made,
+    /// Its entries by name, as listed.
+    Listed(HashMap<String, FileAttributes>),
+}
+
+/// What a folder's listing says of one name.
+pub(super) enum Seen<'a> {
+    /// Listed, with these attributes.
+    Listed(&'a FileAttributes),
+    /// Not there: the folder is new.
+    Absent,
+    /// Not known: not listed, or the folder could not be listed.
+    Unknown,
+}
+
+impl Folder {
+    /// What this folder holds under `name`.
+    pub(super) fn seen<'a>(folder: Option<&'a Folder>, name: &str) -> Seen<'a> {
+        match folder {
+            Some(Folder::Made) => Seen::Absent,
+            Some(Folder::Listed(entries)) => entries.get(name).map_or(Seen::Unknown, Seen::Listed),
+            None => Seen::Unknown,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Folder::Made => 0,
+            Folder::Listed(entries) => entries.len(),
+        }
+    }
+}
+
+/// A folder's listing; `None` when it could not be listed.
+type Listing = Option<Arc<Folder>>;
+
+/// The listings last taken (probes come in walk order, a folder's mostly together); one let
+/// go is listed again if asked for.
 pub(super) struct Listings {
     held: Mutex<Held>,
 }
@@ -31,7 +76,7 @@ impl Default for Listings {
 }
 
 impl Listings {
-    /// Listings that hold up to `most` entries (more only while the newest is bigger).
+    /// Listings that hold up to `most` folders and entries.
     fn holding(most: usize) -> Listings {
         Listings {
             held: Mutex::new(Held {
@@ -44,15 +89,19 @@ impl Listings {
     }
 
     /// The listing of remote folder `dir` (its path with the trailing `/`), listed on
-    /// `sftp`, with one of its places, unless held or under way.
-    pub(super) async fn of(&self, sftp: &Sftp, dir: &str) -> Listing {
+    /// `sftp` (one of `places` held meanwhile) unless held or under way.
+    pub(super) async fn of(&self, sftp: &Sftp, places: &Semaphore, dir: &str) -> Listing {
         let cell = lock(&self.held).cell(dir);
         let listing = cell
             .get_or_init(|| async {
-                let _place = sftp.place(true).await;
-                let listed = list_dir(sftp, if dir.is_empty() { "." } else { dir }).await;
-                let listing: Listing = listed.ok().map(|e| Arc::new(e.into_iter().collect()));
-                lock(&self.held).listed(dir, &cell, listing.as_ref().map_or(0, |l| l.len()));
+                let _place = places.acquire().await;
+                let listed = list_dir(sftp, dir).await;
+                let listing = listed.ok().map(|entries| {
+                    let named = entries.into_iter().filter(|(name, _)| is_single_name(name));
+                    Arc::new(Folder::Listed(named.collect()))
+                });
+                let len = listing.as_ref().map_or(0, |f| f.len());
+                lock(&self.held).listed(dir, &cell, len);
                 listing
             })
             .await;
@@ -63,17 +112,24 @@ impl Listings {
     pub(super) fn made(&self, path: &str) {
         lock(&self.held).made(format!("{path}/"));
     }
+
+    /// Remote folder `dir` (with its trailing `/`) if this push made it.
+    pub(super) fn was_made(&self, dir: &str) -> bool {
+        let held = lock(&self.held);
+        let made = held.by_dir.get(dir).and_then(|(cell, _)| cell.get());
+        matches!(made, Some(Some(folder)) if matches!(**folder, Folder::Made))
+    }
 }
 
 /// What [`Listings`] holds.
 struct Held {
-    /// Each folder's listing, and its number of entries once listed.
+    /// Each folder's listing, and what it counts once listed (one, and its entries).
     by_dir: HashMap<String, (Arc<OnceCell<Listing>>, usize)>,
     /// The folders in `by_dir`, oldest first.
     order: VecDeque<String>,
-    /// Entries in the listings held.
+    /// What the listings held count, all together.
     entries: usize,
-    /// Entries held at most.
+    /// What they may count at most.
     most: usize,
 }
 
@@ -90,30 +146,46 @@ impl Held {
     }
 
     /// Counts the `len` entries of the listing `cell` just took, if it is still held, and
-    /// lets the oldest listings go while too many entries are held.
+    /// lets the oldest go while too much is held.
     fn listed(&mut self, dir: &str, cell: &Arc<OnceCell<Listing>>, len: usize) {
         match self.by_dir.get_mut(dir) {
-            Some((held, counted)) if Arc::ptr_eq(held, cell) => *counted = len,
+            Some((held, counted)) if Arc::ptr_eq(held, cell) => *counted = 1 + len,
             _ => return,
         }
-        self.entries += len;
-        while self.entries > self.most && self.order.len() > 1 {
-            let Some(oldest) = self.order.pop_front() else {
-                break;
-            };
-            if let Some((_, counted)) = self.by_dir.remove(&oldest) {
-                self.entries -= counted;
+        self.entries += 1 + len;
+        self.let_go(dir);
+    }
+
+    /// Lets the oldest listings go while too much is held: not those under way, and not
+    /// `dir` or the folders it is in, which the walk comes back to.
+    fn let_go(&mut self, dir: &str) {
+        let mut kept = VecDeque::new();
+        while self.entries > self.most
+            && let Some(oldest) = self.order.pop_front()
+        {
+            let (held, counted) = &self.by_dir[&oldest];
+            if dir.starts_with(&oldest) || !held.initialized() {
+                kept.push_back(oldest);
+                continue;
             }
+            self.entries -= counted;
+            self.by_dir.remove(&oldest);
         }
+        kept.append(&mut self.order);
+        self.order = kept;
     }
 
     /// Folder `dir` is new, so empty.
     fn made(&mut self, dir: String) {
-        let cell = Arc::new(OnceCell::new_with(Some(Some(Arc::default()))));
-        match self.by_dir.insert(dir.clone(), (cell, 0)) {
-            Some((_, counted)) => self.entries -= counted,
-            None => self.order.push_back(dir),
+        let cell = Arc::new(OnceCell::new_with(Some(Some(Arc::new(Folder::Made)))));
+        match self.by_dir.insert(dir.clone(), (cell, 1)) {
+            Some((_, counted)) => self.entries = self.entries - counted + 1,
+            None => {
+                self.entries += 1;
+                self.order.push_back(dir.clone());
+            }
         }
+        self.let_go(&dir);
     }
 }
 
@@ -125,7 +197,8 @@ mod tests {
     fn list(held: &mut Held, dir: &str, len: usize) -> Arc<OnceCell<Listing>> {
         let cell = held.cell(dir);
         let entries = (0..len).map(|i| (format!("f{i}"), FileAttributes::empty()));
-        cell.set(Some(Arc::new(entries.collect()))).unwrap();
+        cell.set(Some(Arc::new(Folder::Listed(entries.collect()))))
+            .unwrap();
         held.listed(dir, &cell, len);
         cell
     }
@@ -135,12 +208,12 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_listings_go_once_too_many_entries_are_held() {
+    fn the_oldest_listings_go_once_too_much_is_held() {
         let mut held = Listings::holding(10).held.into_inner().unwrap();
-        list(&mut held, "/a/", 4);
-        list(&mut held, "/b/", 4);
+        list(&mut held, "/a/", 3);
+        list(&mut held, "/b/", 3);
         assert!(holds(&held, "/a/") && holds(&held, "/b/"));
-        list(&mut held, "/c/", 4);
+        list(&mut held, "/c/", 3);
         assert!(!holds(&held, "/a/"), "the oldest goes");
         assert!(holds(&held, "/b/") && holds(&held, "/c/"));
         assert_eq!(held.entries, 8);
@@ -148,46 +221,72 @@ mod tests {
         // One let go is listed again when asked for.
         let again = held.cell("/a/");
         assert!(!again.initialized());
-        list(&mut held, "/a/", 4);
+        list(&mut held, "/a/", 3);
         assert!(!holds(&held, "/b/"));
         assert_eq!(held.entries, 8);
 
         // A folder bigger than all that may be held is held alone.
         list(&mut held, "/big/", 25);
         assert!(holds(&held, "/big/"));
-        assert_eq!((held.by_dir.len(), held.entries), (1, 25));
+        assert_eq!((held.by_dir.len(), held.entries), (1, 26));
+        assert_eq!(held.order, ["/big/"]);
     }
 
     #[test]
-    fn a_folder_just_made_is_empty_and_a_listing_it_replaced_is_not_counted() {
-        let mut held = Listings::holding(100).held.into_inner().unwrap();
+    fn the_folders_a_listing_is_in_and_those_under_way_stay() {
+        let mut held = Listings::holding(10).held.into_inner().unwrap();
+        list(&mut held, "/t/", 4);
+        let under_way = held.cell("/u/");
+        list(&mut held, "/x/", 2);
+        // The walk went down into a big folder of /t/: /t/ stays for the rest of its
+        // probes, and so does /u/, still being listed; /x/ goes.
+        list(&mut held, "/t/big/", 6);
+        assert!(holds(&held, "/t/") && holds(&held, "/t/big/"));
+        assert!(held.by_dir.contains_key("/u/") && !under_way.initialized());
+        assert!(!held.by_dir.contains_key("/x/"));
+        assert_eq!(held.order, ["/t/", "/u/", "/t/big/"]);
+        assert_eq!(held.entries, 5 + 7);
+    }
+
+    #[test]
+    fn folders_just_made_are_empty_counted_and_let_go_too() {
+        let mut held = Listings::holding(4).held.into_inner().unwrap();
         // A probe raced ahead of the folder's making: its listing is under way (or failed).
         let racing = held.cell("/new/");
         held.made("/new/".into());
         let made = held.cell("/new/");
-        assert!(made.get().unwrap().as_ref().unwrap().is_empty());
+        let folder = made.get().unwrap().as_deref();
+        assert!(matches!(Folder::seen(folder, "x"), Seen::Absent));
         // The listing that was under way ends, and is not counted: it is not held.
-        racing
-            .set(Some(Arc::new(HashMap::from([(
-                "x".into(),
-                FileAttributes::empty(),
-            )]))))
-            .unwrap();
+        let listed = HashMap::from([("x".into(), FileAttributes::empty())]);
+        racing.set(Some(Arc::new(Folder::Listed(listed)))).unwrap();
         held.listed("/new/", &racing, 1);
-        assert_eq!(held.entries, 0);
-        assert!(
-            held.cell("/new/")
-                .get()
-                .unwrap()
-                .as_ref()
-                .unwrap()
-                .is_empty()
-        );
+        assert_eq!(held.entries, 1);
 
         // Made over a listing held: its entries are no longer counted.
-        list(&mut held, "/old/", 7);
+        list(&mut held, "/old/", 2);
         held.made("/old/".into());
-        assert_eq!(held.entries, 0);
-        assert_eq!(held.order.len(), 2);
+        assert_eq!(held.entries, 2);
+        // Many folders made: the oldest go, as listings do.
+        for i in 0..10 {
+            held.made(format!("/m{i}/"));
+        }
+        assert_eq!(
+            (held.entries, held.by_dir.len(), held.order.len()),
+            (4, 4, 4)
+        );
+    }
+
+    #[test]
+    fn a_listing_answers_for_the_names_it_holds_only() {
+        let listed = Folder::Listed(HashMap::from([("a".into(), FileAttributes::empty())]));
+        assert!(matches!(Folder::seen(Some(&listed), "a"), Seen::Listed(_)));
+        // Perhaps spelled otherwise by the server: asked about.
+        assert!(matches!(Folder::seen(Some(&listed), "b"), Seen::Unknown));
+        assert!(matches!(Folder::seen(None, "a"), Seen::Unknown));
+        assert!(matches!(
+            Folder::seen(Some(&Folder::Made), "a"),
+            Seen::Absent
+        ));
     }
 }
