@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_same_tree, build_mixed, pseudo_random, write};
+use fastcp_testsupport::tree::{assert_same_tree, build_mixed, pseudo_random, set_mtime, write};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -270,6 +270,19 @@ fn many_folders_copy_under_a_low_open_file_limit() {
     assert_same_tree(&src, &dst.join("tree"), true);
     let again = run(&["--skip-unchanged"]);
     assert_eq!(again["files_skipped"], 1201, "{again}");
+    // A few folders, here and there, no longer as they were copied: a rerun, which checks
+    // the folders on several threads, sets just those again.
+    let there = dst.join("tree");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::Permissions::from_mode(0o700);
+    std::fs::set_permissions(there.join("a03/b07"), mode.clone()).unwrap();
+    std::fs::set_permissions(there.join(&deep).parent().unwrap(), mode).unwrap();
+    for folder in ["a17", "a29/b39", "a00/b00"] {
+        set_mtime(&there.join(folder), 1_500_000_000, 0);
+    }
+    let fixed = run(&["--skip-unchanged"]);
+    assert_eq!(fixed["files_skipped"], 1201, "{fixed}");
+    assert_same_tree(&src, &there, true);
     // With --fsync, a writer holds the folders it wrote into until it flushes them.
     std::fs::remove_dir_all(dst.join("tree")).unwrap();
     let synced = run(&["--fsync"]);

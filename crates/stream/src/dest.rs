@@ -1750,13 +1750,46 @@ fn already_set(resolver: &mut Resolver, f: &Fixup) -> bool {
             .is_none_or(|t| (st.st_atime, st.st_atime_nsec as u32) == t)
 }
 
+/// Fixups checked on one thread at least, when [`apply_fixups`] checks them on several.
+const FIXUPS_PER_THREAD: usize = 256;
+
+/// [`already_set`] for each of `fixups`, in order. A rerun finds nearly every folder as it
+/// is to be, and each check is a stat that changes nothing, so they run on a few threads at
+/// once, each over a run of neighbours (which share their parents' fds). A thread that
+/// fails leaves its folders to be set.
+fn all_already_set(shared: &Arc<Shared>, fixups: &[Fixup]) -> Vec<bool> {
+    let threads = crate::probe::threads()
+        .min(fixups.len() / FIXUPS_PER_THREAD)
+        .max(1);
+    let run = fixups.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let checks: Vec<_> = fixups
+            .chunks(run)
+            .map(|part| {
+                let checking = scope.spawn(move || {
+                    let mut resolver = Resolver::new(shared.clone(), false);
+                    part.iter()
+                        .map(|f| already_set(&mut resolver, f))
+                        .collect::<Vec<_>>()
+                });
+                (part.len(), checking)
+            })
+            .collect();
+        checks
+            .into_iter()
+            .flat_map(|(n, checking)| checking.join().unwrap_or_else(|_| vec![false; n]))
+            .collect()
+    })
+}
+
 /// Applies directory modes and times, deepest first.
 pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
     fixups.sort_by_key(|f| std::cmp::Reverse(f.local.iter().filter(|&&b| b == b'/').count()));
+    let set = all_already_set(shared, &fixups);
     let mut resolver = Resolver::new(shared.clone(), false);
     let mut ids = crate::attrs::Ids::default();
-    for f in fixups {
-        if already_set(&mut resolver, &f) {
+    for (f, set) in fixups.into_iter().zip(set) {
+        if set {
             continue;
         }
         let fd = match resolver.dir(&f.local) {
