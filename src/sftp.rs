@@ -83,8 +83,8 @@ const PUSH_IN_FLIGHT: usize = 8 << 20;
 /// Small files a push has open at once on each session. The SFTP library carries handles as
 /// strings, and `sftp-server`'s handles are 4-byte numbers: from 128 on, one is not valid
 /// UTF-8 and comes back mangled (the server then refuses it). So each session keeps its
-/// open handles below 128: these, a few big files', the quick check's listings
-/// ([`LISTINGS_AT_ONCE`]) and a sweep's.
+/// open handles below 128: these, a few big files', and the listings of the quick check
+/// and of the sweeps ([`LISTINGS_AT_ONCE`] in all).
 const PUSH_FILES_IN_FLIGHT: usize = 96;
 
 /// One SFTP session and what its server allows.
@@ -1507,7 +1507,10 @@ impl Apply {
         // A rerun finds most folders there: one stat, rather than a mkdir that fails and a
         // stat; not in a folder this push made.
         if self.skip_unchanged && !self.listings.was_made(split_target(&path).0) {
-            match sftp.raw.lstat(path.clone()).await {
+            let place = sftp.place(true).await;
+            let found = sftp.raw.lstat(path.clone()).await;
+            drop(place);
+            match found {
                 Ok(a) if file_type(&a.attrs) == S_IFDIR => return Ok(Some(a.attrs)),
                 Ok(_) => return Err(Ok(not_a_dir())),
                 Err(e) if is_session_failure(&e) => {
@@ -1697,7 +1700,7 @@ impl Apply {
                         if let Some(have) = found
                             && !touched.contains(&wire[..])
                             && have.permissions.map(|m| m & 0o7777) == attrs.permissions
-                            && have.mtime == attrs.mtime
+                            && (!self.preserve || have.mtime == attrs.mtime)
                         {
                             return;
                         }
@@ -2067,7 +2070,11 @@ impl Apply {
             return;
         }
         let sftp = &self.sftp[s];
-        let Ok((Some(dot), entries)) = list_dir_and_self(sftp, dir).await else {
+        // A listing holds a handle, as the quick check's do: it takes one of their places.
+        let place = sftp.listing_places.acquire().await;
+        let listed = list_dir_and_self(sftp, dir).await;
+        drop(place);
+        let Ok((Some(dot), entries)) = listed else {
             return;
         };
         let Some(now) = dot.mtime else {

@@ -16,11 +16,13 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use super::{Sftp, is_single_name, list_dir, lock};
 
-/// Folders and entries held at most, all listings together (a folder counts one more).
+/// Folders and entries held, all listings together (a folder counts one more): past this,
+/// the oldest are let go, though not those under way, the newest, or the folders it is in.
 const LISTED_ENTRIES: usize = 1 << 16;
 
-/// Listings under way at once on each session: each holds a handle, and a push keeps its
-/// handles on a session below 128 (see `PUSH_FILES_IN_FLIGHT`).
+/// Listings under way at once on each session, these and the stale-temp sweeps' together:
+/// each holds a handle, and a push keeps its handles on a session below 128 (see
+/// `PUSH_FILES_IN_FLIGHT`).
 pub(super) const LISTINGS_AT_ONCE: usize = 8;
 
 /// What a folder holds, as far as a probe can tell.
