@@ -901,7 +901,7 @@ struct Apply {
     dir_meta: Mutex<Vec<(Bytes, Meta, Option<FileAttributes>)>>,
     /// The folders (by wire path) this push added to, removed from or renamed in: their
     /// time changed.
-    touched: Mutex<HashSet<Bytes>>,
+    changed_in: Mutex<HashSet<Bytes>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
     done: Mutex<Summary>,
     in_flight: Arc<Semaphore>,
@@ -1134,7 +1134,7 @@ async fn push(
         dirs: Registry::new(),
         chunk_size: send_config.chunk_size as u64,
         dir_meta: Mutex::new(Vec::new()),
-        touched: Mutex::new(HashSet::new()),
+        changed_in: Mutex::new(HashSet::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
         in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
@@ -1549,9 +1549,9 @@ impl Apply {
             Some(i) => &wire[..i],
             None => &wire[..0],
         };
-        let mut touched = lock(&self.touched);
-        if !touched.contains(folder) {
-            touched.insert(Bytes::copy_from_slice(folder));
+        let mut changed_in = lock(&self.changed_in);
+        if !changed_in.contains(folder) {
+            changed_in.insert(Bytes::copy_from_slice(folder));
         }
     }
 
@@ -1676,10 +1676,10 @@ impl Apply {
         let mut dirs = std::mem::take(&mut *lock(&self.dir_meta));
         let depth = |wire: &[u8]| wire.iter().filter(|&&b| b == b'/').count();
         dirs.sort_by_key(|(wire, _, _)| std::cmp::Reverse(depth(wire)));
-        let touched = std::mem::take(&mut *lock(&self.touched));
+        let changed_in = std::mem::take(&mut *lock(&self.changed_in));
         let n = self.sftp.len();
         for level in dirs.chunk_by(|(a, _, _), (b, _, _)| depth(a) == depth(b)) {
-            let touched = &touched;
+            let changed_in = &changed_in;
             futures_util::stream::iter(level.iter().enumerate())
                 .for_each_concurrent(
                     SESSION_REQUESTS * n,
@@ -1698,7 +1698,7 @@ impl Apply {
                         }
                         // A rerun's folder found as it is to be, and nothing in it changed since.
                         if let Some(have) = found
-                            && !touched.contains(&wire[..])
+                            && !changed_in.contains(&wire[..])
                             && have.permissions.map(|m| m & 0o7777) == attrs.permissions
                             && (!self.preserve || have.mtime == attrs.mtime)
                         {

@@ -45,6 +45,13 @@ pub(super) enum Seen<'a> {
 }
 
 impl Folder {
+    /// A folder's listing as the server gave it, but for names that cannot be one of its
+    /// entries as given (a name not UTF-8 comes as U+FFFD): those are asked about instead.
+    fn listed(entries: Vec<(String, FileAttributes)>) -> Folder {
+        let named = entries.into_iter().filter(|(name, _)| is_single_name(name));
+        Folder::Listed(named.collect())
+    }
+
     /// What this folder holds under `name`.
     pub(super) fn seen<'a>(folder: Option<&'a Folder>, name: &str) -> Seen<'a> {
         match folder {
@@ -98,10 +105,7 @@ impl Listings {
             .get_or_init(|| async {
                 let _place = places.acquire().await;
                 let listed = list_dir(sftp, dir).await;
-                let listing = listed.ok().map(|entries| {
-                    let named = entries.into_iter().filter(|(name, _)| is_single_name(name));
-                    Arc::new(Folder::Listed(named.collect()))
-                });
+                let listing = listed.ok().map(|entries| Arc::new(Folder::listed(entries)));
                 let len = listing.as_ref().map_or(0, |f| f.len());
                 lock(&self.held).listed(dir, &cell, len);
                 listing
