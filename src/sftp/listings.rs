@@ -284,6 +284,21 @@ mod tests {
     }
 
     #[test]
+    fn a_name_the_server_could_not_give_as_it_is_is_asked_about() {
+        // `a\xe9` on the remote comes as `a\u{FFFD}`: it must not answer for a source
+        // file of that name.
+        let entries = ["ok", "a\u{FFFD}", "x/y", ""].map(|n| (n.into(), FileAttributes::empty()));
+        let folder = Folder::listed(entries.into());
+        assert!(matches!(Folder::seen(Some(&folder), "ok"), Seen::Listed(_)));
+        for name in ["a\u{FFFD}", "x/y", ""] {
+            assert!(
+                matches!(Folder::seen(Some(&folder), name), Seen::Unknown),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_listing_answers_for_the_names_it_holds_only() {
         let listed = Folder::Listed(HashMap::from([("a".into(), FileAttributes::empty())]));
         assert!(matches!(Folder::seen(Some(&listed), "a"), Seen::Listed(_)));
