@@ -32,6 +32,11 @@ use crate::{Error, display::escape};
 /// How many directory fds a [`Resolver`] keeps open, at most.
 const DIR_CACHE: usize = 512;
 
+/// Operations a writer takes from its queue at once, at most: whatever is there, without
+/// waiting for more. Taken one at a time, each freed slot woke a reader waiting on a full
+/// queue (an `eventfd` write and a scheduler wake-up per small file).
+const WRITER_TAKE: usize = 64;
+
 /// How many directory fds each of `resolvers` resolvers running at once may keep open (and
 /// each writer hold for `fsync`): a quarter of the process's open-file limit shared among
 /// them, [`DIR_CACHE`] at most and 8 at least. A deep tree under a low limit (1,024 is a
@@ -661,25 +666,30 @@ impl Writer {
     /// Runs until the channel closes or the transfer aborts; removes every temp file it
     /// still has.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Op>) {
-        while let Some(op) = rx.blocking_recv() {
-            if self.shared.abort.is_set() {
-                // With `resume`, what already arrived still goes into the partial files, for
-                // the next copy (the readers have stopped: this is what they had queued).
-                if !self.shared.config.resume {
-                    break;
+        let mut ops = Vec::with_capacity(WRITER_TAKE);
+        'run: while rx.blocking_recv_many(&mut ops, WRITER_TAKE) > 0 {
+            for op in ops.drain(..) {
+                if self.shared.abort.is_set() {
+                    // With `resume`, what already arrived still goes into the partial files,
+                    // for the next copy (the readers have stopped: this is what they had
+                    // queued).
+                    if !self.shared.config.resume {
+                        break 'run;
+                    }
+                    if matches!(op, Op::Create { .. } | Op::Data { .. } | Op::Keep { .. })
+                        && self.handle_caught(op).is_err()
+                    {
+                        break 'run;
+                    }
+                    continue;
                 }
-                if matches!(op, Op::Create { .. } | Op::Data { .. } | Op::Keep { .. })
-                    && self.handle_caught(op).is_err()
-                {
-                    break;
+                if let Err(e) = self.handle_caught(op) {
+                    self.shared.abort.trigger(e);
+                    break 'run;
                 }
-                continue;
-            }
-            if let Err(e) = self.handle_caught(op) {
-                self.shared.abort.trigger(e);
-                break;
             }
         }
+        drop(ops);
         drop(rx);
         let aborted = self.shared.abort.is_set();
         let mut incomplete = None;
