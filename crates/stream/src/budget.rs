@@ -17,6 +17,10 @@ pub(crate) struct Budget {
 struct State {
     used: usize,
     closed: bool,
+    /// Producers waiting in [`Budget::acquire`]: a release wakes them only if there are any
+    /// (a notification costs a system call even when nobody waits, and a release comes with
+    /// every message sent).
+    waiting: usize,
 }
 
 /// The budget was closed: the transfer is being torn down.
@@ -30,6 +34,7 @@ impl Budget {
             state: Mutex::new(State {
                 used: 0,
                 closed: false,
+                waiting: 0,
             }),
             cv: Condvar::new(),
         }
@@ -48,7 +53,9 @@ impl Budget {
                 st.used += n;
                 return Ok(n);
             }
+            st.waiting += 1;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiting -= 1;
         }
     }
 
@@ -59,8 +66,11 @@ impl Budget {
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.used = st.used.saturating_sub(n);
+        let wake = st.waiting > 0;
         drop(st);
-        self.cv.notify_all();
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     /// Wakes every waiter with [`Closed`], now and from now on.
@@ -130,6 +140,47 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits until `n` producers wait in `acquire`.
+    fn until_waiting(budget: &Budget, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while budget.state.lock().unwrap().waiting != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no producer came to wait"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A producer waiting for the budget is woken by a release that makes room, and by a
+    /// close; releases with nobody waiting leave the count at zero.
+    #[test]
+    fn a_waiting_producer_wakes_on_release_and_on_close() {
+        let budget = std::sync::Arc::new(Budget::new(10));
+        assert_eq!(budget.acquire(10).unwrap(), 10);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let (budget, tx) = (budget.clone(), tx.clone());
+            std::thread::spawn(move || tx.send(budget.acquire(5).is_ok()).unwrap())
+        };
+        until_waiting(&budget, 1);
+        budget.release(5);
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got, Ok(true), "the release woke the producer");
+        waiter.join().unwrap();
+        assert_eq!(budget.state.lock().unwrap().waiting, 0);
+
+        let waiter = {
+            let budget = budget.clone();
+            std::thread::spawn(move || tx.send(budget.acquire(5).is_ok()).unwrap())
+        };
+        until_waiting(&budget, 1);
+        budget.close();
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got, Ok(false), "the close woke the producer with Closed");
+        waiter.join().unwrap();
+    }
 
     /// A chunk cut from the middle of a read block, once it is the block's last holder, gives
     /// the whole block back.
