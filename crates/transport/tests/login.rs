@@ -1,4 +1,5 @@
-//! Password and keyboard-interactive logins are asked once and reused for more connections.
+//! Password and keyboard-interactive logins are asked once and reused for more connections,
+//! and a server that goes silent during a login is given up on.
 //!
 //! The harness's OpenSSH sshd only does public keys (a password login needs an account with a
 //! password, which tests must not set on the machine), so these tests run an in-process
@@ -245,4 +246,85 @@ fn a_missing_terminal_is_an_error_not_a_hang() {
         text.contains("password (no terminal to ask for it)"),
         "{text}"
     );
+}
+
+/// A server that takes the connection, shows its host key, then never answers a login.
+#[derive(Clone)]
+struct SilentLogin;
+
+impl russh::server::Handler for SilentLogin {
+    type Error = russh::Error;
+
+    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
+        std::future::pending().await
+    }
+}
+
+/// A server that goes silent once the login has started (after its host key, so past
+/// ConnectTimeout) is given up on by the keepalives (ServerAliveInterval), not waited for.
+#[tokio::test]
+async fn a_server_silent_during_the_login_is_given_up_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host_key");
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let key: PrivateKey = russh::keys::load_secret_key(&path, None).unwrap();
+    let known = key.public_key().to_openssh().unwrap();
+    let server_config = Arc::new(russh::server::Config {
+        methods: MethodSet::from(&[MethodKind::Password][..]),
+        keys: vec![key],
+        ..Default::default()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let server_config = server_config.clone();
+            tokio::spawn(async move {
+                let run = russh::server::run_stream(server_config, socket, SilentLogin);
+                if let Ok(session) = run.await {
+                    let _ = session.await;
+                }
+            });
+        }
+    });
+    let known = format!("[127.0.0.1]:{port} {known}");
+    let login = |o: SshOptions| async move {
+        let res = tokio::time::timeout(Duration::from_secs(60), SshSession::connect("t", &o));
+        match res.await {
+            Ok(Ok(_)) => panic!("logged in to a server that never answered"),
+            Ok(Err(e)) => e,
+            Err(_) => panic!("still waiting for the login after a minute"),
+        }
+    };
+
+    // ServerAliveInterval and ServerAliveCountMax from ssh_config.
+    let extra = "  BatchMode no\n  ServerAliveInterval 1\n  ServerAliveCountMax 2\n";
+    let o = SshOptions {
+        config_file: Some(config(dir.path(), port, &known, extra)),
+        ..SshOptions::default()
+    };
+    let e = login(o).await;
+    assert!(
+        matches!(e, Error::LoginTimeout { timeout, .. } if timeout == Duration::from_secs(2)),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("did not answer for 2s during the login"),
+        "{e}"
+    );
+
+    // The program's own keepalives (the fastcp command sets them from --timeout).
+    let mut o = SshOptions {
+        config_file: Some(config(dir.path(), port, &known, "  BatchMode no\n")),
+        ..SshOptions::default()
+    };
+    o.client.keepalive_interval = Some(Duration::from_secs(1));
+    let e = login(o).await;
+    assert!(matches!(e, Error::LoginTimeout { .. }), "{e:?}");
 }

@@ -42,6 +42,39 @@ pub(crate) type Answers = Vec<(String, Zeroizing<String>)>;
 /// The methods the server said can continue, from its last refusal (`None`: not known yet).
 type Methods = Option<Vec<MethodKind>>;
 
+/// How long each of the server's answers during the login is waited for (ServerAliveInterval
+/// x ServerAliveCountMax, as ssh does; `None`: as long as it takes). A prompt on the terminal
+/// is not counted: only the waits for the server are.
+#[derive(Clone, Copy)]
+pub(crate) struct AnswerWait<'a> {
+    pub(crate) limit: Option<std::time::Duration>,
+    pub(crate) host: &'a HostConfig,
+}
+
+impl AnswerWait<'_> {
+    /// `f`'s output, or [`Error::LoginTimeout`] once the server has not answered in time.
+    async fn raw<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, Error> {
+        let Some(limit) = self.limit else {
+            return Ok(f.await);
+        };
+        tokio::time::timeout(limit, f)
+            .await
+            .map_err(|_| Error::LoginTimeout {
+                host: self.host.host_name.clone(),
+                port: self.host.port,
+                timeout: limit,
+            })
+    }
+
+    /// The server's answer to a request of the login.
+    async fn on<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, russh::Error>>,
+    ) -> Result<T, Error> {
+        Ok(self.raw(f).await??)
+    }
+}
+
 fn note(methods: &mut Methods, res: &AuthResult) {
     if let AuthResult::Failure {
         remaining_methods, ..
@@ -59,32 +92,37 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     handle: &mut Handle<H>,
     host: &HostConfig,
     previous: Option<&AuthUsed>,
+    limit: Option<std::time::Duration>,
 ) -> Result<AuthUsed, Error> {
+    let wait = AnswerWait { limit, host };
     let user = host.user.clone();
     let mut tried = Vec::new();
     let mut methods: Methods = None;
-    let rsa_hash = handle.best_supported_rsa_hash().await?.flatten();
+    let rsa_hash = wait.on(handle.best_supported_rsa_hash()).await?.flatten();
 
     // What logged in the first connection logs in this one, without asking again.
     match previous {
         Some(AuthUsed::Key(key)) => {
-            let res = handle
-                .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash))
+            let res = wait
+                .on(handle.authenticate_publickey(
+                    &user,
+                    PrivateKeyWithHashAlg::new(key.clone(), rsa_hash),
+                ))
                 .await?;
             if res.success() {
                 return Ok(AuthUsed::Key(key.clone()));
             }
         }
         Some(AuthUsed::Password(password)) => {
-            let res = handle
-                .authenticate_password(&user, password.as_str())
+            let res = wait
+                .on(handle.authenticate_password(&user, password.as_str()))
                 .await?;
             if res.success() {
                 return Ok(AuthUsed::Password(password.clone()));
             }
         }
         Some(AuthUsed::Interactive(answers)) => {
-            if let Some(used) = interactive(handle, host, Some(answers), &mut tried).await? {
+            if let Some(used) = interactive(handle, wait, Some(answers), &mut tried).await? {
                 return Ok(used);
             }
         }
@@ -131,10 +169,13 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         key_type_name(key),
                         fingerprint(key)
                     ));
-                    match handle
-                        .authenticate_publickey_with(&user, key.clone(), rsa_hash, &mut agent)
-                        .await
-                    {
+                    let signed = handle.authenticate_publickey_with(
+                        &user,
+                        key.clone(),
+                        rsa_hash,
+                        &mut agent,
+                    );
+                    match wait.raw(signed).await? {
                         Ok(r) if r.success() => return Ok(AuthUsed::Agent(key.clone())),
                         Ok(r) => note(&mut methods, &r),
                         Err(e) => {
@@ -170,8 +211,9 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         };
         tried.push(file.display().to_string());
         let key = Arc::new(key);
-        let res = handle
-            .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash))
+        let res = wait
+            .on(handle
+                .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash)))
             .await?;
         if res.success() {
             return Ok(AuthUsed::Key(key));
@@ -183,7 +225,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     if interactive_allowed && methods.is_none() {
         // No key was offered, so the server has not said what it takes yet: ask, as ssh
         // does with the "none" method, before prompting for anything.
-        let res = handle.authenticate_none(&user).await?;
+        let res = wait.on(handle.authenticate_none(&user)).await?;
         if res.success() {
             return Ok(AuthUsed::None);
         }
@@ -192,14 +234,14 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     if host.kbd_interactive_authentication && offered(&methods, MethodKind::KeyboardInteractive) {
         if host.batch_mode {
             tried.push("keyboard-interactive (BatchMode forbids asking)".into());
-        } else if let Some(used) = interactive(handle, host, None, &mut tried).await? {
+        } else if let Some(used) = interactive(handle, wait, None, &mut tried).await? {
             return Ok(used);
         }
     }
     if host.password_authentication && offered(&methods, MethodKind::Password) {
         if host.batch_mode {
             tried.push("password (BatchMode forbids asking)".into());
-        } else if let Some(used) = password(handle, host, &mut tried).await? {
+        } else if let Some(used) = password(handle, wait, &mut tried).await? {
             return Ok(used);
         }
     }
@@ -214,17 +256,18 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
 /// Asks for the password on the terminal, up to NumberOfPasswordPrompts times.
 async fn password<H: russh::client::Handler>(
     handle: &mut Handle<H>,
-    host: &HostConfig,
+    wait: AnswerWait<'_>,
     tried: &mut Vec<String>,
 ) -> Result<Option<AuthUsed>, Error> {
+    let host = wait.host;
     let prompt = format!("{}@{}'s password: ", host.user, host.host_name);
     for _ in 0..host.number_of_password_prompts {
         let Some(answer) = ask(&prompt, false).await else {
             tried.push("password (no terminal to ask for it)".into());
             return Ok(None);
         };
-        let res = handle
-            .authenticate_password(&host.user, answer.as_str())
+        let res = wait
+            .on(handle.authenticate_password(&host.user, answer.as_str()))
             .await?;
         if res.success() {
             return Ok(Some(AuthUsed::Password(Arc::new(answer))));
@@ -245,13 +288,14 @@ async fn password<H: russh::client::Handler>(
 /// asked on the terminal.
 async fn interactive<H: russh::client::Handler>(
     handle: &mut Handle<H>,
-    host: &HostConfig,
+    wait: AnswerWait<'_>,
     cached: Option<&Arc<Answers>>,
     tried: &mut Vec<String>,
 ) -> Result<Option<AuthUsed>, Error> {
+    let host = wait.host;
     let mut answers: Answers = Vec::new();
-    let mut reply = handle
-        .authenticate_keyboard_interactive_start(&host.user, None)
+    let mut reply = wait
+        .on(handle.authenticate_keyboard_interactive_start(&host.user, None))
         .await?;
     // A server asks one round after another; the bound keeps a hostile one from asking
     // forever.
@@ -298,8 +342,8 @@ async fn interactive<H: russh::client::Handler>(
                     responses.push(answer.to_string());
                     answers.push((p.prompt.clone(), answer));
                 }
-                reply = handle
-                    .authenticate_keyboard_interactive_respond(responses)
+                reply = wait
+                    .on(handle.authenticate_keyboard_interactive_respond(responses))
                     .await?;
             }
         }

@@ -647,7 +647,13 @@ async fn connect_one(
         }
         Ok::<_, Error>(Arc::new(config))
     };
-    config(None)?; // a cipher the client lacks fails here, before connecting
+    // A cipher the client lacks fails here, before connecting.
+    let checked = config(None)?;
+    // As ssh does, a server silent during the login is given up on after
+    // ServerAliveInterval x ServerAliveCountMax.
+    let login_wait = checked
+        .keepalive_interval
+        .map(|i| i.saturating_mul(u32::try_from(checked.keepalive_max.max(1)).unwrap_or(u32::MAX)));
     let exec: ExecMap = Arc::default();
     let warnings = Arc::new(Mutex::new(Vec::new()));
     let key_received = Arc::new(AtomicBool::new(false));
@@ -742,9 +748,9 @@ async fn connect_one(
             kbd_interactive_authentication: false,
             ..(*host).clone()
         };
-        auth::authenticate(&mut handle, &keys_only, previous).await?
+        auth::authenticate(&mut handle, &keys_only, previous, login_wait).await?
     } else {
-        auth::authenticate(&mut handle, &host, previous).await?
+        auth::authenticate(&mut handle, &host, previous, login_wait).await?
     };
     let warnings = std::mem::take(&mut *warnings.lock().expect("warnings"));
     Ok(SshSession {

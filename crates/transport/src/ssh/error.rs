@@ -54,6 +54,24 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// The server stopped answering during the login, after its host key: nothing came back
+    /// for ServerAliveInterval x ServerAliveCountMax (or [`crate::SshClientConfig`]'s
+    /// keepalives), as ssh gives up on it.
+    #[error(
+        "ssh: {host} port {port}: the server did not answer for {}s during the login \
+         (ServerAliveInterval x ServerAliveCountMax).\n\
+         The server may be overloaded or stuck; try again, or raise ServerAliveInterval.",
+        timeout.as_secs_f32()
+    )]
+    LoginTimeout {
+        /// Host name or address.
+        host: String,
+        /// Port.
+        port: u16,
+        /// How long it was waited for.
+        timeout: Duration,
+    },
+
     /// The server's host key is not in any known_hosts file and checking is strict.
     #[error(
         "No {key_type} host key is known for {host} and you have requested strict checking.\n\
