@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
@@ -74,9 +74,10 @@ const PROBE_WINDOW_MIN: usize = 1 << 12;
 /// The most probes outstanding, on a long round trip: a no-change rerun of 78,579 files at
 /// 20 ms RTT took 1.06 s with 4,096 and 0.90 s with this (and a walk started ahead).
 const PROBE_WINDOW_MAX: usize = 1 << 14;
-/// Probes a second the window is sized for: about three times what a receiver answered on
-/// a loopback rerun of that tree (78,579 in 0.22 s).
-const PROBES_PER_SEC: f64 = 1e6;
+/// The window holds a probe for each this long of the round trip: a million probes a
+/// second, about three times what a receiver answered on a loopback rerun of that tree
+/// (78,579 in 0.22 s).
+const PROBE_EVERY: Duration = Duration::from_micros(1);
 /// Probes gathered into one message for stream 0, at most: one hand-off to its writer (and
 /// over SSH, one packet) for many files instead of one each.
 const PROBE_BATCH: usize = 512;
@@ -645,7 +646,7 @@ fn flatten_reply(r: Result<ReplyResult, tokio::task::JoinError>) -> ReplyResult 
 /// with `resume`), then the final `Done`.
 async fn read_replies<R: AsyncRead + Unpin>(
     mut r: R,
-    answers: Option<std::sync::mpsc::Sender<(Answer, Option<Partial>)>>,
+    answers: Option<std::sync::mpsc::Sender<Answered>>,
     resume: bool,
     events: Option<Arc<Progress>>,
     checked: Option<Arc<Progress>>,
@@ -692,7 +693,8 @@ async fn read_replies<R: AsyncRead + Unpin>(
                 Frame::Answer(a) if answers.is_some() => {
                     let offer = partial.take().filter(|p| p.id == a.id && a.send);
                     // The producer may be gone already (a stopped transfer): nothing to do.
-                    let _ = answers.as_ref().map(|tx| tx.send((a, offer)));
+                    let at = Instant::now();
+                    let _ = answers.as_ref().map(|tx| tx.send((a, offer, at)));
                 }
                 other => {
                     return Err(Error::Protocol(format!(
@@ -852,13 +854,19 @@ struct Producer<'a> {
 /// SSH on loopback, sshd grew and moved its buffers for 120-160 ms at a rerun's start with
 /// 16,384 probes outstanding, and the whole rerun took 0.50 s against 0.39 s with 4,096.
 fn probe_window(first_answer: Option<Duration>) -> usize {
-    let needed = first_answer.map_or(0.0, |rtt| rtt.as_secs_f64() * PROBES_PER_SEC);
-    (needed as usize).clamp(PROBE_WINDOW_MIN, PROBE_WINDOW_MAX)
+    let needed = first_answer.map_or(0, |rtt| rtt.as_nanos() / PROBE_EVERY.as_nanos());
+    usize::try_from(needed)
+        .unwrap_or(usize::MAX)
+        .clamp(PROBE_WINDOW_MIN, PROBE_WINDOW_MAX)
 }
+
+/// An answer to a probe, the partial file's hashes offered with it (`resume`), and when it
+/// came in: the first one's time sizes the probe window.
+type Answered = (Answer, Option<Partial>, Instant);
 
 /// The quick check's state in the producer: the files asked about and not yet answered.
 struct Probes {
-    answers: std::sync::mpsc::Receiver<(Answer, Option<Partial>)>,
+    answers: std::sync::mpsc::Receiver<Answered>,
     /// Probe id to the file's path and wire path, size (for the skipped count) and, with
     /// `checksum`, its content hash (`None` if it could not be read: it is then sent, and
     /// the send reports why).
@@ -871,7 +879,7 @@ struct Probes {
     /// How many may be outstanding ([`probe_window`]).
     window: usize,
     /// When the first batch went, until its first answer came back (then `None`).
-    first_sent: Option<std::time::Instant>,
+    first_sent: Option<Instant>,
     /// Whether an answer has come back yet.
     answered: bool,
 }
@@ -1099,21 +1107,26 @@ impl Producer<'_> {
             return Ok(());
         }
         self.probes.batched = 0;
-        if !self.probes.answered && self.probes.first_sent.is_none() {
-            self.probes.first_sent = Some(std::time::Instant::now());
-        }
         let batch = self.probes.batch.split().freeze();
         self.out
-            .push(0, Msg::parts(batch, Bytes::new(), Bytes::new()))
+            .push(0, Msg::parts(batch, Bytes::new(), Bytes::new()))?;
+        if !self.probes.answered && self.probes.first_sent.is_none() {
+            self.probes.first_sent = Some(Instant::now());
+        }
+        Ok(())
     }
 
     /// Sends or skips the file a probe asked about. An answer to no outstanding probe (a
     /// broken or hostile receiver) is ignored: it can only stop a file from being sent, and
     /// the receiver then does not have it.
-    fn answered(&mut self, (a, offer): (Answer, Option<Partial>)) -> Result<(), Closed> {
+    fn answered(&mut self, (a, offer, at): Answered) -> Result<(), Closed> {
         if !self.probes.answered {
             self.probes.answered = true;
-            let rtt = self.probes.first_sent.take().map(|t| t.elapsed());
+            let rtt = self
+                .probes
+                .first_sent
+                .take()
+                .map(|t| at.saturating_duration_since(t));
             self.probes.window = probe_window(rtt);
         }
         let Some((path, wire, size, hash)) = self.probes.waiting.take(a.id) else {
@@ -1644,7 +1657,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let done = read_replies(&wire[..], Some(tx), true, None, None).await;
         assert!(done.is_ok(), "{done:?}");
-        let (got, offer) = rx.recv().unwrap();
+        let (got, offer, _) = rx.recv().unwrap();
         assert_eq!(got, answer);
         assert_eq!(offer.unwrap().hashes, hashes);
     }
@@ -1674,7 +1687,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let done = read_replies(&wire[..], Some(tx), true, None, Some(progress.clone())).await;
         assert!(done.is_ok(), "{done:?}");
-        let (_, offer) = rx.recv().unwrap();
+        let (_, offer, _) = rx.recv().unwrap();
         assert_eq!(offer.unwrap().hashes, (0..1034).collect::<Vec<u128>>());
         assert_eq!(progress.snapshot().bytes_checked, 1034 << 20);
 
