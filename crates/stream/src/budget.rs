@@ -182,6 +182,33 @@ mod tests {
         waiter.join().unwrap();
     }
 
+    /// A release that makes room for one of two waiting producers, the one that waited
+    /// second, wakes it.
+    #[test]
+    fn a_release_wakes_the_producer_it_makes_room_for() {
+        let budget = std::sync::Arc::new(Budget::new(10));
+        assert_eq!(budget.acquire(10).unwrap(), 10);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let wait_for = |n: usize| {
+            let (budget, tx) = (budget.clone(), tx.clone());
+            std::thread::spawn(move || tx.send((n, budget.acquire(n).is_ok())).unwrap())
+        };
+        let big = wait_for(8);
+        until_waiting(&budget, 1);
+        let small = wait_for(2);
+        until_waiting(&budget, 2);
+        budget.release(2);
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got, Ok((2, true)), "the small one got in");
+        small.join().unwrap();
+        budget.close();
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok((8, false))
+        );
+        big.join().unwrap();
+    }
+
     /// A chunk cut from the middle of a read block, once it is the block's last holder, gives
     /// the whole block back.
     #[test]
