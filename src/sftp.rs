@@ -1970,7 +1970,7 @@ impl Apply {
         // The copy's own folders are listed; not the destination it goes into, which may
         // hold much else.
         let folder = match wire.contains(&b'/') {
-            true => self.listings.of(sftp, &sftp.listing_places, dir).await,
+            true => self.listings.of(sftp, dir).await,
             false => None,
         };
         let a = match Folder::seen(folder.as_deref(), name) {

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use russh_sftp::protocol::FileAttributes;
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 
 use super::{Sftp, is_single_name, list_dir, lock};
 
@@ -98,12 +98,12 @@ impl Listings {
     }
 
     /// The listing of remote folder `dir` (its path with the trailing `/`), listed on
-    /// `sftp` (one of `places` held meanwhile) unless held or under way.
-    pub(super) async fn of(&self, sftp: &Sftp, places: &Semaphore, dir: &str) -> Listing {
+    /// `sftp` (one of its listing places held meanwhile) unless held or under way.
+    pub(super) async fn of(&self, sftp: &Sftp, dir: &str) -> Listing {
         let cell = lock(&self.held).cell(dir);
         let listing = cell
             .get_or_init(|| async {
-                let _place = places.acquire().await;
+                let _place = sftp.listing_places.acquire().await;
                 let listed = list_dir(sftp, dir).await;
                 let listing = listed.ok().map(|entries| Arc::new(Folder::listed(entries)));
                 let len = listing.as_ref().map_or(0, |f| f.len());

@@ -70,9 +70,8 @@ impl russh::server::Handler for LoginServer {
     }
 }
 
-/// Starts the server on a free loopback port, offering only `method`; returns the port, the
-/// `known_hosts` line for it and the login counter.
-async fn start_server(method: MethodKind) -> (u16, String, Arc<AtomicUsize>) {
+/// A fresh ed25519 host key, and its public half as a known_hosts line wants it.
+fn host_key() -> (PrivateKey, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host_key");
     let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
@@ -83,23 +82,20 @@ async fn start_server(method: MethodKind) -> (u16, String, Arc<AtomicUsize>) {
     assert!(st.success());
     let key: PrivateKey = russh::keys::load_secret_key(&path, None).unwrap();
     let known = key.public_key().to_openssh().unwrap();
-    let config = Arc::new(russh::server::Config {
-        methods: MethodSet::from(&[method][..]),
-        keys: vec![key],
-        auth_rejection_time: Duration::from_millis(10),
-        auth_rejection_time_initial: Some(Duration::ZERO),
-        ..Default::default()
-    });
+    (key, known)
+}
+
+/// Serves `handler` on a free loopback port, a copy of it for each connection; returns the
+/// port.
+async fn serve<H>(config: Arc<russh::server::Config>, handler: H) -> u16
+where
+    H: russh::server::Handler + Clone + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let logins = Arc::new(AtomicUsize::new(0));
-    let server = LoginServer {
-        method,
-        logins: logins.clone(),
-    };
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
-            let (config, handler) = (config.clone(), server.clone());
+            let (config, handler) = (config.clone(), handler.clone());
             tokio::spawn(async move {
                 if let Ok(session) = russh::server::run_stream(config, socket, handler).await {
                     let _ = session.await;
@@ -107,6 +103,26 @@ async fn start_server(method: MethodKind) -> (u16, String, Arc<AtomicUsize>) {
             });
         }
     });
+    port
+}
+
+/// Starts the server on a free loopback port, offering only `method`; returns the port, the
+/// `known_hosts` line for it and the login counter.
+async fn start_server(method: MethodKind) -> (u16, String, Arc<AtomicUsize>) {
+    let (key, known) = host_key();
+    let config = Arc::new(russh::server::Config {
+        methods: MethodSet::from(&[method][..]),
+        keys: vec![key],
+        auth_rejection_time: Duration::from_millis(10),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        ..Default::default()
+    });
+    let logins = Arc::new(AtomicUsize::new(0));
+    let server = LoginServer {
+        method,
+        logins: logins.clone(),
+    };
+    let port = serve(config, server).await;
     (port, format!("[127.0.0.1]:{port} {known}"), logins)
 }
 
@@ -265,33 +281,13 @@ impl russh::server::Handler for SilentLogin {
 #[tokio::test]
 async fn a_server_silent_during_the_login_is_given_up_on() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("host_key");
-    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&path)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let key: PrivateKey = russh::keys::load_secret_key(&path, None).unwrap();
-    let known = key.public_key().to_openssh().unwrap();
+    let (key, known) = host_key();
     let server_config = Arc::new(russh::server::Config {
         methods: MethodSet::from(&[MethodKind::Password][..]),
         keys: vec![key],
         ..Default::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let server_config = server_config.clone();
-            tokio::spawn(async move {
-                let run = russh::server::run_stream(server_config, socket, SilentLogin);
-                if let Ok(session) = run.await {
-                    let _ = session.await;
-                }
-            });
-        }
-    });
+    let port = serve(server_config, SilentLogin).await;
     let known = format!("[127.0.0.1]:{port} {known}");
     let login = |o: SshOptions| async move {
         let res = tokio::time::timeout(Duration::from_secs(60), SshSession::connect("t", &o));

@@ -46,9 +46,9 @@ type Methods = Option<Vec<MethodKind>>;
 /// x ServerAliveCountMax, as ssh does; `None`: as long as it takes). A prompt on the terminal
 /// is not counted: only the waits for the server are.
 #[derive(Clone, Copy)]
-pub(crate) struct AnswerWait<'a> {
-    pub(crate) limit: Option<std::time::Duration>,
-    pub(crate) host: &'a HostConfig,
+struct AnswerWait<'a> {
+    limit: Option<std::time::Duration>,
+    host: &'a HostConfig,
 }
 
 impl AnswerWait<'_> {
