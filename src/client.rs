@@ -1705,7 +1705,7 @@ async fn measure_streams(data: Vec<BoxStream>, duration: Duration) -> Result<u64
     let mut reader = FrameReader::new(first, session::MAX_FRAME);
     match reader.next("waiting for the server's count").await? {
         Frame::Done(summary) => Ok(summary.bytes),
-        Frame::Error(e) => Err(Error::Remote(e.message)),
+        Frame::Error(e) => Err(Error::Engine(fastcp_stream::Error::from_frame(&e))),
         other => Err(Error::UnexpectedFrame {
             expected: "Done",
             got: other.name(),

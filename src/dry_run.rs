@@ -123,7 +123,9 @@ pub(crate) async fn dry_run(
                 }
                 return Ok(());
             }
-            Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
+            Frame::Error(e) if e.fatal => {
+                return Err(Error::Engine(fastcp_stream::Error::from_frame(&e)));
+            }
             Frame::Error(e) => {
                 push_failure(
                     &mut done.report,
@@ -583,7 +585,9 @@ async fn judged_remotely(
                 skipped.insert(a.id);
             }
             Frame::Done(_) => break,
-            Frame::Error(e) if e.fatal => return Err(Error::Remote(e.message)),
+            Frame::Error(e) if e.fatal => {
+                return Err(Error::Engine(fastcp_stream::Error::from_frame(&e)));
+            }
             Frame::Error(e) => push_failure(
                 &mut done.report,
                 Failure {

@@ -79,11 +79,13 @@ pub enum Error {
 pub mod exit {
     /// Everything was copied.
     pub const OK: u8 = 0;
-    /// Some files failed; the others were copied.
+    /// Some files failed, or the copy stopped on a file or disk error; what was copied is
+    /// whole.
     pub const PARTIAL: u8 = 1;
-    /// The command line was wrong.
+    /// The command line was wrong, or the remote side cannot serve the request.
     pub const USAGE: u8 = 2;
-    /// Connecting or authenticating failed.
+    /// Connecting or authenticating failed, the connection was lost or stalled, or the peer
+    /// broke the protocol.
     pub const CONNECTION: u8 = 3;
     /// Data failed an integrity check (a hash or an AEAD tag).
     pub const INTEGRITY: u8 = 4;
@@ -115,22 +117,32 @@ pub mod exit {
 }
 
 impl Error {
-    /// The process exit code this error maps to; see [`exit`].
+    /// The process exit code this error maps to; see [`exit`]. It follows
+    /// [`kind`](Error::kind), so that a program that reads one agrees with the other: any
+    /// failure of the transport is a connection failure, whatever its cause.
+    ///
+    /// ```
+    /// use fastcp::{Error, exit};
+    ///
+    /// assert_eq!(Error::Usage("no target given".into()).exit_code(), exit::USAGE);
+    /// assert_eq!(Error::ConnectionClosed("cut".into()).exit_code(), exit::CONNECTION);
+    /// ```
     pub fn exit_code(&self) -> u8 {
-        match self {
-            // What this copy cannot do as asked: nothing was copied, so not "some files
-            // failed".
-            Error::Usage(_) | Error::Unsupported(_) => exit::USAGE,
-            Error::Cancelled => exit::INTERRUPTED,
-            Error::Transport(_) | Error::Tcp(_) | Error::Timeout(_) | Error::JoinRejected(_) => {
-                exit::CONNECTION
-            }
-            Error::RemoteCommand(_) | Error::Handshake(_) | Error::Deploy(_) => exit::CONNECTION,
-            Error::Engine(e) if e.code() == fastcp_proto::ErrorCode::Integrity => exit::INTEGRITY,
-            // A connection lost mid-copy is a connection failure, not a file's.
-            Error::Engine(e) if e.is_disconnect() => exit::CONNECTION,
-            Error::ConnectionClosed(_) => exit::CONNECTION,
-            Error::Crypto(_) => exit::INTEGRITY,
+        match (self, self.kind()) {
+            (_, ErrorKind::Usage) => exit::USAGE,
+            (_, ErrorKind::Cancelled) => exit::INTERRUPTED,
+            (_, ErrorKind::Integrity) => exit::INTEGRITY,
+            (Error::Transport(_) | Error::Tcp(_), _) => exit::CONNECTION,
+            (
+                _,
+                ErrorKind::Auth
+                | ErrorKind::HostKey
+                | ErrorKind::Connect
+                | ErrorKind::Timeout
+                | ErrorKind::RemoteProgramMissing
+                | ErrorKind::Protocol,
+            ) => exit::CONNECTION,
+            (_, ErrorKind::SourceChanged) => exit::SOURCE_CHANGED,
             _ => exit::PARTIAL,
         }
     }
@@ -213,9 +225,10 @@ impl Error {
             Error::ConnectionClosed(_) | Error::Tcp(_) => ErrorKind::Connect,
             Error::Timeout(_) => ErrorKind::Timeout,
             Error::JoinRejected(_) => ErrorKind::Protocol,
-            Error::Remote(_) => ErrorKind::Protocol,
+            Error::Remote(_) => ErrorKind::Io,
             Error::Refused { code, .. } => code_kind(*code),
             Error::RemoteCommand(_) | Error::Deploy(_) => ErrorKind::RemoteProgramMissing,
+            Error::Crypto(fastcp_crypto::Error::ProviderUnavailable(_)) => ErrorKind::Usage,
             Error::Crypto(_) => ErrorKind::Integrity,
             Error::Engine(e) => engine_kind(e),
             Error::Transport(t) => match t {
@@ -285,6 +298,7 @@ fn engine_kind(e: &fastcp_stream::Error) -> ErrorKind {
         S::Io { source, .. } => io_kind(source),
         S::SourceChanged { .. } | S::SourceVanished { .. } => ErrorKind::SourceChanged,
         S::Integrity { .. } => ErrorKind::Integrity,
+        S::Stream { .. } if e.code() == fastcp_proto::ErrorCode::Integrity => ErrorKind::Integrity,
         S::ConnectionClosed { .. } | S::Stream { .. } => ErrorKind::Connect,
         S::UnsafePath { .. } | S::Protocol(_) | S::Decode { .. } => ErrorKind::Protocol,
         S::Unsupported { .. } | S::InvalidArgument(_) => ErrorKind::Usage,
@@ -305,7 +319,7 @@ fn code_kind(code: fastcp_proto::ErrorCode) -> ErrorKind {
         C::ReadOnly => ErrorKind::ReadOnly,
         C::Quota => ErrorKind::Quota,
         C::Unsupported => ErrorKind::Usage,
-        C::Io => ErrorKind::Io,
+        C::Io | C::Other => ErrorKind::Io,
         _ => ErrorKind::Protocol,
     }
 }
@@ -357,5 +371,75 @@ mod tests {
         );
         let missing = Error::Deploy("no binary".into());
         assert_eq!(missing.kind(), ErrorKind::RemoteProgramMissing);
+    }
+
+    #[test]
+    fn exit_codes_follow_kinds() {
+        use fastcp_proto::ErrorCode as C;
+        use fastcp_stream::Error as S;
+        let remote = |code| {
+            Error::Engine(S::Remote {
+                code,
+                path: String::new(),
+                message: "m".into(),
+            })
+        };
+        let cases = [
+            // A record that failed its tag: data, not the connection, went wrong.
+            (
+                Error::Engine(S::Stream {
+                    stream: 1,
+                    source: io::Error::new(io::ErrorKind::InvalidData, "tag"),
+                }),
+                ErrorKind::Integrity,
+                exit::INTEGRITY,
+            ),
+            (
+                Error::Engine(S::Stream {
+                    stream: 1,
+                    source: io::Error::from(io::ErrorKind::ConnectionReset),
+                }),
+                ErrorKind::Connect,
+                exit::CONNECTION,
+            ),
+            (
+                Error::Io(io::Error::from(io::ErrorKind::BrokenPipe)),
+                ErrorKind::Connect,
+                exit::CONNECTION,
+            ),
+            // Whatever failed in the transport, the connection failed.
+            (
+                Error::Transport(fastcp_transport::Error::io(
+                    "reading the identity",
+                    io::Error::from(io::ErrorKind::NotFound),
+                )),
+                ErrorKind::NotFound,
+                exit::CONNECTION,
+            ),
+            (
+                Error::Engine(S::InvalidArgument("x".into())),
+                ErrorKind::Usage,
+                exit::USAGE,
+            ),
+            (
+                Error::Engine(S::SourceChanged { path: "f".into() }),
+                ErrorKind::SourceChanged,
+                exit::SOURCE_CHANGED,
+            ),
+            (remote(C::NotFound), ErrorKind::NotFound, exit::PARTIAL),
+            (remote(C::Other), ErrorKind::Io, exit::PARTIAL),
+            (remote(C::Protocol), ErrorKind::Protocol, exit::CONNECTION),
+            (Error::Remote("failed".into()), ErrorKind::Io, exit::PARTIAL),
+            (
+                Error::Crypto(fastcp_crypto::Error::ProviderUnavailable(
+                    fastcp_crypto::Provider::Ring,
+                )),
+                ErrorKind::Usage,
+                exit::USAGE,
+            ),
+        ];
+        for (e, kind, code) in cases {
+            assert_eq!((e.kind(), e.exit_code()), (kind, code), "{e:?}");
+        }
     }
 }

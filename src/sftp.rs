@@ -373,6 +373,20 @@ fn fatal(what: &str, e: SftpError) -> Error {
         {
             Error::ConnectionClosed(format!("{what} over SFTP: the connection closed"))
         }
+        SftpError::Status(ref s)
+            if matches!(
+                s.status_code,
+                StatusCode::NoConnection | StatusCode::ConnectionLost
+            ) =>
+        {
+            Error::ConnectionClosed(format!("{what} over SFTP: {e}"))
+        }
+        // The server's answer to a request: it keeps its kind (a path it does not have, one
+        // it may not touch).
+        SftpError::Status(_) => Error::Refused {
+            code: code(&e),
+            message: format!("{what} over SFTP: {e}"),
+        },
         e => Error::Remote(format!("{what} over SFTP: {e}")),
     }
 }
@@ -1410,9 +1424,7 @@ impl Apply {
                         }
                     }
                 }
-                Frame::Error(e) => {
-                    return Err(Error::Remote(format!("the sender stopped: {}", e.message)));
-                }
+                Frame::Error(e) => return Err(Error::Engine(fastcp_stream::Error::from_frame(&e))),
                 Frame::Done(_) => break,
                 other => {
                     return Err(Error::UnexpectedFrame {

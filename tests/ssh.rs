@@ -104,11 +104,11 @@ fn pull_with_remote_wildcards_like_scp() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "a.txt\nb.txt\n");
 
     // A pattern may match several names: the destination must be a directory, checked
-    // before anything is written.
+    // before anything is written (operands that make no sense: a usage error).
     let out = run(fastcp(&sshd, bin())
         .arg(remote(&sshd, &src.join("a.*")))
         .arg(work.path().join("new-name")));
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
     assert!(!work.path().join("new-name").exists());
 

@@ -143,8 +143,15 @@ enum Attack {
     Inject,
 }
 
-/// Relays 127.0.0.1:`port` to 127.0.0.2:`port`, attacking as told.
-async fn mitm(port: u16, attack: Attack, attacked: Arc<AtomicBool>) {
+/// Which way the attacked bytes flow: from the client (a push's data) or to it (a pull's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Way {
+    Push,
+    Pull,
+}
+
+/// Relays 127.0.0.1:`port` to 127.0.0.2:`port`, attacking the data flowing `way` as told.
+async fn mitm(port: u16, way: Way, attack: Attack, attacked: Arc<AtomicBool>) {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let mut first = true;
     loop {
@@ -171,13 +178,21 @@ async fn mitm(port: u16, attack: Attack, attacked: Arc<AtomicBool>) {
         };
         let (mut cr, mut cw) = client.into_split();
         let (mut sr, mut sw) = server.into_split();
+        let attack = (target && !matches!(attack, Attack::Inject)).then_some(attack);
+        let flagged = attacked.clone();
         tokio::spawn(async move {
+            if let (Some(attack), Way::Pull) = (attack, way) {
+                // The server's challenge travels in the clear: 5-byte header, 32 bytes.
+                let _ = tamper(&mut sr, &mut cw, 5 + 32, attack, &flagged).await;
+            }
             let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            let _ = cw.shutdown().await;
         });
         let attacked = attacked.clone();
         tokio::spawn(async move {
-            if target && !matches!(attack, Attack::Inject) {
-                let _ = tamper(&mut cr, &mut sw, attack, &attacked).await;
+            if let (Some(attack), Way::Push) = (attack, way) {
+                // The Join frame travels in the clear: 5-byte header, index, 32-byte proof.
+                let _ = tamper(&mut cr, &mut sw, 5 + 2 + 32, attack, &attacked).await;
             }
             let _ = tokio::io::copy(&mut cr, &mut sw).await;
             let _ = sw.shutdown().await;
@@ -185,17 +200,17 @@ async fn mitm(port: u16, attack: Attack, attacked: Arc<AtomicBool>) {
     }
 }
 
-/// Relays client to server record by record and attacks the fourth record.
+/// Relays `clear` bytes as they are, then record by record, and attacks the fourth record.
 async fn tamper(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
+    clear: usize,
     attack: Attack,
     attacked: &AtomicBool,
 ) -> std::io::Result<()> {
-    // The Join frame travels in the clear: 5-byte header, index, 32-byte proof.
-    let mut join = [0u8; 5 + 2 + 32];
-    from.read_exact(&mut join).await?;
-    to.write_all(&join).await?;
+    let mut clear = vec![0u8; clear];
+    from.read_exact(&mut clear).await?;
+    to.write_all(&clear).await?;
     let mut previous: Vec<u8> = Vec::new();
     for n in 0.. {
         let mut header = [0u8; 4];
@@ -243,7 +258,10 @@ fn assert_nothing_corrupt(src: &Path, dst: &Path) {
     }
 }
 
-fn attack_push(attack: Attack) {
+/// Copies a tree `way` over sealed TCP through a proxy that attacks one data stream; the
+/// copy must fail with the integrity exit code (or go on, for an injected connection), and
+/// leave nothing corrupt behind.
+fn attack(way: Way, attack: Attack) {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -258,11 +276,14 @@ fn attack_push(attack: Attack) {
 
     let attacked = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.spawn(mitm(port, attack, attacked.clone()));
-    let out = run(fastcp(&sshd, &server)
-        .args(["-r", "-j", "2", "--transport", "tcp"])
-        .arg(&src)
-        .arg(remote(&sshd, &dst)));
+    runtime.spawn(mitm(port, way, attack, attacked.clone()));
+    let mut cmd = fastcp(&sshd, &server);
+    cmd.args(["-r", "-j", "2", "--transport", "tcp"]);
+    match way {
+        Way::Push => cmd.arg(&src).arg(remote(&sshd, &dst)),
+        Way::Pull => cmd.arg(remote(&sshd, &src)).arg(&dst),
+    };
+    let out = run(&mut cmd);
     assert!(attacked.load(Ordering::SeqCst), "the proxy never attacked");
     let err = stderr(&out);
     if let Attack::Inject = attack {
@@ -275,22 +296,39 @@ fn attack_push(attack: Attack) {
         assert_same_tree(&src, &dst, false);
         return;
     }
-    assert!(!out.status.success(), "{attack:?} went unnoticed");
-    assert!(err.contains("authentication failed"), "{attack:?}: {err}");
+    assert!(
+        err.contains("authentication failed"),
+        "{way:?} {attack:?}: {err}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{way:?} {attack:?}: a record that fails its tag is an integrity failure: {err}"
+    );
     assert_nothing_corrupt(&src, &dst);
 }
 
 #[test]
 fn mitm_flipped_byte_fails_cleanly() {
-    attack_push(Attack::Flip);
+    attack(Way::Push, Attack::Flip);
 }
 
 #[test]
 fn mitm_replayed_record_fails_cleanly() {
-    attack_push(Attack::Replay);
+    attack(Way::Push, Attack::Replay);
+}
+
+#[test]
+fn mitm_flipped_byte_in_a_pull_fails_cleanly() {
+    attack(Way::Pull, Attack::Flip);
+}
+
+#[test]
+fn mitm_replayed_record_in_a_pull_fails_cleanly() {
+    attack(Way::Pull, Attack::Replay);
 }
 
 #[test]
 fn mitm_injected_connection_is_dropped_and_the_copy_goes_on() {
-    attack_push(Attack::Inject);
+    attack(Way::Push, Attack::Inject);
 }

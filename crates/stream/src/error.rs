@@ -110,7 +110,10 @@ pub enum Error {
         /// What was going on.
         during: &'static str,
     },
-    /// Reading or writing a stream failed.
+    /// Reading or writing a stream failed. A read that failed with
+    /// [`io::ErrorKind::InvalidData`] brought bytes that were not sent (a sealed TCP record that
+    /// failed its tag, say): an integrity failure, not a lost connection (see
+    /// [`code`](Error::code)).
     #[error("stream {stream}: {}", io_message(.source))]
     Stream {
         /// The stream concerned.
@@ -178,7 +181,11 @@ impl Error {
 
     /// True when a stream ended or failed before the transfer was complete.
     pub fn is_disconnect(&self) -> bool {
-        matches!(self, Error::ConnectionClosed { .. } | Error::Stream { .. })
+        match self {
+            Error::ConnectionClosed { .. } => true,
+            Error::Stream { source, .. } => source.kind() != io::ErrorKind::InvalidData,
+            _ => false,
+        }
     }
 
     /// The wire error code that describes this error.
@@ -197,6 +204,9 @@ impl Error {
             Error::Protocol(_) | Error::Decode { .. } => ErrorCode::Protocol,
             Error::UnsafePath { .. } => ErrorCode::UnsafePath,
             Error::Integrity { .. } => ErrorCode::Integrity,
+            Error::Stream { source, .. } if source.kind() == io::ErrorKind::InvalidData => {
+                ErrorCode::Integrity
+            }
             Error::ConnectionClosed { .. } | Error::Stream { .. } => ErrorCode::Io,
             Error::Remote { code, .. } => *code,
         }
@@ -226,7 +236,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn from_frame(frame: &ErrorFrame) -> Error {
+    /// The peer's error, as its [`ErrorFrame`] tells it.
+    pub fn from_frame(frame: &ErrorFrame) -> Error {
         Error::Remote {
             code: frame.code,
             path: escape(&frame.path),
