@@ -728,8 +728,25 @@ pub(crate) async fn cancellable<T>(
 /// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
     let copy = copy_local_now(plan, progress.clone());
-    let outcome = cancellable(plan.options.cancel.as_ref(), copy).await;
+    let outcome = settled(
+        &progress,
+        cancellable(plan.options.cancel.as_ref(), copy).await,
+    )
+    .await;
     report_end(&progress, outcome)
+}
+
+/// How long a copy that stopped early waits for its writers to remove their temp files.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// `outcome`, once the writer threads of a copy that stopped early (cancelled, failed) have
+/// removed their temp files, waiting at most [`SETTLE_WAIT`]: the copy's future is dropped
+/// on a cancel, and its writers finish on their own.
+pub(crate) async fn settled<T>(progress: &Progress, outcome: Result<T, Error>) -> Result<T, Error> {
+    if outcome.is_err() {
+        let _ = tokio::time::timeout(SETTLE_WAIT, progress.settled()).await;
+    }
+    outcome
 }
 
 /// Gives a whole copy's last event: `Finished` with its report, or `Aborted` with its error.
@@ -1134,9 +1151,16 @@ async fn try_session<T: Transport>(
         verdict: Some(verdict.clone()),
     };
     let session = run_job(plan, control, mode, peers, progress.clone(), job).await;
-    // The exit status tells a missing remote program from other failures. After a cut or a
-    // stall it may never come: wait a little, never forever.
-    let status = match tokio::time::timeout(EXIT_STATUS_WAIT, server.exit.wait()).await {
+    // The exit status tells a missing remote program from other failures. After a cut it may
+    // never come: wait a little, never forever. A stalled peer (`--timeout`) will not exit nor
+    // end its stderr: its stall was waited for already, so take only what is there.
+    let stalled = matches!(&session, Err(e) if e.kind() == crate::ErrorKind::Timeout);
+    let patience = if stalled {
+        Duration::ZERO
+    } else {
+        EXIT_STATUS_WAIT
+    };
+    let status = match tokio::time::timeout(patience, server.exit.wait()).await {
         Ok(status) => status,
         Err(_) => Err(transport::Error::Io {
             context: "waiting for the remote program's exit status".into(),
@@ -1158,7 +1182,7 @@ async fn try_session<T: Transport>(
         }
         first
     });
-    let _ = tokio::time::timeout(EXIT_STATUS_WAIT, stderr).await;
+    let _ = tokio::time::timeout(patience, stderr).await;
     attempt
 }
 
@@ -1291,6 +1315,8 @@ pub(crate) async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
 /// `peers` are the connection.
 ///
 /// With [`CopyOptions::dry_run`] the session only lists what would be copied.
+/// [`CopyOptions::cancel`] stops it, as it stops [`Session::copy`](crate::Session::copy), and its last event is
+/// [`Event::Finished`](crate::Event::Finished) or [`Event::Aborted`](crate::Event::Aborted).
 ///
 /// # A transport of your own
 ///
@@ -1367,7 +1393,17 @@ where
     } else {
         Job::Copy
     };
-    run_job(plan, control, mode, peers, progress, job).await
+    let work = run_job(plan, control, mode, peers, progress.clone(), job);
+    let done = settled(
+        &progress,
+        cancellable(plan.options.cancel.as_ref(), work).await,
+    )
+    .await;
+    match &done {
+        Ok(done) => progress.finished(&done.report),
+        Err(e) => progress.aborted(e),
+    }
+    done
 }
 
 async fn run_job<S, T>(

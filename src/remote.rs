@@ -115,6 +115,7 @@ impl Session {
     pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let copy = self.copy_now(plan, progress.clone());
         let outcome = cancellable(plan.options.cancel.as_ref(), copy).await;
+        let outcome = crate::client::settled(&progress, outcome).await;
         crate::client::report_end(&progress, outcome)
     }
 

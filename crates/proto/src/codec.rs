@@ -191,6 +191,11 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                 put_bytes(dst, value);
             }
         }
+        Frame::Deleted(d) => {
+            put_bytes(dst, &d.path);
+            dst.put_u64(d.entries);
+        }
+        Frame::Busy => {}
         Frame::Keep(k) => {
             dst.put_u64(k.id);
             dst.put_u64(k.offset);
@@ -344,6 +349,8 @@ fn known_kind(k: u8) -> bool {
             | kind::ATTRS
             | kind::SPECIAL
             | kind::PARTIAL
+            | kind::DELETED
+            | kind::BUSY
             | kind::ANSWER
             | kind::ERROR
             | kind::DONE
@@ -609,6 +616,17 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 group,
                 xattrs,
             })
+        }
+        kind::DELETED => {
+            r.frame = "Deleted";
+            Frame::Deleted(Deleted {
+                path: r.bytes(MAX_PATH)?,
+                entries: r.u64()?,
+            })
+        }
+        kind::BUSY => {
+            r.frame = "Busy";
+            Frame::Busy
         }
         kind::KEEP => {
             r.frame = "Keep";
@@ -1039,6 +1057,11 @@ mod tests {
             offset: 1 << 40,
             len: 4 << 20,
         }));
+        roundtrip(Frame::Deleted(Deleted {
+            path: Bytes::from_static(b"tree/old dir"),
+            entries: 12,
+        }));
+        roundtrip(Frame::Busy);
         // A count above the cap, or one the payload does not hold, is refused before any
         // allocation; so is a zero block size.
         for (block, count, hashes) in [(1u64, 16_385u32, 0usize), (1, 2, 1), (0, 0, 0)] {

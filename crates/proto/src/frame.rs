@@ -57,6 +57,14 @@ pub enum Frame {
     /// [`flags::ACLS`]: the owner and extended attributes of the entry that follows it on the
     /// same stream.
     Attrs(Attrs),
+    /// Receiver to sender, with [`flags::DELETE`] (protocol version 7): an entry the
+    /// receiver removed because the sender does not have it.
+    Deleted(Deleted),
+    /// Receiver to sender (protocol version 7): after the last entry arrived, the receiver is
+    /// still at work (removing extras, making hard links, setting folder times). It comes
+    /// about once a second until the [`Done`](Frame::Done), so that a sender watching for a
+    /// stall sees the receiver alive.
+    Busy,
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),
     /// The end of a stream (sender to receiver) or the final report (receiver to sender).
@@ -87,6 +95,8 @@ pub mod kind {
     pub const ANSWER: u8 = 0x22;
     pub const PARTIAL: u8 = 0x23;
     pub const PIECE: u8 = 0x1b;
+    pub const DELETED: u8 = 0x24;
+    pub const BUSY: u8 = 0x25;
 }
 
 impl Frame {
@@ -112,6 +122,8 @@ impl Frame {
             Frame::Keep(_) => kind::KEEP,
             Frame::Attrs(_) => kind::ATTRS,
             Frame::Special(_) => kind::SPECIAL,
+            Frame::Deleted(_) => kind::DELETED,
+            Frame::Busy => kind::BUSY,
             Frame::Error(_) => kind::ERROR,
             Frame::Done(_) => kind::DONE,
         }
@@ -137,6 +149,8 @@ impl Frame {
             Frame::HardLink(_) => "HardLink",
             Frame::Partial(_) => "Partial",
             Frame::Keep(_) => "Keep",
+            Frame::Deleted(_) => "Deleted",
+            Frame::Busy => "Busy",
             Frame::Attrs(_) => "Attrs",
             Frame::Special(_) => "Special",
             Frame::Error(_) => "Error",
@@ -484,6 +498,15 @@ pub struct HardLink {
     pub path: Bytes,
     /// The wire path of the `File` entry it is a name of.
     pub target: Bytes,
+}
+
+/// An entry the receiver removed (`--delete`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deleted {
+    /// Its wire path.
+    pub path: Bytes,
+    /// How many entries went: 1, or a folder with everything it held.
+    pub entries: u64,
 }
 
 /// The receiver's reply to a [`Probe`].

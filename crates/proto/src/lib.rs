@@ -51,8 +51,10 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// ([`Probe`], [`Answer`], request flag [`flags::SKIP_UNCHANGED`]); version 5 adds the
 /// file's mode to a [`Probe`], so that a receiver brings a file it skips in line with the
 /// source's mode, times, owner and attributes, as rsync does; version 6 adds the [`Piece`]
-/// entry, a range of a file, for a copy split over several runs (`--shard`).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// entry, a range of a file, for a copy split over several runs (`--shard`); version 7 adds
+/// the receiver's [`Deleted`] and [`Busy`](Frame::Busy) frames, which show the sender what a
+/// mirror removed and that the receiver is still at work after the last entry.
+pub const PROTOCOL_VERSION: u16 = 7;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

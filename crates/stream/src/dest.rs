@@ -626,11 +626,15 @@ pub(crate) struct Writer {
     to_sync: HashMap<Vec<u8>, Arc<OwnedFd>>,
     /// Local ids by the sender's user and group names.
     ids: crate::attrs::Ids,
+    /// Counts this writer as running until it is dropped, after everything above (see
+    /// [`Progress::settled`](crate::Progress::settled)).
+    _running: crate::progress::Running,
 }
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>) -> Writer {
         Writer {
+            _running: shared.progress.writer_running(),
             resolver: Resolver::new(shared.clone(), true),
             shared,
             files: HashMap::new(),
@@ -1805,6 +1809,7 @@ pub(crate) fn apply_fixups(shared: &Arc<Shared>, mut fixups: Vec<Fixup>) {
         if set {
             continue;
         }
+        shared.progress.mirror_step();
         let fd = match resolver.dir(&f.local) {
             Ok(fd) => fd,
             Err(e) => {

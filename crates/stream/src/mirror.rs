@@ -13,6 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use bytes::Bytes;
+use fastcp_proto::{Deleted, Frame};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -33,7 +34,14 @@ pub(crate) fn delete_extras(
 ) -> u64 {
     let mut resolver = Resolver::new(shared.clone(), false);
     let mut removed = 0;
+    // A sender of protocol version 7 hears of each removal, a folder's at a time.
+    let tell = shared.config.version >= 7;
+    let mut told = Vec::new();
     for dir in sent_dirs {
+        if !told.is_empty() {
+            // Fails only once the reply stream is gone, when nobody is listening any more.
+            let _ = shared.replies.blocking_send(std::mem::take(&mut told));
+        }
         let local = shared.root.local(dir);
         let Ok(fd) = resolver.dir(&local) else {
             continue; // it failed when it was written, and was reported then
@@ -89,13 +97,17 @@ pub(crate) fn delete_extras(
             let mut local_child = local.clone();
             local_child.push(b'/');
             local_child.extend_from_slice(&name);
-            match remove(&fd, &name, 0) {
+            match remove(&fd, &name, &shared.progress, 0) {
                 Ok(n) => {
                     removed += n;
-                    shared.progress.add_deleted(n);
-                    shared.progress.event(|| crate::Event::Deleted {
-                        path: Bytes::copy_from_slice(&wire),
-                    });
+                    let path = Bytes::from(wire);
+                    if tell {
+                        told.push(Frame::Deleted(Deleted {
+                            path: path.clone(),
+                            entries: n,
+                        }));
+                    }
+                    shared.progress.deleted(path, n);
                 }
                 Err(e) => {
                     let path = shared.root.display(&local_child);
@@ -103,6 +115,9 @@ pub(crate) fn delete_extras(
                 }
             }
         }
+    }
+    if !told.is_empty() {
+        let _ = shared.replies.blocking_send(told);
     }
     removed
 }
@@ -120,11 +135,20 @@ fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
 }
 
 /// Removes `name` in `parent`: a directory with everything in it, anything else (a symlink
-/// included) as itself. Returns how many entries went.
-fn remove(parent: &impl AsFd, name: &[u8], depth: usize) -> rustix::io::Result<u64> {
+/// included) as itself. Returns how many entries went; each is a step of `progress`, so that
+/// a big folder's removal is not taken for a stall.
+fn remove(
+    parent: &impl AsFd,
+    name: &[u8],
+    progress: &crate::Progress,
+    depth: usize,
+) -> rustix::io::Result<u64> {
     let name = std::ffi::OsStr::from_bytes(name);
     match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
-        Ok(()) => return Ok(1),
+        Ok(()) => {
+            progress.mirror_step();
+            return Ok(1);
+        }
         // A directory (EISDIR on Linux; EPERM elsewhere): empty it first.
         Err(Errno::ISDIR | Errno::PERM) => {}
         Err(e) => return Err(e),
@@ -136,9 +160,10 @@ fn remove(parent: &impl AsFd, name: &[u8], depth: usize) -> rustix::io::Result<u
     let dir = rustix::fs::openat(parent, name, flags, Mode::empty())?;
     let mut removed = 0;
     for child in list(&dir)? {
-        removed += remove(&dir, &child, depth + 1)?;
+        removed += remove(&dir, &child, progress, depth + 1)?;
     }
     rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    progress.mirror_step();
     Ok(removed + 1)
 }
 
@@ -152,6 +177,7 @@ pub(crate) fn make_links(
 ) {
     let mut resolver = Resolver::new(shared.clone(), false);
     for (name, file) in links {
+        shared.progress.mirror_step();
         let made = (|| -> Result<(), Error> {
             if !files.contains(file) {
                 return Err(Error::Protocol(format!(

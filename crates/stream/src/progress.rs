@@ -2,7 +2,9 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
@@ -47,6 +49,22 @@ pub struct Progress {
     wire_bytes: AtomicU64,
     current: Mutex<Bytes>,
     events: Option<crate::EventSink>,
+    /// Writers (of this side's receiver) still running; see [`settled`](Progress::settled).
+    writers: AtomicUsize,
+    /// Told when the last writer ends.
+    writers_ended: tokio::sync::Notify,
+}
+
+/// A writer of the receiver, running: counted in its [`Progress`] until dropped.
+#[derive(Debug)]
+pub(crate) struct Running(Arc<Progress>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.writers.fetch_sub(1, AcqRel) == 1 {
+            self.0.writers_ended.notify_waiters();
+        }
+    }
 }
 
 /// A copy of the [`Progress`] counters at one moment.
@@ -80,8 +98,9 @@ pub struct Snapshot {
     pub bytes_checked: u64,
     /// Entries the receiver removed because the sender does not have them (mirroring).
     pub deleted: u64,
-    /// Steps of mirroring (a folder listed, an entry removed): a long `--delete` is
-    /// progress, not a stall.
+    /// Steps of the receiver's work after the data (a folder listed or an entry removed by
+    /// mirroring, a hard link made, a folder's times set): a long `--delete` is progress, not
+    /// a stall.
     pub mirror_steps: u64,
     /// Bytes read from or written to the data streams, counted as they move (by streams
     /// wrapped in [`Counted`]; fastcp counts its sealed TCP streams at their sockets, headers
@@ -127,6 +146,35 @@ impl Progress {
         Progress {
             events: Some(sink),
             ..Progress::default()
+        }
+    }
+
+    /// Counts a writer of the receiver as running until the returned guard is dropped.
+    pub(crate) fn writer_running(self: &Arc<Self>) -> Running {
+        self.writers.fetch_add(1, AcqRel);
+        Running(self.clone())
+    }
+
+    /// Waits until no writer of this side's receiver runs (at once when none does). A copy
+    /// that stopped early (cancelled, or failed) returns before its writer threads have
+    /// removed their temp files; once this returns, they have.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let progress = fastcp_stream::Progress::default();
+    /// progress.settled().await; // no copy ran: at once
+    /// # }
+    /// ```
+    pub async fn settled(&self) {
+        loop {
+            let ended = self.writers_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.writers.load(Acquire) == 0 {
+                return;
+            }
+            ended.await;
         }
     }
 

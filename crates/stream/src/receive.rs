@@ -73,6 +73,9 @@ pub(crate) const BIG_FRAME: usize = 256 << 10;
 
 /// How long to try telling the sender why we stop.
 const NOTICE_WAIT: Duration = Duration::from_secs(5);
+/// How often the receiver tells the sender it is still at work, when it is (protocol
+/// version 7): a sender that has sent everything hears nothing else until the `Done`.
+const BUSY_EVERY: Duration = Duration::from_millis(250);
 
 /// How to receive.
 ///
@@ -1134,6 +1137,30 @@ pub(crate) fn ensure_room(buf: &mut BytesMut, want: usize, pool: &Pool) {
     *buf = block;
 }
 
+/// Sends the sender a `Busy` frame every [`BUSY_EVERY`] in which this side got on (wrote,
+/// checked, removed, listed), so that a sender that has sent everything and waits for the
+/// `Done` (while the last files are written, extras removed, links made, folder times set)
+/// does not take the wait for a stall. A receiver that got nowhere (a hung disk) says
+/// nothing, and the sender's stall limit ends the copy. Runs until aborted.
+async fn tell_busy(progress: Arc<Progress>, replies: mpsc::Sender<Vec<Frame>>) {
+    // Bytes that crossed the streams are not work done here: a `Busy` frame is such bytes.
+    let work = || crate::progress::Snapshot {
+        wire_bytes: 0,
+        ..progress.snapshot()
+    };
+    let mut last = work();
+    loop {
+        tokio::time::sleep(BUSY_EVERY).await;
+        let now = work();
+        if now != last {
+            last = now;
+            if replies.send(vec![Frame::Busy]).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// Writes replies to the sender on stream 0 until the final `Done` or a fatal error.
 async fn write_replies<W: AsyncWrite + Unpin>(
     w: W,
@@ -1376,6 +1403,12 @@ where
         dir_cache: dest::dir_cache_size(config.writer_threads.max(1) + crate::probe::threads()),
     });
     dest::reserve_fds();
+    let _busy = (config.version >= 7).then(|| {
+        crate::budget::AbortOnDrop(vec![tokio::spawn(tell_busy(
+            shared.progress.clone(),
+            reply_tx.clone(),
+        ))])
+    });
 
     let mut writer_txs = Vec::new();
     let mut writer_threads = Vec::new();

@@ -389,8 +389,9 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     K: Sink,
 {
-    // Without a receiver in this process, this side reports the events.
-    let events = (events && progress.has_events()).then(|| progress.clone());
+    // Without a receiver in this process, this side reports the events, and counts what
+    // the receiver tells of (its deletions).
+    let events = events.then(|| progress.clone());
     if sinks.is_empty() {
         return Err(Error::InvalidArgument("no streams to send on".into()));
     }
@@ -643,7 +644,9 @@ fn flatten_reply(r: Result<ReplyResult, tokio::task::JoinError>) -> ReplyResult 
 
 /// Reads the receiver's replies on stream 0: per-entry errors and quick-check answers (passed
 /// on to the producer through `answers`, each with the `Partial` that came just before it,
-/// with `resume`), then the final `Done`.
+/// with `resume`), the entries it deleted and its signs of life while it finishes, then the
+/// final `Done`. The errors and deletions are reported to `events` (the receiver's own,
+/// when it runs elsewhere).
 async fn read_replies<R: AsyncRead + Unpin>(
     mut r: R,
     answers: Option<std::sync::mpsc::Sender<Answered>>,
@@ -672,6 +675,13 @@ async fn read_replies<R: AsyncRead + Unpin>(
                     }
                 }
                 Frame::Done(summary) => return Ok((summary, failures)),
+                Frame::Deleted(d) => {
+                    if let Some(p) = &events {
+                        p.deleted(d.path, d.entries);
+                    }
+                }
+                // The receiver is still at work: its bytes moved, which is all it says.
+                Frame::Busy => {}
                 Frame::Partial(p) if resume => {
                     if let Some(progress) = &checked {
                         progress.add_checked(p.hashes.len() as u64 * p.block);
