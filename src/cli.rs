@@ -67,6 +67,10 @@ pub struct Args {
     /// Keep hard links: a file's other names arrive as names of the same file.
     #[arg(short = 'H', help_heading = "Copy")]
     pub hard_links: bool,
+    /// Follow symlinks inside trees and copy what they point to, as rsync's -L (a symlink
+    /// named on the command line is always followed, as scp does).
+    #[arg(short = 'L', long = "copy-links", help_heading = "Copy")]
+    pub copy_links: bool,
     /// Archive: -r -p --owner --group -D, as rsync's -a (owners and devices only take when
     /// the receiving side runs as root).
     #[arg(short = 'a', long, help_heading = "Copy")]
@@ -510,6 +514,7 @@ async fn copy_with(
         .fsync(args.fsync)
         .skip_unchanged(args.skip_unchanged)
         .hard_links(args.hard_links)
+        .follow_links(args.copy_links)
         .checksum(args.checksum)
         .resume(args.resume)
         .delete(args.delete)

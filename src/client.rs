@@ -415,6 +415,13 @@ impl Plan {
                 ));
             }
         }
+        if sources.len() > 1 && sources.iter().any(names_contents) {
+            return Err(Error::Usage(
+                "a folder's contents (DIR/.) go straight into the target: name it as the only \
+                 source"
+                    .into(),
+            ));
+        }
         // A partial file's name follows its target's: two sources that land on one target
         // would share one.
         if options.resume {
@@ -478,6 +485,13 @@ impl Plan {
             .or_else(|| self.sources.first().and_then(Location::remote))
     }
 
+    /// True when the one source names a folder's contents (`DIR/.`): they go straight into
+    /// the target, as `cp -r DIR/. DEST` puts them, rather than in a folder of DIR's name
+    /// beneath it.
+    pub(crate) fn contents(&self) -> bool {
+        self.sources.len() == 1 && names_contents(&self.sources[0])
+    }
+
     /// True when the destination must be a directory: several sources, a trailing '/', or a
     /// remote source whose name has wildcards (it may match several entries; checking before
     /// anything is written beats finding out at the second match).
@@ -522,6 +536,7 @@ impl Plan {
             recursive: self.options.recursive,
             preserve: self.preserve(),
             target_must_be_dir: self.target_is_dir(),
+            contents: self.contents(),
             fsync: self.options.fsync,
             skip_unchanged: self.probing(),
             checksum: self.options.checksum,
@@ -596,6 +611,9 @@ impl Plan {
         if self.target_is_dir() {
             f |= flags::TARGET_IS_DIR;
         }
+        if self.contents() {
+            f |= flags::CONTENTS;
+        }
         f
     }
 
@@ -624,7 +642,8 @@ impl Plan {
             let Location::Local(path) = source else {
                 return false;
             };
-            match std::fs::symlink_metadata(path) {
+            // A symlink named as a source is followed (as the walk follows it).
+            match std::fs::metadata(path) {
                 Ok(m) if m.is_file() => total = total.saturating_add(m.len()),
                 _ => return false,
             }
@@ -1694,6 +1713,15 @@ where
     done.report = within_idle_limit(&progress, plan.options.timeout, engine).await?;
     done.data_time = data_started.elapsed();
     Ok(done)
+}
+
+/// Whether `source` names a folder's contents: `.`, or a path ending in `/.`.
+fn names_contents(source: &Location) -> bool {
+    let path: &[u8] = match source {
+        Location::Local(p) => p.as_os_str().as_bytes(),
+        Location::Remote(r) => r.path.as_bytes(),
+    };
+    path == b"." || path.ends_with(b"/.")
 }
 
 /// The name a remote source arrives under: its last path component.

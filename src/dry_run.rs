@@ -291,6 +291,8 @@ pub(crate) struct Judge<'a> {
     delete: bool,
     /// What the rules exclude is not deleted.
     filter: Option<&'a fastcp_stream::Filter>,
+    /// The source is a folder's contents (`DIR/.`): its top-level entry is the destination.
+    contents: bool,
 }
 
 impl<'a> Judge<'a> {
@@ -301,6 +303,7 @@ impl<'a> Judge<'a> {
             checksum: o.checksum,
             delete: o.delete,
             filter: o.filter.as_deref(),
+            contents: plan.contents(),
         }
     }
 
@@ -311,6 +314,7 @@ impl<'a> Judge<'a> {
             checksum: bits & flags::CHECKSUM != 0,
             delete: bits & flags::DELETE != 0,
             filter,
+            contents: bits & flags::CONTENTS != 0,
         }
     }
 
@@ -328,7 +332,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     if !j.any() {
         return listing;
     }
-    let into = dest.is_dir();
+    let into = dest.is_dir() && !j.contents;
     let local = |wire: &[u8]| -> PathBuf {
         if into {
             return dest.join(std::ffi::OsStr::from_bytes(wire));

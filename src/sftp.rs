@@ -1097,12 +1097,27 @@ async fn push(
 ) -> Result<Report, Error> {
     let dest = remote_path(typed);
     let place = match sftp[0].raw.stat(dest.clone()).await {
+        // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
+        Ok(a) if file_type(&a.attrs) == S_IFDIR && plan.contents() => {
+            let real = real_path(&sftp[0], &dest)
+                .await
+                .map_err(|e| fatal(&format!("resolving {typed}"), e))?;
+            if real == "/" {
+                return Err(Error::Usage(
+                    "a folder's contents cannot go into the root directory".into(),
+                ));
+            }
+            Place::As(real)
+        }
         Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
         Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
-            return Err(Error::Remote(format!(
-                "{}: not a directory (several sources, or a trailing '/', need one)",
-                crate::stream::escape(typed.as_bytes())
-            )));
+            return Err(Error::Refused {
+                code: ErrorCode::NotFound,
+                message: format!(
+                    "{}: not a directory (several sources, or a trailing '/', need one)",
+                    crate::stream::escape(typed.as_bytes())
+                ),
+            });
         }
         Ok(_) => Place::As(dest),
         Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
@@ -2638,6 +2653,7 @@ async fn pull(
         preserve,
         target_must_be_dir: plan.sources.len() > 1
             || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
+        contents: plan.contents(),
         fsync: o.fsync,
         skip_unchanged: probing,
         checksum: o.checksum,
@@ -2916,8 +2932,26 @@ impl Emit {
         let mut stack: Vec<(String, Bytes, FileAttributes)> = Vec::new();
         for typed in sources.iter().rev() {
             let remote = remote_path(typed);
-            let name = top_level_name(typed).map(Bytes::from);
-            let stat = sftp.raw.stat(remote.clone()).await;
+            // A folder's contents (`DIR/.`, `.`) travel under the folder's name.
+            let name = match top_level_name(typed.strip_suffix("/.").unwrap_or(typed)) {
+                None if typed == "." => real_path(sftp, &remote)
+                    .await
+                    .ok()
+                    .and_then(|p| top_level_name(&p)),
+                name => name,
+            }
+            .map(Bytes::from);
+            // A source named at the top is followed, as scp does; a dangling link is copied
+            // as the link it is.
+            let stat = match sftp.raw.stat(remote.clone()).await {
+                Err(e) if code(&e) == ErrorCode::NotFound => {
+                    match sftp.raw.lstat(remote.clone()).await {
+                        Ok(a) if file_type(&a.attrs) == S_IFLNK => Ok(a),
+                        _ => Err(e),
+                    }
+                }
+                other => other,
+            };
             match (name, stat) {
                 (Some(name), Ok(a)) => stack.push((remote, name, a.attrs)),
                 (None, _) => {

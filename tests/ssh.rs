@@ -162,6 +162,189 @@ fn push_and_pull_single_files_like_scp() {
     assert!(!missing.exists());
 }
 
+/// A symlink named on the command line is followed, as scp follows it: a link to a file
+/// arrives as that file, a link to a folder as that folder (with `-r`), on a push, a pull
+/// (over fastcp and over SFTP) and a local copy. The links inside a tree stay links unless
+/// `-L` asks to follow them too; a dangling link named at the top arrives as the link it is.
+#[test]
+fn a_symlink_named_on_the_command_line_is_followed_like_scp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    write(&w.join("target.txt"), b"the data", 0o644);
+    std::os::unix::fs::symlink("target.txt", w.join("file-link")).unwrap();
+    std::fs::create_dir(w.join("dir")).unwrap();
+    write(&w.join("dir/inside"), b"inside", 0o644);
+    std::os::unix::fs::symlink("inside", w.join("dir/inner-link")).unwrap();
+    std::os::unix::fs::symlink("dir", w.join("dir-link")).unwrap();
+    std::os::unix::fs::symlink("nowhere", w.join("dangling")).unwrap();
+    let is_link = |p: &Path| p.symlink_metadata().unwrap().file_type().is_symlink();
+    let ways: [(&str, &[&str]); 4] = [
+        ("push", &[]),
+        ("pull", &[]),
+        ("pull", &["--sftp"]),
+        ("local", &[]),
+    ];
+    for (n, (way, extra)) in ways.iter().enumerate() {
+        let out_dir = w.join(format!("out-{n}"));
+        std::fs::create_dir(&out_dir).unwrap();
+        let operands = |name: &str| -> (String, String) {
+            let from = w.join(name).display().to_string();
+            let to = out_dir.display().to_string() + "/";
+            match *way {
+                "push" => (from, remote(&sshd, Path::new(&to))),
+                "pull" => (remote(&sshd, Path::new(&from)), to),
+                _ => (from, to),
+            }
+        };
+        for name in ["file-link", "dir-link", "dangling"] {
+            let (from, to) = operands(name);
+            let out = run(fastcp(&sshd, bin())
+                .arg("-r")
+                .args(*extra)
+                .arg(from)
+                .arg(to));
+            assert!(
+                out.status.success(),
+                "{way} {extra:?} {name}: {}",
+                stderr(&out)
+            );
+        }
+        let what = format!("{way} {extra:?}");
+        assert!(!is_link(&out_dir.join("file-link")), "{what}");
+        assert_eq!(
+            std::fs::read(out_dir.join("file-link")).unwrap(),
+            b"the data",
+            "{what}"
+        );
+        assert!(
+            out_dir
+                .join("dir-link")
+                .symlink_metadata()
+                .unwrap()
+                .is_dir(),
+            "{what}"
+        );
+        assert_eq!(
+            std::fs::read(out_dir.join("dir-link/inside")).unwrap(),
+            b"inside"
+        );
+        assert!(is_link(&out_dir.join("dir-link/inner-link")), "{what}");
+        assert!(is_link(&out_dir.join("dangling")), "{what}");
+    }
+    // -L follows the links inside the tree as well.
+    let followed = w.join("followed");
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "-L"])
+        .arg(w.join("dir-link"))
+        .arg(remote(&sshd, &followed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_link(&followed.join("inner-link")));
+    assert_eq!(
+        std::fs::read(followed.join("inner-link")).unwrap(),
+        b"inside"
+    );
+}
+
+/// `DIR/.` names a folder's contents, as `cp -r DIR/. DEST` and scp take it: they go
+/// straight into an existing DEST, beside what it holds, rather than into DEST/DIR; on a
+/// push, a pull (over fastcp and over SFTP), a push over SFTP and a local copy. `--delete`
+/// then mirrors DEST itself.
+#[test]
+fn a_folder_named_with_a_trailing_dot_copies_its_contents_like_cp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let src = w.join("src");
+    build_tiny(&src, 30);
+    let ways: [(&str, &[&str]); 5] = [
+        ("push", &[]),
+        ("pull", &[]),
+        ("pull", &["--sftp"]),
+        ("push", &["--sftp"]),
+        ("local", &[]),
+    ];
+    for (n, (way, extra)) in ways.iter().enumerate() {
+        let what = format!("{way} {extra:?}");
+        let dest = w.join(format!("dest-{n}"));
+        std::fs::create_dir(&dest).unwrap();
+        write(&dest.join("kept.txt"), b"already here", 0o644);
+        let from = format!("{}/.", src.display());
+        let to = dest.display().to_string();
+        let (from, to) = match *way {
+            "push" => (from, remote(&sshd, Path::new(&to))),
+            "pull" => (remote(&sshd, Path::new(&from)), to),
+            _ => (from, to),
+        };
+        let out = run(fastcp(&sshd, bin())
+            .arg("-r")
+            .args(*extra)
+            .arg(&from)
+            .arg(&to));
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        assert!(
+            !dest.join("src").exists(),
+            "{what}: nested in a folder of its name"
+        );
+        assert_eq!(
+            std::fs::read(dest.join("kept.txt")).unwrap(),
+            b"already here"
+        );
+        std::fs::remove_file(dest.join("kept.txt")).unwrap();
+        assert_same_tree(&src, &dest, false);
+
+        // A mirror of the contents removes what DEST holds beyond them.
+        write(&dest.join("extra.txt"), b"not in src", 0o644);
+        let out = run(fastcp(&sshd, bin())
+            .args(["-r", "--delete"])
+            .args(*extra)
+            .arg(&from)
+            .arg(&to));
+        assert!(out.status.success(), "{what} --delete: {}", stderr(&out));
+        assert!(!dest.join("extra.txt").exists(), "{what}");
+        assert_same_tree(&src, &dest, false);
+    }
+    // With other sources, where the contents should go is unclear: refused.
+    let out = run(fastcp(&sshd, bin())
+        .arg("-r")
+        .arg(format!("{}/.", src.display()))
+        .arg(w.join("dest-0"))
+        .arg(remote(&sshd, &w.join("dest-0"))));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// Two sources of one name would land in one place, where the streams' order would pick
+/// the survivor: the first is copied, every time, and the later one fails, saying why.
+#[test]
+fn two_sources_of_one_name_copy_the_first_and_fail_the_other() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    std::fs::create_dir(w.join("one")).unwrap();
+    std::fs::create_dir(w.join("two")).unwrap();
+    write(&w.join("one/same"), b"first", 0o644);
+    write(&w.join("two/same"), b"second", 0o644);
+    for way in ["push", "pull", "local"] {
+        let dest = w.join(format!("into-{way}"));
+        std::fs::create_dir(&dest).unwrap();
+        let (a, b) = (w.join("one/same"), w.join("two/same"));
+        let mut cmd = fastcp(&sshd, bin());
+        match way {
+            "push" => cmd.arg(&a).arg(&b).arg(remote(&sshd, &dest)),
+            "pull" => cmd.arg(remote(&sshd, &a)).arg(remote(&sshd, &b)).arg(&dest),
+            _ => cmd.arg(&a).arg(&b).arg(&dest),
+        };
+        let out = run(&mut cmd);
+        assert_eq!(out.status.code(), Some(1), "{way}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("same name"),
+            "{way}: {}",
+            stderr(&out)
+        );
+        assert_eq!(std::fs::read(dest.join("same")).unwrap(), b"first", "{way}");
+    }
+}
+
 #[test]
 fn missing_remote_binary_says_how_to_fix_it() {
     let sshd = Sshd::start().unwrap();

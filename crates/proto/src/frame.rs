@@ -277,6 +277,10 @@ pub mod flags {
     /// `--files-from` list (relative to a source's top): only they, the folders leading to
     /// them and what is beneath listed folders are copied, and mirroring keeps the rest.
     pub const FILES_FROM: u32 = 1 << 21;
+    /// The one source names a folder's contents (`DIR/.`, as `cp -r DIR/. DEST` copies
+    /// them): its top-level entry is the destination itself, even where that is an existing
+    /// directory, instead of going beneath it (protocol version 7).
+    pub const CONTENTS: u32 = 1 << 22;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -299,7 +303,8 @@ pub mod flags {
         | ACLS
         | DEVICES
         | SPECIALS
-        | FILES_FROM;
+        | FILES_FROM
+        | CONTENTS;
 }
 
 /// Which way the files flow in a session.

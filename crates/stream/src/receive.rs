@@ -104,6 +104,10 @@ pub struct ReceiveConfig {
     /// The destination must be an existing directory (the user gave several sources or a
     /// trailing '/'): otherwise fail before writing anything. Default: false.
     pub target_must_be_dir: bool,
+    /// The one top-level entry is `dest` itself, even when `dest` is an existing directory:
+    /// the source named a folder's contents (`DIR/.`), which go straight into `dest`, as
+    /// `cp -r DIR/. DEST` copies them. Default: false.
+    pub contents: bool,
     /// The only names accepted at the top level, or `None` for any. In a pull the client
     /// knows which names it asked for and refuses anything else (scp's CVE-2019-6111). A name
     /// with wildcards (`*.txt`) also accepts the names it matches, with the rules of
@@ -205,6 +209,7 @@ impl Default for ReceiveConfig {
             preserve: false,
             recursive: false,
             target_must_be_dir: false,
+            contents: false,
             expected_top_level: None,
             max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
             writer_threads: DEFAULT_WRITER_THREADS,
@@ -1201,6 +1206,24 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     match std::fs::metadata(dest) {
+        Ok(m) if m.is_dir() && config.contents => {
+            // The source's contents go into `dest`: its top-level entry is `dest` itself,
+            // named in its parent (`.` and `..` resolved: the user named it).
+            let real = dest.canonicalize().map_err(|e| Error::io(dest, e))?;
+            if let (Some(parent), Some(name)) = (real.parent(), real.file_name()) {
+                let fd = rustix::fs::open(parent, dir_flags, Mode::empty())
+                    .map_err(|e| Error::io(parent, e.into()))?;
+                return Ok(Root {
+                    fd: Arc::new(fd),
+                    path: parent.to_path_buf(),
+                    rename_top: Some(name.as_encoded_bytes().to_vec()),
+                });
+            }
+            return Err(Error::InvalidArgument(format!(
+                "{}: a folder's contents cannot go into the root directory",
+                escape(dest.as_os_str().as_encoded_bytes())
+            )));
+        }
         Ok(m) if m.is_dir() => {
             // Following a symlink for the destination itself is fine: the user named it.
             let fd = rustix::fs::open(dest, dir_flags, Mode::empty())

@@ -1268,7 +1268,9 @@ impl Producer<'_> {
         offer: Option<Partial>,
         piece: Option<Piece>,
     ) -> Result<(), Closed> {
-        let (fd, size, meta) = match open_source(path, self.config.follow_links) {
+        // A source named at the top was walked through its link, if it is one.
+        let top = !wire.contains(&b'/');
+        let (fd, size, meta) = match open_source(path, self.config.follow_links || top) {
             Ok(v) => v,
             Err(e) => {
                 let s = self.out.pick();

@@ -19,9 +19,10 @@ pub struct WalkConfig {
     /// Descend into directories (scp's `-r`). Without it a directory source is an error for
     /// that source and the others are still walked. Default: false.
     pub recursive: bool,
-    /// Follow symbolic links and copy what they point to. Without it links are copied as
-    /// links, dangling and absolute ones included. A top-level source written with a trailing
-    /// '/' is always followed. Default: false.
+    /// Follow symbolic links and copy what they point to. Without it links inside a tree are
+    /// copied as links, dangling and absolute ones included; a source named at the top is
+    /// always followed, as scp and `cp -H` follow a link named on the command line (a dangling
+    /// one is copied as the link it is). Default: false.
     pub follow_links: bool,
     /// Include and exclude rules; what they leave out is not walked (a directory left out is
     /// not descended into). Top-level sources are always walked. Default: none.
@@ -333,6 +334,7 @@ pub fn walk(sources: &[PathBuf], config: &WalkConfig) -> Walk {
         sources: sources.into_iter(),
         stack: Vec::new(),
         pending: None,
+        tops: Default::default(),
     }
 }
 
@@ -343,6 +345,8 @@ pub struct Walk {
     sources: std::vec::IntoIter<PathBuf>,
     stack: Vec<Level>,
     pending: Option<Error>,
+    /// The top-level names walked so far.
+    tops: std::collections::HashSet<Vec<u8>>,
 }
 
 /// One directory being listed.
@@ -385,7 +389,8 @@ impl Iterator for Walk {
                 }
             }
             let source = self.sources.next()?;
-            match top_name(&source).and_then(|name| self.visit(source, name, true, None)) {
+            let named = top_name(&source).and_then(|name| self.first_of_its_name(&source, name));
+            match named.and_then(|name| self.visit(source, name, true, None)) {
                 Ok(None) => continue,
                 other => return other.transpose(),
             }
@@ -394,6 +399,23 @@ impl Iterator for Walk {
 }
 
 impl Walk {
+    /// `name`, unless an earlier source had it: two sources of one name would land in one
+    /// place, and which one stayed would be down to chance (the streams' order). The first
+    /// is copied and the later ones fail.
+    fn first_of_its_name(&mut self, source: &Path, name: Vec<u8>) -> Result<Vec<u8>, Error> {
+        if self.tops.insert(name.clone()) {
+            return Ok(name);
+        }
+        Err(Error::Unsupported {
+            path: source.to_path_buf(),
+            reason: format!(
+                "not copied: an earlier source has the same name ({}), and both would land \
+                 in one place",
+                crate::display::escape(&name)
+            ),
+        })
+    }
+
     /// The entry at `path`, or `None` when the filter leaves it out. `listed` is its
     /// metadata from the directory listing, if any (looked up again otherwise).
     fn visit(
@@ -403,7 +425,7 @@ impl Walk {
         top: bool,
         listed: Option<Metadata>,
     ) -> Result<Option<Entry>, Error> {
-        let follow = self.config.follow_links || (top && ends_with_slash(&path));
+        let follow = self.config.follow_links || top;
         let lmeta = match listed {
             Some(m) => m,
             None => fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?,
@@ -550,11 +572,6 @@ pub(crate) fn meta_of(m: &Metadata) -> Meta {
         mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
         atime: Some((m.atime(), m.atime_nsec().clamp(0, 999_999_999) as u32)),
     }
-}
-
-fn ends_with_slash(path: &Path) -> bool {
-    let b = path.as_os_str().as_bytes();
-    b.ends_with(b"/") || b.ends_with(b"/.")
 }
 
 /// The wire name of a top-level source: its base name.
