@@ -1130,16 +1130,11 @@ impl Writer {
             ));
             return Err(self.fail_file(id, e));
         }
-        // A chunk of zeros is left as a hole, once the file has its full length: a sparse
-        // source stays sparse, and reads back the same.
-        let hole = bytes.len() >= HOLE_MIN && offset >= f.stale && is_zero(&bytes);
-        let written = if hole {
-            if f.sized {
-                Ok(())
-            } else {
-                f.sized = true;
-                rustix::fs::ftruncate(&f.fd, f.size).map_err(std::io::Error::from)
-            }
+        // Blocks of zeros are left as holes, once the file has its full length: a sparse
+        // source stays sparse, and reads back the same. Not where an earlier copy's data
+        // may lie (`--resume`).
+        let written = if offset >= f.stale {
+            write_sparse(f, &bytes, offset)
         } else {
             pwrite_all(&f.fd, &bytes, offset)
         };
@@ -1888,6 +1883,44 @@ fn read_back_hash(fd: &OwnedFd, size: u64, buf: &mut [u8]) -> std::io::Result<[u
         at += n as u64;
     }
     Ok(*hasher.finalize().as_bytes())
+}
+
+/// Writes `bytes` at `offset` of `f`, but for the [`HOLE_MIN`]-aligned blocks of zeros in it,
+/// which stay holes: the file is given its full length first, so that they read back as
+/// zeros wherever they are.
+fn write_sparse(f: &mut OpenFile, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    let block = HOLE_MIN as u64;
+    // Block boundaries, in `bytes`, at multiples of the block size in the file.
+    let first = ((block - offset % block) % block) as usize;
+    let cuts = std::iter::once(0)
+        .chain((first..bytes.len()).step_by(HOLE_MIN).filter(|&c| c > 0))
+        .chain(std::iter::once(bytes.len()));
+    let mut data: Option<usize> = None; // where the run of data to write began
+    let mut last = 0;
+    for cut in cuts {
+        if cut == last {
+            continue;
+        }
+        let piece = &bytes[last..cut];
+        // A piece at either end of the chunk is part of a block: a hole there too, unless
+        // the next chunk brings data to its block.
+        if is_zero(piece) {
+            if let Some(start) = data.take() {
+                pwrite_all(&f.fd, &bytes[start..last], offset + start as u64)?;
+            }
+            if !f.sized {
+                f.sized = true;
+                rustix::fs::ftruncate(&f.fd, f.size)?;
+            }
+        } else {
+            data.get_or_insert(last);
+        }
+        last = cut;
+    }
+    match data {
+        Some(start) => pwrite_all(&f.fd, &bytes[start..], offset + start as u64),
+        None => Ok(()),
+    }
 }
 
 fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {

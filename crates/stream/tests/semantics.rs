@@ -864,8 +864,8 @@ fn walkdir(root: &std::path::Path) -> Vec<String> {
     out
 }
 
-/// A sparse file stays sparse: chunks of zeros are left as holes on the receiver, and the
-/// copy reads back the same bytes.
+/// A sparse file stays sparse: blocks of zeros (4 KiB) are left as holes on the receiver,
+/// within a chunk too, and the copy reads back the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sparse_file_stays_sparse() {
     use std::os::unix::fs::{FileExt, MetadataExt};
@@ -875,20 +875,37 @@ async fn a_sparse_file_stays_sparse() {
     f.set_len(64 << 20).unwrap();
     f.write_all_at(&vec![7u8; 1 << 20], 10 << 20).unwrap();
     drop(f);
-    let dst = tempfile::tempdir().unwrap();
-    let (s, r) = configs(false);
-    let (sent, received) = run_pair(std::slice::from_ref(&path), dst.path(), &s, &r, 2).await;
-    sent.unwrap();
-    assert!(received.unwrap().is_complete());
-    let copy = dst.path().join("sparse");
-    let meta = fs::metadata(&copy).unwrap();
-    assert_eq!(meta.len(), 64 << 20);
-    assert!(
-        meta.blocks() * 512 < 8 << 20,
-        "{} bytes allocated for 1 MiB of data",
-        meta.blocks() * 512
-    );
-    assert!(fs::read(&copy).unwrap() == fs::read(&path).unwrap());
+    // A byte here and there, none on a chunk's edge: each takes a block, not its chunk.
+    let scattered = src.path().join("scattered");
+    let f = fs::File::create(&scattered).unwrap();
+    f.set_len(8 << 20).unwrap();
+    for at in [0, 3_000_000, 6_000_000, (8 << 20) - 1] {
+        f.write_all_at(&[9], at).unwrap();
+    }
+    drop(f);
+    // Chunks on block boundaries, and chunks that are not.
+    for chunk_size in [1 << 20, 1_000_003] {
+        let dst = tempfile::tempdir().unwrap();
+        let (mut s, r) = configs(true);
+        s.chunk_size = chunk_size;
+        let sources = [src.path().to_path_buf()];
+        let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 2).await;
+        sent.unwrap();
+        assert!(received.unwrap().is_complete());
+        let top = dst.path().join(src.path().file_name().unwrap());
+        for (name, data, size) in [("sparse", 1 << 20, 64 << 20), ("scattered", 4, 8 << 20)] {
+            let copy = top.join(name);
+            let meta = fs::metadata(&copy).unwrap();
+            assert_eq!(meta.len(), size);
+            let allocated = meta.blocks() * 512;
+            // What the data takes, a few blocks more for the file system's own.
+            assert!(
+                allocated <= data.max(4 * 4096) + (64 << 10),
+                "{name}, {chunk_size}-byte chunks: {allocated} bytes allocated for {data} bytes of data"
+            );
+            assert!(fs::read(&copy).unwrap() == fs::read(src.path().join(name)).unwrap());
+        }
+    }
 }
 
 /// A big file reports its progress chunk by chunk between its start and its end: bytes done
