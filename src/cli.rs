@@ -577,17 +577,19 @@ async fn copy_with(
         out.flush()?;
     }
     if !outcome.report.is_complete() && !args.quiet {
-        output.line(&failures_line(&outcome.report, args.dry_run));
+        let push = plan.dest.remote().is_some();
+        output.line(&failures_line(&outcome.report, push, args.dry_run));
     }
     Ok(code)
 }
 
 /// The last line of a copy where some entries failed: how many, and whether anything else
-/// was done.
-fn failures_line(report: &fastcp::Report, dry_run: bool) -> String {
+/// was done (what the receiving side wrote: the far side's count, on a `push`).
+fn failures_line(report: &fastcp::Report, push: bool, dry_run: bool) -> String {
     let r = report;
     let verb = if dry_run { "listed" } else { "copied" };
-    let done = r.local.files + r.local.dirs + r.local.symlinks;
+    let written = if push && !dry_run { &r.peer } else { &r.local };
+    let done = written.files + written.dirs + written.symlinks;
     if done + r.files_skipped == 0 {
         let entries = if r.failure_count == 1 {
             "entry"
@@ -657,6 +659,18 @@ fn special_name(kind: fastcp::stream::SpecialKind) -> &'static str {
         SpecialKind::CharDevice => "char-device",
         SpecialKind::BlockDevice => "block-device",
     }
+}
+
+/// The JSON object of a usage error found while reading the command line (README.md, "JSON
+/// summary").
+pub fn print_usage_json(message: &str) -> anyhow::Result<()> {
+    print_json(&json!({
+        "version": 1,
+        "exit_code": exit::USAGE,
+        "error": message,
+        "error_kind": "usage",
+        "fault": "user",
+    }))
 }
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {

@@ -17,8 +17,21 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
-    // clap exits with 2 on a usage error, 0 for --help and --version.
-    let args = cli::Args::parse();
+    // clap exits with 2 on a usage error, 0 for --help and --version; with --json, a usage
+    // error also prints its JSON object.
+    let args = match cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            let wants_json = std::env::args_os().skip(1).any(|a| a == "--json");
+            if wants_json && !matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
+                let rendered = e.render().to_string();
+                let first = rendered.lines().next().unwrap_or_default();
+                let _ = cli::print_usage_json(first.trim_start_matches("error: "));
+            }
+            e.exit()
+        }
+    };
     // Before any thread starts: then growing the table costs nothing (see its docs).
     fastcp::stream::reserve_fds();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

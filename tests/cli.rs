@@ -105,6 +105,21 @@ fn usage_errors_exit_2() {
             .assert()
             .code(2)
             .stderr(predicate::str::is_empty().not());
+        // With --json, the usage error's object comes too, found by clap or later.
+        if args[0] != "completions" {
+            let out = fastcp()
+                .arg("--json")
+                .args(*args)
+                .current_dir(work.path())
+                .assert()
+                .code(2);
+            let v = json_of(out.get_output());
+            assert_eq!(
+                (&v["exit_code"], &v["error_kind"], &v["fault"]),
+                (&2.into(), &"usage".into(), &"user".into()),
+                "{args:?}: {v}"
+            );
+        }
     }
     assert!(!work.path().join("b").exists());
 }
