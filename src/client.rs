@@ -495,7 +495,7 @@ impl Plan {
     /// True when the destination must be a directory: several sources, a trailing '/', or a
     /// remote source whose name has wildcards (it may match several entries; checking before
     /// anything is written beats finding out at the second match).
-    fn target_is_dir(&self) -> bool {
+    pub(crate) fn target_is_dir(&self) -> bool {
         let dest = match &self.dest {
             Location::Local(p) => p.as_os_str().as_bytes().ends_with(b"/"),
             Location::Remote(r) => r.path.ends_with('/'),

@@ -1645,10 +1645,18 @@ impl Apply {
                     }
                 };
                 for (name, attrs) in entries {
-                    if !is_single_name(&name) || fastcp_stream::is_work_file(name.as_bytes()) {
+                    let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
+                    if !is_single_name(&name) {
+                        // What SFTP cannot name, it cannot remove: the mirror is not exact,
+                        // and the copy says so.
+                        let why = "not deleted: SFTP cannot carry this name as it is (not \
+                                   UTF-8, or holding '/' or NUL)";
+                        self.failed(&wire, (ErrorCode::Unsupported, why.into()));
                         continue;
                     }
-                    let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
+                    if fastcp_stream::is_work_file(name.as_bytes()) {
+                        continue;
+                    }
                     let is_dir = file_type(&attrs) == S_IFDIR;
                     if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
@@ -2651,8 +2659,7 @@ async fn pull(
         recursive: o.recursive,
         // The quick check compares times: they must be kept.
         preserve,
-        target_must_be_dir: plan.sources.len() > 1
-            || dest.as_os_str().as_encoded_bytes().ends_with(b"/"),
+        target_must_be_dir: plan.target_is_dir(),
         contents: plan.contents(),
         fsync: o.fsync,
         skip_unchanged: probing,
@@ -2930,7 +2937,16 @@ impl Emit {
         let mut totals = Totals::default();
         // (remote path, wire path, attributes), to visit.
         let mut stack: Vec<(String, Bytes, FileAttributes)> = Vec::new();
-        for typed in sources.iter().rev() {
+        // A source with a wildcard that names nothing as it is stands for its matches, as
+        // scp expands it, in order; one that matches nothing fails as a missing file would.
+        let mut typed_sources = Vec::with_capacity(sources.len());
+        for typed in &sources {
+            match self.expand(typed).await? {
+                Some(matches) => typed_sources.extend(matches),
+                None => typed_sources.push(typed.clone()),
+            }
+        }
+        for typed in typed_sources.iter().rev() {
             let remote = remote_path(typed);
             // A folder's contents (`DIR/.`, `.`) travel under the folder's name.
             let name = match top_level_name(typed.strip_suffix("/.").unwrap_or(typed)) {
@@ -2993,6 +3009,20 @@ impl Emit {
                 match entries {
                     Ok(mut entries) => {
                         entries.sort_by(|a, b| b.0.cmp(&a.0));
+                        // A name SFTP cannot carry (not UTF-8, say: the server's bytes came
+                        // as text with the odd ones replaced) fails alone; the rest goes on.
+                        let (entries, unnamed): (Vec<_>, Vec<_>) = entries
+                            .into_iter()
+                            .partition(|(name, _)| is_single_name(name));
+                        for (name, _) in unnamed {
+                            let mut child = BytesMut::from(&wire[..]);
+                            child.extend_from_slice(b"/");
+                            child.extend_from_slice(name.as_bytes());
+                            let why = "the server listed a name that SFTP cannot carry as it is \
+                                       (not UTF-8, or holding '/' or NUL): not copied";
+                            self.send(0, &error_frame(ErrorCode::Unsupported, &child, why.into()))
+                                .await?;
+                        }
                         for (name, a) in entries {
                             let mut child = BytesMut::from(&wire[..]);
                             child.extend_from_slice(b"/");
@@ -3131,6 +3161,46 @@ impl Emit {
 
     /// A directory's entries with their attributes, listed on session `s`; each name
     /// checked as a single, ordinary, UTF-8 component (the receiver checks again).
+    /// The sources `typed` stands for when its name holds a wildcard and names nothing as it
+    /// is: the names in its folder that match, sorted (`None`: take it as it is). The same
+    /// rules as a fastcp server's ([`fastcp_stream::expand_sources`]): `*` and `?` match
+    /// neither `/` nor a leading `.`.
+    async fn expand(&self, typed: &str) -> Result<Option<Vec<String>>, Error> {
+        let Some(pattern) = top_level_name(typed).filter(|n| fastcp_stream::has_wildcard(n)) else {
+            return Ok(None);
+        };
+        let sftp = &self.sftp[0];
+        match sftp.raw.lstat(remote_path(typed)).await {
+            Err(e) if code(&e) == ErrorCode::NotFound => {}
+            Err(e) if is_session_failure(&e) => return Err(fatal("reading a source", e)),
+            _ => return Ok(None),
+        }
+        let folder = typed.trim_end_matches('/');
+        let folder = &folder[..folder.len() - pattern.len()];
+        let listed = match list_dir(
+            sftp,
+            &remote_path(if folder.is_empty() { "." } else { folder }),
+        )
+        .await
+        {
+            Ok(listed) => listed,
+            Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
+            Err(_) => return Ok(None),
+        };
+        let mut names: Vec<String> = listed
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|n| is_single_name(n) && fastcp_stream::name_matches(&pattern, n.as_bytes()))
+            .collect();
+        if names.is_empty() {
+            return Ok(None);
+        }
+        names.sort();
+        Ok(Some(
+            names.into_iter().map(|n| format!("{folder}{n}")).collect(),
+        ))
+    }
+
     async fn read_dir(
         &self,
         s: usize,
@@ -3154,17 +3224,6 @@ impl Emit {
                         Err(_) => {}
                     }
                 }
-            }
-        }
-        for (name, _) in &entries {
-            if !is_single_name(name) {
-                return Err(Ok((
-                    ErrorCode::UnsafePath,
-                    format!(
-                        "the server listed a name that cannot be a single entry: {}",
-                        crate::stream::escape(name.as_bytes())
-                    ),
-                )));
             }
         }
         Ok(entries)

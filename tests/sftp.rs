@@ -1548,3 +1548,91 @@ fn many_small_files_over_sftp_both_ways() {
         assert_same_tree(&src, &pulled, false);
     }
 }
+
+/// A wildcard in a remote source expands on the remote over SFTP too, as scp (which speaks
+/// SFTP) expands it, by the same rules as a fastcp server: `*` matches no leading `.`; a
+/// pattern that matches nothing fails as a missing file would, naming it.
+#[test]
+fn remote_wildcards_expand_over_sftp_as_with_scp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for name in ["a.txt", "b.txt", "c.log", ".hidden.txt"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+    }
+    fs::create_dir(src.join("sub1")).unwrap();
+    write(&src.join("sub1/inner"), b"inner", 0o644);
+    let into = work.path().join("into");
+    fs::create_dir(&into).unwrap();
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(remote(&sshd, &src.join("*.txt")))
+        .arg(&into));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut got: Vec<String> = fs::read_dir(&into)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["a.txt", "b.txt"]);
+    assert_eq!(fs::read(into.join("b.txt")).unwrap(), b"b.txt");
+
+    let dirs = work.path().join("dirs");
+    fs::create_dir(&dirs).unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r"])
+        .arg(remote(&sshd, &src.join("sub?")))
+        .arg(&dirs));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(dirs.join("sub1/inner")).unwrap(), b"inner");
+
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(remote(&sshd, &src.join("*.none")))
+        .arg(&into));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("*.none"), "{}", stderr(&out));
+}
+
+/// A name SFTP cannot carry as it is (not UTF-8: russh-sftp takes names as text) fails
+/// alone: over SFTP, a pull copies the rest of its folder, and a mirroring push says it
+/// could not remove such an extra; both end with exit code 1, naming it.
+#[test]
+fn a_name_sftp_cannot_carry_fails_alone() {
+    use std::os::unix::ffi::OsStrExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("good.txt"), b"good", 0o644);
+    write(&src.join("also-good"), b"also", 0o644);
+    let odd = std::ffi::OsStr::from_bytes(b"bad\xff");
+    write(&src.join(odd), b"bad", 0o644);
+
+    let pulled = work.path().join("pulled");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r"])
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot carry"), "{}", stderr(&out));
+    assert_eq!(fs::read(pulled.join("good.txt")).unwrap(), b"good");
+    assert_eq!(fs::read(pulled.join("also-good")).unwrap(), b"also");
+    assert!(!pulled.join(odd).exists());
+
+    // A mirror over SFTP of a tree without it, into a copy that has it.
+    fs::remove_file(src.join(odd)).unwrap();
+    let mirror = work.path().join("mirror");
+    fs::create_dir_all(mirror.join("src")).unwrap();
+    write(&mirror.join("src").join(odd), b"extra", 0o644);
+    write(&mirror.join("src/extra.txt"), b"extra", 0o644);
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--delete"])
+        .arg(&src)
+        .arg(remote(&sshd, &mirror)));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not deleted"), "{}", stderr(&out));
+    assert!(!mirror.join("src/extra.txt").exists());
+    assert_eq!(fs::read(mirror.join("src/good.txt")).unwrap(), b"good");
+}

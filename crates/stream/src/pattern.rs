@@ -71,7 +71,12 @@ fn expand(source: &Path) -> Option<Vec<PathBuf>> {
 
 /// Whether a top-level `name` that arrived is one the receiver asked for as `asked`: the same
 /// name, or a match of it as a pattern.
-pub(crate) fn name_matches(asked: &[u8], name: &[u8]) -> bool {
+///
+/// ```
+/// assert!(fastcp_stream::name_matches(b"*.txt", b"a.txt"));
+/// assert!(!fastcp_stream::name_matches(b"*.txt", b".hidden.txt"));
+/// ```
+pub fn name_matches(asked: &[u8], name: &[u8]) -> bool {
     if asked == name {
         return true;
     }
