@@ -345,6 +345,34 @@ fn two_sources_of_one_name_copy_the_first_and_fail_the_other() {
     }
 }
 
+/// The last line of a push that failed counts what landed on the far side: a tree pushed
+/// onto a file copies nothing, and says so.
+#[test]
+fn a_push_that_lands_nothing_says_nothing_was_copied() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 5);
+    let file = work.path().join("a-file");
+    write(&file, b"a file", 0o644);
+    let out = run(fastcp(&sshd, bin())
+        .arg("-r")
+        .arg(&src)
+        .arg(remote(&sshd, &file)));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing was copied"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("the others were copied"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"a file");
+}
+
 #[test]
 fn missing_remote_binary_says_how_to_fix_it() {
     let sshd = Sshd::start().unwrap();
