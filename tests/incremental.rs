@@ -313,7 +313,8 @@ fn include_and_exclude_rules_locally_and_on_a_pull() {
 
 /// `--files-from`: only the listed paths (and the folders leading to them, and what is
 /// beneath a listed folder) are copied, locally, on a push and on a pull (the list travels),
-/// and `--delete` removes only what lies where the list reaches.
+/// and `--delete` removes only what lies where the list reaches. A listed path the source
+/// lacks is reported as not found, and the copy ends with exit code 1, as rsync's does.
 #[test]
 fn files_from_copies_only_the_listed_paths() {
     let sshd = Sshd::start().unwrap();
@@ -364,7 +365,7 @@ missing/file
             c
         };
         let out = run(&mut cmd);
-        assert!(out.status.success(), "{}", stderr(&out));
+        assert_missing_reported(&out);
         assert_eq!(listing(&dst.join("src")), want, "push={push}");
     }
     // The list travels: a pull copies the same paths, over SSH and over TCP.
@@ -376,11 +377,13 @@ missing/file
             .arg(&list)
             .arg(remote(&sshd, &src))
             .arg(&pulled));
-        assert!(out.status.success(), "{}", stderr(&out));
+        assert_missing_reported(&out);
         assert_eq!(listing(&pulled.join("src")), want, "{transport}");
     }
     // With --delete the remote side knows the list too: an extra beneath a listed folder
-    // goes, what the list leaves out stays.
+    // goes, what the list leaves out stays. (A path the source lacks would stop the
+    // deletions: what the sender could not read would look deleted.)
+    std::fs::write(&list, "a/b/one\n./c/\ntop\n").unwrap();
     let dst = work.path().join("dst-true");
     write(&dst.join("src/c/extra"), b"x", 0o644);
     std::fs::create_dir_all(dst.join("src/e")).unwrap();
@@ -394,6 +397,16 @@ missing/file
     assert!(!dst.join("src/c/extra").exists());
     assert!(dst.join("src/e/unlisted").exists());
     assert!(dst.join("src/top").exists());
+}
+
+/// The copy reported the listed path its source lacks, and ended with exit code 1.
+fn assert_missing_reported(out: &std::process::Output) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("missing/file: listed by --files-from, but not in the source"),
+        "{err}"
+    );
 }
 
 /// Relative paths of everything beneath `root`.

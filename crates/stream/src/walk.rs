@@ -335,6 +335,11 @@ pub fn walk(sources: &[PathBuf], config: &WalkConfig) -> Walk {
         stack: Vec::new(),
         pending: None,
         tops: Default::default(),
+        unfound: config
+            .filter
+            .as_ref()
+            .and_then(|f| f.listed())
+            .map(|l| l.into_iter().collect()),
     }
 }
 
@@ -347,6 +352,9 @@ pub struct Walk {
     pending: Option<Error>,
     /// The top-level names walked so far.
     tops: std::collections::HashSet<Vec<u8>>,
+    /// With a `--files-from` list: the paths it lists that no source has shown yet; those
+    /// left at the end are reported, each as not found (as rsync reports them).
+    unfound: Option<std::collections::BTreeSet<Vec<u8>>>,
 }
 
 /// One directory being listed.
@@ -388,7 +396,17 @@ impl Iterator for Walk {
                     }
                 }
             }
-            let source = self.sources.next()?;
+            let Some(source) = self.sources.next() else {
+                return self.unfound.as_mut()?.pop_first().map(|listed| {
+                    Err(Error::Io {
+                        path: PathBuf::from(OsString::from_vec(listed)),
+                        source: io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "listed by --files-from, but not in the source",
+                        ),
+                    })
+                });
+            };
             let named = top_name(&source).and_then(|name| self.first_of_its_name(&source, name));
             match named.and_then(|name| self.visit(source, name, true, None)) {
                 Ok(None) => continue,
@@ -458,6 +476,10 @@ impl Walk {
             && !filter.allows(&wire, ft.is_dir())
         {
             return Ok(None);
+        }
+        if !top && let Some(unfound) = &mut self.unfound {
+            let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
+            unfound.remove(&wire[below_top..]);
         }
         let kind = if ft.is_file() {
             EntryKind::File { size: meta.len() }
