@@ -273,11 +273,12 @@ async fn a_hostile_sftp_server_cannot_write_outside_the_destination_or_make_up_b
     let dest = area.join("a/b/dest");
     fs::create_dir_all(&dest).unwrap();
 
-    // Names that climb out: the folder is refused, and nothing lands anywhere else.
+    // Names that climb out: the name is refused, and nothing lands anywhere else.
     let outcome = pull(&cfg, "climb", &dest).await.unwrap();
     assert!(!outcome.report.is_complete(), "{:?}", outcome.report);
     let message = format!("{:?}", outcome.report.failures);
-    assert!(message.contains("cannot be a single entry"), "{message}");
+    assert!(message.contains("climb/../../escape"), "{message}");
+    assert!(message.contains("SFTP cannot carry"), "{message}");
     let everything: Vec<String> = scan(&area)
         .keys()
         .map(|k| String::from_utf8_lossy(k).into_owned())
