@@ -611,7 +611,8 @@ impl Plan {
         if self.target_is_dir() {
             f |= flags::TARGET_IS_DIR;
         }
-        if self.contents() {
+        // A pull places the contents here; only a push asks the server to.
+        if self.contents() && self.dest.remote().is_some() {
             f |= flags::CONTENTS;
         }
         f
@@ -852,6 +853,9 @@ async fn copy_local_limited(
         .unzip();
     let send_config = plan.send_config();
     let mut receive_config = plan.receive_config();
+    // The sender here shares the receiver's Progress: told of each deletion (protocol 7),
+    // it would count them again. Nothing waits on this side for signs of life either.
+    receive_config.version = receive_config.version.min(6);
     let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
     receive_config.max_frame = receive_config.max_frame.max(needed);
     let sources = plan.local_sources();

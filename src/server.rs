@@ -274,6 +274,27 @@ impl Policy {
         }
     }
 
+    /// `resolved`, unless a push of a folder's contents (`DIR/.`) would go into the root
+    /// itself: its top-level entry would then be named in the root's parent, outside.
+    fn check_contents(
+        &self,
+        request: &Request,
+        resolved: &[PathBuf],
+    ) -> Result<Vec<PathBuf>, Error> {
+        if let (Some(root), Some(dest)) = (&self.root, resolved.first())
+            && request.direction == Direction::Push
+            && request.flags & flags::CONTENTS != 0
+            && dest.canonicalize().ok() == root.canonicalize().ok()
+        {
+            return Err(denied(
+                "a folder's contents cannot go into the folder this server is confined to \
+                 itself: name a folder beneath it"
+                    .into(),
+            ));
+        }
+        Ok(resolved.to_vec())
+    }
+
     /// A path as the client named it, resolved on this host: beneath the root when there is
     /// one (see [`remote_path`] otherwise).
     fn path(&self, raw: &[u8]) -> Result<PathBuf, Error> {
@@ -534,7 +555,7 @@ where
             .map(|p| config.policy.path(p))
             .collect::<Result<Vec<_>, _>>(),
     };
-    let resolved = match resolved {
+    let resolved = match resolved.and_then(|r| config.policy.check_contents(&request, &r)) {
         Ok(r) => r,
         Err(e) => return Err((Some(reader), e)),
     };

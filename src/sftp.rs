@@ -3011,6 +3011,8 @@ impl Emit {
                         entries.sort_by(|a, b| b.0.cmp(&a.0));
                         // A name SFTP cannot carry (not UTF-8, say: the server's bytes came
                         // as text with the odd ones replaced) fails alone; the rest goes on.
+                        // Not as a skipped special file: the receiver must not take the file
+                        // for gone and delete its copy (`--delete`).
                         let (entries, unnamed): (Vec<_>, Vec<_>) = entries
                             .into_iter()
                             .partition(|(name, _)| is_single_name(name));
@@ -3020,7 +3022,7 @@ impl Emit {
                             child.extend_from_slice(name.as_bytes());
                             let why = "the server listed a name that SFTP cannot carry as it is \
                                        (not UTF-8, or holding '/' or NUL): not copied";
-                            self.send(0, &error_frame(ErrorCode::Unsupported, &child, why.into()))
+                            self.send(0, &error_frame(ErrorCode::UnsafePath, &child, why.into()))
                                 .await?;
                         }
                         for (name, a) in entries {

@@ -397,6 +397,24 @@ missing/file
     assert!(!dst.join("src/c/extra").exists());
     assert!(dst.join("src/e/unlisted").exists());
     assert!(dst.join("src/top").exists());
+
+    // A listed path that the rules leave out (itself, or a folder above it) is not missing.
+    std::fs::write(&list, "a/b/one\nc/d/four\ntop\n").unwrap();
+    let ruled = work.path().join("ruled");
+    let out = run(Command::new(BIN)
+        .args([
+            "-r",
+            "--exclude",
+            "top",
+            "--exclude",
+            "/src/c/",
+            "--files-from",
+        ])
+        .arg(&list)
+        .arg(&src)
+        .arg(&ruled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(listing(&ruled), ["a", "a/b", "a/b/one"]);
 }
 
 /// The copy reported the listed path its source lacks, and ended with exit code 1.

@@ -906,3 +906,43 @@ async fn a_session_of_ones_own_is_cancelled_by_its_token_and_ends_its_events() {
         }
     }
 }
+
+/// A local copy under a bandwidth limit runs a sender and a receiver on one `Progress`: each
+/// entry its mirror removes counts once, and is reported once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_local_mirror_counts_each_deletion_once() {
+    use fastcp::{Event, EventSink};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 10);
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    for i in 0..3 {
+        write(&dst.join(format!("src/extra-{i}")), b"x", 0o644);
+    }
+    let events = Arc::new(AtomicU64::new(0));
+    let sink = EventSink::new({
+        let events = events.clone();
+        move |e| {
+            if let Event::Deleted { .. } = e {
+                events.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let progress = Arc::new(Progress::with_events(sink));
+    let plan = Plan::new(
+        vec![Location::Local(src.clone())],
+        Location::Local(dst.clone()),
+        CopyOptions::default()
+            .recursive(true)
+            .delete(true)
+            .bwlimit(1 << 30),
+    )
+    .unwrap();
+    let outcome = fastcp::copy_local(&plan, progress.clone()).await.unwrap();
+    assert_eq!(outcome.report.local.deleted, 3);
+    assert_eq!(progress.snapshot().deleted, 3);
+    assert_eq!(events.load(Ordering::SeqCst), 3);
+    assert_same_tree(&src, &dst.join("src"), false);
+}

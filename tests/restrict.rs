@@ -101,6 +101,27 @@ fn a_confined_client_copies_inside_its_folder_and_nowhere_else() {
     );
     assert_eq!(err.kind(), fastcp::ErrorKind::PermissionDenied, "{err}");
     assert!(!work.path().join("followed").exists());
+
+    // A folder's contents may go into a folder beneath it, not into the folder itself: its
+    // top-level entry would be named in the folder's parent, outside.
+    let tree = work.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    write(&tree.join("t.txt"), b"contents", 0o644);
+    let contents = format!("{}/.", tree.display());
+    for typed in ["~", "/", "in/.."] {
+        let out = run(fastcp(&sshd, &server)
+            .arg("-r")
+            .arg(&contents)
+            .arg(named(&sshd, typed)));
+        refused(&out, "cannot go into the folder this server is confined to");
+    }
+    assert!(!root.join("t.txt").exists());
+    let out = run(fastcp(&sshd, &server)
+        .arg("-r")
+        .arg(&contents)
+        .arg(named(&sshd, "in")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(root.join("in/t.txt")).unwrap(), b"contents");
 }
 
 #[test]

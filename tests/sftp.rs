@@ -1621,6 +1621,19 @@ fn a_name_sftp_cannot_carry_fails_alone() {
     assert_eq!(fs::read(pulled.join("also-good")).unwrap(), b"also");
     assert!(!pulled.join(odd).exists());
 
+    // A mirroring pull keeps the copy an earlier copy made of it: the source still has it.
+    let local = work.path().join("local");
+    fs::create_dir_all(local.join("src")).unwrap();
+    write(&local.join("src").join(odd), b"bad", 0o644);
+    write(&local.join("src/gone.txt"), b"gone", 0o644);
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--delete"])
+        .arg(remote(&sshd, &src))
+        .arg(&local));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(fs::read(local.join("src").join(odd)).unwrap(), b"bad");
+    assert_eq!(fs::read(local.join("src/good.txt")).unwrap(), b"good");
+
     // A mirror over SFTP of a tree without it, into a copy that has it.
     fs::remove_file(src.join(odd)).unwrap();
     let mirror = work.path().join("mirror");

@@ -60,10 +60,11 @@ pub enum Frame {
     /// Receiver to sender, with [`flags::DELETE`] (protocol version 7): an entry the
     /// receiver removed because the sender does not have it.
     Deleted(Deleted),
-    /// Receiver to sender (protocol version 7): after the last entry arrived, the receiver is
-    /// still at work (removing extras, making hard links, setting folder times). It comes
-    /// about once a second until the [`Done`](Frame::Done), so that a sender watching for a
-    /// stall sees the receiver alive.
+    /// Receiver to sender (protocol version 7): the receiver got on with its work in the
+    /// last quarter second. It comes at most that often, until the [`Done`](Frame::Done),
+    /// so that a sender that has sent everything and waits for the receiver (writing its
+    /// last files, removing extras, making hard links, setting folder times) does not take
+    /// the wait for a stall.
     Busy,
     /// Something went wrong with one entry, or with the whole session.
     Error(ErrorFrame),

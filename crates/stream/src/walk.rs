@@ -471,15 +471,31 @@ impl Walk {
             });
         }
         let ft = meta.file_type();
+        if !top && let Some(unfound) = &mut self.unfound {
+            // Found, whether or not the rules keep it.
+            let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
+            unfound.remove(&wire[below_top..]);
+        }
         if !top
             && let Some(filter) = &self.config.filter
             && !filter.allows(&wire, ft.is_dir())
         {
+            // What the rules leave out, the walk does not look into: the listed paths beneath
+            // it are left out too, not missing.
+            if let Some(unfound) = &mut self.unfound {
+                let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
+                let mut beneath = wire[below_top..].to_vec();
+                beneath.push(b'/');
+                let gone: Vec<Vec<u8>> = unfound
+                    .range(beneath.clone()..)
+                    .take_while(|p| p.starts_with(&beneath))
+                    .cloned()
+                    .collect();
+                for p in gone {
+                    unfound.remove(&p);
+                }
+            }
             return Ok(None);
-        }
-        if !top && let Some(unfound) = &mut self.unfound {
-            let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
-            unfound.remove(&wire[below_top..]);
         }
         let kind = if ft.is_file() {
             EntryKind::File { size: meta.len() }
