@@ -202,8 +202,15 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
 /// first, inside its predicate.
 pub fn narrow(filter: Option<Arc<Filter>>, share: Share) -> Arc<Filter> {
     let files = Arc::new(share.files);
+    // A `--files-from` list stays, so that each run still reports what it lists and the
+    // source lacks (the predicate applies it as well).
+    let listed = filter.as_ref().and_then(|f| f.listed());
+    let narrowed = match listed {
+        Some(listed) => Filter::default().files_from(listed),
+        None => Filter::default(),
+    };
     Arc::new(
-        Filter::default().with_predicate(Arc::new(move |wire: &[u8], is_dir: bool| {
+        narrowed.with_predicate(Arc::new(move |wire: &[u8], is_dir: bool| {
             let earlier = filter.as_ref().is_none_or(|f| f.allows(wire, is_dir));
             earlier && (is_dir || files.contains(wire))
         })),

@@ -415,3 +415,35 @@ fn the_documented_scheduler_recipes_copy_the_tree() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_same_tree(&src, &parallel.join("src"), true);
 }
+
+/// With `--files-from`, each run copies the listed paths of its share, and each reports a
+/// listed path the source lacks (exit code 1), as a run without `--shard` does.
+#[test]
+fn shard_runs_with_a_list_copy_its_paths_and_report_what_is_missing() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+    let list = work.path().join("list");
+    fs::write(&list, "d0/e0\nd1/e1/f1\nnot/there\n").unwrap();
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    for i in 0..2 {
+        let out = run(Command::new(BIN)
+            .args(["-r", "--shard", &format!("{i}/2"), "--files-from"])
+            .arg(&list)
+            .arg(&src)
+            .arg(&dst));
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not/there: listed by --files-from, but not in the source"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_same_tree(&src.join("d0/e0"), &dst.join("src/d0/e0"), false);
+    assert_eq!(
+        fs::read(dst.join("src/d1/e1/f1")).unwrap(),
+        fs::read(src.join("d1/e1/f1")).unwrap()
+    );
+    assert!(!dst.join("src/d2").exists());
+}
