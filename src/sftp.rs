@@ -92,6 +92,8 @@ struct Sftp {
     raw: RawSftpSession,
     io: u32,
     posix_rename: bool,
+    /// The server flushes a file to disk on request (`fsync@openssh.com`).
+    fsync: bool,
     /// Places for requests in flight (see [`SESSION_REQUESTS`]).
     requests: Arc<Semaphore>,
     /// Places for the quick check's listings (see [`LISTINGS_AT_ONCE`]).
@@ -119,6 +121,7 @@ impl Sftp {
             e => fatal("starting SFTP", e),
         })?;
         let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");
+        let fsync = version.extensions.contains_key("fsync@openssh.com");
         let mut io = 32 << 10;
         if version.extensions.contains_key("limits@openssh.com")
             && let Ok(limits) = raw.limits().await
@@ -136,6 +139,7 @@ impl Sftp {
             raw,
             io,
             posix_rename,
+            fsync,
             requests: Arc::new(Semaphore::new(SESSION_REQUESTS)),
             listing_places: Semaphore::new(LISTINGS_AT_ONCE),
         })
@@ -900,6 +904,9 @@ struct Apply {
     sftp: Vec<Arc<Sftp>>,
     place: Place,
     preserve: bool,
+    /// `--fsync`: each file is flushed to disk before it takes its name, where the server
+    /// can (`fsync@openssh.com`).
+    fsync: bool,
     /// A rerun (`--skip-unchanged` and what implies it): a link that already says the same
     /// is left alone, a folder already there is not made again (nor set, if it is as it is
     /// to be), and probes are answered from the folders' listings ([`Listings`]).
@@ -1095,6 +1102,13 @@ async fn push(
     log: &Log,
     hasher: Option<Hasher>,
 ) -> Result<Report, Error> {
+    if plan.options.fsync && !sftp[0].fsync {
+        log.warn(|| {
+            "--fsync: this SFTP server cannot flush files to disk (no fsync@openssh.com): \
+             the files are copied without it"
+                .into()
+        });
+    }
     let dest = remote_path(typed);
     let place = match sftp[0].raw.stat(dest.clone()).await {
         // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
@@ -1158,6 +1172,7 @@ async fn push(
         sftp,
         place,
         preserve: send_config.preserve,
+        fsync: plan.options.fsync,
         skip_unchanged: send_config.skip_unchanged,
         files: Registry::new(),
         dirs: Registry::new(),
@@ -1880,6 +1895,17 @@ impl Apply {
                     outcome = Err((code(&e), format!("cannot set its attributes: {e}")));
                 }
                 attrs_set = true;
+            }
+            if self.fsync && sftp[s].fsync && outcome.is_ok() && !failed {
+                match sftp[s].raw.fsync(h.clone()).await {
+                    Err(e) if is_session_failure(&e) => {
+                        return Err(fatal("flushing a file to disk", e));
+                    }
+                    Err(e) => {
+                        outcome = Err((code(&e), format!("flushing it to disk failed: {e}")));
+                    }
+                    Ok(_) => {}
+                }
             }
             if let Err(e) = sftp[s].raw.close(h.clone()).await
                 && outcome.is_ok()

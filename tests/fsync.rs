@@ -122,3 +122,73 @@ fn push_flushes_on_the_server_and_pull_on_the_client() {
     assert_eq!(datasyncs, files, "the receiving client flushes each file");
     assert!(syncs >= 2, "{syncs}");
 }
+
+/// Over SFTP a push asks the server to flush each file (`fsync@openssh.com`) before it
+/// takes its final name, and only with `--fsync`: counted under sshd's own sftp-server.
+#[test]
+fn an_sftp_push_asks_the_server_to_flush_each_file() {
+    let work = tempfile::tempdir().unwrap();
+    let log = work.path().join("sftp-server.log");
+    let sftp_server = fastcp_testsupport::tools::locate("sftp-server").unwrap();
+    let strace = fastcp_testsupport::tools::require("strace");
+    let wrapper = script(
+        work.path(),
+        "sftp-server-strace",
+        // Each of the copy's SFTP sessions runs a server of its own, which logs to a file
+        // of its own (`-ff`: LOG.PID).
+        &format!(
+            "exec '{}' -ff {} '{}' '{}' \"$@\"",
+            strace.display(),
+            STRACE_ARGS.join(" "),
+            log.display(),
+            sftp_server.display()
+        ),
+    );
+    let sshd = Sshd::start_with_options(&format!("Subsystem sftp {}", wrapper.display())).unwrap();
+    let src = work.path().join("src");
+    // Names SFTP carries (`build_mixed` has one that is not UTF-8).
+    fastcp_testsupport::tree::build_tiny(&src, 40);
+    let files = files_in(&src);
+    let logs = |remove: bool| {
+        let mut syncs = 0;
+        for e in std::fs::read_dir(work.path()).unwrap() {
+            let path = e.unwrap().path();
+            if path.to_string_lossy().contains("sftp-server.log.") {
+                // A log of one process: its lines have no pid in front.
+                let text = std::fs::read_to_string(&path).unwrap();
+                syncs += text
+                    .lines()
+                    .filter(|l| {
+                        (l.starts_with("fsync(") || l.starts_with("<... fsync resumed>"))
+                            && l.ends_with("= 0")
+                    })
+                    .count();
+                if remove {
+                    std::fs::remove_file(&path).unwrap();
+                }
+            }
+        }
+        syncs
+    };
+    for fsync in [false, true] {
+        logs(true);
+        let dst = work.path().join(format!("pushed-{fsync}"));
+        let mut cmd = Command::new(BIN);
+        cmd.arg("-F")
+            .arg(sshd.ssh_config())
+            .args(["--sftp", "-r"])
+            .env_remove("SSH_AUTH_SOCK");
+        if fsync {
+            cmd.arg("--fsync");
+        }
+        let out = run(cmd.arg(&src).arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_same_tree(&src, &dst, false);
+        let syncs = logs(false);
+        if fsync {
+            assert!(syncs >= files, "{syncs} flushes for {files} files");
+        } else {
+            assert_eq!(syncs, 0, "no flush without --fsync");
+        }
+    }
+}
