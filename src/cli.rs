@@ -523,7 +523,9 @@ async fn copy_with(
         .compress(args.compress)
         .cancel(cancel)
         .log(stderr_log(output, args.quiet, args.verbose));
-    options.filter = filter_from_command_line(args.files_from.as_deref())?;
+    // A bad pattern or a list that cannot be read: what was asked makes no sense (exit 2).
+    options.filter = filter_from_command_line(args.files_from.as_deref())
+        .map_err(|e| fastcp::Error::Usage(error_text(&e)))?;
     options.shard = args.shard;
     options.timeout = (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout));
     options.deploy_from = args.deploy_from.clone();

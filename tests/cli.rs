@@ -97,6 +97,9 @@ fn usage_errors_exit_2() {
         &["--transport", "carrier-pigeon", a, "b"],
         &["completions", "cmd.exe"],
         &["hosta:x", "hostb:y"],
+        &["--exclude", "[unclosed", a, "b"],
+        &["--exclude-from", "no-such-rules", a, "b"],
+        &["--files-from", "no-such-list", a, "b"],
     ];
     for args in cases {
         fastcp()
