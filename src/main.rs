@@ -46,6 +46,7 @@ fn main() -> ExitCode {
     };
     let cancel = fastcp::CancellationToken::new();
     let copying = args.command.is_none();
+    let verbose = args.verbose > 0;
     let kept = if args.resume {
         "files over 4 MiB that were under way keep their partial files for --resume"
     } else {
@@ -82,7 +83,10 @@ fn main() -> ExitCode {
             if !is_broken_pipe(&err) {
                 let mut stderr = std::io::stderr().lock();
                 let _ = writeln!(stderr, "fastcp: {}", cli::error_text(&err));
-                if let Some(hint) = err.downcast_ref::<fastcp::Error>().and_then(hint) {
+                let hint = err.downcast_ref::<fastcp::Error>().and_then(hint);
+                // Asking for -v once it was given helps nobody.
+                let hint = hint.filter(|h| !(verbose && h.starts_with("fastcp -v")));
+                if let Some(hint) = hint {
                     let _ = writeln!(stderr, "fastcp: {hint}");
                 }
             }

@@ -449,7 +449,17 @@ fn connection_refused_exits_3() {
         .assert()
         .code(3)
         .stderr(predicate::str::contains("Connection refused"))
-        .stderr(predicate::str::contains("-v"));
+        .stderr(predicate::str::contains("fastcp -v shows"));
+    // Given -v already, it is not suggested again.
+    fastcp()
+        .args(["-v", "-F"])
+        .arg(&config)
+        .arg(&a)
+        .arg("dead:/tmp/never")
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("Connection refused"))
+        .stderr(predicate::str::contains("fastcp -v shows").not());
     let out = fastcp()
         .arg("-F")
         .arg(&config)
