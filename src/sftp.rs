@@ -349,6 +349,25 @@ fn is_session_failure(e: &SftpError) -> bool {
     }
 }
 
+/// What an SFTP failure says, with a hint where the server gave no reason: OpenSSH's
+/// sftp-server answers a full disk, a read-only file system and a quota alike with the bare
+/// "Failure".
+fn said(e: &SftpError) -> String {
+    match e {
+        SftpError::Status(s) if s.status_code == StatusCode::Failure => {
+            let message = s.error_message.trim();
+            if message.is_empty() || message.eq_ignore_ascii_case("failure") {
+                "the server failed without saying why (a full disk, a read-only file system \
+                 or a quota, most often)"
+                    .into()
+            } else {
+                message.into()
+            }
+        }
+        e => e.to_string(),
+    }
+}
+
 /// The protocol's error code for an SFTP failure.
 fn code(e: &SftpError) -> ErrorCode {
     match e {
@@ -389,7 +408,7 @@ fn fatal(what: &str, e: SftpError) -> Error {
         // it may not touch).
         SftpError::Status(_) => Error::Refused {
             code: code(&e),
-            message: format!("{what} over SFTP: {e}"),
+            message: format!("{what} over SFTP: {}", said(&e)),
         },
         e => Error::Remote(format!("{what} over SFTP: {e}")),
     }
@@ -1579,7 +1598,10 @@ impl Apply {
             Err(e) => match sftp.raw.lstat(path.clone()).await {
                 Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(None),
                 Ok(_) => Err(Ok(not_a_dir())),
-                Err(_) => Err(Ok((code(&e), format!("cannot make the directory: {e}")))),
+                Err(_) => Err(Ok((
+                    code(&e),
+                    format!("cannot make the directory: {}", said(&e)),
+                ))),
             },
         }
     }
@@ -1654,7 +1676,10 @@ impl Apply {
                     Err(e) => {
                         self.failed(
                             &dir,
-                            (code(&e), format!("cannot list it for --delete: {e}")),
+                            (
+                                code(&e),
+                                format!("cannot list it for --delete: {}", said(&e)),
+                            ),
                         );
                         return Ok(());
                     }
@@ -1683,7 +1708,8 @@ impl Apply {
                             progress.deleted(wire, n);
                         }
                         Err(e) if is_session_failure(&e) => return Err(fatal("deleting", e)),
-                        Err(e) => self.failed(&wire, (code(&e), format!("cannot delete it: {e}"))),
+                        Err(e) => self
+                            .failed(&wire, (code(&e), format!("cannot delete it: {}", said(&e)))),
                     }
                 }
                 Ok(())
@@ -1762,7 +1788,7 @@ impl Apply {
                         if let Err(e) = set {
                             self.failed(
                                 wire,
-                                (code(&e), format!("cannot set its attributes: {e}")),
+                                (code(&e), format!("cannot set its attributes: {}", said(&e))),
                             );
                         }
                     },
@@ -1892,7 +1918,7 @@ impl Apply {
                     if is_session_failure(&e) {
                         return Err(fatal("setting a file's attributes", e));
                     }
-                    outcome = Err((code(&e), format!("cannot set its attributes: {e}")));
+                    outcome = Err((code(&e), format!("cannot set its attributes: {}", said(&e))));
                 }
                 attrs_set = true;
             }
@@ -1902,7 +1928,10 @@ impl Apply {
                         return Err(fatal("flushing a file to disk", e));
                     }
                     Err(e) => {
-                        outcome = Err((code(&e), format!("flushing it to disk failed: {e}")));
+                        outcome = Err((
+                            code(&e),
+                            format!("flushing it to disk failed: {}", said(&e)),
+                        ));
                     }
                     Ok(_) => {}
                 }
@@ -1911,7 +1940,7 @@ impl Apply {
                 && outcome.is_ok()
                 && !failed
             {
-                outcome = Err((code(&e), format!("closing it failed: {e}")));
+                outcome = Err((code(&e), format!("closing it failed: {}", said(&e))));
             }
         }
         if failed || outcome.is_err() {
@@ -1953,7 +1982,10 @@ impl Apply {
                 }
                 self.failed(
                     &file.wire,
-                    (code(&e), format!("cannot rename it into place: {e}")),
+                    (
+                        code(&e),
+                        format!("cannot rename it into place: {}", said(&e)),
+                    ),
                 );
             }
         }
@@ -1992,13 +2024,16 @@ impl Apply {
             }
             if let Err(e) = made {
                 self.live.renamed(&temp);
-                return Err((code(&e), format!("cannot make the link: {e}")));
+                return Err((code(&e), format!("cannot make the link: {}", said(&e))));
             }
             let replaced = sftp.replace(&temp, &target).await;
             self.live.renamed(&temp);
             if let Err(e) = replaced {
                 let _ = sftp.raw.remove(temp).await;
-                return Err((code(&e), format!("cannot rename the link into place: {e}")));
+                return Err((
+                    code(&e),
+                    format!("cannot rename the link into place: {}", said(&e)),
+                ));
             }
             Ok(true)
         }
@@ -2322,7 +2357,7 @@ impl Failure {
         if is_session_failure(&e) {
             Failure::Session(fatal("creating a file", e))
         } else {
-            Failure::File((code(&e), format!("cannot create {temp}: {e}")))
+            Failure::File((code(&e), format!("cannot create {temp}: {}", said(&e))))
         }
     }
 }
@@ -2332,7 +2367,7 @@ impl From<SftpError> for Failure {
         if is_session_failure(&e) {
             Failure::Session(fatal("writing a file", e))
         } else {
-            Failure::File((code(&e), format!("cannot write it: {e}")))
+            Failure::File((code(&e), format!("cannot write it: {}", said(&e))))
         }
     }
 }
@@ -3006,7 +3041,7 @@ impl Emit {
                     if is_session_failure(&e) {
                         return Err(fatal("reading a source", e));
                     }
-                    self.send(0, &error_frame(code(&e), &name, format!("{e}")))
+                    self.send(0, &error_frame(code(&e), &name, said(&e)))
                         .await?;
                 }
             }
@@ -3098,7 +3133,7 @@ impl Emit {
                     Ok(_) => {}
                     Err(e) if is_session_failure(&e) => return Err(fatal("reading a link", e)),
                     Err(e) => {
-                        self.send(0, &error_frame(code(&e), &wire, format!("{e}")))
+                        self.send(0, &error_frame(code(&e), &wire, said(&e)))
                             .await?
                     }
                 }
@@ -3239,7 +3274,7 @@ impl Emit {
             if is_session_failure(&e) {
                 Err(fatal("listing a directory", e))
             } else {
-                Ok((code(&e), format!("cannot list it: {e}")))
+                Ok((code(&e), format!("cannot list it: {}", said(&e))))
             }
         };
         let mut entries = list_dir(sftp, remote).await.map_err(to_failure)?;
@@ -3450,7 +3485,7 @@ impl Emit {
             Ok(d) => d.data,
             Err(SftpError::Status(st)) if st.status_code == StatusCode::Eof => Vec::new(),
             Err(e) if is_session_failure(&e) => return Err(Err(fatal("reading a file", e))),
-            Err(e) => return Err(Ok((code(&e), format!("cannot read it: {e}")))),
+            Err(e) => return Err(Ok((code(&e), format!("cannot read it: {}", said(&e))))),
         };
         let grew = past_end.is_ok_and(|d| !d.data.is_empty());
         let changed =
@@ -3537,7 +3572,7 @@ fn read_failure(e: SftpError) -> Result<(ErrorCode, String), Error> {
     if is_session_failure(&e) {
         Err(fatal("reading a file", e))
     } else {
-        Ok((code(&e), format!("cannot read it: {e}")))
+        Ok((code(&e), format!("cannot read it: {}", said(&e))))
     }
 }
 

@@ -249,3 +249,60 @@ ls -a "$FULL""#
         assert_eq!(resumed + sent, 6 << 20);
     }
 }
+
+/// A push over SFTP into a full disk (sshd's own sftp-server, in a namespace whose
+/// destination is the small disk): the copy fails, saying what sftp-server does not (its
+/// answer to a full disk is a bare "Failure"), and leaves no temp file and nothing partial.
+#[test]
+fn an_sftp_push_to_a_full_disk_says_what_may_be_wrong() {
+    let work = tempfile::tempdir().unwrap();
+    let full = setup(work.path());
+    let listing = work.path().join("listing");
+    let sftp_server = fastcp_testsupport::tools::locate("sftp-server").unwrap();
+    let wrapper = script(
+        work.path(),
+        "sftp-server-full-disk",
+        &format!(
+            r#"export FULL='{full}' SRC='{src}'
+exec unshare --mount --map-root-user sh -c '{MOUNT}
+"{server}"
+rc=$?
+{{ {REPORT}
+}} > "{listing}.part" && mv "{listing}.part" "{listing}"
+exit $rc'"#,
+            full = full.display(),
+            src = work.path().display(),
+            server = sftp_server.display(),
+            listing = listing.display(),
+            MOUNT = MOUNT.replace('\'', r"'\''"),
+            REPORT = REPORT.replace('\'', r"'\''"),
+        ),
+    );
+    let sshd = Sshd::start_with_options(&format!("Subsystem sftp {}", wrapper.display())).unwrap();
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .args(["--sftp", "-r", "-j", "1"])
+        .arg(work.path().join("tree"))
+        .arg(remote(&sshd, &full.join("tree")))
+        .env_remove("SSH_AUTH_SOCK"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a full disk"), "{err}");
+    assert!(!err.contains("Failure: Failure"), "{err}");
+    // sftp-server writes its report once its session has closed, after the copy returned.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let report = loop {
+        match std::fs::read_to_string(&listing) {
+            Ok(report) if report.contains("--- disk") => break report,
+            _ => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no report from the server"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    };
+    assert_nothing_partial(&disk_report(&report));
+}
