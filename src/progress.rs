@@ -182,10 +182,18 @@ impl Feed {
     }
 }
 
-/// A failure as the user reads it. The message names the file already; it may carry names
-/// from the peer, so control characters are escaped.
+/// A failure as the user reads it. The message names the file already, escaped where it
+/// was made; it may come from the peer, so control characters are escaped (once: not the
+/// backslashes of the names' own escapes).
 fn failure_line(failure: &Failure) -> String {
-    format!("fastcp: {}", escape(failure.message.as_bytes()))
+    let mut line = String::from("fastcp: ");
+    for c in failure.message.chars() {
+        match c {
+            '\\' => line.push('\\'),
+            c => line.push_str(&escape(c.encode_utf8(&mut [0; 4]).as_bytes())),
+        }
+    }
+    line
 }
 
 /// The counters that measure the work, by role.

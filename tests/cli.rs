@@ -1021,3 +1021,21 @@ fn a_source_changed_while_read_exits_5() {
     );
     assert!(!dst.exists());
 }
+
+/// A failed entry's name is escaped once in its line: a newline in it shows as `\n`, not
+/// `\\n`.
+#[test]
+fn a_failure_line_escapes_a_name_once() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("new\nline"), b"x", 0o644);
+    // A folder, not empty, where the file would go: that entry fails.
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("src/new\nline")).unwrap();
+    write(&dst.join("src/new\nline/inside"), b"in the way", 0o644);
+    let out = fastcp().arg("-r").arg(&src).arg(&dst).assert().code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("src/new\\nline"), "{err}");
+    assert!(!err.contains("new\\\\nline"), "{err}");
+}
