@@ -131,6 +131,10 @@ pub struct Args {
     /// SFTP).
     #[arg(long, help_heading = "SSH")]
     pub no_deploy: bool,
+    /// Never copy over SFTP in place of fastcp: a host without fastcp, where none can be
+    /// deployed, fails the copy (exit code 3) instead.
+    #[arg(long, help_heading = "SSH", conflicts_with = "sftp")]
+    pub no_sftp_fallback: bool,
     /// Copy over the remote host's SFTP subsystem, with nothing of fastcp's there: several
     /// SFTP sessions at once (-j, default 4; 1 for a push or a pull, without -r, of files
     /// only, 32 MiB at most), many requests in flight on each.
@@ -519,6 +523,7 @@ async fn copy_with(
         .resume(args.resume)
         .delete(args.delete)
         .no_deploy(args.no_deploy)
+        .no_sftp_fallback(args.no_sftp_fallback)
         .sftp(args.sftp)
         .compress(args.compress)
         .cancel(cancel)

@@ -99,6 +99,13 @@ pub struct CopyOptions {
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
     /// ([`SshOptions::remote_path`]) or the system ssh program is used.
     pub no_deploy: bool,
+    /// Never fall back to SFTP (`--no-sftp-fallback`): a copy to or from a host that has no
+    /// fastcp, and where none can be deployed, fails with
+    /// [`ErrorKind::RemoteProgramMissing`](crate::ErrorKind::RemoteProgramMissing) instead
+    /// of going over SFTP. For a program that wants what only fastcp on both ends gives
+    /// (each file verified where it lands, folders flushed with `--fsync`, the quick
+    /// check's speed).
+    pub no_sftp_fallback: bool,
     /// Give up when no data has moved for this long once the copy's data is flowing: a peer
     /// that stopped answering, a link that dropped without a reset (`--timeout SECS`). The
     /// copy then ends with [`Error::Timeout`] (exit code 3). `None` waits forever; the
@@ -244,6 +251,12 @@ impl CopyOptions {
     /// Sets [`no_deploy`](CopyOptions::no_deploy).
     pub fn no_deploy(mut self, value: bool) -> CopyOptions {
         self.no_deploy = value;
+        self
+    }
+
+    /// Sets [`no_sftp_fallback`](CopyOptions::no_sftp_fallback).
+    pub fn no_sftp_fallback(mut self, value: bool) -> CopyOptions {
+        self.no_sftp_fallback = value;
         self
     }
 

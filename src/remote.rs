@@ -452,6 +452,9 @@ async fn over_sftp_if_needed(
 ) -> Result<(SessionDone, &'static str), Error> {
     match started {
         Started::Done(done) => Ok((*done, transport)),
+        Started::Sftp(why) if plan.options.no_sftp_fallback => Err(Error::RemoteCommand(format!(
+            "{why}, and --no-sftp-fallback forbids copying over SFTP instead"
+        ))),
         Started::Sftp(why) => {
             plan.options
                 .log

@@ -267,6 +267,21 @@ fn a_remote_without_fastcp_and_no_deploy_is_served_over_sftp() {
         .arg(&back));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(fs::read(&back).unwrap(), fs::read(&src).unwrap());
+
+    // Told not to fall back, it fails instead, saying why, and copies nothing.
+    let never = work.path().join("never");
+    let out = run(plain(&sshd)
+        .args(["--no-deploy", "--no-sftp-fallback", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &never)));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--no-sftp-fallback"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&out)["error_kind"], "remote_program_missing");
+    assert!(!never.exists());
 }
 
 #[test]
