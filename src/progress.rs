@@ -85,8 +85,11 @@ struct FeedState {
     /// Failures printed as they happened: the first [`MAX_FAILURES`] are remembered, so that
     /// the report's own list (which keeps as many) prints only what no event reported.
     printed: HashSet<(Bytes, String)>,
-    /// How many were printed in all.
+    /// How many were printed in all (a line said already counts, unprinted).
     printed_count: u64,
+    /// The lines printed: a failure that reads as one already shown (the entries of a
+    /// folder that could not be made, say) is not shown again.
+    lines: HashSet<String>,
     /// The first [`MAX_FAILURES`], for `--json` when the copy stops on an error.
     failures: Vec<Failure>,
     /// The counters when the copy stopped on an error.
@@ -125,8 +128,12 @@ impl Feed {
                         .insert((failure.path.clone(), failure.message.clone()));
                     state.failures.push(failure.clone());
                 }
+                let line = failure_line(failure);
+                let new = state.lines.len() >= MAX_FAILURES || state.lines.insert(line.clone());
                 drop(state);
-                self.output.line(&failure_line(failure));
+                if new {
+                    self.output.line(&line);
+                }
             }
             Event::Aborted { progress, .. } => self.state().aborted = Some(*progress),
             _ => {}
@@ -152,7 +159,10 @@ impl Feed {
                 .printed
                 .contains(&(failure.path.clone(), failure.message.clone()))
             {
-                self.output.line(&failure_line(failure));
+                let line = failure_line(failure);
+                if !state.lines.contains(&line) {
+                    self.output.line(&line);
+                }
                 printed += 1;
             }
         }

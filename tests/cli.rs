@@ -1039,3 +1039,28 @@ fn a_failure_line_escapes_a_name_once() {
     assert!(err.contains("src/new\\nline"), "{err}");
     assert!(!err.contains("new\\\\nline"), "{err}");
 }
+
+/// Entries that fail for one reason, worded alike (a tree copied onto a file), are said
+/// once; the last line still counts them all.
+#[test]
+fn a_failure_said_alike_for_many_entries_is_said_once() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    for name in ["a", "b", "sub/c"] {
+        write(&src.join(name), b"x", 0o644);
+    }
+    let file = work.path().join("a-file");
+    write(&file, b"a file", 0o644);
+    let out = fastcp().arg("-r").arg(&src).arg(&file).assert().code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let lines: Vec<&str> = err.lines().collect();
+    let mut unique = lines.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), lines.len(), "a line said twice: {err}");
+    assert!(
+        err.contains("nothing was copied: 5 entries failed"),
+        "{err}"
+    );
+}
