@@ -40,7 +40,7 @@ pub struct Args {
     pub command: Option<Command>,
     /// Sources, then the target: local paths or [user@]host:path.
     #[arg(value_name = "PATH", num_args = 2.., required = true)]
-    pub operands: Vec<String>,
+    pub operands: Vec<std::ffi::OsString>,
     /// Copy directories recursively.
     #[arg(short = 'r', help_heading = "Copy")]
     pub recursive: bool,
@@ -439,7 +439,11 @@ fn filter_from_command_line(
     files_from: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
     let mut filter = fastcp::stream::Filter::default();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Not `env::args`, which panics on an argument that is not UTF-8 (an operand may be).
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--" {
@@ -538,11 +542,11 @@ async fn copy_with(
     options.bwlimit = args
         .bwlimit
         .or(args.limit_kbit.map(|k| k.saturating_mul(1024) / 8));
-    let plan = Plan::new(
-        sources.iter().map(|s| Location::parse(s)).collect(),
-        Location::parse(dest),
-        options,
-    )?;
+    let sources = sources
+        .iter()
+        .map(|s| Location::parse_os(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = Plan::new(sources, Location::parse_os(dest)?, options)?;
     let role = if plan.remote().is_none() {
         Role::Local
     } else if plan.dest.remote().is_some() {

@@ -39,6 +39,33 @@ pub struct RemotePath {
 }
 
 impl Location {
+    /// [`parse`](Location::parse) for an operand that may not be UTF-8, as a command line
+    /// gives it: such a path is a local one (its bytes kept as they are), and a remote path
+    /// that is not UTF-8 is refused (the remote path travels as text).
+    ///
+    /// ```
+    /// use std::ffi::OsStr;
+    /// use std::os::unix::ffi::OsStrExt;
+    /// use fastcp::Location;
+    ///
+    /// let local = Location::parse_os(OsStr::from_bytes(b"caf\xe9.txt")).unwrap();
+    /// assert_eq!(local, Location::Local(OsStr::from_bytes(b"caf\xe9.txt").into()));
+    /// assert!(Location::parse_os(OsStr::from_bytes(b"host:caf\xe9")).is_err());
+    /// ```
+    pub fn parse_os(arg: &std::ffi::OsStr) -> Result<Location, crate::Error> {
+        if let Some(text) = arg.to_str() {
+            return Ok(Location::parse(text));
+        }
+        match Location::parse(&arg.to_string_lossy()) {
+            Location::Local(_) => Ok(Location::Local(arg.into())),
+            Location::Remote(_) => Err(crate::Error::Usage(format!(
+                "{}: a remote path must be UTF-8 (it travels as text); name its folder, or \
+                 use a wildcard for the odd name",
+                crate::stream::escape(std::os::unix::ffi::OsStrExt::as_bytes(arg))
+            ))),
+        }
+    }
+
     /// Parses one command-line operand.
     pub fn parse(arg: &str) -> Location {
         if let Some(rest) = arg.strip_prefix("scp://")

@@ -1064,3 +1064,23 @@ fn a_failure_said_alike_for_many_entries_is_said_once() {
         "{err}"
     );
 }
+
+/// A path on the command line need not be UTF-8, as with scp and cp: a local one is copied
+/// by its bytes; a remote one, which travels as text, is refused with a usage error.
+#[test]
+fn operands_that_are_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let work = tempfile::tempdir().unwrap();
+    let odd = work.path().join(OsStr::from_bytes(b"caf\xe9.txt"));
+    write(&odd, b"latin-1 name", 0o644);
+    let copy = work.path().join(OsStr::from_bytes(b"copy-\xff"));
+    fastcp().arg(&odd).arg(&copy).assert().success();
+    assert_eq!(std::fs::read(&copy).unwrap(), b"latin-1 name");
+    fastcp()
+        .arg(&odd)
+        .arg(OsStr::from_bytes(b"somehost:caf\xe9"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("must be UTF-8"));
+}
