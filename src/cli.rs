@@ -438,43 +438,50 @@ pub async fn run(args: Args, cancel: fastcp::CancellationToken) -> anyhow::Resul
 fn filter_from_command_line(
     files_from: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let mut filter = fastcp::stream::Filter::default();
-    // Not `env::args`, which panics on an argument that is not UTF-8 (an operand may be).
-    let args: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    // As the OS gives them: an operand or a file name may not be UTF-8 (`env::args` panics on
+    // such an argument). Patterns are text.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--" {
             break;
         }
         for (name, kind) in [("--include", 0), ("--exclude", 1), ("--exclude-from", 2)] {
-            let value = match a.strip_prefix(name) {
-                Some("") => it.next().cloned(),
-                Some(rest) if rest.starts_with('=') => Some(rest[1..].to_owned()),
+            let value = match a.as_bytes().strip_prefix(name.as_bytes()) {
+                Some(b"") => it.next().cloned(),
+                Some([b'=', rest @ ..]) => Some(std::ffi::OsString::from_vec(rest.to_vec())),
                 _ => continue,
             };
             let Some(value) = value else { continue };
             match kind {
-                0 => filter.include(&value)?,
-                1 => filter.exclude(&value)?,
+                0 => filter.include(&value.to_string_lossy())?,
+                1 => filter.exclude(&value.to_string_lossy())?,
                 _ => {
-                    let text = std::fs::read_to_string(&value)
-                        .with_context(|| format!("reading --exclude-from {value}"))?;
-                    filter.add_rules(&text)?;
+                    let what = || format!("reading --exclude-from {}", value.to_string_lossy());
+                    let text = std::fs::read(&value).with_context(what)?;
+                    filter.add_rules(&String::from_utf8_lossy(&text))?;
                 }
             }
         }
     }
     if let Some(list) = files_from {
-        let text = if list == std::path::Path::new("-") {
-            std::io::read_to_string(std::io::stdin()).context("reading --files-from -")?
+        // Paths, one a line, as bytes: a listed name need not be UTF-8.
+        let bytes = if list == std::path::Path::new("-") {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+                .context("reading --files-from -")?;
+            bytes
         } else {
-            std::fs::read_to_string(list)
+            std::fs::read(list)
                 .with_context(|| format!("reading --files-from {}", list.display()))?
         };
-        filter = filter.files_from(text.lines().filter(|l| !l.trim().is_empty()));
+        let lines = bytes
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .filter(|l| !l.trim_ascii().is_empty());
+        filter = filter.files_from(lines);
     }
     Ok((!filter.is_empty()).then(|| Arc::new(filter)))
 }

@@ -59,8 +59,7 @@ impl Location {
         match Location::parse(&arg.to_string_lossy()) {
             Location::Local(_) => Ok(Location::Local(arg.into())),
             Location::Remote(_) => Err(crate::Error::Usage(format!(
-                "{}: a remote path must be UTF-8 (it travels as text); name its folder, or \
-                 use a wildcard for the odd name",
+                "{}: a remote path must be UTF-8 (it travels as text)",
                 crate::stream::escape(std::os::unix::ffi::OsStrExt::as_bytes(arg))
             ))),
         }

@@ -116,7 +116,10 @@ async fn interrupted() -> &'static str {
 fn hint(err: &fastcp::Error) -> Option<&'static str> {
     match err.exit_code() {
         exit::USAGE => Some("see fastcp --help"),
-        exit::CONNECTION if !err.to_string().contains("--remote-path") => {
+        exit::CONNECTION
+            if !err.to_string().contains("--remote-path")
+                && err.kind() != fastcp::ErrorKind::RemoteProgramMissing =>
+        {
             Some("fastcp -v shows the connection steps")
         }
         exit::INTEGRITY => Some(

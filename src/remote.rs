@@ -453,7 +453,8 @@ async fn over_sftp_if_needed(
     match started {
         Started::Done(done) => Ok((*done, transport)),
         Started::Sftp(why) if plan.options.no_sftp_fallback => Err(Error::RemoteCommand(format!(
-            "{why}, and --no-sftp-fallback forbids copying over SFTP instead"
+            "{why}; --no-sftp-fallback forbids copying over SFTP instead: install fastcp \
+             there, or drop that option"
         ))),
         Started::Sftp(why) => {
             plan.options

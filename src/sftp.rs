@@ -357,8 +357,8 @@ fn said(e: &SftpError) -> String {
         SftpError::Status(s) if s.status_code == StatusCode::Failure => {
             let message = s.error_message.trim();
             if message.is_empty() || message.eq_ignore_ascii_case("failure") {
-                "the server failed without saying why (a full disk, a read-only file system \
-                 or a quota, most often)"
+                "the server failed without saying why (on a write: a full disk, a read-only \
+                 file system or a quota, most often)"
                     .into()
             } else {
                 message.into()

@@ -1083,4 +1083,32 @@ fn operands_that_are_not_utf8() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("must be UTF-8"));
+
+    // Nor need the name of a rules file, nor the names a --files-from list gives.
+    let tree = work.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    write(&tree.join(OsStr::from_bytes(b"na\xefve")), b"listed", 0o644);
+    write(&tree.join("other.log"), b"excluded", 0o644);
+    write(&tree.join("plain"), b"unlisted", 0o644);
+    let rules = work.path().join(OsStr::from_bytes(b"r\xe8gles"));
+    std::fs::write(&rules, "- *.log\n").unwrap();
+    let list = work.path().join("list");
+    std::fs::write(&list, b"na\xefve\nother.log\n").unwrap();
+    let out_dir = work.path().join("out");
+    fastcp()
+        .arg("-r")
+        .arg("--exclude-from")
+        .arg(&rules)
+        .arg("--files-from")
+        .arg(&list)
+        .arg(&tree)
+        .arg(&out_dir)
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(out_dir.join(OsStr::from_bytes(b"na\xefve"))).unwrap(),
+        b"listed"
+    );
+    assert!(!out_dir.join("other.log").exists());
+    assert!(!out_dir.join("plain").exists());
 }

@@ -281,6 +281,12 @@ fn a_remote_without_fastcp_and_no_deploy_is_served_over_sftp() {
         stderr(&out)
     );
     assert_eq!(json(&out)["error_kind"], "remote_program_missing");
+    // The connection was fine: no advice to look at its steps.
+    assert!(
+        !stderr(&out).contains("fastcp -v shows"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!never.exists());
 }
 
