@@ -35,6 +35,9 @@ fn line(event: &Event) -> String {
         ),
         Event::Skipped { path, reason, .. } => format!("skipped  {} ({reason:?})", escape(path)),
         Event::Deleted { path } => format!("deleted  {}", escape(path)),
+        Event::Resumed { path, kept } => {
+            format!("resumed  {} ({kept} bytes were there)", escape(path))
+        }
         Event::Failed(f) => format!("failed   {}: {}", escape(&f.path), f.message),
         Event::Finished(r) => format!(
             "finished {} files, {} bytes, {} unchanged, {} failed",

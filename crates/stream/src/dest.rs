@@ -527,6 +527,8 @@ struct OpenFile {
     /// A `Piece` of the file, `(offset, len)`: the temp file is the work file all the runs
     /// that send its pieces share (see [`crate::pieces`]).
     piece: Option<(u64, u64)>,
+    /// Bytes of its partial file kept rather than sent again (`--resume`).
+    kept: u64,
 }
 
 impl OpenFile {
@@ -884,6 +886,7 @@ impl Writer {
                 stale: size,
                 attrs,
                 piece: Some((offset, len)),
+                kept: 0,
             };
             self.files.insert(id, FileState::Open(Box::new(file)));
             return Ok(());
@@ -985,6 +988,7 @@ impl Writer {
             stale: 0,
             attrs,
             piece: None,
+            kept: 0,
         };
         self.files.insert(id, FileState::Open(Box::new(file)));
         Ok(())
@@ -1069,6 +1073,7 @@ impl Writer {
             stale,
             attrs: None,
             piece: None,
+            kept: 0,
         }))
     }
 
@@ -1099,6 +1104,7 @@ impl Writer {
         let ranges_only = Algorithm::for_receiver(&self.shared.config) == Algorithm::Ranges;
         let hash = if ranges_only { 0 } else { hash };
         f.checksum.add(offset, len, ChunkHash::Xxh3(hash));
+        f.kept += len;
         self.shared.written.resumed.fetch_add(len, Relaxed);
         self.shared.progress.add_resumed(len);
         progressed(&self.shared.progress, f);
@@ -1347,6 +1353,12 @@ impl Writer {
                 shared.written.files.fetch_add(1, Relaxed);
                 shared.written.bytes.fetch_add(bytes, Relaxed);
                 shared.progress.add_done_file();
+                if f.kept > 0 {
+                    shared.progress.event(|| Event::Resumed {
+                        path: f.wire.clone(),
+                        kept: f.kept,
+                    });
+                }
                 shared.progress.event(|| Event::Done {
                     path: f.wire.clone(),
                     bytes,

@@ -46,6 +46,15 @@ pub enum Event {
         /// the sending side, which only knows that it was sent.
         verified: bool,
     },
+    /// A regular file continued from the partial file an earlier copy left (`--resume`):
+    /// `kept` of its bytes were there already and were not sent again. It comes before the
+    /// file's [`Event::Done`].
+    Resumed {
+        /// The file.
+        path: Bytes,
+        /// Its bytes the partial file held.
+        kept: u64,
+    },
     /// A regular file was not sent: the destination has it already.
     Skipped {
         /// The file.

@@ -555,6 +555,91 @@ mod tests {
         }
     }
 
+    /// Each file continued from a partial file is reported as resumed, with the bytes it
+    /// kept, before it is done: by the receiver, and by the sender (which reports for a push).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resumed_file_is_reported_on_both_sides() {
+        use crate::{Event, EventSink};
+        use bytes::Bytes;
+        use std::sync::Mutex;
+        const SIZE: usize = (crate::resume::PARTIAL_MIN + (1 << 20)) as usize;
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        std::fs::create_dir_all(&tree).unwrap();
+        let big: Vec<u8> = (0..SIZE).map(|i| (i * 7) as u8).collect();
+        std::fs::write(tree.join("big"), &big).unwrap();
+        std::fs::write(tree.join("small"), b"small").unwrap();
+        std::fs::create_dir_all(dst.path().join("t")).unwrap();
+        let partial = crate::resume::partial_name(b"big");
+        let partial = dst
+            .path()
+            .join("t")
+            .join(std::ffi::OsStr::from_bytes(&partial));
+        std::fs::write(partial, &big[..SIZE / 2]).unwrap();
+        let recording = || {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let sink = EventSink::new({
+                let seen = seen.clone();
+                move |e: &Event| match e {
+                    Event::Resumed { .. } | Event::Done { .. } => {
+                        seen.lock().unwrap().push(e.clone())
+                    }
+                    _ => {}
+                }
+            });
+            (Arc::new(Progress::with_events(sink)), seen)
+        };
+        let (sending, sent_events) = recording();
+        let (receiving, received_events) = recording();
+        let send_config = SendConfig {
+            recursive: true,
+            skip_unchanged: true,
+            resume: true,
+            ..Default::default()
+        };
+        let receive_config = ReceiveConfig {
+            recursive: true,
+            skip_unchanged: true,
+            resume: true,
+            ..Default::default()
+        };
+        let (a, b): (Vec<_>, Vec<_>) = (0..2).map(|_| tokio::io::duplex(64 << 10)).unzip();
+        let sources = [tree.clone()];
+        let copy = async {
+            tokio::join!(
+                crate::send(&sources, a, &send_config, sending),
+                crate::receive(dst.path(), b, &receive_config, receiving),
+            )
+        };
+        let (sent, received) = tokio::time::timeout(Duration::from_secs(60), copy)
+            .await
+            .expect("the copy hung");
+        sent.unwrap();
+        assert!(received.unwrap().is_complete());
+        let held = (SIZE as u64 / 2) & !((1 << 20) - 1);
+        for (side, seen) in [("sender", sent_events), ("receiver", received_events)] {
+            let seen = seen.lock().unwrap();
+            let resumed: Vec<usize> = (0..seen.len())
+                .filter(|&i| matches!(&seen[i], Event::Resumed { .. }))
+                .collect();
+            assert_eq!(resumed.len(), 1, "{side}: {seen:?}");
+            let i = resumed[0];
+            assert_eq!(
+                seen[i],
+                Event::Resumed {
+                    path: Bytes::from_static(b"t/big"),
+                    kept: held
+                },
+                "{side}"
+            );
+            assert!(
+                matches!(&seen[i + 1], Event::Done { path, .. } if &path[..] == b"t/big"),
+                "{side}: {seen:?}"
+            );
+        }
+    }
+
     /// A quick-check thread that panics (a test hook makes it, for a file of this name)
     /// ends the copy with an error that says so, rather than a hang.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1385,6 +1385,7 @@ impl Producer<'_> {
                 && p.block <= crate::resume::block_size(size)
         });
         let mut offset = start;
+        let mut kept = 0;
         while offset < stop {
             // A block the receiver offered: read whole, hashed, and kept if it matches.
             let offered = offer.as_ref().and_then(|p| {
@@ -1430,6 +1431,7 @@ impl Producer<'_> {
                 self.out
                     .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
                 self.resumed += len;
+                kept += len;
                 self.progress.add_resumed(len);
                 if end < size {
                     self.event(|| Event::Progress {
@@ -1480,6 +1482,12 @@ impl Producer<'_> {
         let mut msg = Msg::frame(&end);
         msg.files = 1;
         self.out.push(s, msg)?;
+        if kept > 0 {
+            self.event(|| Event::Resumed {
+                path: wire.clone(),
+                kept,
+            });
+        }
         self.sent(wire, stop - start);
         Ok(())
     }
