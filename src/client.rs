@@ -761,34 +761,38 @@ pub(crate) async fn cancellable<T>(
 /// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
     let copy = copy_local_now(plan, progress.clone());
-    let outcome = settled(
-        &progress,
-        cancellable(plan.options.cancel.as_ref(), copy).await,
-    )
-    .await;
-    report_end(&progress, outcome)
+    let outcome = stoppable(plan, &progress, copy).await;
+    report_end(&progress, outcome, |o| &o.report)
 }
 
 /// How long a copy that stopped early waits for its writers to remove their temp files.
 const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
-/// `outcome`, once the writer threads of a copy that stopped early (cancelled, failed) have
-/// removed their temp files, waiting at most [`SETTLE_WAIT`]: the copy's future is dropped
-/// on a cancel, and its writers finish on their own.
-pub(crate) async fn settled<T>(progress: &Progress, outcome: Result<T, Error>) -> Result<T, Error> {
+/// Runs the copy `work` until it ends or `plan`'s cancel token fires; a copy that stopped
+/// early (cancelled, failed) returns once its writer threads have removed their temp files,
+/// waiting at most [`SETTLE_WAIT`]: the copy's future is dropped on a cancel, and its
+/// writers finish on their own.
+pub(crate) async fn stoppable<T>(
+    plan: &Plan,
+    progress: &Progress,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let outcome = cancellable(plan.options.cancel.as_ref(), work).await;
     if outcome.is_err() {
         let _ = tokio::time::timeout(SETTLE_WAIT, progress.settled()).await;
     }
     outcome
 }
 
-/// Gives a whole copy's last event: `Finished` with its report, or `Aborted` with its error.
-pub(crate) fn report_end(
+/// Gives a whole copy's last event: `Finished` with its report (`report` of what it
+/// returned), or `Aborted` with its error.
+pub(crate) fn report_end<T>(
     progress: &Progress,
-    outcome: Result<Outcome, Error>,
-) -> Result<Outcome, Error> {
+    outcome: Result<T, Error>,
+    report: impl Fn(&T) -> &Report,
+) -> Result<T, Error> {
     match &outcome {
-        Ok(outcome) => progress.finished(&outcome.report),
+        Ok(done) => progress.finished(report(done)),
         Err(e) => progress.aborted(e),
     }
     outcome
@@ -1430,16 +1434,8 @@ where
         Job::Copy
     };
     let work = run_job(plan, control, mode, peers, progress.clone(), job);
-    let done = settled(
-        &progress,
-        cancellable(plan.options.cancel.as_ref(), work).await,
-    )
-    .await;
-    match &done {
-        Ok(done) => progress.finished(&done.report),
-        Err(e) => progress.aborted(e),
-    }
-    done
+    let done = stoppable(plan, &progress, work).await;
+    report_end(&progress, done, |d| &d.report)
 }
 
 async fn run_job<S, T>(

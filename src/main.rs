@@ -83,9 +83,9 @@ fn main() -> ExitCode {
             if !is_broken_pipe(&err) {
                 let mut stderr = std::io::stderr().lock();
                 let _ = writeln!(stderr, "fastcp: {}", cli::error_text(&err));
-                let hint = err.downcast_ref::<fastcp::Error>().and_then(hint);
-                // Asking for -v once it was given helps nobody.
-                let hint = hint.filter(|h| !(verbose && h.starts_with("fastcp -v")));
+                let hint = err
+                    .downcast_ref::<fastcp::Error>()
+                    .and_then(|e| hint(e, verbose));
                 if let Some(hint) = hint {
                     let _ = writeln!(stderr, "fastcp: {hint}");
                 }
@@ -112,12 +112,14 @@ async fn interrupted() -> &'static str {
     }
 }
 
-/// What to do about an error, where the message alone does not say.
-fn hint(err: &fastcp::Error) -> Option<&'static str> {
+/// What to do about an error, where the message alone does not say (`verbose`: the
+/// command already shows its connection steps).
+fn hint(err: &fastcp::Error, verbose: bool) -> Option<&'static str> {
     match err.exit_code() {
         exit::USAGE => Some("see fastcp --help"),
         exit::CONNECTION
-            if !err.to_string().contains("--remote-path")
+            if !verbose
+                && !err.to_string().contains("--remote-path")
                 && err.kind() != fastcp::ErrorKind::RemoteProgramMissing =>
         {
             Some("fastcp -v shows the connection steps")

@@ -198,9 +198,10 @@ impl Feed {
 fn failure_line(failure: &Failure) -> String {
     let mut line = String::from("fastcp: ");
     for c in failure.message.chars() {
-        match c {
-            '\\' => line.push('\\'),
-            c => line.push_str(&escape(c.encode_utf8(&mut [0; 4]).as_bytes())),
+        if c.is_control() {
+            line.push_str(&escape(c.encode_utf8(&mut [0; 4]).as_bytes()));
+        } else {
+            line.push(c);
         }
     }
     line

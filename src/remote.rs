@@ -15,7 +15,7 @@ use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, 
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Plan,
-    SessionDone, Started, TransportChoice, cancellable, direct_address, session_over,
+    SessionDone, Started, TransportChoice, direct_address, session_over,
 };
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
@@ -114,9 +114,8 @@ impl Session {
     /// future; the session stays usable either way.
     pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let copy = self.copy_now(plan, progress.clone());
-        let outcome = cancellable(plan.options.cancel.as_ref(), copy).await;
-        let outcome = crate::client::settled(&progress, outcome).await;
-        crate::client::report_end(&progress, outcome)
+        let outcome = crate::client::stoppable(plan, &progress, copy).await;
+        crate::client::report_end(&progress, outcome, |o| &o.report)
     }
 
     /// Closes the session's connections. Copies still running on it fail.

@@ -274,13 +274,9 @@ impl Policy {
         }
     }
 
-    /// `resolved`, unless a push of a folder's contents (`DIR/.`) would go into the root
-    /// itself: its top-level entry would then be named in the root's parent, outside.
-    fn check_contents(
-        &self,
-        request: &Request,
-        resolved: &[PathBuf],
-    ) -> Result<Vec<PathBuf>, Error> {
+    /// Refuses a push of a folder's contents (`DIR/.`) into the root itself: its top-level
+    /// entry would then be named in the root's parent, outside.
+    fn check_contents(&self, request: &Request, resolved: &[PathBuf]) -> Result<(), Error> {
         if let (Some(root), Some(dest)) = (&self.root, resolved.first())
             && request.direction == Direction::Push
             && request.flags & flags::CONTENTS != 0
@@ -292,7 +288,7 @@ impl Policy {
                     .into(),
             ));
         }
-        Ok(resolved.to_vec())
+        Ok(())
     }
 
     /// A path as the client named it, resolved on this host: beneath the root when there is
@@ -555,7 +551,8 @@ where
             .map(|p| config.policy.path(p))
             .collect::<Result<Vec<_>, _>>(),
     };
-    let resolved = match resolved.and_then(|r| config.policy.check_contents(&request, &r)) {
+    let checked = |r: Vec<PathBuf>| config.policy.check_contents(&request, &r).map(|()| r);
+    let resolved = match resolved.and_then(checked) {
         Ok(r) => r,
         Err(e) => return Err((Some(reader), e)),
     };

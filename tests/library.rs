@@ -684,7 +684,6 @@ async fn push_in_memory(
     peer: Peer,
     secs: u64,
 ) -> Result<fastcp::SessionDone, fastcp::Error> {
-    use fastcp::transport::Transport;
     write(&dir.join("a"), b"hello", 0o644);
     let plan = Plan::new(
         vec![Location::Local(dir.join("a"))],
@@ -692,16 +691,28 @@ async fn push_in_memory(
         CopyOptions::default(),
     )
     .unwrap();
+    in_memory(&plan, peer, secs, Arc::new(Progress::default())).await
+}
+
+/// Runs `plan` in one session over two in-memory streams of `peer`, within `secs` seconds
+/// (the session must end by then).
+async fn in_memory(
+    plan: &Plan,
+    peer: Peer,
+    secs: u64,
+    progress: Arc<Progress>,
+) -> Result<fastcp::SessionDone, fastcp::Error> {
+    use fastcp::transport::Transport;
     let peer = InMemory::new(peer);
     let server = peer.start_server().await.unwrap();
     tokio::time::timeout(
         Duration::from_secs(secs),
         fastcp::run_session(
-            &plan,
+            plan,
             server.stream,
             fastcp::Mode::Caller { streams: 2 },
             &[peer],
-            Arc::new(Progress::default()),
+            progress,
         ),
     )
     .await
@@ -734,7 +745,6 @@ async fn in_memory_streams_that_never_arrive_time_out() {
 /// the count, on a push as on a pull.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_reports_each_entry_the_far_side_deleted() {
-    use fastcp::transport::Transport;
     use fastcp::{Event, EventSink};
     use std::sync::Mutex;
     let work = tempfile::tempdir().unwrap();
@@ -762,21 +772,9 @@ async fn a_push_reports_each_entry_the_far_side_deleted() {
         CopyOptions::default().recursive(true).delete(true),
     )
     .unwrap();
-    let peer = InMemory::new(Peer::Honest);
-    let server = peer.start_server().await.unwrap();
-    let done = tokio::time::timeout(
-        Duration::from_secs(60),
-        fastcp::run_session(
-            &plan,
-            server.stream,
-            fastcp::Mode::Caller { streams: 2 },
-            &[peer],
-            progress.clone(),
-        ),
-    )
-    .await
-    .expect("the session ends")
-    .unwrap();
+    let done = in_memory(&plan, Peer::Honest, 60, progress.clone())
+        .await
+        .unwrap();
     assert!(done.report.is_complete(), "{:?}", done.report);
     assert_same_tree(&src, &dst.join("src"), false);
     let mut deleted: Vec<String> = deleted
@@ -858,7 +856,6 @@ async fn a_sender_waits_for_a_receiver_still_deleting() {
 /// `Finished` otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_of_ones_own_is_cancelled_by_its_token_and_ends_its_events() {
-    use fastcp::transport::Transport;
     use fastcp::{Event, EventSink};
     use std::sync::Mutex;
     let work = tempfile::tempdir().unwrap();
@@ -881,20 +878,8 @@ async fn a_session_of_ones_own_is_cancelled_by_its_token_and_ends_its_events() {
             CopyOptions::default().recursive(true).cancel(cancel),
         )
         .unwrap();
-        let peer = InMemory::new(Peer::Honest);
-        let server = peer.start_server().await.unwrap();
-        let done = tokio::time::timeout(
-            Duration::from_secs(60),
-            fastcp::run_session(
-                &plan,
-                server.stream,
-                fastcp::Mode::Caller { streams: 2 },
-                &[peer],
-                Arc::new(Progress::with_events(sink)),
-            ),
-        )
-        .await
-        .expect("the session ends");
+        let progress = Arc::new(Progress::with_events(sink));
+        let done = in_memory(&plan, Peer::Honest, 60, progress).await;
         let last = last.lock().unwrap().take();
         if cancelled {
             assert!(matches!(done, Err(fastcp::Error::Cancelled)), "{done:?}");

@@ -1211,13 +1211,7 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
             // named in its parent (`.` and `..` resolved: the user named it).
             let real = dest.canonicalize().map_err(|e| Error::io(dest, e))?;
             if let (Some(parent), Some(name)) = (real.parent(), real.file_name()) {
-                let fd = rustix::fs::open(parent, dir_flags, Mode::empty())
-                    .map_err(|e| Error::io(parent, e.into()))?;
-                return Ok(Root {
-                    fd: Arc::new(fd),
-                    path: parent.to_path_buf(),
-                    rename_top: Some(name.as_encoded_bytes().to_vec()),
-                });
+                return named_in(parent, name);
             }
             return Err(Error::InvalidArgument(format!(
                 "{}: a folder's contents cannot go into the root directory",
@@ -1254,6 +1248,12 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    named_in(parent, name)
+}
+
+/// The root whose one top-level entry is `name` in the existing directory `parent`.
+fn named_in(parent: &Path, name: &std::ffi::OsStr) -> Result<Root, Error> {
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let fd = rustix::fs::open(parent, dir_flags, Mode::empty())
         .map_err(|e| Error::io(parent, e.into()))?;
     Ok(Root {
