@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Keep, Meta, Partial, Probe,
-    Summary, SymlinkEntry, Totals,
+    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Hole, Keep, Meta, Partial,
+    Probe, Summary, SymlinkEntry, Totals,
 };
 use fastcp_stream::{FileChecksum, Progress, Report, SAFE_MODE_BITS};
 use fastcp_stream::{PipeWriter, WriteFrom};
@@ -1394,6 +1394,11 @@ impl Apply {
                         r
                     });
                 }
+                Frame::Hole(Hole { id, offset, len }) => {
+                    let file = self.files.wait(&id).await;
+                    let this = self.clone();
+                    tasks.spawn(async move { this.hole(&file, s, offset, len).await });
+                }
                 Frame::FileEnd(FileEnd { id, .. }) => {
                     let file = self.files.wait(&id).await;
                     let this = self.clone();
@@ -1839,6 +1844,51 @@ impl Apply {
         offset: u64,
         bytes: Bytes,
     ) -> Result<(), Error> {
+        self.put(file, s, offset, &bytes).await?;
+        file.written.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+        self.settle_if_complete(file).await
+    }
+
+    /// A hole of the source: `len` bytes at `offset` that read as zeros. A fresh temp file
+    /// only needs the hole's last byte written: what lies before a write reads as zeros
+    /// (and most file systems keep it a hole). A partial file offered for `--resume` may
+    /// hold other data anywhere (its length is not known here), so zeros are written over
+    /// all of the hole.
+    async fn hole(
+        &self,
+        file: &Arc<PushFile>,
+        s: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Error> {
+        static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+        let end = offset.saturating_add(len);
+        let held = match file.kind {
+            TempKind::Offered => end,
+            TempKind::Random | TempKind::Partial => offset,
+        };
+        let mut at = offset;
+        while at < held {
+            let n = (held - at).min(ZEROS.len() as u64);
+            self.put(file, s, at, &ZEROS[..n as usize]).await?;
+            at += n;
+        }
+        if at < end {
+            self.put(file, s, end - 1, &[0]).await?;
+        }
+        file.written.fetch_add(len, Ordering::SeqCst);
+        self.settle_if_complete(file).await
+    }
+
+    /// Writes `bytes` at `offset` of the file's temp file; a failure fails the file alone,
+    /// unless the session is lost.
+    async fn put(
+        &self,
+        file: &Arc<PushFile>,
+        s: usize,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
         if lock(&file.failure).is_none() {
             let written = async {
                 let handle = file.handle(self, s).await?;
@@ -1870,8 +1920,7 @@ impl Apply {
                 Err(Failure::File(f)) => file.fail(Failure::File(f)),
             }
         }
-        file.written.fetch_add(bytes.len() as u64, Ordering::SeqCst);
-        self.settle_if_complete(file).await
+        Ok(())
     }
 
     /// Once a file has all its bytes and its end (or failed): its attributes, then its

@@ -494,6 +494,72 @@ fn hard_links_arrive_as_one_inode() {
     check(&plain.join("src"), false);
 }
 
+/// A sparse file stays sparse in both directions, over SSH, TCP and SFTP: its holes are not
+/// read nor sent (but over an SFTP pull, which reads the remote file through SFTP), and the
+/// copy takes about what its data takes on disk.
+#[test]
+fn sparse_files_keep_their_holes_and_their_zeros_stay_home() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("disk.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(64 << 20).unwrap();
+    f.write_all_at(&pseudo_random(1 << 20, 5), 8 << 20).unwrap();
+    f.write_all_at(&pseudo_random(1 << 20, 6), 40 << 20)
+        .unwrap();
+    drop(f);
+    let content = std::fs::read(&src).unwrap();
+    let cases: [(&str, &[&str], bool); 6] = [
+        ("ssh push", &["--transport", "ssh"], false),
+        ("ssh pull", &["--transport", "ssh"], true),
+        ("tcp push", &["--transport", "tcp"], false),
+        ("tcp pull", &["--transport", "tcp"], true),
+        ("sftp push", &["--sftp"], false),
+        ("sftp pull", &["--sftp"], true),
+    ];
+    for (name, args, pull) in cases {
+        let dst = work.path().join(name.replace(' ', "-"));
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.arg("--json").args(args);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let v = ok_json(&mut cmd);
+        let copy = dst.join("disk.img");
+        assert!(std::fs::read(&copy).unwrap() == content, "{name}");
+        if name != "sftp pull" {
+            assert_eq!(v["bytes_sent"].as_u64(), Some(2 << 20), "{name}: {v}");
+        }
+        // The file's bytes copied, holes included.
+        assert_eq!(v["bytes"].as_u64(), Some(64 << 20), "{name}: {v}");
+        let allocated = std::fs::metadata(&copy).unwrap().blocks() * 512;
+        assert!(allocated <= 4 << 20, "{name}: {allocated} bytes allocated");
+    }
+    // `--resume` over a partial file with other bytes where the source has holes: they
+    // read as zeros in the copy.
+    for (name, args) in [("ssh", "--transport=ssh"), ("sftp", "--sftp")] {
+        let dst = work.path().join(format!("resumed-{name}"));
+        std::fs::create_dir(&dst).unwrap();
+        let mut partial = vec![0xaa; 48 << 20];
+        partial[8 << 20..9 << 20].copy_from_slice(&content[8 << 20..9 << 20]);
+        std::fs::write(dst.join(".disk.img.fastcp-partial"), &partial).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["--json", "--resume", args])
+            .arg(&src)
+            .arg(remote(&sshd, &dst));
+        let v = ok_json(&mut cmd);
+        assert!(
+            std::fs::read(dst.join("disk.img")).unwrap() == content,
+            "{name} resume: {v}"
+        );
+        assert!(!dst.join(".disk.img.fastcp-partial").exists(), "{name}");
+    }
+}
+
 /// --checksum compares content: a file whose bytes changed but whose size and mtime did not
 /// is sent (where --skip-unchanged would miss it), and one touched but unchanged is not.
 #[test]

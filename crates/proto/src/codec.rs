@@ -201,6 +201,11 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(k.offset);
             dst.put_u64(k.len);
         }
+        Frame::Hole(h) => {
+            dst.put_u64(h.id);
+            dst.put_u64(h.offset);
+            dst.put_u64(h.len);
+        }
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -346,6 +351,7 @@ fn known_kind(k: u8) -> bool {
             | kind::PROBE
             | kind::HARD_LINK
             | kind::KEEP
+            | kind::HOLE
             | kind::ATTRS
             | kind::SPECIAL
             | kind::PARTIAL
@@ -635,6 +641,18 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 offset: r.u64()?,
                 len: r.u64()?,
             })
+        }
+        kind::HOLE => {
+            r.frame = "Hole";
+            let h = Hole {
+                id: r.u64()?,
+                offset: r.u64()?,
+                len: r.u64()?,
+            };
+            if h.len == 0 {
+                return Err(r.invalid("an empty hole"));
+            }
+            Frame::Hole(h)
         }
         kind::ANSWER => {
             r.frame = "Answer";
@@ -1062,6 +1080,11 @@ mod tests {
             entries: 12,
         }));
         roundtrip(Frame::Busy);
+        roundtrip(Frame::Hole(Hole {
+            id: 9,
+            offset: 3 << 20,
+            len: u64::MAX - (3 << 20),
+        }));
         // A count above the cap, or one the payload does not hold, is refused before any
         // allocation; so is a zero block size.
         for (block, count, hashes) in [(1u64, 16_385u32, 0usize), (1, 2, 1), (0, 0, 0)] {
@@ -1076,6 +1099,17 @@ mod tests {
             wire.extend_from_slice(&payload);
             assert!(Decoder::new(1 << 20).decode(&mut wire).is_err());
         }
+        // An empty hole is refused.
+        let mut wire = BytesMut::new();
+        encode(
+            &Frame::Hole(Hole {
+                id: 1,
+                offset: 5,
+                len: 0,
+            }),
+            &mut wire,
+        );
+        assert!(Decoder::new(1 << 20).decode(&mut wire).is_err());
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Frame {
     /// Sender to receiver, with `--resume`: a block of a file that the receiver's partial
     /// copy already holds, in place of its bytes.
     Keep(Keep),
+    /// A range of a file that holds no data on the sender, a hole of a sparse file
+    /// (protocol version 8): it reads as zeros, and none of its bytes travel.
+    Hole(Hole),
     /// Sender to receiver, with [`flags::OWNER`], [`flags::GROUP`], [`flags::XATTRS`] or
     /// [`flags::ACLS`]: the owner and extended attributes of the entry that follows it on the
     /// same stream.
@@ -98,6 +101,7 @@ pub mod kind {
     pub const PIECE: u8 = 0x1b;
     pub const DELETED: u8 = 0x24;
     pub const BUSY: u8 = 0x25;
+    pub const HOLE: u8 = 0x26;
 }
 
 impl Frame {
@@ -121,6 +125,7 @@ impl Frame {
             Frame::HardLink(_) => kind::HARD_LINK,
             Frame::Partial(_) => kind::PARTIAL,
             Frame::Keep(_) => kind::KEEP,
+            Frame::Hole(_) => kind::HOLE,
             Frame::Attrs(_) => kind::ATTRS,
             Frame::Special(_) => kind::SPECIAL,
             Frame::Deleted(_) => kind::DELETED,
@@ -150,6 +155,7 @@ impl Frame {
             Frame::HardLink(_) => "HardLink",
             Frame::Partial(_) => "Partial",
             Frame::Keep(_) => "Keep",
+            Frame::Hole(_) => "Hole",
             Frame::Deleted(_) => "Deleted",
             Frame::Busy => "Busy",
             Frame::Attrs(_) => "Attrs",
@@ -465,6 +471,19 @@ pub struct Keep {
     /// Where the block starts.
     pub offset: u64,
     /// Its length.
+    pub len: u64,
+}
+
+/// A hole of file `id` on the sender (protocol version 8): `len` bytes at `offset` that read
+/// as zeros there and are not sent. It stands for them wherever a [`Data`] frame would; the
+/// receiver leaves the range a hole, or zeroes it where its file held other data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hole {
+    /// The file, as numbered by its `File` entry.
+    pub id: u64,
+    /// Where the hole starts.
+    pub offset: u64,
+    /// Its length, at least 1.
     pub len: u64,
 }
 

@@ -13,7 +13,8 @@
 //! (empty payloads skipped) is the XXH3-128 of the concatenation, in offset order, of
 //! `o_i` (u64), `len(p_i)` (u64) and `XXH3-128(p_i)` (u128), all little-endian; the 16-byte
 //! digest (little-endian) is followed by 16 zero bytes. Each chunk is hashed where it arrives;
-//! only the 32-byte records are put in order.
+//! only the 32-byte records are put in order. From version 8 a hole the sender skipped
+//! (a `Hole` frame) is a record of its offset and length with the hash 0.
 
 use std::collections::BTreeMap;
 
@@ -282,6 +283,15 @@ impl Sequential {
         }
     }
 
+    /// Adds a hole of the source (version 8 only), which reads as zeros and is not sent: one
+    /// record with the hash 0, as the receiver folds the `Hole` frame in.
+    pub(crate) fn hole(&mut self, offset: u64, len: u64) {
+        match self {
+            Sequential::Blake3(_) => unreachable!("holes need protocol version 8"),
+            Sequential::Xxh3(f) | Sequential::Ranges(f) => f.push(offset, len, 0),
+        }
+    }
+
     pub(crate) fn finish(self) -> [u8; 32] {
         match self {
             Sequential::Blake3(h) => *h.finalize().as_bytes(),
@@ -512,6 +522,27 @@ impl FileChecksum {
             _ => hash,
         };
         self.assembler.add(offset, len, ChunkHash::Xxh3(hash));
+    }
+
+    /// Adds a hole of the source (protocol version 8): `len` bytes at `offset` that read as
+    /// zeros, for which a `Hole` frame went instead of `Data`. Holes, blocks and payloads
+    /// must not overlap.
+    ///
+    /// # Panics
+    ///
+    /// Under protocol versions 1 and 2, which have no `Hole`.
+    ///
+    /// ```
+    /// use fastcp_stream::FileChecksum;
+    ///
+    /// let mut c = FileChecksum::new(8, 11);
+    /// c.add(0, b"hello");
+    /// assert_eq!(c.finish(), None, "bytes 5..11 are missing");
+    /// c.hole(5, 6);
+    /// assert!(c.finish().is_some());
+    /// ```
+    pub fn hole(&mut self, offset: u64, len: u64) {
+        self.assembler.add(offset, len, ChunkHash::Xxh3(0));
     }
 
     /// The checksum, once payloads cover the whole file; `None` before (or, under versions 1

@@ -107,6 +107,8 @@ pub(crate) enum Op {
     },
     /// A block the file's partial copy already holds (`--resume`).
     Keep { id: u64, offset: u64, len: u64 },
+    /// A hole of the source: a range that reads as zeros (protocol version 8).
+    Hole { id: u64, offset: u64, len: u64 },
     /// The sender's hash of a file.
     End { id: u64, hash: [u8; 32] },
     /// The sender gave up on a file: drop it.
@@ -682,8 +684,10 @@ impl Writer {
                     if !self.shared.config.resume {
                         break 'run;
                     }
-                    if matches!(op, Op::Create { .. } | Op::Data { .. } | Op::Keep { .. })
-                        && self.handle_caught(op).is_err()
+                    if matches!(
+                        op,
+                        Op::Create { .. } | Op::Data { .. } | Op::Keep { .. } | Op::Hole { .. }
+                    ) && self.handle_caught(op).is_err()
                     {
                         break 'run;
                     }
@@ -756,6 +760,7 @@ impl Writer {
                 ..
             } => self.data(id, offset, bytes, hash),
             Op::Keep { id, offset, len } => self.keep(id, offset, len),
+            Op::Hole { id, offset, len } => self.hole(id, offset, len),
             Op::End { id, hash } => self.end(id, hash),
             Op::Abandon { id } => {
                 // The work file of a piece holds other runs' pieces: it stays.
@@ -1107,6 +1112,53 @@ impl Writer {
         f.kept += len;
         self.shared.written.resumed.fetch_add(len, Relaxed);
         self.shared.progress.add_resumed(len);
+        progressed(&self.shared.progress, f);
+        self.finish_if_complete(id)
+    }
+
+    /// A hole of the source (protocol version 8): the range reads as zeros, accounted as
+    /// written. The file takes its full length, so that a hole that was never written reads
+    /// back as zeros; where an earlier copy's data may lie (`--resume`, another run's work
+    /// file) the range is zeroed, by punching a hole where the file system can.
+    fn hole(&mut self, id: u64, offset: u64, len: u64) -> Result<(), Error> {
+        let Some(f) = open_file(&mut self.files, id, len) else {
+            return Ok(());
+        };
+        let end = offset + len;
+        if f.written.len() >= MAX_PENDING_CHUNKS || f.checksum.pending() >= MAX_PENDING_CHUNKS {
+            let e = Error::Protocol(format!(
+                "{}: more than {MAX_PENDING_CHUNKS} chunks out of order",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        }
+        if overlaps(&f.written, offset, end) {
+            let e = Error::Protocol(format!(
+                "{}: overlapping chunks at offset {offset}",
+                escape(&f.wire)
+            ));
+            return Err(self.fail_file(id, e));
+        }
+        let mut zeroed = Ok(());
+        if !f.sized {
+            f.sized = true;
+            zeroed = rustix::fs::ftruncate(&f.fd, f.size).map_err(Into::into);
+        }
+        if zeroed.is_ok() && offset < f.stale {
+            zeroed = zero_range(&f.fd, offset, end.min(f.stale));
+        }
+        if let Err(e) = zeroed {
+            let e = Error::io(self.shared.root.display(&f.local), e);
+            if let Some(FileState::Open(f)) = self.files.remove(&id) {
+                f.stop();
+            }
+            return Err(e);
+        }
+        insert_range(&mut f.written, offset, end);
+        f.got += len;
+        f.checksum.add(offset, len, ChunkHash::Xxh3(0));
+        f.wrote(len);
+        self.shared.progress.add_done_bytes(len);
         progressed(&self.shared.progress, f);
         self.finish_if_complete(id)
     }
@@ -1933,6 +1985,26 @@ fn write_sparse(f: &mut OpenFile, bytes: &[u8], offset: u64) -> std::io::Result<
         Some(start) => pwrite_all(&f.fd, &bytes[start..], offset + start as u64),
         None => Ok(()),
     }
+}
+
+/// Makes `[start, end)` of `fd` read as zeros: a hole punched in it, or zeros written where
+/// the file system cannot punch one.
+fn zero_range(fd: &OwnedFd, start: u64, end: u64) -> std::io::Result<()> {
+    use rustix::fs::FallocateFlags;
+    let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    match rustix::fs::fallocate(fd, punch, start, end - start) {
+        Ok(()) => return Ok(()),
+        Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let zeros = vec![0u8; ((end - start) as usize).min(READBACK)];
+    let mut at = start;
+    while at < end {
+        let n = ((end - at) as usize).min(zeros.len());
+        pwrite_all(fd, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 fn pwrite_all(fd: &OwnedFd, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {

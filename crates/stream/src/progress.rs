@@ -79,7 +79,8 @@ pub struct Snapshot {
     pub walk_complete: bool,
     /// Files whose last byte the sender has written to a stream.
     pub files_sent: u64,
-    /// File bytes the sender has written to the streams.
+    /// File bytes the sender has written to the streams (a sparse file's holes, which go as
+    /// their length alone, included).
     pub bytes_sent: u64,
     /// Files the receiver has verified and renamed into place.
     pub files_done: u64,

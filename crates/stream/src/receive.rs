@@ -793,6 +793,21 @@ impl Reader {
                 };
                 self.send(self.writer(k.id), op).await?;
             }
+            Frame::Hole(h) if self.shared.config.version >= 8 => {
+                if self
+                    .accounted(h.id, Some((h.offset, h.len)))
+                    .await?
+                    .is_none()
+                {
+                    return Ok(None);
+                }
+                let op = Op::Hole {
+                    id: h.id,
+                    offset: h.offset,
+                    len: h.len,
+                };
+                self.send(self.writer(h.id), op).await?;
+            }
             Frame::FileEnd(e) => {
                 if self.accounted(e.id, None).await?.is_none() {
                     return Ok(None);

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Keep, LinkTimes,
-    Meta, Partial, PieceEntry, Probe, SpecialEntry, Summary, SymlinkEntry, Totals, encode,
-    encode_data_header,
+    Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Hole, Keep,
+    LinkTimes, Meta, Partial, PieceEntry, Probe, SpecialEntry, Summary, SymlinkEntry, Totals,
+    encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -524,11 +524,12 @@ where
             names: HashMap::new(),
             owners: crate::attrs::Names::default(),
             resumed: 0,
+            holes: 0,
             events,
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
-        let skipped = (p.probes.skipped, p.resumed);
+        let skipped = (p.probes.skipped, p.resumed, p.holes);
         result.map(|()| (out.counts, failures, skipped))
     });
 
@@ -620,10 +621,14 @@ where
     }
     report.peer = peer;
     report.bytes_sent = report.local.bytes;
+    let holes;
     (
         (report.files_skipped, report.bytes_skipped),
         report.bytes_resumed,
+        holes,
     ) = skipped;
+    // The files' bytes copied include their holes, as on a receiver; the bytes sent do not.
+    report.local.bytes += holes;
     for f in local_failures.into_iter().chain(remote_failures) {
         report.push_failure(f);
     }
@@ -854,6 +859,8 @@ struct Producer<'a> {
     owners: crate::attrs::Names,
     /// Bytes the receiver's partial files held, sent as `Keep`s (`resume`).
     resumed: u64,
+    /// Bytes of sparse sources' holes, sent as `Hole`s.
+    holes: u64,
     /// Where this side's events go, when it reports them.
     events: Option<Arc<Progress>>,
 }
@@ -1270,7 +1277,7 @@ impl Producer<'_> {
     ) -> Result<(), Closed> {
         // A source named at the top was walked through its link, if it is one.
         let top = !wire.contains(&b'/');
-        let (fd, size, meta) = match open_source(path, self.config.follow_links || top) {
+        let (fd, size, meta, allocated) = match open_source(path, self.config.follow_links || top) {
             Ok(v) => v,
             Err(e) => {
                 let s = self.out.pick();
@@ -1384,9 +1391,42 @@ impl Producer<'_> {
                 && piece.is_none()
                 && p.block <= crate::resume::block_size(size)
         });
+        // A sparse source's holes, to a receiver that knows them (version 8): neither read
+        // nor sent. They end at a multiple of what the reads go by, so that the chunks after
+        // a hole still start where offered blocks do.
+        let mut holes = (self.config.version >= 8 && allocated < size).then(Holes::default);
+        let align = offer.as_ref().map_or(chunk, |p| p.block);
         let mut offset = start;
         let mut kept = 0;
         while offset < stop {
+            let hole = match &mut holes {
+                Some(h) => match h.at(&fd, offset, stop, align) {
+                    Ok(hole) => hole,
+                    Err(source) => return self.fail(home, wire, &Error::io(path, source)),
+                },
+                None => None,
+            };
+            if let Some(end) = hole {
+                let len = end - offset;
+                if let Some(hasher) = &mut hasher {
+                    hasher.hole(offset, len);
+                }
+                let s = self.out.pick();
+                let mut msg = Msg::frame(&Frame::Hole(Hole { id, offset, len }));
+                // Done, as far as progress goes: a bar reaches its total.
+                msg.data = len;
+                self.out.push(s, msg)?;
+                self.holes += len;
+                if end < size {
+                    self.event(|| Event::Progress {
+                        path: wire.clone(),
+                        done: end,
+                        size,
+                    });
+                }
+                offset = end;
+                continue;
+            }
             // A block the receiver offered: read whole, hashed, and kept if it matches.
             let offered = offer.as_ref().and_then(|p| {
                 let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
@@ -1515,9 +1555,54 @@ enum ReadError {
     Changed,
 }
 
-/// Opens a source file for reading and checks that it is a regular file; returns its size and
-/// metadata as of the open.
-fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta), Error> {
+/// Where a sparse source's data lies, asked of the file system (`SEEK_DATA`, `SEEK_HOLE`) as
+/// the read goes through it.
+#[derive(Default)]
+struct Holes {
+    /// The file holds data from the offset asked last up to here.
+    data_until: u64,
+}
+
+impl Holes {
+    /// Where the hole at `offset` ends, cut to a multiple of `align` unless it reaches
+    /// `stop` (the end of what is sent); `None` when data starts at `offset`, or the hole
+    /// there ends before the next multiple of `align` (its zeros are read and sent).
+    fn at(&mut self, fd: &OwnedFd, offset: u64, stop: u64, align: u64) -> io::Result<Option<u64>> {
+        use rustix::fs::{SeekFrom, seek};
+        if offset < self.data_until {
+            return Ok(None);
+        }
+        let data = match seek(fd, SeekFrom::Data(offset)) {
+            Ok(d) => d,
+            // No data after `offset`: a hole to the end.
+            Err(rustix::io::Errno::NXIO) => stop,
+            // A file system that cannot tell: all of it is data.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::OPNOTSUPP) => {
+                self.data_until = u64::MAX;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if data <= offset {
+            self.data_until = match seek(fd, SeekFrom::Hole(offset)) {
+                Ok(h) => h.max(offset + 1),
+                Err(_) => u64::MAX,
+            };
+            return Ok(None);
+        }
+        let end = if data >= stop {
+            stop
+        } else {
+            data - data % align.max(1)
+        };
+        Ok((end > offset).then_some(end))
+    }
+}
+
+/// Opens a source file for reading and checks that it is a regular file; returns its size,
+/// metadata as of the open, and the bytes the file system holds for it (less than its size
+/// for a sparse file).
+fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta, u64), Error> {
     // O_NONBLOCK: a FIFO swapped in since the walk must not hang us.
     let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
     if !follow {
@@ -1541,7 +1626,8 @@ fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta), Error>
             (st.st_atime_nsec as u64).min(999_999_999) as u32,
         )),
     };
-    Ok((fd, st.st_size as u64, meta))
+    let allocated = (st.st_blocks as u64).saturating_mul(512);
+    Ok((fd, st.st_size as u64, meta, allocated))
 }
 
 fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {

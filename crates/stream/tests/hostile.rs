@@ -388,6 +388,89 @@ async fn overlapping_chunks_are_refused() {
     sb.assert_contained();
 }
 
+fn hole(id: u64, offset: u64, len: u64) -> Frame {
+    Frame::Hole(fastcp_proto::Hole { id, offset, len })
+}
+
+/// A hole is checked as data is: within the file, never over another range, only from a
+/// peer of version 8, and folded into the checksum; a file made whole with one reads as
+/// zeros there.
+#[tokio::test]
+async fn holes_are_checked_as_data_is() {
+    let mut sum = fastcp_stream::FileChecksum::new(8, 8);
+    sum.add(0, b"abcd");
+    sum.hole(4, 4);
+    let hole_end = Frame::FileEnd(FileEnd {
+        id: 0,
+        hash: sum.finish().unwrap(),
+    });
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 8),
+        data(0, 0, b"abcd"),
+        hole(0, 4, 4),
+        hole_end.clone(),
+        done(1, 0, 0, 4),
+    ]);
+    let outcome = run(&sb.dest, recursive(), vec![stream], true).await;
+    assert!(outcome.result.unwrap().is_complete());
+    assert_eq!(fs::read(sb.dest.join("f")).unwrap(), b"abcd\0\0\0\0");
+    assert_no_temp(&sb.dest);
+
+    let refused = [
+        (vec![hole(0, 4, 5)], "past the end"),
+        (vec![hole(0, 2, 4)], "overlapping"),
+        (vec![hole(0, 4, u64::MAX - 3)], "past the end"),
+    ];
+    for (holes, why) in refused {
+        let sb = Sandbox::new();
+        let mut frames = vec![file(0, b"f", 8), data(0, 0, b"abcd")];
+        frames.extend(holes);
+        frames.extend([hole_end.clone(), done(1, 0, 0, 4)]);
+        let err = fatal(run(&sb.dest, recursive(), vec![wire(&frames)], true).await);
+        assert!(matches!(err, Error::Protocol(_)), "{err}");
+        assert!(err.to_string().contains(why), "{why}: {err}");
+        assert!(!sb.dest.join("f").exists());
+        sb.assert_contained();
+    }
+
+    // From a peer that agreed on version 7, a hole is an unexpected frame.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 8),
+        data(0, 0, b"abcd"),
+        hole(0, 4, 4),
+        hole_end,
+        done(1, 0, 0, 4),
+    ]);
+    let config = ReceiveConfig {
+        version: 7,
+        ..recursive()
+    };
+    let err = fatal(run(&sb.dest, config, vec![stream], true).await);
+    assert!(err.to_string().contains("unexpected Hole"), "{err}");
+    assert!(!sb.dest.join("f").exists());
+    sb.assert_contained();
+
+    // A wrong checksum: the hole's range is in it.
+    let sb = Sandbox::new();
+    let stream = wire(&[
+        file(0, b"f", 8),
+        data(0, 0, b"abcd"),
+        hole(0, 4, 4),
+        end(0, b"abcd\0\0\0\0"),
+        done(1, 0, 0, 4),
+    ]);
+    let outcome = run(&sb.dest, recursive(), vec![stream], true).await;
+    assert!(
+        matches!(outcome.result, Err(Error::Integrity { .. })),
+        "{:?}",
+        outcome.result.map(|_| ())
+    );
+    assert!(!sb.dest.join("f").exists());
+    sb.assert_contained();
+}
+
 fn piece(id: u64, path: &[u8], size: u64, offset: u64, len: u64) -> Frame {
     let Frame::File(file) = file(id, path, size) else {
         unreachable!()

@@ -112,6 +112,36 @@ async fn stale_bytes_never_survive_in_a_continued_file() {
     assert_eq!(report.bytes_resumed, MIB as u64);
 }
 
+/// Holes of the source where the partial file holds other bytes: they read as zeros in the
+/// copy (punched out of the partial file), and none of their bytes travel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holes_of_the_source_clear_stale_bytes_of_a_continued_file() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    let first = pseudo_random(MIB, 10);
+    let later = pseudo_random(MIB, 11);
+    let f = fs::File::create(&src).unwrap();
+    f.set_len(12 * MIB as u64).unwrap();
+    f.write_all_at(&first, 0).unwrap();
+    f.write_all_at(&later, 9 * MIB as u64).unwrap();
+    drop(f);
+    let content = fs::read(&src).unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let mut partial = vec![0xaa; 14 * MIB];
+    partial[..MIB].copy_from_slice(&first);
+    fs::write(dest.join(".big.fastcp-partial"), &partial).unwrap();
+
+    let report = copy(&src, &dest, 2).await;
+    assert!(fs::read(dest.join("big")).unwrap() == content);
+    assert_eq!(report.bytes_resumed, MIB as u64);
+    assert_eq!(report.bytes_sent, MIB as u64);
+    let allocated = fs::metadata(dest.join("big")).unwrap().blocks() * 512;
+    assert!(allocated <= 3 * MIB as u64, "{allocated} bytes allocated");
+    assert_no_temp(&dest);
+}
+
 /// A partial file another copy holds (locked) is left alone: the file travels whole under a
 /// temp name of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
