@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
-    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Hole, Keep, Meta, Partial,
-    Probe, Summary, SymlinkEntry, Totals,
+    Answer, DirEntry, ErrorCode, ErrorFrame, FileEnd, FileEntry, Frame, Hole, Keep, LinkTimes,
+    Meta, Partial, Probe, Summary, SymlinkEntry, Totals,
 };
 use fastcp_stream::{FileChecksum, Progress, Report, SAFE_MODE_BITS};
 use fastcp_stream::{PipeWriter, WriteFrom};
@@ -3172,10 +3172,21 @@ impl Emit {
                 match sftp.raw.readlink(remote.clone()).await {
                     Ok(name) if !name.files.is_empty() => {
                         let target = Bytes::from(name.files[0].filename.clone().into_bytes());
+                        // The link's own times (the listing's attributes are the link's),
+                        // in whole seconds as SFTP has them.
+                        let times = match (self.preserve, attrs.mtime) {
+                            (true, Some(mtime)) => Some(LinkTimes {
+                                mtime: i64::from(mtime),
+                                mtime_nsec: 0,
+                                atime: i64::from(attrs.atime.unwrap_or(mtime)),
+                                atime_nsec: 0,
+                            }),
+                            _ => None,
+                        };
                         let frame = Frame::Symlink(SymlinkEntry {
                             path: wire,
                             target,
-                            times: None,
+                            times,
                         });
                         self.send(0, &frame).await?;
                     }

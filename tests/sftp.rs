@@ -13,7 +13,9 @@ use std::process::Command;
 use common::*;
 use fastcp_stream::SHA256_RANGE;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_no_temp, assert_same_tree, pseudo_random, set_mtime, write};
+use fastcp_testsupport::tree::{
+    assert_no_temp, assert_same_tree, pseudo_random, set_mtime, set_times, write,
+};
 
 /// A `fastcp` command for `sshd` naming no remote program, so none is found there.
 fn plain(sshd: &Sshd) -> Command {
@@ -109,6 +111,15 @@ fn sftp_pushes_and_pulls_a_tree_with_modes_times_links_and_a_split_file() {
     assert_same_tree(&src, &pushed, true);
     assert_no_temp(&pushed);
 
+    // Links of the remote tree with times of their own, which a pull with -p keeps.
+    let links: Vec<_> = walk(&pushed)
+        .into_iter()
+        .filter(|p| p.is_symlink())
+        .collect();
+    assert!(!links.is_empty());
+    for (i, link) in links.iter().enumerate() {
+        set_times(link, 1_500_000_000 + i as i64, 1_400_000_000 + i as i64);
+    }
     let pulled = work.path().join("pulled");
     let out = run(plain(&sshd)
         .args(["--sftp", "-r", "-p", "-j", "3", "--json"])
@@ -116,6 +127,12 @@ fn sftp_pushes_and_pulls_a_tree_with_modes_times_links_and_a_split_file() {
         .arg(&pulled));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json(&out)["transport"], "sftp");
+    // (Access times are not compared: reading a link may set it.)
+    for (i, link) in links.iter().enumerate() {
+        let copy = pulled.join(link.strip_prefix(&pushed).unwrap());
+        let m = fs::symlink_metadata(&copy).unwrap();
+        assert_eq!(m.mtime(), 1_400_000_000 + i as i64, "{}", copy.display());
+    }
     assert_same_tree(&src, &pulled, true);
     assert_no_temp(&pulled);
 
