@@ -863,6 +863,27 @@ async fn remove_tree(
     Ok(removed)
 }
 
+/// A pull's listing came to `wire` (its first component is the source's top): the path it
+/// stands for is no longer missing from the `--files-from` list, nor, if the rules leave it
+/// out (`allowed` false, so nothing beneath it is listed), are the listed paths beneath it.
+fn found_listed(unfound: &mut std::collections::BTreeSet<Vec<u8>>, wire: &[u8], allowed: bool) {
+    let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
+    let rel = &wire[below_top..];
+    unfound.remove(rel);
+    if !allowed {
+        let mut beneath = rel.to_vec();
+        beneath.push(b'/');
+        let gone: Vec<Vec<u8>> = unfound
+            .range(beneath.clone()..)
+            .take_while(|p| p.starts_with(&beneath))
+            .cloned()
+            .collect();
+        for p in gone {
+            unfound.remove(&p);
+        }
+    }
+}
+
 fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
     Frame::Error(ErrorFrame {
         code,
@@ -3099,6 +3120,13 @@ impl Emit {
         // since each is a few round trips. A folder's `Dir` frame goes out before its
         // listing is asked for, so its entries always come after it.
         let mut to_list: std::collections::VecDeque<(String, Bytes)> = Default::default();
+        // With a `--files-from` list: the paths it lists that no listing has shown yet; those
+        // left at the end fail as not found, as the walk of a fastcp sender reports them.
+        let mut unfound: Option<std::collections::BTreeSet<Vec<u8>>> = self
+            .filter
+            .as_ref()
+            .and_then(|f| f.listed())
+            .map(|l| l.into_iter().collect());
         let mut listing = futures_util::stream::FuturesUnordered::new();
         let mut next_session = 0;
         loop {
@@ -3140,11 +3168,14 @@ impl Emit {
                             child.extend_from_slice(b"/");
                             child.extend_from_slice(name.as_bytes());
                             let is_dir = file_type(&a) == S_IFDIR;
-                            if self
+                            let allowed = self
                                 .filter
                                 .as_ref()
-                                .is_some_and(|f| !f.allows(&child, is_dir))
-                            {
+                                .is_none_or(|f| f.allows(&child, is_dir));
+                            if let Some(unfound) = &mut unfound {
+                                found_listed(unfound, &child, allowed);
+                            }
+                            if !allowed {
                                 continue;
                             }
                             stack.push((join(&remote, &name), child.freeze(), a));
@@ -3277,6 +3308,11 @@ impl Emit {
                 self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
                     .await?;
             }
+        }
+        for listed in unfound.into_iter().flatten() {
+            let msg = "listed by --files-from, but not in the source".to_string();
+            self.send(0, &error_frame(ErrorCode::NotFound, &listed, msg))
+                .await?;
         }
         self.send(0, &Frame::Totals(totals)).await?;
         Ok(())

@@ -368,18 +368,28 @@ missing/file
         assert_missing_reported(&out);
         assert_eq!(listing(&dst.join("src")), want, "push={push}");
     }
-    // The list travels: a pull copies the same paths, over SSH and over TCP.
-    for transport in ["ssh", "tcp"] {
-        let pulled = work.path().join(format!("pulled-{transport}"));
+    // The list travels: a pull copies the same paths, over SSH and over TCP; over SFTP the
+    // listing applies it. A push over SFTP walks as any push.
+    for transport in ["--transport=ssh", "--transport=tcp", "--sftp"] {
+        let pulled = work.path().join(format!("pulled{transport}"));
         std::fs::create_dir(&pulled).unwrap();
         let out = run(fastcp(&sshd, bin())
-            .args(["-r", "--transport", transport, "--files-from"])
+            .args(["-r", transport, "--files-from"])
             .arg(&list)
             .arg(remote(&sshd, &src))
             .arg(&pulled));
         assert_missing_reported(&out);
         assert_eq!(listing(&pulled.join("src")), want, "{transport}");
     }
+    let pushed = work.path().join("pushed-sftp");
+    std::fs::create_dir(&pushed).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--sftp", "--files-from"])
+        .arg(&list)
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert_missing_reported(&out);
+    assert_eq!(listing(&pushed.join("src")), want, "SFTP push");
     // With --delete the remote side knows the list too: an extra beneath a listed folder
     // goes, what the list leaves out stays. (A path the source lacks would stop the
     // deletions: what the sender could not read would look deleted.)
@@ -415,6 +425,17 @@ missing/file
         .arg(&ruled));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(listing(&ruled), ["a", "a/b", "a/b/one"]);
+    // So on a pull over SFTP, whose listing applies the list and the rules.
+    let ruled = work.path().join("ruled-sftp");
+    std::fs::create_dir(&ruled).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--sftp", "--exclude", "top", "--exclude", "/src/c/"])
+        .arg("--files-from")
+        .arg(&list)
+        .arg(remote(&sshd, &src))
+        .arg(&ruled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(listing(&ruled.join("src")), ["a", "a/b", "a/b/one"]);
 }
 
 /// The copy reported the listed path its source lacks, and ended with exit code 1.
