@@ -29,6 +29,20 @@ fn main() -> ExitCode {
                 let first = rendered.lines().next().unwrap_or_default();
                 let _ = cli::print_usage_json(first.trim_start_matches("error: "));
             }
+            // scp has no commands: a file named like one (`man`, `doctor`) is taken for the
+            // command. Say how to copy it.
+            if !matches!(e.kind(), K::DisplayHelp | K::DisplayVersion)
+                && let Some(first) = std::env::args_os().nth(1)
+                && let Some(name) = first.to_str()
+                && cli::command().find_subcommand(name).is_some()
+                && std::path::Path::new(&first).exists()
+            {
+                let _ = e.print();
+                eprintln!(
+                    "fastcp: `{name}` is a command; to copy the file of that name, write ./{name}"
+                );
+                return ExitCode::from(e.exit_code() as u8);
+            }
             e.exit()
         }
     };

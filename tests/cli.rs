@@ -127,6 +127,34 @@ fn usage_errors_exit_2() {
     assert!(!work.path().join("b").exists());
 }
 
+/// A file named like a command (`man`) is taken for the command, which scp has not: the
+/// usage error says how to copy the file, and `./man` copies it.
+#[test]
+fn a_file_named_like_a_command_is_copied_as_dot_slash_name() {
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("man"), b"a file", 0o644);
+    fastcp()
+        .args(["man", "copy"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("write ./man"));
+    fastcp()
+        .args(["./man", "copy"])
+        .current_dir(work.path())
+        .assert()
+        .success();
+    assert_eq!(std::fs::read(work.path().join("copy")).unwrap(), b"a file");
+    // With no such file, nothing is said of one.
+    let empty = tempfile::tempdir().unwrap();
+    fastcp()
+        .args(["man", "copy"])
+        .current_dir(empty.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("./man").not());
+}
+
 #[test]
 fn help_names_every_flag_and_the_exit_codes() {
     let out = fastcp().arg("--help").assert().success();
