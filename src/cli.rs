@@ -556,7 +556,7 @@ async fn copy_with(
     let plan = Plan::new(sources, Location::parse_os(dest)?, options)?;
     let role = if plan.remote().is_none() {
         Role::Local
-    } else if plan.dest.remote().is_some() {
+    } else if plan.dest().remote().is_some() {
         Role::Push
     } else {
         Role::Pull
@@ -595,7 +595,7 @@ async fn copy_with(
         out.flush()?;
     }
     if !outcome.report.is_complete() && !args.quiet {
-        let push = plan.dest.remote().is_some();
+        let push = plan.dest().remote().is_some();
         output.line(&failures_line(&outcome.report, push, args.dry_run));
     }
     Ok(code)

@@ -373,15 +373,17 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// A copy that can run: checked operands and options.
+/// A copy that can run: checked operands and options. Made by [`Plan::new`] only, so that
+/// what it checks holds; read it back with [`Plan::sources`], [`Plan::dest`] and
+/// [`Plan::options`].
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// The sources, all local or all on one remote host.
-    pub sources: Vec<Location>,
+    pub(crate) sources: Vec<Location>,
     /// The destination.
-    pub dest: Location,
+    pub(crate) dest: Location,
     /// How to copy.
-    pub options: CopyOptions,
+    pub(crate) options: CopyOptions,
     /// With `--shard`: the files of which this run sends some ranges only.
     pieces: Option<Arc<std::collections::HashMap<Bytes, Vec<fastcp_stream::Piece>>>>,
     /// A push's walk of its sources, started before the connection (see
@@ -463,6 +465,21 @@ impl Plan {
             pieces: None,
             walk_ahead: None,
         })
+    }
+
+    /// The sources, all local or all on one remote host.
+    pub fn sources(&self) -> &[Location] {
+        &self.sources
+    }
+
+    /// The destination.
+    pub fn dest(&self) -> &Location {
+        &self.dest
+    }
+
+    /// How to copy.
+    pub fn options(&self) -> &CopyOptions {
+        &self.options
     }
 
     /// For a push: the plan with the walk of its sources started, on a thread of its own,
