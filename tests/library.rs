@@ -137,6 +137,81 @@ fn an_unreachable_host_is_a_connect_error_on_the_network() {
     }
 }
 
+/// A program with no terminal answers the login's questions itself (`SshClientConfig::
+/// prompt`): a passphrase-protected key logs in with the passphrase it gives, every question
+/// reaches it with its text, and without an answer the key is skipped, as without a terminal.
+#[test]
+fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
+    const PASSPHRASE: &str = "correct horse";
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let key = work.path().join("locked");
+    let st = std::process::Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", "ed25519", "-N", PASSPHRASE, "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::copy(key.with_extension("pub"), sshd.authorized_keys()).unwrap();
+    let cfg = work.path().join("config");
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(
+            &sshd.client_key().display().to_string(),
+            &key.display().to_string(),
+        )
+        .replace("BatchMode yes", "BatchMode no");
+    std::fs::write(&cfg, block).unwrap();
+    let src = work.path().join("f");
+    std::fs::write(&src, b"unlocked").unwrap();
+    let copy = |answer: Option<&'static str>, name: &str| {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let prompt = fastcp::transport::Prompt::new({
+            let asked = asked.clone();
+            move |question, echo| {
+                asked.lock().unwrap().push((question.to_owned(), echo));
+                answer.map(str::to_owned)
+            }
+        });
+        let ssh = fastcp::transport::SshOptions {
+            config_file: Some(cfg.clone()),
+            remote_path: Some(common::BIN.into()),
+            client: fastcp::transport::SshClientConfig {
+                prompt: Some(prompt),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let plan = Plan::new(
+            vec![Location::Local(src.clone())],
+            on(&sshd, &work.path().join(name)),
+            CopyOptions::default(),
+        )
+        .unwrap();
+        let result = fastcp::blocking::copy_remote(&plan, &ssh, Arc::new(Progress::default()));
+        let asked = asked.lock().unwrap().clone();
+        (result, asked)
+    };
+    let (result, asked) = copy(Some(PASSPHRASE), "copied");
+    result.unwrap();
+    assert_eq!(
+        std::fs::read(work.path().join("copied")).unwrap(),
+        b"unlocked"
+    );
+    assert!(
+        !asked.is_empty()
+            && asked
+                .iter()
+                .all(|(q, echo)| q.starts_with("Enter passphrase for key") && !echo),
+        "{asked:?}"
+    );
+    let (result, asked) = copy(None, "refused");
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
+    assert!(!asked.is_empty());
+    assert!(!work.path().join("refused").exists());
+}
+
 type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;
 
 /// Counters whose events are kept, in order.

@@ -2,7 +2,7 @@
 //! password, in OpenSSH's order.
 //!
 //! Encrypted identity files ask for their passphrase on `/dev/tty`, and so do passwords and
-//! keyboard-interactive prompts. Without a terminal, or with `BatchMode yes`, nothing is
+//! keyboard-interactive prompts, unless the program gave a [`Prompt`] to answer them. Without a terminal, or with `BatchMode yes`, nothing is
 //! asked: such methods are skipped and listed in the final error, as ssh does. What was
 //! typed is kept in memory only ([`AuthUsed`]), so that more connections to the same host
 //! log in without asking again.
@@ -36,6 +36,64 @@ pub(crate) enum AuthUsed {
     None,
 }
 
+/// What answers the login's questions (a passphrase, a password, keyboard-interactive
+/// prompts, an unknown host key under `StrictHostKeyChecking ask`) in place of the terminal,
+/// for a program with none: it is given the question's text and whether the answer may be
+/// shown as typed, and returns the answer, or `None` to leave the question unanswered (the
+/// method is then skipped, as without a terminal). Called on a blocking thread, one question
+/// at a time. The built-in client only: the system ssh (`ssh_program`) asks for itself.
+///
+/// ```
+/// use fastcp_transport::ssh::{Prompt, SshClientConfig};
+///
+/// let client = SshClientConfig {
+///     prompt: Some(Prompt::new(|question, _echo| {
+///         question.starts_with("Enter passphrase").then(|| "from the vault".to_string())
+///     })),
+///     ..SshClientConfig::default()
+/// };
+/// assert!(client.prompt.is_some());
+/// ```
+#[derive(Clone)]
+pub struct Prompt(Arc<PromptFn>);
+
+type PromptFn = dyn Fn(&str, bool) -> Option<String> + Send + Sync;
+
+impl Prompt {
+    /// A prompt that asks `answer(question, echo)`.
+    pub fn new(answer: impl Fn(&str, bool) -> Option<String> + Send + Sync + 'static) -> Prompt {
+        Prompt(Arc::new(answer))
+    }
+}
+
+impl std::fmt::Debug for Prompt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prompt")
+    }
+}
+
+/// Two prompts are equal when they are the same one.
+impl PartialEq for Prompt {
+    fn eq(&self, other: &Prompt) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Prompt {}
+
+/// Asks `prompt` of the program's [`Prompt`], or on the terminal without one (`Ok(None)`
+/// when there is none). Blocking.
+pub(crate) fn answer(
+    custom: Option<&Prompt>,
+    prompt: &str,
+    echo: bool,
+) -> std::io::Result<Option<Zeroizing<String>>> {
+    match custom {
+        Some(p) => Ok((p.0)(prompt, echo).map(Zeroizing::new)),
+        None => read_tty_line(prompt, echo),
+    }
+}
+
 /// Keyboard-interactive answers, each with the prompt it answered.
 pub(crate) type Answers = Vec<(String, Zeroizing<String>)>;
 
@@ -49,6 +107,8 @@ type Methods = Option<Vec<MethodKind>>;
 struct AnswerWait<'a> {
     limit: Option<std::time::Duration>,
     host: &'a HostConfig,
+    /// What answers questions in place of the terminal.
+    prompt: Option<&'a Prompt>,
 }
 
 impl AnswerWait<'_> {
@@ -93,8 +153,13 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     host: &HostConfig,
     previous: Option<&AuthUsed>,
     limit: Option<std::time::Duration>,
+    prompt: Option<&Prompt>,
 ) -> Result<AuthUsed, Error> {
-    let wait = AnswerWait { limit, host };
+    let wait = AnswerWait {
+        limit,
+        host,
+        prompt,
+    };
     let user = host.user.clone();
     let mut tried = Vec::new();
     let mut methods: Methods = None;
@@ -202,7 +267,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         {
             continue; // already offered through the agent
         }
-        let key = match load_key(file, host.batch_mode).await {
+        let key = match load_key(file, host.batch_mode, prompt).await {
             Ok(k) => k,
             Err(why) => {
                 tried.push(format!("{} ({why})", file.display()));
@@ -262,7 +327,7 @@ async fn password<H: russh::client::Handler>(
     let host = wait.host;
     let prompt = format!("{}@{}'s password: ", host.user, host.host_name);
     for _ in 0..host.number_of_password_prompts {
-        let Some(answer) = ask(&prompt, false).await else {
+        let Some(answer) = ask(&prompt, false, wait.prompt).await else {
             tried.push("password (no terminal to ask for it)".into());
             return Ok(None);
         };
@@ -328,7 +393,7 @@ async fn interactive<H: russh::client::Handler>(
                                 }
                             }
                             text.push_str(&printable(&p.prompt));
-                            match ask(&text, p.echo).await {
+                            match ask(&text, p.echo, wait.prompt).await {
                                 Some(a) => a,
                                 None => {
                                     tried.push(
@@ -366,10 +431,12 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
-/// Reads an answer from the terminal off the async runtime; `None` without a terminal.
-async fn ask(prompt: &str, echo: bool) -> Option<Zeroizing<String>> {
+/// Reads an answer from the program's [`Prompt`] or the terminal, off the async runtime;
+/// `None` without either.
+async fn ask(prompt: &str, echo: bool, custom: Option<&Prompt>) -> Option<Zeroizing<String>> {
     let prompt = prompt.to_owned();
-    tokio::task::spawn_blocking(move || read_tty_line(&prompt, echo))
+    let custom = custom.cloned();
+    tokio::task::spawn_blocking(move || answer(custom.as_ref(), &prompt, echo))
         .await
         .ok()?
         .ok()?
@@ -389,7 +456,7 @@ fn public_half(file: &Path) -> Option<PublicKey> {
 
 /// Loads an identity file, asking for its passphrase on the terminal if it is encrypted.
 /// The error is a short reason for the "Tried:" list.
-async fn load_key(file: &Path, batch: bool) -> Result<PrivateKey, String> {
+async fn load_key(file: &Path, batch: bool, prompt: Option<&Prompt>) -> Result<PrivateKey, String> {
     match russh::keys::load_secret_key(file, None) {
         Ok(k) => return Ok(k),
         Err(russh::keys::Error::KeyIsEncrypted) => {}
@@ -399,10 +466,11 @@ async fn load_key(file: &Path, batch: bool) -> Result<PrivateKey, String> {
         return Err("encrypted; BatchMode forbids asking for its passphrase".into());
     }
     let file = file.to_path_buf();
+    let custom = prompt.cloned();
     tokio::task::spawn_blocking(move || {
         for _ in 0..3 {
             let prompt = format!("Enter passphrase for key '{}': ", file.display());
-            let pass = match read_passphrase(&prompt) {
+            let pass = match answer(custom.as_ref(), &prompt, false) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Err("encrypted; no terminal to ask for its passphrase".into()),
                 Err(e) => return Err(format!("encrypted; cannot ask for its passphrase: {e}")),
@@ -419,11 +487,6 @@ async fn load_key(file: &Path, batch: bool) -> Result<PrivateKey, String> {
     })
     .await
     .map_err(|e| format!("passphrase prompt failed: {e}"))?
-}
-
-/// Reads a line from `/dev/tty` with echo off. `Ok(None)` when there is no terminal.
-pub(crate) fn read_passphrase(prompt: &str) -> std::io::Result<Option<Zeroizing<String>>> {
-    read_tty_line(prompt, false)
 }
 
 /// Reads one line from `/dev/tty`, echoing it or not. `Ok(None)` when there is no terminal.

@@ -62,6 +62,9 @@ pub struct SshClientConfig {
     /// stalled relay, a wedged sshd) then ends in [`Error::Timeout`] instead of a hang.
     /// Default: none (wait, as ssh does).
     pub default_connect_timeout: Option<Duration>,
+    /// What answers the login's questions (passphrases, passwords, an unknown host key)
+    /// in place of the terminal. Default: none (the terminal, as ssh asks).
+    pub prompt: Option<auth::Prompt>,
 }
 
 /// The rate, in bytes per second, a channel's receive window is sized for: 2 Gbit/s, so
@@ -84,6 +87,7 @@ impl Default for SshClientConfig {
             ],
             keepalive_interval: None,
             default_connect_timeout: None,
+            prompt: None,
         }
     }
 }
@@ -154,6 +158,8 @@ pub(crate) struct ClientHandler {
     key_changed: Arc<AtomicBool>,
     warnings: Arc<Mutex<Vec<String>>>,
     exec: ExecMap,
+    /// What answers a host key question in place of the terminal.
+    prompt: Option<auth::Prompt>,
 }
 
 impl russh::client::Handler for ClientHandler {
@@ -163,7 +169,14 @@ impl russh::client::Handler for ClientHandler {
         self.key_received.store(true, Ordering::SeqCst);
         match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => {
-                verify_host_key(&self.host, key, &self.warnings, &self.key_changed).await?;
+                verify_host_key(
+                    &self.host,
+                    key,
+                    &self.warnings,
+                    &self.key_changed,
+                    self.prompt.as_ref(),
+                )
+                .await?;
                 Ok(true)
             }
             PublicKeyOrCertificate::Certificate(_) => Err(Error::HostKeyRejected {
@@ -253,6 +266,7 @@ async fn verify_host_key(
     key: &PublicKey,
     warnings: &Mutex<Vec<String>>,
     key_changed: &AtomicBool,
+    answers: Option<&auth::Prompt>,
 ) -> Result<(), Error> {
     let name = host.known_hosts_name();
     let files: Vec<_> = host
@@ -320,9 +334,10 @@ async fn verify_host_key(
                          Are you sure you want to continue connecting (yes/no/[fingerprint])? "
                     );
                     let fp2 = fp.clone();
+                    let custom = answers.cloned();
                     tokio::task::spawn_blocking(move || {
                         loop {
-                            match auth::read_tty_line(&prompt, true) {
+                            match auth::answer(custom.as_ref(), &prompt, true) {
                                 Ok(Some(a)) => {
                                     let a = a.trim();
                                     if a.eq_ignore_ascii_case("yes") || a == fp2 {
@@ -332,7 +347,8 @@ async fn verify_host_key(
                                         return false;
                                     }
                                 }
-                                _ => return false, // no terminal: like `yes`
+                                // No terminal, or no answer: as `no`.
+                                _ => return false,
                             }
                         }
                     })
@@ -665,6 +681,7 @@ async fn connect_one(
         key_changed: key_changed.clone(),
         warnings: warnings.clone(),
         exec: exec.clone(),
+        prompt: client.prompt.clone(),
     };
     let timeout = host.connect_timeout.or(client.default_connect_timeout);
     let timed_out = || Error::Timeout {
@@ -748,9 +765,23 @@ async fn connect_one(
             kbd_interactive_authentication: false,
             ..(*host).clone()
         };
-        auth::authenticate(&mut handle, &keys_only, previous, login_wait).await?
+        auth::authenticate(
+            &mut handle,
+            &keys_only,
+            previous,
+            login_wait,
+            client.prompt.as_ref(),
+        )
+        .await?
     } else {
-        auth::authenticate(&mut handle, &host, previous, login_wait).await?
+        auth::authenticate(
+            &mut handle,
+            &host,
+            previous,
+            login_wait,
+            client.prompt.as_ref(),
+        )
+        .await?
     };
     let warnings = std::mem::take(&mut *warnings.lock().expect("warnings"));
     Ok(SshSession {
