@@ -168,9 +168,12 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
         let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
         let prompt = fastcp::transport::Prompt::new({
             let asked = asked.clone();
-            move |question, echo| {
-                asked.lock().unwrap().push((question.to_owned(), echo));
-                answer.map(str::to_owned)
+            move |q: &fastcp::transport::Question<'_>| {
+                asked
+                    .lock()
+                    .unwrap()
+                    .push((q.kind, q.text.to_owned(), q.echo));
+                answer.map(|a| format!("{a}\n"))
             }
         });
         let ssh = fastcp::transport::SshOptions {
@@ -198,11 +201,14 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
         std::fs::read(work.path().join("copied")).unwrap(),
         b"unlocked"
     );
+    // Asked as a passphrase, never echoed; the newline after the answer is dropped.
     assert!(
         !asked.is_empty()
-            && asked
-                .iter()
-                .all(|(q, echo)| q.starts_with("Enter passphrase for key") && !echo),
+            && asked.iter().all(|(kind, q, echo)| {
+                *kind == fastcp::transport::QuestionKind::Passphrase
+                    && q.starts_with("Enter passphrase for key")
+                    && !echo
+            }),
         "{asked:?}"
     );
     let (result, asked) = copy(None, "refused");
@@ -210,6 +216,61 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     assert!(!asked.is_empty());
     assert!(!work.path().join("refused").exists());
+
+    // An unknown host key under `StrictHostKeyChecking ask`: asked once; "yes" trusts it
+    // (and records it), any other answer refuses it.
+    let known = work.path().join("known_hosts");
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(
+            &sshd.client_key().display().to_string(),
+            &key.display().to_string(),
+        )
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &known.display().to_string(),
+        )
+        .replace("StrictHostKeyChecking yes", "StrictHostKeyChecking ask")
+        .replace("BatchMode yes", "BatchMode no");
+    std::fs::write(&cfg, block).unwrap();
+    for (answer, trusted) in [("maybe", false), ("yes", true)] {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let prompt = fastcp::transport::Prompt::new({
+            let asked = asked.clone();
+            move |q: &fastcp::transport::Question<'_>| {
+                if q.kind == fastcp::transport::QuestionKind::Passphrase {
+                    return Some(PASSPHRASE.to_owned());
+                }
+                asked.lock().unwrap().push((q.kind, q.echo));
+                Some(answer.to_owned())
+            }
+        });
+        let ssh = fastcp::transport::SshOptions {
+            config_file: Some(cfg.clone()),
+            remote_path: Some(common::BIN.into()),
+            client: fastcp::transport::SshClientConfig {
+                prompt: Some(prompt),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let target = work.path().join(format!("host-{answer}"));
+        let plan = Plan::new(
+            vec![Location::Local(src.clone())],
+            on(&sshd, &target),
+            CopyOptions::default(),
+        )
+        .unwrap();
+        let result = fastcp::blocking::copy_remote(&plan, &ssh, Arc::new(Progress::default()));
+        assert_eq!(result.is_ok(), trusted, "{answer}: {:?}", result.err());
+        assert_eq!(target.exists(), trusted);
+        let asked = asked.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            [(fastcp::transport::QuestionKind::HostKey, true)],
+            "{answer}"
+        );
+    }
 }
 
 type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;

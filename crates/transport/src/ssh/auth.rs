@@ -36,19 +36,24 @@ pub(crate) enum AuthUsed {
     None,
 }
 
-/// What answers the login's questions (a passphrase, a password, keyboard-interactive
+/// What answers the login's questions (a key's passphrase, a password, keyboard-interactive
 /// prompts, an unknown host key under `StrictHostKeyChecking ask`) in place of the terminal,
-/// for a program with none: it is given the question's text and whether the answer may be
-/// shown as typed, and returns the answer, or `None` to leave the question unanswered (the
-/// method is then skipped, as without a terminal). Called on a blocking thread, one question
-/// at a time. The built-in client only: the system ssh (`ssh_program`) asks for itself.
+/// for a program with none. It is given each [`Question`] and returns the answer, or `None`
+/// to leave it unanswered: the method is then skipped (the host key refused), as ssh skips
+/// it without a terminal. A trailing newline is dropped from an answer. Called on a blocking
+/// thread, one question at a time (connections that log in at once take turns), and never
+/// under `BatchMode yes`, where nothing is asked.
+///
+/// The built-in client only: the system ssh, named by `ssh_program` or run because
+/// ssh_config asks for what only it does (a `Match` block, a ControlPath, a user
+/// certificate: [`Error::NeedsSystemSsh`](super::Error::NeedsSystemSsh)), asks for itself.
 ///
 /// ```
-/// use fastcp_transport::ssh::{Prompt, SshClientConfig};
+/// use fastcp_transport::ssh::{Prompt, QuestionKind, SshClientConfig};
 ///
 /// let client = SshClientConfig {
-///     prompt: Some(Prompt::new(|question, _echo| {
-///         question.starts_with("Enter passphrase").then(|| "from the vault".to_string())
+///     prompt: Some(Prompt::new(|q| {
+///         (q.kind == QuestionKind::Passphrase).then(|| "from the vault".to_string())
 ///     })),
 ///     ..SshClientConfig::default()
 /// };
@@ -57,11 +62,39 @@ pub(crate) enum AuthUsed {
 #[derive(Clone)]
 pub struct Prompt(Arc<PromptFn>);
 
-type PromptFn = dyn Fn(&str, bool) -> Option<String> + Send + Sync;
+type PromptFn = dyn Fn(&Question<'_>) -> Option<String> + Send + Sync;
+
+/// One question of the login, for a [`Prompt`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Question<'a> {
+    /// What is asked.
+    pub kind: QuestionKind,
+    /// The question as the terminal would show it (the server's text, its control
+    /// characters escaped, for a keyboard-interactive prompt).
+    pub text: &'a str,
+    /// Whether the answer may be shown as it is typed (not for a secret).
+    pub echo: bool,
+}
+
+/// What a [`Question`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuestionKind {
+    /// The passphrase of an encrypted identity file.
+    Passphrase,
+    /// The user's password on the server.
+    Password,
+    /// An answer to one of the server's keyboard-interactive prompts.
+    KeyboardInteractive,
+    /// Whether to trust an unknown host key: "yes", or its fingerprint, trusts it; any other
+    /// answer refuses it.
+    HostKey,
+}
 
 impl Prompt {
-    /// A prompt that asks `answer(question, echo)`.
-    pub fn new(answer: impl Fn(&str, bool) -> Option<String> + Send + Sync + 'static) -> Prompt {
+    /// A prompt that answers each question with `answer(question)`.
+    pub fn new(answer: impl Fn(&Question<'_>) -> Option<String> + Send + Sync + 'static) -> Prompt {
         Prompt(Arc::new(answer))
     }
 }
@@ -81,17 +114,29 @@ impl PartialEq for Prompt {
 
 impl Eq for Prompt {}
 
-/// Asks `prompt` of the program's [`Prompt`], or on the terminal without one (`Ok(None)`
+/// One question at a time, on the terminal or the program's [`Prompt`].
+static ASKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Asks a question of the program's [`Prompt`], or on the terminal without one (`Ok(None)`
 /// when there is none). Blocking.
 pub(crate) fn answer(
     custom: Option<&Prompt>,
-    prompt: &str,
+    kind: QuestionKind,
+    text: &str,
     echo: bool,
 ) -> std::io::Result<Option<Zeroizing<String>>> {
-    match custom {
-        Some(p) => Ok((p.0)(prompt, echo).map(Zeroizing::new)),
-        None => read_tty_line(prompt, echo),
-    }
+    let Some(p) = custom else {
+        return read_tty_line(text, echo);
+    };
+    let _turn = ASKING.lock().unwrap_or_else(|e| e.into_inner());
+    let question = Question { kind, text, echo };
+    Ok((p.0)(&question).map(|a| {
+        let mut a = Zeroizing::new(a);
+        while a.ends_with('\n') || a.ends_with('\r') {
+            a.pop();
+        }
+        a
+    }))
 }
 
 /// Keyboard-interactive answers, each with the prompt it answered.
@@ -327,7 +372,7 @@ async fn password<H: russh::client::Handler>(
     let host = wait.host;
     let prompt = format!("{}@{}'s password: ", host.user, host.host_name);
     for _ in 0..host.number_of_password_prompts {
-        let Some(answer) = ask(&prompt, false, wait.prompt).await else {
+        let Some(answer) = ask(QuestionKind::Password, &prompt, false, wait.prompt).await else {
             tried.push("password (no terminal to ask for it)".into());
             return Ok(None);
         };
@@ -342,7 +387,9 @@ async fn password<H: russh::client::Handler>(
         if !again {
             break;
         }
-        eprintln!("Permission denied, please try again.");
+        if wait.prompt.is_none() {
+            eprintln!("Permission denied, please try again.");
+        }
     }
     tried.push("password (refused)".into());
     Ok(None)
@@ -393,7 +440,8 @@ async fn interactive<H: russh::client::Handler>(
                                 }
                             }
                             text.push_str(&printable(&p.prompt));
-                            match ask(&text, p.echo, wait.prompt).await {
+                            let kind = QuestionKind::KeyboardInteractive;
+                            match ask(kind, &text, p.echo, wait.prompt).await {
                                 Some(a) => a,
                                 None => {
                                     tried.push(
@@ -433,10 +481,15 @@ fn printable(s: &str) -> String {
 
 /// Reads an answer from the program's [`Prompt`] or the terminal, off the async runtime;
 /// `None` without either.
-async fn ask(prompt: &str, echo: bool, custom: Option<&Prompt>) -> Option<Zeroizing<String>> {
+async fn ask(
+    kind: QuestionKind,
+    prompt: &str,
+    echo: bool,
+    custom: Option<&Prompt>,
+) -> Option<Zeroizing<String>> {
     let prompt = prompt.to_owned();
     let custom = custom.cloned();
-    tokio::task::spawn_blocking(move || answer(custom.as_ref(), &prompt, echo))
+    tokio::task::spawn_blocking(move || answer(custom.as_ref(), kind, &prompt, echo))
         .await
         .ok()?
         .ok()?
@@ -470,7 +523,7 @@ async fn load_key(file: &Path, batch: bool, prompt: Option<&Prompt>) -> Result<P
     tokio::task::spawn_blocking(move || {
         for _ in 0..3 {
             let prompt = format!("Enter passphrase for key '{}': ", file.display());
-            let pass = match answer(custom.as_ref(), &prompt, false) {
+            let pass = match answer(custom.as_ref(), QuestionKind::Passphrase, &prompt, false) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Err("encrypted; no terminal to ask for its passphrase".into()),
                 Err(e) => return Err(format!("encrypted; cannot ask for its passphrase: {e}")),
@@ -497,8 +550,7 @@ pub(crate) fn read_tty_line(
     echo: bool,
 ) -> std::io::Result<Option<Zeroizing<String>>> {
     use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
-    static TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = TERMINAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = ASKING.lock().unwrap_or_else(|p| p.into_inner());
     let tty = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)

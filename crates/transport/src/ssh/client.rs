@@ -336,14 +336,16 @@ async fn verify_host_key(
                     let fp2 = fp.clone();
                     let custom = answers.cloned();
                     tokio::task::spawn_blocking(move || {
+                        let kind = auth::QuestionKind::HostKey;
                         loop {
-                            match auth::answer(custom.as_ref(), &prompt, true) {
+                            match auth::answer(custom.as_ref(), kind, &prompt, true) {
                                 Ok(Some(a)) => {
                                     let a = a.trim();
                                     if a.eq_ignore_ascii_case("yes") || a == fp2 {
                                         return true;
                                     }
-                                    if a.eq_ignore_ascii_case("no") {
+                                    // A program is asked once: any other answer refuses.
+                                    if a.eq_ignore_ascii_case("no") || custom.is_some() {
                                         return false;
                                     }
                                 }

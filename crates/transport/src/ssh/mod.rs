@@ -11,7 +11,7 @@ mod quickack;
 pub mod remote;
 pub mod stream;
 
-pub use auth::Prompt;
+pub use auth::{Prompt, Question, QuestionKind};
 pub use client::{SshClientConfig, SshSession};
 pub use config::{HostConfig, SshConfigFile, SshOptions, StrictHostKeyChecking, resolve_chain};
 pub use error::Error;
