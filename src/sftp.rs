@@ -867,12 +867,18 @@ async fn remove_tree(
 /// stands for is no longer missing from the `--files-from` list, nor, if the rules leave it
 /// out (`allowed` false, so nothing beneath it is listed), are the listed paths beneath it.
 fn found_listed(unfound: &mut std::collections::BTreeSet<Vec<u8>>, wire: &[u8], allowed: bool) {
-    let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
+    // The top itself is no listed path; all of them lie beneath it.
+    let below_top = wire
+        .iter()
+        .position(|&b| b == b'/')
+        .map_or(wire.len(), |i| i + 1);
     let rel = &wire[below_top..];
     unfound.remove(rel);
     if !allowed {
         let mut beneath = rel.to_vec();
-        beneath.push(b'/');
+        if !beneath.is_empty() {
+            beneath.push(b'/');
+        }
         let gone: Vec<Vec<u8>> = unfound
             .range(beneath.clone()..)
             .take_while(|p| p.starts_with(&beneath))
@@ -3158,6 +3164,16 @@ impl Emit {
                             let mut child = BytesMut::from(&wire[..]);
                             child.extend_from_slice(b"/");
                             child.extend_from_slice(name.as_bytes());
+                            // The name came as text with its odd bytes replaced: the
+                            // listed paths it may stand for are not missing.
+                            if let Some(unfound) = &mut unfound {
+                                let rel = child.splitn(2, |&b| b == b'/').nth(1).unwrap_or(&[]);
+                                let rel = String::from_utf8_lossy(rel).into_owned();
+                                unfound.retain(|p| {
+                                    let p = String::from_utf8_lossy(p);
+                                    p != rel && !p.starts_with(&format!("{rel}/"))
+                                });
+                            }
                             let why = "the server listed a name that SFTP cannot carry as it is \
                                        (not UTF-8, or holding '/' or NUL): not copied";
                             self.send(0, &error_frame(ErrorCode::UnsafePath, &child, why.into()))
@@ -3181,7 +3197,13 @@ impl Emit {
                             stack.push((join(&remote, &name), child.freeze(), a));
                         }
                     }
-                    Err(Ok((c, m))) => self.send(0, &error_frame(c, &wire, m)).await?,
+                    Err(Ok((c, m))) => {
+                        // Not listed: what the list names beneath it is not known missing.
+                        if let Some(unfound) = &mut unfound {
+                            found_listed(unfound, &wire, false);
+                        }
+                        self.send(0, &error_frame(c, &wire, m)).await?
+                    }
                     Err(Err(e)) => return Err(e),
                 }
                 continue;

@@ -1659,6 +1659,25 @@ fn a_name_sftp_cannot_carry_fails_alone() {
     assert_eq!(fs::read(pulled.join("also-good")).unwrap(), b"also");
     assert!(!pulled.join(odd).exists());
 
+    // Listed by --files-from, it fails as a name SFTP cannot carry, and only so: it is no
+    // missing path.
+    let list = work.path().join("list");
+    fs::write(&list, b"bad\xff\ngood.txt\n").unwrap();
+    let listed = work.path().join("listed");
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--files-from"])
+        .arg(&list)
+        .arg(remote(&sshd, &src))
+        .arg(&listed));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot carry"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("listed by --files-from"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(fs::read(listed.join("good.txt")).unwrap(), b"good");
+
     // A mirroring pull keeps the copy an earlier copy made of it: the source still has it.
     let local = work.path().join("local");
     fs::create_dir_all(local.join("src")).unwrap();

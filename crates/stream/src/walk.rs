@@ -482,19 +482,7 @@ impl Walk {
         {
             // What the rules leave out, the walk does not look into: the listed paths beneath
             // it are left out too, not missing.
-            if let Some(unfound) = &mut self.unfound {
-                let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
-                let mut beneath = wire[below_top..].to_vec();
-                beneath.push(b'/');
-                let gone: Vec<Vec<u8>> = unfound
-                    .range(beneath.clone()..)
-                    .take_while(|p| p.starts_with(&beneath))
-                    .cloned()
-                    .collect();
-                for p in gone {
-                    unfound.remove(&p);
-                }
-            }
+            self.forget_listed_beneath(&wire);
             return Ok(None);
         }
         let kind = if ft.is_file() {
@@ -520,8 +508,12 @@ impl Walk {
                     names: names.into_iter(),
                     id,
                 }),
-                // Send the directory itself; its contents are lost and reported.
-                Err(e) => self.pending = Some(Error::io(&path, e)),
+                // Send the directory itself; its contents are lost and reported (and the
+                // listed paths beneath it are not said to be missing from the source).
+                Err(e) => {
+                    self.forget_listed_beneath(&wire);
+                    self.pending = Some(Error::io(&path, e));
+                }
             }
             EntryKind::Dir
         } else if ft.is_symlink() {
@@ -571,6 +563,31 @@ impl Walk {
             inode,
             owner: (meta.uid(), meta.gid()),
         }))
+    }
+}
+
+impl Walk {
+    /// The paths of the `--files-from` list beneath `wire`, which the walk does not look
+    /// into, are not reported missing.
+    fn forget_listed_beneath(&mut self, wire: &[u8]) {
+        if let Some(unfound) = &mut self.unfound {
+            let below_top = wire
+                .iter()
+                .position(|&b| b == b'/')
+                .map_or(wire.len(), |i| i + 1);
+            let mut beneath = wire[below_top..].to_vec();
+            if !beneath.is_empty() {
+                beneath.push(b'/');
+            }
+            let gone: Vec<Vec<u8>> = unfound
+                .range(beneath.clone()..)
+                .take_while(|p| p.starts_with(&beneath))
+                .cloned()
+                .collect();
+            for p in gone {
+                unfound.remove(&p);
+            }
+        }
     }
 }
 
