@@ -428,7 +428,16 @@ pub async fn run(args: Args, cancel: fastcp::CancellationToken) -> anyhow::Resul
             out.flush()?;
             Ok(exit::OK)
         }
-        Some(Command::Doctor(doctor_args)) => doctor(&doctor_args).await,
+        Some(Command::Doctor(doctor_args)) => {
+            let checked = doctor(&doctor_args).await;
+            // `fastcp doctor x` with a file named `doctor` here: maybe a copy was meant.
+            if checked.is_err() && std::path::Path::new("doctor").exists() {
+                eprintln!(
+                    "fastcp: `doctor` is a command; to copy the file of that name, write ./doctor"
+                );
+            }
+            checked
+        }
         None => copy(&args, cancel).await,
     }
 }
