@@ -885,18 +885,14 @@ async fn copy_local_limited(
             (Limited::new(a, limit.clone()), b)
         })
         .unzip();
-    let mut send_config = plan.send_config();
+    let send_config = plan.send_config();
     let mut receive_config = plan.receive_config();
-    // The sender here shares the receiver's Progress: told of each deletion (protocol 7),
-    // it would count them again. Nothing waits on this side for signs of life either. Both
-    // ends speak the version agreed (so a sparse file's holes travel as zeros here).
-    receive_config.version = receive_config.version.min(6);
-    send_config.version = receive_config.version;
     let needed = (send_config.chunk_size + 64).min(fastcp_proto::HARD_MAX_FRAME as usize) as u32;
     receive_config.max_frame = receive_config.max_frame.max(needed);
     let sources = plan.local_sources();
     let (sent, received) = tokio::join!(
-        fastcp_stream::send(&sources, ours, &send_config, progress.clone()),
+        // The receiver reports the events, for both sides.
+        fastcp_stream::send_beside(&sources, ours, &send_config, progress.clone()),
         fastcp_stream::receive(dest, theirs, &receive_config, progress),
     );
     match (sent, received) {

@@ -273,6 +273,51 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
     }
 }
 
+/// A local copy under a bandwidth limit runs its sender and receiver over paced pipes: its
+/// events come once per file, as an unpaced copy's do, a deletion once, and a sparse file's
+/// holes do not count against the limit.
+#[test]
+fn a_paced_local_copy_reports_each_event_once_and_skips_holes() {
+    use std::os::unix::fs::FileExt;
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 6);
+    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
+    sparse.set_len(256 << 20).unwrap();
+    sparse.write_all_at(b"data", 100 << 20).unwrap();
+    drop(sparse);
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    std::fs::write(dst.join("src/extra"), b"goes").unwrap();
+    let (progress, seen) = recording();
+    let plan = Plan::new(
+        vec![Location::Local(src.clone())],
+        Location::Local(dst.clone()),
+        CopyOptions::default()
+            .recursive(true)
+            .delete(true)
+            .bwlimit(64 << 20),
+    )
+    .unwrap();
+    let outcome = fastcp::blocking::copy_local(&plan, progress).unwrap();
+    assert!(outcome.report.is_complete());
+    assert_eq!(
+        std::fs::read(dst.join("src/sparse")).unwrap(),
+        std::fs::read(src.join("sparse")).unwrap()
+    );
+    // 256 MiB at 64 MiB/s would take four seconds; the chunk with data and the small
+    // files, no time.
+    assert!(outcome.report.bytes_sent < 2 << 20, "{:?}", outcome.report);
+    let seen = seen.lock().unwrap();
+    let count = |f: fn(&fastcp::Event) -> bool| seen.iter().filter(|e| f(e)).count();
+    let files = outcome.report.local.files as usize;
+    assert!(files >= 7);
+    assert_eq!(count(|e| matches!(e, fastcp::Event::Started { .. })), files);
+    assert_eq!(count(|e| matches!(e, fastcp::Event::Done { .. })), files);
+    assert_eq!(count(|e| matches!(e, fastcp::Event::Deleted { .. })), 1);
+    assert!(!dst.join("src/extra").exists());
+}
+
 type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;
 
 /// Counters whose events are kept, in order.

@@ -100,7 +100,9 @@ pub use receive::{
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use resume::{PARTIAL_MIN, partial_name};
-pub use send::{DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_to};
+pub use send::{
+    DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_beside, send_to,
+};
 pub use walk::{Entry, EntryKind, Walk, WalkAhead, WalkConfig, walk};
 
 /// The buffer of an in-memory byte pipe (`tokio::io::duplex`) between a sender and a receiver

@@ -312,6 +312,64 @@ pub async fn send<S>(
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    send_streams(sources, streams, config, progress, true).await
+}
+
+/// [`send`] for a sender whose receiver runs in this process and shares its `progress` (a
+/// local copy through pipes of the program's own, paced or counted, say): the receiver
+/// reports the copy's events, so this side reports none, neither of its files nor of the
+/// receiver's deletions, which would then come twice.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::{Arc, Mutex};
+/// use fastcp_stream::{Event, EventSink, Progress, ReceiveConfig, SendConfig};
+///
+/// let src = tempfile::tempdir()?;
+/// let dst = tempfile::tempdir()?;
+/// std::fs::write(src.path().join("hello.txt"), b"hello")?;
+/// let started = Arc::new(Mutex::new(0));
+/// let sink = EventSink::new({
+///     let started = started.clone();
+///     move |e: &Event| *started.lock().unwrap() += matches!(e, Event::Started { .. }) as u32
+/// });
+/// let progress = Arc::new(Progress::with_events(sink));
+/// let (a, b) = tokio::io::duplex(1 << 16);
+/// let sources = [src.path().join("hello.txt")];
+/// let (send_config, receive_config) = (SendConfig::default(), ReceiveConfig::default());
+/// let (sent, received) = tokio::join!(
+///     fastcp_stream::send_beside(&sources, vec![a], &send_config, progress.clone()),
+///     fastcp_stream::receive(dst.path(), vec![b], &receive_config, progress),
+/// );
+/// sent?;
+/// received?;
+/// assert_eq!(*started.lock().unwrap(), 1, "the receiver's alone");
+/// # Ok(()) }
+/// ```
+pub async fn send_beside<S>(
+    sources: &[PathBuf],
+    streams: Vec<S>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    send_streams(sources, streams, config, progress, false).await
+}
+
+/// [`send`], reporting this side's events or not.
+async fn send_streams<S>(
+    sources: &[PathBuf],
+    streams: Vec<S>,
+    config: &SendConfig,
+    progress: Arc<Progress>,
+    events: bool,
+) -> Result<Report, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     if streams.is_empty() {
         return Err(Error::InvalidArgument("no streams to send on".into()));
     }
@@ -327,7 +385,7 @@ where
     let reply_half = reads.next().expect("at least one stream");
     // The other read halves stay open (the receiver writes nothing on them) until the end.
     let _idle_reads: Vec<_> = reads.collect();
-    send_over(sources, reply_half, writes, config, progress, true).await
+    send_over(sources, reply_half, writes, config, progress, events).await
 }
 
 /// [`send`] with its streams taken apart: the receiver's replies arrive on `reply_half`
