@@ -863,33 +863,6 @@ async fn remove_tree(
     Ok(removed)
 }
 
-/// A pull's listing came to `wire` (its first component is the source's top): the path it
-/// stands for is no longer missing from the `--files-from` list, nor, if the rules leave it
-/// out (`allowed` false, so nothing beneath it is listed), are the listed paths beneath it.
-fn found_listed(unfound: &mut std::collections::BTreeSet<Vec<u8>>, wire: &[u8], allowed: bool) {
-    // The top itself is no listed path; all of them lie beneath it.
-    let below_top = wire
-        .iter()
-        .position(|&b| b == b'/')
-        .map_or(wire.len(), |i| i + 1);
-    let rel = &wire[below_top..];
-    unfound.remove(rel);
-    if !allowed {
-        let mut beneath = rel.to_vec();
-        if !beneath.is_empty() {
-            beneath.push(b'/');
-        }
-        let gone: Vec<Vec<u8>> = unfound
-            .range(beneath.clone()..)
-            .take_while(|p| p.starts_with(&beneath))
-            .cloned()
-            .collect();
-        for p in gone {
-            unfound.remove(&p);
-        }
-    }
-}
-
 fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
     Frame::Error(ErrorFrame {
         code,
@@ -3128,11 +3101,7 @@ impl Emit {
         let mut to_list: std::collections::VecDeque<(String, Bytes)> = Default::default();
         // With a `--files-from` list: the paths it lists that no listing has shown yet; those
         // left at the end fail as not found, as the walk of a fastcp sender reports them.
-        let mut unfound: Option<std::collections::BTreeSet<Vec<u8>>> = self
-            .filter
-            .as_ref()
-            .and_then(|f| f.listed())
-            .map(|l| l.into_iter().collect());
+        let mut unfound = self.filter.as_deref().and_then(fastcp_stream::Unfound::of);
         let mut listing = futures_util::stream::FuturesUnordered::new();
         let mut next_session = 0;
         loop {
@@ -3189,7 +3158,10 @@ impl Emit {
                                 .as_ref()
                                 .is_none_or(|f| f.allows(&child, is_dir));
                             if let Some(unfound) = &mut unfound {
-                                found_listed(unfound, &child, allowed);
+                                unfound.came_to(&child);
+                                if !allowed {
+                                    unfound.not_looked_into(&child);
+                                }
                             }
                             if !allowed {
                                 continue;
@@ -3200,7 +3172,7 @@ impl Emit {
                     Err(Ok((c, m))) => {
                         // Not listed: what the list names beneath it is not known missing.
                         if let Some(unfound) = &mut unfound {
-                            found_listed(unfound, &wire, false);
+                            unfound.not_looked_into(&wire);
                         }
                         self.send(0, &error_frame(c, &wire, m)).await?
                     }
@@ -3331,7 +3303,10 @@ impl Emit {
                     .await?;
             }
         }
-        for listed in unfound.into_iter().flatten() {
+        for listed in unfound
+            .into_iter()
+            .flat_map(fastcp_stream::Unfound::missing)
+        {
             let msg = "listed by --files-from, but not in the source".to_string();
             self.send(0, &error_frame(ErrorCode::NotFound, &listed, msg))
                 .await?;

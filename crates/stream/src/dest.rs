@@ -1125,18 +1125,7 @@ impl Writer {
             return Ok(());
         };
         let end = offset + len;
-        if f.written.len() >= MAX_PENDING_CHUNKS || f.checksum.pending() >= MAX_PENDING_CHUNKS {
-            let e = Error::Protocol(format!(
-                "{}: more than {MAX_PENDING_CHUNKS} chunks out of order",
-                escape(&f.wire)
-            ));
-            return Err(self.fail_file(id, e));
-        }
-        if overlaps(&f.written, offset, end) {
-            let e = Error::Protocol(format!(
-                "{}: overlapping chunks at offset {offset}",
-                escape(&f.wire)
-            ));
+        if let Some(e) = refused_range(f, offset, end) {
             return Err(self.fail_file(id, e));
         }
         let mut zeroed = Ok(());
@@ -1172,20 +1161,7 @@ impl Writer {
             return Ok(());
         }
         let end = offset + len;
-        // A hostile sender's tiny chunks, out of order, would grow these maps with what it
-        // sends: past the cap the file fails.
-        if f.written.len() >= MAX_PENDING_CHUNKS || f.checksum.pending() >= MAX_PENDING_CHUNKS {
-            let e = Error::Protocol(format!(
-                "{}: more than {MAX_PENDING_CHUNKS} chunks out of order",
-                escape(&f.wire)
-            ));
-            return Err(self.fail_file(id, e));
-        }
-        if overlaps(&f.written, offset, end) {
-            let e = Error::Protocol(format!(
-                "{}: overlapping chunks at offset {offset}",
-                escape(&f.wire)
-            ));
+        if let Some(e) = refused_range(f, offset, end) {
             return Err(self.fail_file(id, e));
         }
         // Blocks of zeros are left as holes, once the file has its full length: a sparse
@@ -1985,6 +1961,24 @@ fn write_sparse(f: &mut OpenFile, bytes: &[u8], offset: u64) -> std::io::Result<
         Some(start) => pwrite_all(&f.fd, &bytes[start..], offset + start as u64),
         None => Ok(()),
     }
+}
+
+/// Why `[offset, end)` of `f` cannot be taken: it overlaps a range already in, or the file
+/// has too many ranges out of order (a hostile sender's tiny chunks, out of order, would
+/// grow its maps with what it sends: past the cap the file fails).
+fn refused_range(f: &OpenFile, offset: u64, end: u64) -> Option<Error> {
+    if f.written.len() >= MAX_PENDING_CHUNKS || f.checksum.pending() >= MAX_PENDING_CHUNKS {
+        return Some(Error::Protocol(format!(
+            "{}: more than {MAX_PENDING_CHUNKS} chunks out of order",
+            escape(&f.wire)
+        )));
+    }
+    overlaps(&f.written, offset, end).then(|| {
+        Error::Protocol(format!(
+            "{}: overlapping chunks at offset {offset}",
+            escape(&f.wire)
+        ))
+    })
 }
 
 /// Makes `[start, end)` of `fd` read as zeros: a hole punched in it, or zeros written where

@@ -263,6 +263,79 @@ impl Rule {
     }
 }
 
+/// The paths of a [`Filter::files_from`] list that a walk has not come to yet: those left at
+/// its end are missing from the source, and are reported as not found, as rsync reports
+/// them. fastcp's own walk keeps one; a program that lists a source its own way (over SFTP,
+/// say) tells one of every entry it comes to and of every folder it does not look into.
+///
+/// ```
+/// use fastcp_stream::{Filter, Unfound};
+///
+/// let filter = Filter::default().files_from(["a/b", "c/d", "e"]);
+/// let mut unfound = Unfound::of(&filter).unwrap();
+/// unfound.came_to(b"src/a/b"); // wire paths: the source's top first
+/// unfound.not_looked_into(b"src/c"); // left out by a rule, or not listable
+/// assert_eq!(unfound.missing().collect::<Vec<_>>(), [b"e".to_vec()]);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Unfound(std::collections::BTreeSet<Vec<u8>>);
+
+impl Unfound {
+    /// The paths `filter` lists, if it has a list.
+    pub fn of(filter: &Filter) -> Option<Unfound> {
+        filter.listed().map(|l| Unfound(l.into_iter().collect()))
+    }
+
+    /// The walk came to the entry at `wire` (its first component is the source's top), which
+    /// is found whether or not the rules keep it.
+    pub fn came_to(&mut self, wire: &[u8]) {
+        self.0.remove(below_top(wire));
+    }
+
+    /// The walk does not look into `wire` (a rule leaves it out, or it could not be listed):
+    /// the listed paths beneath it are not missing either. The source's top stands for
+    /// every path.
+    pub fn not_looked_into(&mut self, wire: &[u8]) {
+        let mut beneath = below_top(wire).to_vec();
+        if !beneath.is_empty() {
+            beneath.push(b'/');
+        }
+        let gone: Vec<Vec<u8>> = self
+            .0
+            .range(beneath.clone()..)
+            .take_while(|p| p.starts_with(&beneath))
+            .cloned()
+            .collect();
+        for p in gone {
+            self.0.remove(&p);
+        }
+    }
+
+    /// Keeps only the paths for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        self.0.retain(|p| keep(p));
+    }
+
+    /// The next path the walk never came to, in order.
+    pub fn pop_missing(&mut self) -> Option<Vec<u8>> {
+        self.0.pop_first()
+    }
+
+    /// The paths the walk never came to, in order.
+    pub fn missing(self) -> impl Iterator<Item = Vec<u8>> {
+        self.0.into_iter()
+    }
+}
+
+/// A wire path without its first component (the source's top): empty for the top itself.
+fn below_top(wire: &[u8]) -> &[u8] {
+    let at = wire
+        .iter()
+        .position(|&b| b == b'/')
+        .map_or(wire.len(), |i| i + 1);
+    &wire[at..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,7 +87,7 @@ pub use display::escape;
 pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
-pub use filter::{Filter, Predicate};
+pub use filter::{Filter, Predicate, Unfound};
 pub use pattern::{expand_sources, has_wildcard, name_matches};
 pub use pipe::{
     ByteReader, ByteWriter, PipeReader, PipeSource, PipeWriter, ReadInto, WriteFrom, frame_pipe,

@@ -335,11 +335,7 @@ pub fn walk(sources: &[PathBuf], config: &WalkConfig) -> Walk {
         stack: Vec::new(),
         pending: None,
         tops: Default::default(),
-        unfound: config
-            .filter
-            .as_ref()
-            .and_then(|f| f.listed())
-            .map(|l| l.into_iter().collect()),
+        unfound: config.filter.as_deref().and_then(crate::Unfound::of),
     }
 }
 
@@ -354,7 +350,7 @@ pub struct Walk {
     tops: std::collections::HashSet<Vec<u8>>,
     /// With a `--files-from` list: the paths it lists that no source has shown yet; those
     /// left at the end are reported, each as not found (as rsync reports them).
-    unfound: Option<std::collections::BTreeSet<Vec<u8>>>,
+    unfound: Option<crate::Unfound>,
 }
 
 /// One directory being listed.
@@ -397,7 +393,7 @@ impl Iterator for Walk {
                 }
             }
             let Some(source) = self.sources.next() else {
-                return self.unfound.as_mut()?.pop_first().map(|listed| {
+                return self.unfound.as_mut()?.pop_missing().map(|listed| {
                     Err(Error::Io {
                         path: PathBuf::from(OsString::from_vec(listed)),
                         source: io::Error::new(
@@ -473,8 +469,7 @@ impl Walk {
         let ft = meta.file_type();
         if !top && let Some(unfound) = &mut self.unfound {
             // Found, whether or not the rules keep it.
-            let below_top = wire.iter().position(|&b| b == b'/').map_or(0, |i| i + 1);
-            unfound.remove(&wire[below_top..]);
+            unfound.came_to(&wire);
         }
         if !top
             && let Some(filter) = &self.config.filter
@@ -571,22 +566,7 @@ impl Walk {
     /// into, are not reported missing.
     fn forget_listed_beneath(&mut self, wire: &[u8]) {
         if let Some(unfound) = &mut self.unfound {
-            let below_top = wire
-                .iter()
-                .position(|&b| b == b'/')
-                .map_or(wire.len(), |i| i + 1);
-            let mut beneath = wire[below_top..].to_vec();
-            if !beneath.is_empty() {
-                beneath.push(b'/');
-            }
-            let gone: Vec<Vec<u8>> = unfound
-                .range(beneath.clone()..)
-                .take_while(|p| p.starts_with(&beneath))
-                .cloned()
-                .collect();
-            for p in gone {
-                unfound.remove(&p);
-            }
+            unfound.not_looked_into(wire);
         }
     }
 }
