@@ -579,6 +579,24 @@ fn sparse_files_keep_their_holes_and_their_zeros_stay_home() {
         );
         assert!(!dst.join(".disk.img.fastcp-partial").exists(), "{name}");
     }
+    // A partial file that holds the source's first 48 MiB, zeros where it has holes: the
+    // blocks of zeros are kept, and neither travel nor are written again.
+    for (name, args) in [("ssh", "--transport=ssh"), ("sftp", "--sftp")] {
+        let dst = work.path().join(format!("kept-{name}"));
+        std::fs::create_dir(&dst).unwrap();
+        std::fs::write(dst.join(".disk.img.fastcp-partial"), &content[..48 << 20]).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["--json", "--resume", args])
+            .arg(&src)
+            .arg(remote(&sshd, &dst));
+        let v = ok_json(&mut cmd);
+        assert!(
+            std::fs::read(dst.join("disk.img")).unwrap() == content,
+            "{name}: {v}"
+        );
+        assert_eq!(v["bytes_resumed"].as_u64(), Some(48 << 20), "{name}: {v}");
+        assert_eq!(v["bytes_sent"].as_u64(), Some(0), "{name}: {v}");
+    }
 }
 
 /// --checksum compares content: a file whose bytes changed but whose size and mtime did not

@@ -1464,7 +1464,42 @@ impl Producer<'_> {
                 },
                 None => None,
             };
-            if let Some(end) = hole {
+            if let Some(mut end) = hole {
+                // Within the blocks the receiver's partial file offered, a block at a time: one
+                // it holds as zeros already is kept (a receiver over SFTP would otherwise write
+                // its zeros again).
+                let offered = offer.as_ref().and_then(|p| {
+                    let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
+                    let hash = p.hashes.get(i as usize)?;
+                    Some((p.block.min(size - offset), *hash))
+                });
+                if let Some((block, h)) = offered {
+                    end = end.min(offset + block);
+                    if end == offset + block && h == zeros_hash(block) {
+                        if let Some(hasher) = &mut hasher {
+                            hasher.keep(offset, block, h);
+                        }
+                        let s = self.out.pick();
+                        let keep = Keep {
+                            id,
+                            offset,
+                            len: block,
+                        };
+                        self.out.push(s, Msg::frame(&Frame::Keep(keep)))?;
+                        self.resumed += block;
+                        kept += block;
+                        self.progress.add_resumed(block);
+                        if end < size {
+                            self.event(|| Event::Progress {
+                                path: wire.clone(),
+                                done: end,
+                                size,
+                            });
+                        }
+                        offset = end;
+                        continue;
+                    }
+                }
                 let len = end - offset;
                 if let Some(hasher) = &mut hasher {
                     hasher.hole(offset, len);
@@ -1611,6 +1646,30 @@ enum ReadError {
     Io(io::Error),
     /// The file is not the size it had when opened.
     Changed,
+}
+
+/// The XXH3-128 of `len` zero bytes: the hash of a block of a hole, as a receiver's partial
+/// file that holds zeros there offers it. The last length asked is remembered.
+fn zeros_hash(len: u64) -> u128 {
+    static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(u64, u128)>> = const { std::cell::Cell::new(None) };
+    }
+    if let Some((l, h)) = LAST.get()
+        && l == len
+    {
+        return h;
+    }
+    let mut hasher = twox_hash::XxHash3_128::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        hasher.write(&ZEROS[..n]);
+        left -= n as u64;
+    }
+    let h = hasher.finish_128();
+    LAST.set(Some((len, h)));
+    h
 }
 
 /// Where a sparse source's data lies, asked of the file system (`SEEK_DATA`, `SEEK_HOLE`) as
