@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
-use fastcp::stream::{EntryKind, Failure, Side, escape};
+use fastcp::stream::{EntryKind, Failure, escape};
 use fastcp::{CopyOptions, Location, Log, LogLevel, Plan, TransportChoice, exit};
 use serde_json::json;
 
@@ -730,7 +730,7 @@ fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
 fn failure_json(f: &Failure) -> serde_json::Value {
     json!({
         "path": escape(&f.path),
-        "side": match f.side { Side::Sender => "sender", Side::Receiver => "receiver" },
+        "side": f.side.name(),
         "code": code_name(f.code),
         "message": f.message,
     })

@@ -67,12 +67,7 @@ pub(crate) fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
             }
             Err(e) => push_failure(
                 &mut report,
-                Failure {
-                    side: Side::Sender,
-                    path: Bytes::new(),
-                    code: e.code(),
-                    message: e.to_string(),
-                },
+                Failure::new(Side::Sender, Bytes::new(), e.code(), e.to_string()),
             ),
         }
     }
@@ -129,12 +124,7 @@ pub(crate) async fn dry_run(
             Frame::Error(e) => {
                 push_failure(
                     &mut done.report,
-                    Failure {
-                        side: Side::Sender,
-                        path: e.path,
-                        code: e.code,
-                        message: e.message,
-                    },
+                    Failure::new(Side::Sender, e.path, e.code, e.message),
                 );
                 continue;
             }
@@ -594,12 +584,7 @@ async fn judged_remotely(
             }
             Frame::Error(e) => push_failure(
                 &mut done.report,
-                Failure {
-                    side: Side::Receiver,
-                    path: e.path,
-                    code: e.code,
-                    message: e.message,
-                },
+                Failure::new(Side::Receiver, e.path, e.code, e.message),
             ),
             frame => match listed_from(frame) {
                 Some((_, entry)) => deletions.push(Listed {

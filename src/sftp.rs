@@ -603,12 +603,7 @@ async fn list_remote(
             )),
             Frame::Error(e) => crate::client::push_failure(
                 &mut report,
-                fastcp_stream::Failure {
-                    side: fastcp_stream::Side::Sender,
-                    path: e.path,
-                    code: e.code,
-                    message: e.message,
-                },
+                fastcp_stream::Failure::new(fastcp_stream::Side::Sender, e.path, e.code, e.message),
             ),
             _ => {}
         }

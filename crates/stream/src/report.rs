@@ -10,6 +10,7 @@ pub const MAX_FAILURES: usize = 10_000;
 
 /// Which side of the transfer an entry failed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Side {
     /// The side that reads the source files.
     Sender,
@@ -17,8 +18,23 @@ pub enum Side {
     Receiver,
 }
 
+impl Side {
+    /// `"sender"` or `"receiver"`, as the `--json` report names the side.
+    ///
+    /// ```
+    /// assert_eq!(fastcp_stream::Side::Receiver.name(), "receiver");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Sender => "sender",
+            Side::Receiver => "receiver",
+        }
+    }
+}
+
 /// One entry that could not be copied. The transfer went on without it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// Where it failed.
     pub side: Side,
@@ -32,6 +48,23 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A failure of the entry at `path` on `side`; `message` names the entry already.
+    ///
+    /// ```
+    /// use fastcp_stream::{ErrorCode, Failure, Side};
+    ///
+    /// let f = Failure::new(Side::Sender, "dir/a".into(), ErrorCode::NotFound, "dir/a: gone".into());
+    /// assert_eq!(f.to_string(), "dir/a: gone");
+    /// ```
+    pub fn new(side: Side, path: Bytes, code: ErrorCode, message: String) -> Failure {
+        Failure {
+            side,
+            path,
+            code,
+            message,
+        }
+    }
+
     pub(crate) fn from_frame(side: Side, frame: &ErrorFrame) -> Failure {
         Failure {
             side,
@@ -55,6 +88,7 @@ impl fmt::Display for Failure {
 /// A transfer that ends with `Ok(Report)` may still have skipped entries: check
 /// [`Report::is_complete`] and list [`Report::failures`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Report {
     /// This side's totals: what the sender sent, or what the receiver wrote.
     pub local: Summary,
