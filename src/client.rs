@@ -834,7 +834,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
         elapsed: Duration::ZERO,
     };
     if plan.options.dry_run {
-        let (listing, mut report) = list_local(plan);
+        let (listing, mut report) = list_local(plan).await;
         outcome.listing = crate::dry_run::apply(plan, dest, listing, &mut report);
         outcome.report = report;
         outcome.elapsed = started.elapsed();

@@ -43,8 +43,22 @@ pub struct Listed {
     pub delete: bool,
 }
 
-/// Walks the local sources: what a dry run of a local copy or a push lists.
-pub(crate) fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
+/// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
+/// thread: a walk of a big tree must not hold up the runtime's workers.
+pub(crate) async fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
+    let owned = plan.clone();
+    match tokio::task::spawn_blocking(move || walk_local(&owned)).await {
+        Ok(listed) => listed,
+        // The walk panicked (a filter predicate): walked here, it panics here.
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // The runtime is going away: nothing waits for the listing.
+            Err(_) => (Vec::new(), Report::default()),
+        },
+    }
+}
+
+fn walk_local(plan: &Plan) -> (Vec<Listed>, Report) {
     let mut config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
     config.filter = plan.options.filter.clone();
     config.devices = plan.options.devices;
@@ -102,7 +116,7 @@ pub(crate) async fn dry_run(
         .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     if direction == Direction::Push {
-        (done.listing, done.report) = list_local(plan);
+        (done.listing, done.report) = list_local(plan).await;
         if Judge::of(plan).any() {
             return judged_remotely(plan, version, &mut reader, progress, done).await;
         }

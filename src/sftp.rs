@@ -482,7 +482,7 @@ pub(crate) async fn copy(
         // need it).
         (Location::Remote(_), true) => {
             let report;
-            (listing, report) = crate::dry_run::list_local(plan);
+            (listing, report) = crate::dry_run::list_local(plan).await;
             report
         }
         (Location::Local(dest), true) => {

@@ -318,6 +318,58 @@ fn a_paced_local_copy_reports_each_event_once_and_skips_holes() {
     assert!(!dst.join("src/extra").exists());
 }
 
+/// A dry run walks its sources off the runtime's threads: on a runtime of one thread, a
+/// task still runs while the walk is under way (here, the task that lets each entry
+/// through the filter; on the runtime's thread the walk would wait for it in vain).
+#[test]
+fn a_dry_run_walks_off_the_runtime_thread() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 5);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let filter = fastcp::stream::Filter::default().with_predicate(Arc::new(move |_, _| {
+        let rx = rx.lock().unwrap();
+        rx.recv_timeout(Duration::from_secs(5)).is_ok()
+    }));
+    let plan = Plan::new(
+        vec![Location::Local(src.clone())],
+        Location::Local(work.path().join("dst")),
+        CopyOptions::default()
+            .recursive(true)
+            .dry_run(true)
+            .filter(filter),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = runtime.block_on(async {
+        tokio::spawn(async move {
+            while tx.send(()).is_ok() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        fastcp::copy_local(&plan, Arc::new(Progress::default()))
+            .await
+            .unwrap()
+    });
+    let mut walked = 0;
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            walked += 1;
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            }
+        }
+    }
+    // Every entry, and the top.
+    assert_eq!(outcome.listing.len(), walked + 1, "{:?}", outcome.listing);
+}
+
 type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;
 
 /// Counters whose events are kept, in order.
