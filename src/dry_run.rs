@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use fastcp_proto::{DirEntry, Direction, FileEntry, Frame, Meta, Summary, SymlinkEntry, flags};
+use fastcp_proto::{
+    DirEntry, Direction, ErrorCode, FileEntry, Frame, Meta, Summary, SymlinkEntry, flags,
+};
 use fastcp_stream::{EntryKind, Failure, Report, Side, WalkConfig};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -44,18 +46,29 @@ pub struct Listed {
 }
 
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
-/// thread: a walk of a big tree must not hold up the runtime's workers.
+/// thread: a walk of a big tree must not hold up the runtime's workers. A walk that stops
+/// short (a filter predicate that panics, the runtime going away) ends with a failure, so
+/// that the listing never looks complete.
 pub(crate) async fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
     let owned = plan.clone();
     match tokio::task::spawn_blocking(move || walk_local(&owned)).await {
         Ok(listed) => listed,
-        // The walk panicked (a filter predicate): walked here, it panics here.
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            // The runtime is going away: nothing waits for the listing.
-            Err(_) => (Vec::new(), Report::default()),
-        },
+        Err(_) => {
+            let mut report = Report::default();
+            push_failure(&mut report, walk_stopped());
+            (Vec::new(), report)
+        }
     }
+}
+
+/// The failure of a walk that stopped before its end.
+fn walk_stopped() -> Failure {
+    Failure::new(
+        Side::Sender,
+        Bytes::new(),
+        ErrorCode::Other,
+        "the walk of the sources stopped before its end".into(),
+    )
 }
 
 fn walk_local(plan: &Plan) -> (Vec<Listed>, Report) {
@@ -65,7 +78,26 @@ fn walk_local(plan: &Plan) -> (Vec<Listed>, Report) {
     config.specials = plan.options.specials;
     let mut listing = Vec::new();
     let mut report = Report::default();
-    for entry in fastcp_stream::walk(&plan.local_sources(), &config) {
+    let mut walk = fastcp_stream::walk(&plan.local_sources(), &config);
+    loop {
+        // A cancelled copy stops walking; its caller has returned already.
+        if plan
+            .options
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.is_cancelled())
+        {
+            break;
+        }
+        let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| walk.next()));
+        let entry = match next {
+            Ok(Some(entry)) => entry,
+            Ok(None) => break,
+            Err(_) => {
+                push_failure(&mut report, walk_stopped());
+                break;
+            }
+        };
         match entry {
             Ok(entry) => {
                 count(&mut report.local, &entry.kind);

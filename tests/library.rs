@@ -368,6 +368,66 @@ fn a_dry_run_walks_off_the_runtime_thread() {
     }
     // Every entry, and the top.
     assert_eq!(outcome.listing.len(), walked + 1, "{:?}", outcome.listing);
+
+    // A predicate that panics stops the walk, and the listing says it is not complete.
+    let filter = fastcp::stream::Filter::default()
+        .with_predicate(Arc::new(|_, is_dir| is_dir || panic!("a predicate")));
+    let plan = Plan::new(
+        vec![Location::Local(src.clone())],
+        Location::Local(work.path().join("dst")),
+        CopyOptions::default()
+            .recursive(true)
+            .dry_run(true)
+            .filter(filter),
+    )
+    .unwrap();
+    let outcome = fastcp::blocking::copy_local(&plan, Arc::new(Progress::default())).unwrap();
+    assert!(!outcome.report.is_complete());
+    assert!(
+        outcome.report.failures[0]
+            .message
+            .contains("stopped before its end"),
+        "{:?}",
+        outcome.report
+    );
+}
+
+/// A local copy's sender and receiver share one `Progress`: what the quick check skipped
+/// and what `--resume` kept are counted once, as the report counts them.
+#[test]
+fn a_local_copy_counts_skipped_and_kept_bytes_once() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 6);
+    write(&src.join("big"), &pseudo_random(12 << 20, 3), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let copy = |options: CopyOptions| {
+        let plan = Plan::new(
+            vec![Location::Local(src.clone())],
+            Location::Local(dst.clone()),
+            options,
+        )
+        .unwrap();
+        let progress = Arc::new(Progress::default());
+        let outcome = fastcp::blocking::copy_local(&plan, progress.clone()).unwrap();
+        (outcome.report, progress.snapshot())
+    };
+    let options = CopyOptions::default().recursive(true).skip_unchanged(true);
+    copy(options.clone());
+    let (report, seen) = copy(options.clone());
+    assert!(report.files_skipped > 6, "{report:?}");
+    assert_eq!(
+        (seen.files_skipped, seen.bytes_skipped),
+        (report.files_skipped, report.bytes_skipped)
+    );
+    // A partial file of the first 8 MiB of the big file, which changed since.
+    std::fs::remove_file(dst.join("src/big")).unwrap();
+    let content = std::fs::read(src.join("big")).unwrap();
+    std::fs::write(dst.join("src/.big.fastcp-partial"), &content[..8 << 20]).unwrap();
+    let (report, seen) = copy(options.resume(true));
+    assert_eq!(report.bytes_resumed, 8 << 20, "{report:?}");
+    assert_eq!(seen.bytes_resumed, report.bytes_resumed);
 }
 
 type Seen = Arc<std::sync::Mutex<Vec<fastcp::Event>>>;

@@ -474,7 +474,8 @@ where
         answers,
         resume,
         events.clone(),
-        Some(progress.clone()),
+        // A receiver that shares this side's Progress counts what it checks itself.
+        events.clone(),
     ))]);
 
     let pool = Arc::new(Pool::default());
@@ -1213,7 +1214,10 @@ impl Producer<'_> {
         } else {
             self.probes.skipped.0 += 1;
             self.probes.skipped.1 += size;
-            self.progress.add_skipped(size);
+            // Counted by the receiver when it shares this side's Progress.
+            if let Some(p) = &self.events {
+                p.add_skipped(size);
+            }
             self.event(|| Event::Skipped {
                 path: wire,
                 size,
@@ -1488,7 +1492,9 @@ impl Producer<'_> {
                         self.out.push(s, Msg::frame(&Frame::Keep(keep)))?;
                         self.resumed += block;
                         kept += block;
-                        self.progress.add_resumed(block);
+                        if let Some(p) = &self.events {
+                            p.add_resumed(block);
+                        }
                         if end < size {
                             self.event(|| Event::Progress {
                                 path: wire.clone(),
@@ -1565,7 +1571,9 @@ impl Producer<'_> {
                     .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
                 self.resumed += len;
                 kept += len;
-                self.progress.add_resumed(len);
+                if let Some(p) = &self.events {
+                    p.add_resumed(len);
+                }
                 if end < size {
                     self.event(|| Event::Progress {
                         path: wire.clone(),
