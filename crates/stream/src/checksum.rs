@@ -25,6 +25,30 @@ pub(crate) fn xxh3_128(bytes: &[u8]) -> u128 {
     XxHash3_128::oneshot(bytes)
 }
 
+/// The XXH3-128 of `len` zero bytes: what a block of zeros of a partial file is offered
+/// with (`--resume`). The last length asked on each thread is remembered.
+pub(crate) fn zeros_hash(len: u64) -> u128 {
+    static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(u64, u128)>> = const { std::cell::Cell::new(None) };
+    }
+    if let Some((l, h)) = LAST.get()
+        && l == len
+    {
+        return h;
+    }
+    let mut hasher = twox_hash::XxHash3_128::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        hasher.write(&ZEROS[..n]);
+        left -= n as u64;
+    }
+    let h = hasher.finish_128();
+    LAST.set(Some((len, h)));
+    h
+}
+
 /// The hash `--checksum` compares a file's content by (rsync's `--checksum`): both sides
 /// hash their copy, and a file whose hashes match is not sent.
 ///

@@ -1103,6 +1103,13 @@ impl Writer {
             ));
             return Err(self.fail_file(id, e));
         }
+        // A block of zeros stays, as a hole where the file system can punch one: the same
+        // bytes, and the copy as sparse as blocks of zeros that are written.
+        if hash == crate::checksum::zeros_hash(len) {
+            use rustix::fs::FallocateFlags;
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            let _ = rustix::fs::fallocate(&f.fd, punch, offset, len);
+        }
         insert_range(&mut f.written, offset, offset + len);
         f.got += len;
         // A ranges-only checksum counts the block's range alone, as the sender's does.

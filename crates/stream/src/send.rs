@@ -1479,7 +1479,7 @@ impl Producer<'_> {
                 });
                 if let Some((block, h)) = offered {
                     end = end.min(offset + block);
-                    if end == offset + block && h == zeros_hash(block) {
+                    if end == offset + block && h == crate::checksum::zeros_hash(block) {
                         if let Some(hasher) = &mut hasher {
                             hasher.keep(offset, block, h);
                         }
@@ -1654,30 +1654,6 @@ enum ReadError {
     Io(io::Error),
     /// The file is not the size it had when opened.
     Changed,
-}
-
-/// The XXH3-128 of `len` zero bytes: the hash of a block of a hole, as a receiver's partial
-/// file that holds zeros there offers it. The last length asked is remembered.
-fn zeros_hash(len: u64) -> u128 {
-    static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
-    thread_local! {
-        static LAST: std::cell::Cell<Option<(u64, u128)>> = const { std::cell::Cell::new(None) };
-    }
-    if let Some((l, h)) = LAST.get()
-        && l == len
-    {
-        return h;
-    }
-    let mut hasher = twox_hash::XxHash3_128::new();
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(ZEROS.len() as u64) as usize;
-        hasher.write(&ZEROS[..n]);
-        left -= n as u64;
-    }
-    let h = hasher.finish_128();
-    LAST.set(Some((len, h)));
-    h
 }
 
 /// Where a sparse source's data lies, asked of the file system (`SEEK_DATA`, `SEEK_HOLE`) as

@@ -142,6 +142,32 @@ async fn holes_of_the_source_clear_stale_bytes_of_a_continued_file() {
     assert_no_temp(&dest);
 }
 
+/// A partial file that holds the source's zeros as written blocks: they are kept, not sent,
+/// and left as holes in the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_blocks_of_zeros_become_holes() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big");
+    let f = fs::File::create(&src).unwrap();
+    f.set_len(16 * MIB as u64).unwrap();
+    f.write_all_at(&pseudo_random(MIB, 12), 2 * MIB as u64)
+        .unwrap();
+    drop(f);
+    let content = fs::read(&src).unwrap();
+    let dest = dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    // Written out, zeros and all.
+    fs::write(dest.join(".big.fastcp-partial"), &content[..12 * MIB]).unwrap();
+
+    let report = copy(&src, &dest, 2).await;
+    assert!(fs::read(dest.join("big")).unwrap() == content);
+    assert_eq!(report.bytes_resumed, 12 * MIB as u64);
+    assert_eq!(report.bytes_sent, 0);
+    let allocated = fs::metadata(dest.join("big")).unwrap().blocks() * 512;
+    assert!(allocated <= 2 * MIB as u64, "{allocated} bytes allocated");
+}
+
 /// A partial file another copy holds (locked) is left alone: the file travels whole under a
 /// temp name of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
