@@ -23,7 +23,12 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => {
             use clap::error::ErrorKind as K;
-            let wants_json = std::env::args_os().skip(1).any(|a| a == "--json");
+            // Asked for as an option, not named as an operand (`-- --json`): the arguments
+            // parsed again, past their errors.
+            let wants_json = cli::command()
+                .ignore_errors(true)
+                .try_get_matches()
+                .is_ok_and(|m| m.get_flag("json"));
             if wants_json && !matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
                 let rendered = e.render().to_string();
                 let first = rendered.lines().next().unwrap_or_default();

@@ -125,6 +125,13 @@ fn usage_errors_exit_2() {
         }
     }
     assert!(!work.path().join("b").exists());
+    // `--json` after `--` is an operand (a file of that name), and asks for no JSON.
+    fastcp()
+        .args(["--no-such-flag", a, "--", "--json"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty());
 }
 
 /// A file named like a command (`man`) is taken for the command, which scp has not: the
