@@ -1461,6 +1461,12 @@ impl Producer<'_> {
         let mut offset = start;
         let mut kept = 0;
         while offset < stop {
+            // The block the receiver's partial file offered at `offset`, if one starts there.
+            let offered = offer.as_ref().and_then(|p| {
+                let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
+                let hash = p.hashes.get(i as usize)?;
+                Some((p.block.min(size - offset), *hash))
+            });
             let hole = match &mut holes {
                 Some(h) => match h.at(&fd, offset, stop, align) {
                     Ok(hole) => hole,
@@ -1472,36 +1478,14 @@ impl Producer<'_> {
                 // Within the blocks the receiver's partial file offered, a block at a time: one
                 // it holds as zeros already is kept (a receiver over SFTP would otherwise write
                 // its zeros again).
-                let offered = offer.as_ref().and_then(|p| {
-                    let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
-                    let hash = p.hashes.get(i as usize)?;
-                    Some((p.block.min(size - offset), *hash))
-                });
                 if let Some((block, h)) = offered {
                     end = end.min(offset + block);
                     if end == offset + block && h == crate::checksum::zeros_hash(block) {
                         if let Some(hasher) = &mut hasher {
                             hasher.keep(offset, block, h);
                         }
-                        let s = self.out.pick();
-                        let keep = Keep {
-                            id,
-                            offset,
-                            len: block,
-                        };
-                        self.out.push(s, Msg::frame(&Frame::Keep(keep)))?;
-                        self.resumed += block;
+                        self.keep(id, offset, block, &wire, size)?;
                         kept += block;
-                        if let Some(p) = &self.events {
-                            p.add_resumed(block);
-                        }
-                        if end < size {
-                            self.event(|| Event::Progress {
-                                path: wire.clone(),
-                                done: end,
-                                size,
-                            });
-                        }
                         offset = end;
                         continue;
                     }
@@ -1527,11 +1511,6 @@ impl Producer<'_> {
                 continue;
             }
             // A block the receiver offered: read whole, hashed, and kept if it matches.
-            let offered = offer.as_ref().and_then(|p| {
-                let i = offset.is_multiple_of(p.block).then_some(offset / p.block)?;
-                let hash = p.hashes.get(i as usize)?;
-                Some((p.block.min(size - offset), *hash))
-            });
             let (end, want) = match offered {
                 Some((len, h)) => (offset + len, Some(h)),
                 None => (offset + chunk.min(stop - offset), None),
@@ -1566,21 +1545,8 @@ impl Producer<'_> {
                 for (_, bytes) in chunks {
                     self.pool.give(bytes);
                 }
-                let s = self.out.pick();
-                self.out
-                    .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
-                self.resumed += len;
+                self.keep(id, offset, len, &wire, size)?;
                 kept += len;
-                if let Some(p) = &self.events {
-                    p.add_resumed(len);
-                }
-                if end < size {
-                    self.event(|| Event::Progress {
-                        path: wire.clone(),
-                        done: end,
-                        size,
-                    });
-                }
                 offset = end;
                 continue;
             }
@@ -1630,6 +1596,35 @@ impl Producer<'_> {
             });
         }
         self.sent(wire, stop - start);
+        Ok(())
+    }
+
+    /// Sends a `Keep` for the `len` bytes at `offset` of file `id` (of `size` bytes, at
+    /// `wire`) that the receiver's partial file holds, and counts them as resumed.
+    fn keep(
+        &mut self,
+        id: u64,
+        offset: u64,
+        len: u64,
+        wire: &Bytes,
+        size: u64,
+    ) -> Result<(), Closed> {
+        let s = self.out.pick();
+        self.out
+            .push(s, Msg::frame(&Frame::Keep(Keep { id, offset, len })))?;
+        self.resumed += len;
+        // Counted by the receiver when it shares this side's Progress.
+        if let Some(p) = &self.events {
+            p.add_resumed(len);
+        }
+        let end = offset + len;
+        if end < size {
+            self.event(|| Event::Progress {
+                path: wire.clone(),
+                done: end,
+                size,
+            });
+        }
         Ok(())
     }
 
