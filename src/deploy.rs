@@ -12,8 +12,8 @@
 //!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing:
 //!   [`deploy`] fails with [`Error::Unsupported`] saying why, and the copy goes over SFTP
 //!   (see [`crate::sftp`]). So does an upload that did not land whole (a full disk): its
-//!   temporary file is removed. Other failures, such as a cache folder refused, are
-//!   [`Error::Deploy`].
+//!   temporary file is removed. So does a cache folder refused (below): nothing is run
+//!   from it. Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them. The upload goes to a temporary name, its
@@ -107,7 +107,8 @@ pub async fn deploy(
     });
     for (owner, mode, folder) in &remote.folders {
         if *owner != remote.uid || mode & 0o022 != 0 {
-            return Err(Error::Deploy(format!(
+            // Nothing is run from it; SFTP runs nothing of fastcp's there.
+            return Err(Error::Unsupported(format!(
                 "refusing the cache folder {folder} on the remote host: it is owned by uid \
                  {owner} with mode {mode:03o}, and must be the user's own and writable by \
                  nobody else"
