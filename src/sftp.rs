@@ -863,7 +863,12 @@ fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
         code,
         fatal: false,
         path: Bytes::copy_from_slice(path),
-        message: format!("{}: {message}", crate::stream::escape(path)),
+        // A failure of no one entry (an empty path) is its message alone.
+        message: if path.is_empty() {
+            message
+        } else {
+            format!("{}: {message}", crate::stream::escape(path))
+        },
     })
 }
 

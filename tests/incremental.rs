@@ -502,6 +502,28 @@ fn hard_links_arrive_as_one_inode() {
         // The file's bytes travel once.
         assert_eq!(v["bytes"].as_u64().unwrap(), (3 << 20) + 8, "{v}");
         check(&dst.join("src"), true);
+        // Run again, as a nightly mirror does: the second time, nothing is written nor
+        // deleted, and no name is left behind beside the links.
+        for night in 0..2 {
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "-H", "-p", "--skip-unchanged", "--delete", "--json"]);
+            if pull {
+                cmd.arg(remote(&sshd, &src)).arg(&dst);
+            } else {
+                cmd.arg(&src).arg(remote(&sshd, &dst));
+            }
+            let v = ok_json(&mut cmd);
+            // A pull counts what it wrote; a push what it sent, and a name's `HardLink`
+            // entry goes every time (the receiver finds the link in place).
+            if night == 1 && pull {
+                assert_eq!(v["files"], 0, "{v}");
+                assert_eq!(v["files_skipped"], 4, "{v}");
+            }
+            assert_eq!(v["files_deleted"], 0, "{v}");
+            check(&dst.join("src"), true);
+            let stray = walk_names(&dst).into_iter().find(|n| n.contains(".fastcp"));
+            assert_eq!(stray, None);
+        }
     }
     let local = work.path().join("local");
     std::fs::create_dir(&local).unwrap();

@@ -193,16 +193,30 @@ pub(crate) fn make_links(
             let io = |e: rustix::io::Errno| {
                 Error::io(shared.root.display(&shared.root.local(name)), e.into())
             };
+            // Already another name of the file (an unchanged tree copied again): nothing to
+            // do. Renaming a link over a name of the same file would do nothing either, and
+            // leave the temporary name behind.
+            let inode = |dir, name: &[u8]| {
+                rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .map(|st| (st.st_dev, st.st_ino))
+            };
+            if let Some(target) = inode(&*to, &link_name)
+                && inode(&*from, &file_name) == Some(target)
+            {
+                shared.link_in_place(name);
+                return Ok(());
+            }
             let mut temp = b".".to_vec();
             temp.extend_from_slice(&link_name);
             temp.extend_from_slice(b".fastcp-link");
             let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
             rustix::fs::linkat(&*from, &file_name[..], &*to, &temp[..], AtFlags::empty())
                 .map_err(io)?;
-            rustix::fs::renameat(&*to, &temp[..], &*to, &link_name[..]).map_err(|e| {
-                let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
-                io(e)
-            })?;
+            let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &link_name[..]);
+            // Gone after a rename, unless the name became the same file meanwhile.
+            let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
+            renamed.map_err(io)?;
             shared
                 .written
                 .files

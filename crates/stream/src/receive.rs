@@ -405,6 +405,21 @@ impl Shared {
         }
     }
 
+    /// A hard link `name` (a wire path) found already in place: skipped, as an unchanged
+    /// file is.
+    pub(crate) fn link_in_place(&self, name: &Bytes) {
+        use crate::{Event, SkipReason};
+        let mut t = lock(&self.table);
+        t.skipped.0 = t.skipped.0.saturating_add(1);
+        drop(t);
+        self.progress.add_skipped(0);
+        self.progress.event(|| Event::Skipped {
+            path: name.clone(),
+            size: 0,
+            reason: SkipReason::Unchanged,
+        });
+    }
+
     /// With `checksum`: the refresh of a probed file, made once the sender has skipped it
     /// (see [`refresh_skipped`]).
     pub(crate) fn refresh_later(&self, wire: Bytes, op: Op) {
@@ -1584,7 +1599,8 @@ where
                 side: Side::Receiver,
                 code: fastcp_proto::ErrorCode::Other,
                 path: Bytes::new(),
-                message: "nothing was deleted: the sender could not read everything, and                           what it missed would have looked deleted"
+                message: "nothing was deleted: the sender could not read everything, and \
+                          what it missed would have looked deleted"
                     .into(),
             });
         }
