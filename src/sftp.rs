@@ -1152,6 +1152,14 @@ async fn push(
                 ),
             });
         }
+        // A device or a pipe (`/dev/null`, say) is never replaced by a file.
+        Ok(a) if ![0, S_IFREG, S_IFLNK].contains(&file_type(&a.attrs)) => {
+            return Err(Error::Usage(format!(
+                "{}: is a device, a pipe or a socket, not a file nor a folder: fastcp writes \
+                 files, not into devices or pipes, and left it as it is",
+                crate::stream::escape(typed.as_bytes())
+            )));
+        }
         Ok(_) => Place::As(dest),
         Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
         Err(e) => return Err(fatal(&format!("checking {typed}"), e)),

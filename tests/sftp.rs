@@ -197,6 +197,46 @@ fn a_small_copy_over_sftp_takes_one_session_and_a_folder_four() {
     }
 }
 
+/// A named pipe (or a device, such as `/dev/null`) named as the destination is refused and
+/// left as it is, pushed or pulled, over SFTP and through the remote fastcp alike.
+#[test]
+fn a_pipe_as_the_destination_is_left_as_it_is() {
+    use std::os::unix::fs::FileTypeExt;
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    write(&src, b"payload", 0o644);
+    let fifo = work.path().join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for sftp in [true, false] {
+        for pull in [false, true] {
+            let mut cmd = fastcp(&sshd, Path::new(BIN));
+            if sftp {
+                cmd.arg("--sftp");
+            }
+            let out = match pull {
+                false => run(cmd.arg(&src).arg(remote(&sshd, &fifo))),
+                true => run(cmd.arg(remote(&sshd, &src)).arg(&fifo)),
+            };
+            assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+            assert!(
+                stderr(&out).contains("left it as it is"),
+                "{}",
+                stderr(&out)
+            );
+            assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        }
+    }
+    assert_eq!(fs::read_dir(work.path()).unwrap().count(), 2);
+}
+
 /// Sixteen SFTP sessions (`-j 16`) against an sshd with OpenSSH's default `MaxStartups
 /// 10:30:100`, which drops connections beyond ten still logging in: the logins go a few at
 /// a time, so none is refused, through either SSH client.

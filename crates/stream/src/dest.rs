@@ -1344,11 +1344,14 @@ impl Writer {
         }
         // The sender's bits (less the umask without `preserve`, as scp does); never setuid
         // or setgid: the file belongs to whoever receives it, and a sender must not be able
-        // to hand that user a program that runs with their rights.
+        // to hand that user a program that runs with their rights. Without `preserve`, a
+        // file replaced keeps its own permission bits, as scp, cp and rsync keep them: a
+        // private file stays private.
         let want = if shared.config.preserve {
             f.meta.mode & SAFE_MODE_BITS
         } else {
-            f.meta.mode & 0o777 & !shared.umask
+            self.replaced_mode(&f)
+                .unwrap_or(f.meta.mode & 0o777 & !shared.umask)
         };
         // The file keeps its bytes when its owner or attributes cannot be set; the failure is
         // reported.
@@ -1416,6 +1419,17 @@ impl Writer {
         Ok(())
     }
 
+    /// The permission bits of the regular file `f` is about to replace, if there is one:
+    /// not looked for in a folder this copy made.
+    fn replaced_mode(&self, f: &OpenFile) -> Option<u32> {
+        let parent = split_parent(&f.local).0;
+        if !parent.is_empty() && self.shared.lock_dirs().created.contains(parent) {
+            return None;
+        }
+        let st = rustix::fs::statat(&f.parent, f.name(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile).then_some(st.st_mode & 0o777)
+    }
+
     /// The local path of the entry at `wire`, and its parent directory, opened beneath the
     /// root; `None`, the failure reported, when the parent cannot be had.
     fn parent_of(&mut self, wire: &[u8]) -> Option<(Vec<u8>, Arc<OwnedFd>)> {
@@ -1448,12 +1462,25 @@ impl Writer {
             Err(Errno::EXIST) => {
                 match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(st) => match FileType::from_raw_mode(st.st_mode) {
-                        FileType::Directory => {
-                            // Ours (made on demand for an earlier entry) or already there.
-                            dirs.created
-                                .contains(&local)
-                                .then_some(0o700 & !shared.umask)
+                        FileType::Directory if dirs.created.contains(&local) => {
+                            // Made private on demand for an earlier entry: it takes its
+                            // mode now (writable by its owner until the end), so that a copy
+                            // cut short does not leave it private.
+                            let flags = OFlags::RDONLY
+                                | OFlags::DIRECTORY
+                                | OFlags::NOFOLLOW
+                                | OFlags::CLOEXEC;
+                            let set = rustix::fs::openat(&parent, name, flags, Mode::empty())
+                                .and_then(|fd| {
+                                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(created_mode))
+                                });
+                            match set {
+                                Ok(()) => Some(created_mode),
+                                Err(_) => Some(0o700 & !shared.umask),
+                            }
                         }
+                        // Already there: left as it is.
+                        FileType::Directory => None,
                         FileType::Symlink => {
                             drop(dirs);
                             let e = Error::UnsafePath {

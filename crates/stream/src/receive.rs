@@ -1258,6 +1258,15 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
                 rename_top: None,
             });
         }
+        Ok(m) if !m.is_file() => {
+            // A device or a pipe (`/dev/null`, say) is never replaced by a file.
+            return Err(Error::InvalidArgument(format!(
+                "{}: is {}, not a file nor a folder: fastcp writes files, not into devices \
+                 or pipes, and left it as it is",
+                escape(dest.as_os_str().as_encoded_bytes()),
+                special_kind(&m)
+            )));
+        }
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(dest, e)),
@@ -1279,6 +1288,23 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
         _ => Path::new("."),
     };
     named_in(parent, name)
+}
+
+/// What a file that is neither a regular file nor a folder is, for messages.
+fn special_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
 }
 
 /// The root whose one top-level entry is `name` in the existing directory `parent`.

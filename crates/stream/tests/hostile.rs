@@ -774,6 +774,60 @@ async fn cut_stream_mid_file_leaves_no_partial_file() {
     }
 }
 
+/// Folders made on demand, for entries that came before their own, take their modes when
+/// their entries come: a copy cut before its end does not leave them private.
+#[tokio::test]
+async fn a_cut_copy_leaves_its_folders_with_their_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    let umask = {
+        let probe = sb.dest.join("probe");
+        fs::create_dir(&probe).unwrap();
+        let mode = fs::metadata(&probe).unwrap().permissions().mode();
+        fs::remove_dir(&probe).unwrap();
+        !mode & 0o777
+    };
+    let (mut ours, theirs) = tokio::io::duplex(1 << 20);
+    let dest = sb.dest.clone();
+    let recv = tokio::spawn(async move {
+        let progress = Arc::new(Progress::default());
+        receive(&dest, vec![theirs], &recursive(), progress).await
+    });
+    let first = wire(&[
+        file(0, b"d/sub/f", 2),
+        data(0, 0, b"ok"),
+        end(0, b"ok"),
+        dir(b"d"),
+        dir(b"d/sub"),
+        file(1, b"d/big", 1_000_000),
+        data(1, 0, &[7; 1000]),
+    ]);
+    ours.write_all(&first).await.unwrap();
+    // The copy goes on while its folders' entries are handled; then it is cut.
+    let mode = |d: &str| {
+        fs::metadata(sb.dest.join(d))
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (mode("d") != 0o755 & !umask || mode("d/sub") != 0o755 & !umask)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(ours);
+    let result = tokio::time::timeout(Duration::from_secs(60), recv)
+        .await
+        .expect("receive hung")
+        .unwrap();
+    assert!(result.is_err_and(|e| e.is_disconnect()));
+    for d in ["d", "d/sub"] {
+        assert_eq!(mode(d), 0o755 & !umask, "{d}: {:o}", mode(d));
+    }
+    assert_eq!(fs::read(sb.dest.join("d/sub/f")).unwrap(), b"ok");
+    sb.assert_contained();
+}
+
 fn resuming() -> ReceiveConfig {
     ReceiveConfig {
         recursive: true,

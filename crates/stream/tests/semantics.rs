@@ -41,7 +41,8 @@ async fn file_to_new_name_and_over_existing_file() {
     assert!(sent.unwrap().is_complete());
     assert!(received.unwrap().is_complete());
     assert_eq!(fs::read(&target).unwrap(), b"content of a");
-    // dest exists as a file: it is replaced, atomically, with the new mode less the umask.
+    // dest exists as a file: it is replaced, atomically, and keeps its own mode (as scp, cp
+    // and rsync without -p keep it): a private file stays private.
     fs::write(&target, b"old").unwrap();
     fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
     let (_, received) = run_pair(&[src.path().join("a")], &target, &s, &r, 1).await;
@@ -49,9 +50,59 @@ async fn file_to_new_name_and_over_existing_file() {
     assert_eq!(fs::read(&target).unwrap(), b"content of a");
     assert_eq!(
         fs::metadata(&target).unwrap().permissions().mode() & 0o777,
-        0o640 & !umask()
+        0o600
+    );
+    // With -p, it takes the source's.
+    let preserving = ReceiveConfig {
+        preserve: true,
+        ..r.clone()
+    };
+    let (_, received) = run_pair(&[src.path().join("a")], &target, &s, &preserving, 1).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(
+        fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o640
     );
     assert_no_temp(dst.path());
+}
+
+/// A destination that is a named pipe or a device (`/dev/null`, say) is refused and left as
+/// it is, never replaced by a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_or_pipe_as_the_destination_is_left_as_it_is() {
+    use std::os::unix::fs::FileTypeExt;
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a"), b"content of a", 0o644);
+    let mut targets = vec![(dst.path().join("fifo"), rustix::fs::FileType::Fifo, 0)];
+    if rustix::process::geteuid().is_root() {
+        // A null device of its own (1, 3), not the system's.
+        let null = rustix::fs::makedev(1, 3);
+        targets.push((
+            dst.path().join("null"),
+            rustix::fs::FileType::CharacterDevice,
+            null,
+        ));
+    }
+    let made = targets.len();
+    for (target, kind, dev) in targets {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &target,
+            kind,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            dev,
+        )
+        .unwrap();
+        let (s, r) = configs(false);
+        let (_, received) = run_pair(&[src.path().join("a")], &target, &s, &r, 1).await;
+        let err = received.unwrap_err();
+        assert!(err.to_string().contains("left it as it is"), "{err}");
+        let t = fs::symlink_metadata(&target).unwrap().file_type();
+        assert!(t.is_fifo() || t.is_char_device(), "{}", target.display());
+    }
+    // Nothing beside them (names only: opening the pipe would wait for a writer).
+    assert_eq!(fs::read_dir(dst.path()).unwrap().count(), made);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
