@@ -809,6 +809,115 @@ fn a_changed_host_key_is_refused_unless_strict_checking_is_off() {
     assert!(work.path().join("accepted").exists());
 }
 
+/// Host keys of several types, as ssh treats them: a host known by its RSA key that also has
+/// an ED25519 one is asked for the RSA key (and passes `StrictHostKeyChecking yes`); a host
+/// known by an RSA key that now shows only an ED25519 one has changed, even under
+/// `accept-new`, and known_hosts is left as it was.
+#[test]
+fn a_host_is_checked_against_the_key_types_it_is_known_by() {
+    let work = tempfile::tempdir().unwrap();
+    let rsa = work.path().join("host_rsa");
+    let ed = work.path().join("host_ed25519");
+    for (kind, file) in [("rsa", &rsa), ("ed25519", &ed)] {
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", kind, "-N", "", "-f"])
+            .arg(file)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    let rsa_pub = std::fs::read_to_string(work.path().join("host_rsa.pub")).unwrap();
+    let rsa_line = |sshd: &Sshd| {
+        let name = sshd.known_hosts_line();
+        let host = name.split_whitespace().next().unwrap().to_owned();
+        let mut parts = rsa_pub.split_whitespace();
+        format!(
+            "{host} {} {}\n",
+            parts.next().unwrap(),
+            parts.next().unwrap()
+        )
+    };
+    let src = work.path().join("f");
+    std::fs::write(&src, b"x").unwrap();
+
+    // Both keys (the ED25519 one listed first); known by the RSA one only.
+    let both = Sshd::start_with_options(&format!(
+        "HostKey {}\nHostKey {}",
+        ed.display(),
+        rsa.display()
+    ))
+    .unwrap();
+    std::fs::write(both.known_hosts(), rsa_line(&both)).unwrap();
+    let out = run(fastcp(&both, bin())
+        .arg(&src)
+        .arg(remote(&both, &work.path().join("both"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Only the ED25519 key now; known by the RSA one.
+    let other = Sshd::start().unwrap();
+    std::fs::write(other.known_hosts(), rsa_line(&other)).unwrap();
+    let out = run(fastcp(&other, bin())
+        .args(["-o", "StrictHostKeyChecking=accept-new"])
+        .arg(&src)
+        .arg(remote(&other, &work.path().join("other"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("HAS CHANGED") || stderr(&out).contains("changed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("other").exists());
+    assert_eq!(
+        std::fs::read_to_string(other.known_hosts()).unwrap(),
+        rsa_line(&other)
+    );
+}
+
+/// A server that allows only AES-CTR is reached by the built-in client and by the system
+/// ssh; and the system ssh, as scp runs it, ignores the user's RemoteCommand and
+/// LocalCommand, which would otherwise take the server's place or write into its pipe.
+#[test]
+fn ctr_only_servers_and_remote_commands_in_ssh_config() {
+    let sshd = Sshd::start_with_options("Ciphers aes256-ctr,aes128-ctr").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("f");
+    std::fs::write(&src, b"payload").unwrap();
+    for (name, program) in [("builtin", None), ("ssh", Some("ssh"))] {
+        let mut cmd = fastcp(&sshd, bin());
+        if let Some(p) = program {
+            cmd.args(["--ssh-program", p]);
+        }
+        let to = work.path().join(name);
+        let out = run(cmd.arg(&src).arg(remote(&sshd, &to)));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_eq!(std::fs::read(&to).unwrap(), b"payload");
+    }
+    let cfg = work.path().join("config");
+    let base = std::fs::read_to_string(sshd.ssh_config()).unwrap();
+    let commands = sshd.host_block("with-commands").replace(
+        "BatchMode yes\n",
+        "BatchMode yes\n  RemoteCommand echo not-fastcp\n  PermitLocalCommand yes\n  \
+         LocalCommand echo local-output\n",
+    );
+    std::fs::write(&cfg, format!("{commands}\n{base}")).unwrap();
+    for (name, program) in [("builtin", None), ("ssh", Some("ssh"))] {
+        let mut cmd = Command::new(BIN);
+        if let Some(p) = program {
+            cmd.args(["--ssh-program", p]);
+        }
+        let to = work.path().join(format!("commands-{name}"));
+        let out = run(cmd
+            .arg("-F")
+            .arg(&cfg)
+            .arg("--remote-path")
+            .arg(bin())
+            .arg(&src)
+            .arg(format!("with-commands:{}", to.display())));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_eq!(std::fs::read(&to).unwrap(), b"payload");
+    }
+}
+
 /// A ProxyCommand in ssh_config carries the built-in client's connection, with its tokens
 /// expanded: here `ssh -W %h:%p` through a second sshd, which logs the forwarding.
 #[test]

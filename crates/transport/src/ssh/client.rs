@@ -53,7 +53,8 @@ pub struct SshClientConfig {
     pub nodelay: bool,
     /// Cipher preference, most preferred first (`aes128-gcm@openssh.com`,
     /// `aes256-gcm@openssh.com`, `chacha20-poly1305@openssh.com`, `aes*-ctr`). Pass the
-    /// order from fastcp-crypto's CPU probe. Default: AES-GCM first, then ChaCha20-Poly1305.
+    /// order from fastcp-crypto's CPU probe. Default: AES-GCM first, then ChaCha20-Poly1305,
+    /// then AES-CTR (for servers that allow nothing else).
     pub ciphers: Vec<String>,
     /// Send a keepalive after this much silence from the server. Default: none.
     pub keepalive_interval: Option<Duration>,
@@ -84,6 +85,10 @@ impl Default for SshClientConfig {
                 "aes128-gcm@openssh.com".into(),
                 "aes256-gcm@openssh.com".into(),
                 "chacha20-poly1305@openssh.com".into(),
+                // Last, for servers restricted to them (ssh offers them too).
+                "aes256-ctr".into(),
+                "aes192-ctr".into(),
+                "aes128-ctr".into(),
             ],
             keepalive_interval: None,
             default_connect_timeout: None,
@@ -125,6 +130,14 @@ impl SshClientConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             preferred.cipher = names.into();
         }
+        // The NIST curves last, as ssh offers them, for servers restricted to them.
+        let mut kex = preferred.kex.to_vec();
+        kex.extend([
+            russh::kex::ECDH_SHA2_NISTP256,
+            russh::kex::ECDH_SHA2_NISTP384,
+            russh::kex::ECDH_SHA2_NISTP521,
+        ]);
+        preferred.kex = kex.into();
         Ok(russh::client::Config {
             client_id: russh::SshId::Standard(
                 concat!("SSH-2.0-fastcp_", env!("CARGO_PKG_VERSION")).into(),
@@ -656,8 +669,38 @@ async fn connect_one(
 ) -> Result<SshSession, Error> {
     // The channels' receive window, from the round trip seen while connecting (`None`:
     // not seen, behind a ProxyCommand).
+    // As ssh does: the host key types known_hosts records for the host are asked for first,
+    // so that a host with several keys shows one it is known by (any other would be a
+    // changed key).
+    let known_types = {
+        let files: Vec<_> = host
+            .user_known_hosts_files
+            .iter()
+            .chain(&host.global_known_hosts_files)
+            .cloned()
+            .collect();
+        known_hosts::known_algorithms(&files, &host.known_hosts_name())
+    };
     let config = |rtt: Option<Duration>| {
         let mut config = client.to_russh(client.window_for(rtt))?;
+        if !known_types.is_empty() {
+            let known = |a: &russh::keys::Algorithm| {
+                known_types.iter().any(|k| {
+                    k == a
+                        || matches!(
+                            (k, a),
+                            (
+                                russh::keys::Algorithm::Rsa { .. },
+                                russh::keys::Algorithm::Rsa { .. }
+                            )
+                        )
+                })
+            };
+            let (mut first, rest): (Vec<_>, Vec<_>) =
+                config.preferred.key.iter().cloned().partition(|a| known(a));
+            first.extend(rest);
+            config.preferred.key = first.into();
+        }
         // ServerAliveInterval from ssh_config or -o wins over the program's default.
         if let Some(interval) = host.server_alive_interval {
             config.keepalive_interval = Some(interval);

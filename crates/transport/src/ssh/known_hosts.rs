@@ -25,9 +25,10 @@ pub enum HostKeyStatus {
         /// Line number (1-based).
         line: usize,
     },
-    /// No key of this type is recorded for this host.
+    /// No key is recorded for this host.
     Unknown,
-    /// Another key of the same type is recorded for this host.
+    /// Other keys are recorded for this host, and not this one (of whatever type: as ssh,
+    /// a host that no longer shows the key of a type it was known by has changed).
     Changed {
         /// File holding the other key.
         file: PathBuf,
@@ -104,9 +105,7 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
                     known.get_or_insert((file.clone(), i + 1));
                 }
                 Marker::None => {
-                    if recorded.algorithm() == key.algorithm() {
-                        changed.get_or_insert((file.clone(), i + 1));
-                    }
+                    changed.get_or_insert((file.clone(), i + 1));
                 }
             }
         }
@@ -116,6 +115,32 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
         (None, Some((file, line))) => HostKeyStatus::Changed { file, line },
         (None, None) => HostKeyStatus::Unknown,
     })
+}
+
+/// The types of the keys `files` record for `name` (not revoked ones): a client offers
+/// these host key algorithms first, as ssh does, so that a host with several keys shows
+/// one it is known by.
+pub fn known_algorithms(files: &[PathBuf], name: &str) -> Vec<Algorithm> {
+    let mut found = Vec::new();
+    for file in files {
+        let Ok(text) = fs::read_to_string(file) else {
+            continue;
+        };
+        for raw in text.lines() {
+            let Some(entry) = parse_line(raw) else {
+                continue;
+            };
+            if !matches!(entry.marker, Marker::None) || !entry.matches_host(name) {
+                continue;
+            }
+            if let Ok(key) = russh::keys::parse_public_key_base64(entry.key_b64)
+                && !found.contains(&key.algorithm())
+            {
+                found.push(key.algorithm());
+            }
+        }
+    }
+    found
 }
 
 /// Whether a `@cert-authority` line in `files` covers `name`: the host is then to be trusted
@@ -365,7 +390,30 @@ mod tests {
     }
 
     #[test]
-    fn changed_key_names_the_line_and_other_types_do_not_count() {
+    fn a_key_of_another_type_is_a_change_and_known_types_are_listed() {
+        let (_d, files) = file_with(&format!(
+            "other ssh-ed25519 {ED}\nh ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQDuPUAqXmsljuHQSeet2HM+LsF46BNaAr4ZBNYkb0MN9+ten5VVsybjsOygi1qwvfbfFVIWnX+h/spRbs8HI9o1gPn2L3zr5OKyd5ukr5zqhsLKhmx1qKcLNHe0Ms1wo7tiTHniBFWwea1KaDB7h6TFO07+Gm46pl1wRNziaIYXkQ==\n"
+        ));
+        assert_eq!(
+            check(&files, "h", &key(ED)).unwrap(),
+            HostKeyStatus::Changed {
+                file: files[0].clone(),
+                line: 2
+            }
+        );
+        assert_eq!(
+            check(&files, "new", &key(ED)).unwrap(),
+            HostKeyStatus::Unknown
+        );
+        assert_eq!(
+            known_algorithms(&files, "h"),
+            [Algorithm::Rsa { hash: None }]
+        );
+        assert_eq!(known_algorithms(&files, "new"), []);
+    }
+
+    #[test]
+    fn changed_key_names_the_line() {
         let (_d, files) = file_with(&format!(
             "h ssh-ed25519 {ED2}\nh ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQDuPUAqXmsljuHQSeet2HM+LsF46BNaAr4ZBNYkb0MN9+ten5VVsybjsOygi1qwvfbfFVIWnX+h/spRbs8HI9o1gPn2L3zr5OKyd5ukr5zqhsLKhmx1qKcLNHe0Ms1wo7tiTHniBFWwea1KaDB7h6TFO07+Gm46pl1wRNziaIYXkQ==\n"
         ));

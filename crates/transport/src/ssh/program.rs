@@ -383,8 +383,18 @@ impl SshProgram {
     fn options_argv(&self) -> Vec<OsString> {
         let o = &self.options;
         let mut a: Vec<OsString> = vec![self.program.clone().into()];
-        // No pty, no X11, no agent forwarding: a plain byte pipe.
+        // No pty, no X11, no agent forwarding: a plain byte pipe. As scp: none of the
+        // user's RemoteCommand, LocalCommand and forwardings, which would take the place of
+        // the server, write into the pipe or fail the connection (ssh takes the first value
+        // given, so these come before the user's options).
         a.extend(["-T", "-x", "-a"].map(OsString::from));
+        for fixed in [
+            "RemoteCommand=none",
+            "PermitLocalCommand=no",
+            "ClearAllForwardings=yes",
+        ] {
+            a.extend(["-o".into(), fixed.into()]);
+        }
         if let Some(f) = &o.config_file {
             a.push("-F".into());
             a.push(f.into());
@@ -409,7 +419,8 @@ impl SshProgram {
             a.push("-o".into());
             a.push(opt.into());
         }
-        if !o.client.ciphers.is_empty() {
+        // The fastest ciphers first, unless the user chose theirs.
+        if !o.client.ciphers.is_empty() && !chooses_ciphers(o) {
             a.push("-c".into());
             a.push(o.client.ciphers.join(",").into());
         }
@@ -549,6 +560,32 @@ impl AsyncWrite for ProcessStream {
     }
 }
 
+/// Whether the user chose ssh's ciphers: `-o Ciphers=`, or a `Ciphers` line in the ssh_config
+/// ssh reads (the `-F` file, else `~/.ssh/config`, and the system-wide one).
+fn chooses_ciphers(o: &SshOptions) -> bool {
+    let key = |line: &str| {
+        let line = line.trim_start();
+        line.len() > 7
+            && line[..7].eq_ignore_ascii_case("ciphers")
+            && line[7..].starts_with(|c: char| c == '=' || c.is_whitespace())
+    };
+    if o.options.iter().any(|opt| key(opt)) {
+        return true;
+    }
+    let user = match &o.config_file {
+        Some(f) => Some(f.clone()),
+        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".ssh/config")),
+    };
+    let mut files: Vec<PathBuf> = user.into_iter().collect();
+    files.push("/etc/ssh/ssh_config".into());
+    if let Ok(dir) = std::fs::read_dir("/etc/ssh/ssh_config.d") {
+        files.extend(dir.flatten().map(|e| e.path()));
+    }
+    files
+        .iter()
+        .any(|f| std::fs::read_to_string(f).is_ok_and(|text| text.lines().any(key)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -598,6 +635,12 @@ mod tests {
                 "-T",
                 "-x",
                 "-a",
+                "-o",
+                "RemoteCommand=none",
+                "-o",
+                "PermitLocalCommand=no",
+                "-o",
+                "ClearAllForwardings=yes",
                 "-F",
                 "/tmp/cfg",
                 "-p",
@@ -611,12 +654,20 @@ mod tests {
                 "-o",
                 "StrictHostKeyChecking=yes",
                 "-c",
-                "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
+                "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,\
+                 aes256-ctr,aes192-ctr,aes128-ctr",
                 "--",
                 "host",
                 "'/opt/my fastcp' server",
             ]
         );
+        // The user's ciphers are theirs: no -c then.
+        let chosen = SshOptions {
+            options: vec!["Ciphers=aes256-ctr".into()],
+            ..opts.clone()
+        };
+        let argv = SshProgram::new("host", &chosen).unwrap().argv().unwrap();
+        assert!(!argv.iter().any(|a| a == "-c"), "{argv:?}");
         assert!(SshProgram::new("-oProxyCommand=x", &opts).is_err());
         assert!(SshProgram::new("a b", &opts).is_err());
     }
