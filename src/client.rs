@@ -1135,6 +1135,7 @@ pub(crate) async fn session_over<T: Transport>(
     let err = match try_session(plan, peers, ssh, mode, progress.clone(), job).await {
         Ok(done) => return Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => return Err(e),
+        Err(Attempt::SftpOnly(said)) => return Ok(Started::Sftp(sftp_only(&said))),
         Err(Attempt::Missing(e)) => e,
     };
     let log = &plan.options.log;
@@ -1162,6 +1163,7 @@ pub(crate) async fn session_over<T: Transport>(
     match try_session(plan, peers, &ssh, mode, progress, job).await {
         Ok(done) => Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => Err(e),
+        Err(Attempt::SftpOnly(said)) => Ok(Started::Sftp(sftp_only(&said))),
         Err(Attempt::Missing(_)) => Ok(Started::Sftp(format!(
             "the fastcp uploaded to {} cannot run on the remote host (a home folder mounted \
              noexec?)",
@@ -1170,10 +1172,19 @@ pub(crate) async fn session_over<T: Transport>(
     }
 }
 
-/// Why a session did not run: the remote program is missing (or cannot be executed), or
-/// anything else.
+/// Why a copy goes over SFTP when the server refused to run fastcp for SFTP's sake.
+fn sftp_only(said: &str) -> String {
+    format!(
+        "the remote account may only use SFTP (the server said \"{}\")",
+        said.trim()
+    )
+}
+
+/// Why a session did not run: the remote program is missing (or cannot be executed), the
+/// account may only use SFTP (what the server said), or anything else.
 enum Attempt {
     Missing(Error),
+    SftpOnly(String),
     Failed(Error),
 }
 
@@ -1224,6 +1235,13 @@ async fn try_session<T: Transport>(
     };
     let attempt = match (session, status) {
         (Ok(done), _) => Ok(done),
+        // An account that may only use SFTP (`ForceCommand internal-sftp`): sshd says so
+        // in place of running any command.
+        (Err(Error::Handshake(fastcp_proto::HandshakeError::NotFastcp(said))), _)
+            if said.to_ascii_lowercase().contains("sftp connections only") =>
+        {
+            Err(Attempt::SftpOnly(said))
+        }
         // 127: not found; 126: found but not executable (a noexec mount).
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
@@ -1233,7 +1251,10 @@ async fn try_session<T: Transport>(
     verdict.send_if_modified(|v| {
         let first = v.is_none();
         if first {
-            *v = Some(!matches!(attempt, Err(Attempt::Missing(_))));
+            *v = Some(!matches!(
+                attempt,
+                Err(Attempt::Missing(_) | Attempt::SftpOnly(_))
+            ));
         }
         first
     });

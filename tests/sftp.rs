@@ -197,6 +197,36 @@ fn a_small_copy_over_sftp_takes_one_session_and_a_folder_four() {
     }
 }
 
+/// An account that may only use SFTP (`ForceCommand internal-sftp`) is copied to and from
+/// over SFTP, saying why, through either SSH client.
+#[test]
+fn an_sftp_only_account_is_copied_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_options("ForceCommand internal-sftp").unwrap();
+    let src = work.path().join("src");
+    write(&src, b"payload", 0o644);
+    for program in [None, Some("ssh")] {
+        for pull in [false, true] {
+            let mut cmd = plain(&sshd);
+            if let Some(p) = program {
+                cmd.args(["--ssh-program", p]);
+            }
+            let to = work.path().join(format!("to-{program:?}-{pull}"));
+            let out = match pull {
+                false => run(cmd.arg(&src).arg(remote(&sshd, &to))),
+                true => run(cmd.arg(remote(&sshd, &src)).arg(&to)),
+            };
+            assert!(out.status.success(), "{program:?} {pull}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("may only use SFTP"),
+                "{}",
+                stderr(&out)
+            );
+            assert_eq!(fs::read(&to).unwrap(), b"payload");
+        }
+    }
+}
+
 /// A named pipe (or a device, such as `/dev/null`) named as the destination is refused and
 /// left as it is, pushed or pulled, over SFTP and through the remote fastcp alike.
 #[test]
