@@ -269,13 +269,25 @@ impl Display {
             Style::Bar => {
                 let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
                 b.set_style(walking_style());
-                *output.bar.lock().unwrap_or_else(|p| p.into_inner()) = Some(b.clone());
                 bar = Some(b.clone());
+                let output = output.clone();
                 Some(tokio::spawn(async move {
                     let mut tick = tokio::time::interval(BAR_TICK);
+                    let mut begun = false;
                     loop {
                         tokio::select! {
-                            _ = tick.tick() => draw(&b, &progress, &feed, role),
+                            _ = tick.tick() => {
+                                // Not over a login's questions: the bar shows once the copy
+                                // is under way, and messages go around it from then on.
+                                if !begun && copy_begun(&progress.snapshot(), role) {
+                                    begun = true;
+                                    *output.bar.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        Some(b.clone());
+                                }
+                                if begun {
+                                    draw(&b, &progress, &feed, role);
+                                }
+                            }
                             _ = &mut stopped => break,
                         }
                     }
@@ -392,6 +404,19 @@ fn counted_style() -> ProgressStyle {
 
 fn done_style() -> ProgressStyle {
     template("{percent:>3}% [{bar:20}] {bytes} {prefix} {wide_msg}")
+}
+
+/// Whether a copy is under way, past its login (whose password or host key questions a bar
+/// would draw over): a local copy at once; else once a file is sent, done or skipped, or (on
+/// a pull) announced by the sender. Not bytes on the wire: a session's first bytes may go out
+/// before its login is done.
+fn copy_begun(s: &Snapshot, role: Role) -> bool {
+    role == Role::Local
+        || s.files_sent > 0
+        || s.files_done > 0
+        || s.files_skipped > 0
+        || s.deleted > 0
+        || (role == Role::Pull && s.files_seen > 0)
 }
 
 fn draw(bar: &ProgressBar, progress: &Progress, feed: &Feed, role: Role) {

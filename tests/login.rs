@@ -95,6 +95,10 @@ fn copy_with_a_locked_key(extra: &[&str]) -> String {
     );
     eprintln!("{text}");
     assert!(ok, "{text}");
+    // Nothing was drawn over the prompt while it waited for the answer (the progress bar
+    // waits for the copy).
+    let waited = fastcp_testsupport::tty::last_wait();
+    assert!(!waited.contains("B/s"), "drawn over the prompt: {waited:?}");
     assert!(text.contains("COPY EXIT=0"), "{text}");
     assert_eq!(text.matches("Enter passphrase").count(), 1, "{text}");
     assert!(!text.contains(PASSPHRASE), "the passphrase was echoed");

@@ -13,10 +13,24 @@ use std::time::{Duration, Instant};
 /// How long the prompt, and then the end of the child, may take.
 pub const TTY_DEADLINE: Duration = Duration::from_secs(60);
 
+thread_local! {
+    static LAST_WAIT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// What the terminal showed while the last [`run_ignored_test_in_tty`] on this thread waited
+/// to answer: its prompt, and whatever was drawn after it before the answer.
+pub fn last_wait() -> String {
+    LAST_WAIT.with(|w| w.borrow().clone())
+}
+
+/// How long a person takes to type an answer once the prompt shows.
+pub const THINK_TIME: Duration = Duration::from_millis(600);
+
 /// Runs the ignored test `name` of this test binary under `script` with `env`, types `answer`
-/// and Enter once `prompt` is on the terminal, and returns whether the test passed and all
-/// the terminal showed. Panics (killing the child) when the prompt or the end does not come
-/// within [`TTY_DEADLINE`].
+/// and Enter once `prompt` has been on the terminal for [`THINK_TIME`], and returns whether
+/// the test passed and all the terminal showed; what it showed from the prompt until the
+/// answer was typed is in [`last_wait`]. Panics (killing the child) when the prompt or the
+/// end does not come within [`TTY_DEADLINE`].
 pub fn run_ignored_test_in_tty(
     name: &str,
     env: &[(&str, &OsStr)],
@@ -58,6 +72,10 @@ pub fn run_ignored_test_in_tty(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    std::thread::sleep(THINK_TIME);
+    let shown = text();
+    let from = shown.find(prompt).unwrap_or(0);
+    LAST_WAIT.with(|w| *w.borrow_mut() = shown[from..].to_owned());
     let mut stdin = child.stdin.take().expect("piped");
     stdin
         .write_all(format!("{answer}\n").as_bytes())
