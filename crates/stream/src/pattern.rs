@@ -58,9 +58,43 @@ fn expand(source: &Path) -> Option<Vec<PathBuf>> {
     if !has_wildcard(text.as_bytes()) || source.symlink_metadata().is_ok() {
         return None;
     }
-    let mut matches: Vec<PathBuf> = glob::glob_with(text, OPTIONS)
-        .ok()?
-        .filter_map(Result::ok)
+    // One component at a time, listing only the folders a pattern is in. Names that are not
+    // UTF-8 cannot match a pattern (which is text) and are passed over.
+    let mut paths = vec![PathBuf::new()];
+    for part in Path::new(text).components() {
+        let std::path::Component::Normal(name) = part else {
+            paths.iter_mut().for_each(|p| p.push(part));
+            continue;
+        };
+        let name = name.to_str()?;
+        if !has_wildcard(name.as_bytes()) {
+            paths.iter_mut().for_each(|p| p.push(name));
+            continue;
+        }
+        let pattern = Pattern::new(name).ok()?;
+        let mut next = Vec::new();
+        for dir in &paths {
+            let listed = if dir.as_os_str().is_empty() {
+                std::fs::read_dir(".")
+            } else {
+                std::fs::read_dir(dir)
+            };
+            let Ok(listed) = listed else { continue };
+            for entry in listed.flatten() {
+                let entry_name = entry.file_name();
+                if entry_name
+                    .to_str()
+                    .is_some_and(|n| pattern.matches_with(n, OPTIONS))
+                {
+                    next.push(dir.join(entry_name));
+                }
+            }
+        }
+        paths = next;
+    }
+    let mut matches: Vec<PathBuf> = paths
+        .into_iter()
+        .filter(|p| p.symlink_metadata().is_ok())
         .collect();
     if matches.is_empty() {
         return None;
@@ -107,6 +141,26 @@ mod tests {
         // A name that is literally a pattern is still accepted as itself.
         assert!(name_matches(b"[x]", b"[x]"));
         assert!(name_matches(b"[x]", b"x"));
+    }
+
+    #[test]
+    fn dot_names_match_a_leading_dot_and_odd_names_are_passed_over() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        for name in [&b".hidden"[..], b"vis", b"ok.txt", b"bad\xff.txt"] {
+            std::fs::write(dir.path().join(std::ffi::OsStr::from_bytes(name)), name).unwrap();
+        }
+        let d = dir.path();
+        assert_eq!(expand_sources(&[d.join(".h*")]), [d.join(".hidden")]);
+        assert_eq!(
+            expand_sources(&[d.join("*")]),
+            [d.join("ok.txt"), d.join("vis")]
+        );
+        assert_eq!(expand_sources(&[d.join("*.txt")]), [d.join("ok.txt")]);
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/x.txt"), b"x").unwrap();
+        assert_eq!(expand_sources(&[d.join("s*/*.txt")]), [d.join("sub/x.txt")]);
+        assert!(name_matches(b".h*", b".hidden"));
     }
 
     #[test]
