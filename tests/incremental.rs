@@ -60,6 +60,81 @@ fn local_rerun_sends_only_what_changed() {
     });
 }
 
+/// A tree whose files became folders and folders files (or links) is mirrored in one run,
+/// locally, pushed and pulled: a folder takes the place of a file or link, and with
+/// `--delete` a file takes the place of a folder, with what it held (an empty folder goes
+/// without it, as with rsync; one with entries is then reported, and kept).
+#[test]
+fn files_and_folders_that_swapped_are_mirrored_in_one_run() {
+    use std::os::unix::fs::symlink;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    let build = |second: bool| {
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        let c = src.join("c");
+        if !second {
+            write(&c.join("todir"), b"file", 0o644);
+            std::fs::create_dir_all(c.join("tofile")).unwrap();
+            write(&c.join("tofile/inner"), b"inner", 0o644);
+            std::fs::create_dir(c.join("empty")).unwrap();
+            symlink("elsewhere", c.join("linktodir")).unwrap();
+        } else {
+            std::fs::create_dir(c.join("todir")).unwrap();
+            write(&c.join("todir/new"), b"new", 0o644);
+            write(&c.join("tofile"), b"now a file", 0o644);
+            write(&c.join("empty"), b"was an empty folder", 0o644);
+            std::fs::create_dir(c.join("linktodir")).unwrap();
+            write(&c.join("linktodir/x"), b"x", 0o644);
+        }
+    };
+    for (name, how) in [("local", 0), ("pushed", 1), ("pulled", 2)] {
+        let dst = work.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let mut cmd = match how {
+                0 => Command::new(BIN),
+                _ => fastcp(&sshd, bin()),
+            };
+            cmd.args(["-r", "-p", "--json"]).args(extra);
+            match how {
+                2 => cmd.arg(remote(&sshd, &src)).arg(&dst),
+                1 => cmd.arg(&src).arg(remote(&sshd, &dst)),
+                _ => cmd.arg(&src).arg(&dst),
+            };
+            run(&mut cmd)
+        };
+        build(false);
+        let out = copy(&[]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        build(true);
+        // Without --delete: the folders take the files' and the link's places, and the
+        // empty folder goes; the folder with entries stays, reported.
+        let out = copy(&[]);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--delete replaces it"),
+            "{}",
+            stderr(&out)
+        );
+        let top = dst.join("src/c");
+        assert_eq!(std::fs::read(top.join("todir/new")).unwrap(), b"new");
+        assert_eq!(std::fs::read(top.join("linktodir/x")).unwrap(), b"x");
+        assert_eq!(
+            std::fs::read(top.join("empty")).unwrap(),
+            b"was an empty folder"
+        );
+        assert!(top.join("tofile/inner").exists(), "{name}");
+        // With it, the rest.
+        let out = copy(&["--delete"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_same_tree(&src, &dst.join("src"), false);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["files_deleted"], 2, "{name}: {v}");
+    }
+}
+
 /// A rerun leaves alone a directory whose mode and times already match (its change time
 /// stays), and sets them again on one whose time was changed since.
 #[test]

@@ -238,6 +238,9 @@ pub(crate) struct Written {
     pub(crate) bytes: AtomicU64,
     /// Bytes of partial files kept in place of being sent again (`--resume`).
     pub(crate) resumed: AtomicU64,
+    /// Entries removed from the way of the source's (`--delete`): a folder where the source
+    /// has a file, with what it held.
+    pub(crate) deleted: AtomicU64,
 }
 
 /// Splits a local path into its parent directory and its last component.
@@ -335,6 +338,22 @@ impl Resolver {
                     Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
                 }
             }
+            // The source has a folder here (an entry lies beneath it), the destination a
+            // file or a link: the folder takes its place, as rsync does. Never the folder the
+            // user named as the destination, and never through the link.
+            Err(Errno::LOOP | Errno::NOTDIR)
+                if self.create && self.shared.root.rename_top.as_deref() != Some(prefix) =>
+            {
+                let mut dirs = self.shared.lock_dirs();
+                rustix::fs::unlinkat(parent, name, AtFlags::empty())
+                    .map_err(|e| Error::io(self.shared.root.display(prefix), e.into()))?;
+                match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                    Ok(()) => {
+                        dirs.created.insert(prefix.to_vec());
+                    }
+                    Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
+                }
+            }
             Err(Errno::LOOP | Errno::NOTDIR) => return Err(self.not_a_dir(parent, name, prefix)),
             Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
         }
@@ -357,6 +376,27 @@ impl Resolver {
             }
             _ => Error::io(path, std::io::Error::from_raw_os_error(libc_enotdir())),
         }
+    }
+}
+
+/// Clears a folder out of the way of the file, link or special file `name` is to become:
+/// an empty one always (as rsync), one with entries only under `--delete` (the source has no
+/// folder there, so a mirror keeps nothing of it; removed through handles, never following a
+/// link). Whether the way is clear.
+fn clear_dir_in_the_way(shared: &Shared, parent: &OwnedFd, name: &[u8], wire: &[u8]) -> bool {
+    match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+        Ok(()) => true,
+        Err(Errno::NOTEMPTY | Errno::EXIST) if shared.config.delete => {
+            match crate::mirror::remove(parent, name, &shared.progress, 0) {
+                Ok(n) => {
+                    shared.written.deleted.fetch_add(n, Relaxed);
+                    shared.progress.deleted(Bytes::copy_from_slice(wire), n);
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+        Err(_) => false,
     }
 }
 
@@ -1383,7 +1423,13 @@ impl Writer {
             f.discard();
             return Ok(());
         }
-        match rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name()) {
+        let mut renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
+        if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
+            && clear_dir_in_the_way(&shared, &f.parent, f.name(), &f.wire)
+        {
+            renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
+        }
+        match renamed {
             Ok(()) => {
                 if !f.partial && f.size > crate::resume::PARTIAL_MIN {
                     remove_stale_partial(&f.parent, f.name());
@@ -1408,7 +1454,9 @@ impl Writer {
                 let e = match e {
                     Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => Error::Unsupported {
                         path: display(),
-                        reason: "a directory is in the way; file not copied".into(),
+                        reason: "a folder with entries is in the way (--delete replaces it); \
+                                 file not copied"
+                            .into(),
                     },
                     e => Error::io(display(), e.into()),
                 };
@@ -1481,6 +1529,21 @@ impl Writer {
                         }
                         // Already there: left as it is.
                         FileType::Directory => None,
+                        // A file or a link where the source has a folder: the folder takes
+                        // its place, as rsync does (a link is removed, never followed); not
+                        // the destination the user named.
+                        _ if shared.root.rename_top.as_deref() != Some(&local[..])
+                            && rustix::fs::unlinkat(&parent, name, AtFlags::empty()).is_ok()
+                            && rustix::fs::mkdirat(
+                                &parent,
+                                name,
+                                Mode::from_raw_mode(mode | 0o700),
+                            )
+                            .is_ok() =>
+                        {
+                            dirs.created.insert(local.clone());
+                            Some(created_mode)
+                        }
                         FileType::Symlink => {
                             drop(dirs);
                             let e = Error::UnsafePath {
@@ -1636,7 +1699,13 @@ impl Writer {
                     .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
             }
         }
-        match rustix::fs::renameat(&parent, &temp[..], &parent, name) {
+        let mut renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
+        if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
+            && clear_dir_in_the_way(&shared, &parent, name, &wire)
+        {
+            renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
+        }
+        match renamed {
             Ok(()) => {
                 shared.written.symlinks.fetch_add(1, Relaxed);
                 self.wrote_into(parent_path, &parent);
@@ -1646,7 +1715,9 @@ impl Writer {
                 let e = match e {
                     Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => Error::Unsupported {
                         path: shared.root.display(&local),
-                        reason: "a directory is in the way; symbolic link not copied".into(),
+                        reason: "a folder with entries is in the way (--delete replaces it); \
+                                 symbolic link not copied"
+                            .into(),
                     },
                     e => Error::io(shared.root.display(&local), e.into()),
                 };

@@ -137,7 +137,7 @@ fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
 /// Removes `name` in `parent`: a directory with everything in it, anything else (a symlink
 /// included) as itself. Returns how many entries went; each is a step of `progress`, so that
 /// a big folder's removal is not taken for a stall.
-fn remove(
+pub(crate) fn remove(
     parent: &impl AsFd,
     name: &[u8],
     progress: &crate::Progress,

@@ -1643,7 +1643,7 @@ where
         symlinks: shared.written.symlinks.load(Relaxed),
         bytes: shared.written.bytes.load(Relaxed),
         errors: shared.local_errors.load(Relaxed),
-        deleted,
+        deleted: deleted + shared.written.deleted.load(Relaxed),
     };
     report.peer = peer;
     {
