@@ -124,7 +124,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE", help_heading = "Copy")]
     pub exclude_from: Vec<std::path::PathBuf>,
     /// Copy only the paths listed in FILE, one a line, relative to the source (rsync's
-    /// --files-from; `-` reads standard input); local sources only (a push or a local copy).
+    /// --files-from; `-` reads standard input): the list is read here and applies to the
+    /// sources wherever they are (a pull sends it to the remote side).
     #[arg(long, value_name = "FILE", help_heading = "Copy")]
     pub files_from: Option<std::path::PathBuf>,
     /// Never upload fastcp to a remote host that does not have it (such a copy goes over
@@ -228,19 +229,56 @@ pub struct SshArgs {
     /// The fastcp program on the remote host (default: fastcp on its PATH).
     #[arg(long, value_name = "PATH", help_heading = "SSH")]
     pub remote_path: Option<String>,
-    /// Use this OpenSSH client program instead of the built-in SSH client (one stream).
-    #[arg(long, value_name = "PROGRAM", help_heading = "SSH")]
+    /// Use this OpenSSH client program instead of the built-in SSH client (one stream);
+    /// -S as in scp.
+    #[arg(short = 'S', long, value_name = "PROGRAM", help_heading = "SSH")]
     pub ssh_program: Option<PathBuf>,
+    /// Connect over IPv4 only (scp's -4: ssh's AddressFamily inet).
+    #[arg(short = '4', help_heading = "SSH", conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// Connect over IPv6 only (scp's -6: ssh's AddressFamily inet6).
+    #[arg(short = '6', help_heading = "SSH")]
+    pub ipv6: bool,
+    /// Batch mode: never ask for a passphrase or password (scp's -B: ssh's BatchMode yes).
+    #[arg(short = 'B', help_heading = "SSH")]
+    pub batch_mode: bool,
+    /// The SSH connection's cipher, as scp's -c (ssh's Ciphers; --checksum has no short
+    /// form for this reason).
+    #[arg(short = 'c', value_name = "CIPHER", help_heading = "SSH")]
+    pub ssh_cipher: Option<String>,
+    /// scp's -T, -O and -s: accepted, and nothing to do (fastcp checks the names a server
+    /// sends itself, and picks its own protocol).
+    #[arg(short = 'T', hide = true)]
+    pub scp_no_name_check: bool,
+    #[arg(short = 'O', hide = true)]
+    pub scp_legacy_protocol: bool,
+    #[arg(short = 's', hide = true)]
+    pub scp_sftp_protocol: bool,
 }
 
 impl SshArgs {
     fn options(&self) -> fastcp::transport::SshOptions {
+        // scp's own flags for ssh options come before -o, as ssh takes the first value.
+        let mut options = Vec::new();
+        if self.ipv4 {
+            options.push("AddressFamily=inet".to_owned());
+        }
+        if self.ipv6 {
+            options.push("AddressFamily=inet6".to_owned());
+        }
+        if self.batch_mode {
+            options.push("BatchMode=yes".to_owned());
+        }
+        if let Some(c) = &self.ssh_cipher {
+            options.push(format!("Ciphers={c}"));
+        }
+        options.extend(self.ssh_options.iter().cloned());
         fastcp::transport::SshOptions {
             config_file: self.config.clone(),
             port: self.port,
             identity_files: self.identity.clone(),
             jump: self.jump.clone(),
-            options: self.ssh_options.clone(),
+            options,
             remote_path: self.remote_path.clone(),
             ssh_program: self.ssh_program.clone(),
             ..Default::default()

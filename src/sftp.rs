@@ -1430,7 +1430,7 @@ impl Apply {
                         let sftp = &this.sftp[(p.id % this.sftp.len() as u64) as usize];
                         let (send, hash) = match &this.hasher {
                             Some(hasher) => this.content_hash(sftp, hasher, &p).await,
-                            None => (!this.unchanged(sftp, &p.path, p.size, p.mtime).await, None),
+                            None => this.quick_check(sftp, &p).await,
                         };
                         let offer = match send && this.resume {
                             true => this.partial_offer(&p).await,
@@ -2103,11 +2103,25 @@ impl Apply {
         Ok(())
     }
 
-    /// The quick check over SFTP: a regular file with this size and modification second.
-    async fn unchanged(&self, sftp: &Sftp, wire: &[u8], size: u64, mtime: i64) -> bool {
-        self.same_size(sftp, wire, size)
-            .await
-            .is_some_and(|(_, a)| a.mtime.map(i64::from) == Some(mtime))
+    /// The quick check over SFTP, as the answer to probe `p`: "send" unless the remote has
+    /// a regular file of its size and modification second. A file skipped whose mode is not
+    /// the source's gets it (with `-p`, which the quick check implies) once the sender is
+    /// done, as the receiver's refresh of a skipped file does ([`Apply::refresh_skipped`]).
+    async fn quick_check(&self, sftp: &Sftp, p: &Probe) -> (bool, Option<u128>) {
+        let Some((_, have)) = self.same_size(sftp, &p.path, p.size).await else {
+            return (true, None);
+        };
+        if have.mtime.map(i64::from) != Some(p.mtime) {
+            return (true, None);
+        }
+        if let (true, Some(mode)) = (self.preserve, p.mode)
+            && have.permissions.map(|m| m & 0o7777) != Some(mode & 0o777)
+        {
+            let mut attrs = FileAttributes::empty();
+            attrs.permissions = Some(mode & 0o777);
+            lock(&self.refresh_later).insert(p.path.clone(), (attrs, have));
+        }
+        (false, None)
     }
 
     /// The remote path of the regular file (not a link) of `size` bytes at `wire`'s target,

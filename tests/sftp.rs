@@ -197,6 +197,37 @@ fn a_small_copy_over_sftp_takes_one_session_and_a_folder_four() {
     }
 }
 
+/// A file the quick check skips on an SFTP push still takes the source's mode: a key made
+/// private since the last run is private in the copy too.
+#[test]
+fn a_skipped_file_takes_its_new_mode_over_an_sftp_push() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("key"), b"secret", 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let push = || {
+        let out = run(plain(&sshd)
+            .args(["--sftp", "--json", "-r", "-p", "--skip-unchanged"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        json(&out)
+    };
+    push();
+    fs::set_permissions(src.join("key"), fs::Permissions::from_mode(0o600)).unwrap();
+    let v = push();
+    assert_eq!(v["files_skipped"], 1, "{v}");
+    let mode = fs::metadata(dst.join("src/key"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
 /// An account that may only use SFTP (`ForceCommand internal-sftp`) is copied to and from
 /// over SFTP, saying why, through either SSH client.
 #[test]

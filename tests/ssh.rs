@@ -892,6 +892,14 @@ fn ctr_only_servers_and_remote_commands_in_ssh_config() {
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         assert_eq!(std::fs::read(&to).unwrap(), b"payload");
     }
+    // scp's flags: -c names the SSH cipher; -B, -4, -T, -O and -s are taken as scp takes them.
+    let to = work.path().join("scp-flags");
+    let out = run(fastcp(&sshd, bin())
+        .args(["-c", "aes128-ctr", "-B", "-4", "-T", "-O", "-s"])
+        .arg(&src)
+        .arg(remote(&sshd, &to)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&to).unwrap(), b"payload");
     let cfg = work.path().join("config");
     let base = std::fs::read_to_string(sshd.ssh_config()).unwrap();
     let commands = sshd.host_block("with-commands").replace(
