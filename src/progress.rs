@@ -407,11 +407,12 @@ fn done_style() -> ProgressStyle {
 }
 
 /// Whether a copy is under way, past its login (whose password or host key questions a bar
-/// would draw over): a local copy at once; else once a file is sent, done or skipped, or (on
-/// a pull) announced by the sender. Not bytes on the wire: a session's first bytes may go out
-/// before its login is done.
+/// would draw over): a local copy at once; else once file data is sent or a file done or
+/// skipped, or (on a pull) announced by the sender. Not bytes on the wire: a session's first
+/// bytes may go out before its login is done.
 fn copy_begun(s: &Snapshot, role: Role) -> bool {
     role == Role::Local
+        || s.bytes_sent > 0
         || s.files_sent > 0
         || s.files_done > 0
         || s.files_skipped > 0

@@ -345,12 +345,17 @@ impl Resolver {
                 if self.create && self.shared.root.rename_top.as_deref() != Some(prefix) =>
             {
                 let mut dirs = self.shared.lock_dirs();
-                rustix::fs::unlinkat(parent, name, AtFlags::empty())
-                    .map_err(|e| Error::io(self.shared.root.display(prefix), e.into()))?;
+                // Another writer may have made the folder already (EISDIR), or be between
+                // its removal and its making (ENOENT, EEXIST): the open below tells.
+                match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+                    Ok(()) | Err(Errno::ISDIR | Errno::NOENT) => {}
+                    Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
+                }
                 match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
                     Ok(()) => {
                         dirs.created.insert(prefix.to_vec());
                     }
+                    Err(Errno::EXIST) => {}
                     Err(e) => return Err(Error::io(self.shared.root.display(prefix), e.into())),
                 }
             }
@@ -379,14 +384,36 @@ impl Resolver {
     }
 }
 
-/// Clears a folder out of the way of the file, link or special file `name` is to become:
-/// an empty one always (as rsync), one with entries only under `--delete` (the source has no
-/// folder there, so a mirror keeps nothing of it; removed through handles, never following a
-/// link). Whether the way is clear.
-fn clear_dir_in_the_way(shared: &Shared, parent: &OwnedFd, name: &[u8], wire: &[u8]) -> bool {
+/// Clears a folder out of the way of the file or link `local` (in `parent`, as `name`) is to
+/// become: an empty one always (as rsync), one with entries only under `--delete`, and only
+/// when nothing in it is excluded by the rules or another copy's temp or partial file (as
+/// `--delete` keeps those); removed through handles, never following a link. Never the
+/// destination named on the command line. Whether the way is clear.
+fn clear_dir_in_the_way(
+    shared: &Shared,
+    parent: &OwnedFd,
+    local: &[u8],
+    name: &[u8],
+    wire: &[u8],
+) -> bool {
+    if shared.root.rename_top.as_deref() == Some(local) {
+        return false;
+    }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) => true,
         Err(Errno::NOTEMPTY | Errno::EXIST) if shared.config.delete => {
+            let kept = |path: &[u8], is_dir: bool| {
+                let leaf = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+                is_temp_name(leaf)
+                    || shared
+                        .config
+                        .filter
+                        .as_ref()
+                        .is_some_and(|f| !f.allows(path, is_dir))
+            };
+            if crate::mirror::holds_any(parent, name, wire, &kept) != Ok(false) {
+                return false;
+            }
             match crate::mirror::remove(parent, name, &shared.progress, 0) {
                 Ok(n) => {
                     shared.written.deleted.fetch_add(n, Relaxed);
@@ -1425,7 +1452,7 @@ impl Writer {
         }
         let mut renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
         if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
-            && clear_dir_in_the_way(&shared, &f.parent, f.name(), &f.wire)
+            && clear_dir_in_the_way(&shared, &f.parent, &f.local, f.name(), &f.wire)
         {
             renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
         }
@@ -1532,15 +1559,22 @@ impl Writer {
                         // A file or a link where the source has a folder: the folder takes
                         // its place, as rsync does (a link is removed, never followed); not
                         // the destination the user named.
-                        _ if shared.root.rename_top.as_deref() != Some(&local[..])
-                            && rustix::fs::unlinkat(&parent, name, AtFlags::empty()).is_ok()
-                            && rustix::fs::mkdirat(
-                                &parent,
-                                name,
-                                Mode::from_raw_mode(mode | 0o700),
-                            )
-                            .is_ok() =>
-                        {
+                        _ if shared.root.rename_top.as_deref() != Some(&local[..]) => {
+                            let made = rustix::fs::unlinkat(&parent, name, AtFlags::empty())
+                                .and_then(|()| {
+                                    rustix::fs::mkdirat(
+                                        &parent,
+                                        name,
+                                        Mode::from_raw_mode(mode | 0o700),
+                                    )
+                                });
+                            if let Err(e) = made {
+                                drop(dirs);
+                                return shared.entry_failed(
+                                    &wire,
+                                    &Error::io(shared.root.display(&local), e.into()),
+                                );
+                            }
                             dirs.created.insert(local.clone());
                             Some(created_mode)
                         }
@@ -1701,7 +1735,7 @@ impl Writer {
         }
         let mut renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
         if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
-            && clear_dir_in_the_way(&shared, &parent, name, &wire)
+            && clear_dir_in_the_way(&shared, &parent, &local, name, &wire)
         {
             renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
         }

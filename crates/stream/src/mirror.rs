@@ -134,6 +134,56 @@ fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
     Ok(names)
 }
 
+/// Whether the directory `name` in `parent` (the wire path `wire`) holds, at any depth, an
+/// entry `kept` says stays (given its wire path and whether it is a directory). Read
+/// through handles, never following a link.
+pub(crate) fn holds_any(
+    parent: &impl AsFd,
+    name: &[u8],
+    wire: &[u8],
+    kept: &dyn Fn(&[u8], bool) -> bool,
+) -> rustix::io::Result<bool> {
+    fn walk(
+        dir: &OwnedFd,
+        wire: &[u8],
+        kept: &dyn Fn(&[u8], bool) -> bool,
+        depth: usize,
+    ) -> rustix::io::Result<bool> {
+        if depth >= MAX_DEPTH {
+            return Err(Errno::LOOP);
+        }
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        for child in list(dir)? {
+            let mut path = wire.to_vec();
+            path.push(b'/');
+            path.extend_from_slice(&child);
+            let name = std::ffi::OsStr::from_bytes(&child);
+            let sub = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+                Ok(fd) => Some(fd),
+                Err(Errno::NOTDIR | Errno::LOOP) => None,
+                Err(e) => return Err(e),
+            };
+            if kept(&path, sub.is_some()) {
+                return Ok(true);
+            }
+            if let Some(sub) = sub
+                && walk(&sub, &path, kept, depth + 1)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = rustix::fs::openat(
+        parent,
+        std::ffi::OsStr::from_bytes(name),
+        flags,
+        Mode::empty(),
+    )?;
+    walk(&dir, wire, kept, 0)
+}
+
 /// Removes `name` in `parent`: a directory with everything in it, anything else (a symlink
 /// included) as itself. Returns how many entries went; each is a step of `progress`, so that
 /// a big folder's removal is not taken for a stall.

@@ -817,6 +817,53 @@ async fn a_cut_copy_leaves_its_folders_with_their_modes() {
     sb.assert_contained();
 }
 
+/// The folder named as the destination is never replaced: a hostile sender answering a
+/// copy of a folder's contents (`host:src/.` into `dest`, with `--delete`) with a link for
+/// its top does not put a link in the destination's place.
+#[tokio::test]
+async fn the_named_destination_is_never_replaced_by_a_link() {
+    let sb = Sandbox::new();
+    let outside = sb.outside.to_str().unwrap().as_bytes().to_vec();
+    let stream = wire(&[link(b"src", &outside), done(0, 0, 1, 0)]);
+    let config = ReceiveConfig {
+        contents: true,
+        delete: true,
+        ..recursive()
+    };
+    let _ = run(&sb.dest, config, vec![stream], true).await;
+    assert!(fs::symlink_metadata(&sb.dest).unwrap().is_dir());
+    sb.assert_contained();
+}
+
+/// With `--delete`, a folder in a file's way goes only when nothing in it is excluded by
+/// the rules (as `--delete` keeps what they exclude); else it stays, reported.
+#[tokio::test]
+async fn a_folder_in_the_way_with_excluded_entries_stays() {
+    let sb = Sandbox::new();
+    fs::create_dir(sb.dest.join("x")).unwrap();
+    fs::write(sb.dest.join("x/keep.o"), b"kept").unwrap();
+    let mut filter = fastcp_stream::Filter::default();
+    filter.exclude("*.o").unwrap();
+    let config = ReceiveConfig {
+        delete: true,
+        filter: Some(Arc::new(filter)),
+        ..recursive()
+    };
+    let stream = wire(&[
+        file(0, b"x", 2),
+        data(0, 0, b"ok"),
+        end(0, b"ok"),
+        done(1, 0, 0, 2),
+    ]);
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.failure_count, 1, "{:?}", report.failures);
+    assert_eq!(fs::read(sb.dest.join("x/keep.o")).unwrap(), b"kept");
+    sb.assert_contained();
+}
+
 fn resuming() -> ReceiveConfig {
     ReceiveConfig {
         recursive: true,

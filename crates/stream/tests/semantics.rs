@@ -313,7 +313,9 @@ async fn file_where_a_directory_exists_is_a_per_entry_error() {
     assert!(
         received.failures[0]
             .message
-            .contains("directory is in the way")
+            .contains("folder with entries is in the way"),
+        "{}",
+        received.failures[0].message
     );
     // The sender heard about it.
     let sent = sent.unwrap();

@@ -388,12 +388,13 @@ impl SshProgram {
         // the server, write into the pipe or fail the connection (ssh takes the first value
         // given, so these come before the user's options).
         a.extend(["-T", "-x", "-a"].map(OsString::from));
-        for fixed in [
-            "RemoteCommand=none",
-            "PermitLocalCommand=no",
-            "ClearAllForwardings=yes",
-        ] {
-            a.extend(["-o".into(), fixed.into()]);
+        let mut fixed = vec!["PermitLocalCommand=no", "ClearAllForwardings=yes"];
+        // RemoteCommand came with OpenSSH 7.6; an older ssh refuses the option.
+        if knows_remote_command(&self.program) {
+            fixed.insert(0, "RemoteCommand=none");
+        }
+        for option in fixed {
+            a.extend(["-o".into(), option.into()]);
         }
         if let Some(f) = &o.config_file {
             a.push("-F".into());
@@ -560,27 +561,72 @@ impl AsyncWrite for ProcessStream {
     }
 }
 
+/// Whether the ssh `program` knows the `RemoteCommand` option (OpenSSH 7.6 and later, or an
+/// ssh that does not say its version as OpenSSH does): asked once per program, with `-V`.
+fn knows_remote_command(program: &std::path::Path) -> bool {
+    static KNOWN: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, k)) = known.iter().find(|(p, _)| p == program) {
+        return *k;
+    }
+    let said = std::process::Command::new(program)
+        .arg("-V")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map(|o| {
+            let mut text = String::from_utf8_lossy(&o.stderr).into_owned();
+            text.push_str(&String::from_utf8_lossy(&o.stdout));
+            text
+        })
+        .unwrap_or_default();
+    let k = openssh_at_least(&said, (7, 6));
+    known.push((program.to_path_buf(), k));
+    k
+}
+
+/// Whether `ssh -V`'s text names an OpenSSH older than `want`; anything else counts as new.
+fn openssh_at_least(said: &str, want: (u32, u32)) -> bool {
+    let Some(v) = said.split("OpenSSH_").nth(1) else {
+        return true;
+    };
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|p| p.parse().ok());
+    let minor = parts.next().and_then(|p| p.parse().ok());
+    match (major, minor) {
+        (Some(major), Some(minor)) => (major, minor) >= want,
+        _ => true,
+    }
+}
+
 /// Whether the user chose ssh's ciphers: `-o Ciphers=`, or a `Ciphers` line in the ssh_config
 /// ssh reads (the `-F` file, else `~/.ssh/config`, and the system-wide one).
 fn chooses_ciphers(o: &SshOptions) -> bool {
     let key = |line: &str| {
-        let line = line.trim_start();
+        let line = line.trim_start().as_bytes();
         line.len() > 7
-            && line[..7].eq_ignore_ascii_case("ciphers")
-            && line[7..].starts_with(|c: char| c == '=' || c.is_whitespace())
+            && line[..7].eq_ignore_ascii_case(b"ciphers")
+            && (line[7] == b'=' || line[7].is_ascii_whitespace())
     };
     if o.options.iter().any(|opt| key(opt)) {
         return true;
     }
-    let user = match &o.config_file {
-        Some(f) => Some(f.clone()),
-        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".ssh/config")),
+    // As ssh: `-F` names the only file read; else the user's and the system's.
+    let files: Vec<PathBuf> = match &o.config_file {
+        Some(f) => vec![f.clone()],
+        None => {
+            let mut files: Vec<PathBuf> = std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".ssh/config"))
+                .into_iter()
+                .collect();
+            files.push("/etc/ssh/ssh_config".into());
+            if let Ok(dir) = std::fs::read_dir("/etc/ssh/ssh_config.d") {
+                files.extend(dir.flatten().map(|e| e.path()));
+            }
+            files
+        }
     };
-    let mut files: Vec<PathBuf> = user.into_iter().collect();
-    files.push("/etc/ssh/ssh_config".into());
-    if let Ok(dir) = std::fs::read_dir("/etc/ssh/ssh_config.d") {
-        files.extend(dir.flatten().map(|e| e.path()));
-    }
     files
         .iter()
         .any(|f| std::fs::read_to_string(f).is_ok_and(|text| text.lines().any(key)))
@@ -661,6 +707,16 @@ mod tests {
                 "'/opt/my fastcp' server",
             ]
         );
+        assert!(openssh_at_least(
+            "OpenSSH_9.2p1 Debian-2, OpenSSL 3.0",
+            (7, 6)
+        ));
+        assert!(openssh_at_least("OpenSSH_7.6p1", (7, 6)));
+        assert!(!openssh_at_least(
+            "OpenSSH_7.4p1, OpenSSL 1.0.2k-fips",
+            (7, 6)
+        ));
+        assert!(openssh_at_least("some other ssh", (7, 6)));
         // The user's ciphers are theirs: no -c then.
         let chosen = SshOptions {
             options: vec!["Ciphers=aes256-ctr".into()],
