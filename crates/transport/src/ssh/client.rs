@@ -273,6 +273,15 @@ impl ClientHandler {
     }
 }
 
+/// The host's known_hosts files, the user's first.
+fn known_hosts_files(host: &HostConfig) -> Vec<std::path::PathBuf> {
+    host.user_known_hosts_files
+        .iter()
+        .chain(&host.global_known_hosts_files)
+        .cloned()
+        .collect()
+}
+
 /// Checks `key` against the host's known_hosts files and its StrictHostKeyChecking policy.
 async fn verify_host_key(
     host: &HostConfig,
@@ -282,12 +291,7 @@ async fn verify_host_key(
     answers: Option<&auth::Prompt>,
 ) -> Result<(), Error> {
     let name = host.known_hosts_name();
-    let files: Vec<_> = host
-        .user_known_hosts_files
-        .iter()
-        .chain(&host.global_known_hosts_files)
-        .cloned()
-        .collect();
+    let files = known_hosts_files(host);
     let status = known_hosts::check(&files, &name, key).map_err(|e| Error::HostKeyRejected {
         host: name.clone(),
         reason: format!("cannot read known_hosts: {e}"),
@@ -667,20 +671,13 @@ async fn connect_one(
     client: &SshClientConfig,
     previous: Option<&AuthUsed>,
 ) -> Result<SshSession, Error> {
-    // The channels' receive window, from the round trip seen while connecting (`None`:
-    // not seen, behind a ProxyCommand).
     // As ssh does: the host key types known_hosts records for the host are asked for first,
     // so that a host with several keys shows one it is known by (any other would be a
     // changed key).
-    let known_types = {
-        let files: Vec<_> = host
-            .user_known_hosts_files
-            .iter()
-            .chain(&host.global_known_hosts_files)
-            .cloned()
-            .collect();
-        known_hosts::known_algorithms(&files, &host.known_hosts_name())
-    };
+    let known_types =
+        known_hosts::known_algorithms(&known_hosts_files(&host), &host.known_hosts_name());
+    // The channels' receive window, from the round trip seen while connecting (`None`:
+    // not seen, behind a ProxyCommand).
     let config = |rtt: Option<Duration>| {
         let mut config = client.to_russh(client.window_for(rtt))?;
         if !known_types.is_empty() {
