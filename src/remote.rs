@@ -304,8 +304,32 @@ impl Session {
                 peers.len()
             )
         });
-        let started =
+        let mut started =
             session_over(plan, peer, &peers, &self.ssh, mode, progress.clone(), job).await;
+        // A server that refuses forwarded streams (AllowStreamLocalForwarding no, a key's
+        // no-port-forwarding) still runs the copy over the session's own channel.
+        if let (
+            Mode::Unix { .. },
+            Err(Error::Transport(fastcp_transport::Error::Channel { what, .. })),
+        ) = (mode, &started)
+            && what.starts_with("direct-streamlocal")
+        {
+            log.warn(|| {
+                "the remote sshd refused extra data streams (forwarding is off there): \
+                 copying over one stream"
+                    .into()
+            });
+            started = session_over(
+                plan,
+                peer,
+                first,
+                &self.ssh,
+                Mode::Inline,
+                progress.clone(),
+                job,
+            )
+            .await;
+        }
         self.keep(peers);
         over_sftp_if_needed(plan, peer, started?, "ssh", progress).await
     }

@@ -873,6 +873,28 @@ fn a_host_is_checked_against_the_key_types_it_is_known_by() {
     );
 }
 
+/// A server that refuses forwarded streams (`AllowStreamLocalForwarding no`, as hardened
+/// servers set it) still gets the copy, over the session's own channel, with a warning.
+#[test]
+fn a_server_without_forwarding_gets_the_copy_over_one_stream() {
+    let sshd = Sshd::start_with_options("AllowStreamLocalForwarding no").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    std::fs::write(&src, pseudo_random(5 << 20, 7)).unwrap();
+    for (name, pull) in [("pushed", false), ("pulled", true)] {
+        let to = work.path().join(name);
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["--transport", "ssh", "-j", "2"]);
+        let out = match pull {
+            false => run(cmd.arg(&src).arg(remote(&sshd, &to))),
+            true => run(cmd.arg(remote(&sshd, &src)).arg(&to)),
+        };
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains("one stream"), "{}", stderr(&out));
+        assert_eq!(std::fs::read(&to).unwrap(), std::fs::read(&src).unwrap());
+    }
+}
+
 /// A server that allows only AES-CTR is reached by the built-in client and by the system
 /// ssh; and the system ssh, as scp runs it, ignores the user's RemoteCommand and
 /// LocalCommand, which would otherwise take the server's place or write into its pipe.

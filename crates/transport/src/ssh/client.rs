@@ -562,7 +562,8 @@ impl SshSession {
                     &format!("direct-streamlocal to {socket_path}"),
                     e,
                     "check that the socket exists and that sshd allows it \
-                     (AllowStreamLocalForwarding yes or local, DisableForwarding no)",
+                     (AllowStreamLocalForwarding yes or local, DisableForwarding no, and no \
+                     no-port-forwarding or restrict on the key)",
                 )
             })?;
         Ok(SshStream::new(ch, true))
