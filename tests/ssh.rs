@@ -476,6 +476,76 @@ fn agent_authentication() {
     assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"via agent");
 }
 
+/// With many keys in the agent, the one the IdentityFile names goes first, as ssh offers
+/// it: a server's MaxAuthTries would end the login before the agent's other keys ran out.
+#[test]
+fn the_agent_offers_the_identity_files_key_first() {
+    let sshd = Sshd::start_with_options("MaxAuthTries 2").unwrap();
+    let agent = sshd.start_agent().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let add = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("ssh-add")
+            .args(args)
+            .env("SSH_AUTH_SOCK", agent.socket())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Three other keys, then the right one last.
+    for i in 0..3 {
+        let key = work.path().join(format!("other{i}"));
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        add(&[key.as_os_str()]);
+    }
+    add(&["-d".as_ref(), sshd.client_key().as_os_str()]);
+    add(&[sshd.client_key().as_os_str()]);
+    // IdentityFile names the key; without IdentitiesOnly, every agent key may be offered.
+    let config = work.path().join("config");
+    let text: String = std::fs::read_to_string(sshd.ssh_config())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("IdentitiesOnly"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&config, text).unwrap();
+    let a = work.path().join("a");
+    write(&a, b"via agent", 0o644);
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN])
+        .env("SSH_AUTH_SOCK", agent.socket())
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"via agent");
+    // An IdentityFile that names the public key (the agent holds the private half), with
+    // IdentitiesOnly: that agent key, and only it, is offered.
+    let key = sshd.client_key().display().to_string();
+    let text = std::fs::read_to_string(sshd.ssh_config())
+        .unwrap()
+        .replace(&key, &format!("{key}.pub"));
+    std::fs::write(&config, text).unwrap();
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN])
+        .env("SSH_AUTH_SOCK", agent.socket())
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("c"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(work.path().join("c")).unwrap(), b"via agent");
+}
+
 #[test]
 fn proxy_jump_through_a_second_sshd() {
     let sshd = Sshd::start().unwrap();

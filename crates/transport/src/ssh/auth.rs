@@ -261,6 +261,14 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         agent_keys.push(key);
                     }
                 }
+                // As ssh: the agent's copies of the identity files' keys go first, in their
+                // order (a server's MaxAuthTries may end the login before the others).
+                agent_keys.sort_by_key(|k| {
+                    file_pubs
+                        .iter()
+                        .position(|p| p.as_ref().is_some_and(|p| p.key_data() == k.key_data()))
+                        .unwrap_or(usize::MAX)
+                });
                 // The key that worked on an earlier connection goes first.
                 if let Some(AuthUsed::Agent(prev)) = previous
                     && let Some(i) = agent_keys
@@ -495,12 +503,22 @@ async fn ask(
         .ok()?
 }
 
-/// The public key next to an identity file (`<file>.pub`), or from an unencrypted file.
+/// The public key of an identity file: the file itself when it is a public key (an agent
+/// holds the private half), the `<file>.pub` beside it, or the public half an OpenSSH
+/// private key carries in clear (encrypted or not), or an unencrypted file's.
 fn public_half(file: &Path) -> Option<PublicKey> {
+    if let Ok(k) = russh::keys::load_public_key(file) {
+        return Some(k);
+    }
     let mut pubfile = file.as_os_str().to_owned();
     pubfile.push(".pub");
     if let Ok(k) = russh::keys::load_public_key(&pubfile) {
         return Some(k);
+    }
+    if let Ok(text) = std::fs::read_to_string(file)
+        && let Ok(k) = russh::keys::PrivateKey::from_openssh(&text)
+    {
+        return Some(k.public_key().clone());
     }
     russh::keys::load_secret_key(file, None)
         .ok()
