@@ -153,6 +153,8 @@ impl SshConfigFile {
     pub fn load(path: Option<&Path>) -> Result<Self, Error> {
         let home = home_dir();
         let path = match path {
+            // As ssh's `-F none`: no configuration file at all.
+            Some(p) if p.as_os_str() == "none" => None,
             Some(p) => Some(p.to_path_buf()),
             None => home
                 .as_ref()
@@ -824,6 +826,14 @@ Host *
         assert_eq!(h.connect_timeout, Some(Duration::from_secs(7)));
         assert_eq!(h.strict_host_key_checking, StrictHostKeyChecking::Yes);
         assert_eq!(h.known_hosts_name(), "[build.internal.example]:2202");
+    }
+
+    #[test]
+    fn dash_f_none_reads_no_file() {
+        let none = SshConfigFile::load(Some(Path::new("none"))).unwrap();
+        let h = none.resolve("build").unwrap();
+        assert_eq!(h.host_name, "build");
+        assert!(SshConfigFile::load(Some(Path::new("/nonexistent/config"))).is_err());
     }
 
     #[test]
