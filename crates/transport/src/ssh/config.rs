@@ -141,6 +141,44 @@ impl HostConfig {
     }
 }
 
+/// Where the first `Match` line is, in `text` or in a file it `Include`s (at most 16 deep),
+/// as ssh reads them: a relative `Include` path is beneath `~/.ssh`, and may hold wildcards.
+fn find_match(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
+    for (i, line) in text.lines().enumerate() {
+        let mut words = line
+            .trim_start()
+            .split(|c: char| c.is_whitespace() || c == '=')
+            .filter(|w| !w.is_empty());
+        let kw = words.next().unwrap_or("");
+        if kw.eq_ignore_ascii_case("match") {
+            return Some(format!("line {}", i + 1));
+        }
+        if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
+            continue;
+        }
+        for arg in words {
+            let arg = arg.trim_matches('"');
+            let path = match (arg.strip_prefix("~/"), home) {
+                (Some(rest), Some(h)) => h.join(rest),
+                _ if Path::new(arg).is_absolute() => PathBuf::from(arg),
+                (None, Some(h)) => h.join(".ssh").join(arg),
+                (_, None) => continue,
+            };
+            let Ok(paths) = glob::glob(&path.to_string_lossy()) else {
+                continue;
+            };
+            for p in paths.flatten() {
+                if let Ok(included) = std::fs::read_to_string(&p)
+                    && let Some(at) = find_match(&included, home, depth + 1)
+                {
+                    return Some(format!("{} {at}", p.display()));
+                }
+            }
+        }
+    }
+    None
+}
+
 /// A parsed ssh_config file.
 #[derive(Debug, Clone)]
 pub struct SshConfigFile {
@@ -180,18 +218,10 @@ impl SshConfigFile {
     }
 
     fn parse_with_home(text: &str, home: Option<PathBuf>) -> Result<Self, Error> {
-        for (i, line) in text.lines().enumerate() {
-            let kw = line
-                .trim_start()
-                .split(|c: char| c.is_whitespace() || c == '=')
-                .next()
-                .unwrap_or("");
-            if kw.eq_ignore_ascii_case("match") {
-                return Err(Error::NeedsSystemSsh(format!(
-                    "ssh_config line {}: a `Match` block",
-                    i + 1
-                )));
-            }
+        if let Some(at) = find_match(text, home.as_deref(), 0) {
+            return Err(Error::NeedsSystemSsh(format!(
+                "ssh_config {at}: a `Match` block"
+            )));
         }
         let mut cfg = SshConfig::default();
         if let Some(h) = &home {
@@ -826,6 +856,22 @@ Host *
         assert_eq!(h.connect_timeout, Some(Duration::from_secs(7)));
         assert_eq!(h.strict_host_key_checking, StrictHostKeyChecking::Yes);
         assert_eq!(h.known_hosts_name(), "[build.internal.example]:2202");
+    }
+
+    #[test]
+    fn a_match_in_an_included_file_needs_the_system_ssh() {
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(&inc, "Match exec \"false\"\n  Port 2\n").unwrap();
+        let text = format!(
+            "Host a\n  HostName b\nInclude {}\n",
+            dir.path().join("*.conf").display()
+        );
+        let e = SshConfigFile::parse_str(&text).unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        assert!(e.to_string().contains("inc.conf"), "{e}");
+        std::fs::write(&inc, "Host c\n  Port 2\n").unwrap();
+        assert!(SshConfigFile::parse_str(&text).is_ok());
     }
 
     #[test]
