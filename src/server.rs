@@ -940,6 +940,22 @@ fn remote_path(raw: &[u8]) -> PathBuf {
     {
         return home.join(OsStr::from_bytes(rest));
     }
+    // `~user` and `~user/...`, as the shell (and so scp) expands them; an unknown user's
+    // name stays as it is.
+    if let Some(after) = raw.strip_prefix(b"~") {
+        let (name, rest) = match after.iter().position(|&b| b == b'/') {
+            Some(i) => (&after[..i], Some(&after[i + 1..])),
+            None => (after, None),
+        };
+        if let Ok(name) = std::str::from_utf8(name)
+            && let Ok(Some(user)) = nix::unistd::User::from_name(name)
+        {
+            return match rest {
+                Some(rest) => user.dir.join(OsStr::from_bytes(rest)),
+                None => user.dir,
+            };
+        }
+    }
     PathBuf::from(OsStr::from_bytes(raw))
 }
 
@@ -1082,6 +1098,25 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `~user` names that user's home, as in the shell and scp; an unknown user's name is a
+    /// name like any other.
+    #[test]
+    fn remote_paths_expand_a_users_home() {
+        let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+            .unwrap()
+            .unwrap();
+        let tilde = format!("~{}", me.name);
+        assert_eq!(remote_path(tilde.as_bytes()), me.dir);
+        assert_eq!(
+            remote_path(format!("{tilde}/a/b").as_bytes()),
+            me.dir.join("a/b")
+        );
+        assert_eq!(
+            remote_path(b"~no-such-user-here/x"),
+            PathBuf::from("~no-such-user-here/x")
+        );
+    }
 
     /// What the client sends on stream 0 while the server still waits for the other streams
     /// is kept, in front of the stream.
