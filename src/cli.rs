@@ -39,7 +39,8 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// Sources, then the target: local paths or [user@]host:path.
-    #[arg(value_name = "PATH", num_args = 2.., required = true)]
+    /// (Options may come between them; a name that starts with `-` goes after `--`.)
+    #[arg(value_name = "PATH", num_args = 1.., action = ArgAction::Append, required = true)]
     pub operands: Vec<std::ffi::OsString>,
     /// Copy directories recursively.
     #[arg(short = 'r', help_heading = "Copy")]
@@ -557,7 +558,15 @@ async fn copy_with(
     progress: Arc<fastcp::Progress>,
     cancel: fastcp::CancellationToken,
 ) -> anyhow::Result<u8> {
-    let (dest, sources) = args.operands.split_last().context("no target given")?;
+    let (dest, sources) = match args.operands.split_last() {
+        Some((dest, sources)) if !sources.is_empty() => (dest, sources),
+        _ => {
+            return Err(fastcp::Error::Usage(
+                "a source and a target are needed: fastcp SOURCE... TARGET".into(),
+            )
+            .into());
+        }
+    };
     let mut options = args
         .link
         .options()

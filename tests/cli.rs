@@ -125,6 +125,20 @@ fn usage_errors_exit_2() {
         }
     }
     assert!(!work.path().join("b").exists());
+    // One operand: said plainly.
+    fastcp()
+        .arg(a)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("a source and a target are needed"));
+    // Options may come between the operands.
+    fastcp()
+        .args([a, "-q", "b"])
+        .current_dir(work.path())
+        .assert()
+        .success();
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"a");
+    std::fs::remove_file(work.path().join("b")).unwrap();
     // `--json` after `--` is an operand (a file of that name), and asks for no JSON.
     fastcp()
         .args(["--no-such-flag", a, "--", "--json"])
