@@ -971,10 +971,20 @@ struct UnixRendezvous {
 }
 
 impl UnixRendezvous {
+    /// Binds in `$TMPDIR`, or in /tmp when that cannot hold the socket (a `$TMPDIR` that
+    /// does not exist or is read-only, or whose path is too long for a socket's).
     fn bind() -> Result<UnixRendezvous, Error> {
+        let tmp = std::env::temp_dir();
+        match UnixRendezvous::bind_in(&tmp) {
+            Err(_) if tmp != Path::new("/tmp") => UnixRendezvous::bind_in(Path::new("/tmp")),
+            bound => bound,
+        }
+    }
+
+    fn bind_in(base: &Path) -> Result<UnixRendezvous, Error> {
         let dir = tempfile::Builder::new()
             .prefix("fastcp-")
-            .tempdir()
+            .tempdir_in(base)
             .map_err(|e| {
                 Error::Io(std::io::Error::new(
                     e.kind(),

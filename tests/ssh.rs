@@ -965,6 +965,25 @@ fn a_server_without_forwarding_gets_the_copy_over_one_stream() {
     }
 }
 
+/// A remote `$TMPDIR` that does not exist does not stop the SSH channels' extra streams:
+/// their socket goes to /tmp instead.
+#[test]
+fn a_remote_tmpdir_that_is_missing_is_passed_over() {
+    let sshd =
+        Sshd::start_with_env(&[("TMPDIR", Path::new("/nonexistent-tmpdir-fastcp"))]).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    std::fs::write(&src, pseudo_random(5 << 20, 8)).unwrap();
+    let to = work.path().join("copy");
+    let out = run(fastcp(&sshd, bin())
+        .args(["--transport", "ssh", "-j", "2", "-v"])
+        .arg(&src)
+        .arg(remote(&sshd, &to)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("2 stream(s)"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&to).unwrap(), std::fs::read(&src).unwrap());
+}
+
 /// A server that allows only AES-CTR is reached by the built-in client and by the system
 /// ssh; and the system ssh, as scp runs it, ignores the user's RemoteCommand and
 /// LocalCommand, which would otherwise take the server's place or write into its pipe.
