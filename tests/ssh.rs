@@ -465,15 +465,27 @@ fn agent_authentication() {
     let work = tempfile::tempdir().unwrap();
     let a = work.path().join("a");
     write(&a, b"via agent", 0o644);
+    copy_through_agent(&sshd, &agent, &config, &a, &work.path().join("b"));
+}
+
+/// Copies `file` (holding "via agent") to `to` with ssh_config `config` and the agent's
+/// keys, and checks the copy.
+fn copy_through_agent(
+    sshd: &Sshd,
+    agent: &fastcp_testsupport::Agent,
+    config: &Path,
+    file: &Path,
+    to: &Path,
+) {
     let out = run(Command::new(BIN)
         .arg("-F")
-        .arg(&config)
+        .arg(config)
         .args(["--remote-path", BIN])
         .env("SSH_AUTH_SOCK", agent.socket())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b"))));
+        .arg(file)
+        .arg(remote(sshd, to)));
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"via agent");
+    assert_eq!(std::fs::read(to).unwrap(), b"via agent");
 }
 
 /// With many keys in the agent, the one the IdentityFile names goes first, as ssh offers
@@ -484,7 +496,7 @@ fn the_agent_offers_the_identity_files_key_first() {
     let agent = sshd.start_agent().unwrap();
     let work = tempfile::tempdir().unwrap();
     let add = |args: &[&std::ffi::OsStr]| {
-        let out = Command::new("ssh-add")
+        let out = Command::new(fastcp_testsupport::tools::require("ssh-add"))
             .args(args)
             .env("SSH_AUTH_SOCK", agent.socket())
             .output()
@@ -498,12 +510,7 @@ fn the_agent_offers_the_identity_files_key_first() {
     // Three other keys, then the right one last.
     for i in 0..3 {
         let key = work.path().join(format!("other{i}"));
-        let made = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(&key)
-            .status()
-            .unwrap();
-        assert!(made.success());
+        keygen("ed25519", &key);
         add(&[key.as_os_str()]);
     }
     add(&["-d".as_ref(), sshd.client_key().as_os_str()]);
@@ -519,15 +526,7 @@ fn the_agent_offers_the_identity_files_key_first() {
     std::fs::write(&config, text).unwrap();
     let a = work.path().join("a");
     write(&a, b"via agent", 0o644);
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN])
-        .env("SSH_AUTH_SOCK", agent.socket())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b"))));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"via agent");
+    copy_through_agent(&sshd, &agent, &config, &a, &work.path().join("b"));
     // An IdentityFile that names the public key (the agent holds the private half), with
     // IdentitiesOnly: that agent key, and only it, is offered.
     let key = sshd.client_key().display().to_string();
@@ -535,15 +534,17 @@ fn the_agent_offers_the_identity_files_key_first() {
         .unwrap()
         .replace(&key, &format!("{key}.pub"));
     std::fs::write(&config, text).unwrap();
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN])
-        .env("SSH_AUTH_SOCK", agent.socket())
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("c"))));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read(work.path().join("c")).unwrap(), b"via agent");
+    copy_through_agent(&sshd, &agent, &config, &a, &work.path().join("c"));
+}
+
+/// A key pair of `kind` at `path`, without a passphrase.
+fn keygen(kind: &str, path: &Path) {
+    let made = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", kind, "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "ssh-keygen -t {kind}");
 }
 
 #[test]
@@ -888,14 +889,8 @@ fn a_host_is_checked_against_the_key_types_it_is_known_by() {
     let work = tempfile::tempdir().unwrap();
     let rsa = work.path().join("host_rsa");
     let ed = work.path().join("host_ed25519");
-    for (kind, file) in [("rsa", &rsa), ("ed25519", &ed)] {
-        let made = Command::new("ssh-keygen")
-            .args(["-q", "-t", kind, "-N", "", "-f"])
-            .arg(file)
-            .status()
-            .unwrap();
-        assert!(made.success());
-    }
+    keygen("rsa", &rsa);
+    keygen("ed25519", &ed);
     let rsa_pub = std::fs::read_to_string(work.path().join("host_rsa.pub")).unwrap();
     let rsa_line = |sshd: &Sshd| {
         let name = sshd.known_hosts_line();

@@ -427,6 +427,25 @@ fn clear_dir_in_the_way(
     }
 }
 
+/// Renames `temp` over `name` in `parent` (the entry `local`, `wire`), clearing a folder
+/// out of its way first when [`clear_dir_in_the_way`] may.
+fn rename_into_place(
+    shared: &Shared,
+    parent: &OwnedFd,
+    temp: &[u8],
+    local: &[u8],
+    name: &[u8],
+    wire: &[u8],
+) -> rustix::io::Result<()> {
+    let renamed = rustix::fs::renameat(parent, temp, parent, name);
+    if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
+        && clear_dir_in_the_way(shared, parent, local, name, wire)
+    {
+        return rustix::fs::renameat(parent, temp, parent, name);
+    }
+    renamed
+}
+
 fn libc_enotdir() -> i32 {
     Errno::NOTDIR.raw_os_error()
 }
@@ -1450,13 +1469,7 @@ impl Writer {
             f.discard();
             return Ok(());
         }
-        let mut renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
-        if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
-            && clear_dir_in_the_way(&shared, &f.parent, &f.local, f.name(), &f.wire)
-        {
-            renamed = rustix::fs::renameat(&f.parent, &f.temp[..], &f.parent, f.name());
-        }
-        match renamed {
+        match rename_into_place(&shared, &f.parent, &f.temp, &f.local, f.name(), &f.wire) {
             Ok(()) => {
                 if !f.partial && f.size > crate::resume::PARTIAL_MIN {
                     remove_stale_partial(&f.parent, f.name());
@@ -1733,13 +1746,7 @@ impl Writer {
                     .entry_failed(&wire, &Error::io(shared.root.display(&local), e.into()));
             }
         }
-        let mut renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
-        if matches!(renamed, Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST))
-            && clear_dir_in_the_way(&shared, &parent, &local, name, &wire)
-        {
-            renamed = rustix::fs::renameat(&parent, &temp[..], &parent, name);
-        }
-        match renamed {
+        match rename_into_place(&shared, &parent, &temp, &local, name, &wire) {
             Ok(()) => {
                 shared.written.symlinks.fetch_add(1, Relaxed);
                 self.wrote_into(parent_path, &parent);
