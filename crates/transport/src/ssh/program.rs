@@ -569,21 +569,34 @@ fn knows_remote_command(program: &std::path::Path) -> bool {
     if let Some((_, k)) = known.iter().find(|(p, _)| p == program) {
         return *k;
     }
-    let said = std::process::Command::new(program)
-        .arg("-V")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .map(|o| {
-            let mut text = String::from_utf8_lossy(&o.stderr).into_owned();
-            text.push_str(&String::from_utf8_lossy(&o.stdout));
-            text
-        })
-        .unwrap_or_default();
-    let k = openssh_at_least(&said, (7, 6));
+    let k = version_text(program).is_none_or(|said| openssh_at_least(&said, (7, 6)));
     known.push((program.to_path_buf(), k));
     k
+}
+
+/// What `program -V` prints on stderr (where ssh says its version), waiting 5 s at most:
+/// `None` when it cannot run or does not end by then (it is killed).
+fn version_text(program: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(program)
+        .arg("-V")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while child.try_wait().ok()?.is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut said = String::new();
+    child.stderr.take()?.read_to_string(&mut said).ok()?;
+    Some(said)
 }
 
 /// Whether `ssh -V`'s text names an OpenSSH older than `want`; anything else counts as new.
@@ -717,6 +730,15 @@ mod tests {
             (7, 6)
         ));
         assert!(openssh_at_least("some other ssh", (7, 6)));
+        // A program that does not end is given up on, killed, within the bound.
+        let dir = tempfile::tempdir().unwrap();
+        let silent = dir.path().join("silent-ssh");
+        std::fs::write(&silent, "#!/bin/sh\nsleep 60\n").unwrap();
+        std::fs::set_permissions(&silent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        // (Left to run, it would end after a minute with nothing said: `Some("")`.)
+        assert_eq!(version_text(&silent), None);
+        assert!(version_text(std::path::Path::new("/nonexistent/ssh")).is_none());
         // The user's ciphers are theirs: no -c then.
         let chosen = SshOptions {
             options: vec!["Ciphers=aes256-ctr".into()],
