@@ -1121,3 +1121,225 @@ fn configs_only_the_system_ssh_serves_are_handed_to_it() {
         assert_same_tree(&src, &dst, false);
     }
 }
+
+/// An sshd that lets in only keys certified by a user CA of the test's own (sshd's
+/// `TrustedUserCAKeys`, no authorized_keys at all), and that CA's private key, made in `dir`.
+fn user_ca_sshd(dir: &Path) -> (Sshd, PathBuf) {
+    let ca = dir.join("user_ca");
+    keygen("ed25519", &ca);
+    let sshd = Sshd::start_with_options(&format!(
+        "TrustedUserCAKeys {}.pub\nAuthorizedKeysFile none\n",
+        ca.display()
+    ))
+    .unwrap();
+    (sshd, ca)
+}
+
+/// Certifies `key`'s public half with `ca` for `principal`, for an hour: `<key>-cert.pub`.
+fn certify(ca: &Path, key: &Path, principal: &str) -> PathBuf {
+    let made = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-s"])
+        .arg(ca)
+        .args(["-I", "fastcp-test-user", "-n", principal, "-V", "+1h"])
+        .arg(format!("{}.pub", key.display()))
+        .status()
+        .unwrap();
+    assert!(made.success(), "ssh-keygen -s");
+    PathBuf::from(format!("{}-cert.pub", key.display()))
+}
+
+/// The fixture's ssh_config for `sshd` without the lines starting with any of `drop`, plus
+/// `add`, written to `dir/name`.
+fn config_without(sshd: &Sshd, dir: &Path, name: &str, drop: &[&str], add: &str) -> PathBuf {
+    let text: String = std::fs::read_to_string(sshd.ssh_config())
+        .unwrap()
+        .lines()
+        .filter(|l| !drop.iter().any(|d| l.trim_start().starts_with(d)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config = dir.join(name);
+    std::fs::write(&config, format!("{text}{add}")).unwrap();
+    config
+}
+
+/// Copies a small file to `sshd` with `-F config`, `extra` arguments, `HOME` set to `home`
+/// and the agent `agent` (none if `None`), with `-v`; returns the output and checks that
+/// the built-in client made the copy.
+fn copy_with_certificate(
+    sshd: &Sshd,
+    config: &Path,
+    home: &Path,
+    agent: Option<&Path>,
+    extra: &[&std::ffi::OsStr],
+    to: &Path,
+) -> Output {
+    let src = home.join("cert-src");
+    write(&src, b"certified", 0o644);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(config)
+        .args(["--remote-path", BIN, "-v"])
+        .args(extra)
+        .env("HOME", home)
+        .env_remove("SSH_AUTH_SOCK");
+    if let Some(sock) = agent {
+        cmd.env("SSH_AUTH_SOCK", sock);
+    }
+    let out = run(cmd.arg(&src).arg(remote(sshd, to)));
+    if out.status.success() {
+        assert_eq!(std::fs::read(to).unwrap(), b"certified");
+        assert!(
+            !stderr(&out).contains("running the system ssh"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    out
+}
+
+/// A server that trusts only a user CA lets in a key whose certificate lies beside it
+/// (`<key>-cert.pub`), as ssh offers it: named with `-i` (ed25519 and RSA, signed with
+/// SHA-2), or a default identity (`~/.ssh/id_ed25519`).
+#[test]
+fn a_certificate_beside_the_identity_file_logs_in() {
+    let work = tempfile::tempdir().unwrap();
+    let (sshd, ca) = user_ca_sshd(work.path());
+    for kind in ["ed25519", "rsa"] {
+        let key = work.path().join(format!("id_{kind}"));
+        keygen(kind, &key);
+        certify(&ca, &key, sshd.user());
+        let to = work.path().join(format!("with-{kind}"));
+        let out = copy_with_certificate(
+            &sshd,
+            &sshd.ssh_config(),
+            work.path(),
+            None,
+            &["-i".as_ref(), key.as_os_str()],
+            &to,
+        );
+        assert!(out.status.success(), "{kind}: {}", stderr(&out));
+    }
+    let home = work.path().join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let key = home.join(".ssh/id_ed25519");
+    keygen("ed25519", &key);
+    certify(&ca, &key, sshd.user());
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "default_identity",
+        &["IdentityFile", "IdentitiesOnly"],
+        "",
+    );
+    let to = work.path().join("with-default");
+    let out = copy_with_certificate(&sshd, &config, &home, None, &[], &to);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(sshd.log().contains("ED25519-CERT"), "{}", sshd.log());
+}
+
+/// The agent's certificates are offered: `ssh-add` adds the key's certificate beside it,
+/// which is then taken away from the disk, and no identity file is named.
+#[test]
+fn a_certificate_in_the_agent_logs_in() {
+    let work = tempfile::tempdir().unwrap();
+    let (sshd, ca) = user_ca_sshd(work.path());
+    let cert = certify(&ca, &sshd.client_key(), sshd.user());
+    let agent = sshd.start_agent().unwrap();
+    std::fs::remove_file(&cert).unwrap();
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "agent_config",
+        &["IdentityFile", "IdentitiesOnly"],
+        "",
+    );
+    let to = work.path().join("b");
+    let out = copy_with_certificate(&sshd, &config, work.path(), Some(agent.socket()), &[], &to);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// `CertificateFile` (in ssh_config or `-o`) is served by the built-in client: the
+/// certificate, kept away from its key, is signed by the identity file's key, or by the
+/// agent's copy of that key when the agent holds the key alone.
+#[test]
+fn certificate_file_is_served_by_the_built_in_client() {
+    let work = tempfile::tempdir().unwrap();
+    let (sshd, ca) = user_ca_sshd(work.path());
+    let key = work.path().join("id_ed25519");
+    keygen("ed25519", &key);
+    let beside = certify(&ca, &key, sshd.user());
+    let elsewhere = work.path().join("certs/mine.pub");
+    std::fs::create_dir(work.path().join("certs")).unwrap();
+    std::fs::rename(&beside, &elsewhere).unwrap();
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "cert_config",
+        &["IdentityFile"],
+        &format!(
+            "  IdentityFile {}\n  CertificateFile {}\n",
+            key.display(),
+            elsewhere.display()
+        ),
+    );
+    let to = work.path().join("from-file");
+    let out = copy_with_certificate(&sshd, &config, work.path(), None, &[], &to);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let agent = sshd.start_agent().unwrap();
+    let added = Command::new(fastcp_testsupport::tools::require("ssh-add"))
+        .arg(&key)
+        .env("SSH_AUTH_SOCK", agent.socket())
+        .output()
+        .unwrap();
+    assert!(added.status.success());
+    let option = format!("CertificateFile={}", elsewhere.display());
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "agent_cert_config",
+        &["IdentityFile", "IdentitiesOnly"],
+        "",
+    );
+    let to = work.path().join("from-agent");
+    let out = copy_with_certificate(
+        &sshd,
+        &config,
+        work.path(),
+        Some(agent.socket()),
+        &["-o".as_ref(), option.as_ref()],
+        &to,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A certificate for another user is refused as any unknown key is (exit code 3), and the
+/// error says which certificate was tried and whom it names.
+#[test]
+fn a_certificate_for_another_user_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let (sshd, ca) = user_ca_sshd(work.path());
+    let key = work.path().join("id_ed25519");
+    keygen("ed25519", &key);
+    let cert = certify(&ca, &key, "someone-else");
+    let to = work.path().join("b");
+    let out = copy_with_certificate(
+        &sshd,
+        &sshd.ssh_config(),
+        work.path(),
+        None,
+        &["-i".as_ref(), key.as_os_str()],
+        &to,
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("Permission denied"), "{said}");
+    assert!(
+        said.contains(&format!(
+            "{} (certificate for someone-else)",
+            cert.display()
+        )),
+        "{said}"
+    );
+    assert!(!to.exists());
+}

@@ -1,6 +1,12 @@
 //! Authentication: ssh-agent first, then identity files, then keyboard-interactive and
 //! password, in OpenSSH's order.
 //!
+//! User certificates are offered as ssh offers them: those `CertificateFile` names first;
+//! without any, each identity file's `<file>-cert.pub` beside it, right after its key; and
+//! the agent's own, beside its keys. A certificate is signed by the agent when it holds the
+//! key (or the certificate), else by the identity file's key; an RSA one with SHA-2, as its
+//! key is.
+//!
 //! Encrypted identity files ask for their passphrase on `/dev/tty`, and so do passwords and
 //! keyboard-interactive prompts, unless the program gave a [`Prompt`] to answer them. Without a terminal, or with `BatchMode yes`, nothing is
 //! asked: such methods are skipped and listed in the final error, as ssh does. What was
@@ -15,7 +21,9 @@ use russh::MethodKind;
 use russh::client::{AuthResult, Handle, KeyboardInteractiveAuthResponse};
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
-use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::ssh_key::public::KeyData;
+use russh::keys::{Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 use zeroize::Zeroizing;
 
 use super::Error;
@@ -27,7 +35,11 @@ use super::known_hosts::{fingerprint, key_type_name};
 #[derive(Clone, Debug)]
 pub(crate) enum AuthUsed {
     Agent(PublicKey),
+    /// A certificate the agent signed for.
+    AgentCert(Arc<Certificate>),
     Key(Arc<PrivateKey>),
+    /// A certificate signed by an identity file's key.
+    KeyCert(Arc<PrivateKey>, Arc<Certificate>),
     /// The password typed for the first connection.
     Password(Arc<Zeroizing<String>>),
     /// The answers typed to keyboard-interactive prompts, with the prompts they answered.
@@ -45,7 +57,7 @@ pub(crate) enum AuthUsed {
 /// under `BatchMode yes`, where nothing is asked.
 ///
 /// The built-in client only: the system ssh, named by `ssh_program` or run because
-/// ssh_config asks for what only it does (a `Match` block, a ControlPath, a user
+/// ssh_config asks for what only it does (a `Match` block, a ControlPath, a host
 /// certificate: [`Error::NeedsSystemSsh`](super::Error::NeedsSystemSsh)), asks for itself.
 ///
 /// ```
@@ -193,6 +205,30 @@ fn offered(methods: &Methods, kind: MethodKind) -> bool {
     methods.as_ref().is_none_or(|m| m.contains(&kind))
 }
 
+/// The agent, as this client reaches it.
+type Agent = AgentClient<tokio::net::UnixStream>;
+
+/// One key or certificate to offer, and what signs for it.
+enum Offer {
+    /// A key the agent holds.
+    AgentKey(PublicKey),
+    /// A certificate the agent signs for: one it holds, or one of ours whose key it holds
+    /// (`by_key`: asked by that key, since the agent may not hold the certificate).
+    AgentCert {
+        cert: Certificate,
+        name: String,
+        by_key: bool,
+    },
+    /// The key of the identity file at this index.
+    File(usize),
+    /// A certificate signed by the key of the identity file at `file`.
+    FileCert {
+        cert: Certificate,
+        name: String,
+        file: usize,
+    },
+}
+
 pub(crate) async fn authenticate<H: russh::client::Handler>(
     handle: &mut Handle<H>,
     host: &HostConfig,
@@ -223,6 +259,20 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 return Ok(AuthUsed::Key(key.clone()));
             }
         }
+        Some(AuthUsed::KeyCert(key, cert)) => {
+            let mut signer = CertSigner::Key(key);
+            let signed = handle.authenticate_certificate_with(
+                &user,
+                (**cert).clone(),
+                rsa_hash,
+                &mut signer,
+            );
+            if let Ok(r) = wait.raw(signed).await?
+                && r.success()
+            {
+                return Ok(AuthUsed::KeyCert(key.clone(), cert.clone()));
+            }
+        }
         Some(AuthUsed::Password(password)) => {
             let res = wait
                 .on(handle.authenticate_password(&user, password.as_str()))
@@ -236,107 +286,253 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 return Ok(used);
             }
         }
-        Some(AuthUsed::Agent(_) | AuthUsed::None) | None => {}
+        Some(AuthUsed::Agent(_) | AuthUsed::AgentCert(_) | AuthUsed::None) | None => {}
     }
 
     // The public halves of the identity files, to honour IdentitiesOnly with the agent and
     // to avoid offering the same key twice.
     let file_pubs: Vec<Option<PublicKey>> =
         host.identity_files.iter().map(|f| public_half(f)).collect();
+    let file_of = |key: &KeyData| {
+        file_pubs
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.key_data() == key))
+    };
+    // The certificates named by CertificateFile; without any, as ssh, the `<file>-cert.pub`
+    // beside each identity file.
+    let mut named_certs = Vec::new();
+    for f in &host.certificate_files {
+        match user_certificate(f) {
+            Ok(cert) => named_certs.push((f.display().to_string(), cert)),
+            Err(why) => tried.push(format!("{} ({why})", f.display())),
+        }
+    }
+    let beside_certs: Vec<Option<(String, Certificate)>> = host
+        .identity_files
+        .iter()
+        .map(|f| {
+            if !host.certificate_files.is_empty() {
+                return None;
+            }
+            let mut path = f.as_os_str().to_owned();
+            path.push("-cert.pub");
+            let path = std::path::PathBuf::from(path);
+            let cert = user_certificate(&path).ok()?;
+            Some((path.display().to_string(), cert))
+        })
+        .collect();
 
-    let mut agent_keys = Vec::new();
+    let mut agent: Option<Agent> = None;
+    let mut agent_ids = Vec::new();
     if let Some(sock) = &host.identity_agent {
         match AgentClient::connect_uds(sock).await {
-            Ok(mut agent) => {
-                let ids = agent.request_identities().await.unwrap_or_default();
-                for id in ids {
-                    let AgentIdentity::PublicKey { key, .. } = id else {
-                        continue; // certificates are not offered
-                    };
-                    let listed = file_pubs
-                        .iter()
-                        .flatten()
-                        .any(|p| p.key_data() == key.key_data());
-                    if !host.identities_only || listed {
-                        agent_keys.push(key);
-                    }
-                }
-                // As ssh: the agent's copies of the identity files' keys go first, in their
-                // order (a server's MaxAuthTries may end the login before the others).
-                agent_keys.sort_by_key(|k| {
-                    file_pubs
-                        .iter()
-                        .position(|p| p.as_ref().is_some_and(|p| p.key_data() == k.key_data()))
-                        .unwrap_or(usize::MAX)
-                });
-                // The key that worked on an earlier connection goes first.
-                if let Some(AuthUsed::Agent(prev)) = previous
-                    && let Some(i) = agent_keys
-                        .iter()
-                        .position(|k| k.key_data() == prev.key_data())
-                {
-                    let k = agent_keys.remove(i);
-                    agent_keys.insert(0, k);
-                }
-                if agent_keys.is_empty() {
-                    tried.push(format!("agent at {} (no usable key)", sock.display()));
-                }
-                for key in &agent_keys {
-                    tried.push(format!(
-                        "agent key {} {}",
-                        key_type_name(key),
-                        fingerprint(key)
-                    ));
-                    let signed = handle.authenticate_publickey_with(
-                        &user,
-                        key.clone(),
-                        rsa_hash,
-                        &mut agent,
-                    );
-                    match wait.raw(signed).await? {
-                        Ok(r) if r.success() => return Ok(AuthUsed::Agent(key.clone())),
-                        Ok(r) => note(&mut methods, &r),
-                        Err(e) => {
-                            if let Some(t) = tried.last_mut() {
-                                t.push_str(&format!(" (agent failed to sign: {e})"));
-                            }
-                        }
-                    }
-                }
+            Ok(mut a) => {
+                agent_ids = a.request_identities().await.unwrap_or_default();
+                agent = Some(a);
             }
             Err(e) => tried.push(format!("agent at {} (unreachable: {e})", sock.display())),
         }
     }
+    let agent_has_key = |key: &KeyData| {
+        agent_ids
+            .iter()
+            .any(|id| matches!(id, AgentIdentity::PublicKey { key: k, .. } if k.key_data() == key))
+    };
+    let agent_has_cert = |cert: &Certificate| {
+        agent_ids.iter().any(
+            |id| matches!(id, AgentIdentity::Certificate { certificate, .. } if certificate == cert),
+        )
+    };
 
-    for (file, pubkey) in host.identity_files.iter().zip(&file_pubs) {
-        if !file.exists() {
-            if host.explicit_identities {
-                tried.push(format!("{} (no such file)", file.display()));
-            }
-            continue;
+    // In ssh's order: the certificates CertificateFile names; the agent's keys and
+    // certificates, those of the identity files first (a server's MaxAuthTries may end the
+    // login before the others), a key before its certificate; then the identity files' own
+    // keys and certificates that the agent does not hold, each key before its certificate.
+    let mut offers = Vec::new();
+    for (name, cert) in &named_certs {
+        let key = cert.public_key();
+        if agent_has_key(key) || agent_has_cert(cert) {
+            offers.push(Offer::AgentCert {
+                cert: cert.clone(),
+                name: name.clone(),
+                by_key: agent_has_key(key),
+            });
+        } else if let Some(file) = file_of(key) {
+            offers.push(Offer::FileCert {
+                cert: cert.clone(),
+                name: name.clone(),
+                file,
+            });
+        } else {
+            tried.push(format!(
+                "{name} (its key is in no identity file and not in the agent)"
+            ));
         }
-        if let Some(p) = pubkey
-            && agent_keys.iter().any(|a| a.key_data() == p.key_data())
+    }
+    let mut from_agent = Vec::new();
+    for id in &agent_ids {
+        match id {
+            AgentIdentity::PublicKey { key, .. } => {
+                let listed = file_of(key.key_data());
+                if !host.identities_only || listed.is_some() {
+                    from_agent.push((listed.map(|i| 2 * i), Offer::AgentKey(key.clone())));
+                }
+            }
+            AgentIdentity::Certificate { certificate, .. } => {
+                if certificate.cert_type() != CertType::User
+                    || named_certs.iter().any(|(_, c)| c == certificate)
+                {
+                    continue;
+                }
+                let listed = beside_certs
+                    .iter()
+                    .position(|c| c.as_ref().is_some_and(|(_, c)| c == certificate));
+                if !host.identities_only || listed.is_some() {
+                    let offer = Offer::AgentCert {
+                        cert: certificate.clone(),
+                        name: format!("agent {}", cert_label(certificate)),
+                        by_key: agent_has_key(certificate.public_key()),
+                    };
+                    from_agent.push((listed.map(|i| 2 * i + 1), offer));
+                }
+            }
+        }
+    }
+    from_agent.sort_by_key(|(at, _)| at.unwrap_or(usize::MAX));
+    if agent.is_some()
+        && from_agent.is_empty()
+        && let Some(sock) = &host.identity_agent
+    {
+        tried.push(format!("agent at {} (no usable key)", sock.display()));
+    }
+    offers.extend(from_agent.into_iter().map(|(_, o)| o));
+    for (i, (pubkey, cert)) in file_pubs.iter().zip(&beside_certs).enumerate() {
+        // Those the agent holds were offered through it.
+        if !pubkey.as_ref().is_some_and(|p| agent_has_key(p.key_data())) {
+            offers.push(Offer::File(i));
+        }
+        if let Some((name, cert)) = cert
+            && !agent_has_cert(cert)
         {
-            continue; // already offered through the agent
-        }
-        let key = match load_key(file, host.batch_mode, prompt).await {
-            Ok(k) => k,
-            Err(why) => {
-                tried.push(format!("{} ({why})", file.display()));
-                continue;
+            let by_key = agent_has_key(cert.public_key());
+            if by_key {
+                offers.push(Offer::AgentCert {
+                    cert: cert.clone(),
+                    name: name.clone(),
+                    by_key,
+                });
+            } else if host.identity_files[i].exists() {
+                offers.push(Offer::FileCert {
+                    cert: cert.clone(),
+                    name: name.clone(),
+                    file: i,
+                });
             }
-        };
-        tried.push(file.display().to_string());
-        let key = Arc::new(key);
-        let res = wait
-            .on(handle
-                .authenticate_publickey(&user, PrivateKeyWithHashAlg::new(key.clone(), rsa_hash)))
-            .await?;
-        if res.success() {
-            return Ok(AuthUsed::Key(key));
         }
-        note(&mut methods, &res);
+    }
+    // What worked through the agent on an earlier connection goes first.
+    let first = offers.iter().position(|o| match (o, previous) {
+        (Offer::AgentKey(k), Some(AuthUsed::Agent(prev))) => k.key_data() == prev.key_data(),
+        (Offer::AgentCert { cert, .. }, Some(AuthUsed::AgentCert(prev))) => cert == &**prev,
+        _ => false,
+    });
+    if let Some(i) = first {
+        let o = offers.remove(i);
+        offers.insert(0, o);
+    }
+
+    // Each identity file's key, once loaded (or why it could not be).
+    let mut loaded: Vec<Option<Result<Arc<PrivateKey>, String>>> =
+        vec![None; host.identity_files.len()];
+    for offer in offers {
+        match offer {
+            Offer::AgentKey(key) => {
+                let Some(agent) = agent.as_mut() else {
+                    continue;
+                };
+                tried.push(format!(
+                    "agent key {} {}",
+                    key_type_name(&key),
+                    fingerprint(&key)
+                ));
+                let signed =
+                    handle.authenticate_publickey_with(&user, key.clone(), rsa_hash, agent);
+                match wait.raw(signed).await? {
+                    Ok(r) if r.success() => return Ok(AuthUsed::Agent(key)),
+                    Ok(r) => note(&mut methods, &r),
+                    Err(e) => sign_failed(&mut tried, "agent", &e),
+                }
+            }
+            Offer::AgentCert { cert, name, by_key } => {
+                let Some(agent) = agent.as_mut() else {
+                    continue;
+                };
+                tried.push(format!("{name} ({})", cert_details(&cert)));
+                let mut signer = CertSigner::Agent { agent, by_key };
+                let signed = handle.authenticate_certificate_with(
+                    &user,
+                    cert.clone(),
+                    rsa_hash,
+                    &mut signer,
+                );
+                match wait.raw(signed).await? {
+                    Ok(r) if r.success() => return Ok(AuthUsed::AgentCert(Arc::new(cert))),
+                    Ok(r) => note(&mut methods, &r),
+                    Err(e) => sign_failed(&mut tried, "agent", &e),
+                }
+            }
+            Offer::File(i) => {
+                let file = &host.identity_files[i];
+                if !file.exists() {
+                    if host.explicit_identities {
+                        tried.push(format!("{} (no such file)", file.display()));
+                    }
+                    continue;
+                }
+                let key = match identity_key(&mut loaded[i], file, host.batch_mode, prompt).await {
+                    Ok(k) => k,
+                    Err(why) => {
+                        tried.push(format!("{} ({why})", file.display()));
+                        continue;
+                    }
+                };
+                tried.push(file.display().to_string());
+                let res = wait
+                    .on(handle.authenticate_publickey(
+                        &user,
+                        PrivateKeyWithHashAlg::new(key.clone(), rsa_hash),
+                    ))
+                    .await?;
+                if res.success() {
+                    return Ok(AuthUsed::Key(key));
+                }
+                note(&mut methods, &res);
+            }
+            Offer::FileCert { cert, name, file } => {
+                let path = &host.identity_files[file];
+                let key = match identity_key(&mut loaded[file], path, host.batch_mode, prompt).await
+                {
+                    Ok(k) => k,
+                    Err(why) => {
+                        tried.push(format!("{name} (its key {}: {why})", path.display()));
+                        continue;
+                    }
+                };
+                tried.push(format!("{name} ({})", cert_details(&cert)));
+                let mut signer = CertSigner::Key(&key);
+                let signed = handle.authenticate_certificate_with(
+                    &user,
+                    cert.clone(),
+                    rsa_hash,
+                    &mut signer,
+                );
+                match wait.raw(signed).await? {
+                    Ok(r) if r.success() => return Ok(AuthUsed::KeyCert(key, Arc::new(cert))),
+                    Ok(r) => note(&mut methods, &r),
+                    Err(e) => sign_failed(&mut tried, "key", &e),
+                }
+            }
+        }
     }
 
     let interactive_allowed = host.kbd_interactive_authentication || host.password_authentication;
@@ -523,6 +719,126 @@ fn public_half(file: &Path) -> Option<PublicKey> {
     russh::keys::load_secret_key(file, None)
         .ok()
         .map(|k| k.public_key().clone())
+}
+
+/// The user certificate in `file` (an OpenSSH `*-cert.pub`). The error is a short reason
+/// for the "Tried:" list.
+fn user_certificate(file: &Path) -> Result<Certificate, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        _ => format!("unreadable: {e}"),
+    })?;
+    let cert =
+        Certificate::from_openssh(text.trim()).map_err(|e| format!("not a certificate: {e}"))?;
+    if cert.cert_type() != CertType::User {
+        return Err("a host certificate, not a user's".into());
+    }
+    Ok(cert)
+}
+
+/// An agent's certificate as the "Tried:" list names it: its key's type and fingerprint.
+fn cert_label(cert: &Certificate) -> String {
+    let key = PublicKey::from(cert.public_key().clone());
+    format!("key {} {}", key_type_name(&key), fingerprint(&key))
+}
+
+/// What a certificate says of whom it lets in, for the "Tried:" list: its principals, and
+/// whether it has expired.
+fn cert_details(cert: &Certificate) -> String {
+    let principals = cert.valid_principals();
+    let mut details = if principals.is_empty() {
+        "certificate for any user".to_string()
+    } else {
+        format!("certificate for {}", principals.join(","))
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if cert.valid_before() <= now {
+        details.push_str(", expired");
+    } else if cert.valid_after() > now {
+        details.push_str(", not yet valid");
+    }
+    details
+}
+
+/// Notes on the last "Tried:" entry that `who` could not sign for it.
+fn sign_failed(tried: &mut [String], who: &str, e: &impl std::fmt::Display) {
+    if let Some(t) = tried.last_mut() {
+        t.push_str(&format!(" ({who} failed to sign: {e})"));
+    }
+}
+
+/// The key of an identity file, loaded once for its key and its certificate: `slot` keeps it,
+/// or why it could not be loaded.
+async fn identity_key(
+    slot: &mut Option<Result<Arc<PrivateKey>, String>>,
+    file: &Path,
+    batch: bool,
+    prompt: Option<&Prompt>,
+) -> Result<Arc<PrivateKey>, String> {
+    if let Some(loaded) = slot {
+        return loaded.clone();
+    }
+    let loaded = load_key(file, batch, prompt).await.map(Arc::new);
+    *slot = Some(loaded.clone());
+    loaded
+}
+
+/// What signs a certificate's login: the private key it certifies, or the agent.
+enum CertSigner<'a> {
+    Key(&'a PrivateKey),
+    /// The agent, asked by the certified key itself (`by_key`: it may hold that key without
+    /// the certificate, and finds a key by its certificate only if it holds that), or else
+    /// by the certificate.
+    Agent {
+        agent: &'a mut Agent,
+        by_key: bool,
+    },
+}
+
+impl russh::Signer for CertSigner<'_> {
+    type Error = russh::AgentAuthError;
+
+    async fn auth_sign(
+        &mut self,
+        id: &AgentIdentity,
+        hash_alg: Option<HashAlg>,
+        to_sign: Vec<u8>,
+    ) -> Result<Vec<u8>, Self::Error> {
+        match self {
+            CertSigner::Key(key) => Ok(sign(key, hash_alg, to_sign)?),
+            CertSigner::Agent { agent, by_key } => {
+                let id = match id {
+                    AgentIdentity::Certificate { certificate, .. } if *by_key => {
+                        AgentIdentity::from(PublicKey::from(certificate.public_key().clone()))
+                    }
+                    id => id.clone(),
+                };
+                Ok(agent.sign_request(&id, hash_alg, to_sign).await?)
+            }
+        }
+    }
+}
+
+/// `data` followed by its signature with `key` (an RSA key's with `hash_alg`), as the login
+/// request carries it.
+fn sign(
+    key: &PrivateKey,
+    hash_alg: Option<HashAlg>,
+    mut data: Vec<u8>,
+) -> Result<Vec<u8>, russh::keys::Error> {
+    use russh::keys::signature::Signer as _;
+    use russh::keys::ssh_encoding::Encode as _;
+    use russh::keys::ssh_key::private::KeypairData;
+    let signature = match key.key_data() {
+        KeypairData::Rsa(rsa) => (rsa, hash_alg).try_sign(&data)?,
+        other => other.try_sign(&data)?,
+    };
+    let mut blob = Vec::new();
+    signature.encode(&mut blob)?;
+    blob.encode(&mut data)?;
+    Ok(data)
 }
 
 /// Loads an identity file, asking for its passphrase on the terminal if it is encrypted.

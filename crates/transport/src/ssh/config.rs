@@ -8,10 +8,13 @@
 //! NumberOfPasswordPrompts, ServerAliveCountMax) are read here from its "unsupported fields"
 //! map.
 //!
+//! `CertificateFile` is read here too (from `-o` and the file), and so are its lines: ssh
+//! offers every one, `ssh2-config` keeps only one.
+//!
 //! What only the system ssh does is not guessed at: a `Match` block (which could connect
-//! somewhere else, or as someone else, than `ssh` would), a user certificate
-//! (CertificateFile), GSSAPI, a connection master (ControlMaster, ControlPath), a PKCS#11
-//! or security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
+//! somewhere else, or as someone else, than `ssh` would), more than one `CertificateFile`
+//! line, GSSAPI, a connection master (ControlMaster, ControlPath), a PKCS#11 or
+//! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
 //! the `fastcp` command then runs the system ssh.
 
@@ -97,6 +100,10 @@ pub struct HostConfig {
     pub explicit_identities: bool,
     /// Offer only the identity files (and agent keys matching them).
     pub identities_only: bool,
+    /// User certificates to offer (CertificateFile), first, each signed by the agent's or an
+    /// identity file's copy of the key it certifies. When there are none, each identity
+    /// file's `<file>-cert.pub` beside it is offered after its key, as ssh does.
+    pub certificate_files: Vec<PathBuf>,
     /// ProxyJump hops, as written (`[user@]host[:port]`), first hop first.
     pub proxy_jump: Vec<String>,
     /// Host key policy.
@@ -141,17 +148,19 @@ impl HostConfig {
     }
 }
 
-/// Where the first `Match` line is, in `text` or in a file it `Include`s (at most 16 deep),
-/// as ssh reads them: a relative `Include` path is beneath `~/.ssh`, and may hold wildcards.
-fn find_match(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
+/// Where each line whose keyword is `keyword` (lowercase) is, in `text` and the files it
+/// `Include`s (at most 16 deep), as ssh reads them: a relative `Include` path is beneath
+/// `~/.ssh`, and may hold wildcards.
+fn keyword_lines(text: &str, keyword: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
+    let mut found = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let mut words = line
             .trim_start()
             .split(|c: char| c.is_whitespace() || c == '=')
             .filter(|w| !w.is_empty());
         let kw = words.next().unwrap_or("");
-        if kw.eq_ignore_ascii_case("match") {
-            return Some(format!("line {}", i + 1));
+        if kw.eq_ignore_ascii_case(keyword) {
+            found.push(format!("line {}", i + 1));
         }
         if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
             continue;
@@ -168,15 +177,15 @@ fn find_match(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
                 continue;
             };
             for p in paths.flatten() {
-                if let Ok(included) = std::fs::read_to_string(&p)
-                    && let Some(at) = find_match(&included, home, depth + 1)
-                {
-                    return Some(format!("{} {at}", p.display()));
+                if let Ok(included) = std::fs::read_to_string(&p) {
+                    for at in keyword_lines(&included, keyword, home, depth + 1) {
+                        found.push(format!("{} {at}", p.display()));
+                    }
                 }
             }
         }
     }
-    None
+    found
 }
 
 /// A parsed ssh_config file.
@@ -184,6 +193,9 @@ fn find_match(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
 pub struct SshConfigFile {
     parsed: SshConfig,
     home: Option<PathBuf>,
+    /// Where the file's `CertificateFile` lines are: ssh offers each, `ssh2-config` keeps
+    /// one, so a host given more than one goes to the system ssh.
+    certificate_lines: Vec<String>,
 }
 
 impl SshConfigFile {
@@ -218,11 +230,12 @@ impl SshConfigFile {
     }
 
     fn parse_with_home(text: &str, home: Option<PathBuf>) -> Result<Self, Error> {
-        if let Some(at) = find_match(text, home.as_deref(), 0) {
+        if let Some(at) = keyword_lines(text, "match", home.as_deref(), 0).first() {
             return Err(Error::NeedsSystemSsh(format!(
                 "ssh_config {at}: a `Match` block"
             )));
         }
+        let certificate_lines = keyword_lines(text, "certificatefile", home.as_deref(), 0);
         let mut cfg = SshConfig::default();
         if let Some(h) = &home {
             cfg = cfg.home_dir(h);
@@ -233,7 +246,11 @@ impl SshConfigFile {
                 ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
             )
             .map_err(|e| Error::Config(e.to_string()))?;
-        Ok(SshConfigFile { parsed, home })
+        Ok(SshConfigFile {
+            parsed,
+            home,
+            certificate_lines,
+        })
     }
 
     /// Resolves `host` (an alias or a name, no `user@`) through this file only.
@@ -367,9 +384,21 @@ impl SshConfigFile {
         let any = |key: &str| -> Option<String> {
             extra(key).or_else(|| p.ignored_fields.get(key).map(|args| args.join(" ")))
         };
-        if p.certificate_file.is_some() {
-            return Err(Error::NeedsSystemSsh(format!("CertificateFile for {host}")));
+        // As ssh: CertificateFile from `-o` first, then ssh_config's.
+        let mut certificate_files = ov.certificate_files.clone();
+        if let Some(f) = &p.certificate_file {
+            if self.certificate_lines.len() > 1 {
+                return Err(Error::NeedsSystemSsh(format!(
+                    "several CertificateFile lines in ssh_config ({}) for {host}",
+                    self.certificate_lines.join(", ")
+                )));
+            }
+            certificate_files.push(f.clone());
         }
+        let certificate_files: Vec<PathBuf> = certificate_files
+            .iter()
+            .map(|f| tokens.expand_path(f))
+            .collect();
         for key in ["pkcs11provider", "securitykeyprovider", "knownhostscommand"] {
             if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
@@ -421,6 +450,7 @@ impl SshConfigFile {
             identity_files,
             explicit_identities,
             identities_only,
+            certificate_files,
             proxy_jump,
             strict_host_key_checking,
             user_known_hosts_files,
@@ -558,6 +588,7 @@ struct Overrides {
     user: Option<String>,
     identity_files: Vec<PathBuf>,
     identities_only: Option<bool>,
+    certificate_files: Vec<PathBuf>,
     jump: Option<String>,
     strict: Option<StrictHostKeyChecking>,
     user_known_hosts: Option<String>,
@@ -598,6 +629,7 @@ impl Overrides {
                 "user" => set_once(&mut ov.user, v),
                 "identityfile" => ov.identity_files.push(PathBuf::from(v)),
                 "identitiesonly" => set_once(&mut ov.identities_only, parse_yes_no(key, &v)?),
+                "certificatefile" => ov.certificate_files.push(PathBuf::from(v)),
                 "proxyjump" => set_once(&mut ov.jump, v),
                 "stricthostkeychecking" => {
                     set_once(&mut ov.strict, StrictHostKeyChecking::parse(&v)?)
@@ -985,11 +1017,7 @@ Host *
             Err(Error::NeedsSystemSsh(_))
         ));
         // What only the system ssh does is named as such, for the command to switch to it.
-        for directive in [
-            "CertificateFile ~/.ssh/id_ed25519-cert.pub",
-            "GSSAPIAuthentication yes",
-            "ControlMaster auto",
-        ] {
+        for directive in ["GSSAPIAuthentication yes", "ControlMaster auto"] {
             let c = SshConfigFile::parse_str(&format!("Host p\n  {directive}\n")).unwrap();
             let e = c.resolve("p").expect_err(directive);
             assert!(matches!(e, Error::NeedsSystemSsh(_)), "{directive}: {e}");
@@ -997,6 +1025,37 @@ Host *
         let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication no\n").unwrap();
         assert!(c.resolve("p").is_ok());
         assert!(resolve_chain_in(&c, "-oProxyCommand=x", &SshOptions::default()).is_err());
+    }
+
+    #[test]
+    fn certificate_files() {
+        let c = SshConfigFile::parse_with_home(
+            "Host p\n  CertificateFile ~/.ssh/%r-cert.pub\nHost q\n  User u\n",
+            Some(PathBuf::from("/home/u")),
+        )
+        .unwrap();
+        let h = c.resolve("p").unwrap();
+        let u = h.user.clone();
+        assert_eq!(
+            h.certificate_files,
+            vec![PathBuf::from(format!("/home/u/.ssh/{u}-cert.pub"))]
+        );
+        assert!(c.resolve("q").unwrap().certificate_files.is_empty());
+        // `-o CertificateFile` comes first, ssh_config's after it.
+        let opts = SshOptions {
+            options: vec!["CertificateFile=/c/first".into()],
+            ..SshOptions::default()
+        };
+        let chain = resolve_chain_in(&c, "p", &opts).unwrap();
+        assert_eq!(chain[0].certificate_files[0], PathBuf::from("/c/first"));
+        assert_eq!(chain[0].certificate_files.len(), 2);
+        // ssh offers every CertificateFile line; a file with several goes to the system ssh.
+        let c =
+            SshConfigFile::parse_str("Host p\n  CertificateFile /c/a\n  CertificateFile /c/b\n")
+                .unwrap();
+        let e = c.resolve("p").unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        assert!(e.to_string().contains("line 2, line 3"), "{e}");
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub enum Error {
     #[error("ssh_config: {0}")]
     Config(String),
 
-    /// The configuration asks for what only the system ssh does (a `Match` block, a user
-    /// certificate, GSSAPI, a host certificate authority, a connection master...): run the
+    /// The configuration asks for what only the system ssh does (a `Match` block, several
+    /// `CertificateFile` lines, GSSAPI, a host certificate authority, a connection master...): run the
     /// system ssh instead ([`crate::SshOptions::ssh_program`]), as the `fastcp` command does by
     /// itself.
     #[error(
