@@ -1107,14 +1107,40 @@ impl SessionDone {
     }
 }
 
+/// The connections a session's streams go over: the first runs the server, and the extra
+/// streams go round-robin over them.
+pub(crate) trait Peers: Sync {
+    /// One connection.
+    type Peer: Transport;
+
+    /// The connection that carries stream `index` (0: the server's own).
+    fn peer(&self, index: u16) -> &Self::Peer;
+
+    /// Waits until it is known which connections can carry a stream, and returns how many of
+    /// the `wanted` data streams they carry. Asked after the hellos, before the request tells
+    /// the server how many streams to wait for.
+    fn settle(&self, wanted: u16) -> impl Future<Output = u16> + Send {
+        std::future::ready(wanted)
+    }
+}
+
+/// Connections that are all there from the start.
+impl<T: Transport> Peers for [T] {
+    type Peer = T;
+
+    fn peer(&self, index: u16) -> &T {
+        &self[usize::from(index) % self.len()]
+    }
+}
+
 /// Starts `fastcp server` on the first of `peers` (the connection `first`) and runs one
 /// session with it. When the remote host has no fastcp, deploys it (see [`crate::deploy`])
 /// and runs the session with that; when none can run there, says why, for the caller to copy
 /// over SFTP.
-pub(crate) async fn session_over<T: Transport>(
+pub(crate) async fn session_over<P: Peers + ?Sized>(
     plan: &Plan,
     first: &AnyTransport,
-    peers: &[T],
+    peers: &P,
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
@@ -1189,9 +1215,9 @@ enum Attempt {
 }
 
 /// Starts `fastcp server` on the first of `peers` and runs one session with it.
-async fn try_session<T: Transport>(
+async fn try_session<P: Peers + ?Sized>(
     plan: &Plan,
-    peers: &[T],
+    peers: &P,
     ssh: &SshOptions,
     mode: Mode,
     progress: Arc<Progress>,
@@ -1203,7 +1229,8 @@ async fn try_session<T: Transport>(
             ssh.remote_path.as_deref().unwrap_or("fastcp")
         )
     });
-    let server = peers[0]
+    let server = peers
+        .peer(0)
         .start_server()
         .await
         .map_err(|e| Attempt::Failed(e.into()))?;
@@ -1356,18 +1383,17 @@ fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
 
 /// Opens the session's `streams - 1` extra streams at `rendezvous`, round-robin over `peers`,
 /// each proving the secret with a [`Join`]; returns them after `control`, in index order.
-async fn join<T: Transport>(
+async fn join<P: Peers + ?Sized>(
     control: BoxStream,
     rendezvous: &transport::Rendezvous,
     kind: JoinKind,
     secret: &fastcp_crypto::SessionSecret,
     streams: u16,
-    peers: &[T],
+    peers: &P,
 ) -> Result<Vec<BoxStream>, Error> {
     let mut data = vec![control];
     for index in 1..streams.max(1) {
-        let peer = &peers[usize::from(index) % peers.len()];
-        let mut stream = peer.open_stream(rendezvous).await?;
+        let mut stream = peers.peer(index).open_stream(rendezvous).await?;
         let proof = fastcp_crypto::join_proof(secret, kind, b"", index);
         crate::wire::write_frame(&mut stream, &Frame::Join(Join { index, proof })).await?;
         data.push(stream);
@@ -1474,17 +1500,17 @@ where
     report_end(&progress, done, |d| &d.report)
 }
 
-async fn run_job<S, T>(
+async fn run_job<S, P>(
     plan: &Plan,
     control: S,
     mode: Mode,
-    peers: &[T],
+    peers: &P,
     progress: Arc<Progress>,
     job: Job,
 ) -> Result<SessionDone, Error>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    T: Transport,
+    P: Peers + ?Sized,
 {
     let log = &plan.options.log;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
@@ -1524,6 +1550,19 @@ where
             .map(|r| Bytes::from(r.path.clone()))
             .collect();
         (Direction::Pull, paths)
+    };
+    // The connections that log in while the server starts have done so, or failed: the
+    // server is told only the streams that can come.
+    let mode = match mode {
+        Mode::Unix { streams } if streams > 1 => match peers.settle(streams).await {
+            n @ 2.. => Mode::Unix { streams: n },
+            _ => Mode::Inline,
+        },
+        Mode::Caller { streams } if streams > 1 => match peers.settle(streams).await {
+            n @ 2.. => Mode::Caller { streams: n },
+            _ => Mode::Inline,
+        },
+        mode => mode,
     };
     let (transport, streams, choice) = match mode {
         Mode::Inline => (TransportKind::Inline, 1, None),
@@ -1666,7 +1705,7 @@ where
                 let rendezvous = transport::Rendezvous::TcpPort(*port);
                 let mut conns = Vec::with_capacity(usize::from(accept.streams));
                 for _ in 0..accept.streams {
-                    conns.push(peers[0].open_stream(&rendezvous).await?);
+                    conns.push(peers.peer(0).open_stream(&rendezvous).await?);
                 }
                 let loopback = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), *port);
                 let sealed =

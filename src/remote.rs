@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, Transport};
 
 use crate::client::{
-    DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Plan,
+    DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Peers, Plan,
     SessionDone, Started, TransportChoice, direct_address, session_over,
 };
 use crate::location::{Location, RemotePath};
@@ -60,6 +60,9 @@ pub struct Session {
     connections: Mutex<Vec<Arc<AnyTransport>>>,
     /// A copy found the TCP data port unreachable: later ones use SSH channels at once.
     tcp_unreachable: AtomicBool,
+    /// A login for another data stream failed: later copies use the connections there are
+    /// and log in no more.
+    logins_failed: AtomicBool,
 }
 
 impl Session {
@@ -101,6 +104,7 @@ impl Session {
             ssh,
             connections: Mutex::new(vec![Arc::new(peer)]),
             tcp_unreachable: AtomicBool::new(false),
+            logins_failed: AtomicBool::new(false),
         })
     }
 
@@ -185,7 +189,7 @@ impl Session {
     ) -> Result<(SessionDone, &'static str), Error> {
         self.check_host(plan)?;
         let log = &plan.options.log;
-        let first = &[self.first_connection()];
+        let first: &[_] = &[self.first_connection()];
         let peer = &first[0];
         if plan.options.sftp {
             let done = crate::sftp::copy(plan, peer, progress).await?;
@@ -295,13 +299,14 @@ impl Session {
         // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
         // engine leaves one channel unread while it waits for an entry on another, the SSH
         // client stops reading the whole connection.
-        // The connections still to open log in while the server starts on the first.
-        let peers = self.peers(mode.streams() as usize).await?;
+        // The connections still to open log in while the server starts on the first; the
+        // server is told how many streams to wait for once they have (see `Logins`).
+        let peers = self.peers(mode.streams(), log).await;
         log.info(|| {
             format!(
                 "transport: SSH channels, {} stream(s) over {} connection(s)",
                 mode.streams(),
-                peers.len()
+                peers.peers.len()
             )
         });
         let mut started =
@@ -330,23 +335,29 @@ impl Session {
             )
             .await;
         }
-        self.keep(peers);
+        self.keep(peers.peers);
         over_sftp_if_needed(plan, peer, started?, "ssh", progress).await
     }
 
     /// `n` connections for a copy's data streams, at most: the session's own, then new ones
-    /// that log in in the background (see [`Peer`]). When the first login was typed, the
-    /// new ones may ask again (a one-time code), and a prompt can outlast the server's wait
-    /// for its streams: they log in before the server starts.
-    async fn peers(&self, n: usize) -> Result<Vec<Peer>, Error> {
+    /// that log in in the background (see [`Peer`]), but no new ones once a login for a
+    /// stream has failed in this session. When the first login was typed, the new ones may ask again
+    /// (a one-time code), and a prompt can outlast the server's wait for its streams: they
+    /// log in before the server starts.
+    async fn peers<'a>(&'a self, n: u16, log: &'a Log) -> Logins<'a> {
         let have = lock(&self.connections).clone();
         let typed = matches!(&*have[0], AnyTransport::Builtin(s) if s.login_was_typed());
-        let mut peers: Vec<Peer> = have
-            .iter()
-            .take(n.max(1))
-            .cloned()
-            .map(Peer::Ready)
-            .collect();
+        let mut n = usize::from(n.max(1));
+        if self.logins_failed.load(Relaxed) && n > have.len() {
+            n = have.len();
+            log.info(|| {
+                format!(
+                    "copying over {n} stream(s): logins for more streams failed earlier in this \
+                     session"
+                )
+            });
+        }
+        let mut peers: Vec<Peer> = have.iter().take(n).cloned().map(Peer::Ready).collect();
         // Only the built-in client logs in again; the system ssh forwards its streams.
         if let AnyTransport::Builtin(_) = &*have[0] {
             for _ in peers.len()..n {
@@ -357,21 +368,21 @@ impl Session {
                         AnyTransport::Program(_) => Err(transport::Error::SingleStream("ssh")),
                     }
                 });
-                peers.push(Peer::LoggingIn(Login {
-                    task: tokio::sync::Mutex::new(Some(login)),
-                    done: std::sync::OnceLock::new(),
-                }));
+                peers.push(Peer::LoggingIn(Login::new(login)));
             }
         }
+        let logins = Logins {
+            failed: &self.logins_failed,
+            log,
+            peers,
+            carrying: tokio::sync::OnceCell::new(),
+        };
         if typed {
-            // Logged in now; `keep` keeps them after the copy, as it does the others.
-            for peer in &peers {
-                if let Peer::LoggingIn(login) = peer {
-                    login.connection().await?;
-                }
-            }
+            // Logged in now, as long as a prompt takes; `keep` keeps them after the copy, as
+            // it does the others.
+            logins.carrying.get_or_init(|| logins.ended(None)).await;
         }
-        Ok(peers)
+        logins
     }
 
     /// Keeps the connections a copy logged in, for the copies after it; the logins it
@@ -385,9 +396,112 @@ impl Session {
     }
 }
 
+/// A copy's connections for its data streams: the first logged in, the others logging in
+/// while the server starts. Before the server is told how many streams to wait for, every
+/// login has ended ([`Peers::settle`]): a stream goes only over a connection that logged in,
+/// and a login that failed (an sshd that drops logins beyond `MaxStartups`, a one-time
+/// password, a limit of one login per user) leaves the copy with fewer streams, with a
+/// warning, rather than failing it.
+struct Logins<'a> {
+    /// Set when a login fails: the session's [`Session::logins_failed`].
+    failed: &'a AtomicBool,
+    log: &'a Log,
+    peers: Vec<Peer>,
+    /// Where in `peers` the connections that logged in are, once all logins have ended.
+    carrying: tokio::sync::OnceCell<Vec<usize>>,
+}
+
+/// How long a copy waits, once the server has said hello, for the logins of its other
+/// connections: as long as a server waits for the streams to join, and well within its wait
+/// for the request ([`SERVER_IDLE_TIMEOUT`](crate::server::SERVER_IDLE_TIMEOUT)). A login
+/// not done by then is given up, as one that failed.
+const LOGIN_WAIT: Duration = Duration::from_secs(15);
+
+impl Logins<'_> {
+    /// Waits for every login, `patience` at most; returns where the connections that logged
+    /// in are. When a login failed, warns and tells the session.
+    async fn ended(&self, patience: Option<Duration>) -> Vec<usize> {
+        let deadline = patience.map(|p| tokio::time::Instant::now() + p);
+        let mut carrying = Vec::with_capacity(self.peers.len());
+        let mut failed = None;
+        for (i, peer) in self.peers.iter().enumerate() {
+            let Peer::LoggingIn(login) = peer else {
+                carrying.push(i);
+                continue;
+            };
+            let login = login.connection();
+            let ended = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, login).await.ok(),
+                None => Some(login.await),
+            };
+            match ended {
+                Some(Ok(_)) => carrying.push(i),
+                Some(Err(e)) => {
+                    failed.get_or_insert_with(|| login_refused(&e));
+                }
+                None => {
+                    failed.get_or_insert_with(|| {
+                        format!(
+                            "an extra login to the remote host took longer than {} s (a \
+                             firewall limiting new connections, a slow host?)",
+                            LOGIN_WAIT.as_secs()
+                        )
+                    });
+                }
+            }
+        }
+        if let Some(why) = failed {
+            self.failed.store(true, Relaxed);
+            self.log
+                .warn(|| format!("{why}; copying over {} stream(s)", carrying.len()));
+        }
+        carrying
+    }
+}
+
+impl Peers for Logins<'_> {
+    type Peer = Peer;
+
+    fn peer(&self, index: u16) -> &Peer {
+        let index = usize::from(index);
+        match self.carrying.get() {
+            Some(carrying) => &self.peers[carrying[index % carrying.len()]],
+            None => &self.peers[index % self.peers.len()],
+        }
+    }
+
+    async fn settle(&self, wanted: u16) -> u16 {
+        let carrying = self
+            .carrying
+            .get_or_init(|| self.ended(Some(LOGIN_WAIT)))
+            .await;
+        wanted.min(u16::try_from(carrying.len()).unwrap_or(u16::MAX))
+    }
+}
+
+/// Why a login for another data stream failed with `e`, as far as the error tells, with the
+/// error's first line.
+fn login_refused(e: &transport::Error) -> String {
+    use transport::Error::*;
+    let guess = match e {
+        Auth { .. } => {
+            "the remote host refused an extra login (a one-time password, or one login per \
+             user at a time?)"
+        }
+        Connect { .. } | Timeout { .. } => {
+            "an extra connection to the remote host failed (a firewall limiting new \
+             connections?)"
+        }
+        _ => "the remote sshd refused extra logins (MaxStartups/PerSourceMaxStartups?)",
+    };
+    let said = e.to_string();
+    let said = said.lines().next().unwrap_or_default();
+    format!("{guess}: {said}")
+}
+
 /// One of a copy's connections: logged in, or logging in in the background while the server
 /// starts on the first, so that over a long path the two waits overlap. A stream opened on
-/// it waits for its login, and a failed login fails that stream.
+/// it waits for its login.
 enum Peer {
     Ready(Arc<AnyTransport>),
     LoggingIn(Login),
@@ -400,6 +514,14 @@ struct Login {
 }
 
 impl Login {
+    /// The login `task` runs.
+    fn new(task: tokio::task::JoinHandle<Result<SshSession, transport::Error>>) -> Login {
+        Login {
+            task: tokio::sync::Mutex::new(Some(task)),
+            done: std::sync::OnceLock::new(),
+        }
+    }
+
     /// The connection once logged in; the login's error the first time it fails.
     async fn connection(&self) -> Result<Arc<AnyTransport>, transport::Error> {
         let mut task = self.task.lock().await;
@@ -540,4 +662,44 @@ async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTr
         log.warn(|| warning.clone());
     }
     Ok(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A login that never ends is given up after [`LOGIN_WAIT`], as one that fails is: the
+    /// server is told of neither's stream, the copy warns once, and its session logs in no
+    /// more.
+    #[tokio::test(start_paused = true)]
+    async fn logins_that_fail_or_never_end_carry_no_stream() {
+        let refused = Login::new(tokio::spawn(async {
+            Err(transport::Error::Protocol(russh::Error::Disconnect))
+        }));
+        let endless = Login::new(tokio::spawn(std::future::pending()));
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let log = Log::new({
+            let warnings = warnings.clone();
+            move |_, line| lock(&warnings).push(line.to_owned())
+        });
+        let failed = AtomicBool::new(false);
+        let logins = Logins {
+            failed: &failed,
+            log: &log,
+            peers: vec![Peer::LoggingIn(refused), Peer::LoggingIn(endless)],
+            carrying: tokio::sync::OnceCell::new(),
+        };
+        let started = tokio::time::Instant::now();
+        let settled = tokio::time::timeout(2 * LOGIN_WAIT, logins.settle(3)).await;
+        assert_eq!(settled, Ok(0), "the wait has a bound");
+        assert_eq!(started.elapsed(), LOGIN_WAIT);
+        assert_eq!(logins.settle(3).await, 0, "settled once");
+        assert!(failed.load(Relaxed));
+        let warnings = lock(&warnings);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("the remote sshd refused extra logins"),
+            "{warnings:?}"
+        );
+    }
 }

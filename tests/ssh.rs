@@ -960,6 +960,39 @@ fn a_server_without_forwarding_gets_the_copy_over_one_stream() {
     }
 }
 
+/// An sshd that drops connections beyond one logging in at a time from an address
+/// (`PerSourceMaxStartups 1`) refuses the extra logins of a copy over four streams, which
+/// start together: the copy still completes, over the connections that did log in, with one
+/// warning that says why.
+#[test]
+fn a_server_that_refuses_extra_logins_gets_the_copy_over_fewer_streams() {
+    let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
+    wait_for_a_login(&sshd);
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    for (name, pull) in [("pushed", false), ("pulled", true)] {
+        let to = work.path().join(name);
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["-r", "-p", "--transport", "ssh", "-j", "4"]);
+        let out = match pull {
+            false => run(cmd.arg(&src).arg(remote(&sshd, &to))),
+            true => run(cmd.arg(remote(&sshd, &src)).arg(&to)),
+        };
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let warnings = stderr(&out).matches("fastcp: warning: ").count();
+        assert_eq!(warnings, 1, "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("refused extra logins (MaxStartups/PerSourceMaxStartups?)"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        assert_same_tree(&src, &to, true);
+        assert_no_temp(&to);
+    }
+    assert!(sshd.log().contains("past MaxStartups"), "{}", sshd.log());
+}
+
 /// A remote `$TMPDIR` that does not exist does not stop the SSH channels' extra streams:
 /// their socket goes to /tmp instead.
 #[test]
