@@ -302,11 +302,19 @@ impl Session {
         // The connections still to open log in while the server starts on the first; the
         // server is told how many streams to wait for once they have (see `Logins`).
         let peers = self.peers(mode.streams(), log).await;
+        // Fewer when this session's logins failed before, or a typed one failed just now.
+        let mode = match mode {
+            Mode::Unix { streams } => match streams.min(peers.most()) {
+                n @ 2.. => Mode::Unix { streams: n },
+                _ => Mode::Inline,
+            },
+            mode => mode,
+        };
         log.info(|| {
             format!(
                 "transport: SSH channels, {} stream(s) over {} connection(s)",
                 mode.streams(),
-                peers.peers.len()
+                peers.most()
             )
         });
         let mut started =
@@ -418,6 +426,12 @@ struct Logins<'a> {
 const LOGIN_WAIT: Duration = Duration::from_secs(15);
 
 impl Logins<'_> {
+    /// The most connections that may carry streams: those that logged in, once known.
+    fn most(&self) -> u16 {
+        let n = self.carrying.get().map_or(self.peers.len(), Vec::len);
+        u16::try_from(n).unwrap_or(u16::MAX)
+    }
+
     /// Waits for every login, `patience` at most; returns where the connections that logged
     /// in are. When a login failed, warns and tells the session.
     async fn ended(&self, patience: Option<Duration>) -> Vec<usize> {
@@ -471,11 +485,10 @@ impl Peers for Logins<'_> {
     }
 
     async fn settle(&self, wanted: u16) -> u16 {
-        let carrying = self
-            .carrying
+        self.carrying
             .get_or_init(|| self.ended(Some(LOGIN_WAIT)))
             .await;
-        wanted.min(u16::try_from(carrying.len()).unwrap_or(u16::MAX))
+        wanted.min(self.most())
     }
 }
 
