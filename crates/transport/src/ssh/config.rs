@@ -1,12 +1,17 @@
 //! Host resolution: ssh_config (via `ssh2-config`) plus command-line overrides.
 //!
 //! `ssh2-config` parses the file, handles `Host` patterns (wildcards, negation, first value
-//! wins), `Include`, and the keys HostName, Port, User, IdentityFile, ProxyJump and
-//! ConnectTimeout. The keys it does not model (IdentitiesOnly, StrictHostKeyChecking,
-//! UserKnownHostsFile, GlobalKnownHostsFile, HashKnownHosts, BatchMode, HostKeyAlias,
-//! IdentityAgent, ProxyCommand, PasswordAuthentication, KbdInteractiveAuthentication,
-//! NumberOfPasswordPrompts, ServerAliveCountMax) are read here from its "unsupported fields"
-//! map.
+//! wins), `Include`, and the keys HostName, Port, User, IdentityFile and ConnectTimeout.
+//! The keys it does not model (IdentitiesOnly, StrictHostKeyChecking, UserKnownHostsFile,
+//! GlobalKnownHostsFile, HashKnownHosts, BatchMode, HostKeyAlias, IdentityAgent,
+//! PasswordAuthentication, KbdInteractiveAuthentication, NumberOfPasswordPrompts,
+//! ServerAliveCountMax) are read here from its "unsupported fields" map. ProxyCommand and
+//! ProxyJump are one setting whose first value wins, whichever key gives it: their lines are
+//! read here, in order, from the text itself.
+//!
+//! Paths and commands take ssh's `%` tokens and `${VAR}` where ssh_config's TOKENS and
+//! ENVIRONMENT VARIABLES sections say; `~`, `%d` and `%u` come from the password database,
+//! as with ssh.
 //!
 //! `CertificateFile` is read here too (from `-o` and the file), and so are its lines: ssh
 //! offers every one, `ssh2-config` keeps only one.
@@ -22,7 +27,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ssh2_config::{ParseRule, SshConfig};
+use ssh2_config::{HostClause, ParseRule, SshConfig};
 
 use super::Error;
 use super::client::SshClientConfig;
@@ -148,39 +153,61 @@ impl HostConfig {
     }
 }
 
-/// Where each line whose keyword is `keyword` (lowercase) is, in `text` and the files it
-/// `Include`s (at most 16 deep), as ssh reads them: a relative `Include` path is beneath
-/// `~/.ssh`, and may hold wildcards.
+/// Splits a line of ssh_config into its keyword and the rest, as ssh reads it: the keyword
+/// ends at whitespace or `=`, whitespace and `=` before the value are passed over, and a
+/// comment or an empty line has none.
+fn keyword_and_rest(line: &str) -> Option<(&str, &str)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let end = line
+        .find(|c: char| c.is_whitespace() || c == '=')
+        .unwrap_or(line.len());
+    let (keyword, rest) = line.split_at(end);
+    Some((
+        keyword,
+        rest.trim_start_matches(|c: char| c.is_whitespace() || c == '='),
+    ))
+}
+
+/// The files an `Include` line names, as ssh finds them: a relative path is beneath
+/// `~/.ssh`, and each may hold wildcards (matches in name order).
+fn included_files(args: &str, home: Option<&Path>) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for arg in args.split_whitespace() {
+        let arg = arg.trim_matches('"');
+        let path = match (arg.strip_prefix("~/"), home) {
+            (Some(rest), Some(h)) => h.join(rest),
+            _ if Path::new(arg).is_absolute() => PathBuf::from(arg),
+            (None, Some(h)) => h.join(".ssh").join(arg),
+            (_, None) => continue,
+        };
+        if let Ok(paths) = glob::glob(&path.to_string_lossy()) {
+            files.extend(paths.flatten());
+        }
+    }
+    files
+}
+
+/// Where each line whose keyword is `keyword` is, in `text` and the files it `Include`s
+/// (at most 16 deep), in the order ssh reads them.
 fn keyword_lines(text: &str, keyword: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
     let mut found = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let mut words = line
-            .trim_start()
-            .split(|c: char| c.is_whitespace() || c == '=')
-            .filter(|w| !w.is_empty());
-        let kw = words.next().unwrap_or("");
+        let Some((kw, rest)) = keyword_and_rest(line) else {
+            continue;
+        };
         if kw.eq_ignore_ascii_case(keyword) {
             found.push(format!("line {}", i + 1));
         }
         if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
             continue;
         }
-        for arg in words {
-            let arg = arg.trim_matches('"');
-            let path = match (arg.strip_prefix("~/"), home) {
-                (Some(rest), Some(h)) => h.join(rest),
-                _ if Path::new(arg).is_absolute() => PathBuf::from(arg),
-                (None, Some(h)) => h.join(".ssh").join(arg),
-                (_, None) => continue,
-            };
-            let Ok(paths) = glob::glob(&path.to_string_lossy()) else {
-                continue;
-            };
-            for p in paths.flatten() {
-                if let Ok(included) = std::fs::read_to_string(&p) {
-                    for at in keyword_lines(&included, keyword, home, depth + 1) {
-                        found.push(format!("{} {at}", p.display()));
-                    }
+        for p in included_files(rest, home) {
+            if let Ok(included) = std::fs::read_to_string(&p) {
+                for at in keyword_lines(&included, keyword, home, depth + 1) {
+                    found.push(format!("{} {at}", p.display()));
                 }
             }
         }
@@ -188,10 +215,110 @@ fn keyword_lines(text: &str, keyword: &str, home: Option<&Path>, depth: usize) -
     found
 }
 
+/// A ProxyCommand or ProxyJump line in effect for a host, its value as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ProxyLine {
+    Command(String),
+    Jump(String),
+}
+
+/// Whether `host` matches a `Host` line's patterns, as ssh matches them: one pattern
+/// matches, and no negated one (`!pattern`) does.
+fn host_line_matches(patterns: &str, host: &str) -> bool {
+    let mut matched = false;
+    for p in patterns.split_whitespace().map(|p| p.trim_matches('"')) {
+        let (pattern, negated) = match p.strip_prefix('!') {
+            Some(p) => (p, true),
+            None => (p, false),
+        };
+        if !pattern.is_empty() && HostClause::new(pattern.to_owned(), negated).intersects(host) {
+            if negated {
+                return false;
+            }
+            matched = true;
+        }
+    }
+    matched
+}
+
+/// The ProxyCommand and ProxyJump lines in effect for `host`, in the order ssh reads them,
+/// through `Include`s (at most 16 deep). `active` says whether the lines before the first
+/// `Host` line apply: an `Include` in a block for other hosts reads nothing that applies.
+fn proxy_lines(
+    text: &str,
+    home: Option<&Path>,
+    host: &str,
+    active: bool,
+    depth: usize,
+    out: &mut Vec<ProxyLine>,
+) {
+    let outer = active;
+    let mut active = active;
+    for line in text.lines() {
+        let Some((kw, rest)) = keyword_and_rest(line) else {
+            continue;
+        };
+        match kw.to_ascii_lowercase().as_str() {
+            "host" => active = outer && host_line_matches(rest, host),
+            "include" if depth < 16 => {
+                for p in included_files(rest, home) {
+                    if let Ok(included) = std::fs::read_to_string(&p) {
+                        proxy_lines(&included, home, host, active, depth + 1, out);
+                    }
+                }
+            }
+            "proxycommand" if active => out.push(ProxyLine::Command(rest.to_owned())),
+            "proxyjump" if active => {
+                let value = rest.split('#').next().unwrap_or_default().trim_end();
+                out.push(ProxyLine::Jump(value.to_owned()));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How ssh reaches a host, from its ProxyCommand and ProxyJump lines in the order it reads
+/// them (command line first): the two are one setting, and the first value obtained wins.
+/// A ProxyJump takes both (a later ProxyCommand is passed over), as does a ProxyCommand
+/// (`none` too: a later ProxyJump is passed over); `ProxyJump none` only passes over later
+/// ProxyJumps. Returns the jump hosts and the command, at most one of them set.
+fn choose_proxy(lines: impl IntoIterator<Item = ProxyLine>) -> (Vec<String>, Option<String>) {
+    let mut jump: Option<String> = None;
+    let mut command: Option<String> = None;
+    for line in lines {
+        match line {
+            ProxyLine::Command(c) => {
+                if command.is_none() {
+                    command = Some(c);
+                }
+            }
+            ProxyLine::Jump(j) if j.eq_ignore_ascii_case("none") => {
+                if jump.is_none() {
+                    jump = Some(j);
+                }
+            }
+            ProxyLine::Jump(j) => {
+                if jump.is_none() && command.is_none() {
+                    jump = Some(j);
+                    command = Some("none".to_owned());
+                }
+            }
+        }
+    }
+    let jumps = jump
+        .filter(|j| !j.eq_ignore_ascii_case("none"))
+        .map(|j| split_jumps(&j))
+        .unwrap_or_default();
+    let command = command.filter(|c| !c.eq_ignore_ascii_case("none"));
+    (jumps, command)
+}
+
 /// A parsed ssh_config file.
 #[derive(Debug, Clone)]
 pub struct SshConfigFile {
     parsed: SshConfig,
+    /// The file's text, read again for what `parsed` does not keep: the order of lines.
+    text: String,
     home: Option<PathBuf>,
     /// Where the file's `CertificateFile` lines are: ssh offers each, `ssh2-config` keeps
     /// one, so a host given more than one goes to the system ssh.
@@ -224,7 +351,7 @@ impl SshConfigFile {
         }
     }
 
-    /// Parses ssh_config text (`~` expands to `$HOME`).
+    /// Parses ssh_config text (`~` is the home directory, as [`home_dir`] finds it).
     pub fn parse_str(text: &str) -> Result<Self, Error> {
         Self::parse_with_home(text, home_dir())
     }
@@ -248,6 +375,7 @@ impl SshConfigFile {
             .map_err(|e| Error::Config(e.to_string()))?;
         Ok(SshConfigFile {
             parsed,
+            text: text.to_owned(),
             home,
             certificate_lines,
         })
@@ -278,7 +406,9 @@ impl SshConfigFile {
             .clone()
             .or(p.host_name.clone())
             .unwrap_or_else(|| host.to_owned());
-        let host_name = host_name.replace("%h", host).replace("%%", "%");
+        let host_name = expand("HostName", &host_name, |c| {
+            (c == 'h').then(|| host.to_owned())
+        })?;
         let port = ov.port.or(p.port).unwrap_or(22);
         let user = ov
             .user
@@ -286,12 +416,14 @@ impl SshConfigFile {
             .or(dest_user.map(str::to_owned))
             .or(p.user.clone())
             .unwrap_or_else(local_user);
+        let host_key_alias = ov.host_key_alias.clone().or(extra("hostkeyalias"));
         let tokens = Tokens {
-            home: self.home.clone(),
+            home: self.home.as_deref(),
             host: &host_name,
             alias: host,
             port,
             user: &user,
+            key_alias: host_key_alias.as_deref().unwrap_or(host),
         };
 
         let mut identity_files: Vec<PathBuf> = ov.identity_files.clone();
@@ -300,8 +432,8 @@ impl SshConfigFile {
         let identity_files: Vec<PathBuf> = if explicit_identities {
             identity_files
                 .iter()
-                .map(|f| tokens.expand_path(f))
-                .collect()
+                .map(|f| tokens.path("IdentityFile", f))
+                .collect::<Result<_, _>>()?
         } else {
             default_identity_files(self.home.as_deref())
         };
@@ -341,15 +473,13 @@ impl SshConfigFile {
                 .transpose()?
                 .unwrap_or_default(),
         };
-        let files = |v: String| -> Vec<PathBuf> {
-            v.split_whitespace()
-                .filter(|f| !f.eq_ignore_ascii_case("none"))
-                .map(|f| tokens.expand_path(Path::new(f)))
-                .collect()
-        };
         let user_known_hosts_files =
             match ov.user_known_hosts.clone().or(extra("userknownhostsfile")) {
-                Some(v) => files(v),
+                Some(v) => v
+                    .split_whitespace()
+                    .filter(|f| !f.eq_ignore_ascii_case("none"))
+                    .map(|f| tokens.path("UserKnownHostsFile", Path::new(f)))
+                    .collect::<Result<_, _>>()?,
                 None => match &self.home {
                     Some(h) => vec![h.join(".ssh/known_hosts"), h.join(".ssh/known_hosts2")],
                     None => vec![],
@@ -360,26 +490,24 @@ impl SshConfigFile {
             .clone()
             .or(extra("globalknownhostsfile"))
         {
-            Some(v) => files(v),
+            // No tokens here, as ssh has it.
+            Some(v) => v
+                .split_whitespace()
+                .filter(|f| !f.eq_ignore_ascii_case("none"))
+                .map(|f| tilde("GlobalKnownHostsFile", f, self.home.as_deref()).map(PathBuf::from))
+                .collect::<Result<_, _>>()?,
             None => vec![
                 PathBuf::from("/etc/ssh/ssh_known_hosts"),
                 PathBuf::from("/etc/ssh/ssh_known_hosts2"),
             ],
         };
-        let proxy_jump = match &ov.jump {
-            Some(j) => split_jumps(j),
-            None => p.proxy_jump.clone().unwrap_or_default(),
-        };
-        let proxy_jump = if proxy_jump.len() == 1 && proxy_jump[0].eq_ignore_ascii_case("none") {
-            vec![]
-        } else {
-            proxy_jump
-        };
+        let mut proxy = ov.proxy.clone();
+        proxy_lines(&self.text, self.home.as_deref(), host, true, 0, &mut proxy);
+        let (proxy_jump, proxy_command) = choose_proxy(proxy);
         let connect_timeout = ov
             .connect_timeout
             .or(p.connect_timeout)
             .filter(|d| !d.is_zero());
-        let host_key_alias = ov.host_key_alias.clone().or(extra("hostkeyalias"));
         // Keys ssh2-config leaves to us, whether it knows them (unsupported) or not (ignored).
         let any = |key: &str| -> Option<String> {
             extra(key).or_else(|| p.ignored_fields.get(key).map(|args| args.join(" ")))
@@ -397,8 +525,8 @@ impl SshConfigFile {
         }
         let certificate_files: Vec<PathBuf> = certificate_files
             .iter()
-            .map(|f| tokens.expand_path(f))
-            .collect();
+            .map(|f| tokens.path("CertificateFile", f))
+            .collect::<Result<_, _>>()?;
         for key in ["pkcs11provider", "securitykeyprovider", "knownhostscommand"] {
             if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
@@ -412,21 +540,27 @@ impl SshConfigFile {
         let identity_agent = match ov.identity_agent.clone().or(extra("identityagent")) {
             Some(v) if v.eq_ignore_ascii_case("none") => None,
             Some(v) if v == "SSH_AUTH_SOCK" => std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-            Some(v) => match v.strip_prefix('$') {
-                Some(var) => std::env::var_os(var).map(PathBuf::from),
-                None => Some(tokens.expand_path(Path::new(&v))),
-            },
+            // `$NAME` (not `${NAME}`): the variable holds the socket's path.
+            Some(v) if v.starts_with('$') && !v.starts_with("${") => {
+                std::env::var_os(&v[1..]).map(PathBuf::from)
+            }
+            Some(v) => Some(tokens.path("IdentityAgent", Path::new(&v))?),
             None => std::env::var_os("SSH_AUTH_SOCK")
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
         };
         // ProxyCommand: its tokens expanded now, run through `sh -c` when connecting.
-        let proxy_command = ov
-            .proxy_command
-            .clone()
-            .or_else(|| extra("proxycommand"))
-            .filter(|pc| !pc.eq_ignore_ascii_case("none"))
-            .map(|pc| expand_proxy_tokens(&pc, &host_name, host, port, &user));
+        let proxy_command = proxy_command
+            .map(|pc| {
+                expand("ProxyCommand", &pc, |c| match c {
+                    'h' => Some(host_name.clone()),
+                    'n' => Some(host.to_owned()),
+                    'p' => Some(port.to_string()),
+                    'r' => Some(user.clone()),
+                    _ => None,
+                })
+            })
+            .transpose()?;
         let server_alive_interval = ov
             .server_alive_interval
             .or(p.server_alive_interval)
@@ -589,7 +723,9 @@ struct Overrides {
     identity_files: Vec<PathBuf>,
     identities_only: Option<bool>,
     certificate_files: Vec<PathBuf>,
-    jump: Option<String>,
+    /// `-J`, then `-o ProxyJump` and `-o ProxyCommand` in their order: they come before
+    /// ssh_config's lines of the same keys.
+    proxy: Vec<ProxyLine>,
     strict: Option<StrictHostKeyChecking>,
     user_known_hosts: Option<String>,
     global_known_hosts: Option<String>,
@@ -603,7 +739,6 @@ struct Overrides {
     number_of_password_prompts: Option<u32>,
     server_alive_interval: Option<Duration>,
     server_alive_count_max: Option<u32>,
-    proxy_command: Option<String>,
 }
 
 impl Overrides {
@@ -612,7 +747,7 @@ impl Overrides {
             port: o.port,
             user: o.user.clone(),
             identity_files: o.identity_files.clone(),
-            jump: o.jump.clone(),
+            proxy: o.jump.iter().cloned().map(ProxyLine::Jump).collect(),
             ..Overrides::default()
         };
         // As in ssh, the first value given wins; flags (-p, -l, -J) beat -o.
@@ -630,7 +765,7 @@ impl Overrides {
                 "identityfile" => ov.identity_files.push(PathBuf::from(v)),
                 "identitiesonly" => set_once(&mut ov.identities_only, parse_yes_no(key, &v)?),
                 "certificatefile" => ov.certificate_files.push(PathBuf::from(v)),
-                "proxyjump" => set_once(&mut ov.jump, v),
+                "proxyjump" => ov.proxy.push(ProxyLine::Jump(v)),
                 "stricthostkeychecking" => {
                     set_once(&mut ov.strict, StrictHostKeyChecking::parse(&v)?)
                 }
@@ -653,7 +788,7 @@ impl Overrides {
                     &mut ov.kbd_interactive_authentication,
                     parse_yes_no(key, &v)?,
                 ),
-                "proxycommand" => set_once(&mut ov.proxy_command, v),
+                "proxycommand" => ov.proxy.push(ProxyLine::Command(v)),
                 "serveraliveinterval" => set_once(
                     &mut ov.server_alive_interval,
                     Duration::from_secs(v.parse().map_err(|_| {
@@ -677,32 +812,6 @@ impl Overrides {
         }
         Ok(ov)
     }
-}
-
-/// Expands ProxyCommand's tokens as ssh does: `%h` the host name, `%n` the name as given,
-/// `%p` the port, `%r` the user, `%%` a percent sign.
-fn expand_proxy_tokens(pc: &str, host_name: &str, alias: &str, port: u16, user: &str) -> String {
-    let mut out = String::with_capacity(pc.len());
-    let mut chars = pc.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('h') => out.push_str(host_name),
-            Some('n') => out.push_str(alias),
-            Some('p') => out.push_str(&port.to_string()),
-            Some('r') => out.push_str(user),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
 }
 
 fn set_once<T>(slot: &mut Option<T>, v: T) {
@@ -741,54 +850,162 @@ fn unquote(s: &str) -> String {
         .to_owned()
 }
 
+/// What ssh's `%` tokens stand for when reaching one host (ssh_config TOKENS).
 struct Tokens<'a> {
-    home: Option<PathBuf>,
+    /// `%d`: the local user's home.
+    home: Option<&'a Path>,
+    /// `%h`: the host name (HostName).
     host: &'a str,
+    /// `%n`: the name as given.
     alias: &'a str,
+    /// `%p`: the port.
     port: u16,
+    /// `%r`: the remote user.
     user: &'a str,
+    /// `%k`: HostKeyAlias, or the name as given.
+    key_alias: &'a str,
 }
 
 impl Tokens<'_> {
-    /// Expands `~/` and the `%d %h %n %p %r %u %%` tokens of ssh_config paths.
-    fn expand_path(&self, p: &Path) -> PathBuf {
-        let s = p.to_string_lossy();
-        let home = self
-            .home
-            .as_ref()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let s = match s.strip_prefix("~/") {
-            Some(rest) if !home.is_empty() => format!("{home}/{rest}"),
-            _ => s.into_owned(),
-        };
-        if !s.contains('%') {
-            return PathBuf::from(s);
+    /// Expands a path of the keys that take every connection token and `${VAR}`
+    /// (IdentityFile, CertificateFile, UserKnownHostsFile, IdentityAgent, ...): `~` first, then
+    /// `%C %d %h %i %k %L %l %n %p %r %u %%`, as ssh does.
+    fn path(&self, key: &str, p: &Path) -> Result<PathBuf, Error> {
+        let bytes = p.as_os_str().as_encoded_bytes();
+        if !bytes.starts_with(b"~")
+            && !bytes.contains(&b'%')
+            && !bytes.windows(2).any(|w| w == b"${")
+        {
+            return Ok(p.to_path_buf());
         }
-        let mut out = String::new();
-        let mut chars = s.chars();
-        while let Some(c) = chars.next() {
-            if c != '%' {
-                out.push(c);
-                continue;
-            }
-            match chars.next() {
-                Some('%') => out.push('%'),
-                Some('d') => out.push_str(&home),
-                Some('h') => out.push_str(self.host),
-                Some('n') => out.push_str(self.alias),
-                Some('p') => out.push_str(&self.port.to_string()),
-                Some('r') => out.push_str(self.user),
-                Some('u') => out.push_str(&local_user()),
-                Some(o) => {
-                    out.push('%');
-                    out.push(o);
-                }
-                None => out.push('%'),
-            }
-        }
-        PathBuf::from(out)
+        let s = tilde(key, &p.to_string_lossy(), self.home)?;
+        let local = local_host_name();
+        let expanded = expand_with_env(key, &s, |c| {
+            Some(match c {
+                'C' => connection_hash(&local, self.host, self.port, self.user),
+                'd' => self
+                    .home
+                    .map(|h| h.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                'h' => self.host.to_owned(),
+                'i' => rustix::process::getuid().as_raw().to_string(),
+                'k' => self.key_alias.to_owned(),
+                'L' => local.split('.').next().unwrap_or_default().to_owned(),
+                'l' => local.clone(),
+                'n' => self.alias.to_owned(),
+                'p' => self.port.to_string(),
+                'r' => self.user.to_owned(),
+                'u' => local_user(),
+                _ => return None,
+            })
+        })?;
+        Ok(PathBuf::from(expanded))
     }
+}
+
+/// ssh's `%C`: the SHA-1 of the local host name, host name, port and remote user, in hex.
+fn connection_hash(local: &str, host: &str, port: u16, user: &str) -> String {
+    use sha1::Digest;
+    let mut hash = sha1::Sha1::new();
+    for part in [local, host, &port.to_string(), user] {
+        hash.update(part.as_bytes());
+    }
+    data_encoding::HEXLOWER.encode(&hash.finalize())
+}
+
+/// This machine's name (`gethostname`), as ssh's `%l`.
+fn local_host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Expands `%` tokens in `value` (of ssh_config's `key`) as ssh does: `%%` is a percent
+/// sign, `token` gives what a letter stands for, and a letter it does not know is an error,
+/// as ssh's "unknown key" is.
+fn expand(key: &str, value: &str, token: impl Fn(char) -> Option<String>) -> Result<String, Error> {
+    expand_tokens(key, value, false, token)
+}
+
+/// [`expand`], and `${VAR}` is the environment variable VAR (an error when it is not set).
+fn expand_with_env(
+    key: &str,
+    value: &str,
+    token: impl Fn(char) -> Option<String>,
+) -> Result<String, Error> {
+    expand_tokens(key, value, true, token)
+}
+
+fn expand_tokens(
+    key: &str,
+    value: &str,
+    env: bool,
+    token: impl Fn(char) -> Option<String>,
+) -> Result<String, Error> {
+    let fail = |why: String| Error::Config(format!("{key} {value}: {why}"));
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(c) = rest.chars().next() {
+        if env && let Some(after) = rest.strip_prefix("${") {
+            let Some((var, after)) = after.split_once('}') else {
+                return Err(fail(format!(
+                    "environment variable '{after}' missing closing '}}'"
+                )));
+            };
+            if var.is_empty() {
+                return Err(fail("zero-length environment variable".into()));
+            }
+            match std::env::var(var) {
+                Ok(v) => out.push_str(&v),
+                Err(_) => return Err(fail(format!("env var ${{{var}}} has no value"))),
+            }
+            rest = after;
+            continue;
+        }
+        rest = &rest[c.len_utf8()..];
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(t) = rest.chars().next() else {
+            return Err(fail("invalid format: a lone % at the end".into()));
+        };
+        rest = &rest[t.len_utf8()..];
+        match t {
+            '%' => out.push('%'),
+            t => match token(t) {
+                Some(v) => out.push_str(&v),
+                None => return Err(fail(format!("unknown key %{t}"))),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// Expands a leading `~` as ssh does: `~` and `~/path` are beneath `home`, `~user` and
+/// `~user/path` beneath that user's home (from the password database).
+fn tilde(key: &str, s: &str, home: Option<&Path>) -> Result<String, Error> {
+    let Some(rest) = s.strip_prefix('~') else {
+        return Ok(s.to_owned());
+    };
+    let (user, path) = match rest.split_once('/') {
+        Some((user, path)) => (user, path.trim_start_matches('/')),
+        None => (rest, ""),
+    };
+    let dir = if user.is_empty() {
+        home.map(Path::to_path_buf)
+            .ok_or_else(|| Error::Config(format!("{key} {s}: no home directory for ~")))?
+    } else {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(u)) => u.dir,
+            _ => return Err(Error::Config(format!("{key} {s}: No such user {user}"))),
+        }
+    };
+    let dir = dir.to_string_lossy();
+    Ok(match path {
+        "" => dir.into_owned(),
+        path => format!("{}/{path}", dir.trim_end_matches('/')),
+    })
 }
 
 fn default_identity_files(home: Option<&Path>) -> Vec<PathBuf> {
@@ -807,29 +1024,35 @@ fn default_identity_files(home: Option<&Path>) -> Vec<PathBuf> {
     .collect()
 }
 
-fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
+/// The local user's home, as ssh finds it: the password database's entry for this user, or
+/// `$HOME` when there is none.
+pub(crate) fn home_dir() -> Option<PathBuf> {
+    match passwd_entry() {
+        Some(user) => Some(user.dir),
+        None => std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .map(PathBuf::from),
+    }
 }
 
-/// The local user name: `$USER`, `$LOGNAME`, or the passwd entry of the current uid.
+/// The local user name, as ssh finds it: the password database's entry for this user, or
+/// `$USER` or `$LOGNAME` when there is none.
 pub(crate) fn local_user() -> String {
+    if let Some(user) = passwd_entry() {
+        return user.name;
+    }
     for var in ["USER", "LOGNAME"] {
         if let Some(u) = std::env::var_os(var).filter(|u| !u.is_empty()) {
             return u.to_string_lossy().into_owned();
         }
     }
-    let uid = rustix::process::getuid().as_raw().to_string();
-    std::fs::read_to_string("/etc/passwd")
+    "root".to_owned()
+}
+
+fn passwd_entry() -> Option<nix::unistd::User> {
+    nix::unistd::User::from_uid(nix::unistd::Uid::current())
         .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                let f: Vec<&str> = l.split(':').collect();
-                (f.len() > 2 && f[2] == uid).then(|| f[0].to_owned())
-            })
-        })
-        .unwrap_or_else(|| "root".to_owned())
+        .flatten()
 }
 
 #[cfg(test)]
@@ -1056,6 +1279,79 @@ Host *
         let e = c.resolve("p").unwrap_err();
         assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
         assert!(e.to_string().contains("line 2, line 3"), "{e}");
+        // Lines in an included file count too; a commented-out one does not.
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(&inc, "Host p\n  CertificateFile /c/b\n").unwrap();
+        let text = format!(
+            "Host p\n  CertificateFile /c/a\n# CertificateFile /c/c\nInclude {}\n",
+            inc.display()
+        );
+        let e = SshConfigFile::parse_str(&text)
+            .unwrap()
+            .resolve("p")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("line 2, {} line 2", inc.display())),
+            "{e}"
+        );
+        let c =
+            SshConfigFile::parse_str("Host p\n  CertificateFile /c/a\n# CertificateFile /c/c\n")
+                .unwrap();
+        assert_eq!(
+            c.resolve("p").unwrap().certificate_files,
+            vec![PathBuf::from("/c/a")]
+        );
+    }
+
+    /// CertificateFile takes the tokens and `${VAR}` IdentityFile does (ssh_config TOKENS),
+    /// from the file and from `-o`, and an unknown token is an error as there.
+    #[test]
+    fn certificate_file_tokens() {
+        // One CertificateFile line a file (more go to the system ssh).
+        let parse = |text: &str| {
+            SshConfigFile::parse_with_home(text, Some(PathBuf::from("/home/u"))).unwrap()
+        };
+        let c = parse(
+            "Host t\n  HostName real.%h\n  User remote\n  Port 2200\n  HostKeyAlias ka
+  CertificateFile ${PATH}/%i/%k/%n/%h/%p/%r/%C/%d/%%-cert.pub
+",
+        );
+        let h = c.resolve("t").unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        let hash = connection_hash(&local_host_name(), "real.t", 2200, "remote");
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(
+            h.certificate_files,
+            vec![PathBuf::from(format!(
+                "{path}/{uid}/ka/t/real.t/2200/remote/{hash}//home/u/%-cert.pub"
+            ))]
+        );
+        for (line, says) in [
+            ("CertificateFile /c/%x", "unknown key %x"),
+            (
+                "CertificateFile /c/${FASTCP_TEST_UNSET_VARIABLE}",
+                "env var ${FASTCP_TEST_UNSET_VARIABLE} has no value",
+            ),
+        ] {
+            let e = parse(&format!("Host p\n  {line}\n"))
+                .resolve("p")
+                .unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{line}: {e}");
+            assert!(e.to_string().contains(says), "{line}: {e}");
+        }
+        let opts = SshOptions {
+            options: vec!["CertificateFile=~/%n/%L-cert.pub".into()],
+            ..SshOptions::default()
+        };
+        let h = resolve_chain_in(&c, "x", &opts).unwrap().pop().unwrap();
+        let local = local_host_name();
+        let short = local.split('.').next().unwrap();
+        assert_eq!(
+            h.certificate_files,
+            vec![PathBuf::from(format!("/home/u/x/{short}-cert.pub"))]
+        );
     }
 
     #[test]
@@ -1071,6 +1367,223 @@ Host *
         assert_eq!(
             h.identity_files,
             vec![PathBuf::from(format!("/k/real.n-22-{u}"))]
+        );
+    }
+
+    #[test]
+    fn proxy_command_and_proxy_jump_first_value_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(&inc, "Host inc\n  ProxyCommand from-include %h\n").unwrap();
+        let text = format!(
+            "Include {}
+Host special
+  ProxyCommand nc X %h
+Host pj
+  ProxyJump none
+Host pc
+  ProxyCommand none
+Host both
+  ProxyJump j1
+  ProxyCommand c
+Host both2
+  ProxyCommand=c2 \"%n\"  # kept
+  ProxyJump j2
+Host lateproxy
+  ProxyJump none
+Host lateproxy
+  ProxyCommand late %h
+Host * !lateproxy !bastion
+  ProxyJump bastion
+",
+            inc.display()
+        );
+        let c = SshConfigFile::parse_str(&text).unwrap();
+        let proxy = |host: &str, options: &[&str], jump: Option<&str>| {
+            let opts = SshOptions {
+                options: options.iter().map(|o| (*o).to_owned()).collect(),
+                jump: jump.map(str::to_owned),
+                ..SshOptions::default()
+            };
+            let chain = resolve_chain_in(&c, host, &opts).unwrap();
+            let h = chain.last().unwrap();
+            (h.proxy_jump.clone(), h.proxy_command.clone())
+        };
+        let none = (vec![], None);
+        let jump = |j: &str| (vec![j.to_owned()], None);
+        let command = |c: &str| (vec![], Some(c.to_owned()));
+        // What `ssh -G` says of each (OpenSSH 9.2).
+        assert_eq!(proxy("special", &[], None), command("nc X special"));
+        assert_eq!(
+            proxy("pj", &[], None),
+            none,
+            "ProxyJump none, then a ProxyJump"
+        );
+        assert_eq!(
+            proxy("pc", &[], None),
+            none,
+            "ProxyCommand none, then a ProxyJump"
+        );
+        assert_eq!(proxy("both", &[], None), jump("j1"));
+        assert_eq!(proxy("both2", &[], None), command("c2 \"both2\"  # kept"));
+        assert_eq!(
+            proxy("lateproxy", &[], None),
+            command("late lateproxy"),
+            "ProxyJump none leaves a later ProxyCommand in effect"
+        );
+        assert_eq!(proxy("inc", &[], None), command("from-include inc"));
+        assert_eq!(proxy("other", &[], None), jump("bastion"));
+        // The command line comes first: -J, then -o in order.
+        assert_eq!(proxy("special", &[], Some("k")), jump("k"));
+        assert_eq!(proxy("other", &["ProxyCommand=none"], None), none);
+        assert_eq!(
+            proxy("special", &["ProxyJump=none"], None),
+            command("nc X special")
+        );
+        assert_eq!(
+            proxy("other", &["ProxyCommand=p %p", "ProxyJump=j"], None),
+            command("p 22")
+        );
+        // An Include inside a block for other hosts reads nothing that applies.
+        let c = SshConfigFile::parse_str(&format!(
+            "Host elsewhere\nInclude {}\nHost *\n  ProxyJump b\n",
+            inc.display()
+        ))
+        .unwrap();
+        assert_eq!(c.resolve("inc").unwrap().proxy_jump, vec!["b".to_owned()]);
+        assert_eq!(c.resolve("inc").unwrap().proxy_command, None);
+    }
+
+    #[test]
+    fn tokens_and_environment_variables_in_paths() {
+        let c = SshConfigFile::parse_str(
+            "Host t\n  HostName real.%h\n  User remote\n  Port 2200\n  HostKeyAlias ka
+  IdentityFile /k/%i/%u/%L/%l/%k/%n/%h/%p/%r/%%
+  IdentityFile ${PATH}/%C
+  UserKnownHostsFile %d/kh ~root/kh2
+  IdentityAgent /run/%i/agent
+Host unknown
+  IdentityFile /k/%x
+Host unset
+  UserKnownHostsFile /k/${FASTCP_TEST_UNSET_VARIABLE}
+Host agentunset
+  IdentityAgent ${FASTCP_TEST_UNSET_VARIABLE}/agent
+Host proxy
+  ProxyCommand nc %h %l
+Host name
+  HostName %%h.%h
+",
+        )
+        .unwrap();
+        let h = c.resolve("t").unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        let me = passwd_entry().unwrap();
+        let local = local_host_name();
+        assert!(!local.is_empty());
+        let short = local.split('.').next().unwrap();
+        assert_eq!(
+            h.identity_files[0],
+            PathBuf::from(format!(
+                "/k/{uid}/{}/{short}/{local}/ka/t/real.t/2200/remote/%",
+                me.name
+            ))
+        );
+        let hash = connection_hash(&local, "real.t", 2200, "remote");
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(h.identity_files[1], PathBuf::from(format!("{path}/{hash}")));
+        assert_eq!(
+            h.user_known_hosts_files,
+            vec![me.dir.join("kh"), PathBuf::from("/root/kh2")]
+        );
+        assert_eq!(
+            h.identity_agent,
+            Some(PathBuf::from(format!("/run/{uid}/agent")))
+        );
+        // ssh's own %C for this machine "vm", host "h", port 22, user "root".
+        assert_eq!(
+            connection_hash("vm", "h", 22, "root"),
+            "f6c7b5c5686c0e29702f588dbcf31794a61da818"
+        );
+        for (host, says) in [
+            ("unknown", "unknown key %x"),
+            (
+                "unset",
+                "env var ${FASTCP_TEST_UNSET_VARIABLE} has no value",
+            ),
+            (
+                "agentunset",
+                "env var ${FASTCP_TEST_UNSET_VARIABLE} has no value",
+            ),
+            ("proxy", "unknown key %l"),
+        ] {
+            let e = c.resolve(host).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{host}: {e}");
+            assert!(e.to_string().contains(says), "{host}: {e}");
+        }
+        assert_eq!(c.resolve("name").unwrap().host_name, "%h.name");
+        // `-i` files take the same tokens; a user without an entry is an error.
+        let opts = SshOptions {
+            identity_files: vec!["/k/%n".into(), "~nosuchuser-fastcp/k".into()],
+            ..SshOptions::default()
+        };
+        let e = resolve_chain_in(&c, "x", &opts).unwrap_err();
+        assert!(
+            e.to_string().contains("No such user nosuchuser-fastcp"),
+            "{e}"
+        );
+        let opts = SshOptions {
+            identity_files: vec!["/k/%n".into(), "~root".into()],
+            ..SshOptions::default()
+        };
+        let h = resolve_chain_in(&c, "x", &opts).unwrap().pop().unwrap();
+        assert_eq!(
+            &h.identity_files[..2],
+            [PathBuf::from("/k/x"), PathBuf::from("/root")]
+        );
+    }
+
+    /// ssh takes `~`, `%d`, `%u` and the default user from the password database, whatever
+    /// `$HOME` and `$USER` say. The check runs in a child process with both set elsewhere.
+    #[test]
+    fn the_home_and_user_come_from_the_password_database() {
+        const CHILD: &str = "FASTCP_TEST_PASSWD_CHILD";
+        let name = "ssh::config::tests::the_home_and_user_come_from_the_password_database";
+        if std::env::var_os(CHILD).is_some() {
+            let me = passwd_entry().unwrap();
+            assert_eq!(home_dir(), Some(me.dir.clone()));
+            let c = SshConfigFile::parse_str(
+                "Host h\n  IdentityFile ~/.ssh/k\n  UserKnownHostsFile ~/kh %d/%u\n",
+            )
+            .unwrap();
+            let h = c.resolve("h").unwrap();
+            assert_eq!(h.identity_files, vec![me.dir.join(".ssh/k")]);
+            assert_eq!(
+                h.user_known_hosts_files,
+                vec![me.dir.join("kh"), me.dir.join(&me.name)]
+            );
+            assert_eq!(h.user, me.name);
+            let none = SshConfigFile::parse_str("").unwrap().resolve("h").unwrap();
+            assert_eq!(
+                none.user_known_hosts_files[0],
+                me.dir.join(".ssh/known_hosts")
+            );
+            assert_eq!(none.identity_files[0], me.dir.join(".ssh/id_rsa"));
+            return;
+        }
+        let elsewhere = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("HOME", elsewhere.path())
+            .env("USER", "someone-else")
+            .env("LOGNAME", "someone-else")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

@@ -629,8 +629,8 @@ fn chooses_ciphers(o: &SshOptions) -> bool {
     let files: Vec<PathBuf> = match &o.config_file {
         Some(f) => vec![f.clone()],
         None => {
-            let mut files: Vec<PathBuf> = std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".ssh/config"))
+            let mut files: Vec<PathBuf> = super::config::home_dir()
+                .map(|h| h.join(".ssh/config"))
                 .into_iter()
                 .collect();
             files.push("/etc/ssh/ssh_config".into());
