@@ -258,7 +258,10 @@ pub struct SshArgs {
 }
 
 impl SshArgs {
-    fn options(&self) -> fastcp::transport::SshOptions {
+    /// The SSH options these flags give. As ssh does, an identity file (`-i`) that cannot be
+    /// found is left out with a warning on `log`: the copy goes on with the others (or
+    /// ssh_config's, or the default ones).
+    fn options(&self, log: &Log) -> fastcp::transport::SshOptions {
         // scp's own flags for ssh options come before -o, as ssh takes the first value.
         let mut options = Vec::new();
         if self.ipv4 {
@@ -277,7 +280,26 @@ impl SshArgs {
         fastcp::transport::SshOptions {
             config_file: self.config.clone(),
             port: self.port,
-            identity_files: self.identity.clone(),
+            identity_files: self
+                .identity
+                .iter()
+                .filter(|file| {
+                    // `~` is for ssh_config's reading to expand.
+                    if file.as_os_str().as_encoded_bytes().starts_with(b"~") {
+                        return true;
+                    }
+                    let Err(e) = std::fs::metadata(file) else {
+                        return true;
+                    };
+                    let why = e.raw_os_error().map_or_else(
+                        || e.to_string(),
+                        |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
+                    );
+                    log.warn(|| format!("Identity file {} not accessible: {why}.", file.display()));
+                    false
+                })
+                .cloned()
+                .collect(),
             jump: self.jump.clone(),
             options,
             remote_path: self.remote_path.clone(),
@@ -567,6 +589,7 @@ async fn copy_with(
             .into());
         }
     };
+    let log = stderr_log(output, args.quiet, args.verbose);
     let mut options = args
         .link
         .options()
@@ -594,7 +617,7 @@ async fn copy_with(
         .sftp(args.sftp)
         .compress(args.compress)
         .cancel(cancel)
-        .log(stderr_log(output, args.quiet, args.verbose));
+        .log(log.clone());
     // A bad pattern or a list that cannot be read: what was asked makes no sense (exit 2).
     options.filter = filter_from_command_line(args.files_from.as_deref())
         .map_err(|e| fastcp::Error::Usage(error_text(&e)))?;
@@ -631,7 +654,7 @@ async fn copy_with(
     let result = if role == Role::Local {
         fastcp::copy_local(&plan, progress.clone()).await
     } else {
-        fastcp::copy_remote(&plan, &args.ssh.options(), progress.clone()).await
+        fastcp::copy_remote(&plan, &args.ssh.options(&log), progress.clone()).await
     };
     display.finish(&progress, role, result.as_ref().ok()).await;
     let outcome = match result {
@@ -899,11 +922,9 @@ async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
             }
         },
     };
-    let options = args
-        .link
-        .options()
-        .log(stderr_log(&output, false, args.verbose));
-    let ssh = args.ssh.options();
+    let log = stderr_log(&output, false, args.verbose);
+    let options = args.link.options().log(log.clone());
+    let ssh = args.ssh.options(&log);
     let probe = fastcp::probe(&remote, &ssh, &options).await?;
     let here = fastcp::crypto::CpuFeatures::probe();
     let providers: Vec<String> = fastcp::crypto::Provider::available()

@@ -1361,3 +1361,37 @@ fn a_certificate_for_another_user_is_refused() {
     );
     assert!(!to.exists());
 }
+
+/// `-i` naming a file that is not there: a warning in ssh's words, once, and the copy goes on
+/// with ssh_config's identity, through the built-in client and the system ssh alike.
+#[test]
+fn a_missing_identity_file_is_warned_about_and_passed_over() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"key", 0o644);
+    let missing = work.path().join("no-such-key");
+    let warning = format!(
+        "Identity file {} not accessible: No such file or directory.",
+        missing.display()
+    );
+    for program in [None, Some("ssh")] {
+        let to = work
+            .path()
+            .join(format!("b-{}", program.unwrap_or("builtin")));
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.arg("-i").arg(&missing);
+        if let Some(p) = program {
+            cmd.args(["--ssh-program", p]);
+        }
+        let out = run(cmd.arg(&a).arg(remote(&sshd, &to)));
+        assert!(out.status.success(), "{program:?}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out).matches(&warning).count(),
+            1,
+            "{program:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(std::fs::read(&to).unwrap(), b"key");
+    }
+}
