@@ -419,12 +419,13 @@ impl Plan {
             ));
         }
         if remote_sources > 0 {
+            // A user left out may be the one named elsewhere: the session checks the logins
+            // once ssh_config is read.
             let first = sources[0].remote().expect("remote");
-            if sources
-                .iter()
-                .filter_map(Location::remote)
-                .any(|r| (&r.user, &r.host, r.port) != (&first.user, &first.host, first.port))
-            {
+            if sources.iter().filter_map(Location::remote).any(|r| {
+                (&r.host, r.port) != (&first.host, first.port)
+                    || matches!((&r.user, &first.user), (Some(a), Some(b)) if a != b)
+            }) {
                 return Err(Error::Usage(
                     "remote sources must all be on the same host".into(),
                 ));
@@ -921,7 +922,12 @@ pub async fn copy_remote(
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
     let plan = &plan.walking_ahead();
-    let connect = async { crate::Session::connect(remote_of(plan)?, ssh, &plan.options).await };
+    let connect = async {
+        let remote = remote_of(plan)?;
+        // Before logging in: an operand of another login would fail after it.
+        crate::remote::check_logins(plan, remote.user.as_deref(), &remote.host, remote.port, ssh)?;
+        crate::Session::connect(remote, ssh, &plan.options).await
+    };
     let session = match cancellable(plan.options.cancel.as_ref(), connect).await {
         Ok(session) => session,
         Err(e) => {

@@ -160,18 +160,9 @@ impl Session {
         Ok(done.into_outcome(transport, started))
     }
 
-    /// Checks that `plan` copies to or from this session's host.
+    /// Checks that `plan` copies to or from this session's login.
     fn check_host(&self, plan: &Plan) -> Result<(), Error> {
-        let remote = plan
-            .remote()
-            .ok_or_else(|| Error::Usage("a remote copy needs a remote operand".into()))?;
-        if (&remote.user, &remote.host, remote.port) != (&self.user, &self.host, self.port) {
-            return Err(Error::Usage(format!(
-                "this session is logged in to {}, not to the copy's host {}",
-                self.destination, remote.host
-            )));
-        }
-        Ok(())
+        check_logins(plan, self.user.as_deref(), &self.host, self.port, &self.ssh)
     }
 
     /// The connection copies start their server on.
@@ -628,6 +619,53 @@ async fn over_sftp_if_needed(
             }
         }
     }
+}
+
+/// Checks that every remote operand of `plan` is the login `user@host` (port `port`, as
+/// `ssh` reaches it): the same host and port, and a user that is the same once ssh_config
+/// and the default user are applied (as root, `root@host:a` and `host:b` are one login).
+pub(crate) fn check_logins(
+    plan: &Plan,
+    user: Option<&str>,
+    host: &str,
+    port: Option<u16>,
+    ssh: &SshOptions,
+) -> Result<(), Error> {
+    if plan.remote().is_none() {
+        return Err(Error::Usage("a remote copy needs a remote operand".into()));
+    }
+    let login = |user: Option<&str>| {
+        let destination = match user {
+            Some(u) => format!("{u}@{host}"),
+            None => host.to_owned(),
+        };
+        let mut ssh = ssh.clone();
+        ssh.port = ssh.port.or(port);
+        transport::ssh::resolve_chain(&destination, &ssh)
+            .ok()
+            .and_then(|mut chain| chain.pop())
+            .map(|hop| hop.user)
+    };
+    let remotes = plan.sources().iter().chain([plan.dest()]);
+    for remote in remotes.filter_map(Location::remote) {
+        let same_user = remote.user.as_deref() == user
+            || matches!((login(remote.user.as_deref()), login(user)), (Some(a), Some(b)) if a == b);
+        if (remote.host.as_str(), remote.port) != (host, port) || !same_user {
+            let logged_in = match user {
+                Some(u) => format!("{u}@{host}"),
+                None => host.to_owned(),
+            };
+            let named = match &remote.user {
+                Some(u) => format!("{u}@{}", remote.host),
+                None => remote.host.clone(),
+            };
+            return Err(Error::Usage(format!(
+                "{named} is not the login of the copy's other operands ({logged_in}): copy \
+                 from one login at a time"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Connects as [`AnyTransport::connect`] does, telling `log` where and how.

@@ -1395,3 +1395,36 @@ fn a_missing_identity_file_is_warned_about_and_passed_over() {
         assert_eq!(std::fs::read(&to).unwrap(), b"key");
     }
 }
+
+/// Remote sources with and without `user@`, as scp takes them: `me@host:a host:b` is one
+/// login when ssh_config (or the local user) makes `me` the user of `host:`; another user is
+/// another login, and refused.
+#[test]
+fn sources_with_and_without_the_same_user_are_one_login() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (a, b) = (work.path().join("a"), work.path().join("b"));
+    write(&a, b"first", 0o644);
+    write(&b, b"second", 0o644);
+    let with_user = |path: &Path, user: &str| format!("{user}@{}", remote(&sshd, path));
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .arg(with_user(&a, sshd.user()))
+        .arg(remote(&sshd, &b))
+        .arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dst.join("a")).unwrap(), b"first");
+    assert_eq!(std::fs::read(dst.join("b")).unwrap(), b"second");
+
+    let other = work.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    for operands in [
+        [remote(&sshd, &a), with_user(&b, "nobody-else")],
+        [with_user(&a, "nobody-else"), remote(&sshd, &b)],
+    ] {
+        let out = run(fastcp(&sshd, bin()).args(&operands).arg(&other));
+        assert_eq!(out.status.code(), Some(2), "{operands:?}: {}", stderr(&out));
+        assert!(std::fs::read_dir(&other).unwrap().next().is_none());
+    }
+}
