@@ -1428,3 +1428,46 @@ fn sources_with_and_without_the_same_user_are_one_login() {
         assert!(std::fs::read_dir(&other).unwrap().next().is_none());
     }
 }
+
+/// The agent's copy of an identity file's certificate (`ssh-add` adds it beside the key) is
+/// offered right after that key, as ssh offers it, and once, not after the agent's other
+/// keys: a server's `MaxAuthTries` counts every offer.
+#[test]
+fn the_agents_copy_of_a_certificate_is_offered_beside_its_key() {
+    let work = tempfile::tempdir().unwrap();
+    let ca = work.path().join("user_ca");
+    keygen("ed25519", &ca);
+    let sshd = Sshd::start_with_options(&format!(
+        "TrustedUserCAKeys {}.pub\nAuthorizedKeysFile none\nMaxAuthTries 3\n",
+        ca.display()
+    ))
+    .unwrap();
+    // The agent holds the fixture's key and two others, none of which this server takes,
+    // before the certified key.
+    let agent = sshd.start_agent().unwrap();
+    let key = work.path().join("id_ed25519");
+    for name in ["other1", "other2", "id_ed25519"] {
+        let path = work.path().join(name);
+        keygen("ed25519", &path);
+        if path == key {
+            certify(&ca, &key, sshd.user());
+        }
+        let added = Command::new(fastcp_testsupport::tools::require("ssh-add"))
+            .arg(&path)
+            .env("SSH_AUTH_SOCK", agent.socket())
+            .output()
+            .unwrap();
+        assert!(added.status.success());
+    }
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "agent_cert_beside",
+        &["IdentityFile", "IdentitiesOnly"],
+        &format!("  IdentityFile {}\n", key.display()),
+    );
+    let to = work.path().join("b");
+    let out = copy_with_certificate(&sshd, &config, work.path(), Some(agent.socket()), &[], &to);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!sshd.log().contains("Too many authentication failures"));
+}

@@ -340,7 +340,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     };
     let agent_has_cert = |cert: &Certificate| {
         agent_ids.iter().any(
-            |id| matches!(id, AgentIdentity::Certificate { certificate, .. } if certificate == cert),
+            |id| matches!(id, AgentIdentity::Certificate { certificate, .. } if same_cert(certificate, cert)),
         )
     };
 
@@ -380,13 +380,13 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
             }
             AgentIdentity::Certificate { certificate, .. } => {
                 if certificate.cert_type() != CertType::User
-                    || named_certs.iter().any(|(_, c)| c == certificate)
+                    || named_certs.iter().any(|(_, c)| same_cert(c, certificate))
                 {
                     continue;
                 }
                 let listed = beside_certs
                     .iter()
-                    .position(|c| c.as_ref().is_some_and(|(_, c)| c == certificate));
+                    .position(|c| c.as_ref().is_some_and(|(_, c)| same_cert(c, certificate)));
                 if !host.identities_only || listed.is_some() {
                     let offer = Offer::AgentCert {
                         cert: certificate.clone(),
@@ -433,7 +433,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     // What worked through the agent on an earlier connection goes first.
     let first = offers.iter().position(|o| match (o, previous) {
         (Offer::AgentKey(k), Some(AuthUsed::Agent(prev))) => k.key_data() == prev.key_data(),
-        (Offer::AgentCert { cert, .. }, Some(AuthUsed::AgentCert(prev))) => cert == &**prev,
+        (Offer::AgentCert { cert, .. }, Some(AuthUsed::AgentCert(prev))) => same_cert(cert, prev),
         _ => false,
     });
     if let Some(i) = first {
@@ -734,6 +734,13 @@ fn user_certificate(file: &Path) -> Result<Certificate, String> {
         return Err("a host certificate, not a user's".into());
     }
     Ok(cert)
+}
+
+/// Whether `a` and `b` are the same certificate. Their comments, which are no part of it,
+/// are left aside: the agent's copy has none, the file's has one.
+fn same_cert(a: &Certificate, b: &Certificate) -> bool {
+    a.to_bytes()
+        .is_ok_and(|a| b.to_bytes().is_ok_and(|b| a == b))
 }
 
 /// An agent's certificate as the "Tried:" list names it: its key's type and fingerprint.
