@@ -1471,3 +1471,38 @@ fn the_agents_copy_of_a_certificate_is_offered_beside_its_key() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!sshd.log().contains("Too many authentication failures"));
 }
+
+/// A certificate beside an identity file that certifies another key is not signed with
+/// that file's key, which the server could only refuse: the error says why it was left.
+#[test]
+fn a_certificate_of_another_key_is_not_signed_with_the_identity_file() {
+    let work = tempfile::tempdir().unwrap();
+    let (sshd, ca) = user_ca_sshd(work.path());
+    let key = work.path().join("id_ed25519");
+    keygen("ed25519", &key);
+    let other = work.path().join("other");
+    keygen("ed25519", &other);
+    let cert = certify(&ca, &other, sshd.user());
+    let beside = PathBuf::from(format!("{}-cert.pub", key.display()));
+    std::fs::rename(&cert, &beside).unwrap();
+    let to = work.path().join("b");
+    let out = copy_with_certificate(
+        &sshd,
+        &sshd.ssh_config(),
+        work.path(),
+        None,
+        &["-i".as_ref(), key.as_os_str()],
+        &to,
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains(&format!(
+            "{} (certifies another key than {})",
+            beside.display(),
+            key.display()
+        )),
+        "{said}"
+    );
+    assert!(!sshd.log().contains("ED25519-CERT"), "{}", sshd.log());
+}

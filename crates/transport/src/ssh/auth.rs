@@ -518,6 +518,14 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         continue;
                     }
                 };
+                // As ssh: never a signature by another key than the one certified.
+                if key.public_key().key_data() != cert.public_key() {
+                    tried.push(format!(
+                        "{name} (certifies another key than {})",
+                        path.display()
+                    ));
+                    continue;
+                }
                 tried.push(format!("{name} ({})", cert_details(&cert)));
                 let mut signer = CertSigner::Key(&key);
                 let signed = handle.authenticate_certificate_with(
