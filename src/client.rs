@@ -1121,13 +1121,6 @@ pub(crate) trait Peers: Sync {
 
     /// The connection that carries stream `index` (0: the server's own).
     fn peer(&self, index: u16) -> &Self::Peer;
-
-    /// Waits until it is known which connections can carry a stream, and returns how many of
-    /// the `wanted` data streams they carry. Asked after the hellos, before the request tells
-    /// the server how many streams to wait for.
-    fn settle(&self, wanted: u16) -> impl Future<Output = u16> + Send {
-        std::future::ready(wanted)
-    }
 }
 
 /// Connections that are all there from the start.
@@ -1556,19 +1549,6 @@ where
             .map(|r| Bytes::from(r.path.clone()))
             .collect();
         (Direction::Pull, paths)
-    };
-    // The connections that log in while the server starts have done so, or failed: the
-    // server is told only the streams that can come.
-    let mode = match mode {
-        Mode::Unix { streams } if streams > 1 => match peers.settle(streams).await {
-            n @ 2.. => Mode::Unix { streams: n },
-            _ => Mode::Inline,
-        },
-        Mode::Caller { streams } if streams > 1 => match peers.settle(streams).await {
-            n @ 2.. => Mode::Caller { streams: n },
-            _ => Mode::Inline,
-        },
-        mode => mode,
     };
     let (transport, streams, choice) = match mode {
         Mode::Inline => (TransportKind::Inline, 1, None),

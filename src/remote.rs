@@ -290,8 +290,8 @@ impl Session {
         // (BENCHMARKS.md), and channels sharing a connection would stall each other: when the
         // engine leaves one channel unread while it waits for an entry on another, the SSH
         // client stops reading the whole connection.
-        // The connections still to open log in while the server starts on the first; the
-        // server is told how many streams to wait for once they have (see `Logins`).
+        // The connections still to open log in while the server starts on the first, and
+        // join it once they have (see `Logins`).
         let peers = self.peers(mode.streams(), log).await;
         // Fewer when this session's logins failed before, or a typed one failed just now.
         let mode = match mode {
@@ -310,6 +310,21 @@ impl Session {
         });
         let mut started =
             session_over(plan, peer, &peers, &self.ssh, mode, progress.clone(), job).await;
+        // A login that failed failed the copy before anything was written: once every login
+        // has ended, it runs again over the connections that logged in.
+        if started.is_err() && peers.unsettled() {
+            let most = peers.settle().await;
+            if let Mode::Unix { streams } = mode
+                && most < streams
+            {
+                let mode = match most {
+                    2.. => Mode::Unix { streams: most },
+                    _ => Mode::Inline,
+                };
+                started =
+                    session_over(plan, peer, &peers, &self.ssh, mode, progress.clone(), job).await;
+            }
+        }
         // A server that refuses forwarded streams (AllowStreamLocalForwarding no, a key's
         // no-port-forwarding) still runs the copy over the session's own channel.
         if let (
@@ -396,11 +411,12 @@ impl Session {
 }
 
 /// A copy's connections for its data streams: the first logged in, the others logging in
-/// while the server starts. Before the server is told how many streams to wait for, every
-/// login has ended ([`Peers::settle`]): a stream goes only over a connection that logged in,
-/// and a login that failed (an sshd that drops logins beyond `MaxStartups`, a one-time
-/// password, a limit of one login per user) leaves the copy with fewer streams, with a
-/// warning, rather than failing it.
+/// while the server starts, and joining it as soon as they have. A login that fails (an sshd
+/// that drops logins beyond `MaxStartups`, a one-time password, a limit of one login per
+/// user) fails that first run of the copy before anything is written (the server writes
+/// nothing until every stream has joined); once every login has ended
+/// ([`settle`](Logins::settle)), the copy runs again over the connections that logged in,
+/// with a warning, rather than failing.
 struct Logins<'a> {
     /// Set when a login fails: the session's [`Session::logins_failed`].
     failed: &'a AtomicBool,
@@ -410,10 +426,9 @@ struct Logins<'a> {
     carrying: tokio::sync::OnceCell<Vec<usize>>,
 }
 
-/// How long a copy waits, once the server has said hello, for the logins of its other
-/// connections: as long as a server waits for the streams to join, and well within its wait
-/// for the request ([`SERVER_IDLE_TIMEOUT`](crate::server::SERVER_IDLE_TIMEOUT)). A login
-/// not done by then is given up, as one that failed.
+/// How long a copy that failed waits for the logins of its other connections still under
+/// way: as long as a server waits for the streams to join. A login not done by then is given
+/// up, as one that failed.
 const LOGIN_WAIT: Duration = Duration::from_secs(15);
 
 impl Logins<'_> {
@@ -421,6 +436,25 @@ impl Logins<'_> {
     fn most(&self) -> u16 {
         let n = self.carrying.get().map_or(self.peers.len(), Vec::len);
         u16::try_from(n).unwrap_or(u16::MAX)
+    }
+
+    /// Whether a login may have failed: one failed, or one is still under way, and the logins
+    /// have not been settled yet.
+    fn unsettled(&self) -> bool {
+        self.carrying.get().is_none()
+            && self
+                .peers
+                .iter()
+                .any(|p| matches!(p, Peer::LoggingIn(login) if login.done.get().is_none()))
+    }
+
+    /// Waits for every login, [`LOGIN_WAIT`] at most, once; returns how many connections
+    /// logged in, the streams then go over those only.
+    async fn settle(&self) -> u16 {
+        self.carrying
+            .get_or_init(|| self.ended(Some(LOGIN_WAIT)))
+            .await;
+        self.most()
     }
 
     /// Waits for every login, `patience` at most; returns where the connections that logged
@@ -434,15 +468,21 @@ impl Logins<'_> {
                 carrying.push(i);
                 continue;
             };
-            let login = login.connection();
+            let connection = login.connection();
             let ended = match deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, login).await.ok(),
-                None => Some(login.await),
+                Some(deadline) => tokio::time::timeout_at(deadline, connection).await.ok(),
+                None => Some(connection.await),
             };
             match ended {
                 Some(Ok(_)) => carrying.push(i),
                 Some(Err(e)) => {
-                    failed.get_or_insert_with(|| login_refused(&e));
+                    failed.get_or_insert_with(|| {
+                        login
+                            .why
+                            .get()
+                            .cloned()
+                            .unwrap_or_else(|| login_refused(&e))
+                    });
                 }
                 None => {
                     failed.get_or_insert_with(|| {
@@ -473,13 +513,6 @@ impl Peers for Logins<'_> {
             Some(carrying) => &self.peers[carrying[index % carrying.len()]],
             None => &self.peers[index % self.peers.len()],
         }
-    }
-
-    async fn settle(&self, wanted: u16) -> u16 {
-        self.carrying
-            .get_or_init(|| self.ended(Some(LOGIN_WAIT)))
-            .await;
-        wanted.min(self.most())
     }
 }
 
@@ -515,6 +548,8 @@ enum Peer {
 struct Login {
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<SshSession, transport::Error>>>>,
     done: std::sync::OnceLock<Arc<AnyTransport>>,
+    /// Why the login failed, as [`login_refused`] tells it.
+    why: std::sync::OnceLock<String>,
 }
 
 impl Login {
@@ -523,6 +558,7 @@ impl Login {
         Login {
             task: tokio::sync::Mutex::new(Some(task)),
             done: std::sync::OnceLock::new(),
+            why: std::sync::OnceLock::new(),
         }
     }
 
@@ -544,7 +580,12 @@ impl Login {
         // Awaited in place: a wait cancelled here leaves the login to `Drop`, which stops it.
         let joined = login.await;
         *task = None;
-        let session = joined.map_err(|e| failed(e.to_string()))??;
+        let session = joined
+            .map_err(|e| failed(e.to_string()))
+            .and_then(|login| login)
+            .inspect_err(|e| {
+                let _ = self.why.set(login_refused(e));
+            })?;
         Ok(self
             .done
             .get_or_init(|| Arc::new(AnyTransport::Builtin(session)))
@@ -720,8 +761,8 @@ mod tests {
     use super::*;
 
     /// A login that never ends is given up after [`LOGIN_WAIT`], as one that fails is: the
-    /// server is told of neither's stream, the copy warns once, and its session logs in no
-    /// more.
+    /// copy's second run has neither's stream, the copy warns once, and its session logs in
+    /// no more.
     #[tokio::test(start_paused = true)]
     async fn logins_that_fail_or_never_end_carry_no_stream() {
         let refused = Login::new(tokio::spawn(async {
@@ -741,10 +782,12 @@ mod tests {
             carrying: tokio::sync::OnceCell::new(),
         };
         let started = tokio::time::Instant::now();
-        let settled = tokio::time::timeout(2 * LOGIN_WAIT, logins.settle(3)).await;
+        assert!(logins.unsettled());
+        let settled = tokio::time::timeout(2 * LOGIN_WAIT, logins.settle()).await;
         assert_eq!(settled, Ok(0), "the wait has a bound");
         assert_eq!(started.elapsed(), LOGIN_WAIT);
-        assert_eq!(logins.settle(3).await, 0, "settled once");
+        assert_eq!(logins.settle().await, 0, "settled once");
+        assert!(!logins.unsettled());
         assert!(failed.load(Relaxed));
         let warnings = lock(&warnings);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
