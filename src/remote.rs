@@ -183,7 +183,7 @@ impl Session {
         let first: &[_] = &[self.first_connection()];
         let peer = &first[0];
         if plan.options.sftp {
-            let done = crate::sftp::copy(plan, peer, progress).await?;
+            let done = crate::sftp::copy(plan, peer, &self.logins_failed, progress).await?;
             return Ok((done, "sftp"));
         }
         if job == Job::DryRun {
@@ -197,7 +197,9 @@ impl Session {
                 job,
             )
             .await?;
-            return over_sftp_if_needed(plan, peer, started, "ssh", progress).await;
+            return self
+                .over_sftp_if_needed(plan, peer, started, "ssh", progress)
+                .await;
         }
         let tcp_addr = match plan.options.transport {
             TransportChoice::Ssh => None,
@@ -230,7 +232,11 @@ impl Session {
                     // Later copies of this session go straight to SSH channels.
                     self.tcp_unreachable.store(true, Relaxed);
                 }
-                other => return over_sftp_if_needed(plan, peer, other?, "tcp", progress).await,
+                other => {
+                    return self
+                        .over_sftp_if_needed(plan, peer, other?, "tcp", progress)
+                        .await;
+                }
             }
         }
         let wanted = match plan.options.streams {
@@ -276,7 +282,11 @@ impl Session {
                         });
                         break;
                     }
-                    other => return over_sftp_if_needed(plan, peer, other?, "ssh", progress).await,
+                    other => {
+                        return self
+                            .over_sftp_if_needed(plan, peer, other?, "ssh", progress)
+                            .await;
+                    }
                 }
             }
         }
@@ -350,7 +360,8 @@ impl Session {
             .await;
         }
         self.keep(peers.peers);
-        over_sftp_if_needed(plan, peer, started?, "ssh", progress).await
+        self.over_sftp_if_needed(plan, peer, started?, "ssh", progress)
+            .await
     }
 
     /// `n` connections for a copy's data streams, at most: the session's own, then new ones
@@ -428,8 +439,8 @@ struct Logins<'a> {
 
 /// How long a copy that failed waits for the logins of its other connections still under
 /// way: as long as a server waits for the streams to join. A login not done by then is given
-/// up, as one that failed.
-const LOGIN_WAIT: Duration = Duration::from_secs(15);
+/// up, as one that failed. The SFTP path gives each of its extra logins as long.
+pub(crate) const LOGIN_WAIT: Duration = Duration::from_secs(15);
 
 impl Logins<'_> {
     /// The most connections that may carry streams: those that logged in, once known.
@@ -485,20 +496,17 @@ impl Logins<'_> {
                     });
                 }
                 None => {
-                    failed.get_or_insert_with(|| {
-                        format!(
-                            "an extra login to the remote host took longer than {} s (a \
-                             firewall limiting new connections, a slow host?)",
-                            LOGIN_WAIT.as_secs()
-                        )
-                    });
+                    failed.get_or_insert_with(login_too_slow);
                 }
             }
         }
         if let Some(why) = failed {
-            self.failed.store(true, Relaxed);
-            self.log
-                .warn(|| format!("{why}; copying over {} stream(s)", carrying.len()));
+            fewer_logins(
+                self.failed,
+                self.log,
+                &why,
+                &format!("{} stream(s)", carrying.len()),
+            );
         }
         carrying
     }
@@ -516,9 +524,9 @@ impl Peers for Logins<'_> {
     }
 }
 
-/// Why a login for another data stream failed with `e`, as far as the error tells, with the
-/// error's first line.
-fn login_refused(e: &transport::Error) -> String {
+/// Why a login for another data stream (or SFTP session) failed with `e`, as far as the
+/// error tells, with the error's first line.
+pub(crate) fn login_refused(e: &transport::Error) -> String {
     use transport::Error::*;
     let guess = match e {
         Auth { .. } => {
@@ -534,6 +542,23 @@ fn login_refused(e: &transport::Error) -> String {
     let said = e.to_string();
     let said = said.lines().next().unwrap_or_default();
     format!("{guess}: {said}")
+}
+
+/// Why a login for another data stream (or SFTP session) was given up after [`LOGIN_WAIT`].
+pub(crate) fn login_too_slow() -> String {
+    format!(
+        "an extra login to the remote host took longer than {} s (a firewall limiting new \
+         connections, a slow host?)",
+        LOGIN_WAIT.as_secs()
+    )
+}
+
+/// A copy's logins for more streams failed, `why`: warns once, saying what the copy goes on
+/// over (`over`: "2 stream(s)"), and marks its session (`failed`, the session's
+/// [`Session::logins_failed`]), which logs in no more for its later copies.
+pub(crate) fn fewer_logins(failed: &AtomicBool, log: &Log, why: &str, over: &str) {
+    failed.store(true, Relaxed);
+    log.warn(|| format!("{why}; copying over {over}"));
 }
 
 /// One of a copy's connections: logged in, or logging in in the background while the server
@@ -632,31 +657,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Returns a finished session as carried by `transport`, or copies over SFTP.
-async fn over_sftp_if_needed(
-    plan: &Plan,
-    peer: &AnyTransport,
-    started: Started,
-    transport: &'static str,
-    progress: Arc<Progress>,
-) -> Result<(SessionDone, &'static str), Error> {
-    match started {
-        Started::Done(done) => Ok((*done, transport)),
-        Started::Sftp(why) if plan.options.no_sftp_fallback => Err(Error::RemoteCommand(format!(
-            "{why}; --no-sftp-fallback forbids copying over SFTP instead: install fastcp \
-             there, or drop that option"
-        ))),
-        Started::Sftp(why) => {
-            plan.options
-                .log
-                .warn(|| format!("{why}: copying over SFTP"));
-            match crate::sftp::copy(plan, peer, progress).await {
-                Ok(done) => Ok((done, "sftp")),
-                Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
-                    "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
-                     uploaded (no --no-deploy)"
-                ))),
-                Err(e) => Err(e),
+impl Session {
+    /// Returns a finished session as carried by `transport`, or copies over SFTP.
+    async fn over_sftp_if_needed(
+        &self,
+        plan: &Plan,
+        peer: &AnyTransport,
+        started: Started,
+        transport: &'static str,
+        progress: Arc<Progress>,
+    ) -> Result<(SessionDone, &'static str), Error> {
+        match started {
+            Started::Done(done) => Ok((*done, transport)),
+            Started::Sftp(why) if plan.options.no_sftp_fallback => {
+                Err(Error::RemoteCommand(format!(
+                    "{why}; --no-sftp-fallback forbids copying over SFTP instead: install fastcp \
+                 there, or drop that option"
+                )))
+            }
+            Started::Sftp(why) => {
+                plan.options
+                    .log
+                    .warn(|| format!("{why}: copying over SFTP"));
+                match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
+                    Ok(done) => Ok((done, "sftp")),
+                    Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
+                        "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
+                         uploaded (no --no-deploy)"
+                    ))),
+                    Err(e) => Err(e),
+                }
             }
         }
     }

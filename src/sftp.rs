@@ -58,6 +58,7 @@ use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, top_level_name, within_idle_limit};
 use crate::location::Location;
+use crate::remote::{LOGIN_WAIT, fewer_logins, login_refused, login_too_slow};
 use crate::remote_hash::{Hasher, alongside};
 use crate::{Error, Log};
 
@@ -195,6 +196,11 @@ async fn at_once<T>(opens: Vec<impl Future<Output = Result<T, Error>>>) -> Resul
 /// connection of its own; with `limit` (`--bwlimit`), all of their bytes count against it.
 /// Every byte they move counts in `progress` as it moves, for the idle limit. Returns the
 /// extra connections too, to keep open while the sessions run.
+///
+/// The built-in client's extra logins that fail (an sshd that drops logins beyond
+/// `MaxStartups`, a one-time password, a limit of one login per user) or are not done
+/// within [`LOGIN_WAIT`] (unless the first was typed: a prompt) leave fewer sessions, with
+/// one warning, and mark the session (`logins_failed`); those not yet started are not tried.
 async fn sessions(
     peer: &AnyTransport,
     n: usize,
@@ -202,6 +208,7 @@ async fn sessions(
     timeout: Option<Duration>,
     limit: Option<Arc<crate::limit::RateLimit>>,
     progress: &Arc<Progress>,
+    (logins_failed, log): (&AtomicBool, &Log),
 ) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
     let limited = |s: BoxStream| -> BoxStream {
         let s: BoxStream = match &limit {
@@ -219,13 +226,34 @@ async fn sessions(
     // The sessions start together, up to LOGINS_AT_ONCE logins at a time.
     match peer {
         AnyTransport::Builtin(first) => {
+            let patience = (!first.login_was_typed()).then_some(LOGIN_WAIT);
+            // Why the first extra login that failed did.
+            let refused = Mutex::new(None);
             let extra = |k: usize| -> Vec<_> {
                 (0..k)
                     .map(|_| async {
-                        let ssh = first.reconnect().await?;
+                        if lock(&refused).is_some() {
+                            return Ok(None);
+                        }
+                        let login = first.reconnect();
+                        let ended = match patience {
+                            Some(p) => tokio::time::timeout(p, login).await.ok(),
+                            None => Some(login.await),
+                        };
+                        let ssh = match ended {
+                            Some(Ok(ssh)) => ssh,
+                            Some(Err(e)) => {
+                                lock(&refused).get_or_insert_with(|| login_refused(&e));
+                                return Ok(None);
+                            }
+                            None => {
+                                lock(&refused).get_or_insert_with(login_too_slow);
+                                return Ok(None);
+                            }
+                        };
                         let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
                         let sftp = Sftp::open(limited(Box::new(stream)), timeout).await?;
-                        Ok::<_, Error>((ssh, Arc::new(sftp)))
+                        Ok::<_, Error>(Some((ssh, Arc::new(sftp))))
                     })
                     .collect()
             };
@@ -243,8 +271,13 @@ async fn sessions(
                     (first, at_once(extra(k)).await?)
                 }
             };
-            let (connections, extra): (Vec<_>, Vec<_>) = extra.into_iter().unzip();
-            Ok((connections, std::iter::once(first).chain(extra).collect()))
+            let (connections, extra): (Vec<_>, Vec<_>) = extra.into_iter().flatten().unzip();
+            let sessions: Vec<_> = std::iter::once(first).chain(extra).collect();
+            if let Some(why) = lock(&refused).take() {
+                let over = format!("{} SFTP session(s)", sessions.len());
+                fewer_logins(logins_failed, log, &why, &over);
+            }
+            Ok((connections, sessions))
         }
         AnyTransport::Program(program) => {
             let first = program
@@ -415,14 +448,17 @@ fn fatal(what: &str, e: SftpError) -> Error {
 }
 
 /// Runs the copy `plan` over SFTP, on `peer`'s connection and more to the same host.
+/// When a login for another stream or session failed earlier in the copy's session
+/// (`logins_failed`), it takes one SFTP session, and logs in no more.
 pub(crate) async fn copy(
     plan: &Plan,
     peer: &AnyTransport,
+    logins_failed: &AtomicBool,
     progress: Arc<Progress>,
 ) -> Result<SessionDone, Error> {
     refuse_unsupported(plan)?;
     let log = &plan.options.log;
-    let n = match plan.options.streams {
+    let mut n = match plan.options.streams {
         Some(n) => n,
         // Each file travels whole on one session: another session's login would cost more
         // than it saved.
@@ -430,6 +466,13 @@ pub(crate) async fn copy(
         None => DEFAULT_SFTP_SESSIONS,
     }
     .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
+    if n > 1 && logins_failed.load(Ordering::Relaxed) {
+        n = 1;
+        log.info(|| {
+            "copying over 1 SFTP session: logins for more streams failed earlier in this session"
+                .into()
+        });
+    }
     // A pull of single files (no -r) is sized once the first session is up, by the same
     // rule.
     let sources = remote_sources(plan);
@@ -445,6 +488,7 @@ pub(crate) async fn copy(
         plan.options.timeout,
         limit.clone(),
         &progress,
+        (logins_failed, log),
     )
     .await?;
     let n = sftp.len();

@@ -619,6 +619,69 @@ async fn a_session_whose_extra_logins_are_refused_copies_over_fewer_streams() {
     );
 }
 
+/// The same over SFTP (`--sftp`, four sessions): the first copy goes over the sessions that
+/// logged in, with one warning; the copies after it take one session and log in no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_extra_sftp_logins_are_refused_copies_over_fewer_sessions() {
+    let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
+    common::wait_for_a_login(&sshd);
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 50);
+    let warnings = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = fastcp::Log::new({
+        let warnings = warnings.clone();
+        move |level, line| {
+            if level == fastcp::LogLevel::Warn {
+                warnings.lock().unwrap().push(line.to_owned());
+            }
+        }
+    });
+    let options = CopyOptions::default()
+        .recursive(true)
+        .sftp(true)
+        .streams(4)
+        .log(log);
+    let target = on(&sshd, work.path());
+    let session = Session::connect(target.remote().unwrap(), &ssh_options(&sshd), &options)
+        .await
+        .unwrap();
+    let tries = || {
+        let log = sshd.log();
+        log.matches("Accepted publickey").count() + log.matches("past MaxStartups").count()
+    };
+    let mut sessions = Vec::new();
+    let mut after_first = None;
+    for name in ["pushed0", "pushed1", "pushed2"] {
+        let to = work.path().join(name);
+        let plan = Plan::new(
+            vec![Location::Local(src.clone())],
+            on(&sshd, &to),
+            options.clone(),
+        )
+        .unwrap();
+        let outcome = session
+            .copy(&plan, Arc::new(Progress::default()))
+            .await
+            .unwrap();
+        assert!(outcome.report.is_complete());
+        assert_same_tree(&src, &to, false);
+        assert_no_temp(&to);
+        sessions.push(outcome.streams);
+        after_first.get_or_insert_with(tries);
+    }
+    let warnings = warnings.lock().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("MaxStartups"), "{warnings:?}");
+    assert!(sessions[0] < 4, "{sessions:?}");
+    assert_eq!(sessions[1..], [1, 1], "{sessions:?}");
+    assert_eq!(
+        Some(tries()),
+        after_first,
+        "no more logins after the first copy"
+    );
+}
+
 /// `fastcp::blocking::Session`: two copies from two threads over one login.
 #[test]
 fn a_blocking_session_copies_from_two_threads() {

@@ -326,6 +326,53 @@ fn sixteen_sftp_sessions_log_in_under_a_default_max_startups() {
     }
 }
 
+/// An sshd that drops connections beyond one logging in at a time from an address
+/// (`PerSourceMaxStartups 1`) refuses some of the extra logins of four SFTP sessions, which
+/// start together: a push and a pull of a tree still complete, over the sessions that did
+/// log in, with one warning that says why; so does a copy that falls back to SFTP on a host
+/// without fastcp.
+#[test]
+fn a_server_that_refuses_extra_logins_gets_the_sftp_copy_over_fewer_sessions() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
+    wait_for_a_login(&sshd);
+    let src = work.path().join("src");
+    build(&src);
+    let refused = "the remote sshd refused extra logins (MaxStartups/PerSourceMaxStartups?): ";
+    for (name, pull, how) in [
+        ("pushed", false, "--sftp"),
+        ("pulled", true, "--sftp"),
+        ("fallen-back", false, "--no-deploy"),
+    ] {
+        let to = work.path().join(name);
+        let mut cmd = plain(&sshd);
+        cmd.args([how, "-r", "-p", "-j", "4", "--json", "--transport", "ssh"]);
+        let out = match pull {
+            false => run(cmd.arg(&src).arg(remote(&sshd, &to))),
+            true => run(cmd.arg(remote(&sshd, &src)).arg(&to)),
+        };
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let said = stderr(&out);
+        let warnings: Vec<_> = said
+            .lines()
+            .filter(|l| l.starts_with("fastcp: warning: ") && !l.ends_with("copying over SFTP"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{name}: {said}");
+        assert!(warnings[0].contains(refused), "{name}: {said}");
+        let summary = json(&out);
+        assert_eq!(summary["transport"], "sftp", "{name}: {summary}");
+        let sessions = summary["streams"].as_u64().unwrap();
+        assert!(
+            warnings[0].ends_with(&format!("; copying over {sessions} SFTP session(s)")),
+            "{name}: {said}"
+        );
+        assert!((1..4).contains(&sessions), "{name}: {summary}");
+        assert_same_tree(&src, &to, true);
+        assert_no_temp(&to);
+    }
+    assert!(sshd.log().contains("past MaxStartups"), "{}", sshd.log());
+}
+
 /// An SFTP server that never answers its start (a login script stuck, a loaded host): the
 /// copy ends after the idle limit with the connection's exit code, saying the server did
 /// not answer, not that the host has no SFTP.
