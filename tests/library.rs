@@ -560,6 +560,26 @@ async fn one_session_runs_many_copies_over_one_login() {
 /// log in for more streams again in the copies after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_extra_logins_are_refused_copies_over_fewer_streams() {
+    let options = CopyOptions::default().transport(TransportChoice::Ssh);
+    let streams = three_copies_with_extra_logins_refused(options).await;
+    assert!(streams[0] < 4, "{streams:?}");
+    assert!(streams.iter().all(|&n| n == streams[0]), "{streams:?}");
+}
+
+/// The same over SFTP (`--sftp`, four sessions): the first copy goes over the sessions that
+/// logged in, with one warning; the copies after it take one session and log in no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_extra_sftp_logins_are_refused_copies_over_fewer_sessions() {
+    let sessions = three_copies_with_extra_logins_refused(CopyOptions::default().sftp(true)).await;
+    assert!(sessions[0] < 4, "{sessions:?}");
+    assert_eq!(sessions[1..], [1, 1], "{sessions:?}");
+}
+
+/// Three recursive pushes with four streams and `options` over one `Session` to an sshd
+/// that drops logins starting together (`PerSourceMaxStartups 1`): each copy is complete
+/// and leaves no temp file, one warning in all names MaxStartups, and no login is tried
+/// after the first copy. Returns each copy's stream (or SFTP session) count.
+async fn three_copies_with_extra_logins_refused(options: CopyOptions) -> Vec<usize> {
     let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
     common::wait_for_a_login(&sshd);
     let work = tempfile::tempdir().unwrap();
@@ -574,11 +594,7 @@ async fn a_session_whose_extra_logins_are_refused_copies_over_fewer_streams() {
             }
         }
     });
-    let options = CopyOptions::default()
-        .recursive(true)
-        .transport(TransportChoice::Ssh)
-        .streams(4)
-        .log(log);
+    let options = options.recursive(true).streams(4).log(log);
     let target = on(&sshd, work.path());
     let session = Session::connect(target.remote().unwrap(), &ssh_options(&sshd), &options)
         .await
@@ -610,76 +626,12 @@ async fn a_session_whose_extra_logins_are_refused_copies_over_fewer_streams() {
     let warnings = warnings.lock().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].contains("MaxStartups"), "{warnings:?}");
-    assert!(streams[0] < 4, "{streams:?}");
-    assert!(streams.iter().all(|&n| n == streams[0]), "{streams:?}");
     assert_eq!(
         Some(tries()),
         after_first,
         "no more logins after the first copy"
     );
-}
-
-/// The same over SFTP (`--sftp`, four sessions): the first copy goes over the sessions that
-/// logged in, with one warning; the copies after it take one session and log in no more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_whose_extra_sftp_logins_are_refused_copies_over_fewer_sessions() {
-    let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
-    common::wait_for_a_login(&sshd);
-    let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    build_tiny(&src, 50);
-    let warnings = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = fastcp::Log::new({
-        let warnings = warnings.clone();
-        move |level, line| {
-            if level == fastcp::LogLevel::Warn {
-                warnings.lock().unwrap().push(line.to_owned());
-            }
-        }
-    });
-    let options = CopyOptions::default()
-        .recursive(true)
-        .sftp(true)
-        .streams(4)
-        .log(log);
-    let target = on(&sshd, work.path());
-    let session = Session::connect(target.remote().unwrap(), &ssh_options(&sshd), &options)
-        .await
-        .unwrap();
-    let tries = || {
-        let log = sshd.log();
-        log.matches("Accepted publickey").count() + log.matches("past MaxStartups").count()
-    };
-    let mut sessions = Vec::new();
-    let mut after_first = None;
-    for name in ["pushed0", "pushed1", "pushed2"] {
-        let to = work.path().join(name);
-        let plan = Plan::new(
-            vec![Location::Local(src.clone())],
-            on(&sshd, &to),
-            options.clone(),
-        )
-        .unwrap();
-        let outcome = session
-            .copy(&plan, Arc::new(Progress::default()))
-            .await
-            .unwrap();
-        assert!(outcome.report.is_complete());
-        assert_same_tree(&src, &to, false);
-        assert_no_temp(&to);
-        sessions.push(outcome.streams);
-        after_first.get_or_insert_with(tries);
-    }
-    let warnings = warnings.lock().unwrap();
-    assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].contains("MaxStartups"), "{warnings:?}");
-    assert!(sessions[0] < 4, "{sessions:?}");
-    assert_eq!(sessions[1..], [1, 1], "{sessions:?}");
-    assert_eq!(
-        Some(tries()),
-        after_first,
-        "no more logins after the first copy"
-    );
+    streams
 }
 
 /// `fastcp::blocking::Session`: two copies from two threads over one login.
