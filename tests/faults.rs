@@ -314,6 +314,42 @@ fn a_failed_login_for_another_stream_leaves_the_copy_one_stream() {
     assert_no_temp(&dst);
 }
 
+/// An agent that takes the connection and never answers (a forwarded agent socket whose far
+/// end stopped) is passed over after a few seconds, and the login goes on with the identity
+/// file.
+#[test]
+fn a_silent_agent_is_passed_over() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let sock = work.path().join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            held.push(conn);
+        }
+    });
+    let cfg = work.path().join("agent_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}  IdentityAgent {}\n",
+            sshd.host_block(sshd.alias()),
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let src = work.path().join("a");
+    write(&src, b"past a silent agent", 0o644);
+    let to = work.path().join("b");
+    let target = remote(&sshd, &to);
+    let args = ssh_args(&cfg, &[], src.as_os_str(), target.as_ref());
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(std::fs::read(&to).unwrap(), b"past a silent agent");
+}
+
 #[test]
 fn a_stalled_ssh_connection_ends_the_copy_within_the_timeout() {
     cut_push(

@@ -154,6 +154,11 @@ pub(crate) fn answer(
 /// Keyboard-interactive answers, each with the prompt it answered.
 pub(crate) type Answers = Vec<(String, Zeroizing<String>)>;
 
+/// How long the agent is given to take the connection and list its keys: a stalled agent (a
+/// forwarded socket whose far end stopped) would otherwise hold the login for good. Past it,
+/// the login goes on without the agent.
+const AGENT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The methods the server said can continue, from its last refusal (`None`: not known yet).
 type Methods = Option<Vec<MethodKind>>;
 
@@ -325,12 +330,22 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     let mut agent: Option<Agent> = None;
     let mut agent_ids = Vec::new();
     if let Some(sock) = &host.identity_agent {
-        match AgentClient::connect_uds(sock).await {
-            Ok(mut a) => {
-                agent_ids = a.request_identities().await.unwrap_or_default();
+        let listed = tokio::time::timeout(AGENT_WAIT, async {
+            let mut a = AgentClient::connect_uds(sock).await?;
+            let ids = a.request_identities().await.unwrap_or_default();
+            Ok::<_, russh::keys::Error>((a, ids))
+        });
+        match listed.await {
+            Ok(Ok((a, ids))) => {
+                agent_ids = ids;
                 agent = Some(a);
             }
-            Err(e) => tried.push(format!("agent at {} (unreachable: {e})", sock.display())),
+            Ok(Err(e)) => tried.push(format!("agent at {} (unreachable: {e})", sock.display())),
+            Err(_) => tried.push(format!(
+                "agent at {} (no answer in {} s)",
+                sock.display(),
+                AGENT_WAIT.as_secs()
+            )),
         }
     }
     let agent_has_key = |key: &KeyData| {
