@@ -235,7 +235,15 @@ impl Report {
         results: Vec<DataResult>,
     ) -> Report {
         let versions = [
-            format!("fastcp {}", fastcp_rev(&opts.repo)),
+            match &opts.fastcp {
+                // Its commit is not known here: the one given may be built from any.
+                Some(bin) => format!(
+                    "fastcp {} (given with --fastcp; the repository is at {})",
+                    bin.display(),
+                    fastcp_rev(&opts.repo)
+                ),
+                None => format!("fastcp {}", fastcp_rev(&opts.repo)),
+            },
             first_line("ssh", &["-V"]),
             first_line("rsync", &["--version"]),
             first_line("tar", &["--version"]),
