@@ -16,9 +16,12 @@
 //! `CertificateFile` is read here too (from `-o` and the file), and so are its lines: ssh
 //! offers every one, `ssh2-config` keeps only one.
 //!
-//! What only the system ssh does is not guessed at: a `Match` block (which could connect
-//! somewhere else, or as someone else, than `ssh` would), more than one `CertificateFile`
-//! line, GSSAPI, a connection master (ControlMaster, ControlPath), a PKCS#11 or
+//! As with ssh, `-F` names the only file read; without it `~/.ssh/config` is read, then the
+//! system-wide [`SYSTEM_CONFIG`], the first value obtained winning.
+//!
+//! What only the system ssh does is not guessed at: a `Match` block other than `Match all`
+//! (which could connect somewhere else, or as someone else, than `ssh` would), more than one
+//! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, a connection master (ControlMaster, ControlPath), a PKCS#11 or
 //! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
 //! the `fastcp` command then runs the system ssh.
@@ -27,7 +30,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ssh2_config::{HostClause, ParseRule, SshConfig};
+use ssh2_config::{HostClause, HostParams, ParseRule, SshConfig};
 
 use super::Error;
 use super::client::SshClientConfig;
@@ -65,7 +68,8 @@ impl StrictHostKeyChecking {
 /// override it (as ssh's command-line flags do), and fastcp's own knobs.
 #[derive(Clone, Debug, Default)]
 pub struct SshOptions {
-    /// ssh_config to read (`-F`); `None` reads `~/.ssh/config` if it exists.
+    /// ssh_config to read (`-F`); `None` reads `~/.ssh/config` and then
+    /// [`SYSTEM_CONFIG`], each if it exists, as ssh does.
     pub config_file: Option<PathBuf>,
     /// Port (`-P`/`-p`); overrides ssh_config.
     pub port: Option<u16>,
@@ -313,42 +317,88 @@ fn choose_proxy(lines: impl IntoIterator<Item = ProxyLine>) -> (Vec<String>, Opt
     (jumps, command)
 }
 
-/// A parsed ssh_config file.
+/// The system-wide ssh_config, read after the user's as ssh reads it (unless `-F` names the
+/// only file to read).
+pub const SYSTEM_CONFIG: &str = "/etc/ssh/ssh_config";
+
+/// The ssh_config files ssh reads for a connection, parsed: the user's (or `-F`'s), then the
+/// system-wide one. For each setting, the first value obtained wins, so the user's file
+/// comes first.
 #[derive(Debug, Clone)]
 pub struct SshConfigFile {
+    files: Vec<OneFile>,
+    home: Option<PathBuf>,
+}
+
+/// One ssh_config file, parsed.
+#[derive(Debug, Clone)]
+struct OneFile {
     parsed: SshConfig,
     /// The file's text, read again for what `parsed` does not keep: the order of lines.
     text: String,
-    home: Option<PathBuf>,
     /// Where the file's `CertificateFile` lines are: ssh offers each, `ssh2-config` keeps
     /// one, so a host given more than one goes to the system ssh.
     certificate_lines: Vec<String>,
 }
 
 impl SshConfigFile {
-    /// Reads `path`, or `~/.ssh/config` (if it exists) when `path` is `None`.
+    /// Reads the files ssh reads: `path` alone (`-F`; `none` reads no file at all), or when
+    /// `path` is `None`, `~/.ssh/config` and [`SYSTEM_CONFIG`], each if it exists.
     pub fn load(path: Option<&Path>) -> Result<Self, Error> {
-        let home = home_dir();
-        let path = match path {
-            // As ssh's `-F none`: no configuration file at all.
-            Some(p) if p.as_os_str() == "none" => None,
-            Some(p) => Some(p.to_path_buf()),
-            None => home
-                .as_ref()
-                .map(|h| h.join(".ssh/config"))
-                .filter(|p| p.exists()),
-        };
         match path {
-            None => Self::parse_str(""),
-            Some(p) => {
-                let text = std::fs::read_to_string(&p)
-                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())))?;
-                Self::parse_with_home(&text, home).map_err(|e| match e {
-                    Error::Config(m) => Error::Config(format!("{}: {m}", p.display())),
-                    e => e,
-                })
+            // As ssh's `-F none`: no configuration file at all.
+            Some(p) if p.as_os_str() == "none" => Self::parse_str(""),
+            Some(p) => Self::load_files(Some(p), None),
+            None => {
+                let user = home_dir().map(|h| h.join(".ssh/config"));
+                let user = user.filter(|p| p.exists());
+                let system = Path::new(SYSTEM_CONFIG);
+                Self::load_files(user.as_deref(), system.exists().then_some(system))
             }
         }
+    }
+
+    /// Reads a user's ssh_config and a system-wide one, as ssh reads `~/.ssh/config` and
+    /// [`SYSTEM_CONFIG`]: the user's values win, and a relative `Include` in the system
+    /// file is beneath the system file's folder (`/etc/ssh`), not `~/.ssh`.
+    ///
+    /// ```no_run
+    /// use std::path::Path;
+    /// use fastcp_transport::ssh::SshConfigFile;
+    ///
+    /// let files = SshConfigFile::load_files(
+    ///     Some(Path::new("/home/me/.ssh/config")),
+    ///     Some(Path::new("/etc/ssh/ssh_config")),
+    /// )?;
+    /// let host = files.resolve("build")?;
+    /// println!("{}@{}:{}", host.user, host.host_name, host.port);
+    /// # Ok::<(), fastcp_transport::ssh::Error>(())
+    /// ```
+    pub fn load_files(user: Option<&Path>, system: Option<&Path>) -> Result<Self, Error> {
+        let home = home_dir();
+        let read = |p: &Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())))
+        };
+        let named = |p: &Path, e: Error| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", p.display())),
+            Error::NeedsSystemSsh(m) => Error::NeedsSystemSsh(format!("{}: {m}", p.display())),
+            e => e,
+        };
+        let mut files = Vec::new();
+        for (p, system) in [(user, false), (system, true)] {
+            let Some(p) = p else { continue };
+            let mut text = read(p)?;
+            if system {
+                text = absolute_includes(&text, p.parent().unwrap_or(Path::new("/")));
+            }
+            let mut file = OneFile::parse(&text, home.as_deref()).map_err(|e| named(p, e))?;
+            for line in &mut file.certificate_lines {
+                *line = format!("{} {line}", p.display());
+            }
+            files.push(file);
+        }
+        Ok(SshConfigFile { files, home })
     }
 
     /// Parses ssh_config text (`~` is the home directory, as [`home_dir`] finds it).
@@ -357,31 +407,27 @@ impl SshConfigFile {
     }
 
     fn parse_with_home(text: &str, home: Option<PathBuf>) -> Result<Self, Error> {
-        if let Some(at) = keyword_lines(text, "match", home.as_deref(), 0).first() {
-            return Err(Error::NeedsSystemSsh(format!(
-                "ssh_config {at}: a `Match` block"
-            )));
-        }
-        let certificate_lines = keyword_lines(text, "certificatefile", home.as_deref(), 0);
-        let mut cfg = SshConfig::default();
-        if let Some(h) = &home {
-            cfg = cfg.home_dir(h);
-        }
-        let parsed = cfg
-            .parse(
-                &mut BufReader::new(text.as_bytes()),
-                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-            )
-            .map_err(|e| Error::Config(e.to_string()))?;
+        let file = OneFile::parse(text, home.as_deref())?;
         Ok(SshConfigFile {
-            parsed,
-            text: text.to_owned(),
+            files: vec![file],
             home,
-            certificate_lines,
         })
     }
 
-    /// Resolves `host` (an alias or a name, no `user@`) through this file only.
+    /// The settings for `host` from every file, the first value obtained winning.
+    fn query(&self, host: &str) -> HostParams {
+        let mut files = self.files.iter();
+        let mut params = match files.next() {
+            Some(f) => f.parsed.query(host),
+            None => SshConfig::default().query(host),
+        };
+        for f in files {
+            params.overwrite_if_none(&f.parsed.query(host));
+        }
+        params
+    }
+
+    /// Resolves `host` (an alias or a name, no `user@`) through these files only.
     pub fn resolve(&self, host: &str) -> Result<HostConfig, Error> {
         self.resolve_with(host, None, &Overrides::default())
     }
@@ -392,7 +438,7 @@ impl SshConfigFile {
         dest_user: Option<&str>,
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
-        let p = self.parsed.query(host);
+        let p = self.query(host);
         let extra = |key: &str| -> Option<String> {
             p.unsupported_fields.get(key).map(|args| {
                 args.iter()
@@ -406,9 +452,11 @@ impl SshConfigFile {
             .clone()
             .or(p.host_name.clone())
             .unwrap_or_else(|| host.to_owned());
+        // As ssh: the name connected to (and looked up in known_hosts) is lowercased.
         let host_name = expand("HostName", &host_name, |c| {
             (c == 'h').then(|| host.to_owned())
-        })?;
+        })?
+        .to_ascii_lowercase();
         let port = ov.port.or(p.port).unwrap_or(22);
         let user = ov
             .user
@@ -502,7 +550,9 @@ impl SshConfigFile {
             ],
         };
         let mut proxy = ov.proxy.clone();
-        proxy_lines(&self.text, self.home.as_deref(), host, true, 0, &mut proxy);
+        for f in &self.files {
+            proxy_lines(&f.text, self.home.as_deref(), host, true, 0, &mut proxy);
+        }
         let (proxy_jump, proxy_command) = choose_proxy(proxy);
         let connect_timeout = ov
             .connect_timeout
@@ -515,10 +565,16 @@ impl SshConfigFile {
         // As ssh: CertificateFile from `-o` first, then ssh_config's.
         let mut certificate_files = ov.certificate_files.clone();
         if let Some(f) = &p.certificate_file {
-            if self.certificate_lines.len() > 1 {
+            let lines: Vec<&str> = self
+                .files
+                .iter()
+                .flat_map(|f| &f.certificate_lines)
+                .map(String::as_str)
+                .collect();
+            if lines.len() > 1 {
                 return Err(Error::NeedsSystemSsh(format!(
                     "several CertificateFile lines in ssh_config ({}) for {host}",
-                    self.certificate_lines.join(", ")
+                    lines.join(", ")
                 )));
             }
             certificate_files.push(f.clone());
@@ -532,10 +588,18 @@ impl SshConfigFile {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
             }
         }
-        for key in ["gssapiauthentication", "controlmaster"] {
-            if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
-                return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
-            }
+        if any("controlmaster").is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
+            return Err(Error::NeedsSystemSsh(format!("controlmaster for {host}")));
+        }
+        // ssh tries GSSAPI first, and without a Kerberos ticket it fails there and goes on to
+        // the other methods, as the built-in client does. Debian's and Fedora's system-wide
+        // files set it for every host.
+        if any("gssapiauthentication").is_some_and(|v| !v.eq_ignore_ascii_case("no"))
+            && has_kerberos_ticket()
+        {
+            return Err(Error::NeedsSystemSsh(format!(
+                "gssapiauthentication for {host}, with a Kerberos ticket"
+            )));
         }
         let identity_agent = match ov.identity_agent.clone().or(extra("identityagent")) {
             Some(v) if v.eq_ignore_ascii_case("none") => None,
@@ -614,6 +678,93 @@ impl SshConfigFile {
         }
         Ok(config)
     }
+}
+
+impl OneFile {
+    fn parse(text: &str, home: Option<&Path>) -> Result<Self, Error> {
+        if let Some(at) = match_lines(text, home, 0).first() {
+            return Err(Error::NeedsSystemSsh(format!(
+                "ssh_config {at}: a `Match` block"
+            )));
+        }
+        let certificate_lines = keyword_lines(text, "certificatefile", home, 0);
+        let mut cfg = SshConfig::default();
+        if let Some(h) = home {
+            cfg = cfg.home_dir(h);
+        }
+        let parsed = cfg
+            .parse(
+                &mut BufReader::new(text.as_bytes()),
+                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+            )
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(OneFile {
+            parsed,
+            text: text.to_owned(),
+            certificate_lines,
+        })
+    }
+}
+
+/// `text` with each relative path of its `Include` lines made absolute beneath `dir`, as ssh
+/// reads a relative `Include` in the system-wide file (beneath `/etc/ssh`).
+fn absolute_includes(text: &str, dir: &Path) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        match keyword_and_rest(line) {
+            Some((kw, rest)) if kw.eq_ignore_ascii_case("include") => {
+                out.push_str(kw);
+                for arg in rest.split_whitespace() {
+                    let bare = arg.trim_matches('"');
+                    out.push(' ');
+                    if bare.starts_with('/') || bare.starts_with('~') {
+                        out.push_str(arg);
+                    } else {
+                        out.push_str(&dir.join(bare).to_string_lossy());
+                    }
+                }
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Where the `Match` lines the built-in client does not follow are, in `text` and the files
+/// it `Include`s (at most 16 deep). `Match all`, also with `canonical` or `final` (Fedora's
+/// system-wide file has `Match final all`), before any `Host` or other `Match` line of its
+/// file applies to every host, as the lines before the first `Host` line do, and is
+/// followed; any other `Match` could connect somewhere else, or as someone else, than ssh
+/// would.
+fn match_lines(text: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut top = true;
+    for (i, line) in text.lines().enumerate() {
+        let Some((kw, rest)) = keyword_and_rest(line) else {
+            continue;
+        };
+        if kw.eq_ignore_ascii_case("host") {
+            top = false;
+        } else if kw.eq_ignore_ascii_case("match") {
+            let mut words = rest.split_whitespace().map(str::to_ascii_lowercase);
+            let all = words.clone().any(|w| w == "all")
+                && words.all(|w| matches!(w.as_str(), "all" | "canonical" | "final"));
+            if !(top && all) {
+                found.push(format!("line {}", i + 1));
+            }
+            top = false;
+        } else if kw.eq_ignore_ascii_case("include") && depth < 16 {
+            for p in included_files(rest, home) {
+                if let Ok(included) = std::fs::read_to_string(&p) {
+                    for at in match_lines(&included, home, depth + 1) {
+                        found.push(format!("{} {at}", p.display()));
+                    }
+                }
+            }
+        }
+    }
+    found
 }
 
 /// Resolves `destination` (`[user@]host`) into the chain of hosts to connect through:
@@ -900,6 +1051,45 @@ impl Tokens<'_> {
             })
         })?;
         Ok(PathBuf::from(expanded))
+    }
+}
+
+/// How long `klist -s` may take to say whether there is a Kerberos ticket.
+const KLIST_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether the user holds a Kerberos ticket, as `klist -s` says; asked once per process.
+/// Without `klist` there is no Kerberos, and a `klist` that does not answer within
+/// [`KLIST_WAIT`] counts as no ticket.
+fn has_kerberos_ticket() -> bool {
+    static TICKET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TICKET.get_or_init(|| exits_zero("klist", &["-s"], KLIST_WAIT))
+}
+
+/// Whether `program args` exits with status 0 within `wait` (it is killed after that).
+fn exits_zero(program: &str, args: &[&str], wait: Duration) -> bool {
+    use std::process::{Command, Stdio};
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
     }
 }
 
@@ -1240,10 +1430,14 @@ Host *
             Err(Error::NeedsSystemSsh(_))
         ));
         // What only the system ssh does is named as such, for the command to switch to it.
-        for directive in ["GSSAPIAuthentication yes", "ControlMaster auto"] {
-            let c = SshConfigFile::parse_str(&format!("Host p\n  {directive}\n")).unwrap();
-            let e = c.resolve("p").expect_err(directive);
-            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{directive}: {e}");
+        let c = SshConfigFile::parse_str("Host p\n  ControlMaster auto\n").unwrap();
+        let e = c.resolve("p").unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        // GSSAPI only with a Kerberos ticket: without one ssh's GSSAPI fails and it goes on.
+        let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication yes\n").unwrap();
+        match c.resolve("p") {
+            Err(Error::NeedsSystemSsh(why)) => assert!(has_kerberos_ticket(), "{why}"),
+            other => assert!(other.is_ok() && !has_kerberos_ticket(), "{other:?}"),
         }
         let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication no\n").unwrap();
         assert!(c.resolve("p").is_ok());
@@ -1598,5 +1792,101 @@ Host name
         assert_eq!(parse_hop("fe80::1").unwrap(), (None, "fe80::1", None));
         assert!(parse_hop("h:notaport").is_err());
         assert!(parse_hop("-oops").is_err());
+    }
+
+    /// The ticket check runs `klist -s`: its exit status decides, and a missing or stalled
+    /// program counts as no ticket.
+    #[test]
+    fn a_kerberos_ticket_is_what_klist_says() {
+        assert!(exits_zero("true", &["-s"], KLIST_WAIT));
+        assert!(!exits_zero("false", &["-s"], KLIST_WAIT));
+        assert!(!exits_zero("/nonexistent/klist", &["-s"], KLIST_WAIT));
+        assert!(!exits_zero("sleep", &["30"], Duration::from_millis(50)));
+    }
+
+    /// Without `-F`, ssh reads the user's file, then the system-wide one: the user's values
+    /// win, IdentityFile lines add up, and a relative `Include` in the system file is
+    /// beneath its folder.
+    #[test]
+    fn the_system_file_is_read_after_the_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = dir.path().join("user_config");
+        std::fs::write(&user, "Host build\n  Port 2202\n  IdentityFile /k/user\n").unwrap();
+        let etc = dir.path().join("etc");
+        std::fs::create_dir_all(etc.join("conf.d")).unwrap();
+        let system = etc.join("ssh_config");
+        std::fs::write(
+            &system,
+            "Include conf.d/*.conf\nHost *\n  User sysuser\n  Port 1\n  HostName sys.%h\n",
+        )
+        .unwrap();
+        std::fs::write(
+            etc.join("conf.d/10-hop.conf"),
+            "Host build\n  IdentityFile /k/sys\n  ProxyJump hop\n",
+        )
+        .unwrap();
+        let files = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap();
+        let h = files.resolve("build").unwrap();
+        assert_eq!(h.port, 2202);
+        assert_eq!(h.user, "sysuser");
+        assert_eq!(h.host_name, "sys.build");
+        assert_eq!(
+            h.identity_files,
+            vec![PathBuf::from("/k/user"), PathBuf::from("/k/sys")]
+        );
+        assert_eq!(h.proxy_jump, vec!["hop".to_owned()]);
+        // The system file alone, and `-F` reading only its own file.
+        let h = SshConfigFile::load_files(None, Some(&system))
+            .unwrap()
+            .resolve("other")
+            .unwrap();
+        assert_eq!((h.port, h.host_name.as_str()), (1, "sys.other"));
+        let h = SshConfigFile::load(Some(&user))
+            .unwrap()
+            .resolve("other")
+            .unwrap();
+        assert_eq!((h.port, h.user == "sysuser"), (22, false));
+        // A system file ssh would refuse to follow is named in the error.
+        std::fs::write(etc.join("conf.d/20-match.conf"), "Match user x\n  Port 3\n").unwrap();
+        let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        assert!(e.to_string().contains("20-match.conf line 1"), "{e}");
+    }
+
+    /// `Match all` (with `final` or `canonical`) at the top of its file applies to every host,
+    /// as Fedora's system-wide `Match final all` block does; any other `Match` is refused.
+    #[test]
+    fn a_match_all_block_applies_to_every_host() {
+        let c = SshConfigFile::parse_str(
+            "Match final all\n  Port 2022\n  SendEnv LANG\nHost a\n  User ua\n",
+        )
+        .unwrap();
+        assert_eq!(c.resolve("a").unwrap().port, 2022);
+        assert_eq!(c.resolve("a").unwrap().user, "ua");
+        assert_eq!(c.resolve("b").unwrap().port, 2022);
+        for text in [
+            "Host a\n  User ua\nMatch all\n  Port 1\n",
+            "Match final host x\n  Port 1\n",
+            "Match all\n  Port 1\nMatch all\n  Port 2\n",
+            "Match canonical\n  Port 1\n",
+        ] {
+            let e = SshConfigFile::parse_str(text).unwrap_err();
+            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{text}: {e}");
+        }
+    }
+
+    /// As ssh: the host name connected to is lowercased (and so are `%h` and the
+    /// known_hosts name); the name as given (`%n`) is kept.
+    #[test]
+    fn the_host_name_is_lowercased() {
+        let c = SshConfigFile::parse_str("Host Box\n  HostName Box.Example\n").unwrap();
+        let h = c.resolve("Box").unwrap();
+        assert_eq!(
+            (h.alias.as_str(), h.host_name.as_str()),
+            ("Box", "box.example")
+        );
+        assert_eq!(h.known_hosts_name(), "box.example");
+        let h = c.resolve("Other.HOST").unwrap();
+        assert_eq!(h.host_name, "other.host");
     }
 }
