@@ -21,7 +21,7 @@
 //!
 //! What only the system ssh does is not guessed at: a `Match` block other than `Match all`
 //! (which could connect somewhere else, or as someone else, than `ssh` would), more than one
-//! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, a connection master (ControlMaster, ControlPath), a PKCS#11 or
+//! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, a connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
 //! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
 //! the `fastcp` command then runs the system ssh.
@@ -591,6 +591,17 @@ impl SshConfigFile {
         if any("controlmaster").is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
             return Err(Error::NeedsSystemSsh(format!("controlmaster for {host}")));
         }
+        // With a ControlPath and no ControlMaster, ssh goes through a master already running
+        // there (one started by hand with `ssh -M`), which may hold the only login.
+        if let Some(v) = any("controlpath").filter(|v| !v.eq_ignore_ascii_case("none")) {
+            let socket = tokens.path("ControlPath", Path::new(&v))?;
+            if is_socket(&socket) {
+                return Err(Error::NeedsSystemSsh(format!(
+                    "a connection master at ControlPath {} for {host}",
+                    socket.display()
+                )));
+            }
+        }
         // ssh tries GSSAPI first, and without a Kerberos ticket it fails there and goes on to
         // the other methods, as the built-in client does. Debian's and Fedora's system-wide
         // files set it for every host.
@@ -1052,6 +1063,12 @@ impl Tokens<'_> {
         })?;
         Ok(PathBuf::from(expanded))
     }
+}
+
+/// Whether `path` is a unix socket (a connection master listening there).
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
 /// How long `klist -s` may take to say whether there is a Kerberos ticket.
@@ -1888,5 +1905,24 @@ Host name
         assert_eq!(h.known_hosts_name(), "box.example");
         let h = c.resolve("Other.HOST").unwrap();
         assert_eq!(h.host_name, "other.host");
+    }
+
+    /// A ControlPath where a master listens (ControlMaster unset) goes to the system ssh,
+    /// which would use that master; one where nothing listens is passed over, as ssh does.
+    #[test]
+    fn a_running_connection_master_goes_to_the_system_ssh() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "Host m\n  User u\n  ControlPath {}/cm-%r@%h:%p\n",
+            dir.path().display()
+        );
+        let c = SshConfigFile::parse_str(&text).unwrap();
+        assert!(c.resolve("m").is_ok());
+        let socket = dir.path().join("cm-u@m:22");
+        let _master = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let e = c.resolve("m").unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        assert!(e.to_string().contains("cm-u@m:22"), "{e}");
+        assert!(c.resolve("other").is_ok());
     }
 }
