@@ -60,9 +60,9 @@ pub struct Session {
     connections: Mutex<Vec<Arc<AnyTransport>>>,
     /// A copy found the TCP data port unreachable: later ones use SSH channels at once.
     tcp_unreachable: AtomicBool,
-    /// A login for another data stream failed: later copies use the connections there are
-    /// and log in no more.
-    logins_failed: AtomicBool,
+    /// When a login for another data stream last failed: for [`LOGIN_RETRY`] after it, later
+    /// copies use the connections there are and log in no more.
+    logins_failed: FailedLogins,
 }
 
 impl Session {
@@ -104,7 +104,7 @@ impl Session {
             ssh,
             connections: Mutex::new(vec![Arc::new(peer)]),
             tcp_unreachable: AtomicBool::new(false),
-            logins_failed: AtomicBool::new(false),
+            logins_failed: FailedLogins::default(),
         })
     }
 
@@ -373,12 +373,13 @@ impl Session {
         let have = lock(&self.connections).clone();
         let typed = matches!(&*have[0], AnyTransport::Builtin(s) if s.login_was_typed());
         let mut n = usize::from(n.max(1));
-        if self.logins_failed.load(Relaxed) && n > have.len() {
+        if self.logins_failed.recent() && n > have.len() {
             n = have.len();
             log.info(|| {
                 format!(
-                    "copying over {n} stream(s): logins for more streams failed earlier in this \
-                     session"
+                    "copying over {n} stream(s): logins for more streams failed in this session \
+                     less than {} s ago",
+                    LOGIN_RETRY.as_secs()
                 )
             });
         }
@@ -429,8 +430,8 @@ impl Session {
 /// ([`settle`](Logins::settle)), the copy runs again over the connections that logged in,
 /// with a warning, rather than failing.
 struct Logins<'a> {
-    /// Set when a login fails: the session's [`Session::logins_failed`].
-    failed: &'a AtomicBool,
+    /// Marked when a login fails: the session's [`Session::logins_failed`].
+    failed: &'a FailedLogins,
     log: &'a Log,
     peers: Vec<Peer>,
     /// Where in `peers` the connections that logged in are, once all logins have ended.
@@ -555,10 +556,33 @@ pub(crate) fn login_too_slow() -> String {
 
 /// A copy's logins for more streams failed, `why`: warns once, saying what the copy goes on
 /// over (`over`: "2 stream(s)"), and marks its session (`failed`, the session's
-/// [`Session::logins_failed`]), which logs in no more for its later copies.
-pub(crate) fn fewer_logins(failed: &AtomicBool, log: &Log, why: &str, over: &str) {
-    failed.store(true, Relaxed);
+/// [`Session::logins_failed`]), which logs in no more for its copies in the next
+/// [`LOGIN_RETRY`].
+pub(crate) fn fewer_logins(failed: &FailedLogins, log: &Log, why: &str, over: &str) {
+    failed.mark();
     log.warn(|| format!("{why}; copying over {over}"));
+}
+
+/// How long after a failed login for another stream a session's copies log in no more. A
+/// refusal may not last (a burst of logins beyond `MaxStartups`, another client's), and a
+/// session may live for days, so its copies try again after this; one that fails again
+/// costs a first run that writes nothing.
+pub(crate) const LOGIN_RETRY: Duration = Duration::from_secs(600);
+
+/// When a session's login for another stream last failed (see [`LOGIN_RETRY`]).
+#[derive(Debug, Default)]
+pub(crate) struct FailedLogins(Mutex<Option<tokio::time::Instant>>);
+
+impl FailedLogins {
+    /// A login failed now.
+    pub(crate) fn mark(&self) {
+        *lock(&self.0) = Some(tokio::time::Instant::now());
+    }
+
+    /// Whether a login failed less than [`LOGIN_RETRY`] ago: copies log in no more.
+    pub(crate) fn recent(&self) -> bool {
+        lock(&self.0).is_some_and(|at| at.elapsed() < LOGIN_RETRY)
+    }
 }
 
 /// One of a copy's connections: logged in, or logging in in the background while the server
@@ -804,7 +828,7 @@ mod tests {
             let warnings = warnings.clone();
             move |_, line| lock(&warnings).push(line.to_owned())
         });
-        let failed = AtomicBool::new(false);
+        let failed = FailedLogins::default();
         let logins = Logins {
             failed: &failed,
             log: &log,
@@ -818,12 +842,27 @@ mod tests {
         assert_eq!(started.elapsed(), LOGIN_WAIT);
         assert_eq!(logins.settle().await, 0, "settled once");
         assert!(!logins.unsettled());
-        assert!(failed.load(Relaxed));
+        assert!(failed.recent());
         let warnings = lock(&warnings);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
             warnings[0].starts_with("the remote sshd refused extra logins"),
             "{warnings:?}"
         );
+    }
+
+    /// A session logs in no more for [`LOGIN_RETRY`] after a login failed, then tries again.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_login_is_tried_again_after_a_while() {
+        let failed = FailedLogins::default();
+        assert!(!failed.recent());
+        failed.mark();
+        assert!(failed.recent());
+        tokio::time::advance(LOGIN_RETRY - Duration::from_secs(1)).await;
+        assert!(failed.recent());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!failed.recent());
+        failed.mark();
+        assert!(failed.recent());
     }
 }

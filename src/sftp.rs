@@ -58,7 +58,7 @@ use tokio::sync::{Notify, OnceCell, Semaphore, SetOnce};
 
 use crate::client::{Plan, SessionDone, top_level_name, within_idle_limit};
 use crate::location::Location;
-use crate::remote::{LOGIN_WAIT, fewer_logins, login_refused, login_too_slow};
+use crate::remote::{FailedLogins, LOGIN_WAIT, fewer_logins, login_refused, login_too_slow};
 use crate::remote_hash::{Hasher, alongside};
 use crate::{Error, Log};
 
@@ -208,7 +208,7 @@ async fn sessions(
     timeout: Option<Duration>,
     limit: Option<Arc<crate::limit::RateLimit>>,
     progress: &Arc<Progress>,
-    (logins_failed, log): (&AtomicBool, &Log),
+    (logins_failed, log): (&FailedLogins, &Log),
 ) -> Result<(Vec<SshSession>, Vec<Arc<Sftp>>), Error> {
     let limited = |s: BoxStream| -> BoxStream {
         let s: BoxStream = match &limit {
@@ -448,12 +448,13 @@ fn fatal(what: &str, e: SftpError) -> Error {
 }
 
 /// Runs the copy `plan` over SFTP, on `peer`'s connection and more to the same host.
-/// When a login for another stream or session failed earlier in the copy's session
-/// (`logins_failed`), it takes one SFTP session, and logs in no more.
+/// When a login for another stream or session failed in the copy's session less than
+/// [`LOGIN_RETRY`](crate::remote::LOGIN_RETRY) ago (`logins_failed`), it takes one SFTP
+/// session, and logs in no more.
 pub(crate) async fn copy(
     plan: &Plan,
     peer: &AnyTransport,
-    logins_failed: &AtomicBool,
+    logins_failed: &FailedLogins,
     progress: Arc<Progress>,
 ) -> Result<SessionDone, Error> {
     refuse_unsupported(plan)?;
@@ -466,11 +467,14 @@ pub(crate) async fn copy(
         None => DEFAULT_SFTP_SESSIONS,
     }
     .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
-    if n > 1 && logins_failed.load(Ordering::Relaxed) {
+    if n > 1 && logins_failed.recent() {
         n = 1;
         log.info(|| {
-            "copying over 1 SFTP session: logins for more streams failed earlier in this session"
-                .into()
+            format!(
+                "copying over 1 SFTP session: logins for more streams failed in this session \
+                 less than {} s ago",
+                crate::remote::LOGIN_RETRY.as_secs()
+            )
         });
     }
     // A pull of single files (no -r) is sized once the first session is up, by the same

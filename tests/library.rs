@@ -567,7 +567,7 @@ async fn a_session_whose_extra_logins_are_refused_copies_over_fewer_streams() {
 }
 
 /// The same over SFTP (`--sftp`, four sessions): the first copy goes over the sessions that
-/// logged in, with one warning; the copies after it take one session and log in no more.
+/// logged in, with one warning; the copies after it (within ten minutes) take one session and log in no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_extra_sftp_logins_are_refused_copies_over_fewer_sessions() {
     let sessions = three_copies_with_extra_logins_refused(CopyOptions::default().sftp(true)).await;
