@@ -232,7 +232,7 @@ impl Error {
             Error::Crypto(_) => ErrorKind::Integrity,
             Error::Engine(e) => engine_kind(e),
             Error::Transport(t) => match t {
-                T::Auth { .. } => ErrorKind::Auth,
+                T::Auth { .. } | T::TooManyAuthFailures { .. } => ErrorKind::Auth,
                 T::HostKeyUnknown { .. } | T::HostKeyChanged { .. } | T::HostKeyRejected { .. } => {
                     ErrorKind::HostKey
                 }
@@ -357,6 +357,15 @@ mod tests {
             tried: vec![],
         });
         assert_eq!((auth.kind(), auth.fault()), (ErrorKind::Auth, Fault::User));
+        let tries = Error::Transport(fastcp_transport::Error::TooManyAuthFailures {
+            user: "u".into(),
+            host: "h".into(),
+            tried: vec![],
+        });
+        assert_eq!(
+            (tries.kind(), tries.fault()),
+            (ErrorKind::Auth, Fault::User)
+        );
         let remote_full = Error::Engine(fastcp_stream::Error::Remote {
             code: fastcp_proto::ErrorCode::NoSpace,
             path: String::new(),

@@ -537,6 +537,52 @@ fn the_agent_offers_the_identity_files_key_first() {
     copy_through_agent(&sshd, &agent, &config, &a, &work.path().join("c"));
 }
 
+/// A server that ends the login after too many offers (`MaxAuthTries`) gets an error that
+/// says so, as ssh's "Too many authentication failures" does, with what was offered up to
+/// then; the offers after it are not listed as failed signatures.
+#[test]
+fn a_login_ended_by_max_auth_tries_says_so() {
+    let sshd = Sshd::start_with_options("MaxAuthTries 2").unwrap();
+    let agent = sshd.start_agent().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let add = |key: &Path| {
+        let added = Command::new(fastcp_testsupport::tools::require("ssh-add"))
+            .arg(key)
+            .env("SSH_AUTH_SOCK", agent.socket())
+            .output()
+            .unwrap();
+        assert!(added.status.success());
+    };
+    add(Path::new("-D"));
+    for i in 0..4 {
+        let key = work.path().join(format!("other{i}"));
+        keygen("ed25519", &key);
+        add(&key);
+    }
+    // Only the agent's keys, none of which the server takes.
+    let config = config_without(
+        &sshd,
+        work.path(),
+        "max_auth_tries",
+        &["IdentityFile", "IdentitiesOnly"],
+        "  IdentityFile /nonexistent/key\n",
+    );
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["--remote-path", BIN])
+        .env("SSH_AUTH_SOCK", agent.socket())
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("MaxAuthTries"), "{said}");
+    assert!(!said.contains("failed to sign"), "{said}");
+    assert!(!work.path().join("b").exists());
+}
+
 /// A key pair of `kind` at `path`, without a passphrase.
 fn keygen(kind: &str, path: &Path) {
     let made = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))

@@ -460,6 +460,9 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     let mut loaded: Vec<Option<Result<Arc<PrivateKey>, String>>> =
         vec![None; host.identity_files.len()];
     for offer in offers {
+        if handle.is_closed() {
+            return Err(too_many_failures(host, tried));
+        }
         match offer {
             Offer::AgentKey(key) => {
                 let Some(agent) = agent.as_mut() else {
@@ -475,6 +478,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 match wait.raw(signed).await? {
                     Ok(r) if r.success() => return Ok(AuthUsed::Agent(key)),
                     Ok(r) => note(&mut methods, &r),
+                    Err(_) if handle.is_closed() => {
+                        tried.pop();
+                        return Err(too_many_failures(host, tried));
+                    }
                     Err(e) => sign_failed(&mut tried, "agent", &e),
                 }
             }
@@ -493,6 +500,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 match wait.raw(signed).await? {
                     Ok(r) if r.success() => return Ok(AuthUsed::AgentCert(Arc::new(cert))),
                     Ok(r) => note(&mut methods, &r),
+                    Err(_) if handle.is_closed() => {
+                        tried.pop();
+                        return Err(too_many_failures(host, tried));
+                    }
                     Err(e) => sign_failed(&mut tried, "agent", &e),
                 }
             }
@@ -513,11 +524,18 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 };
                 tried.push(file.display().to_string());
                 let res = wait
-                    .on(handle.authenticate_publickey(
+                    .raw(handle.authenticate_publickey(
                         &user,
                         PrivateKeyWithHashAlg::new(key.clone(), rsa_hash),
                     ))
                     .await?;
+                let res = match res {
+                    Err(_) if handle.is_closed() => {
+                        tried.pop();
+                        return Err(too_many_failures(host, tried));
+                    }
+                    res => res?,
+                };
                 if res.success() {
                     return Ok(AuthUsed::Key(key));
                 }
@@ -552,12 +570,19 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 match wait.raw(signed).await? {
                     Ok(r) if r.success() => return Ok(AuthUsed::KeyCert(key, Arc::new(cert))),
                     Ok(r) => note(&mut methods, &r),
+                    Err(_) if handle.is_closed() => {
+                        tried.pop();
+                        return Err(too_many_failures(host, tried));
+                    }
                     Err(e) => sign_failed(&mut tried, "key", &e),
                 }
             }
         }
     }
 
+    if handle.is_closed() {
+        return Err(too_many_failures(host, tried));
+    }
     let interactive_allowed = host.kbd_interactive_authentication || host.password_authentication;
     if interactive_allowed && methods.is_none() {
         // No key was offered, so the server has not said what it takes yet: ask, as ssh
@@ -588,6 +613,16 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         host: host.alias.clone(),
         tried,
     })
+}
+
+/// The server closed the connection during the login, after the offers in `tried`: sshd
+/// does so once `MaxAuthTries` offers have failed.
+fn too_many_failures(host: &HostConfig, tried: Vec<String>) -> Error {
+    Error::TooManyAuthFailures {
+        user: host.user.clone(),
+        host: host.alias.clone(),
+        tried,
+    }
 }
 
 /// Asks for the password on the terminal, up to NumberOfPasswordPrompts times.

@@ -147,6 +147,25 @@ pub enum Error {
         tried: Vec<String>,
     },
 
+    /// The server ended the login after too many offers, as sshd does after `MaxAuthTries`
+    /// (6 by default) failed ones: ssh's "Too many authentication failures".
+    #[error(
+        "{user}@{host}: the server closed the connection during the login, after {} offers \
+         (sshd does so after MaxAuthTries failed ones, 6 by default: too many authentication \
+         failures).\nTried: {}.\n\
+         Offer the right key first: name it with -i / IdentityFile and set IdentitiesOnly yes, \
+         or hold fewer keys in ssh-agent.",
+        tried.len(), tried.join(", ")
+    )]
+    TooManyAuthFailures {
+        /// Remote user name.
+        user: String,
+        /// Host as typed.
+        host: String,
+        /// What was offered before the server closed the connection, in order.
+        tried: Vec<String>,
+    },
+
     /// A channel could not be opened or was refused by the server.
     #[error("ssh: {what}: {reason}")]
     Channel {
