@@ -221,7 +221,7 @@ pub struct SshArgs {
     /// Connect through these jump hosts (ProxyJump), comma-separated.
     #[arg(short = 'J', value_name = "JUMP", help_heading = "SSH")]
     pub jump: Option<String>,
-    /// Read this ssh_config instead of ~/.ssh/config.
+    /// Read this ssh_config instead of ~/.ssh/config and /etc/ssh/ssh_config.
     #[arg(short = 'F', value_name = "SSH_CONFIG", help_heading = "SSH")]
     pub config: Option<PathBuf>,
     /// An ssh_config option, as Key=Value (for example -o Port=2222).

@@ -365,15 +365,16 @@ impl Session {
     }
 
     /// `n` connections for a copy's data streams, at most: the session's own, then new ones
-    /// that log in in the background (see [`Peer`]), but no new ones once a login for a
-    /// stream has failed in this session. When the first login was typed, the new ones may ask again
+    /// that log in in the background (see [`Peer`]), but no new ones for a while once a login
+    /// for a stream has failed in this session (see [`LOGIN_RETRY`]). When the first login was
+    /// typed, the new ones may ask again
     /// (a one-time code), and a prompt can outlast the server's wait for its streams: they
     /// log in before the server starts.
     async fn peers<'a>(&'a self, n: u16, log: &'a Log) -> Logins<'a> {
         let have = lock(&self.connections).clone();
         let typed = matches!(&*have[0], AnyTransport::Builtin(s) if s.login_was_typed());
         let mut n = usize::from(n.max(1));
-        if self.logins_failed.recent() && n > have.len() {
+        if self.logins_failed.recent(typed) && n > have.len() {
             n = have.len();
             log.info(|| {
                 format!(
@@ -565,23 +566,36 @@ pub(crate) fn fewer_logins(failed: &FailedLogins, log: &Log, why: &str, over: &s
 
 /// How long after a failed login for another stream a session's copies log in no more. A
 /// refusal may not last (a burst of logins beyond `MaxStartups`, another client's), and a
-/// session may live for days, so its copies try again after this; one that fails again
-/// costs a first run that writes nothing.
+/// session may live for days, so its copies try again after this, and after twice as long
+/// each time they fail again (a day at most); one that fails again costs a first run that
+/// writes nothing. A session whose first login was typed (a password, a one-time code)
+/// does not try again: each try would ask.
 pub(crate) const LOGIN_RETRY: Duration = Duration::from_secs(600);
 
-/// When a session's login for another stream last failed (see [`LOGIN_RETRY`]).
+/// The longest a session waits before it tries extra logins again.
+const LOGIN_RETRY_MOST: Duration = Duration::from_secs(24 * 3600);
+
+/// When a session's login for another stream last failed, and how many times one has
+/// failed (see [`LOGIN_RETRY`]).
 #[derive(Debug, Default)]
-pub(crate) struct FailedLogins(Mutex<Option<tokio::time::Instant>>);
+pub(crate) struct FailedLogins(Mutex<Option<(tokio::time::Instant, u32)>>);
 
 impl FailedLogins {
     /// A login failed now.
     pub(crate) fn mark(&self) {
-        *lock(&self.0) = Some(tokio::time::Instant::now());
+        let mut failed = lock(&self.0);
+        let times = failed.map_or(0, |(_, n)| n);
+        *failed = Some((tokio::time::Instant::now(), times.saturating_add(1)));
     }
 
-    /// Whether a login failed less than [`LOGIN_RETRY`] ago: copies log in no more.
-    pub(crate) fn recent(&self) -> bool {
-        lock(&self.0).is_some_and(|at| at.elapsed() < LOGIN_RETRY)
+    /// Whether copies log in no more: a login failed less than [`LOGIN_RETRY`] ago (twice
+    /// that after two failures, and so on), or ever failed when `typed` (the first login was
+    /// typed).
+    pub(crate) fn recent(&self, typed: bool) -> bool {
+        lock(&self.0).is_some_and(|(at, times)| {
+            let wait = LOGIN_RETRY.saturating_mul(1 << (times - 1).min(16));
+            typed || at.elapsed() < wait.min(LOGIN_RETRY_MOST)
+        })
     }
 }
 
@@ -842,7 +856,7 @@ mod tests {
         assert_eq!(started.elapsed(), LOGIN_WAIT);
         assert_eq!(logins.settle().await, 0, "settled once");
         assert!(!logins.unsettled());
-        assert!(failed.recent());
+        assert!(failed.recent(false));
         let warnings = lock(&warnings);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
@@ -851,18 +865,31 @@ mod tests {
         );
     }
 
-    /// A session logs in no more for [`LOGIN_RETRY`] after a login failed, then tries again.
+    /// A session logs in no more for [`LOGIN_RETRY`] after a login failed, then tries again,
+    /// waiting twice as long after each failure, up to a day; never when the login was typed.
     #[tokio::test(start_paused = true)]
     async fn a_failed_login_is_tried_again_after_a_while() {
         let failed = FailedLogins::default();
-        assert!(!failed.recent());
+        assert!(!failed.recent(false));
+        assert!(!failed.recent(true));
         failed.mark();
-        assert!(failed.recent());
+        assert!(failed.recent(false));
         tokio::time::advance(LOGIN_RETRY - Duration::from_secs(1)).await;
-        assert!(failed.recent());
+        assert!(failed.recent(false));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!failed.recent());
+        assert!(!failed.recent(false));
+        // A typed login is not asked for again.
+        assert!(failed.recent(true));
+        // Failing again, it waits twice as long, then four times, up to a day.
         failed.mark();
-        assert!(failed.recent());
+        tokio::time::advance(2 * LOGIN_RETRY - Duration::from_secs(1)).await;
+        assert!(failed.recent(false));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!failed.recent(false));
+        for _ in 0..40 {
+            failed.mark();
+        }
+        tokio::time::advance(LOGIN_RETRY_MOST).await;
+        assert!(!failed.recent(false));
     }
 }

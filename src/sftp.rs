@@ -467,7 +467,8 @@ pub(crate) async fn copy(
         None => DEFAULT_SFTP_SESSIONS,
     }
     .clamp(1, crate::client::MAX_SSH_STREAMS) as usize;
-    if n > 1 && logins_failed.recent() {
+    let typed = matches!(peer, AnyTransport::Builtin(s) if s.login_was_typed());
+    if n > 1 && logins_failed.recent(typed) {
         n = 1;
         log.info(|| {
             format!(

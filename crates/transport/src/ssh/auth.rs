@@ -57,7 +57,7 @@ pub(crate) enum AuthUsed {
 /// under `BatchMode yes`, where nothing is asked.
 ///
 /// The built-in client only: the system ssh, named by `ssh_program` or run because
-/// ssh_config asks for what only it does (a `Match` block, a ControlPath, a host
+/// ssh_config asks for what only it does (a `Match` block, a master at ControlPath, a host
 /// certificate: [`Error::NeedsSystemSsh`](super::Error::NeedsSystemSsh)), asks for itself.
 ///
 /// ```

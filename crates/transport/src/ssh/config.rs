@@ -19,8 +19,10 @@
 //! As with ssh, `-F` names the only file read; without it `~/.ssh/config` is read, then the
 //! system-wide [`SYSTEM_CONFIG`], the first value obtained winning.
 //!
-//! What only the system ssh does is not guessed at: a `Match` block other than `Match all`
-//! (which could connect somewhere else, or as someone else, than `ssh` would), more than one
+//! What only the system ssh does is not guessed at: a `Match` block other than `Match all` at
+//! the top of its file (which could connect somewhere else, or as someone else, than `ssh`
+//! would), a relative `Include` nested in the system-wide file's, a line of the system-wide
+//! files this reader does not take, more than one
 //! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, a connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
 //! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
@@ -389,10 +391,24 @@ impl SshConfigFile {
         for (p, system) in [(user, false), (system, true)] {
             let Some(p) = p else { continue };
             let mut text = read(p)?;
-            if system {
+            let parsed = if system {
                 text = absolute_includes(&text, p.parent().unwrap_or(Path::new("/")));
-            }
-            let mut file = OneFile::parse(&text, home.as_deref()).map_err(|e| named(p, e))?;
+                if let Some(at) = nested_relative_include(&text, home.as_deref(), 0) {
+                    return Err(Error::NeedsSystemSsh(format!(
+                        "{}: a relative Include in {at}, which ssh reads beneath {}",
+                        p.display(),
+                        p.parent().unwrap_or(Path::new("/")).display()
+                    )));
+                }
+                // What ssh takes there and this reader does not is not the user's to mend.
+                OneFile::parse(&text, home.as_deref()).map_err(|e| match e {
+                    Error::Config(m) => Error::NeedsSystemSsh(m),
+                    e => e,
+                })
+            } else {
+                OneFile::parse(&text, home.as_deref())
+            };
+            let mut file = parsed.map_err(|e| named(p, e))?;
             for line in &mut file.certificate_lines {
                 *line = format!("{} {line}", p.display());
             }
@@ -401,7 +417,7 @@ impl SshConfigFile {
         Ok(SshConfigFile { files, home })
     }
 
-    /// Parses ssh_config text (`~` is the home directory, as [`home_dir`] finds it).
+    /// Parses ssh_config text (`~` is the home directory the password database gives).
     pub fn parse_str(text: &str) -> Result<Self, Error> {
         Self::parse_with_home(text, home_dir())
     }
@@ -447,16 +463,16 @@ impl SshConfigFile {
                     .join(" ")
             })
         };
-        let host_name = ov
-            .host_name
-            .clone()
-            .or(p.host_name.clone())
-            .unwrap_or_else(|| host.to_owned());
-        // As ssh: the name connected to (and looked up in known_hosts) is lowercased.
-        let host_name = expand("HostName", &host_name, |c| {
-            (c == 'h').then(|| host.to_owned())
-        })?
-        .to_ascii_lowercase();
+        // HostName takes `%h`; the name as given takes no tokens.
+        let mut host_name = match ov.host_name.clone().or(p.host_name.clone()) {
+            Some(h) => expand("HostName", &h, |c| (c == 'h').then(|| host.to_owned()))?,
+            None => host.to_owned(),
+        };
+        // As ssh: the name connected to (and looked up in known_hosts) is lowercased, an
+        // IPv6 address (whose zone may be an interface's name) excepted.
+        if !host_name.contains(':') {
+            host_name.make_ascii_lowercase();
+        }
         let port = ov.port.or(p.port).unwrap_or(22);
         let user = ov
             .user
@@ -594,7 +610,10 @@ impl SshConfigFile {
         // With a ControlPath and no ControlMaster, ssh goes through a master already running
         // there (one started by hand with `ssh -M`), which may hold the only login.
         if let Some(v) = any("controlpath").filter(|v| !v.eq_ignore_ascii_case("none")) {
-            let socket = tokens.path("ControlPath", Path::new(&v))?;
+            // A token only a newer ssh knows: it may name a running master all the same.
+            let socket = tokens
+                .path("ControlPath", Path::new(&v))
+                .map_err(|e| Error::NeedsSystemSsh(format!("{e} for {host}")))?;
             if is_socket(&socket) {
                 return Err(Error::NeedsSystemSsh(format!(
                     "a connection master at ControlPath {} for {host}",
@@ -725,6 +744,7 @@ fn absolute_includes(text: &str, dir: &Path) -> String {
         match keyword_and_rest(line) {
             Some((kw, rest)) if kw.eq_ignore_ascii_case("include") => {
                 out.push_str(kw);
+                let rest = rest.split('#').next().unwrap_or_default();
                 for arg in rest.split_whitespace() {
                     let bare = arg.trim_matches('"');
                     out.push(' ');
@@ -742,12 +762,50 @@ fn absolute_includes(text: &str, dir: &Path) -> String {
     out
 }
 
+/// Where a file that the system-wide file `text` includes has an `Include` of a relative
+/// path (ssh reads it beneath `/etc/ssh`, the reader here beneath `~/.ssh`), if one has.
+fn nested_relative_include(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
+    for line in text.lines() {
+        let Some((kw, rest)) = keyword_and_rest(line) else {
+            continue;
+        };
+        if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
+            continue;
+        }
+        for p in included_files(rest, home) {
+            let Ok(included) = std::fs::read_to_string(&p) else {
+                continue;
+            };
+            let relative = included.lines().any(|l| {
+                keyword_and_rest(l).is_some_and(|(kw, rest)| {
+                    kw.eq_ignore_ascii_case("include")
+                        && rest
+                            .split('#')
+                            .next()
+                            .unwrap_or_default()
+                            .split_whitespace()
+                            .map(|a| a.trim_matches('"'))
+                            .any(|a| !a.starts_with('/') && !a.starts_with('~'))
+                })
+            });
+            if relative {
+                return Some(p.display().to_string());
+            }
+            if let Some(at) = nested_relative_include(&included, home, depth + 1) {
+                return Some(at);
+            }
+        }
+    }
+    None
+}
+
 /// Where the `Match` lines the built-in client does not follow are, in `text` and the files
-/// it `Include`s (at most 16 deep). `Match all`, also with `canonical` or `final` (Fedora's
-/// system-wide file has `Match final all`), before any `Host` or other `Match` line of its
-/// file applies to every host, as the lines before the first `Host` line do, and is
-/// followed; any other `Match` could connect somewhere else, or as someone else, than ssh
-/// would.
+/// it `Include`s (at most 16 deep). `Match all` before any `Host` or other `Match` line of
+/// its file applies to every host, as the lines before the first `Host` line do, and is
+/// followed. Any other `Match` could connect somewhere else, or as someone else, than ssh
+/// would; `Match final all` and `Match canonical all` (Fedora's system-wide file has the
+/// first) apply in ssh's second reading of the files, which matches `Host` lines against the
+/// host name as well as the name given.
 fn match_lines(text: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
     let mut found = Vec::new();
     let mut top = true;
@@ -758,9 +816,8 @@ fn match_lines(text: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
         if kw.eq_ignore_ascii_case("host") {
             top = false;
         } else if kw.eq_ignore_ascii_case("match") {
-            let mut words = rest.split_whitespace().map(str::to_ascii_lowercase);
-            let all = words.clone().any(|w| w == "all")
-                && words.all(|w| matches!(w.as_str(), "all" | "canonical" | "final"));
+            let criteria = rest.split('#').next().unwrap_or_default();
+            let all = criteria.trim().eq_ignore_ascii_case("all");
             if !(top && all) {
                 found.push(format!("line {}", i + 1));
             }
@@ -1074,12 +1131,25 @@ fn is_socket(path: &Path) -> bool {
 /// How long `klist -s` may take to say whether there is a Kerberos ticket.
 const KLIST_WAIT: Duration = Duration::from_secs(2);
 
-/// Whether the user holds a Kerberos ticket, as `klist -s` says; asked once per process.
-/// Without `klist` there is no Kerberos, and a `klist` that does not answer within
-/// [`KLIST_WAIT`] counts as no ticket.
+/// How long an answer of `klist -s` is kept: a copy's logins ask once, a long-lived program
+/// sees a ticket `kinit` got later.
+const KLIST_KEPT: Duration = Duration::from_secs(60);
+
+/// Whether the user holds a Kerberos ticket, as `klist -s` says (asked again after
+/// [`KLIST_KEPT`]). Without `klist` there is no Kerberos, and a `klist` that does not answer
+/// within [`KLIST_WAIT`] counts as no ticket.
 fn has_kerberos_ticket() -> bool {
-    static TICKET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TICKET.get_or_init(|| exits_zero("klist", &["-s"], KLIST_WAIT))
+    static ASKED: std::sync::Mutex<Option<(std::time::Instant, bool)>> =
+        std::sync::Mutex::new(None);
+    let mut asked = ASKED.lock().unwrap_or_else(|e| e.into_inner());
+    match *asked {
+        Some((at, ticket)) if at.elapsed() < KLIST_KEPT => ticket,
+        _ => {
+            let ticket = exits_zero("klist", &["-s"], KLIST_WAIT);
+            *asked = Some((std::time::Instant::now(), ticket));
+            ticket
+        }
+    }
 }
 
 /// Whether `program args` exits with status 0 within `wait` (it is killed after that).
@@ -1858,24 +1928,46 @@ Host name
             .resolve("other")
             .unwrap();
         assert_eq!((h.port, h.host_name.as_str()), (1, "sys.other"));
-        let h = SshConfigFile::load(Some(&user))
-            .unwrap()
-            .resolve("other")
-            .unwrap();
-        assert_eq!((h.port, h.user == "sysuser"), (22, false));
-        // A system file ssh would refuse to follow is named in the error.
-        std::fs::write(etc.join("conf.d/20-match.conf"), "Match user x\n  Port 3\n").unwrap();
+        // What the system file holds that the built-in client does not follow goes to the
+        // system ssh, named in the error: a `Match`, a relative Include in an included file
+        // (beneath /etc/ssh for ssh), a value ssh takes and this reader does not.
+        for (name, text, said) in [
+            (
+                "20-match.conf",
+                "Match user x\n  Port 3\n",
+                "20-match.conf line 1",
+            ),
+            ("20-nested.conf", "Include nested.conf\n", "20-nested.conf"),
+            ("20-value.conf", "AddKeysToAgent confirm\n", "ssh_config"),
+        ] {
+            std::fs::write(etc.join("conf.d").join(name), text).unwrap();
+            let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
+            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{name}: {e}");
+            assert!(e.to_string().contains(said), "{name}: {e}");
+            std::fs::remove_file(etc.join("conf.d").join(name)).unwrap();
+        }
+        // The same value in the user's own file is the user's to mend.
+        std::fs::write(&user, "AddKeysToAgent confirm\n").unwrap();
         let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
-        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
-        assert!(e.to_string().contains("20-match.conf line 1"), "{e}");
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        // A comment after a relative Include of the system file.
+        std::fs::write(&user, "").unwrap();
+        std::fs::write(
+            &system,
+            "Include conf.d/*.conf # local policy\nHost *\n  Port 1\n",
+        )
+        .unwrap();
+        let files = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap();
+        assert_eq!(files.resolve("build").unwrap().proxy_jump, vec!["hop"]);
     }
 
-    /// `Match all` (with `final` or `canonical`) at the top of its file applies to every host,
-    /// as Fedora's system-wide `Match final all` block does; any other `Match` is refused.
+    /// `Match all` at the top of its file applies to every host, its values first, as ssh
+    /// reads it; any other `Match` is refused, `Match final all` (Fedora's system-wide file)
+    /// and `Match canonical all` too, which apply in ssh's second reading.
     #[test]
     fn a_match_all_block_applies_to_every_host() {
         let c = SshConfigFile::parse_str(
-            "Match final all\n  Port 2022\n  SendEnv LANG\nHost a\n  User ua\n",
+            "Match all # every host\n  Port 2022\n  SendEnv LANG\nHost a\n  User ua\n  Port 22\n",
         )
         .unwrap();
         assert_eq!(c.resolve("a").unwrap().port, 2022);
@@ -1883,9 +1975,11 @@ Host name
         assert_eq!(c.resolve("b").unwrap().port, 2022);
         for text in [
             "Host a\n  User ua\nMatch all\n  Port 1\n",
+            "Match final all\n  Port 1\n",
+            "Match canonical all\n  Port 1\n",
+            "Match all all\n  Port 1\n",
             "Match final host x\n  Port 1\n",
             "Match all\n  Port 1\nMatch all\n  Port 2\n",
-            "Match canonical\n  Port 1\n",
         ] {
             let e = SshConfigFile::parse_str(text).unwrap_err();
             assert!(matches!(e, Error::NeedsSystemSsh(_)), "{text}: {e}");
@@ -1905,6 +1999,9 @@ Host name
         assert_eq!(h.known_hosts_name(), "box.example");
         let h = c.resolve("Other.HOST").unwrap();
         assert_eq!(h.host_name, "other.host");
+        // An IPv6 address keeps its zone's case.
+        let h = c.resolve("FE80::1%ETH0").unwrap();
+        assert_eq!(h.host_name, "FE80::1%ETH0");
     }
 
     /// A ControlPath where a master listens (ControlMaster unset) goes to the system ssh,
@@ -1924,5 +2021,9 @@ Host name
         assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
         assert!(e.to_string().contains("cm-u@m:22"), "{e}");
         assert!(c.resolve("other").is_ok());
+        // A token only a newer ssh knows: the system ssh finds out.
+        let c = SshConfigFile::parse_str("Host m\n  ControlPath /tmp/cm-%j\n").unwrap();
+        let e = c.resolve("m").unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
     }
 }

@@ -16,7 +16,8 @@ pub enum Error {
     Config(String),
 
     /// The configuration asks for what only the system ssh does (a `Match` block, several
-    /// `CertificateFile` lines, GSSAPI, a host certificate authority, a connection master...): run the
+    /// `CertificateFile` lines, GSSAPI with a Kerberos ticket, a host certificate authority, a
+    /// connection master...): run the
     /// system ssh instead ([`crate::SshOptions::ssh_program`]), as the `fastcp` command does by
     /// itself.
     #[error(
