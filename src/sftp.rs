@@ -289,31 +289,66 @@ async fn sessions(
             // After the first, which logs in (asking for a passphrase, if need be) and starts
             // the connection master the others may ride; then one alone, which finds out
             // whether they must; then the rest.
-            let extra = || async {
-                let own = program
+            // An extra session, or why it did not start (ssh's words, if it said any).
+            let open = || async {
+                let mut own = program
                     .open_extra_subsystem("sftp")
                     .await
-                    .map_err(serves_no_sftp)?;
+                    .map_err(|e| e.to_string())?;
                 match Sftp::open(limited(Box::new(own.stream)), timeout).await {
                     Ok(session) => Ok(Arc::new(session)),
                     // Its own login would need a prompt: ride the first one's connection.
                     Err(_) if program.has_master() && !program.streams_through_master() => {
                         program.set_streams_through_master(true);
-                        let shared = program
+                        let mut shared = program
                             .open_extra_subsystem("sftp")
                             .await
-                            .map_err(serves_no_sftp)?;
-                        Ok(Arc::new(
-                            Sftp::open(limited(Box::new(shared.stream)), timeout).await?,
-                        ))
+                            .map_err(|e| e.to_string())?;
+                        match Sftp::open(limited(Box::new(shared.stream)), timeout).await {
+                            Ok(session) => Ok(Arc::new(session)),
+                            Err(e) => Err(last_words(&mut shared.stderr)
+                                .await
+                                .map_or_else(|| e.to_string(), |said| format!("ssh: {said}"))),
+                        }
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(last_words(&mut own.stderr)
+                        .await
+                        .map_or_else(|| e.to_string(), |said| format!("ssh: {said}"))),
+                }
+            };
+            // The first session is up: one that does not start is a login the server
+            // refused (MaxStartups, one login per user), and the copy goes over fewer.
+            let refused = Mutex::new(None);
+            let extra = || async {
+                if lock(&refused).is_some() {
+                    return Ok(None);
+                }
+                match open().await {
+                    Ok(session) => Ok(Some(session)),
+                    Err(said) => {
+                        lock(&refused).get_or_insert_with(|| {
+                            format!(
+                                "an extra SFTP session did not start (the remote sshd refused \
+                                 the login? MaxStartups/PerSourceMaxStartups): {said}"
+                            )
+                        });
+                        Ok::<_, Error>(None)
+                    }
                 }
             };
             let k = more(&sftp[0]).await;
             if k > 0 {
-                sftp.push(extra().await?);
-                sftp.extend(at_once((1..k).map(|_| extra()).collect()).await?);
+                sftp.extend(extra().await?);
+                sftp.extend(
+                    at_once((1..k).map(|_| extra()).collect())
+                        .await?
+                        .into_iter()
+                        .flatten(),
+                );
+            }
+            if let Some(why) = lock(&refused).take() {
+                let over = format!("{} SFTP session(s)", sftp.len());
+                fewer_logins(logins_failed, log, &why, &over);
             }
             Ok((Vec::new(), sftp))
         }
@@ -345,8 +380,17 @@ async fn with_ssh_words(
     let Err(Error::RemoteCommand(message)) = opened else {
         return opened;
     };
+    match last_words(&mut stderr).await {
+        Some(said) => Err(serves_no_sftp(format_args!("ssh: {said}"))),
+        None => Err(Error::RemoteCommand(message)),
+    }
+}
+
+/// What an ssh process that has exited, or is about to, said on its stderr, on one line
+/// (300 characters at most), if anything.
+async fn last_words(stderr: &mut fastcp_transport::ssh::Stderr) -> Option<String> {
     let mut said = Vec::new();
-    // ssh has exited or is about to: its last words come at once.
+    // Its last words come at once.
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while let Some(chunk) = stderr.recv().await {
             said.extend_from_slice(&chunk);
@@ -355,14 +399,10 @@ async fn with_ssh_words(
     .await;
     let said = String::from_utf8_lossy(&said);
     let said = said.trim();
-    if said.is_empty() {
-        return Err(Error::RemoteCommand(message));
-    }
-    let said: String = said.lines().collect::<Vec<_>>().join("; ");
-    Err(serves_no_sftp(format_args!(
-        "ssh: {}",
-        said.chars().take(300).collect::<String>()
-    )))
+    (!said.is_empty()).then(|| {
+        let said: String = said.lines().collect::<Vec<_>>().join("; ");
+        said.chars().take(300).collect()
+    })
 }
 
 /// The error for a remote host where no SFTP session starts, saying `why`.

@@ -330,7 +330,7 @@ fn sixteen_sftp_sessions_log_in_under_a_default_max_startups() {
 /// (`PerSourceMaxStartups 1`) refuses some of the extra logins of four SFTP sessions, which
 /// start together: a push and a pull of a tree still complete, over the sessions that did
 /// log in, with one warning that says why; so does a copy that falls back to SFTP on a host
-/// without fastcp.
+/// without fastcp, and one through the system ssh.
 #[test]
 fn a_server_that_refuses_extra_logins_gets_the_sftp_copy_over_fewer_sessions() {
     let work = tempfile::tempdir().unwrap();
@@ -338,15 +338,22 @@ fn a_server_that_refuses_extra_logins_gets_the_sftp_copy_over_fewer_sessions() {
     wait_for_a_login(&sshd);
     let src = work.path().join("src");
     build(&src);
-    let refused = "the remote sshd refused extra logins (MaxStartups/PerSourceMaxStartups?): ";
-    for (name, pull, how) in [
-        ("pushed", false, "--sftp"),
-        ("pulled", true, "--sftp"),
-        ("fallen-back", false, "--no-deploy"),
+    let builtin = "the remote sshd refused extra logins (MaxStartups/PerSourceMaxStartups?): ";
+    let system = "an extra SFTP session did not start (the remote sshd refused the login? \
+                  MaxStartups/PerSourceMaxStartups): ssh: ";
+    for (name, pull, how, refused) in [
+        ("pushed", false, "--sftp", builtin),
+        ("pulled", true, "--sftp", builtin),
+        ("fallen-back", false, "--no-deploy", builtin),
+        ("system-pushed", false, "--ssh-program=ssh", system),
+        ("system-pulled", true, "--ssh-program=ssh", system),
     ] {
         let to = work.path().join(name);
         let mut cmd = plain(&sshd);
         cmd.args([how, "-r", "-p", "-j", "4", "--json", "--transport", "ssh"]);
+        if how.starts_with("--ssh-program") {
+            cmd.arg("--sftp");
+        }
         let out = match pull {
             false => run(cmd.arg(&src).arg(remote(&sshd, &to))),
             true => run(cmd.arg(remote(&sshd, &src)).arg(&to)),
