@@ -1484,3 +1484,118 @@ async fn entry_count_and_depth_caps_stop_the_sender() {
     assert!(!sb.dest.join("d").exists());
     sb.assert_contained();
 }
+
+/// rsync CVE-2024-12086: a sender must learn nothing of files outside the destination. Its
+/// quick-check probes name files through a symlink to a folder outside, a symlink to a
+/// file outside, and a partial file that is a symlink to one (with `--checksum`, and with
+/// `--resume`): no answer carries a hash of what is outside, none says the file is there,
+/// and the outside file is neither read into a reply nor changed. The same file inside is
+/// found there, as the check that the probes are answered at all.
+#[tokio::test]
+async fn cve_2024_12086_probes_learn_nothing_outside_the_destination() {
+    let sb = Sandbox::new();
+    let secret = sb.outside.join("secret");
+    let content = vec![0x42u8; 8 << 20];
+    fs::write(&secret, &content).unwrap();
+    let size = content.len() as u64;
+    let mtime = fs::metadata(&secret)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    symlink(&sb.outside, sb.dest.join("link")).unwrap();
+    symlink(&secret, sb.dest.join("flink")).unwrap();
+    symlink(&secret, sb.dest.join(".big.fastcp-partial")).unwrap();
+    // The same bytes inside, at the same time: the one probe the receiver says it holds.
+    let inside = sb.dest.join("inside");
+    fs::write(&inside, &content).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&inside)
+        .unwrap()
+        .set_modified(fs::metadata(&secret).unwrap().modified().unwrap())
+        .unwrap();
+    let probe = |id, path: &'static [u8]| {
+        Frame::Probe(fastcp_proto::Probe {
+            id,
+            path: Bytes::from_static(path),
+            size,
+            mtime: mtime.as_secs() as i64,
+            mtime_nsec: mtime.subsec_nanos(),
+            mode: None,
+        })
+    };
+    let probes = [
+        probe(0, b"link/secret"),
+        probe(1, b"flink"),
+        probe(2, b"big"),
+        probe(3, b"inside"),
+    ];
+    for config in [
+        ReceiveConfig {
+            checksum: true,
+            ..resuming()
+        },
+        resuming(),
+    ] {
+        let replies = answers_to(&sb.dest, config, &probes).await;
+        for reply in &replies {
+            match reply {
+                Frame::Answer(a) if a.id == 3 => assert!(!a.send, "{a:?}"),
+                Frame::Answer(a) => {
+                    assert!(a.send, "the receiver claimed it holds {a:?}");
+                    assert_eq!(a.hash, None, "{a:?}");
+                }
+                Frame::Partial(p) => {
+                    assert!(
+                        p.hashes.iter().all(|&h| h == fastcp_proto::NOT_HELD),
+                        "block hashes of a file outside: {p:?}"
+                    );
+                }
+                other => panic!("unexpected reply {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        fs::read(&secret).unwrap(),
+        content,
+        "the file outside is untouched"
+    );
+    assert!(sb.dest.join("flink").is_symlink());
+}
+
+/// Sends `probes` to a receiver into `dest` and returns its replies to them (answers and
+/// partial files' block hashes), once every probe has its answer.
+async fn answers_to(dest: &Path, config: ReceiveConfig, probes: &[Frame]) -> Vec<Frame> {
+    let (mut ours, theirs) = tokio::io::duplex(1 << 20);
+    let dest = dest.to_path_buf();
+    let progress = Arc::new(Progress::default());
+    let recv = tokio::spawn(async move { receive(&dest, vec![theirs], &config, progress).await });
+    ours.write_all(&wire(probes)).await.unwrap();
+    let mut decoder = fastcp_proto::Decoder::new(1 << 20);
+    let mut buf = BytesMut::new();
+    let mut replies = Vec::new();
+    let mut answers = 0;
+    while answers < probes.len() {
+        while let Some(f) = decoder.decode(&mut buf).unwrap() {
+            answers += usize::from(matches!(f, Frame::Answer(_)));
+            replies.push(f);
+        }
+        if answers == probes.len() {
+            break;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), ours.read(&mut chunk))
+            .await
+            .expect("no answer within 30 s")
+            .unwrap();
+        assert!(n > 0, "the receiver hung up: {replies:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    drop(ours);
+    let _ = tokio::time::timeout(Duration::from_secs(30), recv)
+        .await
+        .expect("receive hung");
+    replies
+}
