@@ -581,7 +581,6 @@ async fn a_session_whose_extra_sftp_logins_are_refused_copies_over_fewer_session
 /// after the first copy. Returns each copy's stream (or SFTP session) count.
 async fn three_copies_with_extra_logins_refused(options: CopyOptions) -> Vec<usize> {
     let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
-    common::wait_for_a_login(&sshd);
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     build_tiny(&src, 50);

@@ -335,7 +335,6 @@ fn sixteen_sftp_sessions_log_in_under_a_default_max_startups() {
 fn a_server_that_refuses_extra_logins_gets_the_sftp_copy_over_fewer_sessions() {
     let work = tempfile::tempdir().unwrap();
     let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
-    wait_for_a_login(&sshd);
     let src = work.path().join("src");
     build(&src);
     let builtin = "the remote sshd refused extra logins (MaxStartups/PerSourceMaxStartups?): ";

@@ -1013,7 +1013,6 @@ fn a_server_without_forwarding_gets_the_copy_over_one_stream() {
 #[test]
 fn a_server_that_refuses_extra_logins_gets_the_copy_over_fewer_streams() {
     let sshd = Sshd::start_with_options("PerSourceMaxStartups 1").unwrap();
-    wait_for_a_login(&sshd);
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("tree");
     mixed_tree(&src);

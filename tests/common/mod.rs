@@ -79,25 +79,3 @@ pub fn many_empty_files(work: &Path, n: usize) -> (PathBuf, PathBuf) {
     std::fs::create_dir(&dst).unwrap();
     (src, dst)
 }
-
-/// Waits, a few seconds at most, until `sshd` takes a login. Under a `MaxStartups` or
-/// `PerSourceMaxStartups` of one, the connection by which the harness saw it listen counts
-/// as a login under way until its sshd process has ended, and a login made before that is
-/// dropped.
-pub fn wait_for_a_login(sshd: &Sshd) {
-    let probe = sshd.dir().join("login-probe");
-    std::fs::write(&probe, b"").unwrap();
-    for _ in 0..100 {
-        let out = fastcp(sshd, bin())
-            .args(["-q", "-j", "1", "--transport", "ssh"])
-            .arg(&probe)
-            .arg(remote(sshd, &sshd.dir().join("login-probe-copy")))
-            .output()
-            .expect("run fastcp");
-        if out.status.success() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("{} took no login: {}", sshd.alias(), sshd.log());
-}

@@ -543,6 +543,7 @@ fn spawn_sshd(d: &Path, port: u16, own_passwd: bool) -> io::Result<Child> {
         .create(true)
         .append(true)
         .open(d.join("sshd.log"))?;
+    let logged_before = log.metadata()?.len() as usize;
     let sshd = tools::locate("sshd")?;
     let mut command = if own_passwd {
         let mut c = Command::new(tools::locate("unshare")?);
@@ -572,7 +573,17 @@ fn spawn_sshd(d: &Path, port: u16, own_passwd: bool) -> io::Result<Child> {
                 fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
             )));
         }
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        // sshd says when it listens. A connection to find out would count against a
+        // `MaxStartups` of one until its sshd process ended, and drop a test's first login;
+        // it is made only when sshd has not said so within a few seconds (a quiet LogLevel).
+        let said = fs::read(d.join("sshd.log")).unwrap_or_default();
+        let listening = said
+            .get(logged_before..)
+            .is_some_and(|s| s.windows(19).any(|w| w == b"Server listening on"));
+        if listening
+            || (deadline - Instant::now() < Duration::from_secs(7)
+                && TcpStream::connect(("127.0.0.1", port)).is_ok())
+        {
             return Ok(child);
         }
         if Instant::now() > deadline {
