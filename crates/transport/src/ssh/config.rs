@@ -1,7 +1,10 @@
 //! Host resolution: ssh_config (via `ssh2-config`) plus command-line overrides.
 //!
-//! `ssh2-config` parses the file, handles `Host` patterns (wildcards, negation, first value
-//! wins), `Include`, and the keys HostName, Port, User, IdentityFile and ConnectTimeout.
+//! The lines in effect for a host are found here, as ssh finds them (`Host` patterns with
+//! wildcards and negation, `Include`), and the first value of each key is kept, as ssh
+//! keeps it; `ssh2-config` reads the values of HostName, Port, User, IdentityFile and
+//! ConnectTimeout. Keys only interactive ssh uses (AddKeysToAgent, ForwardAgent, ...) are
+//! passed over, whatever their value.
 //! The keys it does not model (IdentitiesOnly, StrictHostKeyChecking, UserKnownHostsFile,
 //! GlobalKnownHostsFile, HashKnownHosts, BatchMode, HostKeyAlias, IdentityAgent,
 //! PasswordAuthentication, KbdInteractiveAuthentication, NumberOfPasswordPrompts,
@@ -247,16 +250,18 @@ fn host_line_matches(patterns: &str, host: &str) -> bool {
     matched
 }
 
-/// The ProxyCommand and ProxyJump lines in effect for `host`, in the order ssh reads them,
-/// through `Include`s (at most 16 deep). `active` says whether the lines before the first
-/// `Host` line apply: an `Include` in a block for other hosts reads nothing that applies.
-fn proxy_lines(
+/// The lines in effect for `host` (every line when `host` is `None`), as `(keyword in lower
+/// case, value, line)`, in the order ssh reads them, through `Include`s (at most 16 deep).
+/// `active` says whether the lines before the first `Host` line apply: an `Include` in a
+/// block for other hosts reads nothing that applies. `Host`, `Match` and `Include` lines are
+/// left out.
+fn lines_in_effect(
     text: &str,
     home: Option<&Path>,
-    host: &str,
+    host: Option<&str>,
     active: bool,
     depth: usize,
-    out: &mut Vec<ProxyLine>,
+    out: &mut Vec<(String, String, String)>,
 ) {
     let outer = active;
     let mut active = active;
@@ -264,23 +269,123 @@ fn proxy_lines(
         let Some((kw, rest)) = keyword_and_rest(line) else {
             continue;
         };
-        match kw.to_ascii_lowercase().as_str() {
-            "host" => active = outer && host_line_matches(rest, host),
+        let kw = kw.to_ascii_lowercase();
+        match kw.as_str() {
+            "host" => active = outer && host.is_none_or(|h| host_line_matches(rest, h)),
             "include" if depth < 16 => {
                 for p in included_files(rest, home) {
                     if let Ok(included) = std::fs::read_to_string(&p) {
-                        proxy_lines(&included, home, host, active, depth + 1, out);
+                        lines_in_effect(&included, home, host, active, depth + 1, out);
                     }
                 }
             }
-            "proxycommand" if active => out.push(ProxyLine::Command(rest.to_owned())),
-            "proxyjump" if active => {
+            "include" | "match" => {}
+            _ if active => out.push((kw, rest.to_owned(), line.trim().to_owned())),
+            _ => {}
+        }
+    }
+}
+
+/// The ProxyCommand and ProxyJump lines among `lines` (from [`lines_in_effect`]), in order.
+fn proxy_lines(lines: &[(String, String, String)]) -> Vec<ProxyLine> {
+    let mut out = Vec::new();
+    for (kw, rest, _) in lines {
+        match kw.as_str() {
+            "proxycommand" => out.push(ProxyLine::Command(rest.clone())),
+            "proxyjump" => {
                 let value = rest.split('#').next().unwrap_or_default().trim_end();
                 out.push(ProxyLine::Jump(value.to_owned()));
             }
             _ => {}
         }
     }
+    out
+}
+
+/// Keys whose lines add up, rather than the first value winning.
+const ADDITIVE_KEYS: &[&str] = &[
+    "identityfile",
+    "certificatefile",
+    "localforward",
+    "remoteforward",
+    "dynamicforward",
+    "sendenv",
+    "setenv",
+];
+
+/// Keys `ssh2-config` checks the value of more narrowly than ssh does, and that nothing
+/// here reads: only interactive ssh uses them (`AddKeysToAgent confirm`,
+/// `ForwardAgent $SSH_AUTH_SOCK`, `PubkeyAuthentication unbound` are ssh's).
+const UNREAD_KEYS: &[&str] = &[
+    "addkeystoagent",
+    "forwardagent",
+    "compression",
+    "pubkeyauthentication",
+    "tcpkeepalive",
+    "connectionattempts",
+    "usekeychain",
+];
+
+/// The text `ssh2-config` parses for `lines` (from [`lines_in_effect`]): with `first_wins`,
+/// a key given again is left out, as ssh keeps the first value; keys in [`UNREAD_KEYS`] are
+/// left out; and times (`ConnectTimeout 1m`, `ServerAliveInterval 30s`, `none`) are
+/// written in seconds.
+fn parser_text(lines: &[(String, String, String)], first_wins: bool) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out = String::new();
+    for (kw, rest, line) in lines {
+        if UNREAD_KEYS.contains(&kw.as_str()) {
+            continue;
+        }
+        if first_wins && !ADDITIVE_KEYS.contains(&kw.as_str()) {
+            if seen.contains(&kw.as_str()) {
+                continue;
+            }
+            seen.push(kw);
+        }
+        let time = ["connecttimeout", "serveraliveinterval"].contains(&kw.as_str());
+        match rest.split('#').next().map(str::trim).and_then(seconds) {
+            Some(secs) if time => out.push_str(&format!("{kw} {secs}")),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A time as ssh_config writes it (`30`, `1m`, `1h30m`, `2W`), in seconds; `none` is 0.
+fn seconds(v: &str) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    if v.eq_ignore_ascii_case("none") {
+        return Some(0);
+    }
+    let mut total: u64 = 0;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = match rest.chars().next() {
+            None => 1,
+            Some(c) => {
+                rest = &rest[1..];
+                match c.to_ascii_lowercase() {
+                    's' => 1,
+                    'm' => 60,
+                    'h' => 3600,
+                    'd' => 86400,
+                    'w' => 604800,
+                    _ => return None,
+                }
+            }
+        };
+        total = total.checked_add(n.checked_mul(unit)?)?;
+    }
+    Some(total)
 }
 
 /// How ssh reaches a host, from its ProxyCommand and ProxyJump lines in the order it reads
@@ -332,11 +437,11 @@ pub struct SshConfigFile {
     home: Option<PathBuf>,
 }
 
-/// One ssh_config file, parsed.
+/// One ssh_config file, its values checked.
 #[derive(Debug, Clone)]
 struct OneFile {
-    parsed: SshConfig,
-    /// The file's text, read again for what `parsed` does not keep: the order of lines.
+    /// The file's text, read again for each host: the lines in effect for it are given to
+    /// `ssh2-config`, the first value of each key only.
     text: String,
     /// Where the file's `CertificateFile` lines are: ssh offers each, `ssh2-config` keeps
     /// one, so a host given more than one goes to the system ssh.
@@ -430,17 +535,26 @@ impl SshConfigFile {
         })
     }
 
-    /// The settings for `host` from every file, the first value obtained winning.
-    fn query(&self, host: &str) -> HostParams {
-        let mut files = self.files.iter();
-        let mut params = match files.next() {
-            Some(f) => f.parsed.query(host),
-            None => SshConfig::default().query(host),
-        };
-        for f in files {
-            params.overwrite_if_none(&f.parsed.query(host));
+    /// The settings for `host` from every file, the first value obtained winning, and the
+    /// ProxyCommand and ProxyJump lines in effect, in order.
+    fn query(&self, host: &str) -> Result<(HostParams, Vec<ProxyLine>), Error> {
+        let mut params = SshConfig::default().query(host);
+        let mut proxy = Vec::new();
+        for f in &self.files {
+            let mut lines = Vec::new();
+            lines_in_effect(
+                &f.text,
+                self.home.as_deref(),
+                Some(host),
+                true,
+                0,
+                &mut lines,
+            );
+            proxy.extend(proxy_lines(&lines));
+            let parsed = parse_lines(&parser_text(&lines, true), self.home.as_deref())?;
+            params.overwrite_if_none(&parsed.query(host));
         }
-        params
+        Ok((params, proxy))
     }
 
     /// Resolves `host` (an alias or a name, no `user@`) through these files only.
@@ -454,7 +568,7 @@ impl SshConfigFile {
         dest_user: Option<&str>,
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
-        let p = self.query(host);
+        let (p, proxy_lines) = self.query(host)?;
         let extra = |key: &str| -> Option<String> {
             p.unsupported_fields.get(key).map(|args| {
                 args.iter()
@@ -566,9 +680,7 @@ impl SshConfigFile {
             ],
         };
         let mut proxy = ov.proxy.clone();
-        for f in &self.files {
-            proxy_lines(&f.text, self.home.as_deref(), host, true, 0, &mut proxy);
-        }
+        proxy.extend(proxy_lines);
         let (proxy_jump, proxy_command) = choose_proxy(proxy);
         let connect_timeout = ov
             .connect_timeout
@@ -718,22 +830,28 @@ impl OneFile {
             )));
         }
         let certificate_lines = keyword_lines(text, "certificatefile", home, 0);
-        let mut cfg = SshConfig::default();
-        if let Some(h) = home {
-            cfg = cfg.home_dir(h);
-        }
-        let parsed = cfg
-            .parse(
-                &mut BufReader::new(text.as_bytes()),
-                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-            )
-            .map_err(|e| Error::Config(e.to_string()))?;
+        // Every value is checked now, in whichever block it is, as ssh checks them.
+        let mut lines = Vec::new();
+        lines_in_effect(text, home, None, true, 0, &mut lines);
+        parse_lines(&parser_text(&lines, false), home)?;
         Ok(OneFile {
-            parsed,
             text: text.to_owned(),
             certificate_lines,
         })
     }
+}
+
+/// Parses `text` (from [`parser_text`]) with `ssh2-config`.
+fn parse_lines(text: &str, home: Option<&Path>) -> Result<SshConfig, Error> {
+    let mut cfg = SshConfig::default();
+    if let Some(h) = home {
+        cfg = cfg.home_dir(h);
+    }
+    cfg.parse(
+        &mut BufReader::new(text.as_bytes()),
+        ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+    )
+    .map_err(|e| Error::Config(e.to_string()))
 }
 
 /// `text` with each relative path of its `Include` lines made absolute beneath `dir`, as ssh
@@ -993,8 +1111,8 @@ impl Overrides {
                 "hashknownhosts" => set_once(&mut ov.hash_known_hosts, parse_yes_no(key, &v)?),
                 "connecttimeout" => set_once(
                     &mut ov.connect_timeout,
-                    Duration::from_secs(v.parse().map_err(|_| {
-                        Error::Config(format!("-o {opt}: ConnectTimeout takes whole seconds"))
+                    Duration::from_secs(seconds(&v).ok_or_else(|| {
+                        Error::Config(format!("-o {opt}: ConnectTimeout takes a time"))
                     })?),
                 ),
                 "batchmode" => set_once(&mut ov.batch_mode, parse_yes_no(key, &v)?),
@@ -1010,8 +1128,8 @@ impl Overrides {
                 "proxycommand" => ov.proxy.push(ProxyLine::Command(v)),
                 "serveraliveinterval" => set_once(
                     &mut ov.server_alive_interval,
-                    Duration::from_secs(v.parse().map_err(|_| {
-                        Error::Config(format!("-o {opt}: ServerAliveInterval takes whole seconds"))
+                    Duration::from_secs(seconds(&v).ok_or_else(|| {
+                        Error::Config(format!("-o {opt}: ServerAliveInterval takes a time"))
                     })?),
                 ),
                 "serveralivecountmax" => set_once(
@@ -1938,7 +2056,7 @@ Host name
                 "20-match.conf line 1",
             ),
             ("20-nested.conf", "Include nested.conf\n", "20-nested.conf"),
-            ("20-value.conf", "AddKeysToAgent confirm\n", "ssh_config"),
+            ("20-value.conf", "Port ssh\n", "ssh_config"),
         ] {
             std::fs::write(etc.join("conf.d").join(name), text).unwrap();
             let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
@@ -1947,7 +2065,7 @@ Host name
             std::fs::remove_file(etc.join("conf.d").join(name)).unwrap();
         }
         // The same value in the user's own file is the user's to mend.
-        std::fs::write(&user, "AddKeysToAgent confirm\n").unwrap();
+        std::fs::write(&user, "Port ssh\n").unwrap();
         let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
         // A comment after a relative Include of the system file.
@@ -1959,6 +2077,66 @@ Host name
         .unwrap();
         let files = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap();
         assert_eq!(files.resolve("build").unwrap().proxy_jump, vec!["hop"]);
+    }
+
+    /// As ssh: a key given twice in one block keeps its first value, in an included file
+    /// too, whether `ssh2-config` models the key or not.
+    #[test]
+    fn a_key_given_twice_in_a_block_keeps_its_first_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(&inc, "Host b\n  User b1\n  User b2\n").unwrap();
+        let text = format!(
+            "Include {}\nHost a\n  Port 2222\n  PORT=2223\n  User u1\n  User u2\n  \
+             HostName h1\n  HostName h2\n  StrictHostKeyChecking yes\n  \
+             StrictHostKeyChecking no\n  IdentityFile /k/1\n  IdentityFile /k/2\n",
+            inc.display()
+        );
+        let c = SshConfigFile::parse_str(&text).unwrap();
+        let h = c.resolve("a").unwrap();
+        assert_eq!(
+            (h.port, h.user.as_str(), h.host_name.as_str()),
+            (2222, "u1", "h1")
+        );
+        assert_eq!(h.strict_host_key_checking, StrictHostKeyChecking::Yes);
+        assert_eq!(
+            h.identity_files,
+            [PathBuf::from("/k/1"), PathBuf::from("/k/2")]
+        );
+        assert_eq!(c.resolve("b").unwrap().user, "b1");
+    }
+
+    /// Values ssh takes and `ssh2-config` does not: those of keys only interactive ssh uses
+    /// are passed over, in an included file too, and times take ssh's units.
+    #[test]
+    fn values_ssh_takes_are_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(
+            &inc,
+            "Host *\n  AddKeysToAgent confirm\n  ForwardAgent $SSH_AUTH_SOCK\n",
+        )
+        .unwrap();
+        let text = format!(
+            "Include {}\nHost a\n  PubkeyAuthentication unbound\n  AddKeysToAgent 1h\n  \
+             ConnectTimeout 1m\n  ServerAliveInterval 1h30s\nHost b\n  ConnectTimeout none\n",
+            inc.display()
+        );
+        let c = SshConfigFile::parse_str(&text).unwrap();
+        let h = c.resolve("a").unwrap();
+        assert_eq!(h.connect_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(h.server_alive_interval, Some(Duration::from_secs(3630)));
+        assert_eq!(c.resolve("b").unwrap().connect_timeout, None);
+        let opts = SshOptions {
+            options: vec!["ConnectTimeout=10s".into(), "ServerAliveInterval=2m".into()],
+            ..SshOptions::default()
+        };
+        let h = resolve_chain_in(&c, "x", &opts).unwrap().remove(0);
+        assert_eq!(h.connect_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(h.server_alive_interval, Some(Duration::from_secs(120)));
+        for bad in ["ConnectTimeout 1x", "ServerAliveInterval m"] {
+            assert!(SshConfigFile::parse_str(bad).is_err(), "{bad}");
+        }
     }
 
     /// `Match all` at the top of its file applies to every host, its values first, as ssh
