@@ -26,7 +26,8 @@
 //! the top of its file (which could connect somewhere else, or as someone else, than `ssh`
 //! would), a relative `Include` nested in the system-wide file's, a line of the system-wide
 //! files this reader does not take, more than one
-//! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, a connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
+//! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, CanonicalizeHostname
+//! (ssh reads the files again for the canonical name), a connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
 //! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
 //! the `fastcp` command then runs the system ssh.
@@ -715,6 +716,15 @@ impl SshConfigFile {
             if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
             }
+        }
+        // ssh then reads the files again for the canonical name, or the HostName, whose
+        // `Host` blocks may name another user, port or key.
+        if any("canonicalizehostname")
+            .is_some_and(|v| !v.eq_ignore_ascii_case("no") && !v.eq_ignore_ascii_case("false"))
+        {
+            return Err(Error::NeedsSystemSsh(format!(
+                "canonicalizehostname for {host}"
+            )));
         }
         if any("controlmaster").is_some_and(|v| !v.eq_ignore_ascii_case("no")) {
             return Err(Error::NeedsSystemSsh(format!("controlmaster for {host}")));
@@ -2136,6 +2146,31 @@ Host name
         assert_eq!(h.server_alive_interval, Some(Duration::from_secs(120)));
         for bad in ["ConnectTimeout 1x", "ServerAliveInterval m"] {
             assert!(SshConfigFile::parse_str(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// With `CanonicalizeHostname`, ssh reads the files again for the canonical name (or the
+    /// HostName), whose blocks may name another user: that is the system ssh's to do.
+    #[test]
+    fn canonicalize_host_name_needs_the_system_ssh() {
+        let text = "Host web\n  HostName web.internal\nHost *.internal\n  User admin\n";
+        for (first, refused) in [
+            (
+                "CanonicalizeHostname yes\nCanonicalDomains example.com\n",
+                true,
+            ),
+            ("CanonicalizeHostname always\n", true),
+            ("CanonicalizeHostname no\n", false),
+            ("", false),
+        ] {
+            let c = SshConfigFile::parse_str(&format!("{first}{text}")).unwrap();
+            match c.resolve("web") {
+                Err(Error::NeedsSystemSsh(m)) if refused => {
+                    assert!(m.contains("canonicalizehostname"), "{m}")
+                }
+                Ok(h) if !refused => assert_eq!(h.user, local_user()),
+                r => panic!("{first}: {r:?}"),
+            }
         }
     }
 
