@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Error;
 use super::auth::{self, AuthUsed};
-use super::config::{self, HostConfig, SshOptions, StrictHostKeyChecking};
+use super::config::{self, AddressFamily, HostConfig, SshOptions, StrictHostKeyChecking};
 use super::known_hosts::{self, HostKeyStatus, fingerprint, key_type_name};
 use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, launch_command};
 use super::stream::SshStream;
@@ -759,8 +759,7 @@ async fn connect_one(
             None => {
                 // A longer wait for the banner would give the largest window anyway.
                 let banner_wait = client.round_trip_for(client.window_size);
-                let (tcp, rtt) =
-                    tcp_connect(&host.host_name, host.port, timeout, banner_wait).await?;
+                let (tcp, rtt) = tcp_connect(&host, timeout, banner_wait).await?;
                 *peer_addr.lock().expect("peer addr") = tcp.peer_addr().ok();
                 if client.nodelay {
                     let _ = tcp.set_nodelay(true);
@@ -850,11 +849,11 @@ async fn connect_one(
 /// most (a server that waits for the client to speak first); then the round trip is
 /// `None`.
 async fn tcp_connect(
-    host: &str,
-    port: u16,
+    config: &HostConfig,
     timeout: Option<Duration>,
     banner_wait: Duration,
 ) -> Result<(TcpStream, Option<Duration>), Error> {
+    let (host, port) = (config.host_name.as_str(), config.port);
     let err = |source| Error::Connect {
         host: host.to_owned(),
         port,
@@ -868,8 +867,14 @@ async fn tcp_connect(
                 format!("could not resolve hostname {host}: {e}"),
             ))
         })?
+        .filter(|a| config.address_family.allows(a))
         .collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    let none = match config.address_family {
+        AddressFamily::Any => "no address",
+        AddressFamily::Inet => "no IPv4 address (AddressFamily inet)",
+        AddressFamily::Inet6 => "no IPv6 address (AddressFamily inet6)",
+    };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, none);
     for addr in addrs {
         let started = Instant::now();
         let attempt = TcpStream::connect(addr);
@@ -908,6 +913,26 @@ async fn tcp_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `AddressFamily` keeps the addresses of its family only.
+    #[tokio::test]
+    async fn only_addresses_of_the_address_family_are_connected_to() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut host = config::SshConfigFile::parse_str("")
+            .unwrap()
+            .resolve("127.0.0.1")
+            .unwrap();
+        host.port = port;
+        let wait = Duration::from_millis(1);
+        for family in [AddressFamily::Any, AddressFamily::Inet] {
+            host.address_family = family;
+            assert!(tcp_connect(&host, None, wait).await.is_ok(), "{family:?}");
+        }
+        host.address_family = AddressFamily::Inet6;
+        let e = tcp_connect(&host, None, wait).await.unwrap_err();
+        assert!(e.to_string().contains("no IPv6 address"), "{e}");
+    }
 
     #[test]
     fn the_receive_window_covers_the_round_trip_within_its_bounds() {

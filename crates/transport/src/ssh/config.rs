@@ -70,6 +70,40 @@ impl StrictHostKeyChecking {
     }
 }
 
+/// Which addresses of a host name are connected to (ssh_config `AddressFamily`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressFamily {
+    /// IPv4 and IPv6 addresses alike.
+    #[default]
+    Any,
+    /// IPv4 addresses only.
+    Inet,
+    /// IPv6 addresses only.
+    Inet6,
+}
+
+impl AddressFamily {
+    fn parse(v: &str) -> Result<Self, Error> {
+        match v.to_ascii_lowercase().as_str() {
+            "any" => Ok(Self::Any),
+            "inet" => Ok(Self::Inet),
+            "inet6" => Ok(Self::Inet6),
+            _ => Err(Error::Config(format!(
+                "AddressFamily {v:?}: expected any, inet or inet6"
+            ))),
+        }
+    }
+
+    /// Whether `addr` is of this family.
+    pub fn allows(self, addr: &std::net::SocketAddr) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Inet => addr.is_ipv4(),
+            Self::Inet6 => addr.is_ipv6(),
+        }
+    }
+}
+
 /// Everything needed to reach a destination: which ssh_config to read, the settings that
 /// override it (as ssh's command-line flags do), and fastcp's own knobs.
 #[derive(Clone, Debug, Default)]
@@ -106,6 +140,8 @@ pub struct HostConfig {
     pub host_name: String,
     /// TCP port.
     pub port: u16,
+    /// Which of the host name's addresses are connected to.
+    pub address_family: AddressFamily,
     /// Remote user.
     pub user: String,
     /// Identity files to try, in order (only existing ones are tried).
@@ -589,6 +625,13 @@ impl SshConfigFile {
             host_name.make_ascii_lowercase();
         }
         let port = ov.port.or(p.port).unwrap_or(22);
+        let address_family = match ov.address_family {
+            Some(f) => f,
+            None => extra("addressfamily")
+                .map(|v| AddressFamily::parse(&v))
+                .transpose()?
+                .unwrap_or_default(),
+        };
         let user = ov
             .user
             .clone()
@@ -796,6 +839,7 @@ impl SshConfigFile {
             alias: host.to_owned(),
             host_name,
             port,
+            address_family,
             user,
             identity_files,
             explicit_identities,
@@ -1066,6 +1110,7 @@ fn split_jumps(v: &str) -> Vec<String> {
 struct Overrides {
     host_name: Option<String>,
     port: Option<u16>,
+    address_family: Option<AddressFamily>,
     user: Option<String>,
     identity_files: Vec<PathBuf>,
     identities_only: Option<bool>,
@@ -1108,6 +1153,7 @@ impl Overrides {
                     v.parse()
                         .map_err(|_| Error::Config(format!("-o {opt}: bad port")))?,
                 ),
+                "addressfamily" => set_once(&mut ov.address_family, AddressFamily::parse(&v)?),
                 "user" => set_once(&mut ov.user, v),
                 "identityfile" => ov.identity_files.push(PathBuf::from(v)),
                 "identitiesonly" => set_once(&mut ov.identities_only, parse_yes_no(key, &v)?),
@@ -2172,6 +2218,22 @@ Host name
                 r => panic!("{first}: {r:?}"),
             }
         }
+    }
+
+    /// `AddressFamily` from ssh_config, and from `-o` (what `-4` and `-6` give) first.
+    #[test]
+    fn address_family() {
+        let c = SshConfigFile::parse_str("Host v4\n  AddressFamily inet\n").unwrap();
+        assert_eq!(c.resolve("v4").unwrap().address_family, AddressFamily::Inet);
+        assert_eq!(c.resolve("x").unwrap().address_family, AddressFamily::Any);
+        let opts = SshOptions {
+            options: vec!["AddressFamily=inet6".into()],
+            ..SshOptions::default()
+        };
+        let chain = resolve_chain_in(&c, "v4", &opts).unwrap();
+        assert_eq!(chain[0].address_family, AddressFamily::Inet6);
+        let bad = SshConfigFile::parse_str("AddressFamily ipv4\n").unwrap();
+        assert!(matches!(bad.resolve("x"), Err(Error::Config(_))));
     }
 
     /// `Match all` at the top of its file applies to every host, its values first, as ssh

@@ -13,7 +13,9 @@ pub mod stream;
 
 pub use auth::{Prompt, Question, QuestionKind};
 pub use client::{SshClientConfig, SshSession};
-pub use config::{HostConfig, SshConfigFile, SshOptions, StrictHostKeyChecking, resolve_chain};
+pub use config::{
+    AddressFamily, HostConfig, SshConfigFile, SshOptions, StrictHostKeyChecking, resolve_chain,
+};
 pub use error::Error;
 pub use program::{ProcessStream, SshProgram};
 pub use remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command, shell_quote};
