@@ -27,7 +27,8 @@
 //! would), a relative `Include` nested in the system-wide file's, a line of the system-wide
 //! files this reader does not take, more than one
 //! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, CanonicalizeHostname
-//! (ssh reads the files again for the canonical name), a connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
+//! (ssh reads the files again for the canonical name), BindAddress and BindInterface, a
+//! connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
 //! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
 //! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
 //! the `fastcp` command then runs the system ssh.
@@ -759,6 +760,12 @@ impl SshConfigFile {
             if any(key).is_some_and(|v| !v.eq_ignore_ascii_case("none")) {
                 return Err(Error::NeedsSystemSsh(format!("{key} for {host}")));
             }
+        }
+        // The connection's source address: a firewall may let only that one through.
+        if let Some(a) = p.bind_address.as_ref().or(p.bind_interface.as_ref()) {
+            return Err(Error::NeedsSystemSsh(format!(
+                "BindAddress or BindInterface {a} for {host}"
+            )));
         }
         // ssh then reads the files again for the canonical name, or the HostName, whose
         // `Host` blocks may name another user, port or key.
@@ -2217,6 +2224,16 @@ Host name
                 Ok(h) if !refused => assert_eq!(h.user, local_user()),
                 r => panic!("{first}: {r:?}"),
             }
+        }
+    }
+
+    /// `BindAddress` and `BindInterface` choose the source address: the system ssh's to do.
+    #[test]
+    fn bind_address_needs_the_system_ssh() {
+        for text in ["BindAddress 127.0.0.2\n", "Host *\n  BindInterface eth1\n"] {
+            let c = SshConfigFile::parse_str(text).unwrap();
+            let e = c.resolve("x").unwrap_err();
+            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{text}: {e}");
         }
     }
 
