@@ -22,9 +22,10 @@ fn opts(sshd: &Sshd) -> SshOptions {
 
 /// A config for the fixture's host without an IdentityFile line, plus `extra` lines.
 fn config_with(sshd: &Sshd, dir: &Path, extra: &str) -> PathBuf {
+    // `extra` first: as with ssh, the first value of a key wins.
     let text = format!(
-        "Host t\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  UserKnownHostsFile {}\n  \
-         GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n{extra}",
+        "Host t\n{extra}  HostName 127.0.0.1\n  Port {}\n  User {}\n  UserKnownHostsFile {}\n  \
+         GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n",
         sshd.port(),
         sshd.user(),
         sshd.known_hosts().display()
