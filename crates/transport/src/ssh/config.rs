@@ -218,12 +218,37 @@ fn keyword_and_rest(line: &str) -> Option<(&str, &str)> {
     ))
 }
 
+/// The arguments of an ssh_config line after its keyword, as ssh splits them: at
+/// whitespace, a double-quoted argument whole (its quotes removed), and nothing from a word
+/// that starts with `#` on (a comment).
+fn words(rest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        match chars.peek() {
+            None | Some('#') => return out,
+            Some('"') => {
+                chars.next();
+                out.push(chars.by_ref().take_while(|&c| c != '"').collect());
+            }
+            Some(_) => {
+                let mut word = String::new();
+                while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                    word.push(c);
+                }
+                out.push(word);
+            }
+        }
+    }
+}
+
 /// The files an `Include` line names, as ssh finds them: a relative path is beneath
 /// `~/.ssh`, and each may hold wildcards (matches in name order).
 fn included_files(args: &str, home: Option<&Path>) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for arg in args.split_whitespace() {
-        let arg = arg.trim_matches('"');
+    for arg in words(args) {
+        let arg = arg.as_str();
         let path = match (arg.strip_prefix("~/"), home) {
             (Some(rest), Some(h)) => h.join(rest),
             _ if Path::new(arg).is_absolute() => PathBuf::from(arg),
@@ -273,7 +298,8 @@ enum ProxyLine {
 /// matches, and no negated one (`!pattern`) does.
 fn host_line_matches(patterns: &str, host: &str) -> bool {
     let mut matched = false;
-    for p in patterns.split_whitespace().map(|p| p.trim_matches('"')) {
+    for p in words(patterns) {
+        let p = p.as_str();
         let (pattern, negated) = match p.strip_prefix('!') {
             Some(p) => (p, true),
             None => (p, false),
@@ -607,14 +633,12 @@ impl SshConfigFile {
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
         let (p, proxy_lines) = self.query(host)?;
-        let extra = |key: &str| -> Option<String> {
-            p.unsupported_fields.get(key).map(|args| {
-                args.iter()
-                    .map(|a| unquote(a))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
+        let extra_args = |key: &str| -> Option<Vec<String>> {
+            p.unsupported_fields
+                .get(key)
+                .map(|args| args.iter().map(|a| unquote(a)).collect())
         };
+        let extra = |key: &str| -> Option<String> { extra_args(key).map(|a| a.join(" ")) };
         // HostName takes `%h`; the name as given takes no tokens.
         let mut host_name = match ov.host_name.clone().or(p.host_name.clone()) {
             Some(h) => expand("HostName", &h, |c| (c == 'h').then(|| host.to_owned()))?,
@@ -696,26 +720,32 @@ impl SshConfigFile {
                 .transpose()?
                 .unwrap_or_default(),
         };
-        let user_known_hosts_files =
-            match ov.user_known_hosts.clone().or(extra("userknownhostsfile")) {
-                Some(v) => v
-                    .split_whitespace()
-                    .filter(|f| !f.eq_ignore_ascii_case("none"))
-                    .map(|f| tokens.path("UserKnownHostsFile", Path::new(f)))
-                    .collect::<Result<_, _>>()?,
-                None => match &self.home {
-                    Some(h) => vec![h.join(".ssh/known_hosts"), h.join(".ssh/known_hosts2")],
-                    None => vec![],
-                },
-            };
+        // Each file an argument of its own: a quoted one may hold a space.
+        let user_known_hosts_files = match ov
+            .user_known_hosts
+            .as_deref()
+            .map(words)
+            .or(extra_args("userknownhostsfile"))
+        {
+            Some(v) => v
+                .iter()
+                .filter(|f| !f.eq_ignore_ascii_case("none"))
+                .map(|f| tokens.path("UserKnownHostsFile", Path::new(f)))
+                .collect::<Result<_, _>>()?,
+            None => match &self.home {
+                Some(h) => vec![h.join(".ssh/known_hosts"), h.join(".ssh/known_hosts2")],
+                None => vec![],
+            },
+        };
         let global_known_hosts_files = match ov
             .global_known_hosts
-            .clone()
-            .or(extra("globalknownhostsfile"))
+            .as_deref()
+            .map(words)
+            .or(extra_args("globalknownhostsfile"))
         {
             // No tokens here, as ssh has it.
             Some(v) => v
-                .split_whitespace()
+                .iter()
                 .filter(|f| !f.eq_ignore_ascii_case("none"))
                 .map(|f| tilde("GlobalKnownHostsFile", f, self.home.as_deref()).map(PathBuf::from))
                 .collect::<Result<_, _>>()?,
@@ -2317,5 +2347,41 @@ Host name
         let c = SshConfigFile::parse_str("Host m\n  ControlPath /tmp/cm-%j\n").unwrap();
         let e = c.resolve("m").unwrap_err();
         assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+    }
+
+    /// A comment after a `Host` line's patterns or an `Include`'s files is no pattern and no
+    /// file, as ssh reads them; a quoted known_hosts path keeps its space.
+    #[test]
+    fn comments_end_host_and_include_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.conf");
+        std::fs::write(&old, "User fromold\nPort 2999\n").unwrap();
+        let text = format!(
+            "Host web # web server\n  HostName web.example\n  User webuser\n\
+             Host *.corp !secret.corp # !ok.corp\n  User corpuser\n\
+             Host x\n  Include {}/none.conf # was: {}\n  User xu\n\
+             Host k\n  UserKnownHostsFile \"{}/kh one\" {}/kh2\n\
+             Host *\n  User other\n",
+            dir.path().display(),
+            old.display(),
+            dir.path().display(),
+            dir.path().display()
+        );
+        let c = SshConfigFile::parse_str(&text).unwrap();
+        let h = c.resolve("server").unwrap();
+        assert_eq!((h.host_name.as_str(), h.user.as_str()), ("server", "other"));
+        assert_eq!(c.resolve("web").unwrap().user, "webuser");
+        assert_eq!(c.resolve("ok.corp").unwrap().user, "corpuser");
+        assert_eq!(c.resolve("secret.corp").unwrap().user, "other");
+        let h = c.resolve("x").unwrap();
+        assert_eq!((h.user.as_str(), h.port), ("xu", 22));
+        assert_eq!(
+            c.resolve("k").unwrap().user_known_hosts_files,
+            vec![dir.path().join("kh one"), dir.path().join("kh2")]
+        );
+        assert_eq!(
+            words(r#"a "b c"  d # e "f""#),
+            vec!["a".to_owned(), "b c".to_owned(), "d".to_owned()]
+        );
     }
 }
