@@ -854,3 +854,54 @@ async fn a_port_that_waits_for_the_client_to_speak_first_still_connects() {
     p.stream.read_to_string(&mut out).await.unwrap();
     assert_eq!(out, "through\n");
 }
+
+/// ssh_config's algorithm lists bind the built-in client as they bind ssh: against a server
+/// that takes only AES-128-GCM, `Ciphers aes256-gcm@openssh.com` (a policy without it) fails
+/// to agree on a cipher, where the client's own list would have connected; a policy that
+/// allows it, or removes something else, connects.
+#[tokio::test]
+async fn ssh_config_algorithm_lists_are_kept() {
+    let sshd = Sshd::start_with_options("Ciphers aes128-gcm@openssh.com").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = sshd.client_key().display().to_string();
+    for (line, connects) in [
+        ("Ciphers aes256-gcm@openssh.com", false),
+        ("Ciphers -aes128-*", false),
+        ("Ciphers aes256-ctr,aes128-gcm@openssh.com", true),
+        ("Ciphers -chacha20*", true),
+        (
+            "KexAlgorithms curve25519-sha256,diffie-hellman-group14-sha256",
+            true,
+        ),
+    ] {
+        let cfg = config_with(
+            &sshd,
+            dir.path(),
+            &format!("  IdentityFile {key}\n  {line}\n"),
+        );
+        let o = SshOptions {
+            config_file: Some(cfg),
+            ..SshOptions::default()
+        };
+        let got = SshSession::connect("t", &o).await;
+        assert_eq!(got.is_ok(), connects, "{line}: {:?}", got.err());
+    }
+    // A list that leaves none of the client's own goes to the system ssh, which has more.
+    for line in ["Ciphers aes128-cbc", "KexAlgorithms -*"] {
+        let cfg = config_with(
+            &sshd,
+            dir.path(),
+            &format!("  IdentityFile {key}\n  {line}\n"),
+        );
+        let o = SshOptions {
+            config_file: Some(cfg),
+            ..SshOptions::default()
+        };
+        let got = SshSession::connect("t", &o).await;
+        assert!(
+            matches!(got, Err(Error::NeedsSystemSsh(_))),
+            "{line}: {:?}",
+            got.err()
+        );
+    }
+}

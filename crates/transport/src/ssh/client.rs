@@ -160,6 +160,61 @@ struct ExecSinks {
 
 type ExecMap = Arc<Mutex<HashMap<ChannelId, ExecSinks>>>;
 
+/// Keeps of `preferred` what ssh_config's algorithm lists allow. A list that leaves none of
+/// the built-in client's algorithms hands the connection to the system ssh, which has more.
+fn restrict_algorithms(
+    preferred: &mut russh::Preferred,
+    lists: &config::AlgorithmLists,
+) -> Result<(), Error> {
+    let none_left = |key: &str, list: &Option<String>| {
+        Error::NeedsSystemSsh(format!(
+            "{key} {}: none of the built-in client's algorithms",
+            list.as_deref().unwrap_or_default()
+        ))
+    };
+    let ciphers = config::allowed(lists.ciphers.as_deref(), &preferred.cipher, |c| c.as_ref());
+    // What the client tells the server through the key exchange list (extensions, strict
+    // key exchange) is no algorithm; ssh sends it whatever KexAlgorithms says.
+    let signal = |k: &russh::kex::Name| {
+        let k: &str = k.as_ref();
+        k.starts_with("ext-info-") || k.starts_with("kex-strict-")
+    };
+    let (signals, algorithms): (Vec<_>, Vec<_>) = preferred.kex.iter().cloned().partition(signal);
+    let mut kex = config::allowed(lists.kex.as_deref(), &algorithms, |k| k.as_ref());
+    let macs = config::allowed(lists.macs.as_deref(), &preferred.mac, |m| m.as_ref());
+    let keys = config::allowed(lists.host_keys.as_deref(), &preferred.key, |k| k.as_str());
+    if ciphers.is_empty() {
+        return Err(none_left("Ciphers", &lists.ciphers));
+    }
+    if kex.is_empty() {
+        return Err(none_left("KexAlgorithms", &lists.kex));
+    }
+    // Only ciphers without their own integrity need a MAC.
+    if macs.is_empty() && ciphers.iter().any(|c| c.as_ref().ends_with("-ctr")) {
+        let aead: Vec<_> = ciphers
+            .iter()
+            .filter(|c| !c.as_ref().ends_with("-ctr"))
+            .cloned()
+            .collect();
+        if aead.is_empty() {
+            return Err(none_left("MACs", &lists.macs));
+        }
+        preferred.cipher = aead.into();
+    } else {
+        preferred.cipher = ciphers.into();
+    }
+    if keys.is_empty() {
+        return Err(none_left("HostKeyAlgorithms", &lists.host_keys));
+    }
+    kex.extend(signals);
+    preferred.kex = kex.into();
+    if !macs.is_empty() {
+        preferred.mac = macs.into();
+    }
+    preferred.key = keys.into();
+    Ok(())
+}
+
 /// russh's callbacks for one connection: host key check, stderr and exit status.
 pub(crate) struct ClientHandler {
     host: Arc<HostConfig>,
@@ -699,6 +754,7 @@ async fn connect_one(
             first.extend(rest);
             config.preferred.key = first.into();
         }
+        restrict_algorithms(&mut config.preferred, &host.algorithms)?;
         // ServerAliveInterval from ssh_config or -o wins over the program's default.
         if let Some(interval) = host.server_alive_interval {
             config.keepalive_interval = Some(interval);

@@ -188,6 +188,53 @@ pub struct HostConfig {
     /// A command whose stdin and stdout carry the SSH connection instead of a TCP connection
     /// (ProxyCommand), with `%h %p %r %n %%` already expanded; run with `sh -c`.
     pub proxy_command: Option<String>,
+    /// The algorithm lists ssh_config sets for the host: the built-in client offers only
+    /// what they allow.
+    pub algorithms: AlgorithmLists,
+}
+
+/// The algorithm lists of ssh_config (`Ciphers`, `KexAlgorithms`, `MACs`,
+/// `HostKeyAlgorithms`), as written; `None` where it sets none. A system-wide policy (such as
+/// Fedora's crypto-policies) says here which algorithms a connection may use.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlgorithmLists {
+    /// `Ciphers`.
+    pub ciphers: Option<String>,
+    /// `KexAlgorithms`.
+    pub kex: Option<String>,
+    /// `MACs`.
+    pub macs: Option<String>,
+    /// `HostKeyAlgorithms`.
+    pub host_keys: Option<String>,
+}
+
+/// Of `ours` (most preferred first, named by `name`), those an ssh_config algorithm list
+/// `list` allows, in our order: a plain list names the only ones allowed; `-` removes those
+/// its patterns (with `*` and `?`) match; `+` adds and `^` puts first algorithms ssh has
+/// beside its defaults, which leaves ours as they are.
+pub(crate) fn allowed<T: Clone>(list: Option<&str>, ours: &[T], name: impl Fn(&T) -> &str) -> Vec<T> {
+    let Some(list) = list else {
+        return ours.to_vec();
+    };
+    let matches = |patterns: &str, n: &str| {
+        patterns
+            .split(',')
+            .map(str::trim)
+            .any(|p| HostClause::new(p.to_owned(), false).intersects(n))
+    };
+    match list.chars().next() {
+        Some('+' | '^') => ours.to_vec(),
+        Some('-') => ours
+            .iter()
+            .filter(|a| !matches(&list[1..], name(a)))
+            .cloned()
+            .collect(),
+        _ => ours
+            .iter()
+            .filter(|a| list.split(',').map(str::trim).any(|l| l == name(a)))
+            .cloned()
+            .collect(),
+    }
 }
 
 impl HostConfig {
@@ -601,9 +648,10 @@ impl SshConfigFile {
 
     /// The settings for `host` from every file, the first value obtained winning, and the
     /// ProxyCommand and ProxyJump lines in effect, in order.
-    fn query(&self, host: &str) -> Result<(HostParams, Vec<ProxyLine>), Error> {
+    fn query(&self, host: &str) -> Result<(HostParams, Vec<ProxyLine>, AlgorithmLists), Error> {
         let mut params = SshConfig::default().query(host);
         let mut proxy = Vec::new();
+        let mut algorithms = AlgorithmLists::default();
         for f in &self.files {
             let mut lines = Vec::new();
             lines_in_effect(
@@ -615,10 +663,22 @@ impl SshConfigFile {
                 &mut lines,
             );
             proxy.extend(proxy_lines(&lines));
+            for (kw, rest, _) in &lines {
+                let slot = match kw.as_str() {
+                    "ciphers" => &mut algorithms.ciphers,
+                    "kexalgorithms" => &mut algorithms.kex,
+                    "macs" => &mut algorithms.macs,
+                    "hostkeyalgorithms" => &mut algorithms.host_keys,
+                    _ => continue,
+                };
+                if slot.is_none() {
+                    *slot = words(rest).into_iter().next();
+                }
+            }
             let parsed = parse_lines(&parser_text(&lines, true), self.home.as_deref())?;
             params.overwrite_if_none(&parsed.query(host));
         }
-        Ok((params, proxy))
+        Ok((params, proxy, algorithms))
     }
 
     /// Resolves `host` (an alias or a name, no `user@`) through these files only.
@@ -632,7 +692,7 @@ impl SshConfigFile {
         dest_user: Option<&str>,
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
-        let (p, proxy_lines) = self.query(host)?;
+        let (p, proxy_lines, algorithms) = self.query(host)?;
         let extra_args = |key: &str| -> Option<Vec<String>> {
             p.unsupported_fields
                 .get(key)
@@ -897,6 +957,7 @@ impl SshConfigFile {
             server_alive_interval,
             server_alive_count_max,
             proxy_command,
+            algorithms,
         };
         let known_hosts: Vec<PathBuf> = config
             .user_known_hosts_files
@@ -2383,5 +2444,31 @@ Host name
             words(r#"a "b c"  d # e "f""#),
             vec!["a".to_owned(), "b c".to_owned(), "d".to_owned()]
         );
+    }
+
+    /// An ssh_config algorithm list allows what ssh would: a plain list only its names, `-`
+    /// all but what its patterns match, `+` and `^` everything of ours.
+    #[test]
+    fn algorithm_lists_allow_what_ssh_allows() {
+        let ours = [
+            "aes128-gcm@openssh.com",
+            "aes256-gcm@openssh.com",
+            "aes128-ctr",
+        ];
+        let allow = |list| allowed(list, &ours, |a| a);
+        assert_eq!(allow(None), ours);
+        assert_eq!(allow(Some("aes128-ctr,aes192-ctr")), ["aes128-ctr"]);
+        assert_eq!(allow(Some("-aes128-*")), ["aes256-gcm@openssh.com"]);
+        assert_eq!(allow(Some("+aes128-cbc")), ours);
+        assert_eq!(allow(Some("^aes256-ctr")), ours);
+        assert!(allow(Some("aes128-cbc")).is_empty());
+        let c = SshConfigFile::parse_str(
+            "Host a\n  Ciphers aes256-ctr # policy\nHost *\n  Ciphers aes128-ctr\n  MACs hmac-sha2-256\n",
+        )
+        .unwrap();
+        let h = c.resolve("a").unwrap();
+        assert_eq!(h.algorithms.ciphers.as_deref(), Some("aes256-ctr"));
+        assert_eq!(h.algorithms.macs.as_deref(), Some("hmac-sha2-256"));
+        assert_eq!(h.algorithms.kex, None);
     }
 }
