@@ -130,6 +130,15 @@ impl SshClientConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             preferred.cipher = names.into();
         }
+        // As ssh since 8.8: no host key signed with SHA-1 (`ssh-rsa`) unless ssh_config's
+        // HostKeyAlgorithms adds it.
+        preferred.key = preferred
+            .key
+            .iter()
+            .filter(|k| !matches!(k, russh::keys::Algorithm::Rsa { hash: None }))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
         // The NIST curves last, as ssh offers them, for servers restricted to them.
         let mut kex = preferred.kex.to_vec();
         kex.extend([
@@ -172,7 +181,9 @@ fn restrict_algorithms(
             list.as_deref().unwrap_or_default()
         ))
     };
-    let ciphers = config::allowed(lists.ciphers.as_deref(), &preferred.cipher, |c| c.as_ref());
+    let ciphers = config::allowed(lists.ciphers.as_deref(), false, &preferred.cipher, |c| {
+        c.as_ref()
+    });
     // What the client tells the server through the key exchange list (extensions, strict
     // key exchange) is no algorithm; ssh sends it whatever KexAlgorithms says.
     let signal = |k: &russh::kex::Name| {
@@ -180,9 +191,21 @@ fn restrict_algorithms(
         k.starts_with("ext-info-") || k.starts_with("kex-strict-")
     };
     let (signals, algorithms): (Vec<_>, Vec<_>) = preferred.kex.iter().cloned().partition(signal);
-    let mut kex = config::allowed(lists.kex.as_deref(), &algorithms, |k| k.as_ref());
-    let macs = config::allowed(lists.macs.as_deref(), &preferred.mac, |m| m.as_ref());
-    let keys = config::allowed(lists.host_keys.as_deref(), &preferred.key, |k| k.as_str());
+    let mut kex = config::allowed(lists.kex.as_deref(), false, &algorithms, |k| k.as_ref());
+    let macs = config::allowed(lists.macs.as_deref(), false, &preferred.mac, |m| m.as_ref());
+    let mut keys = config::allowed(lists.host_keys.as_deref(), true, &preferred.key, |k| {
+        k.as_str()
+    });
+    // `ssh-rsa` (SHA-1), left out by default, where the list names it.
+    if let Some(list) = lists.host_keys.as_deref()
+        && !list.starts_with('-')
+        && list
+            .trim_start_matches(['+', '^'])
+            .split(',')
+            .any(|a| a.trim() == "ssh-rsa")
+    {
+        keys.push(russh::keys::Algorithm::Rsa { hash: None });
+    }
     if ciphers.is_empty() {
         return Err(none_left("Ciphers", &lists.ciphers));
     }
@@ -190,12 +213,14 @@ fn restrict_algorithms(
         return Err(none_left("KexAlgorithms", &lists.kex));
     }
     // Only ciphers without their own integrity need a MAC.
-    if macs.is_empty() && ciphers.iter().any(|c| c.as_ref().ends_with("-ctr")) {
-        let aead: Vec<_> = ciphers
-            .iter()
-            .filter(|c| !c.as_ref().ends_with("-ctr"))
-            .cloned()
-            .collect();
+    let aead = |c: &russh::cipher::Name| {
+        matches!(
+            c.as_ref(),
+            "aes128-gcm@openssh.com" | "aes256-gcm@openssh.com" | "chacha20-poly1305@openssh.com"
+        )
+    };
+    if macs.is_empty() && !ciphers.iter().all(aead) {
+        let aead: Vec<_> = ciphers.iter().filter(|c| aead(c)).cloned().collect();
         if aead.is_empty() {
             return Err(none_left("MACs", &lists.macs));
         }
@@ -969,6 +994,58 @@ async fn tcp_connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ssh_config's algorithm lists narrow the client's offers; `ssh-rsa` host keys (SHA-1)
+    /// only where a list names them; a list that leaves nothing goes to the system ssh.
+    #[test]
+    fn algorithm_lists_narrow_the_offers() {
+        let base = SshClientConfig::default()
+            .to_russh(1 << 20)
+            .unwrap()
+            .preferred;
+        let sha1 = russh::keys::Algorithm::Rsa { hash: None };
+        assert!(!base.key.contains(&sha1), "no ssh-rsa by default");
+        let with = |lists: config::AlgorithmLists| {
+            let mut p = base.clone();
+            restrict_algorithms(&mut p, &lists).map(|()| p)
+        };
+        let p = with(config::AlgorithmLists {
+            host_keys: Some("+ssh-rsa".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(p.key.contains(&sha1));
+        let p = with(config::AlgorithmLists {
+            host_keys: Some("ssh-ed25519*".into()),
+            ciphers: Some("aes256-ctr,aes256-gcm@openssh.com".into()),
+            macs: Some("hmac-sha2-512".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(&p.key[..], [russh::keys::Algorithm::Ed25519]);
+        let names =
+            |c: &[russh::cipher::Name]| c.iter().map(|c| c.as_ref().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names(&p.cipher), ["aes256-gcm@openssh.com", "aes256-ctr"]);
+        assert!(
+            p.kex
+                .iter()
+                .any(|k| AsRef::<str>::as_ref(k).starts_with("kex-strict-"))
+        );
+        // No MAC left: the AEAD ciphers only; none of those either: the system ssh.
+        let p = with(config::AlgorithmLists {
+            macs: Some("-*".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(p.cipher.iter().all(|c| !c.as_ref().ends_with("-ctr")));
+        let e = with(config::AlgorithmLists {
+            ciphers: Some("aes128-ctr".into()),
+            macs: Some("-*".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+    }
 
     /// `AddressFamily` keeps the addresses of its family only.
     #[tokio::test]

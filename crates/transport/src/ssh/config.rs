@@ -209,10 +209,16 @@ pub struct AlgorithmLists {
 }
 
 /// Of `ours` (most preferred first, named by `name`), those an ssh_config algorithm list
-/// `list` allows, in our order: a plain list names the only ones allowed; `-` removes those
-/// its patterns (with `*` and `?`) match; `+` adds and `^` puts first algorithms ssh has
-/// beside its defaults, which leaves ours as they are.
-pub(crate) fn allowed<T: Clone>(list: Option<&str>, ours: &[T], name: impl Fn(&T) -> &str) -> Vec<T> {
+/// `list` allows, in our order: a plain list names the only ones allowed (by patterns with
+/// `*` and `?` when `plain_patterns`, as ssh takes them in `HostKeyAlgorithms`); `-` removes
+/// those its patterns match; `+` adds and `^` puts first algorithms ssh has beside its
+/// defaults, which leaves ours as they are.
+pub(crate) fn allowed<T: Clone>(
+    list: Option<&str>,
+    plain_patterns: bool,
+    ours: &[T],
+    name: impl Fn(&T) -> &str,
+) -> Vec<T> {
     let Some(list) = list else {
         return ours.to_vec();
     };
@@ -227,6 +233,11 @@ pub(crate) fn allowed<T: Clone>(list: Option<&str>, ours: &[T], name: impl Fn(&T
         Some('-') => ours
             .iter()
             .filter(|a| !matches(&list[1..], name(a)))
+            .cloned()
+            .collect(),
+        _ if plain_patterns => ours
+            .iter()
+            .filter(|a| matches(list, name(a)))
             .cloned()
             .collect(),
         _ => ours
@@ -266,8 +277,8 @@ fn keyword_and_rest(line: &str) -> Option<(&str, &str)> {
 }
 
 /// The arguments of an ssh_config line after its keyword, as ssh splits them: at
-/// whitespace, a double-quoted argument whole (its quotes removed), and nothing from a word
-/// that starts with `#` on (a comment).
+/// whitespace, a quoted argument (`"` or `'`) whole, its quotes removed, and nothing from a
+/// word that starts with `#` on (a comment).
 fn words(rest: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut chars = rest.chars().peekable();
@@ -275,9 +286,9 @@ fn words(rest: &str) -> Vec<String> {
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         match chars.peek() {
             None | Some('#') => return out,
-            Some('"') => {
+            Some(&q @ ('"' | '\'')) => {
                 chars.next();
-                out.push(chars.by_ref().take_while(|&c| c != '"').collect());
+                out.push(chars.by_ref().take_while(|&c| c != q).collect());
             }
             Some(_) => {
                 let mut word = String::new();
@@ -2455,13 +2466,22 @@ Host name
             "aes256-gcm@openssh.com",
             "aes128-ctr",
         ];
-        let allow = |list| allowed(list, &ours, |a| a);
+        let allow = |list| allowed(list, false, &ours, |a| a);
         assert_eq!(allow(None), ours);
         assert_eq!(allow(Some("aes128-ctr,aes192-ctr")), ["aes128-ctr"]);
         assert_eq!(allow(Some("-aes128-*")), ["aes256-gcm@openssh.com"]);
         assert_eq!(allow(Some("+aes128-cbc")), ours);
         assert_eq!(allow(Some("^aes256-ctr")), ours);
         assert!(allow(Some("aes128-cbc")).is_empty());
+        assert!(
+            allow(Some("aes128-*")).is_empty(),
+            "no patterns in a plain cipher list"
+        );
+        let keys = ["ssh-ed25519", "rsa-sha2-512", "ecdsa-sha2-nistp256"];
+        assert_eq!(
+            allowed(Some("ssh-ed25519*"), true, &keys, |a| a),
+            ["ssh-ed25519"]
+        );
         let c = SshConfigFile::parse_str(
             "Host a\n  Ciphers aes256-ctr # policy\nHost *\n  Ciphers aes128-ctr\n  MACs hmac-sha2-256\n",
         )
