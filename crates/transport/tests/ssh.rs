@@ -864,6 +864,14 @@ async fn ssh_config_algorithm_lists_are_kept() {
     let sshd = Sshd::start_with_options("Ciphers aes128-gcm@openssh.com").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = sshd.client_key().display().to_string();
+    let connect = async |line: &str| {
+        let extra = format!("  IdentityFile {key}\n  {line}\n");
+        let o = SshOptions {
+            config_file: Some(config_with(&sshd, dir.path(), &extra)),
+            ..SshOptions::default()
+        };
+        SshSession::connect("t", &o).await
+    };
     for (line, connects) in [
         ("Ciphers aes256-gcm@openssh.com", false),
         ("Ciphers -aes128-*", false),
@@ -874,30 +882,12 @@ async fn ssh_config_algorithm_lists_are_kept() {
             true,
         ),
     ] {
-        let cfg = config_with(
-            &sshd,
-            dir.path(),
-            &format!("  IdentityFile {key}\n  {line}\n"),
-        );
-        let o = SshOptions {
-            config_file: Some(cfg),
-            ..SshOptions::default()
-        };
-        let got = SshSession::connect("t", &o).await;
+        let got = connect(line).await;
         assert_eq!(got.is_ok(), connects, "{line}: {:?}", got.err());
     }
     // A list that leaves none of the client's own goes to the system ssh, which has more.
     for line in ["Ciphers aes128-cbc", "KexAlgorithms -*"] {
-        let cfg = config_with(
-            &sshd,
-            dir.path(),
-            &format!("  IdentityFile {key}\n  {line}\n"),
-        );
-        let o = SshOptions {
-            config_file: Some(cfg),
-            ..SshOptions::default()
-        };
-        let got = SshSession::connect("t", &o).await;
+        let got = connect(line).await;
         assert!(
             matches!(got, Err(Error::NeedsSystemSsh(_))),
             "{line}: {:?}",
