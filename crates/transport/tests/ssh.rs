@@ -895,3 +895,29 @@ async fn ssh_config_algorithm_lists_are_kept() {
         );
     }
 }
+
+/// `PubkeyAuthentication no` offers no key, as with ssh: the fixture's key, which the server
+/// takes, is not tried, and the login fails (BatchMode asks for no password); `unbound`
+/// offers it, as `yes` does.
+#[tokio::test]
+async fn pubkey_authentication_no_offers_no_key() {
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = sshd.client_key().display().to_string();
+    for (value, logs_in) in [("no", false), ("unbound", true)] {
+        let extra = format!("  IdentityFile {key}\n  PubkeyAuthentication {value}\n");
+        let o = SshOptions {
+            config_file: Some(config_with(&sshd, dir.path(), &extra)),
+            options: vec!["IdentityAgent=none".into()],
+            ..SshOptions::default()
+        };
+        match SshSession::connect("t", &o).await {
+            Ok(_) => assert!(logs_in, "{value}: logged in"),
+            Err(Error::Auth { tried, .. }) => {
+                assert!(!logs_in, "{value}: {tried:?}");
+                assert!(!tried.iter().any(|t| t.contains(&key)), "{tried:?}");
+            }
+            Err(e) => panic!("{value}: {e}"),
+        }
+    }
+}

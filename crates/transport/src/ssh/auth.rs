@@ -48,6 +48,16 @@ pub(crate) enum AuthUsed {
     None,
 }
 
+impl AuthUsed {
+    /// Whether a key or a certificate logged in.
+    fn is_key(&self) -> bool {
+        matches!(
+            self,
+            AuthUsed::Agent(_) | AuthUsed::AgentCert(_) | AuthUsed::Key(_) | AuthUsed::KeyCert(..)
+        )
+    }
+}
+
 /// What answers the login's questions (a key's passphrase, a password, keyboard-interactive
 /// prompts, an unknown host key under `StrictHostKeyChecking ask`) in place of the terminal,
 /// for a program with none. It is given each [`Question`] and returns the answer, or `None`
@@ -252,7 +262,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     let rsa_hash = wait.on(handle.best_supported_rsa_hash()).await?.flatten();
 
     // What logged in the first connection logs in this one, without asking again.
-    match previous {
+    match previous.filter(|used| host.pubkey_authentication || !used.is_key()) {
         Some(AuthUsed::Key(key)) => {
             let res = wait
                 .on(handle.authenticate_publickey(
@@ -456,6 +466,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
         offers.insert(0, o);
     }
 
+    // PubkeyAuthentication no: no key and no certificate is offered.
+    if !host.pubkey_authentication {
+        offers.clear();
+    }
     // Each identity file's key, once loaded (or why it could not be).
     let mut loaded: Vec<Option<Result<Arc<PrivateKey>, String>>> =
         vec![None; host.identity_files.len()];

@@ -176,6 +176,9 @@ pub struct HostConfig {
     pub identity_agent: Option<PathBuf>,
     /// Try password authentication, asked on the terminal (PasswordAuthentication).
     pub password_authentication: bool,
+    /// Offer keys and certificates (PubkeyAuthentication; `unbound` and `host-bound` are
+    /// yes).
+    pub pubkey_authentication: bool,
     /// Try keyboard-interactive authentication (KbdInteractiveAuthentication).
     pub kbd_interactive_authentication: bool,
     /// How many times a password is asked before giving up (NumberOfPasswordPrompts).
@@ -435,9 +438,9 @@ const ADDITIVE_KEYS: &[&str] = &[
     "setenv",
 ];
 
-/// Keys `ssh2-config` checks the value of more narrowly than ssh does, and that nothing
-/// here reads: only interactive ssh uses them (`AddKeysToAgent confirm`,
-/// `ForwardAgent $SSH_AUTH_SOCK`, `PubkeyAuthentication unbound` are ssh's).
+/// Keys `ssh2-config` checks the value of more narrowly than ssh does, kept from it: only
+/// interactive ssh uses them (`AddKeysToAgent confirm`, `ForwardAgent $SSH_AUTH_SOCK` are
+/// ssh's), or they are read here from the lines themselves (`PubkeyAuthentication unbound`).
 const UNREAD_KEYS: &[&str] = &[
     "addkeystoagent",
     "forwardagent",
@@ -659,10 +662,15 @@ impl SshConfigFile {
 
     /// The settings for `host` from every file, the first value obtained winning, and the
     /// ProxyCommand and ProxyJump lines in effect, in order.
-    fn query(&self, host: &str) -> Result<(HostParams, Vec<ProxyLine>, AlgorithmLists), Error> {
+    fn query(
+        &self,
+        host: &str,
+    ) -> Result<(HostParams, Vec<ProxyLine>, AlgorithmLists, Option<String>), Error> {
         let mut params = SshConfig::default().query(host);
         let mut proxy = Vec::new();
         let mut algorithms = AlgorithmLists::default();
+        // Read here: the parser takes fewer of its values than ssh does.
+        let mut pubkey = None;
         for f in &self.files {
             let mut lines = Vec::new();
             lines_in_effect(
@@ -680,6 +688,7 @@ impl SshConfigFile {
                     "kexalgorithms" => &mut algorithms.kex,
                     "macs" => &mut algorithms.macs,
                     "hostkeyalgorithms" => &mut algorithms.host_keys,
+                    "pubkeyauthentication" => &mut pubkey,
                     _ => continue,
                 };
                 if slot.is_none() {
@@ -689,7 +698,7 @@ impl SshConfigFile {
             let parsed = parse_lines(&parser_text(&lines, true), self.home.as_deref())?;
             params.overwrite_if_none(&parsed.query(host));
         }
-        Ok((params, proxy, algorithms))
+        Ok((params, proxy, algorithms, pubkey))
     }
 
     /// Resolves `host` (an alias or a name, no `user@`) through these files only.
@@ -703,7 +712,7 @@ impl SshConfigFile {
         dest_user: Option<&str>,
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
-        let (p, proxy_lines, algorithms) = self.query(host)?;
+        let (p, proxy_lines, algorithms, pubkey) = self.query(host)?;
         let extra_args = |key: &str| -> Option<Vec<String>> {
             p.unsupported_fields
                 .get(key)
@@ -766,6 +775,13 @@ impl SshConfigFile {
         let batch_mode = bool_opt("batchmode", ov.batch_mode)?.unwrap_or(false);
         let password_authentication =
             bool_opt("passwordauthentication", ov.password_authentication)?.unwrap_or(true);
+        let pubkey_authentication = match ov.pubkey_authentication {
+            Some(v) => v,
+            None => pubkey
+                .map(|v| parse_pubkey_authentication(&v))
+                .transpose()?
+                .unwrap_or(true),
+        };
         let kbd_interactive_authentication = match ov.kbd_interactive_authentication {
             Some(v) => v,
             None => bool_opt("kbdinteractiveauthentication", None)?
@@ -963,6 +979,7 @@ impl SshConfigFile {
             host_key_alias,
             identity_agent,
             password_authentication,
+            pubkey_authentication,
             kbd_interactive_authentication,
             number_of_password_prompts,
             server_alive_interval,
@@ -1236,6 +1253,7 @@ struct Overrides {
     host_key_alias: Option<String>,
     identity_agent: Option<String>,
     password_authentication: Option<bool>,
+    pubkey_authentication: Option<bool>,
     kbd_interactive_authentication: Option<bool>,
     number_of_password_prompts: Option<u32>,
     server_alive_interval: Option<Duration>,
@@ -1283,6 +1301,10 @@ impl Overrides {
                 "batchmode" => set_once(&mut ov.batch_mode, parse_yes_no(key, &v)?),
                 "hostkeyalias" => set_once(&mut ov.host_key_alias, v),
                 "identityagent" => set_once(&mut ov.identity_agent, v),
+                "pubkeyauthentication" => set_once(
+                    &mut ov.pubkey_authentication,
+                    parse_pubkey_authentication(&v)?,
+                ),
                 "passwordauthentication" => {
                     set_once(&mut ov.password_authentication, parse_yes_no(key, &v)?)
                 }
@@ -1402,6 +1424,18 @@ impl Tokens<'_> {
             })
         })?;
         Ok(PathBuf::from(expanded))
+    }
+}
+
+/// A `PubkeyAuthentication` value, as ssh takes it: `yes`, `unbound` and `host-bound` offer
+/// keys, `no` does not.
+fn parse_pubkey_authentication(v: &str) -> Result<bool, Error> {
+    match v.to_ascii_lowercase().as_str() {
+        "yes" | "unbound" | "host-bound" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(Error::Config(format!(
+            "PubkeyAuthentication {v:?}: expected yes, no, unbound or host-bound"
+        ))),
     }
 }
 
@@ -2490,5 +2524,25 @@ Host name
         assert_eq!(h.algorithms.ciphers.as_deref(), Some("aes256-ctr"));
         assert_eq!(h.algorithms.macs.as_deref(), Some("hmac-sha2-256"));
         assert_eq!(h.algorithms.kex, None);
+    }
+
+    /// `PubkeyAuthentication` as ssh takes it, first value winning, `-o` first.
+    #[test]
+    fn pubkey_authentication_values() {
+        let c = SshConfigFile::parse_str(
+            "Host n\n  PubkeyAuthentication no\nHost u\n  PubkeyAuthentication unbound\n\
+             Host *\n  PubkeyAuthentication yes\n",
+        )
+        .unwrap();
+        assert!(!c.resolve("n").unwrap().pubkey_authentication);
+        assert!(c.resolve("u").unwrap().pubkey_authentication);
+        assert!(c.resolve("x").unwrap().pubkey_authentication);
+        let opts = SshOptions {
+            options: vec!["PubkeyAuthentication=no".into()],
+            ..SshOptions::default()
+        };
+        assert!(!resolve_chain_in(&c, "x", &opts).unwrap()[0].pubkey_authentication);
+        let c = SshConfigFile::parse_str("Host b\n  PubkeyAuthentication maybe\n").unwrap();
+        assert!(c.resolve("b").is_err());
     }
 }
