@@ -755,10 +755,15 @@ pub(crate) fn check_logins(
             .and_then(|mut chain| chain.pop())
             .map(|hop| hop.user)
     };
+    // The session's own login, resolved once, and only if an operand names another user.
+    let ours = std::cell::OnceCell::new();
     let remotes = plan.sources().iter().chain([plan.dest()]);
     for remote in remotes.filter_map(Location::remote) {
         let same_user = remote.user.as_deref() == user
-            || matches!((login(remote.user.as_deref()), login(user)), (Some(a), Some(b)) if a == b);
+            || matches!(
+                (login(remote.user.as_deref()), ours.get_or_init(|| login(user))),
+                (Some(a), Some(b)) if a == *b
+            );
         if (remote.host.as_str(), remote.port) != (host, port) || !same_user {
             let logged_in = match user {
                 Some(u) => format!("{u}@{host}"),

@@ -323,23 +323,41 @@ fn included_files(args: &str, home: Option<&Path>) -> Vec<PathBuf> {
     files
 }
 
-/// Where each line whose keyword is `keyword` is, in `text` and the files it `Include`s
-/// (at most 16 deep), in the order ssh reads them.
-fn keyword_lines(text: &str, keyword: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
+/// A line [`keyword_lines`] finds: its value, whether no `Host` or `Match` line comes before
+/// it in its file, and how deep in `Include`s its file is (0: the file itself).
+struct Found<'a> {
+    rest: &'a str,
+    top: bool,
+    depth: usize,
+}
+
+/// Where each line whose keyword is `keyword` and that `keep` keeps is, in `text` and the
+/// files it `Include`s (at most 16 deep), in the order ssh reads them.
+fn keyword_lines(
+    text: &str,
+    keyword: &str,
+    home: Option<&Path>,
+    depth: usize,
+    keep: &dyn Fn(Found) -> bool,
+) -> Vec<String> {
     let mut found = Vec::new();
+    let mut top = true;
     for (i, line) in text.lines().enumerate() {
         let Some((kw, rest)) = keyword_and_rest(line) else {
             continue;
         };
-        if kw.eq_ignore_ascii_case(keyword) {
+        if kw.eq_ignore_ascii_case(keyword) && keep(Found { rest, top, depth }) {
             found.push(format!("line {}", i + 1));
+        }
+        if kw.eq_ignore_ascii_case("host") || kw.eq_ignore_ascii_case("match") {
+            top = false;
         }
         if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
             continue;
         }
         for p in included_files(rest, home) {
             if let Ok(included) = std::fs::read_to_string(&p) {
-                for at in keyword_lines(&included, keyword, home, depth + 1) {
+                for at in keyword_lines(&included, keyword, home, depth + 1, keep) {
                     found.push(format!("{} {at}", p.display()));
                 }
             }
@@ -623,7 +641,7 @@ impl SshConfigFile {
             let mut text = read(p)?;
             let parsed = if system {
                 text = absolute_includes(&text, p.parent().unwrap_or(Path::new("/")));
-                if let Some(at) = nested_relative_include(&text, home.as_deref(), 0) {
+                if let Some(at) = nested_relative_include(&text, home.as_deref()) {
                     return Err(Error::NeedsSystemSsh(format!(
                         "{}: a relative Include in {at}, which ssh reads beneath {}",
                         p.display(),
@@ -1004,12 +1022,12 @@ impl SshConfigFile {
 
 impl OneFile {
     fn parse(text: &str, home: Option<&Path>) -> Result<Self, Error> {
-        if let Some(at) = match_lines(text, home, 0).first() {
+        if let Some(at) = match_lines(text, home).first() {
             return Err(Error::NeedsSystemSsh(format!(
                 "ssh_config {at}: a `Match` block"
             )));
         }
-        let certificate_lines = keyword_lines(text, "certificatefile", home, 0);
+        let certificate_lines = keyword_lines(text, "certificatefile", home, 0, &|_| true);
         // Every value is checked now, in whichever block it is, as ssh checks them.
         let mut lines = Vec::new();
         lines_in_effect(text, home, None, true, 0, &mut lines);
@@ -1062,39 +1080,16 @@ fn absolute_includes(text: &str, dir: &Path) -> String {
 
 /// Where a file that the system-wide file `text` includes has an `Include` of a relative
 /// path (ssh reads it beneath `/etc/ssh`, the reader here beneath `~/.ssh`), if one has.
-fn nested_relative_include(text: &str, home: Option<&Path>, depth: usize) -> Option<String> {
-    for line in text.lines() {
-        let Some((kw, rest)) = keyword_and_rest(line) else {
-            continue;
-        };
-        if !kw.eq_ignore_ascii_case("include") || depth >= 16 {
-            continue;
-        }
-        for p in included_files(rest, home) {
-            let Ok(included) = std::fs::read_to_string(&p) else {
-                continue;
-            };
-            let relative = included.lines().any(|l| {
-                keyword_and_rest(l).is_some_and(|(kw, rest)| {
-                    kw.eq_ignore_ascii_case("include")
-                        && rest
-                            .split('#')
-                            .next()
-                            .unwrap_or_default()
-                            .split_whitespace()
-                            .map(|a| a.trim_matches('"'))
-                            .any(|a| !a.starts_with('/') && !a.starts_with('~'))
-                })
-            });
-            if relative {
-                return Some(p.display().to_string());
-            }
-            if let Some(at) = nested_relative_include(&included, home, depth + 1) {
-                return Some(at);
-            }
-        }
-    }
-    None
+fn nested_relative_include(text: &str, home: Option<&Path>) -> Option<String> {
+    let relative = |l: Found| {
+        l.depth > 0
+            && words(l.rest)
+                .iter()
+                .any(|a| !a.starts_with('/') && !a.starts_with('~'))
+    };
+    keyword_lines(text, "include", home, 0, &relative)
+        .into_iter()
+        .next()
 }
 
 /// Where the `Match` lines the built-in client does not follow are, in `text` and the files
@@ -1104,33 +1099,12 @@ fn nested_relative_include(text: &str, home: Option<&Path>, depth: usize) -> Opt
 /// would; `Match final all` and `Match canonical all` (Fedora's system-wide file has the
 /// first) apply in ssh's second reading of the files, which matches `Host` lines against the
 /// host name as well as the name given.
-fn match_lines(text: &str, home: Option<&Path>, depth: usize) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut top = true;
-    for (i, line) in text.lines().enumerate() {
-        let Some((kw, rest)) = keyword_and_rest(line) else {
-            continue;
-        };
-        if kw.eq_ignore_ascii_case("host") {
-            top = false;
-        } else if kw.eq_ignore_ascii_case("match") {
-            let criteria = rest.split('#').next().unwrap_or_default();
-            let all = criteria.trim().eq_ignore_ascii_case("all");
-            if !(top && all) {
-                found.push(format!("line {}", i + 1));
-            }
-            top = false;
-        } else if kw.eq_ignore_ascii_case("include") && depth < 16 {
-            for p in included_files(rest, home) {
-                if let Ok(included) = std::fs::read_to_string(&p) {
-                    for at in match_lines(&included, home, depth + 1) {
-                        found.push(format!("{} {at}", p.display()));
-                    }
-                }
-            }
-        }
-    }
-    found
+fn match_lines(text: &str, home: Option<&Path>) -> Vec<String> {
+    let followed = |l: Found| {
+        let criteria = words(l.rest);
+        l.top && criteria.len() == 1 && criteria[0].eq_ignore_ascii_case("all")
+    };
+    keyword_lines(text, "match", home, 0, &|l| !followed(l))
 }
 
 /// Resolves `destination` (`[user@]host`) into the chain of hosts to connect through:
