@@ -554,6 +554,9 @@ impl Plan {
             specials: self.options.specials,
             pieces: self.pieces.clone(),
             walk_ahead: self.walk_ahead.clone(),
+            // A local copy's two sides share their buffers, and a remote one's streams
+            // authenticate every byte (`run_session` turns hashing back on where not).
+            hash_content: false,
             ..Default::default()
         };
         if let Some(c) = self.options.chunk_size {
@@ -578,6 +581,8 @@ impl Plan {
             attrs: self.options.attrs,
             devices: self.options.devices,
             specials: self.options.specials,
+            // As in `send_config`.
+            hash_content: false,
             ..Default::default()
         }
     }
@@ -1585,6 +1590,18 @@ where
     if matches!(mode, Mode::Forwarded { .. }) {
         request_flags |= flags::FORWARDED;
     }
+    // Sealed TCP streams authenticate every byte, and so do the transport's own where it
+    // says so (SSH): then neither side hashes file content.
+    let authenticated = match mode {
+        Mode::Tcp { .. } | Mode::Forwarded { .. } => true,
+        Mode::Inline | Mode::Unix { .. } | Mode::Caller { .. } => {
+            (0..mode.streams()).all(|i| peers.peer(i).authenticates())
+        }
+    };
+    let hash_content = !(authenticated && agreed.version >= 9);
+    if !hash_content {
+        request_flags |= flags::NO_CONTENT_HASH;
+    }
     let client_random = random32();
     let filters = plan.filter_lines();
     let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
@@ -1763,6 +1780,7 @@ where
             Direction::Push => {
                 let config = fastcp_stream::SendConfig {
                     version: agreed.version,
+                    hash_content,
                     ..plan.send_config()
                 };
                 crate::data::send(&plan.local_sources(), data, &config, progress.clone()).await?
@@ -1773,6 +1791,7 @@ where
                 };
                 let mut cfg = plan.receive_config();
                 cfg.version = agreed.version;
+                cfg.hash_content = hash_content;
                 // Accept only the names we asked for at the top level (scp CVE-2019-6111).
                 cfg.expected_top_level = plan
                     .sources

@@ -689,6 +689,14 @@ impl Transport for Peer {
             Peer::LoggingIn(_) => true,
         }
     }
+
+    fn authenticates(&self) -> bool {
+        match self {
+            Peer::Ready(c) => c.authenticates(),
+            // The built-in client's SSH.
+            Peer::LoggingIn(_) => true,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

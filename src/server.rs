@@ -702,6 +702,7 @@ where
                     specials: request.flags & flags::SPECIALS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
+                    hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
                     ..Default::default()
                 };
                 crate::data::receive(&dest, data, &cfg, progress.clone()).await
@@ -721,6 +722,7 @@ where
                     specials: request.flags & flags::SPECIALS != 0,
                     filter: filter.clone(),
                     version: agreed.version,
+                    hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
                     ..Default::default()
                 };
                 crate::data::send(&sources, data, &cfg, progress.clone()).await

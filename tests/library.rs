@@ -927,6 +927,8 @@ struct InMemory {
     config: fastcp::server::ServerConfig,
     streams: fastcp::server::StreamSender,
     peer: Peer,
+    /// With [`Peer::Flipping`]: whether the byte was changed yet.
+    flipped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How an [`InMemory`] transport hands streams over.
@@ -938,6 +940,46 @@ enum Peer {
     Stranger,
     /// None: the client's streams lead nowhere.
     Silent,
+    /// Each stream the client opens, and the server's own, with the first run of 16 `A`s
+    /// the client sends on any of them changed to start with a `B`; the transport says it
+    /// authenticates its bytes when `claims_auth`.
+    Flipping { claims_auth: bool },
+}
+
+/// `inner` behind a relay that changes the first run of 16 `A`s written into it, once in
+/// all the streams that share `flipped`.
+fn flipping(
+    inner: tokio::io::DuplexStream,
+    flipped: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::io::DuplexStream {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (outer, relay) = tokio::io::duplex(1 << 20);
+    let (mut from_client, mut to_client) = tokio::io::split(relay);
+    let (mut from_server, mut to_server) = tokio::io::split(inner);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = from_client.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let run = buf[..n].windows(16).position(|w| w == [b'A'; 16]);
+            if let Some(i) = run
+                && !flipped.swap(true, Ordering::SeqCst)
+            {
+                buf[i] = b'B';
+            }
+            if to_server.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to_server.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+    });
+    outer
 }
 
 impl InMemory {
@@ -954,6 +996,7 @@ impl InMemory {
             config,
             streams,
             peer,
+            flipped: Arc::default(),
         }
     }
 }
@@ -965,6 +1008,10 @@ impl fastcp::transport::Transport for InMemory {
         let (client_end, server_end) = tokio::io::duplex(1 << 20);
         let config = self.config.clone();
         tokio::spawn(async move { fastcp::server::serve(server_end, &config).await });
+        let client_end = match self.peer {
+            Peer::Flipping { .. } => flipping(client_end, self.flipped.clone()),
+            _ => client_end,
+        };
         Ok(fastcp::transport::RemoteProcess::from_stream(client_end))
     }
 
@@ -999,11 +1046,57 @@ impl fastcp::transport::Transport for InMemory {
         } else {
             deliver(Box::new(server_end)).await?;
         }
-        Ok(Box::new(client_end))
+        Ok(match self.peer {
+            Peer::Flipping { .. } => Box::new(flipping(client_end, self.flipped.clone())),
+            _ => Box::new(client_end),
+        })
     }
 
     fn supports_extra_streams(&self) -> bool {
         true
+    }
+
+    fn authenticates(&self) -> bool {
+        matches!(self.peer, Peer::Flipping { claims_auth: true })
+    }
+}
+
+/// A transport that does not say it authenticates its bytes gets the files' content hashed
+/// on both ends, and a byte changed on the way is caught: the file is not kept. One that
+/// says so gets none hashed (only the ranges are checked), so the same change goes
+/// through: which is why [`Transport::authenticates`] is false unless a transport says
+/// otherwise.
+///
+/// [`Transport::authenticates`]: fastcp::transport::Transport::authenticates
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_is_hashed_unless_the_transport_authenticates() {
+    for claims_auth in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let content = vec![b'A'; 300_000];
+        write(&work.path().join("a"), &content, 0o644);
+        let plan = Plan::new(
+            vec![Location::Local(work.path().join("a"))],
+            Location::parse(&format!("mem:{}", work.path().join("b").display())),
+            CopyOptions::default(),
+        )
+        .unwrap();
+        let peer = Peer::Flipping { claims_auth };
+        let outcome = in_memory(&plan, peer, 30, Arc::new(Progress::default())).await;
+        let landed = std::fs::read(work.path().join("b")).ok();
+        if claims_auth {
+            let done = outcome.expect("the copy ends well");
+            assert!(done.report.is_complete(), "{:?}", done.report);
+            let landed = landed.expect("b was written");
+            let changed = landed.iter().zip(&content).filter(|(a, b)| a != b).count();
+            assert_eq!(changed, 1, "one byte was changed on the way");
+        } else {
+            assert!(
+                outcome.is_err() || !outcome.as_ref().unwrap().report.is_complete(),
+                "a changed byte went unnoticed"
+            );
+            assert_eq!(landed, None, "a damaged file was kept");
+            assert_no_temp(work.path());
+        }
     }
 }
 

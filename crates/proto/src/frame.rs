@@ -288,6 +288,11 @@ pub mod flags {
     /// them): its top-level entry is the destination itself, even where that is an existing
     /// directory, instead of going beneath it (protocol version 7).
     pub const CONTENTS: u32 = 1 << 22;
+    /// Neither side hashes file content (protocol version 9): each `FileEnd` checksum folds
+    /// its file's ranges alone, as for a sender in the receiver's own process, because the
+    /// transport authenticates every byte (SSH, or the sealed TCP streams). A copy with
+    /// [`RESUME`] hashes content regardless.
+    pub const NO_CONTENT_HASH: u32 = 1 << 23;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -311,7 +316,8 @@ pub mod flags {
         | DEVICES
         | SPECIALS
         | FILES_FROM
-        | CONTENTS;
+        | CONTENTS
+        | NO_CONTENT_HASH;
 }
 
 /// Which way the files flow in a session.

@@ -54,8 +54,10 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// entry, a range of a file, for a copy split over several runs (`--shard`); version 7 adds
 /// the receiver's [`Deleted`] and [`Busy`](Frame::Busy) frames, which show the sender what a
 /// mirror removed and that the receiver is still at work after the last entry; version 8
-/// adds the [`Hole`] frame, a sparse file's hole in place of its zeros.
-pub const PROTOCOL_VERSION: u16 = 8;
+/// adds the [`Hole`] frame, a sparse file's hole in place of its zeros; version 9 adds the
+/// request flag [`flags::NO_CONTENT_HASH`], a copy that hashes no file content where the
+/// transport authenticates every byte.
+pub const PROTOCOL_VERSION: u16 = 9;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

@@ -193,8 +193,8 @@ pub(crate) enum Algorithm {
     Blake3,
     Xxh3,
     /// XXH3's fold of `(offset, length, hash)` records with every hash 0: it proves that the
-    /// ranges arrived, once each, as they were sent, without hashing their bytes. Only for a
-    /// sender in the receiver's own process (see [`ReceiveConfig::hash_content`]).
+    /// ranges arrived, once each, as they were sent, without hashing their bytes. For a
+    /// channel that authenticates every byte itself (see [`ReceiveConfig::hash_content`]).
     ///
     /// [`ReceiveConfig::hash_content`]: crate::ReceiveConfig::hash_content
     Ranges,
@@ -222,6 +222,15 @@ impl Algorithm {
         match self {
             Algorithm::Ranges => 0,
             _ => xxh3_128(bytes),
+        }
+    }
+
+    /// The algorithm a sender with `config` computes its checksums with.
+    pub(crate) fn for_sender(config: &crate::SendConfig) -> Algorithm {
+        if config.hash_content || config.resume {
+            Algorithm::for_version(config.version)
+        } else {
+            Algorithm::Ranges
         }
     }
 

@@ -120,7 +120,10 @@ pub const LOCAL_PIPE_BUFFER: usize = 256 << 10;
 /// The pipes carry the protocol's encoded frames as shared buffers rather than as a byte
 /// stream: a file's content (in parts of 16 KiB or more) reaches the receiver as the very
 /// buffer the sender read it into, which takes two copies of every byte off a local copy.
-/// The receiver still decodes every frame, checks every path and verifies every file's hash.
+/// The receiver still decodes every frame, checks every path and checks that every file
+/// arrived whole, each range once. With [`SendConfig::hash_content`] and
+/// [`ReceiveConfig::hash_content`] off on both sides (as fastcp's own local copy sets them) it
+/// hashes no byte: both sides would hash the very same buffers.
 ///
 /// Returns the receiver's [`Report`]: `local` is what was written, `peer` what was sent, and
 /// `failures` lists the entries that failed on either side. See the [crate example](crate).

@@ -191,12 +191,14 @@ pub struct ReceiveConfig {
     /// the session, so a sender past this cap is stopped with a protocol error rather than
     /// left to exhaust memory. Default: [`DEFAULT_MAX_ENTRIES`].
     pub max_entries: u64,
-    /// Hash each file's bytes to check them against the sender's checksum. Off, only for a
-    /// sender in this very process whose bytes are what it just read (fastcp's SFTP pull,
-    /// where both hashes would be taken of the same bytes in the same memory): each file is
-    /// still checked to arrive whole, every range once and as sent (its `FileEnd` carries
-    /// [`FileChecksum::ranges_only`](crate::FileChecksum::ranges_only)), but no byte is
-    /// hashed. Default: true.
+    /// Hash each file's bytes to check them against the sender's checksum. Off (the sender
+    /// configured alike, [`SendConfig::hash_content`](crate::SendConfig::hash_content), or
+    /// a sender in this very process, such as fastcp's SFTP pull, whose `FileEnd` carries
+    /// [`FileChecksum::ranges_only`](crate::FileChecksum::ranges_only)): each file is still
+    /// checked to arrive whole, every range once and as sent, but no byte is hashed. That
+    /// is for a channel that authenticates every byte itself (SSH, fastcp's sealed TCP
+    /// streams, a pipe in this process). A receiver that `resume`s without
+    /// `resume_from_record` hashes regardless, as its sender does. Default: true.
     pub hash_content: bool,
 }
 

@@ -155,6 +155,15 @@ pub struct SendConfig {
     /// bytes back), so that hashing costs nothing. A fastcp receiver refuses such files.
     /// Default: true.
     pub file_checksums: bool,
+    /// Hash each file's bytes for its `FileEnd` checksum. Off (the receiver configured alike,
+    /// [`ReceiveConfig::hash_content`](crate::ReceiveConfig::hash_content)), the checksum
+    /// folds each range's offset and length alone: it still proves that every range arrived,
+    /// once and as sent, but hashes no byte. That is for a channel that authenticates every
+    /// byte itself (SSH, fastcp's sealed TCP streams, a pipe in this process), where a hash
+    /// of the content on both ends would check what the channel already has. A copy that
+    /// `resume`s hashes regardless: the blocks it keeps join the sent bytes by their hashes.
+    /// Default: true.
+    pub hash_content: bool,
     /// Send device nodes (`--devices`) instead of skipping each with a warning (the receiver
     /// must be configured alike). Default: false.
     pub devices: bool,
@@ -212,6 +221,7 @@ impl Default for SendConfig {
             resume: false,
             attrs: crate::KeepAttrs::default(),
             file_checksums: true,
+            hash_content: true,
             devices: false,
             specials: false,
             pieces: None,
@@ -489,9 +499,7 @@ where
             queued: queued.clone(),
             progress: progress.clone(),
             pool: pool.clone(),
-            checksum: config
-                .file_checksums
-                .then(|| Algorithm::for_version(config.version)),
+            checksum: config.file_checksums.then(|| Algorithm::for_sender(config)),
         };
         writers.0.push(tokio::spawn(write_stream(i, w, rx, ctx)));
     }
@@ -1443,7 +1451,7 @@ impl Producer<'_> {
         let mut hasher = self
             .config
             .file_checksums
-            .then(|| Algorithm::for_version(self.config.version).sequential());
+            .then(|| Algorithm::for_sender(&self.config).sequential());
         // Offered blocks only make sense with the XXH3 checksum (version 4 has it). A block is
         // read whole before it can be kept: one larger than this side would give the file is
         // not taken, so that a receiver cannot make it hold more.

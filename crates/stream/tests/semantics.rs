@@ -1086,3 +1086,59 @@ async fn a_walk_that_panics_deletes_nothing() {
         assert!(dst.path().join("t/stale").exists(), "ahead {ahead}");
     }
 }
+
+/// Without content hashes (`hash_content` off on both sides, for a channel that
+/// authenticates every byte) a copy still arrives whole; the sender then folds only its
+/// ranges, so a receiver that hashes content refuses its files, and the other way round. A
+/// copy that resumes hashes content on both sides whatever `hash_content` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_hashing_is_off_only_when_both_sides_agree() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    fs::write(tree.join("small"), b"hello world").unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(tree.join("big"), &big).unwrap();
+    let configs = |send_hashes: bool, receive_hashes: bool, resume: bool| {
+        let (mut send, mut receive) = configs(true);
+        send.chunk_size = 64 << 10;
+        send.hash_content = send_hashes;
+        receive.hash_content = receive_hashes;
+        if resume {
+            send.skip_unchanged = true;
+            send.resume = true;
+            send.preserve = true;
+            receive.skip_unchanged = true;
+            receive.resume = true;
+            receive.preserve = true;
+        }
+        (send, receive)
+    };
+    for (send_hashes, receive_hashes, resume, ok) in [
+        (false, false, false, true),
+        (true, true, false, true),
+        (false, true, false, false),
+        (true, false, false, false),
+        (false, false, true, true),
+    ] {
+        let case = format!("sender {send_hashes}, receiver {receive_hashes}, resume {resume}");
+        let (send, receive) = configs(send_hashes, receive_hashes, resume);
+        let dst = tempfile::tempdir().unwrap();
+        let (sent, received) = run_pair(&[tree.clone()], dst.path(), &send, &receive, 2).await;
+        if ok {
+            sent.unwrap_or_else(|e| panic!("{case}: {e}"));
+            received.unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(fs::read(dst.path().join("t/big")).unwrap(), big, "{case}");
+            assert_eq!(
+                fs::read(dst.path().join("t/small")).unwrap(),
+                b"hello world"
+            );
+        } else {
+            let err = received.expect_err(&case);
+            assert!(matches!(err, Error::Integrity { .. }), "{case}: {err}");
+            for name in ["big", "small"] {
+                assert!(!dst.path().join("t").join(name).exists(), "{case}: {name}");
+            }
+        }
+    }
+}

@@ -138,6 +138,15 @@ pub trait Transport: Send + Sync {
 
     /// Whether [`open_stream`](Transport::open_stream) can be used.
     fn supports_extra_streams(&self) -> bool;
+
+    /// Whether every stream this transport carries (the server's control stream and those
+    /// [`open_stream`](Transport::open_stream) opens) authenticates each byte, as SSH's MAC
+    /// does: then a copy over it hashes no file content on top, and only checks that every
+    /// range of a file arrives once (the `fastcp` crate's `run_session`, from protocol
+    /// version 9). A plain socket or an in-memory pipe does not. Default: false.
+    fn authenticates(&self) -> bool {
+        false
+    }
 }
 
 /// A shared transport, as an embedder keeps one for several copies.
@@ -152,6 +161,10 @@ impl<T: Transport> Transport for std::sync::Arc<T> {
 
     fn supports_extra_streams(&self) -> bool {
         (**self).supports_extra_streams()
+    }
+
+    fn authenticates(&self) -> bool {
+        (**self).authenticates()
     }
 }
 
@@ -173,6 +186,10 @@ impl Transport for SshSession {
     }
 
     fn supports_extra_streams(&self) -> bool {
+        true
+    }
+
+    fn authenticates(&self) -> bool {
         true
     }
 }
@@ -207,6 +224,10 @@ impl Transport for SshProgram {
     }
 
     fn supports_extra_streams(&self) -> bool {
+        true
+    }
+
+    fn authenticates(&self) -> bool {
         true
     }
 }
@@ -295,6 +316,13 @@ impl Transport for AnyTransport {
         match self {
             AnyTransport::Builtin(s) => s.supports_extra_streams(),
             AnyTransport::Program(p) => p.supports_extra_streams(),
+        }
+    }
+
+    fn authenticates(&self) -> bool {
+        match self {
+            AnyTransport::Builtin(s) => s.authenticates(),
+            AnyTransport::Program(p) => p.authenticates(),
         }
     }
 }
