@@ -1031,12 +1031,31 @@ impl OneFile {
         // Every value is checked now, in whichever block it is, as ssh checks them.
         let mut lines = Vec::new();
         lines_in_effect(text, home, None, true, 0, &mut lines);
-        parse_lines(&parser_text(&lines, false), home)?;
+        if let Err(e) = parse_lines(&parser_text(&lines, false), home) {
+            return Err(bad_line(text, home, &lines).unwrap_or(e));
+        }
         Ok(OneFile {
             text: text.to_owned(),
             certificate_lines,
         })
     }
+}
+
+/// The first of `lines` (from [`lines_in_effect`] over `text`) that the parser refuses on its
+/// own, as ssh names a bad line: where it is (`line 3`, or `/path line 3` in an included
+/// file), the line, and why.
+fn bad_line(text: &str, home: Option<&Path>, lines: &[(String, String, String)]) -> Option<Error> {
+    lines.iter().find_map(|one| {
+        let Err(Error::Config(why)) =
+            parse_lines(&parser_text(std::slice::from_ref(one), false), home)
+        else {
+            return None;
+        };
+        let (kw, rest, line) = one;
+        let at = keyword_lines(text, kw, home, 0, &|f| f.rest == rest.as_str());
+        let at = at.first().map_or(String::new(), |at| format!("{at}: "));
+        Some(Error::Config(format!("{at}{line}: {why}")))
+    })
 }
 
 /// Parses `text` (from [`parser_text`]) with `ssh2-config`.
@@ -1695,6 +1714,23 @@ Host *
         assert!(e.to_string().contains("inc.conf"), "{e}");
         std::fs::write(&inc, "Host c\n  Port 2\n").unwrap();
         assert!(SshConfigFile::parse_str(&text).is_ok());
+    }
+
+    /// A value the parser refuses is named as ssh names it: the file it is in (an included
+    /// one too), its line, and the line itself.
+    #[test]
+    fn a_bad_value_names_its_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let inc = dir.path().join("inc.conf");
+        std::fs::write(&inc, "Host c\n  ConnectTimeout abc\n").unwrap();
+        let text = format!("Host a\n  HostName b\nInclude {}\n", inc.display());
+        let e = SshConfigFile::parse_str(&text).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        let said = e.to_string();
+        let want = format!("{} line 2: ConnectTimeout abc:", inc.display());
+        assert!(said.contains(&want), "{said}");
+        let e = SshConfigFile::parse_str("Host a\n  HostName b\n\n  Port x\n").unwrap_err();
+        assert!(e.to_string().contains("line 4: Port x:"), "{e}");
     }
 
     #[test]
