@@ -554,8 +554,8 @@ impl Plan {
             specials: self.options.specials,
             pieces: self.pieces.clone(),
             walk_ahead: self.walk_ahead.clone(),
-            // A local copy's two sides share their buffers, and a remote one's streams
-            // authenticate every byte (`run_session` turns hashing back on where not).
+            // A local copy's two sides share their buffers; `run_session` turns hashing
+            // back on unless the streams authenticate every byte end to end.
             hash_content: false,
             ..Default::default()
         };
@@ -1590,8 +1590,9 @@ where
     if matches!(mode, Mode::Forwarded { .. }) {
         request_flags |= flags::FORWARDED;
     }
-    // Sealed TCP streams authenticate every byte, and so do the transport's own where it
-    // says so (SSH): then neither side hashes file content.
+    // Sealed TCP streams authenticate every byte from one fastcp process to the other, and
+    // so do a transport's own where it says so (not SSH's, whose MAC ends at sshd): then
+    // neither side hashes file content.
     let authenticated = match mode {
         Mode::Tcp { .. } | Mode::Forwarded { .. } => true,
         Mode::Inline | Mode::Unix { .. } | Mode::Caller { .. } => {

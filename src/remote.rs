@@ -693,8 +693,8 @@ impl Transport for Peer {
     fn authenticates(&self) -> bool {
         match self {
             Peer::Ready(c) => c.authenticates(),
-            // The built-in client's SSH.
-            Peer::LoggingIn(_) => true,
+            // The built-in client's SSH, which does not (see `Transport::authenticates`).
+            Peer::LoggingIn(_) => false,
         }
     }
 }

@@ -290,7 +290,8 @@ pub mod flags {
     pub const CONTENTS: u32 = 1 << 22;
     /// Neither side hashes file content (protocol version 9): each `FileEnd` checksum folds
     /// its file's ranges alone, as for a sender in the receiver's own process, because the
-    /// transport authenticates every byte (SSH, or the sealed TCP streams). A copy with
+    /// transport authenticates every byte between the two fastcp processes (the sealed TCP
+    /// streams; not SSH, whose MAC ends at sshd). A copy with
     /// [`RESUME`] hashes content regardless.
     pub const NO_CONTENT_HASH: u32 = 1 << 23;
     /// All bits this version knows.

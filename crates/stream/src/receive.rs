@@ -196,8 +196,9 @@ pub struct ReceiveConfig {
     /// a sender in this very process, such as fastcp's SFTP pull, whose `FileEnd` carries
     /// [`FileChecksum::ranges_only`](crate::FileChecksum::ranges_only)): each file is still
     /// checked to arrive whole, every range once and as sent, but no byte is hashed. That
-    /// is for a channel that authenticates every byte itself (SSH, fastcp's sealed TCP
-    /// streams, a pipe in this process). A receiver that `resume`s without
+    /// is for a channel that authenticates every byte end to end, from the sender's process
+    /// to this one (fastcp's sealed TCP streams, a pipe in this process; not SSH, whose MAC
+    /// ends at sshd). A receiver that `resume`s without
     /// `resume_from_record` hashes regardless, as its sender does. Default: true.
     pub hash_content: bool,
 }

@@ -159,8 +159,9 @@ pub struct SendConfig {
     /// [`ReceiveConfig::hash_content`](crate::ReceiveConfig::hash_content)), the checksum
     /// folds each range's offset and length alone: it still proves that every range arrived,
     /// once and as sent, but hashes no byte. That is for a channel that authenticates every
-    /// byte itself (SSH, fastcp's sealed TCP streams, a pipe in this process), where a hash
-    /// of the content on both ends would check what the channel already has. A copy that
+    /// byte end to end, from this process to the receiver's (fastcp's sealed TCP streams, a
+    /// pipe in this process; not SSH, whose MAC ends at sshd), where a hash of the content
+    /// on both ends would check what the channel already has. A copy that
     /// `resume`s hashes regardless: the blocks it keeps join the sent bytes by their hashes.
     /// Default: true.
     pub hash_content: bool,

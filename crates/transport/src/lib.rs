@@ -140,10 +140,14 @@ pub trait Transport: Send + Sync {
     fn supports_extra_streams(&self) -> bool;
 
     /// Whether every stream this transport carries (the server's control stream and those
-    /// [`open_stream`](Transport::open_stream) opens) authenticates each byte, as SSH's MAC
-    /// does: then a copy over it hashes no file content on top, and only checks that every
-    /// range of a file arrives once (the `fastcp` crate's `run_session`, from protocol
-    /// version 9). A plain socket or an in-memory pipe does not. Default: false.
+    /// [`open_stream`](Transport::open_stream) opens) authenticates each byte end to end,
+    /// from the server's process to this one, with nothing in between that the check does
+    /// not cover: then a copy over it hashes no file content on top, and only checks that
+    /// every range of a file arrives once (the `fastcp` crate's `run_session`, from protocol
+    /// version 9). SSH does not count: its MAC ends at sshd, and between sshd and the remote
+    /// server the bytes cross a pipe; nor do a plain socket or an in-memory pipe. A
+    /// transport whose own channel security ends inside the two processes (TLS or QUIC
+    /// terminated in the server's process, say) may say true. Default: false.
     fn authenticates(&self) -> bool {
         false
     }
@@ -188,10 +192,6 @@ impl Transport for SshSession {
     fn supports_extra_streams(&self) -> bool {
         true
     }
-
-    fn authenticates(&self) -> bool {
-        true
-    }
 }
 
 impl Transport for SshProgram {
@@ -224,10 +224,6 @@ impl Transport for SshProgram {
     }
 
     fn supports_extra_streams(&self) -> bool {
-        true
-    }
-
-    fn authenticates(&self) -> bool {
         true
     }
 }
