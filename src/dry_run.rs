@@ -368,6 +368,15 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     if !j.any() {
         return listing;
     }
+    // The destination named on the command line is followed, as the copy follows it: a
+    // symlink to a folder there is that folder, and its entries are what `--delete` removes.
+    let resolved;
+    let dest = if dest.is_symlink() && dest.is_dir() {
+        resolved = std::fs::canonicalize(dest).unwrap_or_else(|_| dest.to_path_buf());
+        resolved.as_path()
+    } else {
+        dest
+    };
     let into = dest.is_dir() && !j.contents;
     let local = |wire: &[u8]| -> PathBuf {
         if into {

@@ -889,6 +889,63 @@ fn a_dry_run_of_a_rerun_lists_only_what_would_change() {
     everywhere("src/moved -> a/b/f\n");
 }
 
+/// A destination named on the command line that is a symlink to a folder is followed by the
+/// copy, and by its dry run: `-n --delete` into it lists the extras at its top as well as
+/// those below, locally, pulled and pushed, and the copy then removes just those.
+#[test]
+fn dry_run_into_a_symlinked_destination_lists_what_the_copy_deletes() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    write(&src.join("sub/b"), b"b", 0o644);
+    let real = work.path().join("real");
+    std::fs::create_dir_all(real.join("sub")).unwrap();
+    write(&real.join("top-extra"), b"x", 0o644);
+    write(&real.join("sub/extra"), b"y", 0o644);
+    let link = work.path().join("link");
+    std::os::unix::fs::symlink("real", &link).unwrap();
+    let contents = src.join(".");
+    let deleting = |cmd: &mut Command| {
+        let out = run(cmd.args(["-n", "-r", "--delete"]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut v: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("deleting "))
+            .map(str::to_owned)
+            .collect();
+        v.sort();
+        v
+    };
+    let want = ["deleting src/sub/extra", "deleting src/top-extra"];
+    let local = deleting(Command::new(BIN).arg(&contents).arg(&link));
+    assert_eq!(local, want, "local");
+    let pulled = deleting(
+        fastcp(&sshd, bin())
+            .arg(remote(&sshd, &contents))
+            .arg(&link),
+    );
+    assert_eq!(pulled, want, "pull");
+    let pushed = deleting(
+        fastcp(&sshd, bin())
+            .arg(&contents)
+            .arg(remote(&sshd, &link)),
+    );
+    assert_eq!(pushed, want, "push");
+
+    let v = ok_json(
+        Command::new(BIN)
+            .args(["-r", "--delete", "--json"])
+            .arg(&contents)
+            .arg(&link),
+    );
+    assert_eq!(v["files_deleted"], 2, "{v}");
+    assert!(!real.join("top-extra").exists() && !real.join("sub/extra").exists());
+    assert_same_tree(&src, &real, false);
+}
+
 /// `-n` judges as the copy would: it leaves out what the rules exclude (locally and on a
 /// pull, where the server walks), what the quick check would skip, and lists what `--delete`
 /// would remove, all without writing or removing anything: on this side for a local copy or
