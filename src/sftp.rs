@@ -1038,6 +1038,11 @@ struct Apply {
     open_files: Vec<Arc<Semaphore>>,
     /// With `--delete`, what to mirror by (see [`Apply::mirror`]).
     mirror: Option<Mutex<Mirror>>,
+    /// The rules: what they exclude is kept in a folder cleared for a file (see
+    /// [`Apply::clear_dir_in_the_way`]).
+    filter: Option<Arc<fastcp_stream::Filter>>,
+    /// Counts what a folder cleared for a file held.
+    progress: Arc<Progress>,
     /// The destination's real path, resolved before the copy began (see
     /// [`Apply::real_target`]).
     root_real: String,
@@ -1302,6 +1307,8 @@ async fn push(
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
+        filter: plan.options.filter.clone(),
+        progress: progress.clone(),
         root_real,
         resume: plan.options.resume,
         offered: Mutex::new(HashMap::new()),
@@ -1675,11 +1682,11 @@ impl Apply {
             drop(place);
             match found {
                 Ok(a) if file_type(&a.attrs) == S_IFDIR => return Ok(Some(a.attrs)),
-                Ok(_) => return Err(Ok(not_a_dir())),
                 Err(e) if is_session_failure(&e) => {
                     return Err(Err(fatal("looking for a directory", e)));
                 }
-                Err(_) => {}
+                // Something else in the way is cleared below.
+                Ok(_) | Err(_) => {}
             }
         }
         self.note_change(&d.path);
@@ -1687,24 +1694,166 @@ impl Apply {
             permissions: Some(d.meta.mode & 0o777 | 0o700),
             ..FileAttributes::empty()
         };
-        match sftp.raw.mkdir(path.clone(), attrs).await {
-            Ok(_) => {
-                // New: no stopped push left anything in it, and nothing is there to probe.
-                lock(&self.swept).insert(path.clone());
-                if self.skip_unchanged {
-                    self.listings.made(&path);
+        let mut cleared = false;
+        loop {
+            match sftp.raw.mkdir(path.clone(), attrs.clone()).await {
+                Ok(_) => {
+                    // New: no stopped push left anything in it, and nothing is there to probe.
+                    lock(&self.swept).insert(path.clone());
+                    if self.skip_unchanged {
+                        self.listings.made(&path);
+                    }
+                    return Ok(None);
                 }
-                Ok(None)
+                Err(e) if is_session_failure(&e) => {
+                    return Err(Err(fatal("making a directory", e)));
+                }
+                Err(e) => match sftp.raw.lstat(path.clone()).await {
+                    Ok(a) if file_type(&a.attrs) == S_IFDIR => return Ok(None),
+                    // A file or a link where the source has a folder: the folder takes its
+                    // place, as the receiver does (a link is removed, never followed); not
+                    // the destination the user named.
+                    Ok(_) if !cleared && !self.is_named_dest(&d.path) => {
+                        match sftp.raw.remove(path.clone()).await {
+                            Ok(_) => cleared = true,
+                            Err(e) if is_session_failure(&e) => {
+                                return Err(Err(fatal("removing a file in a folder's way", e)));
+                            }
+                            Err(e) => {
+                                return Err(Ok((
+                                    code(&e),
+                                    format!(
+                                        "a file that is not a directory is in the way, and \
+                                         cannot be removed: {}",
+                                        said(&e)
+                                    ),
+                                )));
+                            }
+                        }
+                    }
+                    Ok(_) => return Err(Ok(not_a_dir())),
+                    Err(_) => {
+                        return Err(Ok((
+                            code(&e),
+                            format!("cannot make the directory: {}", said(&e)),
+                        )));
+                    }
+                },
             }
-            Err(e) if is_session_failure(&e) => Err(Err(fatal("making a directory", e))),
-            Err(e) => match sftp.raw.lstat(path.clone()).await {
-                Ok(a) if file_type(&a.attrs) == S_IFDIR => Ok(None),
-                Ok(_) => Err(Ok(not_a_dir())),
-                Err(_) => Err(Ok((
-                    code(&e),
-                    format!("cannot make the directory: {}", said(&e)),
-                ))),
-            },
+        }
+    }
+
+    /// Whether `wire` lands on the destination the user named (the copy's single top-level
+    /// entry, given its name): never removed to make way.
+    fn is_named_dest(&self, wire: &[u8]) -> bool {
+        matches!(self.place, Place::As(_)) && !wire.contains(&b'/')
+    }
+
+    /// Clears the folder at `target` (the entry `wire`) out of the way of a file or link
+    /// that takes its name, as the receiver does: an empty one, and with `--delete` one that
+    /// holds nothing the copy keeps (what the rules exclude, fastcp's work files), with all
+    /// it holds; never the destination the user named. `None` when no folder is there,
+    /// else whether it went.
+    async fn clear_dir_in_the_way(
+        &self,
+        sftp: &Sftp,
+        target: &str,
+        wire: &[u8],
+    ) -> Result<Option<bool>, Error> {
+        match sftp.raw.lstat(target).await {
+            Ok(a) if file_type(&a.attrs) == S_IFDIR => {}
+            Err(e) if is_session_failure(&e) => return Err(fatal("looking for a folder", e)),
+            Ok(_) | Err(_) => return Ok(None),
+        }
+        if self.is_named_dest(wire) {
+            return Ok(Some(false));
+        }
+        match sftp.raw.rmdir(target).await {
+            Ok(_) => return Ok(Some(true)),
+            Err(e) if is_session_failure(&e) => {
+                return Err(fatal("removing a folder in the way", e));
+            }
+            Err(_) if self.mirror.is_none() => return Ok(Some(false)),
+            Err(_) => {}
+        }
+        match self.holds_kept(sftp, target, wire).await {
+            Ok(false) => {}
+            Ok(true) => return Ok(Some(false)),
+            Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
+            Err(_) => return Ok(Some(false)),
+        }
+        match remove_tree(sftp, target.to_string(), true, &self.progress).await {
+            Ok(n) => {
+                lock(&self.done).deleted += n;
+                self.progress.deleted(Bytes::copy_from_slice(wire), n);
+                Ok(Some(true))
+            }
+            Err(e) if is_session_failure(&e) => Err(fatal("deleting", e)),
+            Err(_) => Ok(Some(false)),
+        }
+    }
+
+    /// Whether the folder `path` (the entry `wire`) holds, at any depth, what `--delete`
+    /// keeps: what the rules exclude, fastcp's work files, a name SFTP cannot carry.
+    async fn holds_kept(&self, sftp: &Sftp, path: &str, wire: &[u8]) -> Result<bool, SftpError> {
+        let mut stack = vec![(path.to_string(), Bytes::copy_from_slice(wire))];
+        while let Some((path, wire)) = stack.pop() {
+            for (name, attrs) in list_dir(sftp, &path).await? {
+                let is_dir = file_type(&attrs) == S_IFDIR;
+                let child = Bytes::from([&wire[..], b"/", name.as_bytes()].concat());
+                if !is_single_name(&name)
+                    || fastcp_stream::is_work_file(name.as_bytes())
+                    || self
+                        .filter
+                        .as_ref()
+                        .is_some_and(|f| !f.allows(&child, is_dir))
+                {
+                    return Ok(true);
+                }
+                if is_dir {
+                    stack.push((join(&path, &name), child));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`Sftp::replace`] of `temp` over `target` (the entry `wire`), clearing a folder out
+    /// of the way first when [`Apply::clear_dir_in_the_way`] may; a folder that stays is
+    /// this entry's failure, in the receiver's words.
+    async fn replace_clearing(
+        &self,
+        sftp: &Sftp,
+        temp: &str,
+        target: &str,
+        wire: &[u8],
+        what: &str,
+    ) -> Result<Result<(), (ErrorCode, String)>, Error> {
+        let Err(e) = sftp.replace(temp, target).await else {
+            return Ok(Ok(()));
+        };
+        if is_session_failure(&e) {
+            return Err(fatal("renaming into place", e));
+        }
+        let retried = match self.clear_dir_in_the_way(sftp, target, wire).await? {
+            Some(true) => sftp.replace(temp, target).await,
+            Some(false) => {
+                return Ok(Err((
+                    ErrorCode::Unsupported,
+                    format!(
+                        "a folder with entries is in the way (--delete replaces it); {what} not copied"
+                    ),
+                )));
+            }
+            None => Err(e),
+        };
+        match retried {
+            Ok(()) => Ok(Ok(())),
+            Err(e) if is_session_failure(&e) => Err(fatal("renaming into place", e)),
+            Err(e) => Ok(Err((
+                code(&e),
+                format!("cannot rename it into place: {}", said(&e)),
+            ))),
         }
     }
 
@@ -2109,30 +2258,25 @@ impl Apply {
             self.failed(&file.wire, (ErrorCode::Io, STOPPING.into()));
             return Ok(());
         }
-        let replaced = home.replace(&file.temp, target).await;
+        let replaced = self
+            .replace_clearing(home, &file.temp, target, &file.wire, "file")
+            .await;
         self.live.renamed(&file.temp);
         match replaced {
-            Ok(()) => {
+            Ok(Ok(())) => {
                 let mut done = lock(&self.done);
                 done.files += 1;
                 done.bytes += file.size;
                 // Every frame of the file has arrived: nothing will look it up again.
                 self.files.remove(&file.id);
             }
-            Err(e) => {
+            failed => {
                 if file.kind == TempKind::Random {
                     let _ = home.raw.remove(file.temp.clone()).await;
                 }
-                if is_session_failure(&e) {
-                    return Err(fatal("renaming a file into place", e));
+                if let Err(failure) = failed? {
+                    self.failed(&file.wire, failure);
                 }
-                self.failed(
-                    &file.wire,
-                    (
-                        code(&e),
-                        format!("cannot rename it into place: {}", said(&e)),
-                    ),
-                );
             }
         }
         Ok(())
@@ -2172,16 +2316,17 @@ impl Apply {
                 self.live.renamed(&temp);
                 return Err((code(&e), format!("cannot make the link: {}", said(&e))));
             }
-            let replaced = sftp.replace(&temp, &target).await;
+            let replaced = self
+                .replace_clearing(sftp, &temp, &target, &l.path, "symbolic link")
+                .await;
             self.live.renamed(&temp);
-            if let Err(e) = replaced {
-                let _ = sftp.raw.remove(temp).await;
-                return Err((
-                    code(&e),
-                    format!("cannot rename the link into place: {}", said(&e)),
-                ));
-            }
-            Ok(true)
+            let failure = match replaced {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(failure)) => failure,
+                Err(e) => (ErrorCode::Io, e.to_string()),
+            };
+            let _ = sftp.raw.remove(temp).await;
+            Err(failure)
         }
         .await;
         match result {

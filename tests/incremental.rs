@@ -61,7 +61,7 @@ fn local_rerun_sends_only_what_changed() {
 }
 
 /// A tree whose files became folders and folders files (or links) is mirrored in one run,
-/// locally, pushed and pulled: a folder takes the place of a file or link, and with
+/// locally, pushed (to fastcp, and over SFTP) and pulled: a folder takes the place of a file or link, and with
 /// `--delete` a file takes the place of a folder, with what it held (an empty folder goes
 /// without it, as with rsync; one with entries is then reported, and kept).
 #[test]
@@ -89,7 +89,7 @@ fn files_and_folders_that_swapped_are_mirrored_in_one_run() {
             write(&c.join("linktodir/x"), b"x", 0o644);
         }
     };
-    for (name, how) in [("local", 0), ("pushed", 1), ("pulled", 2)] {
+    for (name, how) in [("local", 0), ("pushed", 1), ("pulled", 2), ("sftp", 3)] {
         let dst = work.path().join(name);
         std::fs::create_dir(&dst).unwrap();
         let copy = |extra: &[&str]| {
@@ -99,6 +99,7 @@ fn files_and_folders_that_swapped_are_mirrored_in_one_run() {
             };
             cmd.args(["-r", "-p", "--json"]).args(extra);
             match how {
+                3 => cmd.arg("--sftp").arg(&src).arg(remote(&sshd, &dst)),
                 2 => cmd.arg(remote(&sshd, &src)).arg(&dst),
                 1 => cmd.arg(&src).arg(remote(&sshd, &dst)),
                 _ => cmd.arg(&src).arg(&dst),
