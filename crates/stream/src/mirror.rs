@@ -37,6 +37,7 @@ pub(crate) fn delete_extras(
     // A sender of protocol version 7 hears of each removal, a folder's at a time.
     let tell = shared.config.version >= 7;
     let mut told = Vec::new();
+    let dirs: HashSet<&[u8]> = sent_dirs.iter().map(|d| &d[..]).collect();
     for dir in sent_dirs {
         if !told.is_empty() {
             // Fails only once the reply stream is gone, when nobody is listening any more.
@@ -76,7 +77,8 @@ pub(crate) fn delete_extras(
             }
             // Another copy's temp file, or a partial file kept for `--resume`: not an extra.
             // A temp file a killed copy left goes, as the sweep before writing takes it, and
-            // so does a partial file of a file the source no longer has.
+            // so does a partial file of a file the source no longer has: one it lacks, or has
+            // as a folder or a link now (which took the file's place here).
             if crate::dest::is_work_file(&name) {
                 match crate::resume::partial_target(&name) {
                     Some(target) => {
@@ -84,7 +86,14 @@ pub(crate) fn delete_extras(
                         of.extend_from_slice(dir);
                         of.push(b'/');
                         of.extend_from_slice(target);
-                        if !sent.contains(&of[..]) {
+                        let no_file = !sent.contains(&of[..])
+                            || dirs.contains(&of[..])
+                            || rustix::fs::statat(&fd, target, AtFlags::SYMLINK_NOFOLLOW)
+                                .is_ok_and(|st| {
+                                    rustix::fs::FileType::from_raw_mode(st.st_mode)
+                                        == rustix::fs::FileType::Symlink
+                                });
+                        if no_file {
                             crate::resume::remove_unheld_partial(&fd, &name);
                         }
                     }

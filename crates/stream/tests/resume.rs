@@ -298,3 +298,47 @@ async fn an_offered_block_larger_than_the_files_own_is_not_taken() {
         .sum();
     assert_eq!(data, 8 * MIB, "the file is sent whole");
 }
+
+/// `--delete` removes the partial file of a file the source no longer has as a file: one
+/// that became a folder or a link takes the file's name, and its partial file would stay
+/// forever, as one of a file that is gone would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_the_partial_file_of_a_file_that_became_a_folder_or_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("top");
+    fs::create_dir_all(src.join("x")).unwrap();
+    fs::write(src.join("x/in"), b"in").unwrap();
+    std::os::unix::fs::symlink("x", src.join("l")).unwrap();
+    fs::write(src.join("kept"), b"small").unwrap();
+    let dest = dir.path().join("dest");
+    let top = dest.join("top");
+    fs::create_dir_all(&top).unwrap();
+    for name in ["x", "l", "gone"] {
+        fs::write(top.join(format!(".{name}.fastcp-partial")), vec![7; MIB]).unwrap();
+    }
+    let (send, receive) = configs();
+    let send = SendConfig {
+        recursive: true,
+        ..send
+    };
+    let receive = ReceiveConfig {
+        recursive: true,
+        delete: true,
+        ..receive
+    };
+    copy_local(
+        &[src],
+        &dest,
+        &send,
+        &receive,
+        2,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fs::read(top.join("x/in")).unwrap(), b"in");
+    for name in ["x", "l", "gone"] {
+        let partial = top.join(format!(".{name}.fastcp-partial"));
+        assert!(!partial.exists(), "{} stayed", partial.display());
+    }
+}
