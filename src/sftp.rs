@@ -1935,6 +1935,12 @@ impl Apply {
                         return Ok(());
                     }
                 };
+                // Names the copy has as folders or links now: no partial file is theirs.
+                let not_files: HashSet<String> = entries
+                    .iter()
+                    .filter(|(_, a)| file_type(a) != S_IFREG)
+                    .map(|(n, _)| n.clone())
+                    .collect();
                 for (name, attrs) in entries {
                     let wire = Bytes::from([&dir[..], b"/", name.as_bytes()].concat());
                     if !is_single_name(&name) {
@@ -1946,6 +1952,16 @@ impl Apply {
                         continue;
                     }
                     if fastcp_stream::is_work_file(name.as_bytes()) {
+                        // The partial file of a file the source no longer has (none there, or
+                        // a folder or a link in its place) goes, uncounted, as the receiver's
+                        // mirror removes it.
+                        if let Some(of) = partial_target(&name)
+                            && (not_files.contains(of)
+                                || !sent.contains(&[&dir[..], b"/", of.as_bytes()].concat()[..]))
+                        {
+                            self.note_change(&wire);
+                            let _ = sftp.raw.remove(join(&remote, &name)).await;
+                        }
                         continue;
                     }
                     let is_dir = file_type(&attrs) == S_IFDIR;
@@ -2637,6 +2653,13 @@ async fn still_the_partial(sftp: &Sftp, handle: &str, path: &str) -> bool {
         && file_type(&named) == S_IFREG
         && open.size == named.size
         && open.mtime == named.mtime
+}
+
+/// The name whose partial file (`.NAME.fastcp-partial`) `partial` is, when its name was
+/// not cut short (see [`fastcp_stream::partial_name`]).
+fn partial_target(partial: &str) -> Option<&str> {
+    let name = partial.strip_prefix('.')?.strip_suffix(".fastcp-partial")?;
+    (!name.is_empty() && name.len() < 200).then_some(name)
 }
 
 /// The partial file beside `target` (`--resume`): `.NAME.fastcp-partial`, as the receiver

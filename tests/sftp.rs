@@ -835,8 +835,9 @@ fn a_dry_run_over_sftp_lists_and_writes_nothing() {
 
 /// A nightly push to a host where only SFTP serves, with `--delete`: the extras go, a
 /// folder with all it holds; a symlink among them goes as a link, never followed out of
-/// the destination; what the rules exclude, and fastcp's work files, stay. A sender that
-/// cannot read a file deletes nothing.
+/// the destination; what the rules exclude, and fastcp's work files, stay, but for the
+/// partial files of files the source no longer has (none there, or a folder in its place).
+/// A sender that cannot read a file deletes nothing.
 #[test]
 fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
     let work = tempfile::tempdir().unwrap();
@@ -869,6 +870,8 @@ fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
     symlink(&outside, copied.join("old/deeper/escape")).unwrap();
     write(&copied.join("keep/notes.log"), b"excluded", 0o644);
     write(&copied.join("keep/.a.fastcp-partial"), b"work", 0o644);
+    write(&copied.join("keep/.gone.fastcp-partial"), b"orphan", 0o644);
+    write(&copied.join("keep/.sub.fastcp-partial"), b"orphan", 0o644);
 
     let out = copy(&["--delete", "--exclude", "*.log"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -883,6 +886,9 @@ fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
         copied.join("keep/.a.fastcp-partial").exists(),
         "a work file: kept"
     );
+    for orphan in ["keep/.gone.fastcp-partial", "keep/.sub.fastcp-partial"] {
+        assert!(!copied.join(orphan).exists(), "{orphan}: kept");
+    }
     assert_eq!(fs::read(copied.join("keep/sub/b")).unwrap(), b"b");
 
     // A source file that cannot be read would look deleted: nothing goes.
