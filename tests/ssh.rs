@@ -432,6 +432,40 @@ fn changed_host_key_is_refused() {
     assert!(!work.path().join("b").exists());
 }
 
+/// As ssh ("found matching key w/out port"): a host on another port than 22 with no
+/// `[host]:port` entry is trusted by its key under the bare host name; another key under the
+/// bare name leaves it unknown (refused under `StrictHostKeyChecking yes`).
+#[test]
+fn a_key_recorded_without_the_port_is_trusted() {
+    let sshd = Sshd::start().unwrap();
+    std::fs::write(
+        sshd.known_hosts(),
+        format!("127.0.0.1 {}\n", sshd.host_public_key()),
+    )
+    .unwrap();
+    let (out, work) = push_one_file(&sshd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(work.path().join("b").exists());
+
+    let other = tempfile::tempdir().unwrap();
+    keygen("ed25519", &other.path().join("k"));
+    let other_key = std::fs::read_to_string(other.path().join("k.pub")).unwrap();
+    let other_key: Vec<&str> = other_key.split_whitespace().take(2).collect();
+    std::fs::write(
+        sshd.known_hosts(),
+        format!("127.0.0.1 {}\n", other_key.join(" ")),
+    )
+    .unwrap();
+    let (out, work) = push_one_file(&sshd);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("No ED25519 host key is known"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("b").exists());
+}
+
 #[test]
 fn wrong_user_key_is_refused() {
     let sshd = Sshd::start().unwrap();

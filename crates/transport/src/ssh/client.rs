@@ -372,10 +372,24 @@ async fn verify_host_key(
 ) -> Result<(), Error> {
     let name = host.known_hosts_name();
     let files = known_hosts_files(host);
-    let status = known_hosts::check(&files, &name, key).map_err(|e| Error::HostKeyRejected {
+    let read_error = |e: std::io::Error| Error::HostKeyRejected {
         host: name.clone(),
         reason: format!("cannot read known_hosts: {e}"),
-    })?;
+    };
+    let mut status = known_hosts::check(&files, &name, key).map_err(read_error)?;
+    // As ssh: a host on another port than 22 with no entry as `[host]:port` is also looked
+    // up by its bare name, and its key there is trusted (a key recorded for it on port 22
+    // before it moved, or behind a port forward). Only a match counts: another key under
+    // the bare name leaves the host unknown, never changed.
+    if status == HostKeyStatus::Unknown && host.host_key_alias.is_none() && host.port != 22 {
+        let bare = known_hosts::host_port_name(&host.host_name, 22);
+        match known_hosts::check(&files, &bare, key).map_err(read_error)? {
+            found @ (HostKeyStatus::Known { .. } | HostKeyStatus::Revoked { .. }) => {
+                status = found;
+            }
+            HostKeyStatus::Unknown | HostKeyStatus::Changed { .. } => {}
+        }
+    }
     let key_type = key_type_name(key);
     let fp = fingerprint(key);
     let first_file = host.user_known_hosts_files.first().cloned();
