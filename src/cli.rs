@@ -1035,8 +1035,9 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
         .policy(server_policy(args))
         // Warnings reach the client's stderr through sshd.
         .log(fastcp::Log::new(|level, line| {
+            // Nothing to do about a stderr that sshd no longer reads: the client is gone.
             if level == fastcp::LogLevel::Warn {
-                eprintln!("fastcp server: warning: {line}");
+                let _ = writeln!(std::io::stderr().lock(), "fastcp server: warning: {line}");
             }
         }));
     config.tcp_bind = args.bind;
@@ -1051,7 +1052,7 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
         }),
         Err(e) => {
             if !told_the_client(&e) {
-                eprintln!("fastcp server: {e}");
+                let _ = writeln!(std::io::stderr().lock(), "fastcp server: {e}");
             }
             Ok(e.exit_code())
         }

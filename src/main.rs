@@ -90,7 +90,10 @@ fn main() -> ExitCode {
         }
         // Otherwise the command's future is dropped here: its temp files are removed, and
         // the writer threads finish before the runtime goes.
-        eprintln!("fastcp: interrupted by {signal}; {kept}");
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "fastcp: interrupted by {signal}; {kept}"
+        );
         Ok(exit::INTERRUPTED)
     });
     // Blocking threads still cleaning up get a moment; none may keep the process alive.

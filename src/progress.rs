@@ -13,6 +13,7 @@
 //! [`Output::line`] so that they do not tear the bar.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,12 +58,17 @@ pub struct Output {
 }
 
 impl Output {
-    /// Prints one line on stderr, above the bar if there is one.
+    /// Prints one line on stderr, above the bar if there is one. A stderr that cannot be
+    /// written (a pipe whose reader left, as in `fastcp -v ... 2>&1 | head -1`) loses the
+    /// line, and the copy goes on.
     pub fn line(&self, line: &str) {
+        let print = || {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        };
         let bar = self.bar.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match bar {
-            Some(bar) if !bar.is_finished() => bar.suspend(|| eprintln!("{line}")),
-            _ => eprintln!("{line}"),
+            Some(bar) if !bar.is_finished() => bar.suspend(print),
+            _ => print(),
         }
     }
 }

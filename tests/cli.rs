@@ -176,6 +176,30 @@ fn a_file_named_like_a_command_is_copied_as_dot_slash_name() {
         .stderr(predicate::str::contains("./man").not());
 }
 
+/// A stderr nobody reads any more (`fastcp -v a b 2>&1 | head -1`) loses the lines, not the
+/// copy: the file is copied and the exit code is the copy's, not a panic's.
+#[test]
+fn a_closed_stderr_does_not_stop_the_copy() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("a");
+    write(&src, b"kept", 0o644);
+    for flag in ["-v", "--progress"] {
+        let dst = work.path().join(format!("b{flag}"));
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = std::process::Command::new(BIN)
+            .arg(flag)
+            .arg(&src)
+            .arg(&dst)
+            .stdout(std::process::Stdio::null())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{flag}");
+        assert_eq!(std::fs::read(&dst).unwrap(), b"kept", "{flag}");
+    }
+}
+
 #[test]
 fn help_names_every_flag_and_the_exit_codes() {
     let out = fastcp().arg("--help").assert().success();
