@@ -3599,9 +3599,12 @@ impl Emit {
     /// The sources `typed` stands for when its name holds a wildcard and names nothing as it
     /// is: the names in its folder that match, sorted (`None`: take it as it is). The same
     /// rules as a fastcp server's ([`fastcp_stream::expand_sources`]): `*` and `?` match
-    /// neither `/` nor a leading `.`.
+    /// neither `/` nor a leading `.`, and a backslash quotes the character after it.
     async fn expand(&self, typed: &str) -> Result<Option<Vec<String>>, Error> {
-        let Some(pattern) = top_level_name(typed).filter(|n| fastcp_stream::has_wildcard(n)) else {
+        // A backslash quotes the character after it, as in a fastcp server's patterns.
+        let Some(pattern) =
+            top_level_name(typed).filter(|n| fastcp_stream::has_wildcard(n) || n.contains(&b'\\'))
+        else {
             return Ok(None);
         };
         let sftp = &self.sftp[0];

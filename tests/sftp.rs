@@ -1792,6 +1792,39 @@ fn remote_wildcards_expand_over_sftp_as_with_scp() {
     assert!(stderr(&out).contains("*.none"), "{}", stderr(&out));
 }
 
+/// A backslash quotes the character after it in a remote source over SFTP too, as scp has
+/// it: `my\ file.txt` names `my file.txt`, and `star\*` only `star*`.
+#[test]
+fn a_backslash_quotes_in_remote_sources_over_sftp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    for name in ["my file.txt", "star*", "starry"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+    }
+    let copy = work.path().join("copy");
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(format!("{}:{}/my\\ file.txt", sshd.alias(), src.display()))
+        .arg(&copy));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(&copy).unwrap(), b"my file.txt");
+
+    let into = work.path().join("into");
+    fs::create_dir(&into).unwrap();
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(format!("{}:{}/star\\*", sshd.alias(), src.display()))
+        .arg(&into));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got: Vec<String> = fs::read_dir(&into)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(got, ["star*"]);
+}
+
 /// A name SFTP cannot carry as it is (not UTF-8: russh-sftp takes names as text) fails
 /// alone: over SFTP, a pull copies the rest of its folder, and a mirroring push says it
 /// could not remove such an extra; both end with exit code 1, naming it.

@@ -120,6 +120,39 @@ fn pull_with_remote_wildcards_like_scp() {
     assert!(stderr(&out).contains("*.none"), "{}", stderr(&out));
 }
 
+/// A backslash in a remote source quotes the character after it, as scp has it (`scp
+/// 'host:my\ file.txt' .`, the habit from scp's remote shell): it names one file, which may
+/// take a new name, and a quoted wildcard matches only itself.
+#[test]
+fn pull_with_backslash_quoting_like_scp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("my dir");
+    std::fs::create_dir(&src).unwrap();
+    for name in ["my file.txt", "star*", "starry"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+    }
+    let quoted = format!("{}/my\\ dir", work.path().display());
+    let copy = work.path().join("copy");
+    let out = run(fastcp(&sshd, bin())
+        .arg(format!("{}:{quoted}/my\\ file.txt", sshd.alias()))
+        .arg(&copy));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&copy).unwrap(), b"my file.txt");
+
+    let into = work.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    let out = run(fastcp(&sshd, bin())
+        .arg(format!("{}:{quoted}/star\\*", sshd.alias()))
+        .arg(&into));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got: Vec<_> = std::fs::read_dir(&into)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(got, ["star*"]);
+}
+
 #[test]
 fn push_and_pull_single_files_like_scp() {
     let sshd = Sshd::start().unwrap();

@@ -6,7 +6,8 @@
 //! [`ReceiveConfig::expected_top_level`](crate::ReceiveConfig::expected_top_level)), so a
 //! hostile sender can answer `*.txt` with `a.txt` but not with `.bashrc` or `run.sh` (scp's
 //! CVE-2019-6111). Both sides use the same rules: `*` and `?` match neither `/` nor a leading
-//! `.`, and `[...]` is a character class, as in the shell.
+//! `.`, `[...]` is a character class, and a backslash quotes the character after it, as in the
+//! shell and scp (`'host:my\ file.txt'` names `my file.txt`).
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +28,36 @@ const OPTIONS: MatchOptions = MatchOptions {
 /// ```
 pub fn has_wildcard(s: &[u8]) -> bool {
     s.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
+}
+
+/// Whether `s` is read as a pattern: it holds a wildcard or a backslash (which quotes the
+/// character after it).
+fn is_pattern(s: &[u8]) -> bool {
+    has_wildcard(s) || s.contains(&b'\\')
+}
+
+/// `name`, a component with shell quoting, as a [`Pattern`]: a backslash quotes the character
+/// after it (a wildcard character becomes a class of that one character), and a last one
+/// stands for itself.
+fn compile(name: &str) -> Option<Pattern> {
+    let mut glob = String::with_capacity(name.len() + 4);
+    let mut chars = name.chars();
+    while let Some(c) = chars.next() {
+        let quoted = if c == '\\' {
+            chars.next().unwrap_or('\\')
+        } else {
+            glob.push(c);
+            continue;
+        };
+        if matches!(quoted, '*' | '?' | '[' | ']' | '\\') {
+            glob.push('[');
+            glob.push(quoted);
+            glob.push(']');
+        } else {
+            glob.push(quoted);
+        }
+    }
+    Pattern::new(&glob).ok()
 }
 
 /// Replaces each source that does not exist as named and holds a wildcard by the paths it
@@ -55,7 +86,7 @@ pub fn expand_sources(sources: &[PathBuf]) -> Vec<PathBuf> {
 /// The matches of `source`, or `None` to keep it as it is.
 fn expand(source: &Path) -> Option<Vec<PathBuf>> {
     let text = source.to_str()?;
-    if !has_wildcard(text.as_bytes()) || source.symlink_metadata().is_ok() {
+    if !is_pattern(text.as_bytes()) || source.symlink_metadata().is_ok() {
         return None;
     }
     // One component at a time, listing only the folders a pattern is in. Names that are not
@@ -67,11 +98,11 @@ fn expand(source: &Path) -> Option<Vec<PathBuf>> {
             continue;
         };
         let name = name.to_str()?;
-        if !has_wildcard(name.as_bytes()) {
+        if !is_pattern(name.as_bytes()) {
             paths.iter_mut().for_each(|p| p.push(name));
             continue;
         }
-        let pattern = Pattern::new(name).ok()?;
+        let pattern = compile(name)?;
         let mut next = Vec::new();
         for dir in &paths {
             let listed = if dir.as_os_str().is_empty() {
@@ -114,11 +145,11 @@ pub fn name_matches(asked: &[u8], name: &[u8]) -> bool {
     if asked == name {
         return true;
     }
-    if !has_wildcard(asked) {
+    if !is_pattern(asked) {
         return false;
     }
     match (std::str::from_utf8(asked), std::str::from_utf8(name)) {
-        (Ok(asked), Ok(name)) => Pattern::new(asked).is_ok_and(|p| p.matches_with(name, OPTIONS)),
+        (Ok(asked), Ok(name)) => compile(asked).is_some_and(|p| p.matches_with(name, OPTIONS)),
         _ => false,
     }
 }
@@ -170,6 +201,35 @@ mod tests {
             std::fs::write(dir.path().join(name), name).unwrap();
         }
         let literal = dir.path().join("[x]");
+        assert_eq!(expand_sources(std::slice::from_ref(&literal)), [literal]);
+    }
+
+    #[test]
+    fn a_backslash_quotes_the_next_character() {
+        assert!(name_matches(b"my\\ file.txt", b"my file.txt"));
+        assert!(name_matches(b"star\\*", b"star*"));
+        assert!(!name_matches(b"star\\*", b"starry"));
+        assert!(name_matches(b"q\\?\\[x\\]\\\\", b"q?[x]\\"));
+        assert!(name_matches(b"\\a*", b"ab"));
+        assert!(!name_matches(b"x\\ y", b"x\\ z"));
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for name in ["my file.txt", "star*", "starry", "back\\slash"] {
+            std::fs::write(d.join(name), name).unwrap();
+        }
+        std::fs::create_dir(d.join("my dir")).unwrap();
+        std::fs::write(d.join("my dir/f"), b"f").unwrap();
+        assert_eq!(
+            expand_sources(&[d.join("my\\ file.txt")]),
+            [d.join("my file.txt")]
+        );
+        assert_eq!(expand_sources(&[d.join("star\\*")]), [d.join("star*")]);
+        assert_eq!(
+            expand_sources(&[d.join("my\\ dir/f")]),
+            [d.join("my dir/f")]
+        );
+        // A name that holds a backslash is itself first.
+        let literal = d.join("back\\slash");
         assert_eq!(expand_sources(std::slice::from_ref(&literal)), [literal]);
     }
 
