@@ -222,7 +222,12 @@ pub struct SshArgs {
     #[arg(short = 'J', value_name = "JUMP", help_heading = "SSH")]
     pub jump: Option<String>,
     /// Read this ssh_config instead of ~/.ssh/config and /etc/ssh/ssh_config.
-    #[arg(short = 'F', value_name = "SSH_CONFIG", help_heading = "SSH")]
+    #[arg(
+        short = 'F',
+        value_name = "SSH_CONFIG",
+        help_heading = "SSH",
+        overrides_with = "config"
+    )]
     pub config: Option<PathBuf>,
     /// An ssh_config option, as Key=Value (for example -o Port=2222).
     #[arg(short = 'o', value_name = "OPTION", help_heading = "SSH")]

@@ -150,6 +150,25 @@ fn usage_errors_exit_2() {
 
 /// A file named like a command (`man`) is taken for the command, which scp has not: the
 /// usage error says how to copy the file, and `./man` copies it.
+/// `-F` given twice takes the last, as ssh and scp do (an alias that names one, then the
+/// user's own).
+#[test]
+fn the_last_dash_f_wins() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"hello", 0o644);
+    fastcp()
+        .args(["-F", "/nonexistent/ssh_config", "-F"])
+        .arg(sshd.ssh_config())
+        .arg("--remote-path")
+        .arg(BIN)
+        .arg(work.path().join("a"))
+        .arg(remote(&sshd, &work.path().join("b")))
+        .assert()
+        .success();
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"hello");
+}
+
 #[test]
 fn a_file_named_like_a_command_is_copied_as_dot_slash_name() {
     let work = tempfile::tempdir().unwrap();

@@ -480,7 +480,7 @@ async fn verify_host_key(
                 Error::io(format!("cannot record host key in {}", file.display()), e)
             })?;
             warnings.lock().expect("warnings").push(format!(
-                "Warning: Permanently added '{name}' ({key_type}) to the list of known hosts."
+                "Permanently added '{name}' ({key_type}) to the list of known hosts."
             ));
             Ok(())
         }
