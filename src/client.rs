@@ -539,6 +539,19 @@ impl Plan {
         dest || wildcard || self.sources.len() > 1
     }
 
+    /// True when the destination must be a directory only because of its trailing '/', after
+    /// one source: one that does not exist yet is then made by that source, which must be a
+    /// folder (`fastcp -r dir new/` makes `new`, as scp and `cp -r` do).
+    pub(crate) fn new_target_dir(&self) -> bool {
+        self.target_is_dir() && self.sources.len() == 1 && {
+            let wildcard =
+                self.sources.iter().filter_map(Location::remote).any(|r| {
+                    top_level_name(&r.path).is_some_and(|n| fastcp_stream::has_wildcard(&n))
+                });
+            !wildcard
+        }
+    }
+
     fn send_config(&self) -> fastcp_stream::SendConfig {
         let mut cfg = fastcp_stream::SendConfig {
             recursive: self.options.recursive,
@@ -570,6 +583,7 @@ impl Plan {
             recursive: self.options.recursive,
             preserve: self.preserve(),
             target_must_be_dir: self.target_is_dir(),
+            target_may_be_new_dir: self.new_target_dir(),
             contents: self.contents(),
             fsync: self.options.fsync,
             skip_unchanged: self.probing(),
@@ -1602,6 +1616,9 @@ where
     let hash_content = !(authenticated && agreed.version >= 9);
     if !hash_content {
         request_flags |= flags::NO_CONTENT_HASH;
+    }
+    if agreed.version >= 9 && plan.new_target_dir() {
+        request_flags |= flags::NEW_TARGET_DIR;
     }
     let client_random = random32();
     let filters = plan.filter_lines();

@@ -690,6 +690,7 @@ where
                     preserve: request.flags & flags::PRESERVE != 0,
                     recursive: request.flags & flags::RECURSIVE != 0,
                     target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
+                    target_may_be_new_dir: request.flags & flags::NEW_TARGET_DIR != 0,
                     contents: request.flags & flags::CONTENTS != 0,
                     fsync: request.flags & flags::FSYNC != 0,
                     skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,

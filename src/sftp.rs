@@ -1237,6 +1237,15 @@ async fn push(
             Place::As(real)
         }
         Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
+        // A trailing '/' after one source that is a folder: the folder makes it, as scp and
+        // `cp -r` make it.
+        Err(e)
+            if code(&e) == ErrorCode::NotFound
+                && plan.new_target_dir()
+                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
+        {
+            Place::As(dest.trim_end_matches('/').to_string())
+        }
         Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
             return Err(Error::Refused {
                 code: ErrorCode::NotFound,
@@ -3049,6 +3058,7 @@ async fn pull(
         // The quick check compares times: they must be kept.
         preserve,
         target_must_be_dir: plan.target_is_dir(),
+        target_may_be_new_dir: plan.new_target_dir(),
         contents: plan.contents(),
         fsync: o.fsync,
         skip_unchanged: probing,

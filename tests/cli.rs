@@ -150,6 +150,57 @@ fn usage_errors_exit_2() {
 
 /// A file named like a command (`man`) is taken for the command, which scp has not: the
 /// usage error says how to copy the file, and `./man` copies it.
+/// `fastcp -r dir new/` makes `new` as a copy of `dir` when it does not exist, as scp and
+/// `cp -r` do, on every path: local, push and pull between two fastcp ends, and over SFTP;
+/// a file sent to a new `new/` fails and makes nothing.
+#[test]
+fn a_trailing_slash_destination_is_made_by_one_folder() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dir");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    write(&dir.join("sub/f"), b"f", 0o644);
+    write(&work.path().join("file"), b"x", 0o644);
+    let slashed = |name: &str| format!("{}/", work.path().join(name).display());
+    let remote_slashed = |name: &str| format!("{}:{}", sshd.alias(), slashed(name));
+    let cases: [(&str, Vec<String>); 5] = [
+        ("local", vec![dir.display().to_string(), slashed("local")]),
+        (
+            "push",
+            vec![dir.display().to_string(), remote_slashed("push")],
+        ),
+        ("pull", vec![remote(&sshd, &dir), slashed("pull")]),
+        (
+            "sftp-push",
+            vec![
+                "--sftp".into(),
+                dir.display().to_string(),
+                remote_slashed("sftp-push"),
+            ],
+        ),
+        (
+            "sftp-pull",
+            vec!["--sftp".into(), remote(&sshd, &dir), slashed("sftp-pull")],
+        ),
+    ];
+    for (name, args) in cases {
+        remote_fastcp(&sshd)
+            .arg("-r")
+            .args(&args)
+            .assert()
+            .success();
+        let f = work.path().join(name).join("sub/f");
+        assert_eq!(std::fs::read(&f).unwrap(), b"f", "{name}");
+    }
+    remote_fastcp(&sshd)
+        .arg(work.path().join("file"))
+        .arg(remote_slashed("nofile"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not a directory"));
+    assert!(!work.path().join("nofile").exists());
+}
+
 /// `-F` given twice takes the last, as ssh and scp do (an alias that names one, then the
 /// user's own).
 #[test]

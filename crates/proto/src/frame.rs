@@ -294,6 +294,10 @@ pub mod flags {
     /// streams; not SSH, whose MAC ends at sshd). A copy with
     /// [`RESUME`] hashes content regardless.
     pub const NO_CONTENT_HASH: u32 = 1 << 23;
+    /// With [`TARGET_IS_DIR`] (protocol version 9): a destination that does not exist yet is
+    /// made by the one top-level entry, which must be a directory (a trailing '/' after one
+    /// source's destination, as `scp -r dir host:new/` makes `new`).
+    pub const NEW_TARGET_DIR: u32 = 1 << 24;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -318,7 +322,8 @@ pub mod flags {
         | SPECIALS
         | FILES_FROM
         | CONTENTS
-        | NO_CONTENT_HASH;
+        | NO_CONTENT_HASH
+        | NEW_TARGET_DIR;
 }
 
 /// Which way the files flow in a session.

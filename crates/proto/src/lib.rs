@@ -56,7 +56,8 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// mirror removed and that the receiver is still at work after the last entry; version 8
 /// adds the [`Hole`] frame, a sparse file's hole in place of its zeros; version 9 adds the
 /// request flag [`flags::NO_CONTENT_HASH`], a copy that hashes no file content where the
-/// transport authenticates every byte.
+/// transport authenticates every byte, and [`flags::NEW_TARGET_DIR`], a destination folder
+/// made by the one source.
 pub const PROTOCOL_VERSION: u16 = 9;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;

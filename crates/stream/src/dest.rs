@@ -154,6 +154,9 @@ pub(crate) struct Root {
     /// When the destination is not an existing directory: the name that replaces the single
     /// top-level wire name.
     pub(crate) rename_top: Option<Vec<u8>>,
+    /// The single top-level entry must be a directory (see
+    /// [`ReceiveConfig::target_may_be_new_dir`](crate::ReceiveConfig::target_may_be_new_dir)).
+    pub(crate) top_must_be_dir: bool,
 }
 
 impl Root {

@@ -104,6 +104,11 @@ pub struct ReceiveConfig {
     /// The destination must be an existing directory (the user gave several sources or a
     /// trailing '/'): otherwise fail before writing anything. Default: false.
     pub target_must_be_dir: bool,
+    /// With `target_must_be_dir`: a destination that does not exist yet is made by the one
+    /// top-level entry, which must then be a directory (a trailing '/' after one source's
+    /// destination: `fastcp -r dir new/` makes `new` a copy of `dir`, as scp and `cp -r` do;
+    /// a file sent there fails, as `cp file new/` does). Default: false.
+    pub target_may_be_new_dir: bool,
     /// The one top-level entry is `dest` itself, even when `dest` is an existing directory:
     /// the source named a folder's contents (`DIR/.`), which go straight into `dest`, as
     /// `cp -r DIR/. DEST` copies them. Default: false.
@@ -212,6 +217,7 @@ impl Default for ReceiveConfig {
             preserve: false,
             recursive: false,
             target_must_be_dir: false,
+            target_may_be_new_dir: false,
             contents: false,
             expected_top_level: None,
             max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
@@ -495,6 +501,10 @@ impl Shared {
                 "more than {} entries: the sender's tree is larger than this receiver accepts",
                 self.config.max_entries
             )));
+        }
+        if self.root.top_must_be_dir && first.len() == path.len() && kind != Kind::Dir {
+            // A trailing '/' asked for a folder, which no file makes.
+            return Err(not_a_directory(&self.root.display(&self.root.local(first))));
         }
         if self.root.rename_top.is_some() {
             match &t.top {
@@ -1259,6 +1269,7 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
                 fd: Arc::new(fd),
                 path: dest.to_path_buf(),
                 rename_top: None,
+                top_must_be_dir: false,
             });
         }
         Ok(m) if !m.is_file() => {
@@ -1270,15 +1281,13 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
                 special_kind(&m)
             )));
         }
+        Ok(_) if config.target_must_be_dir => return Err(not_a_directory(dest)),
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(dest, e)),
     }
-    if config.target_must_be_dir {
-        return Err(Error::InvalidArgument(format!(
-            "{}: not a directory",
-            escape(dest.as_os_str().as_encoded_bytes())
-        )));
+    if config.target_must_be_dir && !config.target_may_be_new_dir {
+        return Err(not_a_directory(dest));
     }
     let name = dest.file_name().ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -1290,7 +1299,17 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    named_in(parent, name)
+    let mut root = named_in(parent, name)?;
+    root.top_must_be_dir = config.target_must_be_dir;
+    Ok(root)
+}
+
+/// The error for a destination that must be a directory and is not one.
+pub(crate) fn not_a_directory(dest: &Path) -> Error {
+    Error::InvalidArgument(format!(
+        "{}: not a directory",
+        escape(dest.as_os_str().as_encoded_bytes())
+    ))
 }
 
 /// What a file that is neither a regular file nor a folder is, for messages.
@@ -1319,6 +1338,7 @@ fn named_in(parent: &Path, name: &std::ffi::OsStr) -> Result<Root, Error> {
         fd: Arc::new(fd),
         path: parent.to_path_buf(),
         rename_top: Some(name.as_encoded_bytes().to_vec()),
+        top_must_be_dir: false,
     })
 }
 

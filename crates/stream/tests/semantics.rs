@@ -1142,3 +1142,62 @@ async fn content_hashing_is_off_only_when_both_sides_agree() {
         }
     }
 }
+
+/// A destination that must be a folder (a trailing '/') but does not exist yet is made by the
+/// one source when `target_may_be_new_dir` allows it and the source is a folder; a file sent
+/// there fails and writes nothing, and so does any source without the allowance or where a
+/// file has the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_folder_destination_is_made_by_one_folder_only() {
+    let src = tempfile::tempdir().unwrap();
+    let tree = src.path().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write(&tree.join("sub/f"), b"f", 0o644);
+    write(&src.path().join("file"), b"x", 0o644);
+    let (s, mut r) = configs(true);
+    r.target_must_be_dir = true;
+    r.target_may_be_new_dir = true;
+    let dst = tempfile::tempdir().unwrap();
+    let new = dst.path().join("new/");
+    let (_, received) = run_pair(std::slice::from_ref(&tree), &new, &s, &r, 2).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst.path().join("new/sub/f")).unwrap(), b"f");
+    // Now it exists: the next copy goes beneath it.
+    let (_, received) = run_pair(std::slice::from_ref(&tree), &new, &s, &r, 2).await;
+    assert!(received.unwrap().is_complete());
+    assert_eq!(fs::read(dst.path().join("new/tree/sub/f")).unwrap(), b"f");
+
+    let other = dst.path().join("other/");
+    let (_, received) = run_pair(&[src.path().join("file")], &other, &s, &r, 2).await;
+    let err = received.unwrap_err();
+    assert!(err.to_string().contains("not a directory"), "{err}");
+    assert!(!dst.path().join("other").exists());
+
+    write(&dst.path().join("plain"), b"p", 0o644);
+    let (_, received) = run_pair(
+        std::slice::from_ref(&tree),
+        &dst.path().join("plain/"),
+        &s,
+        &r,
+        2,
+    )
+    .await;
+    assert!(
+        received
+            .unwrap_err()
+            .to_string()
+            .contains("not a directory")
+    );
+    assert_eq!(fs::read(dst.path().join("plain")).unwrap(), b"p");
+
+    r.target_may_be_new_dir = false;
+    let (_, received) = run_pair(std::slice::from_ref(&tree), &other, &s, &r, 2).await;
+    assert!(
+        received
+            .unwrap_err()
+            .to_string()
+            .contains("not a directory")
+    );
+    assert!(!dst.path().join("other").exists());
+    assert_no_temp(dst.path());
+}
