@@ -118,8 +118,13 @@ fn parse_uri(rest: &str) -> Option<RemotePath> {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, ""),
     };
+    // As scp: the user and the path are percent-decoded, and the user's connection
+    // parameters (`user;fingerprint=...`) are passed over.
     let (user, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u.to_owned()), h),
+        Some((u, h)) => {
+            let u = u.split(';').next().unwrap_or_default();
+            (Some(percent_decoded(u)?), h)
+        }
         None => (None, authority),
     };
     let (host, port) = if let Some(b) = hostport.strip_prefix('[') {
@@ -143,8 +148,24 @@ fn parse_uri(rest: &str) -> Option<RemotePath> {
         user,
         host: host.to_owned(),
         port,
-        path: path.to_owned(),
+        path: percent_decoded(path)?,
     })
+}
+
+/// `s` with each `%XX` replaced by the byte it stands for; `None` when a `%` is not followed
+/// by two hex digits or the result is not UTF-8.
+fn percent_decoded(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b != b'%' {
+            out.push(b);
+            continue;
+        }
+        let hex = [bytes.next()?, bytes.next()?];
+        out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+    }
+    String::from_utf8(out).ok()
 }
 
 impl fmt::Display for Location {
@@ -204,6 +225,10 @@ mod tests {
             ),
             ("host:a:b", remote(None, "host", None, "a:b")),
             ("scp://h/p", remote(None, "h", None, "p")),
+            (
+                "scp://r%6fot;fingerprint=SHA256:x@h/my%20file",
+                remote(Some("root"), "h", None, "my file"),
+            ),
             (
                 "scp://u@h:2222/d/f",
                 remote(Some("u"), "h", Some(2222), "d/f"),
