@@ -437,6 +437,21 @@ fn said(e: &SftpError) -> String {
                 message.into()
             }
         }
+        // OpenSSH's sftp-server says only the code's own name ("No such file: No such
+        // file" as the library prints it): once is enough.
+        SftpError::Status(s) => {
+            let message = s.error_message.trim();
+            match s.status_code {
+                _ if !message.is_empty()
+                    && !message.eq_ignore_ascii_case(&s.status_code.to_string()) =>
+                {
+                    e.to_string()
+                }
+                StatusCode::NoSuchFile => "no such file or directory".into(),
+                StatusCode::PermissionDenied => "permission denied".into(),
+                code => code.to_string(),
+            }
+        }
         e => e.to_string(),
     }
 }
