@@ -1210,6 +1210,36 @@ fn proxy_command_carries_the_connection() {
     assert!(jump.log().contains("direct-tcpip"), "{}", jump.log());
 }
 
+/// A ProxyCommand that exits before the handshake is named in the error, beside what it
+/// said itself, rather than a bare "Disconnected".
+#[test]
+fn a_proxy_command_that_exits_is_named() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cfg = work.path().join("config");
+    let proxied = sshd.host_block("via-proxy").replace(
+        "BatchMode yes\n",
+        "BatchMode yes\n  ProxyCommand sh -c 'echo no route from here >&2; exit 3'\n",
+    );
+    std::fs::write(&cfg, proxied).unwrap();
+    std::fs::write(work.path().join("a"), b"a").unwrap();
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--remote-path", BIN])
+        .arg(work.path().join("a"))
+        .arg(format!("via-proxy:{}", work.path().join("b").display()))
+        .env_remove("SSH_AUTH_SOCK"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("no route from here"), "{said}");
+    assert!(
+        said.contains("the ProxyCommand exited (exit status: 3)"),
+        "{said}"
+    );
+    assert!(!work.path().join("b").exists());
+}
+
 /// ssh_config that only OpenSSH's client serves (a `Match` block, a host known by its
 /// certificate authority) hands the connection to the system ssh, which fastcp runs by
 /// itself, saying so; the data still takes the TCP transport, or SFTP when asked.

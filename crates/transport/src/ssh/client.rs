@@ -881,20 +881,24 @@ async fn connect_one(
     };
     // As with ssh, ConnectTimeout covers the TCP connection and the start of the SSH
     // handshake, up to the server's host key; not a host key prompt.
-    let mut handle = {
+    let handshook = {
         let mut handshake = std::pin::pin!(handshake);
         match timeout {
             Some(t) => tokio::select! {
-                res = &mut handshake => res?,
+                res = &mut handshake => res,
                 () = tokio::time::sleep(t) => {
                     if !key_received.load(Ordering::SeqCst) {
                         return Err(timed_out());
                     }
-                    handshake.await?
+                    handshake.await
                 }
             },
-            None => handshake.await?,
+            None => handshake.await,
         }
+    };
+    let mut handle = match handshook {
+        Ok(handle) => handle,
+        Err(e) => return Err(proxy_exited(proxy.as_deref_mut(), &host).await.unwrap_or(e)),
     };
     let auth = if key_changed.load(Ordering::SeqCst) {
         let keys_only = HostConfig {
@@ -943,6 +947,27 @@ async fn connect_one(
 /// quickly, but not with the server's banner. The banner is awaited for `banner_wait` at
 /// most (a server that waits for the client to speak first); then the round trip is
 /// `None`.
+/// Why a connection through a ProxyCommand ended before its handshake did, when the command
+/// had exited (it says why itself, on stderr, as it does under ssh): "Disconnected" alone
+/// would not say that the connection never reached the host.
+async fn proxy_exited(
+    proxy: Option<&mut tokio::process::Child>,
+    host: &HostConfig,
+) -> Option<Error> {
+    let child = proxy?;
+    let status = tokio::time::timeout(Duration::from_millis(500), child.wait())
+        .await
+        .ok()?
+        .ok()?;
+    Some(Error::Connect {
+        host: host.host_name.clone(),
+        port: host.port,
+        source: std::io::Error::other(format!(
+            "the ProxyCommand exited ({status}) before the SSH handshake ended"
+        )),
+    })
+}
+
 async fn tcp_connect(
     config: &HostConfig,
     timeout: Option<Duration>,
