@@ -214,7 +214,10 @@ where
     let mut report = Report::default();
     let mut out = bytes::BytesMut::new();
     if direction == Direction::Push {
-        if flags & flags::TARGET_IS_DIR != 0 && !target.is_dir() {
+        // A trailing '/' after one folder may name one that the copy would make.
+        let new_dir = flags & flags::NEW_TARGET_DIR != 0
+            && matches!(target.symlink_metadata(), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        if flags & flags::TARGET_IS_DIR != 0 && !target.is_dir() && !new_dir {
             let message = format!(
                 "{}: not a directory (several sources, or a trailing '/', need an existing directory)",
                 target.display()

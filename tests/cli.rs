@@ -198,6 +198,15 @@ fn a_trailing_slash_destination_is_made_by_one_folder() {
         let f = work.path().join(name).join("sub/f");
         assert_eq!(std::fs::read(&f).unwrap(), b"f", "{name}");
     }
+    // A dry run says what the copy would do, and makes nothing.
+    let out = remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(&dir)
+        .arg(remote_slashed("dry"))
+        .assert()
+        .success();
+    assert!(String::from_utf8_lossy(&out.get_output().stdout).contains("dir/sub/f"));
+    assert!(!work.path().join("dry").exists());
     remote_fastcp(&sshd)
         .arg(work.path().join("file"))
         .arg(remote_slashed("nofile"))
