@@ -845,6 +845,16 @@ fn dry_run_over_sshd_writes_nothing() {
         .success();
     assert!(String::from_utf8_lossy(&out.get_output().stdout).contains("src/deep/two\n"));
     assert!(!dst.exists());
+    // A trailing '/' names a folder the copy would make: listed, still not made.
+    remote_fastcp(&sshd)
+        .args(["-r", "-n"])
+        .arg(&src)
+        .arg(format!("{}/", remote(&sshd, &dst)))
+        .assert()
+        .success();
+    assert!(!dst.exists());
+    // Where a file has that name, the target is refused.
+    write(&dst, b"a file", 0o644);
     remote_fastcp(&sshd)
         .args(["-r", "-n"])
         .arg(&src)
@@ -852,7 +862,7 @@ fn dry_run_over_sshd_writes_nothing() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("not a directory"));
-    assert!(!dst.exists());
+    assert_eq!(std::fs::read(&dst).unwrap(), b"a file");
 }
 
 /// `--bwlimit` holds both ways over both transports, and a rate so low that one chunk takes
