@@ -1256,7 +1256,12 @@ async fn try_session<P: Peers + ?Sized>(
     // held back: it is shown only if this attempt is not the one that finds fastcp missing.
     let (verdict, heard) = watch::channel(None);
     let verdict = Arc::new(verdict);
-    let stderr = tokio::spawn(held_stderr(server.stderr, heard, plan.options.log.clone()));
+    let stderr = tokio::spawn(held_stderr(
+        server.stderr,
+        heard,
+        plan.options.log.clone(),
+        plan.options.cancel.clone(),
+    ));
     let control = Spoken {
         inner: server.stream,
         verdict: Some(verdict.clone()),
@@ -1308,11 +1313,14 @@ async fn try_session<P: Peers + ?Sized>(
 }
 
 /// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`); until
-/// then it is held, and with `Some(false)` it goes to the debug log only.
+/// then it is held, and with `Some(false)` it goes to the debug log only. Once the copy is
+/// cancelled (Ctrl-C), what the server says of the client going away goes to the debug log
+/// too.
 async fn held_stderr(
     mut stderr: transport::Stderr,
     mut verdict: watch::Receiver<Option<bool>>,
     log: crate::Log,
+    cancel: Option<tokio_util::sync::CancellationToken>,
 ) {
     let mut held = Vec::new();
     let mut ended = false;
@@ -1338,7 +1346,29 @@ async fn held_stderr(
     let mut out = tokio::io::stderr();
     let _ = out.write_all(&held).await;
     let _ = out.flush().await;
-    let _ = stderr.copy_to(out).await;
+    let cancelled = async {
+        match &cancel {
+            Some(c) => c.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut cancelled = std::pin::pin!(cancelled);
+    let mut shown = true;
+    loop {
+        let chunk = tokio::select! {
+            chunk = stderr.recv() => chunk,
+            () = &mut cancelled, if shown => {
+                shown = false;
+                continue;
+            }
+        };
+        let Some(chunk) = chunk else { break };
+        if !shown {
+            log.debug(|| format!("the server said: {}", escape(chunk.trim_ascii())));
+        } else if out.write_all(&chunk).await.is_err() || out.flush().await.is_err() {
+            shown = false;
+        }
+    }
 }
 
 /// The control stream, which says `Some(true)` on `verdict` once the server has spoken:
