@@ -767,12 +767,16 @@ fn a_dry_run_push_ends_with_the_servers_word() {
         .arg(remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json(&out)["files"], 20_000);
+    // A file where a folder is named (`afile/`): the server refuses it.
+    let afile = work.path().join("afile");
+    std::fs::write(&afile, b"a file").unwrap();
     let out = run(fastcp(&sshd, bin())
         .args(["-n", "-r", "--delete", "--timeout", "20"])
         .arg(&src)
-        .arg(format!("{}/", remote(&sshd, &work.path().join("nope")))));
+        .arg(format!("{}/", remote(&sshd, &afile))));
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&afile).unwrap(), b"a file");
 }
 
 /// A push's dry run under a low `--bwlimit`: its listing takes longer than `--timeout` to
