@@ -527,29 +527,30 @@ impl Plan {
     /// remote source whose name has wildcards (it may match several entries; checking before
     /// anything is written beats finding out at the second match).
     pub(crate) fn target_is_dir(&self) -> bool {
-        let dest = match &self.dest {
+        self.dest_has_slash() || self.remote_wildcard() || self.sources.len() > 1
+    }
+
+    /// Whether the destination ends with '/'.
+    fn dest_has_slash(&self) -> bool {
+        match &self.dest {
             Location::Local(p) => p.as_os_str().as_bytes().ends_with(b"/"),
             Location::Remote(r) => r.path.ends_with('/'),
-        };
-        let wildcard = self
-            .sources
+        }
+    }
+
+    /// Whether a remote source's name has wildcards (it may match several entries).
+    fn remote_wildcard(&self) -> bool {
+        self.sources
             .iter()
             .filter_map(Location::remote)
-            .any(|r| top_level_name(&r.path).is_some_and(|n| fastcp_stream::has_wildcard(&n)));
-        dest || wildcard || self.sources.len() > 1
+            .any(|r| top_level_name(&r.path).is_some_and(|n| fastcp_stream::has_wildcard(&n)))
     }
 
     /// True when the destination must be a directory only because of its trailing '/', after
     /// one source: one that does not exist yet is then made by that source, which must be a
     /// folder (`fastcp -r dir new/` makes `new`, as scp and `cp -r` do).
     pub(crate) fn new_target_dir(&self) -> bool {
-        self.target_is_dir() && self.sources.len() == 1 && {
-            let wildcard =
-                self.sources.iter().filter_map(Location::remote).any(|r| {
-                    top_level_name(&r.path).is_some_and(|n| fastcp_stream::has_wildcard(&n))
-                });
-            !wildcard
-        }
+        self.dest_has_slash() && self.sources.len() == 1 && !self.remote_wildcard()
     }
 
     fn send_config(&self) -> fastcp_stream::SendConfig {

@@ -1979,7 +1979,8 @@ impl Apply {
                         // The partial file of a file the source no longer has (none there, or
                         // a folder or a link in its place) goes, uncounted, as the receiver's
                         // mirror removes it.
-                        if let Some(of) = partial_target(&name)
+                        if let Some(of) = fastcp_stream::partial_target(name.as_bytes())
+                            .and_then(|of| std::str::from_utf8(of).ok())
                             && (not_files.contains(of)
                                 || !sent.contains(&[&dir[..], b"/", of.as_bytes()].concat()[..]))
                         {
@@ -2677,13 +2678,6 @@ async fn still_the_partial(sftp: &Sftp, handle: &str, path: &str) -> bool {
         && file_type(&named) == S_IFREG
         && open.size == named.size
         && open.mtime == named.mtime
-}
-
-/// The name whose partial file (`.NAME.fastcp-partial`) `partial` is, when its name was
-/// not cut short (see [`fastcp_stream::partial_name`]).
-fn partial_target(partial: &str) -> Option<&str> {
-    let name = partial.strip_prefix('.')?.strip_suffix(".fastcp-partial")?;
-    (!name.is_empty() && name.len() < 200).then_some(name)
 }
 
 /// The partial file beside `target` (`--resume`): `.NAME.fastcp-partial`, as the receiver
@@ -3627,9 +3621,7 @@ impl Emit {
     /// neither `/` nor a leading `.`, and a backslash quotes the character after it.
     async fn expand(&self, typed: &str) -> Result<Option<Vec<String>>, Error> {
         // A backslash quotes the character after it, as in a fastcp server's patterns.
-        let Some(pattern) =
-            top_level_name(typed).filter(|n| fastcp_stream::has_wildcard(n) || n.contains(&b'\\'))
-        else {
+        let Some(pattern) = top_level_name(typed).filter(|n| fastcp_stream::is_pattern(n)) else {
             return Ok(None);
         };
         let sftp = &self.sftp[0];

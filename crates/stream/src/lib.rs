@@ -88,7 +88,7 @@ pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
 pub use filter::{Filter, Predicate, Unfound};
-pub use pattern::{expand_sources, has_wildcard, name_matches};
+pub use pattern::{expand_sources, has_wildcard, is_pattern, name_matches};
 pub use pipe::{
     ByteReader, ByteWriter, PipeReader, PipeSource, PipeWriter, ReadInto, WriteFrom, frame_pipe,
     receiver_pipe,
@@ -99,7 +99,7 @@ pub use receive::{
     receive_from, receive_piped,
 };
 pub use report::{Failure, MAX_FAILURES, Report, Side};
-pub use resume::{PARTIAL_MIN, partial_name};
+pub use resume::{PARTIAL_MIN, partial_name, partial_target};
 pub use send::{
     DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_beside, send_to,
 };

@@ -32,7 +32,12 @@ pub fn has_wildcard(s: &[u8]) -> bool {
 
 /// Whether `s` is read as a pattern: it holds a wildcard or a backslash (which quotes the
 /// character after it).
-fn is_pattern(s: &[u8]) -> bool {
+///
+/// ```
+/// assert!(fastcp_stream::is_pattern(b"my\\ file.txt"));
+/// assert!(!fastcp_stream::is_pattern(b"plain.txt"));
+/// ```
+pub fn is_pattern(s: &[u8]) -> bool {
     has_wildcard(s) || s.contains(&b'\\')
 }
 

@@ -46,7 +46,12 @@ pub fn partial_name(name: &[u8]) -> Vec<u8> {
 
 /// The name whose partial file `partial` is, when its name was not cut short (see
 /// [`partial_name`]).
-pub(crate) fn partial_target(partial: &[u8]) -> Option<&[u8]> {
+///
+/// ```
+/// assert_eq!(fastcp_stream::partial_target(b".big.iso.fastcp-partial"), Some(&b"big.iso"[..]));
+/// assert_eq!(fastcp_stream::partial_target(b"big.iso"), None);
+/// ```
+pub fn partial_target(partial: &[u8]) -> Option<&[u8]> {
     let name = partial
         .strip_prefix(b".")?
         .strip_suffix(b".fastcp-partial")?;
