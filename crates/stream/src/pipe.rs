@@ -33,6 +33,9 @@ pub(crate) trait Sink: Send + 'static {
     fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
     /// Flushes, then ends the stream.
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Whether small files should come gathered, many to a part (see
+    /// [`WriteFrom::takes_gathered`]).
+    fn takes_gathered(&self) -> bool;
 }
 
 /// What a reader got from its [`Source`].
@@ -81,6 +84,16 @@ pub trait WriteFrom: Send + 'static {
 
     /// Flushes, then ends the stream.
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Whether small files should come gathered, many whole files to a part of at least
+    /// 256 KiB, rather than a message each: true (the default) for a writer that copies
+    /// small parts into a buffer of its own but seals or writes a big one where it lies;
+    /// false for one whose reader takes each file's part as it is but copies a part that
+    /// holds many frames. The engine gathers only when every writer takes it, and only
+    /// when its checksums need no pass over the content.
+    fn takes_gathered(&self) -> bool {
+        true
+    }
 }
 
 /// Any [`AsyncWrite`] as a [`WriteFrom`], behind a write buffer that gathers small parts
@@ -123,6 +136,10 @@ impl<T: WriteFrom> Sink for T {
 
     async fn shutdown(&mut self) -> io::Result<()> {
         WriteFrom::shutdown(self).await
+    }
+
+    fn takes_gathered(&self) -> bool {
+        WriteFrom::takes_gathered(self)
     }
 }
 
@@ -264,6 +281,11 @@ impl Sink for LocalSink {
         self.tx = None;
         Ok(())
     }
+
+    /// A file's own part reaches the reader uncopied; one of many frames is copied.
+    fn takes_gathered(&self) -> bool {
+        false
+    }
 }
 
 /// The receiving end of a [`local`] pipe.
@@ -363,6 +385,10 @@ impl WriteFrom for PipeWriter {
 
     async fn shutdown(&mut self) -> io::Result<()> {
         Sink::shutdown(&mut self.0).await
+    }
+
+    fn takes_gathered(&self) -> bool {
+        Sink::takes_gathered(&self.0)
     }
 }
 

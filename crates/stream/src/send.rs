@@ -55,6 +55,12 @@ pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
 /// How many walked entries may wait for the producer.
 const WALK_QUEUE: usize = 1024;
 
+/// Small files gathered for one stream are queued together once they fill this much (see
+/// [`Out::gathered`]): a part this big is sealed where it lies on a TCP stream and handed
+/// over uncopied on a local pipe, where each file's own message was copied into the
+/// stream's buffer.
+const GATHER: usize = 256 << 10;
+
 /// Walked entries travel to the producer in batches of this many: one entry at a time, a
 /// walker that is ahead woke up (and went back to sleep) for each slot the producer freed,
 /// two futex calls per file (measured on a 78,579-file tree).
@@ -471,6 +477,7 @@ where
         )));
     }
     let n = sinks.len();
+    let takes_gathered = sinks.iter().all(Sink::takes_gathered);
     let budget = Arc::new(Budget::new(
         config.max_in_flight.max(config.chunk_size + (64 << 10)),
     ));
@@ -565,12 +572,28 @@ where
     let producer_progress = progress.clone();
     let producer_budget = budget.clone();
     let producer = tokio::task::spawn_blocking(move || {
+        let checksum = producer_config
+            .file_checksums
+            .then(|| Algorithm::for_sender(&producer_config));
+        // Gathering is for checksums that need no pass over the content (the writer tasks
+        // hash each file's message otherwise), and not with `hard_links`, whose links name
+        // files that must not wait in a buffer.
+        let gather = takes_gathered
+            && checksum.is_none_or(|c| c == Algorithm::Ranges)
+            && !producer_config.hard_links;
         let mut out = Out {
             txs,
             queued,
             counts: vec![Summary::default(); n],
             budget: producer_budget,
             next: 0,
+            gathered: if gather {
+                (0..n).map(|_| Gathered::default()).collect()
+            } else {
+                Vec::new()
+            },
+            pool: producer_pool.clone(),
+            gather_room: producer_config.chunk_size.max(2 * GATHER),
         };
         let mut p = Producer {
             config: producer_config,
@@ -880,6 +903,24 @@ struct Out {
     counts: Vec<Summary>,
     budget: Arc<Budget>,
     next: usize,
+    /// Small files read for each stream and not yet queued, when the senders' checksums
+    /// need no pass over the content (none, or ranges only); empty otherwise. What is
+    /// gathered for a stream is queued before anything else goes on it, once it holds
+    /// [`GATHER`] bytes, and before the producer waits for the walk or the receiver.
+    gathered: Vec<Gathered>,
+    /// Where gathering buffers come from and go back to.
+    pool: Arc<Pool>,
+    /// The room a gathering buffer is taken with.
+    gather_room: usize,
+}
+
+/// Whole small files, each as `File`, `Data` and `FileEnd` frames back to back, gathered for
+/// one stream.
+#[derive(Default)]
+struct Gathered {
+    buf: Vec<u8>,
+    files: u64,
+    data: u64,
 }
 
 impl Out {
@@ -905,11 +946,72 @@ impl Out {
         best
     }
 
-    fn push(&mut self, i: usize, mut msg: Msg) -> Result<(), Closed> {
+    /// Queues `msg` on stream `i`, after what was gathered for it.
+    fn push(&mut self, i: usize, msg: Msg) -> Result<(), Closed> {
+        self.queue_gathered(i)?;
+        self.queue(i, msg)
+    }
+
+    fn queue(&mut self, i: usize, mut msg: Msg) -> Result<(), Closed> {
         let len = msg.len();
         msg.permit = self.budget.acquire(len)?;
         self.queued[i].fetch_add(len, Relaxed);
         self.txs[i].send(msg).map_err(|_| Closed)
+    }
+
+    /// Whether a small file of `size` bytes goes into the buffer gathered for its stream.
+    fn gathers(&self, size: u64) -> bool {
+        !self.gathered.is_empty() && size < GATHER as u64
+    }
+
+    /// The buffer gathered for stream `i`, with room for `n` more bytes: what it held is
+    /// queued first if they would not fit.
+    fn gather_buffer(&mut self, i: usize, n: usize) -> Result<&mut Vec<u8>, Closed> {
+        let g = &self.gathered[i];
+        if !g.buf.is_empty() && g.buf.capacity() - g.buf.len() < n {
+            self.queue_gathered(i)?;
+        }
+        let g = &mut self.gathered[i];
+        if g.buf.capacity() == 0 {
+            g.buf = self.pool.take(self.gather_room.max(n));
+        }
+        g.buf.reserve(n);
+        Ok(&mut g.buf)
+    }
+
+    /// Counts a file just gathered for stream `i`, and queues the buffer once it is full.
+    fn gathered_file(&mut self, i: usize, size: u64) -> Result<(), Closed> {
+        let g = &mut self.gathered[i];
+        g.files += 1;
+        g.data += size;
+        if g.buf.len() >= GATHER {
+            self.queue_gathered(i)?;
+        }
+        Ok(())
+    }
+
+    /// Queues what was gathered for stream `i`, as one message.
+    fn queue_gathered(&mut self, i: usize) -> Result<(), Closed> {
+        let Some(g) = self.gathered.get_mut(i) else {
+            return Ok(());
+        };
+        if g.buf.is_empty() {
+            return Ok(());
+        }
+        let g = std::mem::take(g);
+        let mut msg = Msg::parts(Bytes::new(), Bytes::from(g.buf), Bytes::new());
+        msg.files = g.files;
+        msg.data = g.data;
+        msg.recycle = true;
+        self.queue(i, msg)
+    }
+
+    /// Queues what was gathered for every stream (before the producer waits).
+    fn queue_all_gathered(&mut self) -> Result<(), Closed> {
+        for i in 0..self.gathered.len() {
+            self.queue_gathered(i)?;
+        }
+        Ok(())
     }
 }
 
@@ -1028,7 +1130,7 @@ impl Producer<'_> {
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
                     Err(mpsc::error::TryRecvError::Empty) => {
                         // Nothing to add to the probe batch for now: let it go before waiting.
-                        self.flush_probes()?;
+                        self.before_waiting()?;
                         match walk.blocking_recv() {
                             Some(batch) => batch,
                             None => break,
@@ -1104,7 +1206,7 @@ impl Producer<'_> {
                 self.answered(a)?;
             }
         }
-        self.flush_probes()?;
+        self.before_waiting()?;
         while !self.probes.waiting.is_empty() {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
             self.answered(a)?;
@@ -1134,7 +1236,7 @@ impl Producer<'_> {
         owner: (u32, u32),
     ) -> Result<(), Closed> {
         if self.probes.waiting.span() >= self.probes.window {
-            self.flush_probes()?;
+            self.before_waiting()?;
         }
         while self.probes.waiting.span() >= self.probes.window {
             let a = self.probes.answers.recv().map_err(|_| Closed)?;
@@ -1184,6 +1286,13 @@ impl Producer<'_> {
         };
         self.probes.waiting.push((path, wire, size, hash));
         Ok(())
+    }
+
+    /// Lets go of what is batched and gathered, before waiting for the walk or the
+    /// receiver.
+    fn before_waiting(&mut self) -> Result<(), Closed> {
+        self.flush_probes()?;
+        self.out.queue_all_gathered()
     }
 
     /// Hands the batched probes to stream 0.
@@ -1401,6 +1510,9 @@ impl Producer<'_> {
         };
         let chunk = self.config.chunk_size as u64;
 
+        if size <= chunk && piece.is_none() && self.out.gathers(size) && !self.config.attrs.any() {
+            return self.gather(path, wire, &fd, &entry, size, mtime);
+        }
         if size <= chunk && piece.is_none() {
             // Small: the whole file in one message on one stream.
             let content = match read_small(&fd, size) {
@@ -1644,6 +1756,63 @@ impl Producer<'_> {
         }
     }
 
+    /// Sends a small file whole in the buffer gathered for the least loaded stream: its
+    /// `File` entry, its content read straight into the buffer, and its `FileEnd`, whose
+    /// checksum needs no pass over the content (see [`Out::gathered`]).
+    fn gather(
+        &mut self,
+        path: &Path,
+        wire: Bytes,
+        fd: &OwnedFd,
+        entry: &Frame,
+        size: u64,
+        mtime: (i64, u32),
+    ) -> Result<(), Closed> {
+        let Frame::File(FileEntry { id, .. }) = *entry else {
+            unreachable!("a whole small file goes as a File entry")
+        };
+        let mut head = BytesMut::with_capacity(128 + wire.len());
+        encode(entry, &mut head);
+        if size > 0 {
+            encode_data_header(id, 0, size as usize, &mut head);
+        }
+        let checksum = self
+            .config
+            .file_checksums
+            .then(|| Algorithm::for_sender(&self.config));
+        let s = self.out.pick();
+        // One byte more than the file has, to see one that grew.
+        let buf = self
+            .out
+            .gather_buffer(s, head.len() + size as usize + 1 + FILE_END_LEN)?;
+        let mark = buf.len();
+        buf.extend_from_slice(&head);
+        let start = buf.len();
+        let read = match read_small_into(fd, size, buf) {
+            Ok(()) => match unchanged(fd, size, mtime) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Error::SourceChanged { path: path.into() }),
+                Err(source) => Err(Error::io(path, source)),
+            },
+            Err(ReadError::Io(source)) => Err(Error::io(path, source)),
+            Err(ReadError::Changed) => Err(Error::SourceChanged { path: path.into() }),
+        };
+        if let Err(e) = read {
+            buf.truncate(mark);
+            return self.fail(s, wire, &e);
+        }
+        let hash = checksum.map_or([0; 32], |c| c.whole(&buf[start..]));
+        head.clear();
+        encode(&Frame::FileEnd(FileEnd { id, hash }), &mut head);
+        buf.extend_from_slice(&head);
+        let counts = &mut self.out.counts[s];
+        counts.files += 1;
+        counts.bytes += size;
+        self.out.gathered_file(s, size)?;
+        self.sent(wire, size);
+        Ok(())
+    }
+
     /// A file's last byte is on its way.
     fn sent(&self, path: Bytes, bytes: u64) {
         self.event(|| Event::Done {
@@ -1755,30 +1924,39 @@ fn unchanged(fd: &OwnedFd, size: u64, mtime: (i64, u32)) -> io::Result<bool> {
         ) == mtime)
 }
 
-/// Reads a whole file of `size` bytes, checking that it has exactly that many.
-fn read_small(fd: &OwnedFd, size: u64) -> Result<Bytes, ReadError> {
-    let size = size as usize;
-    let mut v: Vec<u8> = Vec::with_capacity(size + 1);
+/// Appends a whole file of `size` bytes to `v`, checking that it has exactly that many; `v`
+/// may hold more than that afterwards when it fails.
+fn read_small_into(fd: &OwnedFd, size: u64, v: &mut Vec<u8>) -> Result<(), ReadError> {
+    let start = v.len();
+    let end = start + size as usize;
+    v.reserve(size as usize + 1);
     loop {
         let want = v.capacity() - v.len();
-        let off = v.len() as u64;
-        let n = retry(|| rustix::io::pread(fd, rustix::buffer::spare_capacity(&mut v), off))
+        let off = (v.len() - start) as u64;
+        let n = retry(|| rustix::io::pread(fd, rustix::buffer::spare_capacity(&mut *v), off))
             .map_err(ReadError::Io)?;
-        if v.len() > size {
+        if v.len() > end {
             return Err(ReadError::Changed);
         }
         if n == 0 {
-            return if v.len() == size {
-                Ok(Bytes::from(v))
+            return if v.len() == end {
+                Ok(())
             } else {
                 Err(ReadError::Changed)
             };
         }
         // A regular file returns less than asked only at its end: one read, not two.
-        if n < want && v.len() == size {
-            return Ok(Bytes::from(v));
+        if n < want && v.len() == end {
+            return Ok(());
         }
     }
+}
+
+/// Reads a whole file of `size` bytes, checking that it has exactly that many.
+fn read_small(fd: &OwnedFd, size: u64) -> Result<Bytes, ReadError> {
+    let mut v = Vec::with_capacity(size as usize + 1);
+    read_small_into(fd, size, &mut v)?;
+    Ok(Bytes::from(v))
 }
 
 /// Reads exactly `n` bytes at `offset`.

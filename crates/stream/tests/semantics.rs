@@ -1201,3 +1201,83 @@ async fn a_new_folder_destination_is_made_by_one_folder_only() {
     assert!(!dst.path().join("other").exists());
     assert_no_temp(dst.path());
 }
+
+/// A writer that notes the length of every part it is given.
+struct Noting<W> {
+    inner: W,
+    parts: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl<W: fastcp_stream::WriteFrom> fastcp_stream::WriteFrom for Noting<W> {
+    async fn write_part(&mut self, part: &mut bytes::Bytes) -> std::io::Result<()> {
+        self.parts.lock().unwrap().push(part.len());
+        self.inner.write_part(part).await
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.inner.shutdown().await
+    }
+}
+
+/// Without a content hash, small files reach a stream's writer gathered, many whole files to
+/// a part of 256 KiB or more, rather than in parts of their own; a file that fails while it
+/// is read (a procfs file that reads longer than it said) leaves the files gathered around
+/// it whole. With a content hash, each file goes in parts of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_files_travel_gathered_when_no_content_hash_is_needed() {
+    let src = tempfile::tempdir().unwrap();
+    let (before, after) = (src.path().join("before"), src.path().join("after"));
+    for (dir, files) in [(&before, 300u32), (&after, 40)] {
+        fs::create_dir(dir).unwrap();
+        for i in 0..files {
+            let body: Vec<u8> = (0..1000 + i).map(|b| (b * 7 + i) as u8).collect();
+            fs::write(dir.join(format!("f{i}")), body).unwrap();
+        }
+    }
+    let sources = [
+        before.clone(),
+        PathBuf::from("/proc/self/stat"),
+        after.clone(),
+    ];
+    for hash in [false, true] {
+        let dst = tempfile::tempdir().unwrap();
+        let (mut s, mut r) = configs(true);
+        (s.hash_content, r.hash_content) = (hash, hash);
+        let parts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (near, far) = tokio::io::duplex(256 << 10);
+        let (reply, w) = tokio::io::split(near);
+        let writer = Noting {
+            inner: fastcp_stream::ByteWriter::new(w),
+            parts: parts.clone(),
+        };
+        let progress = Arc::new(Progress::default());
+        let (sent, received) = tokio::join!(
+            fastcp_stream::send_to(&sources, reply, vec![writer], &s, progress.clone()),
+            fastcp_stream::receive(dst.path(), vec![far], &r, progress),
+        );
+        let sent = sent.unwrap();
+        assert_eq!(sent.failure_count, 1, "{:?}", sent.failures);
+        assert!(
+            sent.failures[0]
+                .message
+                .contains("changed while being read")
+        );
+        assert_eq!(received.unwrap().local.files, 340);
+        assert_same_tree(&before, &dst.path().join("before"), false);
+        assert_same_tree(&after, &dst.path().join("after"), false);
+        assert!(!dst.path().join("stat").exists());
+        let parts = parts.lock().unwrap();
+        let biggest = parts.iter().copied().max().unwrap();
+        if hash {
+            assert!(biggest < 16 << 10, "hash {hash}: {biggest}");
+            assert!(parts.len() > 340, "hash {hash}: {} parts", parts.len());
+        } else {
+            assert!(biggest >= 256 << 10, "hash {hash}: {biggest}");
+            assert!(parts.len() < 40, "hash {hash}: {} parts", parts.len());
+        }
+    }
+}
