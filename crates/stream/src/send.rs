@@ -592,8 +592,6 @@ where
             } else {
                 Vec::new()
             },
-            pool: producer_pool.clone(),
-            gather_room: producer_config.chunk_size.max(2 * GATHER),
         };
         let mut p = Producer {
             config: producer_config,
@@ -908,10 +906,6 @@ struct Out {
     /// gathered for a stream is queued before anything else goes on it, once it holds
     /// [`GATHER`] bytes, and before the producer waits for the walk or the receiver.
     gathered: Vec<Gathered>,
-    /// Where gathering buffers come from and go back to.
-    pool: Arc<Pool>,
-    /// The room a gathering buffer is taken with.
-    gather_room: usize,
 }
 
 /// Whole small files, each as `File`, `Data` and `FileEnd` frames back to back, gathered for
@@ -973,7 +967,10 @@ impl Out {
         }
         let g = &mut self.gathered[i];
         if g.buf.capacity() == 0 {
-            g.buf = self.pool.take(self.gather_room.max(n));
+            // A buffer of its own, not a chunk buffer from the pool: gathered buffers
+            // outnumber the pool's spares whenever the budget is spent, and the fresh
+            // chunk buffers taken then faulted their pages in (see BENCHMARKS.md).
+            g.buf = Vec::with_capacity((2 * GATHER).max(n));
         }
         g.buf.reserve(n);
         Ok(&mut g.buf)
@@ -1002,7 +999,6 @@ impl Out {
         let mut msg = Msg::parts(Bytes::new(), Bytes::from(g.buf), Bytes::new());
         msg.files = g.files;
         msg.data = g.data;
-        msg.recycle = true;
         self.queue(i, msg)
     }
 
