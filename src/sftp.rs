@@ -1002,6 +1002,9 @@ struct PushFile {
     created: OnceCell<()>,
     handles: Vec<OnceCell<String>>,
     written: AtomicU64,
+    /// Of `written`: the bytes that came in `Data` frames, and those a `Keep` left in place.
+    sent: AtomicU64,
+    kept: AtomicU64,
     ended: AtomicBool,
     settled: AtomicBool,
     failure: Mutex<Option<(ErrorCode, String)>>,
@@ -1047,7 +1050,11 @@ struct Apply {
     /// time changed.
     changed_in: Mutex<HashSet<Bytes>>,
     replies: tokio::sync::mpsc::UnboundedSender<Frame>,
+    /// What is in place: the files, folders and links that arrived, and the files' bytes
+    /// as a sender counts them (holes included, kept blocks not).
     done: Mutex<Summary>,
+    /// The file bytes that went over SFTP for the files that arrived.
+    bytes_sent: AtomicU64,
     in_flight: Arc<Semaphore>,
     /// Per session: places for small files' handles (see [`PUSH_FILES_IN_FLIGHT`]).
     open_files: Vec<Arc<Semaphore>>,
@@ -1326,6 +1333,7 @@ async fn push(
         changed_in: Mutex::new(HashSet::new()),
         replies: reply_tx,
         done: Mutex::new(Summary::default()),
+        bytes_sent: AtomicU64::new(0),
         in_flight: Arc::new(Semaphore::new(PUSH_IN_FLIGHT)),
         open_files: (0..n)
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
@@ -1410,7 +1418,18 @@ async fn push(
         log.debug(|| format!("applying over SFTP: {e}"));
     }
     match (sent, applied) {
-        (Ok(report), Ok(())) => Ok(report),
+        // What arrived, not what the sender handed over: a file that failed here was
+        // read and sent into the pipe, but never reached the remote.
+        (Ok(mut report), Ok(())) => {
+            let deleted = report.local.deleted;
+            report.local = Summary {
+                errors: report.local.errors,
+                deleted,
+                ..report.peer
+            };
+            report.bytes_sent = apply.bytes_sent.load(Ordering::SeqCst);
+            Ok(report)
+        }
         // A sender that saw its streams close was stopped by the applying side, and one that
         // got the applying side's error frame stopped for that error: the applying side's own
         // words (and kind: a lost connection is exit code 3) tell it best.
@@ -1587,6 +1606,7 @@ impl Apply {
                                 "the sender kept a block no partial file offered".into(),
                             )));
                         }
+                        file.kept.fetch_add(len, Ordering::SeqCst);
                         file.written.fetch_add(len, Ordering::SeqCst);
                         this.settle_if_complete(&file).await
                     });
@@ -2114,6 +2134,8 @@ impl Apply {
             created: OnceCell::new(),
             handles: (0..self.sftp.len()).map(|_| OnceCell::new()).collect(),
             written: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            kept: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -2132,6 +2154,7 @@ impl Apply {
         bytes: Bytes,
     ) -> Result<(), Error> {
         self.put(file, s, offset, &bytes).await?;
+        file.sent.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         file.written.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         self.settle_if_complete(file).await
     }
@@ -2307,7 +2330,9 @@ impl Apply {
             Ok(Ok(())) => {
                 let mut done = lock(&self.done);
                 done.files += 1;
-                done.bytes += file.size;
+                done.bytes += file.size.saturating_sub(file.kept.load(Ordering::SeqCst));
+                self.bytes_sent
+                    .fetch_add(file.sent.load(Ordering::SeqCst), Ordering::SeqCst);
                 // Every frame of the file has arrived: nothing will look it up again.
                 self.files.remove(&file.id);
             }

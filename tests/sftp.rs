@@ -1903,3 +1903,33 @@ fn a_name_sftp_cannot_carry_fails_alone() {
     assert!(!mirror.join("src/extra.txt").exists());
     assert_eq!(fs::read(mirror.join("src/good.txt")).unwrap(), b"good");
 }
+
+/// A push over SFTP whose one file cannot take its name (a folder with entries is in its
+/// way) counts in `--json` only what arrived: the failed file's bytes, read and handed over,
+/// never reached the remote.
+#[test]
+fn an_sftp_push_counts_only_the_files_that_arrived() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("a"), &pseudo_random(1000, 1), 0o644);
+    write(&src.join("b"), &pseudo_random(3 << 20, 2), 0o644);
+    write(&src.join("c"), &pseudo_random(5000, 3), 0o644);
+    let dst = work.path().join("dst");
+    fs::create_dir_all(dst.join("src/b/inner")).unwrap();
+    fs::write(dst.join("src/b/inner/x"), b"x").unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--json"])
+        .arg(&src)
+        .arg(remote(&sshd, &dst)));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["error_count"], 1, "{v}");
+    assert_eq!(v["errors"][0]["path"], "src/b", "{v}");
+    assert_eq!(v["files"], 2, "{v}");
+    assert_eq!(v["bytes"], 6000, "{v}");
+    assert_eq!(v["bytes_sent"], 6000, "{v}");
+    assert_eq!(v["dirs"], 1, "{v}");
+    assert_eq!(fs::read(dst.join("src/c")).unwrap(), pseudo_random(5000, 3));
+}
