@@ -406,6 +406,25 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
         })
     };
     let sent: HashSet<Bytes> = listing.iter().map(|l| l.path.clone()).collect();
+    // What the copy's receiver leaves alone for the sender's failures, or nothing deleted.
+    let spared = match j.delete {
+        true => fastcp_stream::Spared::of(&report.failures)
+            .filter(|_| report.failure_count as usize == report.failures.len()),
+        false => None,
+    };
+    if j.delete && spared.is_none() {
+        push_failure(
+            report,
+            Failure::new(
+                Side::Receiver,
+                Bytes::new(),
+                ErrorCode::Other,
+                "nothing was deleted: the sender could not read everything, and what it \
+                 missed would have looked deleted"
+                    .into(),
+            ),
+        );
+    }
     let mut kept = Vec::with_capacity(listing.len());
     let mut dirs_in_place = 0;
     let mut deletions = Vec::new();
@@ -423,7 +442,9 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir if j.delete => extras(j, &path, &entry.path, &sent, &mut deletions),
+            EntryKind::Dir if let Some(spared) = &spared => {
+                extras(j, &path, &entry.path, (&sent, spared), &mut deletions)
+            }
             _ => {}
         }
         if j.skip_unchanged && in_place(&path, &entry.kind) {
@@ -470,9 +491,16 @@ fn in_place(path: &Path, kind: &EntryKind) -> bool {
     }
 }
 
-/// What the directory at `dir` (wire path `wire`) holds beyond `sent`: what `--delete` would
-/// remove. A directory that is not there, or is a symlink, holds nothing to remove.
-fn extras(j: &Judge, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut Vec<Listed>) {
+/// What the directory at `dir` (wire path `wire`) holds beyond what was sent and spared:
+/// what `--delete` would remove. A directory that is not there, or is a symlink, holds
+/// nothing to remove.
+fn extras(
+    j: &Judge,
+    dir: &Path,
+    wire: &[u8],
+    (sent, spared): (&HashSet<Bytes>, &fastcp_stream::Spared),
+    out: &mut Vec<Listed>,
+) {
     if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
         return;
     }
@@ -486,7 +514,10 @@ fn extras(j: &Judge, dir: &Path, wire: &[u8], sent: &HashSet<Bytes>, out: &mut V
         path.extend_from_slice(wire);
         path.push(b'/');
         path.extend_from_slice(name.as_bytes());
-        if sent.contains(&path[..]) || fastcp_stream::is_work_file(name.as_bytes()) {
+        if sent.contains(&path[..])
+            || spared.spares(&path)
+            || fastcp_stream::is_work_file(name.as_bytes())
+        {
             continue;
         }
         let Ok(m) = entry.metadata() else { continue };

@@ -1875,18 +1875,56 @@ fn a_name_sftp_cannot_carry_fails_alone() {
     );
     assert_eq!(fs::read(listed.join("good.txt")).unwrap(), b"good");
 
-    // A mirroring pull keeps the copy an earlier copy made of it: the source still has it.
+    // A mirroring pull keeps the copy an earlier copy made of it (the source still has it),
+    // and deletes the rest of what the source lacks; `-n` lists just that, and the counts
+    // agree.
     let local = work.path().join("local");
     fs::create_dir_all(local.join("src")).unwrap();
     write(&local.join("src").join(odd), b"bad", 0o644);
     write(&local.join("src/gone.txt"), b"gone", 0o644);
-    let out = run(plain(&sshd)
-        .args(["--sftp", "-r", "--delete"])
-        .arg(remote(&sshd, &src))
-        .arg(&local));
+    let pull = |extra: &[&str]| {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "--delete", "--json"])
+            .args(extra)
+            .arg(remote(&sshd, &src))
+            .arg(&local))
+    };
+    let dry = pull(&["-n"]);
+    let v = json(&dry);
+    let deletions: Vec<_> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "delete")
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deletions, ["src/gone.txt"], "{v}");
+    assert_eq!(
+        (&v["files_deleted"], &v["error_count"]),
+        (&1.into(), &1.into()),
+        "{v}"
+    );
+    let out = pull(&[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("nothing was deleted"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("1 of the entries"),
+        "{}",
+        stderr(&out)
+    );
+    let v = json(&out);
+    assert_eq!(
+        (&v["files_deleted"], &v["error_count"]),
+        (&1.into(), &1.into()),
+        "{v}"
+    );
     assert_eq!(fs::read(local.join("src").join(odd)).unwrap(), b"bad");
     assert_eq!(fs::read(local.join("src/good.txt")).unwrap(), b"good");
+    assert!(!local.join("src/gone.txt").exists());
 
     // A mirror over SFTP of a tree without it, into a copy that has it.
     fs::remove_file(src.join(odd)).unwrap();

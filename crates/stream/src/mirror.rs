@@ -17,20 +17,55 @@ use fastcp_proto::{Deleted, Frame};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::Error;
 use crate::dest::Resolver;
 use crate::receive::Shared;
+use crate::{Error, ErrorCode, Failure, Side};
 
 /// How deep an extra directory may nest before its removal gives up.
 const MAX_DEPTH: usize = 256;
 
+/// The entries `--delete` leaves alone for the sender's failures: each one it skipped on
+/// purpose (a FIFO, a device: `Unsupported`) or could not carry under its name
+/// (`UnsafePath`: a name SFTP takes as text, its odd bytes replaced), matched by its name as
+/// text, so that a local name with the same odd bytes is kept.
+#[derive(Debug, Default)]
+pub struct Spared(HashSet<String>);
+
+impl Spared {
+    /// What `failures` spare, or `None` when nothing may be deleted: the sender missed
+    /// something else (an entry it could not read, a failure without a path, more failures
+    /// than kept), and what it missed would look deleted.
+    pub fn of<'a>(failures: impl IntoIterator<Item = &'a Failure>) -> Option<Spared> {
+        let mut spared = Spared::default();
+        for f in failures {
+            if f.side != Side::Sender {
+                continue;
+            }
+            let alone = matches!(f.code, ErrorCode::Unsupported | ErrorCode::UnsafePath);
+            if !alone || f.path.is_empty() {
+                return None;
+            }
+            spared
+                .0
+                .insert(String::from_utf8_lossy(&f.path).into_owned());
+        }
+        Some(spared)
+    }
+
+    /// Whether the entry at wire path `path` is left alone.
+    pub fn spares(&self, path: &[u8]) -> bool {
+        !self.0.is_empty() && self.0.contains(&*String::from_utf8_lossy(path))
+    }
+}
+
 /// Removes the extras of every directory in `sent_dirs` (wire paths) whose names are not in
-/// `sent` (wire paths of every entry sent). Returns how many entries were removed; each
-/// failure is reported on its entry and the rest goes on.
+/// `sent` (wire paths of every entry sent) nor `spared`. Returns how many entries were
+/// removed; each failure is reported on its entry and the rest goes on.
 pub(crate) fn delete_extras(
     shared: &std::sync::Arc<Shared>,
     sent_dirs: &[Bytes],
     sent: &HashSet<Bytes>,
+    spared: &Spared,
 ) -> u64 {
     let mut resolver = Resolver::new(shared.clone(), false);
     let mut removed = 0;
@@ -61,7 +96,7 @@ pub(crate) fn delete_extras(
             wire.extend_from_slice(dir);
             wire.push(b'/');
             wire.extend_from_slice(&name);
-            if sent.contains(&wire[..]) {
+            if sent.contains(&wire[..]) || spared.spares(&wire) {
                 continue;
             }
             // What the rules exclude was never sent, and is not ours to delete.
@@ -86,7 +121,7 @@ pub(crate) fn delete_extras(
                         of.extend_from_slice(dir);
                         of.push(b'/');
                         of.extend_from_slice(target);
-                        let no_file = !sent.contains(&of[..])
+                        let no_file = !(sent.contains(&of[..]) || spared.spares(&of))
                             || dirs.contains(&of[..])
                             || rustix::fs::statat(&fd, target, AtFlags::SYMLINK_NOFOLLOW)
                                 .is_ok_and(|st| {

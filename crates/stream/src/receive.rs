@@ -1619,27 +1619,24 @@ where
     }
     let mut deleted = 0;
     if config.delete {
-        // What the sender could not read would look deleted. Only files it skips on purpose
-        // (FIFOs, sockets, devices) are safe to pass over, and those are kept.
-        let (blocked, kept): (bool, Vec<Bytes>) = {
+        // What the sender could not read would look deleted. Only what it skips on purpose
+        // (FIFOs, sockets, devices) or could not name is safe to pass over, and that is kept.
+        let spared = {
             let f = lock(&shared.failures);
-            let from_sender = || f.failures.iter().filter(|x| x.side == Side::Sender);
-            let blocked = from_sender().any(|x| x.code != fastcp_proto::ErrorCode::Unsupported)
-                || (f.failure_count as usize > f.failures.len() && peer.errors > 0);
-            (blocked, from_sender().map(|x| x.path.clone()).collect())
+            let complete = f.failure_count as usize == f.failures.len() || peer.errors == 0;
+            crate::mirror::Spared::of(&f.failures).filter(|_| complete)
         };
-        if !blocked {
-            let (dirs, mut sent) = {
+        if let Some(spared) = spared {
+            let (dirs, sent) = {
                 let mut t = lock(&shared.table);
                 (
                     std::mem::take(&mut t.sent_dirs),
                     std::mem::take(&mut t.sent),
                 )
             };
-            sent.extend(kept);
             let del_shared = shared.clone();
             deleted = tokio::task::spawn_blocking(move || {
-                crate::mirror::delete_extras(&del_shared, &dirs, &sent)
+                crate::mirror::delete_extras(&del_shared, &dirs, &sent, &spared)
             })
             .await
             .unwrap_or(0);
