@@ -35,11 +35,18 @@ use crate::Log;
 /// Shells at most: channels on the copy's first SSH connection, beside its SFTP session,
 /// well under OpenSSH's default `MaxSessions` of 10.
 pub(crate) const MAX_SHELLS: usize = 4;
-/// The most a shell may take to say which tool it hashes with, or to hash one batch or
-/// range (at most [`SHA256_RANGE`] bytes: a minute is 4 MB/s). Under an idle limit
-/// (`--timeout`), half of it: a shell that stops answering costs the files it had being
-/// sent, not the copy.
+/// The most a shell may take to say which tool it hashes with, or, while it hashes, to say
+/// anything: a digest or [`BUSY`], at least once every [`BUSY_BYTES`] bytes read. Under an
+/// idle limit (`--timeout`), half of it: a shell that stops answering costs the files it
+/// had being sent, not the copy.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The line a shell says after each [`BUSY_BYTES`] it hashed of a batch or range: a batch
+/// or range takes as long as reading up to [`SHA256_RANGE`] bytes there, longer than a short
+/// idle limit on a loaded host, and these lines, which count as data moving, tell such a
+/// wait from a shell that stopped.
+const BUSY: &str = ":busy";
+/// The bytes hashed between two [`BUSY`] lines at most (fewer where a batch's files end).
+const BUSY_BYTES: u64 = 4 << 20;
 /// Lines a login may print before the shell's first answer.
 const MAX_GREETING: usize = 1000;
 /// Files hashed by one command at most.
@@ -180,10 +187,19 @@ impl Unit {
         let quote = fastcp_transport::ssh::shell_quote;
         let mut s = match self {
             Unit::Files(files) => {
+                // A command of its own each time the files so far hold `BUSY_BYTES`.
                 let mut s = String::from("h");
+                let mut bytes = 0;
                 for f in files {
+                    if bytes >= BUSY_BYTES {
+                        s.push_str(" </dev/null 2>/dev/null; echo ");
+                        s.push_str(BUSY);
+                        s.push_str("; h");
+                        bytes = 0;
+                    }
                     s.push(' ');
                     s.push_str(&quote(&f.path));
+                    bytes += f.size;
                 }
                 s.push_str(" </dev/null 2>/dev/null");
                 s
@@ -191,16 +207,20 @@ impl Unit {
             Unit::Range {
                 path, index, last, ..
             } => {
-                // Blocks of 64 KiB: as fast through the pipe as any, on the hosts tried.
-                let blocks = SHA256_RANGE >> 16;
-                let count = match last {
-                    true => String::new(),
-                    false => format!(" count={blocks}"),
+                // Blocks of 64 KiB: as fast through the pipe as any, on the hosts tried. Read
+                // by `BUSY_BYTES` into one hash, each piece followed by a `BUSY` line on the
+                // shell's own output (3); the last range on to the end of the file.
+                let (blocks, piece) = (SHA256_RANGE >> 16, BUSY_BYTES >> 16);
+                let (path, skip) = (quote(path), *index as u64 * blocks);
+                let rest = match last {
+                    true => format!(" dd if={path} bs=65536 skip={} 2>/dev/null;", skip + blocks),
+                    false => String::new(),
                 };
                 format!(
-                    "dd if={} bs=65536 skip={}{count} 2>/dev/null | h 2>/dev/null",
-                    quote(path),
-                    *index as u64 * blocks
+                    "{{ {{ i=0; while [ $i -lt {pieces} ]; do dd if={path} bs=65536 \
+                     skip=$(({skip} + i * {piece})) count={piece} 2>/dev/null; echo {BUSY} >&3; \
+                     i=$((i + 1)); done;{rest} }} | h 2>/dev/null; }} 3>&1",
+                    pieces = blocks / piece,
                 )
             }
         };
@@ -383,34 +403,47 @@ impl Shell {
                 file.lock().unwrap_or_else(|p| p.into_inner()).reply = None;
             }
         };
+        // Each step within `wait`, not the whole: a big range takes as long as it takes,
+        // while the shell says it is getting on.
         let work = async {
-            self.write.write_all(script.as_bytes()).await?;
+            within(wait, self.write.write_all(script.as_bytes())).await?;
             let mut lines = Vec::new();
             loop {
-                match self.line().await? {
+                match within(wait, self.line()).await? {
                     Some(line) if line == END.as_bytes() => return Ok::<_, std::io::Error>(lines),
+                    Some(line) if line == BUSY.as_bytes() => {}
                     Some(line) => lines.push(line),
                     None => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 }
             }
         };
-        let lines = match tokio::time::timeout(wait, work).await {
-            Ok(Ok(lines)) => lines,
-            Ok(Err(e)) => {
-                abandon(unit);
-                return Err(format!("a remote shell stopped: {e}"));
-            }
-            Err(_) => {
+        let lines = match work.await {
+            Ok(lines) => lines,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                 abandon(unit);
                 return Err(format!(
                     "a remote shell hashed nothing for {} s",
                     wait.as_secs_f32()
                 ));
             }
+            Err(e) => {
+                abandon(unit);
+                return Err(format!("a remote shell stopped: {e}"));
+            }
         };
         unit.answer(lines);
         Ok(())
     }
+}
+
+/// `step`, or `TimedOut` when it takes longer than `wait`.
+async fn within<T>(
+    wait: Duration,
+    step: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(wait, step)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// What became of a unit handed to a shell.
@@ -703,5 +736,100 @@ mod tests {
         assert_eq!(sizes(batch(&mut small).unwrap()), [1, SHA256_RANGE - 1]);
         assert_eq!(sizes(batch(&mut small).unwrap()), [2]);
         assert!(batch(&mut small).is_none());
+    }
+
+    /// A range of one file, and its reply.
+    fn one_range(path: &str) -> (Unit, oneshot::Receiver<u128>) {
+        let (reply, answer) = oneshot::channel();
+        let file = Arc::new(Mutex::new(BigFile {
+            digests: vec![None],
+            reply: Some(reply),
+        }));
+        let unit = Unit::Range {
+            path: path.into(),
+            index: 0,
+            last: true,
+            file,
+        };
+        (unit, answer)
+    }
+
+    /// A shell on one end of a pipe; the other end plays the remote.
+    fn piped() -> (Shell, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(64 << 10);
+        let (read, write) = tokio::io::split(Box::new(ours) as BoxStream);
+        let shell = Shell {
+            write,
+            read: BufReader::new(read),
+            cores: None,
+        };
+        (shell, theirs)
+    }
+
+    /// A range that takes many times the wait to hash is hashed, not given up, as long as
+    /// the shell says it is getting on; one that goes silent for the wait is given up.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_hash_that_says_it_is_busy_is_not_a_stall() {
+        let wait = Duration::from_secs(1);
+        let hex = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        for (pause, hashed) in [(wait / 2, true), (wait * 2, false)] {
+            let (mut shell, remote) = piped();
+            let remote = tokio::spawn(async move {
+                let (read, mut write) = tokio::io::split(remote);
+                let mut script = String::new();
+                BufReader::new(read).read_line(&mut script).await.unwrap();
+                for _ in 0..10 {
+                    tokio::time::sleep(pause).await;
+                    write.write_all(format!("{BUSY}\n").as_bytes()).await?;
+                }
+                write
+                    .write_all(format!("{hex} *stdin\n{END}\n").as_bytes())
+                    .await?;
+                Ok::<_, std::io::Error>(script)
+            });
+            let (unit, answer) = one_range("/big");
+            let outcome = shell.hash(unit, wait).await;
+            assert_eq!(outcome.is_ok(), hashed, "{outcome:?}");
+            assert_eq!(
+                answer.await.ok(),
+                hashed.then(|| {
+                    let (digest, _) = parse(hex.as_bytes()).unwrap();
+                    sha256_of_ranges(&[digest])
+                })
+            );
+            drop(shell);
+            if hashed {
+                assert!(remote.await.unwrap().unwrap().contains(BUSY));
+            }
+        }
+    }
+
+    /// The range script reads its range piece by piece into one hash: the digest is the
+    /// range's, here a whole file of several pieces read to its end.
+    #[test]
+    fn a_range_read_in_pieces_hashes_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big file");
+        let content: Vec<u8> = (0..BUSY_BYTES * 2 + 12345)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        std::fs::write(&path, &content).unwrap();
+        let (unit, _answer) = one_range(path.to_str().unwrap());
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("{SETUP}{}", unit.script())])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with(":ready"), "{out}");
+        let busy = lines.iter().filter(|l| **l == BUSY).count() as u64;
+        assert_eq!(busy, SHA256_RANGE / BUSY_BYTES, "{out}");
+        let digest = lines
+            .iter()
+            .find_map(|l| parse(l.as_bytes()))
+            .expect("a digest");
+        let want = ring::digest::digest(&ring::digest::SHA256, &content);
+        assert_eq!(digest.0[..], *want.as_ref(), "{out}");
+        assert_eq!(lines.last(), Some(&END), "{out}");
     }
 }
