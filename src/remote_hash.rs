@@ -99,10 +99,7 @@ impl Hasher {
         log: &'a Log,
     ) -> (Hasher, impl Future<Output = ()> + 'a) {
         let (requests, wanted) = mpsc::unbounded_channel();
-        let wait = match idle_limit.filter(|l| !l.is_zero()) {
-            Some(limit) => (limit / 2).clamp(Duration::from_secs(1), MAX_WAIT),
-            None => MAX_WAIT,
-        };
+        let wait = shell_wait(idle_limit);
         let shells = shells.clamp(1, MAX_SHELLS);
         let work = run(peer, shells, wait, wanted, progress, log);
         let base = base.trim_end_matches('/').into();
@@ -126,6 +123,16 @@ impl Hasher {
         // Gone, the hashing says "unknown": the sender is dropped with the request.
         let _ = self.requests.send(Wanted { path, size, reply });
         Pending(answer)
+    }
+}
+
+/// How long a shell may stay silent under the copy's idle limit: half of it, so that a
+/// shell that stopped answering is given up (and its files sent) before the copy as a
+/// whole is taken for stalled; without one, [`MAX_WAIT`].
+fn shell_wait(idle_limit: Option<Duration>) -> Duration {
+    match idle_limit.filter(|l| !l.is_zero()) {
+        Some(limit) => (limit / 2).min(MAX_WAIT),
+        None => MAX_WAIT,
     }
 }
 
@@ -736,6 +743,19 @@ mod tests {
         assert_eq!(sizes(batch(&mut small).unwrap()), [1, SHA256_RANGE - 1]);
         assert_eq!(sizes(batch(&mut small).unwrap()), [2]);
         assert!(batch(&mut small).is_none());
+    }
+
+    /// Under any idle limit, even a second, a silent shell is given up before the limit
+    /// ends the copy: its files are sent, and the copy goes on.
+    #[test]
+    fn a_silent_shell_is_given_up_before_the_idle_limit() {
+        for ms in [200, 1000, 1500, 2000, 4000, 600_000] {
+            let limit = Duration::from_millis(ms);
+            let wait = shell_wait(Some(limit));
+            assert!(wait < limit && !wait.is_zero(), "{limit:?}: {wait:?}");
+        }
+        assert_eq!(shell_wait(None), MAX_WAIT);
+        assert_eq!(shell_wait(Some(Duration::ZERO)), MAX_WAIT);
     }
 
     /// A range of one file, and its reply.
