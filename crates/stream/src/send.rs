@@ -56,9 +56,9 @@ pub const DEFAULT_SEND_IN_FLIGHT: usize = 16 << 20;
 const WALK_QUEUE: usize = 1024;
 
 /// Small files gathered for one stream are queued together once they fill this much (see
-/// [`Out::gathered`]): a part this big is sealed where it lies on a TCP stream and handed
-/// over uncopied on a local pipe, where each file's own message was copied into the
-/// stream's buffer.
+/// [`Out::gathered`]): a part this big is sealed where it lies on a TCP stream (data.rs's
+/// `SEAL_IN_PLACE` in the `fastcp` crate) and passes a [`ByteWriter`]'s buffer, where each
+/// file's own message was copied into the stream's buffer.
 const GATHER: usize = 256 << 10;
 
 /// Walked entries travel to the producer in batches of this many: one entry at a time, a
@@ -592,6 +592,7 @@ where
             } else {
                 Vec::new()
             },
+            checksum,
         };
         let mut p = Producer {
             config: producer_config,
@@ -906,6 +907,8 @@ struct Out {
     /// gathered for a stream is queued before anything else goes on it, once it holds
     /// [`GATHER`] bytes, and before the producer waits for the walk or the receiver.
     gathered: Vec<Gathered>,
+    /// The checksum of the gathered files' `FileEnd`s, if any.
+    checksum: Option<Algorithm>,
 }
 
 /// Whole small files, each as `File`, `Data` and `FileEnd` frames back to back, gathered for
@@ -946,9 +949,15 @@ impl Out {
         self.queue(i, msg)
     }
 
-    fn queue(&mut self, i: usize, mut msg: Msg) -> Result<(), Closed> {
+    fn queue(&mut self, i: usize, msg: Msg) -> Result<(), Closed> {
         let len = msg.len();
-        msg.permit = self.budget.acquire(len)?;
+        self.queue_charged(i, msg, len)
+    }
+
+    /// Queues `msg`, taking `charge` bytes of the budget (what its buffers hold in memory).
+    fn queue_charged(&mut self, i: usize, mut msg: Msg, charge: usize) -> Result<(), Closed> {
+        let len = msg.len();
+        msg.permit = self.budget.acquire(charge)?;
         self.queued[i].fetch_add(len, Relaxed);
         self.txs[i].send(msg).map_err(|_| Closed)
     }
@@ -996,10 +1005,11 @@ impl Out {
             return Ok(());
         }
         let g = std::mem::take(g);
+        let charge = g.buf.capacity();
         let mut msg = Msg::parts(Bytes::new(), Bytes::from(g.buf), Bytes::new());
         msg.files = g.files;
         msg.data = g.data;
-        self.queue(i, msg)
+        self.queue_charged(i, msg, charge)
     }
 
     /// Queues what was gathered for every stream (before the producer waits).
@@ -1202,11 +1212,11 @@ impl Producer<'_> {
                 self.answered(a)?;
             }
         }
-        self.before_waiting()?;
         while !self.probes.waiting.is_empty() {
-            let a = self.probes.answers.recv().map_err(|_| Closed)?;
+            let a = self.next_answer()?;
             self.answered(a)?;
         }
+        self.before_waiting()?;
         for s in 0..self.out.txs.len() {
             let done = Frame::Done(self.out.counts[s]);
             self.out.push(s, Msg::frame(&done))?;
@@ -1231,11 +1241,8 @@ impl Producer<'_> {
         meta: Meta,
         owner: (u32, u32),
     ) -> Result<(), Closed> {
-        if self.probes.waiting.span() >= self.probes.window {
-            self.before_waiting()?;
-        }
         while self.probes.waiting.span() >= self.probes.window {
-            let a = self.probes.answers.recv().map_err(|_| Closed)?;
+            let a = self.next_answer()?;
             self.answered(a)?;
         }
         let id = self.probes.waiting.next_id();
@@ -1284,6 +1291,16 @@ impl Producer<'_> {
         Ok(())
     }
 
+    /// The next answer to a probe: one that has come, or else one waited for, once what is
+    /// batched and gathered has gone.
+    fn next_answer(&mut self) -> Result<Answered, Closed> {
+        if let Ok(a) = self.probes.answers.try_recv() {
+            return Ok(a);
+        }
+        self.before_waiting()?;
+        self.probes.answers.recv().map_err(|_| Closed)
+    }
+
     /// Lets go of what is batched and gathered, before waiting for the walk or the
     /// receiver.
     fn before_waiting(&mut self) -> Result<(), Closed> {
@@ -1298,8 +1315,10 @@ impl Producer<'_> {
         }
         self.probes.batched = 0;
         let batch = self.probes.batch.split().freeze();
+        // Ahead of the files gathered for stream 0: no probe waits for one, and the first
+        // batch's round trip sizes the probe window.
         self.out
-            .push(0, Msg::parts(batch, Bytes::new(), Bytes::new()))?;
+            .queue(0, Msg::parts(batch, Bytes::new(), Bytes::new()))?;
         if !self.probes.answered && self.probes.first_sent.is_none() {
             self.probes.first_sent = Some(Instant::now());
         }
@@ -1772,10 +1791,7 @@ impl Producer<'_> {
         if size > 0 {
             encode_data_header(id, 0, size as usize, &mut head);
         }
-        let checksum = self
-            .config
-            .file_checksums
-            .then(|| Algorithm::for_sender(&self.config));
+        let checksum = self.out.checksum;
         let s = self.out.pick();
         // One byte more than the file has, to see one that grew.
         let buf = self
