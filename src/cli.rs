@@ -926,7 +926,7 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
 
 async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
     let output = Output::default();
-    let remote = match Location::parse(&args.host) {
+    let remote = match Location::try_parse(&args.host)? {
         Location::Remote(r) => r,
         Location::Local(_) => match Location::parse(&format!("{}:", args.host)) {
             Location::Remote(r) => r,

@@ -54,9 +54,9 @@ impl Location {
     /// ```
     pub fn parse_os(arg: &std::ffi::OsStr) -> Result<Location, crate::Error> {
         if let Some(text) = arg.to_str() {
-            return Ok(Location::parse(text));
+            return Location::try_parse(text);
         }
-        match Location::parse(&arg.to_string_lossy()) {
+        match Location::try_parse(&arg.to_string_lossy())? {
             Location::Local(_) => Ok(Location::Local(arg.into())),
             Location::Remote(_) => Err(crate::Error::Usage(format!(
                 "{}: a remote path must be UTF-8 (it travels as text)",
@@ -65,10 +65,30 @@ impl Location {
         }
     }
 
-    /// Parses one command-line operand.
+    /// Parses one command-line operand, refusing a malformed `scp://` URI as scp does (a
+    /// bad `%` escape, an empty user or host, a port that is not a number from 1 to 65535).
+    ///
+    /// ```
+    /// use fastcp::Location;
+    ///
+    /// let remote = Location::try_parse("scp://alice@build1:2222/src/").unwrap();
+    /// assert_eq!(remote.remote().unwrap().port, Some(2222));
+    /// assert!(Location::try_parse("scp://build1:99999/src/").is_err());
+    /// ```
+    pub fn try_parse(arg: &str) -> Result<Location, crate::Error> {
+        match arg.strip_prefix("scp://") {
+            Some(rest) => parse_uri(rest)
+                .map(Location::Remote)
+                .map_err(|why| crate::Error::Usage(format!("{arg}: invalid scp:// URI: {why}"))),
+            None => Ok(Location::parse(arg)),
+        }
+    }
+
+    /// Parses one command-line operand. A malformed `scp://` URI is read as `host:path`, with
+    /// `scp` the host; [`try_parse`](Location::try_parse) refuses it.
     pub fn parse(arg: &str) -> Location {
         if let Some(rest) = arg.strip_prefix("scp://")
-            && let Some(remote) = parse_uri(rest)
+            && let Ok(remote) = parse_uri(rest)
         {
             return Location::Remote(remote);
         }
@@ -113,7 +133,9 @@ impl Location {
     }
 }
 
-fn parse_uri(rest: &str) -> Option<RemotePath> {
+/// The `[user@]host[:port][/path]` of an `scp://` URI, as OpenSSH's `parse_uri` reads it; the
+/// error says what is wrong with it.
+fn parse_uri(rest: &str) -> Result<RemotePath, String> {
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, ""),
@@ -123,28 +145,36 @@ fn parse_uri(rest: &str) -> Option<RemotePath> {
     let (user, hostport) = match authority.rsplit_once('@') {
         Some((u, h)) => {
             let u = u.split(';').next().unwrap_or_default();
+            if u.is_empty() {
+                return Err("empty user".into());
+            }
             (Some(percent_decoded(u)?), h)
         }
         None => (None, authority),
     };
     let (host, port) = if let Some(b) = hostport.strip_prefix('[') {
-        let (host, after) = b.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p.parse().ok()?),
-            None if after.is_empty() => None,
-            None => return None,
-        };
-        (host, port)
-    } else {
-        match hostport.split_once(':') {
-            Some((h, p)) => (h, Some(p.parse().ok()?)),
-            None => (hostport, None),
+        let (host, after) = b
+            .split_once(']')
+            .ok_or_else(|| format!("no `]` after `[{b}`"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(port(p)?)),
+            None if after.is_empty() => (host, None),
+            None => return Err(format!("`{after}` after `[{host}]`")),
         }
+    } else {
+        let (host, port) = match hostport.split_once(':') {
+            Some((h, p)) => (h, Some(port(p)?)),
+            None => (hostport, None),
+        };
+        if let Some(why) = host_fault(host) {
+            return Err(why);
+        }
+        (host, port)
     };
     if host.is_empty() {
-        return None;
+        return Err("empty host".into());
     }
-    Some(RemotePath {
+    Ok(RemotePath {
         user,
         host: host.to_owned(),
         port,
@@ -152,20 +182,55 @@ fn parse_uri(rest: &str) -> Option<RemotePath> {
     })
 }
 
-/// `s` with each `%XX` replaced by the byte it stands for; `None` when a `%` is not followed
-/// by two hex digits or the result is not UTF-8.
-fn percent_decoded(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
+/// The port of an `scp://` URI: a number from 1 to 65535.
+fn port(p: &str) -> Result<u16, String> {
+    match p.parse() {
+        Ok(0) | Err(_) => Err(format!("port `{p}` is not a number from 1 to 65535")),
+        Ok(port) => Ok(port),
+    }
+}
+
+/// What makes `host` no host name, as OpenSSH's `valid_domain` judges it: letters, digits,
+/// `-`, `_` and single dots, starting with a letter, a digit or `_`.
+fn host_fault(host: &str) -> Option<String> {
+    let bytes = host.as_bytes();
+    let first = *bytes.first()?;
+    let ok = (first.is_ascii_alphanumeric() || first == b'_')
+        && !host.contains("..")
+        && bytes
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    (!ok).then(|| format!("`{host}` is not a host name"))
+}
+
+/// `s` with each `%XX` replaced by the byte it stands for; an error when a `%` is not followed
+/// by two hex digits, one stands for a NUL byte, or the result is not UTF-8.
+fn percent_decoded(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
         if b != b'%' {
             out.push(b);
+            i += 1;
             continue;
         }
-        let hex = [bytes.next()?, bytes.next()?];
-        out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match hex {
+            Some(byte) if byte != 0 => out.push(byte),
+            _ => {
+                let escape = String::from_utf8_lossy(&bytes[i..bytes.len().min(i + 3)]);
+                return Err(format!(
+                    "`{escape}` is not a `%` escape of a byte other than 0"
+                ));
+            }
+        }
+        i += 3;
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out).map_err(|_| format!("`{s}` does not decode to UTF-8"))
 }
 
 impl fmt::Display for Location {
@@ -237,6 +302,47 @@ mod tests {
         ];
         for (arg, want) in cases {
             assert_eq!(Location::parse(arg), want, "{arg}");
+            assert_eq!(Location::try_parse(arg).unwrap(), want, "{arg}");
+        }
+    }
+
+    #[test]
+    fn refuses_a_malformed_scp_uri_as_scp_does() {
+        let cases = [
+            ("scp://h/%zz", "`%zz`"),
+            ("scp://h/a%2", "`%2`"),
+            ("scp://h/a%", "`%`"),
+            ("scp://h/%00", "`%00`"),
+            ("scp://h/%+1", "`%+1`"),
+            ("scp://h/%ff", "UTF-8"),
+            ("scp://u%zz@h/x", "`%zz`"),
+            ("scp://@h/x", "empty user"),
+            ("scp://;fingerprint=x@h/x", "empty user"),
+            ("scp://h:99999/x", "port `99999`"),
+            ("scp://h:abc/x", "port `abc`"),
+            ("scp://h:0/x", "port `0`"),
+            ("scp://h:/x", "port ``"),
+            ("scp://h:-1/x", "port `-1`"),
+            ("scp://[::1]:70000/x", "port `70000`"),
+            ("scp://[::1/x", "no `]`"),
+            ("scp://[::1]x/y", "`x` after"),
+            ("scp:///x", "empty host"),
+            ("scp://", "empty host"),
+            ("scp://u@/x", "empty host"),
+            ("scp://[]/x", "empty host"),
+            ("scp://h%20x/p", "`h%20x` is not a host name"),
+            ("scp://-h/p", "not a host name"),
+            ("scp://a..b/p", "not a host name"),
+        ];
+        for (arg, why) in cases {
+            let err = Location::try_parse(arg).expect_err(arg).to_string();
+            assert!(
+                err.starts_with(&format!("{arg}: invalid scp:// URI: ")),
+                "{err}"
+            );
+            assert!(err.contains(why), "{arg}: {err}");
+            let os = Location::parse_os(std::ffi::OsStr::new(arg)).expect_err(arg);
+            assert!(matches!(os, crate::Error::Usage(_)), "{arg}: {os:?}");
         }
     }
 

@@ -154,6 +154,32 @@ fn usage_errors_exit_2() {
         .stdout(predicate::str::is_empty());
 }
 
+/// A malformed `scp://` operand is refused as a usage error naming it, as scp refuses it
+/// ("invalid uri"), and not read as a path on a host named `scp`.
+#[test]
+fn malformed_scp_uri_is_a_usage_error() {
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"a", 0o644);
+    for uri in [
+        "scp://h/%zz",
+        "scp://h:99999/x",
+        "scp://h:abc/x",
+        "scp:///x",
+    ] {
+        for args in [vec!["a", uri], vec![uri, "b"], vec!["doctor", uri]] {
+            fastcp()
+                .args(&args)
+                .args(["-F", "none"])
+                .current_dir(work.path())
+                .assert()
+                .code(2)
+                .stderr(predicate::str::contains(format!(
+                    "{uri}: invalid scp:// URI"
+                )));
+        }
+    }
+}
+
 /// A file named like a command (`man`) is taken for the command, which scp has not: the
 /// usage error says how to copy the file, and `./man` copies it.
 /// `fastcp -r dir new/` makes `new` as a copy of `dir` when it does not exist, as scp and
