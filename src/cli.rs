@@ -212,8 +212,8 @@ pub struct LinkArgs {
 /// How to reach the remote host: scp's SSH flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SshArgs {
-    /// Port to connect to on the remote host.
-    #[arg(short = 'P', value_name = "PORT", help_heading = "SSH")]
+    /// Port to connect to on the remote host (a number, or a service name such as `ssh`).
+    #[arg(short = 'P', value_name = "PORT", value_parser = parse_port, help_heading = "SSH")]
     pub port: Option<u16>,
     /// Identity (private key) file for public key authentication.
     #[arg(short = 'i', value_name = "IDENTITY", help_heading = "SSH")]
@@ -399,6 +399,11 @@ pub struct ServerArgs {
 }
 
 /// Parses "LOW-HIGH" or a single port.
+/// A port as scp's `-P` takes it: a number from 1 to 65535, or a TCP service name.
+fn parse_port(s: &str) -> Result<u16, String> {
+    fastcp::transport::ssh::config::parse_port(s).ok_or_else(|| format!("bad port {s:?}"))
+}
+
 fn parse_ports(s: &str) -> Result<(u16, u16), String> {
     let (lo, hi) = s.split_once('-').unwrap_or((s, s));
     let lo: u16 = lo.trim().parse().map_err(|_| format!("bad port {lo:?}"))?;

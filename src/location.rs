@@ -66,7 +66,8 @@ impl Location {
     }
 
     /// Parses one command-line operand, refusing a malformed `scp://` URI as scp does (a
-    /// bad `%` escape, an empty user or host, a port that is not a number from 1 to 65535).
+    /// bad `%` escape, an empty user or host, a port that is neither a number from 1 to
+    /// 65535 nor a TCP service name).
     ///
     /// ```
     /// use fastcp::Location;
@@ -182,12 +183,11 @@ fn parse_uri(rest: &str) -> Result<RemotePath, String> {
     })
 }
 
-/// The port of an `scp://` URI: a number from 1 to 65535.
+/// The port of an `scp://` URI: a number from 1 to 65535, or a TCP service name.
 fn port(p: &str) -> Result<u16, String> {
-    match p.parse() {
-        Ok(0) | Err(_) => Err(format!("port `{p}` is not a number from 1 to 65535")),
-        Ok(port) => Ok(port),
-    }
+    crate::transport::ssh::config::parse_port(p).ok_or_else(|| {
+        format!("port `{p}` is neither a number from 1 to 65535 nor a TCP service name")
+    })
 }
 
 /// What makes `host` no host name, as OpenSSH's `valid_domain` judges it: letters, digits,
@@ -344,6 +344,17 @@ mod tests {
             let os = Location::parse_os(std::ffi::OsStr::new(arg)).expect_err(arg);
             assert!(matches!(os, crate::Error::Usage(_)), "{arg}: {os:?}");
         }
+    }
+
+    /// As scp (OpenSSH's `a2port`), a URI's port may be a TCP service name.
+    #[test]
+    fn a_uri_port_may_be_a_service_name() {
+        if !std::fs::read_to_string("/etc/services").is_ok_and(|s| s.contains("22/tcp")) {
+            eprintln!("/etc/services does not name ssh; skipping");
+            return;
+        }
+        let want = remote(Some("u"), "h", Some(22), "x");
+        assert_eq!(Location::try_parse("scp://u@h:ssh/x").unwrap(), want);
     }
 
     #[test]

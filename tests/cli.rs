@@ -154,6 +154,28 @@ fn usage_errors_exit_2() {
         .stdout(predicate::str::is_empty());
 }
 
+/// As scp's, `-P` takes a TCP service name (`ssh`) as well as a number, and refuses others.
+#[test]
+fn dash_p_takes_a_service_name() {
+    if !std::fs::read_to_string("/etc/services").is_ok_and(|s| s.contains("22/tcp")) {
+        eprintln!("/etc/services does not name ssh; skipping");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"a", 0o644);
+    fastcp()
+        .args(["-P", "ssh", "a", "b"])
+        .current_dir(work.path())
+        .assert()
+        .success();
+    fastcp()
+        .args(["-P", "no-such-service-here", "a", "c"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("bad port"));
+}
+
 /// A malformed `scp://` operand is refused as a usage error naming it, as scp refuses it
 /// ("invalid uri"), and not read as a path on a host named `scp`.
 #[test]

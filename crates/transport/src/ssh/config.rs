@@ -471,8 +471,8 @@ const UNREAD_KEYS: &[&str] = &[
 
 /// The text `ssh2-config` parses for `lines` (from [`lines_in_effect`]): with `first_wins`,
 /// a key given again is left out, as ssh keeps the first value; keys in [`UNREAD_KEYS`] are
-/// left out; and times (`ConnectTimeout 1m`, `ServerAliveInterval 30s`, `none`) are
-/// written in seconds.
+/// left out; times (`ConnectTimeout 1m`, `ServerAliveInterval 30s`, `none`) are written in
+/// seconds, and a port's service name (`Port ssh`) as its number.
 fn parser_text(lines: &[(String, String, String)], first_wins: bool) -> String {
     let mut seen: Vec<&str> = Vec::new();
     let mut out = String::new();
@@ -487,13 +487,52 @@ fn parser_text(lines: &[(String, String, String)], first_wins: bool) -> String {
             seen.push(kw);
         }
         let time = ["connecttimeout", "serveraliveinterval"].contains(&kw.as_str());
+        let port = || words(rest).first().and_then(|p| parse_port(p));
         match rest.split('#').next().map(str::trim).and_then(seconds) {
             Some(secs) if time => out.push_str(&format!("{kw} {secs}")),
-            _ => out.push_str(line),
+            _ => match port().filter(|_| kw == "port") {
+                Some(port) => out.push_str(&format!("{kw} {port}")),
+                None => out.push_str(line),
+            },
         }
         out.push('\n');
     }
     out
+}
+
+/// Where TCP services are named, as `getservbyname` reads them.
+const SERVICES: &str = "/etc/services";
+
+/// A port as ssh reads one (its `a2port`): a number from 1 to 65535, or the name of a TCP
+/// service in `/etc/services` (`ssh` is 22).
+///
+/// ```
+/// use fastcp_transport::ssh::config::parse_port;
+///
+/// assert_eq!(parse_port("2222"), Some(2222));
+/// assert_eq!(parse_port("0"), None);
+/// assert_eq!(parse_port("no-such-service"), None);
+/// ```
+pub fn parse_port(s: &str) -> Option<u16> {
+    match s.parse() {
+        Ok(0) => None,
+        Ok(port) => Some(port),
+        Err(_) => service_port(&std::fs::read_to_string(SERVICES).ok()?, s),
+    }
+}
+
+/// The TCP port of the service `name` (or of one it is an alias of) in `services`, the text
+/// of an `/etc/services`: `name port/protocol [alias...] [# comment]` a line.
+fn service_port(services: &str, name: &str) -> Option<u16> {
+    services.lines().find_map(|line| {
+        let mut words = line.split('#').next()?.split_whitespace();
+        let (service, port) = (words.next()?, words.next()?);
+        let (port, protocol) = port.split_once('/')?;
+        if protocol != "tcp" || (service != name && !words.any(|alias| alias == name)) {
+            return None;
+        }
+        port.parse().ok().filter(|&port| port != 0)
+    })
 }
 
 /// A time as ssh_config writes it (`30`, `1m`, `1h30m`, `2W`), in seconds; `none` is 0.
@@ -1200,13 +1239,13 @@ fn parse_hop(spec: &str) -> Result<(Option<&str>, &str, Option<u16>), Error> {
     let (host, port) = if let Some(r) = rest.strip_prefix('[') {
         let (h, after) = r.split_once(']').ok_or_else(bad)?;
         match after.strip_prefix(':') {
-            Some(p) => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some(p) => (h, Some(parse_port(p).ok_or_else(bad)?)),
             None if after.is_empty() => (h, None),
             None => return Err(bad()),
         }
     } else {
         match rest.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some((h, p)) if !h.contains(':') => (h, Some(parse_port(p).ok_or_else(bad)?)),
             _ => (rest, None),
         }
     };
@@ -1270,8 +1309,7 @@ impl Overrides {
                 "hostname" => set_once(&mut ov.host_name, v),
                 "port" => set_once(
                     &mut ov.port,
-                    v.parse()
-                        .map_err(|_| Error::Config(format!("-o {opt}: bad port")))?,
+                    parse_port(&v).ok_or_else(|| Error::Config(format!("-o {opt}: bad port")))?,
                 ),
                 "addressfamily" => set_once(&mut ov.address_family, AddressFamily::parse(&v)?),
                 "user" => set_once(&mut ov.user, v),
@@ -1731,6 +1769,55 @@ Host *
         assert!(said.contains(&want), "{said}");
         let e = SshConfigFile::parse_str("Host a\n  HostName b\n\n  Port x\n").unwrap_err();
         assert!(e.to_string().contains("line 4: Port x:"), "{e}");
+    }
+
+    #[test]
+    fn a_port_may_be_a_service_name() {
+        let services = "# Network services\n\
+                        ssh\t\t22/tcp\t\t\t# SSH Remote Login Protocol\n\
+                        nfs\t\t2049/udp\n\
+                        domain\t\t53/tcp\t\tdns name\n\
+                        zero\t\t0/tcp\n";
+        assert_eq!(service_port(services, "ssh"), Some(22));
+        assert_eq!(service_port(services, "dns"), Some(53), "an alias");
+        assert_eq!(service_port(services, "name"), Some(53));
+        assert_eq!(service_port(services, "nfs"), None, "udp only");
+        assert_eq!(service_port(services, "zero"), None);
+        assert_eq!(service_port(services, "SSH"), None);
+        assert_eq!(service_port(services, "Network"), None, "a comment");
+        assert_eq!(parse_port("65535"), Some(65535));
+        for bad in ["0", "65536", "-1", "", "no-such-service-here"] {
+            assert_eq!(parse_port(bad), None, "{bad}");
+        }
+        // As ssh: `Port ssh` in ssh_config, `-o Port=ssh` and a ProxyJump hop's port.
+        if service_port(
+            &std::fs::read_to_string(SERVICES).unwrap_or_default(),
+            "ssh",
+        ) != Some(22)
+        {
+            eprintln!("{SERVICES} does not name ssh; skipping the lookups through it");
+            return;
+        }
+        let file = SshConfigFile::parse_str("Host a\n  Port ssh # the usual\n").unwrap();
+        assert_eq!(file.resolve("a").unwrap().port, 22);
+        let opts = SshOptions {
+            options: vec!["Port=ssh".into()],
+            jump: Some("hop:ssh".into()),
+            ..SshOptions::default()
+        };
+        let chain = resolve_chain_in(&cfg(), "elsewhere", &opts).unwrap();
+        assert_eq!((chain[0].port, chain[1].port), (22, 22));
+        // An unknown name is still refused, saying where.
+        let e = SshConfigFile::parse_str("Host a\n  Port no-such-service-here\n").unwrap_err();
+        assert!(
+            e.to_string().contains("line 2: Port no-such-service-here:"),
+            "{e}"
+        );
+        let opts = SshOptions {
+            options: vec!["Port=no-such-service-here".into()],
+            ..SshOptions::default()
+        };
+        assert!(resolve_chain_in(&cfg(), "elsewhere", &opts).is_err());
     }
 
     #[test]
@@ -2265,7 +2352,11 @@ Host name
                 "20-match.conf line 1",
             ),
             ("20-nested.conf", "Include nested.conf\n", "20-nested.conf"),
-            ("20-value.conf", "Port ssh\n", "ssh_config"),
+            (
+                "20-value.conf",
+                "RemoteForward 8080 localhost:ssh\n",
+                "ssh_config",
+            ),
         ] {
             std::fs::write(etc.join("conf.d").join(name), text).unwrap();
             let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
@@ -2274,7 +2365,7 @@ Host name
             std::fs::remove_file(etc.join("conf.d").join(name)).unwrap();
         }
         // The same value in the user's own file is the user's to mend.
-        std::fs::write(&user, "Port ssh\n").unwrap();
+        std::fs::write(&user, "RemoteForward 8080 localhost:ssh\n").unwrap();
         let e = SshConfigFile::load_files(Some(&user), Some(&system)).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
         // A comment after a relative Include of the system file.
