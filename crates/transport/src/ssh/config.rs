@@ -279,28 +279,40 @@ fn keyword_and_rest(line: &str) -> Option<(&str, &str)> {
     ))
 }
 
-/// The arguments of an ssh_config line after its keyword, as ssh splits them: at
-/// whitespace, a quoted argument (`"` or `'`) whole, its quotes removed, and nothing from a
-/// word that starts with `#` on (a comment).
+/// The arguments of an ssh_config line after its keyword, as ssh splits them (OpenSSH's
+/// `argv_split`): at whitespace outside quotes (`"` or `'`, which are taken away), `\\`
+/// before a quote, a backslash or (outside quotes) a space standing for it, and nothing
+/// from a word that starts with `#` on (a comment); a `#` inside a word is part of it.
 fn words(rest: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut chars = rest.chars().peekable();
     loop {
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        match chars.peek() {
-            None | Some('#') => return out,
-            Some(&q @ ('"' | '\'')) => {
-                chars.next();
-                out.push(chars.by_ref().take_while(|&c| c != q).collect());
-            }
-            Some(_) => {
-                let mut word = String::new();
-                while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                    word.push(c);
-                }
-                out.push(word);
+        if chars.peek().is_none_or(|&c| c == '#') {
+            return out;
+        }
+        let mut word = String::new();
+        let mut quote = None;
+        while let Some(c) = chars.next() {
+            match (c, quote) {
+                ('\\', _) => match chars.peek() {
+                    Some(&e @ ('"' | '\'' | '\\')) => {
+                        word.push(e);
+                        chars.next();
+                    }
+                    Some(' ') if quote.is_none() => {
+                        word.push(' ');
+                        chars.next();
+                    }
+                    _ => word.push(c),
+                },
+                (c, None) if c.is_whitespace() => break,
+                ('"' | '\'', None) => quote = Some(c),
+                (c, Some(q)) if c == q => quote = None,
+                (c, _) => word.push(c),
             }
         }
+        out.push(word);
     }
 }
 
@@ -472,7 +484,8 @@ const UNREAD_KEYS: &[&str] = &[
 /// The text `ssh2-config` parses for `lines` (from [`lines_in_effect`]): with `first_wins`,
 /// a key given again is left out, as ssh keeps the first value; keys in [`UNREAD_KEYS`] are
 /// left out; times (`ConnectTimeout 1m`, `ServerAliveInterval 30s`, `none`) are written in
-/// seconds, and a port's service name (`Port ssh`) as its number.
+/// seconds, a port's service name (`Port ssh`) as its number, and a line with a `#` in it as
+/// [`parser_line`] writes it.
 fn parser_text(lines: &[(String, String, String)], first_wins: bool) -> String {
     let mut seen: Vec<&str> = Vec::new();
     let mut out = String::new();
@@ -486,16 +499,53 @@ fn parser_text(lines: &[(String, String, String)], first_wins: bool) -> String {
             }
             seen.push(kw);
         }
-        let time = ["connecttimeout", "serveraliveinterval"].contains(&kw.as_str());
-        let port = || words(rest).first().and_then(|p| parse_port(p));
-        match rest.split('#').next().map(str::trim).and_then(seconds) {
-            Some(secs) if time => out.push_str(&format!("{kw} {secs}")),
-            _ => match port().filter(|_| kw == "port") {
-                Some(port) => out.push_str(&format!("{kw} {port}")),
-                None => out.push_str(line),
-            },
+        let first = words(rest).into_iter().next().unwrap_or_default();
+        let number = match kw.as_str() {
+            "connecttimeout" | "serveraliveinterval" => seconds(&first),
+            "port" => parse_port(&first).map(u64::from),
+            _ => None,
+        };
+        match number {
+            Some(n) => out.push_str(&format!("{kw} {n}")),
+            None => out.push_str(&parser_line(kw, rest, line)),
         }
         out.push('\n');
+    }
+    out
+}
+
+/// Keys whose value ssh takes whole, as written, `#` and all: a command for `sh -c`.
+const COMMAND_KEYS: &[&str] = &[
+    "proxycommand",
+    "localcommand",
+    "remotecommand",
+    "knownhostscommand",
+];
+
+/// `line` (keyword `kw`, value `rest`) as `ssh2-config` is to read it. That parser ends a
+/// line at any `#` outside double quotes, where ssh ends it only at a word that starts with
+/// `#` ([`words`]), so a line with a `#` in it is written again: its arguments as ssh splits
+/// them (a command's value as one), each holding a `#`, a quote, a backslash or whitespace
+/// in double quotes, which `ssh2-config` takes away again (a lone argument unescaped too).
+fn parser_line(kw: &str, rest: &str, line: &str) -> String {
+    if !line.contains('#') {
+        return line.to_owned();
+    }
+    let args = if COMMAND_KEYS.contains(&kw) {
+        vec![rest.to_owned()]
+    } else {
+        words(rest)
+    };
+    let mut out = kw.to_owned();
+    for arg in args {
+        out.push(' ');
+        if arg.is_empty() || arg.contains(|c: char| "#\"'\\".contains(c) || c.is_whitespace()) {
+            out.push('"');
+            out.push_str(&arg.replace('\\', "\\\\").replace('"', "\\\""));
+            out.push('"');
+        } else {
+            out.push_str(&arg);
+        }
     }
     out
 }
@@ -1118,15 +1168,15 @@ fn absolute_includes(text: &str, dir: &Path) -> String {
         match keyword_and_rest(line) {
             Some((kw, rest)) if kw.eq_ignore_ascii_case("include") => {
                 out.push_str(kw);
-                let rest = rest.split('#').next().unwrap_or_default();
-                for arg in rest.split_whitespace() {
-                    let bare = arg.trim_matches('"');
-                    out.push(' ');
-                    if bare.starts_with('/') || bare.starts_with('~') {
-                        out.push_str(arg);
+                for arg in words(rest) {
+                    let path = if arg.starts_with('/') || arg.starts_with('~') {
+                        arg
                     } else {
-                        out.push_str(&dir.join(bare).to_string_lossy());
-                    }
+                        dir.join(arg).to_string_lossy().into_owned()
+                    };
+                    out.push_str(" \"");
+                    out.push_str(&path.replace('\\', "\\\\").replace('"', "\\\""));
+                    out.push('"');
                 }
             }
             _ => out.push_str(line),
@@ -1769,6 +1819,64 @@ Host *
         assert!(said.contains(&want), "{said}");
         let e = SshConfigFile::parse_str("Host a\n  HostName b\n\n  Port x\n").unwrap_err();
         assert!(e.to_string().contains("line 4: Port x:"), "{e}");
+    }
+
+    /// As ssh (8.7 and later) splits a line: a `#` is a comment only where a word starts
+    /// with it, outside quotes.
+    #[test]
+    fn words_split_as_ssh_splits_them() {
+        let cases: &[(&str, &[&str])] = &[
+            ("/keys/a#b", &["/keys/a#b"]),
+            ("a#b # a comment", &["a#b"]),
+            ("a #b c", &["a"]),
+            ("#all of it", &[]),
+            ("'#q' \"#r\" s", &["#q", "#r", "s"]),
+            ("\"x y\"#z", &["x y#z"]),
+            ("a\"b c\"d", &["ab cd"]),
+            ("a\\ b \\\"c \\\\d \\e", &["a b", "\"c", "\\d", "\\e"]),
+            ("\"\" x", &["", "x"]),
+        ];
+        for (rest, want) in cases {
+            assert_eq!(words(rest), *want, "{rest}");
+        }
+    }
+
+    /// A `#` inside a word reaches the value, for keys `ssh2-config` reads and keys read
+    /// here alike; a comment after the value does not.
+    #[test]
+    fn a_hash_inside_a_word_is_no_comment() {
+        let text = "Host a\n\
+                    \x20 IdentityFile /keys/a#b # the key\n\
+                    \x20 IdentityFile '/keys/c#d'\n\
+                    \x20 User u#1\n\
+                    \x20 UserKnownHostsFile /kh/x#1 \"/kh/y z\" # two of them\n\
+                    \x20 ConnectTimeout 5 # seconds\n\
+                    \x20 ProxyCommand nc %h %p foo#bar # sh's comment\n";
+        let h = SshConfigFile::parse_str(text)
+            .unwrap()
+            .resolve("a")
+            .unwrap();
+        assert_eq!(
+            h.identity_files,
+            vec![PathBuf::from("/keys/a#b"), PathBuf::from("/keys/c#d")]
+        );
+        assert_eq!(h.user, "u#1");
+        assert_eq!(
+            h.user_known_hosts_files,
+            vec![PathBuf::from("/kh/x#1"), PathBuf::from("/kh/y z")]
+        );
+        assert_eq!(h.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(
+            h.proxy_command.as_deref(),
+            Some("nc a 22 foo#bar # sh's comment")
+        );
+        // `accept-new#` is no value of StrictHostKeyChecking, as ssh says too.
+        let bad = "Host b\n  StrictHostKeyChecking accept-new# x\n";
+        assert!(
+            SshConfigFile::parse_str(bad)
+                .and_then(|f| f.resolve("b"))
+                .is_err()
+        );
     }
 
     #[test]
