@@ -751,6 +751,65 @@ fn system_ssh_program_escape_hatch() {
     assert_eq!(json(&out)["streams"], 3);
 }
 
+/// ssh_config lines that would keep ssh from running a command on the host with its stdin
+/// (`SessionType none`, as `-N`; `StdinNull yes`, as `-n`) do not apply to fastcp's own
+/// sessions, as scp's `-s` overrides the first: a push and a pull through the system ssh,
+/// over its stdio alone and with extra streams (`ssh -W`, through a ProxyCommand), and with
+/// the built-in client, which ignores them. `ForkAfterAuthentication yes` (`-f`) leaves
+/// ssh's stdio to the process that goes on in the background, and the copy with it.
+#[test]
+fn ssh_config_that_asks_for_no_session_is_overridden() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    mixed_tree(&src);
+    let lines = "  SessionType none\n  StdinNull yes\n  ForkAfterAuthentication yes\n";
+    let direct = work.path().join("direct_config");
+    let block = sshd.host_block(sshd.alias());
+    let proxied = proxied_config(&sshd, work.path());
+    let text = std::fs::read_to_string(&proxied).unwrap();
+    std::fs::write(&proxied, format!("{text}{lines}")).unwrap();
+    std::fs::write(&direct, format!("{block}{lines}")).unwrap();
+    let cases: [(&str, &Path, &[&str]); 4] = [
+        (
+            "system ssh, its stdio",
+            &direct,
+            &["--ssh-program", "ssh", "--transport", "ssh", "-j", "1"],
+        ),
+        ("system ssh, tcp", &direct, &["--ssh-program", "ssh"]),
+        (
+            "system ssh, ssh -W",
+            &proxied,
+            &["--ssh-program", "ssh", "-j", "2"],
+        ),
+        ("built-in client", &direct, &[]),
+    ];
+    for (name, config, flags) in cases {
+        let dst = work.path().join(format!("pushed {name}"));
+        let out = run(Command::new(BIN)
+            .arg("-F")
+            .arg(config)
+            .args(["--remote-path", BIN, "-r"])
+            .args(flags)
+            .env_remove("SSH_AUTH_SOCK")
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_same_tree(&src, &dst, false);
+        let back = work.path().join(format!("pulled {name}"));
+        let out = run(Command::new(BIN)
+            .arg("-F")
+            .arg(config)
+            .args(["--remote-path", BIN, "-r"])
+            .args(flags)
+            .env_remove("SSH_AUTH_SOCK")
+            .arg(remote(&sshd, &dst))
+            .arg(&back));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert_same_tree(&src, &back, false);
+    }
+}
+
 /// An ssh_config that reaches `sshd` through a ProxyCommand, written into `dir`.
 fn proxied_config(sshd: &Sshd, dir: &Path) -> PathBuf {
     let config = dir.join("proxied_config");

@@ -202,7 +202,7 @@ impl SshProgram {
                 || !matches!(value("controlmaster").as_str(), "" | "false" | "no");
             if prompts && !shared {
                 program.master =
-                    Master::create(program.options_argv(), &program.destination).map(Arc::new);
+                    Master::create(program.options_argv(None), &program.destination).map(Arc::new);
             }
         }
         Ok(program)
@@ -257,14 +257,14 @@ impl SshProgram {
     /// connection of its own (unless ssh_config's ControlMaster shares one). For fixed
     /// commands only: the caller quotes nothing, and must put no user data in it.
     pub fn exec(&self, command: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let mut argv = self.shared_argv(Share::Master);
+        let mut argv = self.shared_argv(Share::Master, Some("default"));
         argv.extend(["--".into(), (&self.destination).into(), command.into()]);
         self.spawn(&argv)
     }
 
     /// The full command line: program first.
     pub fn argv(&self) -> Result<Vec<OsString>, Error> {
-        let mut a = self.shared_argv(Share::Master);
+        let mut a = self.shared_argv(Share::Master, Some("default"));
         a.push("--".into());
         a.push((&self.destination).into());
         a.push(launch_command(self.remote_path().as_deref(), self.launcher())?.into());
@@ -292,7 +292,7 @@ impl SshProgram {
 
     /// `ssh -s` for the subsystem `name`, using the master as `share` says.
     fn subsystem(&self, share: Share, name: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let mut argv = self.shared_argv(share);
+        let mut argv = self.shared_argv(share, Some("subsystem"));
         argv.extend([
             "-s".into(),
             "--".into(),
@@ -316,7 +316,7 @@ impl SshProgram {
     /// ssh_config shares one with ControlMaster). When the forwarding fails, ssh exits and
     /// the stream ends; what ssh said comes on the returned stderr.
     pub fn forward_to_loopback(&self, port: u16) -> Result<RemoteProcess<ProcessStream>, Error> {
-        let mut argv = self.shared_argv(self.extra_share());
+        let mut argv = self.shared_argv(self.extra_share(), None);
         argv.extend([
             "-W".into(),
             format!("127.0.0.1:{port}").into(),
@@ -340,7 +340,7 @@ impl SshProgram {
 
     /// ssh's resolved configuration for the destination (`ssh -G`), or `None` when it fails.
     async fn resolved(&self) -> Option<String> {
-        let mut argv = self.options_argv();
+        let mut argv = self.options_argv(None);
         argv.push("-G".into());
         argv.push("--".into());
         argv.push((&self.destination).into());
@@ -359,8 +359,8 @@ impl SshProgram {
     }
 
     /// [`options_argv`](SshProgram::options_argv), plus how to use the master, if any.
-    fn shared_argv(&self, share: Share) -> Vec<OsString> {
-        let mut a = self.options_argv();
+    fn shared_argv(&self, share: Share, session: Option<&str>) -> Vec<OsString> {
+        let mut a = self.options_argv(session);
         let Some(master) = &self.master else {
             return a;
         };
@@ -379,8 +379,10 @@ impl SshProgram {
         a
     }
 
-    /// The program and the options from [`SshOptions`], without the destination.
-    fn options_argv(&self) -> Vec<OsString> {
+    /// The program and the options from [`SshOptions`], without the destination; `session`
+    /// is the `SessionType` the ssh runs (`default` for a command, `subsystem` for `-s`;
+    /// `None` for none, or one `-W` sets).
+    fn options_argv(&self, session: Option<&str>) -> Vec<OsString> {
         let o = &self.options;
         let mut a: Vec<OsString> = vec![self.program.clone().into()];
         // No pty, no X11, no agent forwarding: a plain byte pipe. As scp: none of the
@@ -388,10 +390,20 @@ impl SshProgram {
         // the server, write into the pipe or fail the connection (ssh takes the first value
         // given, so these come before the user's options).
         a.extend(["-T", "-x", "-a"].map(OsString::from));
-        let mut fixed = vec!["PermitLocalCommand=no", "ClearAllForwardings=yes"];
+        let mut fixed = vec![
+            "PermitLocalCommand=no".to_owned(),
+            "ClearAllForwardings=yes".to_owned(),
+        ];
         // RemoteCommand came with OpenSSH 7.6; an older ssh refuses the option.
-        if knows_remote_command(&self.program) {
-            fixed.insert(0, "RemoteCommand=none");
+        if openssh_since(&self.program, (7, 6)) {
+            fixed.insert(0, "RemoteCommand=none".to_owned());
+        }
+        // Nor a session type or stdin of the user's own (`SessionType none`, `StdinNull yes`:
+        // ssh's -N and -n), which would leave the server unstarted or cut from its stdin;
+        // both came with OpenSSH 8.7.
+        if openssh_since(&self.program, (8, 7)) {
+            fixed.extend(session.map(|s| format!("SessionType={s}")));
+            fixed.push("StdinNull=no".to_owned());
         }
         for option in fixed {
             a.extend(["-o".into(), option.into()]);
@@ -561,17 +573,21 @@ impl AsyncWrite for ProcessStream {
     }
 }
 
-/// Whether the ssh `program` knows the `RemoteCommand` option (OpenSSH 7.6 and later, or an
-/// ssh that does not say its version as OpenSSH does): asked once per program, with `-V`.
-fn knows_remote_command(program: &std::path::Path) -> bool {
-    static KNOWN: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+/// Whether the ssh `program` is OpenSSH `want` or later (or an ssh that does not say its
+/// version as OpenSSH does), and so knows the options that came then: its `-V` asked once
+/// per program.
+fn openssh_since(program: &std::path::Path, want: (u32, u32)) -> bool {
+    static KNOWN: Mutex<Vec<(PathBuf, Option<String>)>> = Mutex::new(Vec::new());
     let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, k)) = known.iter().find(|(p, _)| p == program) {
-        return *k;
-    }
-    let k = version_text(program).is_none_or(|said| openssh_at_least(&said, (7, 6)));
-    known.push((program.to_path_buf(), k));
-    k
+    let said = match known.iter().find(|(p, _)| p == program) {
+        Some((_, said)) => said.clone(),
+        None => {
+            let said = version_text(program);
+            known.push((program.to_path_buf(), said.clone()));
+            said
+        }
+    };
+    said.is_none_or(|said| openssh_at_least(&said, want))
 }
 
 /// What `program -V` prints on stderr (where ssh says its version), waiting 5 s at most:
@@ -700,6 +716,10 @@ mod tests {
                 "PermitLocalCommand=no",
                 "-o",
                 "ClearAllForwardings=yes",
+                "-o",
+                "SessionType=default",
+                "-o",
+                "StdinNull=no",
                 "-F",
                 "/tmp/cfg",
                 "-p",
