@@ -785,27 +785,23 @@ fn ssh_config_that_asks_for_no_session_is_overridden() {
         ("built-in client", &direct, &[]),
     ];
     for (name, config, flags) in cases {
+        let copy = |from: &std::ffi::OsStr, to: &std::ffi::OsStr| {
+            let out = run(Command::new(BIN)
+                .arg("-F")
+                .arg(config)
+                .args(["--remote-path", BIN, "-r"])
+                .args(flags)
+                .env_remove("SSH_AUTH_SOCK")
+                .arg(from)
+                .arg(to));
+            assert!(out.status.success(), "{name}: {}", stderr(&out));
+        };
         let dst = work.path().join(format!("pushed {name}"));
-        let out = run(Command::new(BIN)
-            .arg("-F")
-            .arg(config)
-            .args(["--remote-path", BIN, "-r"])
-            .args(flags)
-            .env_remove("SSH_AUTH_SOCK")
-            .arg(&src)
-            .arg(remote(&sshd, &dst)));
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let there = remote(&sshd, &dst);
+        copy(src.as_os_str(), there.as_ref());
         assert_same_tree(&src, &dst, false);
         let back = work.path().join(format!("pulled {name}"));
-        let out = run(Command::new(BIN)
-            .arg("-F")
-            .arg(config)
-            .args(["--remote-path", BIN, "-r"])
-            .args(flags)
-            .env_remove("SSH_AUTH_SOCK")
-            .arg(remote(&sshd, &dst))
-            .arg(&back));
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        copy(there.as_ref(), back.as_os_str());
         assert_same_tree(&src, &back, false);
     }
 }
