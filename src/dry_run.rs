@@ -419,9 +419,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 Side::Receiver,
                 Bytes::new(),
                 ErrorCode::Other,
-                "nothing was deleted: the sender could not read everything, and what it \
-                 missed would have looked deleted"
-                    .into(),
+                fastcp_stream::NOTHING_DELETED.into(),
             ),
         );
     }

@@ -1942,12 +1942,7 @@ impl Apply {
         if blocked {
             self.failed(
                 b"",
-                (
-                    ErrorCode::Other,
-                    "nothing was deleted: the sender could not read everything, and what it \
-                     missed would have looked deleted"
-                        .into(),
-                ),
+                (ErrorCode::Other, fastcp_stream::NOTHING_DELETED.into()),
             );
             return Ok(());
         }

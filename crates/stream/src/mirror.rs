@@ -21,6 +21,12 @@ use crate::dest::Resolver;
 use crate::receive::Shared;
 use crate::{Error, ErrorCode, Failure, Side};
 
+/// What a receiver says when [`Spared::of`] leaves nothing to delete.
+pub const NOTHING_DELETED: &str = concat!(
+    "nothing was deleted: the sender could not read everything, ",
+    "and what it missed would have looked deleted"
+);
+
 /// How deep an extra directory may nest before its removal gives up.
 const MAX_DEPTH: usize = 256;
 

@@ -1645,9 +1645,7 @@ where
                 side: Side::Receiver,
                 code: fastcp_proto::ErrorCode::Other,
                 path: Bytes::new(),
-                message: "nothing was deleted: the sender could not read everything, and \
-                          what it missed would have looked deleted"
-                    .into(),
+                message: crate::mirror::NOTHING_DELETED.into(),
             });
         }
     }

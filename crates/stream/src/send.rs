@@ -576,11 +576,13 @@ where
             .file_checksums
             .then(|| Algorithm::for_sender(&producer_config));
         // Gathering is for checksums that need no pass over the content (the writer tasks
-        // hash each file's message otherwise), and not with `hard_links`, whose links name
-        // files that must not wait in a buffer.
+        // hash each file's message otherwise), not with `hard_links`, whose links name files
+        // that must not wait in a buffer, and not with `attrs`, which go as frames of their
+        // own before each file.
         let gather = takes_gathered
             && checksum.is_none_or(|c| c == Algorithm::Ranges)
-            && !producer_config.hard_links;
+            && !producer_config.hard_links
+            && !producer_config.attrs.any();
         let mut out = Out {
             txs,
             queued,
@@ -1525,33 +1527,17 @@ impl Producer<'_> {
         };
         let chunk = self.config.chunk_size as u64;
 
-        if size <= chunk && piece.is_none() && self.out.gathers(size) && !self.config.attrs.any() {
-            return self.gather(path, wire, &fd, &entry, size, mtime);
-        }
         if size <= chunk && piece.is_none() {
-            // Small: the whole file in one message on one stream.
-            let content = match read_small(&fd, size) {
-                Ok(c) => c,
-                Err(ReadError::Io(source)) => {
-                    let s = self.out.pick();
-                    return self.fail(s, wire, &Error::io(path, source));
-                }
-                Err(ReadError::Changed) => {
-                    let s = self.out.pick();
-                    return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
-                }
-            };
-            match unchanged(&fd, size, mtime) {
-                Ok(true) => {}
-                Ok(false) => {
-                    let s = self.out.pick();
-                    return self.fail(s, wire, &Error::SourceChanged { path: path.into() });
-                }
-                Err(source) => {
-                    let s = self.out.pick();
-                    return self.fail(s, wire, &Error::io(path, source));
-                }
+            if self.out.gathers(size) {
+                return self.gather(path, wire, &fd, &entry, size, mtime);
             }
+            // Small: the whole file in one message on one stream.
+            let mut content = Vec::with_capacity(size as usize + 1);
+            if let Err(e) = read_whole(path, &fd, size, mtime, &mut content) {
+                let s = self.out.pick();
+                return self.fail(s, wire, &e);
+            }
+            let content = Bytes::from(content);
             let s = self.out.pick();
             self.attrs(s, &wire, path, Source::Fd(&fd))?;
             let mut b = BytesMut::with_capacity(128 + wire.len());
@@ -1800,16 +1786,7 @@ impl Producer<'_> {
         let mark = buf.len();
         buf.extend_from_slice(&head);
         let start = buf.len();
-        let read = match read_small_into(fd, size, buf) {
-            Ok(()) => match unchanged(fd, size, mtime) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::SourceChanged { path: path.into() }),
-                Err(source) => Err(Error::io(path, source)),
-            },
-            Err(ReadError::Io(source)) => Err(Error::io(path, source)),
-            Err(ReadError::Changed) => Err(Error::SourceChanged { path: path.into() }),
-        };
-        if let Err(e) = read {
+        if let Err(e) = read_whole(path, fd, size, mtime, buf) {
             buf.truncate(mark);
             return self.fail(s, wire, &e);
         }
@@ -1964,11 +1941,27 @@ fn read_small_into(fd: &OwnedFd, size: u64, v: &mut Vec<u8>) -> Result<(), ReadE
     }
 }
 
-/// Reads a whole file of `size` bytes, checking that it has exactly that many.
-fn read_small(fd: &OwnedFd, size: u64) -> Result<Bytes, ReadError> {
-    let mut v = Vec::with_capacity(size as usize + 1);
-    read_small_into(fd, size, &mut v)?;
-    Ok(Bytes::from(v))
+/// Appends the whole file at `path` (`size` bytes, modified at `mtime` when it was opened) to
+/// `v`, or says why it cannot be sent as it was: it could not be read, or it changed while it
+/// was read. `v` may hold some of it afterwards when it fails.
+fn read_whole(
+    path: &Path,
+    fd: &OwnedFd,
+    size: u64,
+    mtime: (i64, u32),
+    v: &mut Vec<u8>,
+) -> Result<(), Error> {
+    let changed = || Error::SourceChanged { path: path.into() };
+    match read_small_into(fd, size, v) {
+        Ok(()) => {}
+        Err(ReadError::Io(source)) => return Err(Error::io(path, source)),
+        Err(ReadError::Changed) => return Err(changed()),
+    }
+    match unchanged(fd, size, mtime) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(changed()),
+        Err(source) => Err(Error::io(path, source)),
+    }
 }
 
 /// Reads exactly `n` bytes at `offset`.
