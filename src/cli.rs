@@ -687,7 +687,7 @@ async fn copy_with(
     feed.print_rest(&outcome.report.failures, outcome.report.failure_count);
     let code = exit::for_report(&outcome.report);
     if args.json {
-        print_json(&summary_json(&outcome, code, args.dry_run))?;
+        print_json(&summary_json(&outcome, code, role, args.dry_run))?;
     } else if args.dry_run {
         let mut out = std::io::stdout().lock();
         for entry in &outcome.listing {
@@ -875,17 +875,27 @@ fn aborted_json(err: &anyhow::Error, feed: &progress::Feed) -> serde_json::Value
 }
 
 /// The `--json` summary; README.md documents the schema.
-fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serde_json::Value {
+fn summary_json(
+    outcome: &fastcp::Outcome,
+    exit_code: u8,
+    role: Role,
+    dry_run: bool,
+) -> serde_json::Value {
     let secs = outcome.elapsed.as_secs_f64();
-    let local = &outcome.report.local;
+    // What arrived: a push counts from the receiver's final report, so that a file the
+    // remote could not write is not counted as copied (a dry run writes nothing there).
+    let arrived = match role {
+        Role::Push if !dry_run => &outcome.report.peer,
+        _ => &outcome.report.local,
+    };
     let mut value = json!({
         "version": 1,
         "exit_code": exit_code,
         "dry_run": dry_run,
-        "bytes": local.bytes,
-        "files": local.files,
-        "dirs": local.dirs,
-        "symlinks": local.symlinks,
+        "bytes": arrived.bytes,
+        "files": arrived.files,
+        "dirs": arrived.dirs,
+        "symlinks": arrived.symlinks,
         "files_skipped": outcome.report.files_skipped,
         "bytes_skipped": outcome.report.bytes_skipped,
         "bytes_sent": outcome.report.bytes_sent,
@@ -893,7 +903,7 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
         // The receiver deletes: this side (pull) or the peer (push).
         "files_deleted": outcome.report.local.deleted + outcome.report.peer.deleted,
         "seconds": secs,
-        "throughput_bytes_per_sec": if secs > 0.0 { local.bytes as f64 / secs } else { 0.0 },
+        "throughput_bytes_per_sec": if secs > 0.0 { arrived.bytes as f64 / secs } else { 0.0 },
         "transport": outcome.transport,
         "cipher": outcome.cipher.map(|c| c.to_string()),
         "provider": outcome.provider.map(|p| p.to_string()),

@@ -855,6 +855,41 @@ fn remote_json_names_transport_cipher_and_provider() {
     assert_eq!(keys(&v), keys(&readme_json_example()));
 }
 
+/// A push whose one file cannot take its name on the remote (a folder with entries is in its
+/// way) counts in `--json` only what arrived there, over sealed TCP and over SSH alike: the
+/// failed file was read and sent, but it was not copied.
+#[test]
+fn a_push_counts_only_the_files_that_arrived() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("a"), &pseudo_random(1000, 1), 0o644);
+    write(&src.join("b"), &pseudo_random(3 << 20, 2), 0o644);
+    write(&src.join("c"), &pseudo_random(5000, 3), 0o644);
+    for transport in ["tcp", "ssh"] {
+        let dst = work.path().join(format!("dst-{transport}"));
+        std::fs::create_dir_all(dst.join("src/b/inner")).unwrap();
+        std::fs::write(dst.join("src/b/inner/x"), b"x").unwrap();
+        let out = remote_fastcp(&sshd)
+            .args(["-r", "--json", "--transport", transport])
+            .arg(&src)
+            .arg(remote(&sshd, &dst))
+            .assert()
+            .code(1);
+        let v = json_of(out.get_output());
+        assert_eq!(v["error_count"], 1, "{transport}: {v}");
+        assert_eq!(v["errors"][0]["path"], "src/b", "{transport}: {v}");
+        assert_eq!(v["files"], 2, "{transport}: {v}");
+        assert_eq!(v["bytes"], 6000, "{transport}: {v}");
+        assert_eq!(v["dirs"], 1, "{transport}: {v}");
+        assert_eq!(
+            std::fs::read(dst.join("src/c")).unwrap(),
+            pseudo_random(5000, 3)
+        );
+    }
+}
+
 #[test]
 fn dry_run_over_sshd_writes_nothing() {
     let sshd = Sshd::start().unwrap();
