@@ -53,6 +53,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod ahead;
 mod attrs;
 mod budget;
 mod checksum;
@@ -78,6 +79,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use ahead::ListAhead;
 pub use attrs::KeepAttrs;
 pub use checksum::{
     ContentHash, FileChecksum, SHA256_RANGE, sha256_of_ranges, whole_file_checksum,
