@@ -20,10 +20,9 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::dest::lock;
 
-/// Entries a listing ahead reads at most (about 140 bytes of memory each, 27 MiB in all):
-/// a source tree of a kernel's size whole. Folders it did not reach are stat'ed as the
-/// probes come.
-const MAX_ENTRIES: usize = 200_000;
+/// Entries a listing ahead reads at most (about 100 bytes of memory each): enough for most
+/// trees whole. Folders it did not reach are stat'ed as the probes come.
+const MAX_ENTRIES: usize = 400_000;
 
 /// Listings older than this are not used: a login that waited for a password leaves them
 /// that stale. The probes stat the files as they come.
@@ -62,7 +61,7 @@ pub(crate) type Listing = HashMap<Box<[u8]>, Seen>;
 /// probe for a file in a listed folder is answered from the listing instead of a stat.
 ///
 /// It lists each folder given and the folders beneath it, depth first, never following a
-/// symlink, up to 200,000 entries. A receiver uses a folder's listing only if it was
+/// symlink, up to about 400,000 entries. A receiver uses a folder's listing only if it was
 /// complete, only for the folder it was made of (its device and inode, whatever its path
 /// names by then), and only within 10 seconds of the start: a folder changed in that time
 /// by something else is judged as it was listed. Only the answers come from it; nothing is
