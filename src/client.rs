@@ -389,8 +389,6 @@ pub struct Plan {
     /// A push's walk of its sources, started before the connection (see
     /// [`Plan::walking_ahead`]).
     walk_ahead: Option<fastcp_stream::WalkAhead>,
-    /// A pull's listing of the folders it will land in (see [`Plan::walking_ahead`]).
-    list_ahead: Option<fastcp_stream::ListAhead>,
 }
 
 impl Plan {
@@ -467,7 +465,6 @@ impl Plan {
             options,
             pieces: None,
             walk_ahead: None,
-            list_ahead: None,
         })
     }
 
@@ -488,55 +485,18 @@ impl Plan {
 
     /// For a push: the plan with the walk of its sources started, on a thread of its own,
     /// so that the sender finds the tree read when the connection is up (the walk is its
-    /// first work, and a login takes as long as a walk of tens of thousands of files). For
-    /// a pull that asks before sending each file: the plan with the folders it will land in
-    /// listed on a thread of its own, so that the probes find their answers read. The plan
-    /// as it is otherwise, and for a dry run or a `--shard` (which walks first).
+    /// first work, and a login takes as long as a walk of tens of thousands of files). The
+    /// plan as it is otherwise, and for a dry run or a `--shard` (which walks first).
     pub(crate) fn walking_ahead(&self) -> Plan {
         let mut plan = self.clone();
-        if self.options.dry_run || self.options.shard.is_some() {
-            return plan;
-        }
-        if self.dest.remote().is_some() {
+        if self.dest.remote().is_some() && !self.options.dry_run && self.options.shard.is_none() {
             let config = self.send_config();
             plan.walk_ahead = Some(fastcp_stream::WalkAhead::start(
                 &self.local_sources(),
                 &config.walk_config(),
             ));
-        } else if self.probing() && self.options.recursive {
-            let folders = self.landing_folders();
-            if !folders.is_empty() {
-                plan.list_ahead = Some(fastcp_stream::ListAhead::start(folders));
-            }
         }
         plan
-    }
-
-    /// For a pull: the existing folders its sources will land in, as far as the operands
-    /// tell (a wildcard's matches are known only to the server).
-    fn landing_folders(&self) -> Vec<PathBuf> {
-        let Location::Local(dest) = &self.dest else {
-            return Vec::new();
-        };
-        if !dest.is_dir() {
-            // Made by the copy, or a file: nothing there to list.
-            return Vec::new();
-        }
-        if self.contents() {
-            return vec![dest.clone()];
-        }
-        self.sources
-            .iter()
-            .filter_map(Location::remote)
-            .filter(|r| !fastcp_stream::has_wildcard(r.path.as_bytes()))
-            .filter_map(|r| top_level_name(&r.path))
-            .map(|name| dest.join(std::ffi::OsStr::from_bytes(&name)))
-            .collect()
-    }
-
-    /// The listing [`walking_ahead`](Plan::walking_ahead) started, if any.
-    pub(crate) fn list_ahead(&self) -> Option<fastcp_stream::ListAhead> {
-        self.list_ahead.clone()
     }
 
     /// The walk [`walking_ahead`](Plan::walking_ahead) started, if any.
@@ -638,7 +598,6 @@ impl Plan {
             specials: self.options.specials,
             // As in `send_config`.
             hash_content: false,
-            list_ahead: self.list_ahead(),
             ..Default::default()
         }
     }

@@ -3103,7 +3103,6 @@ async fn pull(
         // The bytes come from this process's own SFTP reads: hashing them on both sides of
         // the pipe would check the same memory twice. Each file's ranges are still checked.
         hash_content: false,
-        list_ahead: plan.list_ahead(),
         ..Default::default()
     };
     config.expected_top_level = plan

@@ -53,7 +53,6 @@
 //! ```
 #![deny(missing_docs)]
 
-mod ahead;
 mod attrs;
 mod budget;
 mod checksum;
@@ -79,7 +78,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use ahead::ListAhead;
 pub use attrs::KeepAttrs;
 pub use checksum::{
     ContentHash, FileChecksum, SHA256_RANGE, sha256_of_ranges, whole_file_checksum,

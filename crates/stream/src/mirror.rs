@@ -173,7 +173,7 @@ pub(crate) fn delete_extras(
 }
 
 /// The names in a directory, without `.` and `..`.
-pub(crate) fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
+fn list(fd: &OwnedFd) -> rustix::io::Result<Vec<Vec<u8>>> {
     let mut names = Vec::new();
     for entry in rustix::fs::Dir::read_from(fd)? {
         let name = entry?.file_name().to_bytes().to_vec();

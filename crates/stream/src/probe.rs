@@ -24,7 +24,6 @@ use fastcp_proto::{Answer, Attrs, Frame, Probe};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use tokio::sync::mpsc;
 
-use crate::ahead::{Listing, Seen};
 use crate::dest::{self, Op, Resolver, lock};
 use crate::event::{Event, SkipReason};
 use crate::receive::{Shared, kept};
@@ -99,7 +98,6 @@ impl Probers {
                     lookup: Resolver::new(shared.clone(), false),
                     ids: crate::attrs::Ids::default(),
                     turn: turn.clone(),
-                    listed: None,
                 };
                 tokio::task::spawn_blocking(move || prober.run(rx));
                 tx
@@ -198,8 +196,6 @@ struct Prober {
     ids: crate::attrs::Ids,
     /// Held to send: what one thread sends for a probe goes back unbroken by another's.
     turn: Arc<Mutex<()>>,
-    /// The folder of the last probe, and its listing ahead, if it has one.
-    listed: Option<(Arc<OwnedFd>, Option<Arc<Listing>>)>,
 }
 
 impl Prober {
@@ -265,9 +261,9 @@ impl Prober {
             let hash = st.as_ref().and_then(|_| self.content_hash(&p));
             (hash.is_none(), hash)
         } else {
-            let same_time = st
-                .as_ref()
-                .is_some_and(|st| (st.mtime, st.mtime_nsec) == (p.mtime, p.mtime_nsec));
+            let same_time = st.as_ref().is_some_and(|st| {
+                (st.st_mtime, i128::from(st.st_mtime_nsec)) == (p.mtime, i128::from(p.mtime_nsec))
+            });
             (!same_time, None)
         };
         if !send && let Some(st) = st {
@@ -316,21 +312,26 @@ impl Prober {
     /// A file the sender will skip takes the sender's mode and times (with `preserve`, when
     /// they differ) and owner and attributes (when sent), as rsync brings an unchanged file
     /// in line; a writer does it. Nothing is queued when nothing differs.
-    fn refresh(&mut self, p: &Probe, st: &Seen, attrs: Option<Box<Attrs>>) -> Result<(), Error> {
+    fn refresh(
+        &mut self,
+        p: &Probe,
+        st: &rustix::fs::Stat,
+        attrs: Option<Box<Attrs>>,
+    ) -> Result<(), Error> {
         let preserve = self.shared.config.preserve;
         let (mode, mtime) = match (preserve, p.mode) {
             (true, Some(mode)) => {
                 let mode = mode & crate::dest::SAFE_MODE_BITS;
-                let times = (st.mtime, st.mtime_nsec) != (p.mtime, p.mtime_nsec);
+                let times = (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec);
                 (
-                    (st.mode & 0o7777 != mode).then_some(mode),
+                    (st.st_mode & 0o7777 != mode).then_some(mode),
                     times.then_some((p.mtime, p.mtime_nsec)),
                 )
             }
             _ => (None, None),
         };
         let keep = &self.shared.config.attrs;
-        let attrs = attrs.filter(|a| !self.ids.in_line(a, keep, st.uid, st.gid));
+        let attrs = attrs.filter(|a| !self.ids.in_line(a, keep, st.st_uid, st.st_gid));
         if mode.is_none() && mtime.is_none() && attrs.is_none() {
             return Ok(());
         }
@@ -359,30 +360,12 @@ impl Prober {
 
     /// The destination's regular file at the probe's path (not a link, reached without
     /// following one), if it has the probe's size.
-    fn same_size(&mut self, p: &Probe) -> Option<Seen> {
+    fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
         let (dir, name) = self.probed_dir(p)?;
-        let st = match self.listing(&dir) {
-            // Not in its folder's listing: not there.
-            Some(listing) => *listing.get(&name[..])?,
-            None => {
-                Seen::from(&rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?)
-            }
-        };
-        (FileType::from_raw_mode(st.mode) == FileType::RegularFile && st.size == p.size)
+        let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_size as u64 == p.size)
             .then_some(st)
-    }
-
-    /// The listing ahead of the folder `dir`, if there is one (see [`crate::ListAhead`]).
-    fn listing(&mut self, dir: &Arc<OwnedFd>) -> Option<Arc<Listing>> {
-        let ahead = self.shared.config.list_ahead.as_ref()?;
-        match &self.listed {
-            Some((last, listing)) if Arc::ptr_eq(last, dir) => listing.clone(),
-            _ => {
-                let listing = ahead.listing(dir);
-                self.listed = Some((dir.clone(), listing.clone()));
-                listing
-            }
-        }
     }
 
     /// The existing directory a probed path's file would go into, and the file's name

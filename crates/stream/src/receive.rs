@@ -206,10 +206,6 @@ pub struct ReceiveConfig {
     /// ends at sshd). A receiver that `resume`s without
     /// `resume_from_record` hashes regardless, as its sender does. Default: true.
     pub hash_content: bool,
-    /// With `skip_unchanged`: the destination's folders, listed ahead (while the connection
-    /// was being made), whose listings answer the probes for files in them instead of a
-    /// stat each. Default: none.
-    pub list_ahead: Option<crate::ListAhead>,
 }
 
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
@@ -242,7 +238,6 @@ impl Default for ReceiveConfig {
             specials: false,
             max_entries: DEFAULT_MAX_ENTRIES,
             hash_content: true,
-            list_ahead: None,
         }
     }
 }
