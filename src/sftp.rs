@@ -101,13 +101,18 @@ struct Sftp {
     listing_places: Semaphore,
 }
 
+/// A limit in the whole seconds russh-sftp takes, rounded up: never shorter than asked.
+fn whole_secs(limit: Duration) -> u64 {
+    limit.as_secs() + u64::from(limit.subsec_nanos() > 0)
+}
+
 impl Sftp {
     async fn open(stream: BoxStream, timeout: Option<Duration>) -> Result<Sftp, Error> {
         let config = russh_sftp::client::Config {
             max_packet_len: MAX_IO + (16 << 10),
             request_timeout_secs: timeout
                 .filter(|t| !t.is_zero())
-                .map_or(WATCHED_REQUEST_LIMIT.as_secs(), |t| t.as_secs().max(1)),
+                .map_or(WATCHED_REQUEST_LIMIT.as_secs(), whole_secs),
             ..Default::default()
         };
         let limit = config.request_timeout_secs;
@@ -3992,4 +3997,18 @@ async fn send_job(jobs: &tokio::sync::mpsc::Sender<Job>, job: Job) -> Result<(),
     jobs.send(job)
         .await
         .map_err(|_| Error::ConnectionClosed("the SFTP readers stopped".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--timeout 1.9` waits 2 s for an SFTP answer, not 1 s: russh-sftp counts whole
+    /// seconds, and a limit is rounded up to them.
+    #[test]
+    fn a_limit_in_whole_seconds_is_never_shorter_than_asked() {
+        assert_eq!(whole_secs(Duration::from_millis(1900)), 2);
+        assert_eq!(whole_secs(Duration::from_millis(1)), 1);
+        assert_eq!(whole_secs(Duration::from_secs(3)), 3);
+    }
 }
