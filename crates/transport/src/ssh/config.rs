@@ -837,6 +837,10 @@ impl SshConfigFile {
             host_name.make_ascii_lowercase();
         }
         let port = ov.port.or(p.port).unwrap_or(22);
+        if port == 0 {
+            // As ssh: "Bad port '0'".
+            return Err(Error::Config(format!("{host}: Port 0: bad port")));
+        }
         let address_family = match ov.address_family {
             Some(f) => f,
             None => extra("addressfamily")
@@ -1897,6 +1901,13 @@ Host *
         for bad in ["0", "65536", "-1", "", "no-such-service-here"] {
             assert_eq!(parse_port(bad), None, "{bad}");
         }
+        // As ssh: `Port 0` in ssh_config is a bad port, not a connection to port 0.
+        let file = SshConfigFile::parse_str("Host a\n  Port 0\n").unwrap();
+        assert!(
+            matches!(file.resolve("a"), Err(Error::Config(m)) if m.contains("Port 0")),
+            "{:?}",
+            file.resolve("a").map(|h| h.port)
+        );
         // As ssh: `Port ssh` in ssh_config, `-o Port=ssh` and a ProxyJump hop's port.
         if service_port(
             &std::fs::read_to_string(SERVICES).unwrap_or_default(),
