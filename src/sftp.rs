@@ -1273,14 +1273,12 @@ async fn push(
         {
             Place::As(dest.trim_end_matches('/').to_string())
         }
+        // Operands that make no sense: a usage error, as over fastcp.
         Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
-            return Err(Error::Refused {
-                code: ErrorCode::NotFound,
-                message: format!(
-                    "{}: not a directory (several sources, or a trailing '/', need one)",
-                    crate::stream::escape(typed.as_bytes())
-                ),
-            });
+            return Err(Error::Usage(format!(
+                "{}: not a directory (several sources, or a trailing '/', need one)",
+                crate::stream::escape(typed.as_bytes())
+            )));
         }
         // A device or a pipe (`/dev/null`, say) is never replaced by a file.
         Ok(a) if ![0, S_IFREG, S_IFLNK].contains(&file_type(&a.attrs)) => {

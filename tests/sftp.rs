@@ -298,6 +298,51 @@ fn a_pipe_as_the_destination_is_left_as_it_is() {
     assert_eq!(fs::read_dir(work.path()).unwrap().count(), 2);
 }
 
+/// A target that must be a folder (a trailing '/', or several sources) and is none is a
+/// usage error (exit code 2) over SFTP as over fastcp, push and pull, and nothing is made.
+#[test]
+fn a_target_that_must_be_a_folder_and_is_none_is_a_usage_error() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let a = work.path().join("a");
+    let b = work.path().join("b");
+    write(&a, b"alpha", 0o644);
+    write(&b, b"beta", 0o644);
+    let missing = work.path().join("missing");
+    let slash = format!("{}/", missing.display());
+    for sftp in [true, false] {
+        for pull in [false, true] {
+            for sources in [&[&a][..], &[&a, &b][..]] {
+                let mut cmd = fastcp(&sshd, Path::new(BIN));
+                if sftp {
+                    cmd.arg("--sftp");
+                }
+                for source in sources {
+                    match pull {
+                        false => cmd.arg(source),
+                        true => cmd.arg(remote(&sshd, source)),
+                    };
+                }
+                match (pull, sources.len()) {
+                    (false, 1) => cmd.arg(remote(&sshd, Path::new(&slash))),
+                    (false, _) => cmd.arg(remote(&sshd, &missing)),
+                    (true, 1) => cmd.arg(&slash),
+                    (true, _) => cmd.arg(&missing),
+                };
+                let out = run(&mut cmd);
+                let case = format!("sftp {sftp}, pull {pull}, {} sources", sources.len());
+                assert_eq!(out.status.code(), Some(2), "{case}: {}", stderr(&out));
+                assert!(
+                    stderr(&out).contains("not a directory"),
+                    "{case}: {}",
+                    stderr(&out)
+                );
+                assert!(!missing.exists(), "{case}");
+            }
+        }
+    }
+}
+
 /// Sixteen SFTP sessions (`-j 16`) against an sshd with OpenSSH's default `MaxStartups
 /// 10:30:100`, which drops connections beyond ten still logging in: the logins go a few at
 /// a time, so none is refused, through either SSH client.
