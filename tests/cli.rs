@@ -514,6 +514,39 @@ fn many_folders_copy_under_a_low_open_file_limit() {
     assert_same_tree(&src, &dst.join("tree"), true);
 }
 
+/// `--delete` removes an extra folder nested deeper than 256 levels, as deep as a tree a
+/// copy can make, and so does a file of the source that takes the place of such a folder.
+#[test]
+fn delete_removes_folders_nested_hundreds_of_levels_deep() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("kept"), b"kept", 0o644);
+    write(&src.join("was-a-folder"), b"now a file", 0o644);
+    let dst = work.path().join("dst");
+    for top in ["extra", "was-a-folder"] {
+        let deep: PathBuf = std::iter::once(top.to_string())
+            .chain((0..300).map(|_| "d".to_string()))
+            .collect();
+        std::fs::create_dir_all(dst.join(&deep)).unwrap();
+        std::fs::write(dst.join(&deep).join("f"), b"deep").unwrap();
+    }
+    let out = fastcp()
+        .args(["-r", "--delete", "--json"])
+        .arg(src.join("."))
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each folder: itself, 300 levels and the file at the bottom.
+    assert_eq!(json_of(&out)["files_deleted"], 2 * 302, "{}", json_of(&out));
+    assert_same_tree(&src, &dst, false);
+}
+
 /// The top-level keys of pretty-printed JSON, in the order the text has them.
 fn top_level_keys(text: &str) -> Vec<String> {
     text.lines()

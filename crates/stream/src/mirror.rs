@@ -27,8 +27,9 @@ pub const NOTHING_DELETED: &str = concat!(
     "and what it missed would have looked deleted"
 );
 
-/// How deep an extra directory may nest before its removal gives up.
-const MAX_DEPTH: usize = 256;
+/// How deep an extra directory may nest before its removal gives up: as deep as a tree the
+/// copy could have made (each level is a directory handle held while its entries go).
+const MAX_DEPTH: usize = fastcp_proto::MAX_DEPTH;
 
 /// The entries `--delete` leaves alone for the sender's failures: each one it skipped on
 /// purpose (a FIFO, a device: `Unsupported`) or could not carry under its name
