@@ -260,9 +260,10 @@ pub struct SshArgs {
     pub scp_legacy_protocol: bool,
     #[arg(short = 's', hide = true)]
     pub scp_sftp_protocol: bool,
-    /// scp's -3 (between two remote hosts through this one): refused with a word on what
-    /// to do instead.
-    #[arg(short = '3', hide = true)]
+    /// Copy between two remote hosts through this machine, as scp's -3: accepted, and
+    /// what fastcp always does for `host1:src host2:dst` (nothing is written here; both
+    /// hosts need fastcp, which self-deploy normally puts there).
+    #[arg(short = '3', help_heading = "SSH")]
     pub scp_through_local: bool,
 }
 
@@ -642,14 +643,6 @@ async fn copy_with(
     options.bwlimit = args
         .bwlimit
         .or(args.limit_kbit.map(|k| k.saturating_mul(1024) / 8));
-    if args.ssh.scp_through_local {
-        return Err(fastcp::Error::Usage(
-            "-3: copying between two remote hosts is not supported; copy through this \
-             machine in two steps"
-                .into(),
-        )
-        .into());
-    }
     let sources = sources
         .iter()
         .map(|s| Location::parse_os(s))

@@ -73,6 +73,30 @@ pub enum Error {
     /// The cipher layer failed.
     #[error(transparent)]
     Crypto(#[from] fastcp_crypto::Error),
+    /// One of the two hosts of a copy between two remote hosts failed, or its connection
+    /// did ([`Session::relay`](crate::Session::relay)): `host` names it, and the error's
+    /// [`kind`](Error::kind), [`fault`](Error::fault) and exit code are `source`'s.
+    #[error("{host}: {source}")]
+    Host {
+        /// The host, as `[user@]host`.
+        host: String,
+        /// What failed there.
+        source: Box<Error>,
+    },
+}
+
+impl Error {
+    /// This error, as it happened on `host` (see [`Error::Host`]); one that names a host
+    /// already is left as it is.
+    pub(crate) fn on_host(self, host: &str) -> Error {
+        match self {
+            Error::Host { .. } | Error::Cancelled => self,
+            e => Error::Host {
+                host: host.to_owned(),
+                source: Box::new(e),
+            },
+        }
+    }
 }
 
 /// Documented process exit codes.
@@ -128,6 +152,9 @@ impl Error {
     /// assert_eq!(Error::ConnectionClosed("cut".into()).exit_code(), exit::CONNECTION);
     /// ```
     pub fn exit_code(&self) -> u8 {
+        if let Error::Host { source, .. } = self {
+            return source.exit_code();
+        }
         match (self, self.kind()) {
             (_, ErrorKind::Usage) => exit::USAGE,
             (_, ErrorKind::Cancelled) => exit::INTERRUPTED,
@@ -216,6 +243,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         use fastcp_transport::Error as T;
         match self {
+            Error::Host { source, .. } => source.kind(),
             Error::Usage(_) | Error::Unsupported(_) => ErrorKind::Usage,
             Error::Cancelled => ErrorKind::Cancelled,
             Error::Io(e) => io_kind(e),
@@ -246,6 +274,9 @@ impl Error {
 
     /// Whose side the failure is on; see [`Fault`].
     pub fn fault(&self) -> Fault {
+        if let Error::Host { source, .. } = self {
+            return source.fault();
+        }
         match (self, self.kind()) {
             (_, ErrorKind::Usage | ErrorKind::Auth | ErrorKind::HostKey | ErrorKind::Cancelled) => {
                 Fault::User

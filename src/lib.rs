@@ -49,6 +49,7 @@ mod error;
 pub mod limit;
 mod location;
 mod log;
+mod relay;
 mod remote;
 mod remote_hash;
 pub mod server;

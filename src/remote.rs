@@ -122,6 +122,154 @@ impl Session {
         crate::client::report_end(&progress, outcome, |o| &o.report)
     }
 
+    /// Copies `plan`'s sources, on this session's host, to its target on `target`'s host,
+    /// through this machine, as `scp -3` copies: this session's `fastcp server` sends as for
+    /// a pull, `target`'s receives as for a push, and the frames pass between their data
+    /// streams here, checked and counted, never written to this machine's disk (see
+    /// [`fastcp_stream::relay`]). `target` may be this very session (both operands on one
+    /// host). Both hosts need fastcp (self-deploy puts it there); a host where it cannot run
+    /// fails the copy rather than falling back to SFTP.
+    ///
+    /// The two sessions agree on one protocol version (the lower of the two servers'), as
+    /// many data streams and, unless both carry every byte sealed from end to end, hashed
+    /// file content; each picks its own transport and compression. A failure or a cut on
+    /// either side ends both at once, with an error ([`Error::Host`]) naming the host it
+    /// came from; `--timeout` ([`CopyOptions::timeout`]) watches both, and
+    /// [`CopyOptions::cancel`] stops both. Not with a dry run, `--sftp`, `--shard` or a
+    /// filter predicate.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), fastcp::Error> {
+    /// use std::sync::Arc;
+    /// use fastcp::{CopyOptions, Location, Plan, Progress, Session};
+    /// use fastcp::transport::SshOptions;
+    ///
+    /// let (from, to) = (Location::parse("web1:/srv/site"), Location::parse("backup@nas:sites/"));
+    /// let options = CopyOptions::default().recursive(true).skip_unchanged(true);
+    /// let ssh = SshOptions::default();
+    /// let web1 = Session::connect(from.remote().expect("remote"), &ssh, &options).await?;
+    /// let nas = Session::connect(to.remote().expect("remote"), &ssh, &options).await?;
+    /// let plan = Plan::new(vec![from], to, options)?;
+    /// let outcome = web1.relay(&nas, &plan, Arc::new(Progress::default())).await?;
+    /// println!("{} files arrived", outcome.report.peer.files);
+    /// # Ok(()) }
+    /// ```
+    pub async fn relay(
+        &self,
+        target: &Session,
+        plan: &Plan,
+        progress: Arc<Progress>,
+    ) -> Result<Outcome, Error> {
+        let copy = crate::relay::run(self, target, plan, progress.clone());
+        let outcome = crate::client::stoppable(plan, &progress, copy).await;
+        crate::client::report_end(&progress, outcome, |o| &o.report)
+    }
+
+    /// Checks that the remote ones among `operands` are this session's login.
+    pub(crate) fn check_operands(&self, operands: &[Location]) -> Result<(), Error> {
+        let remotes = operands.iter().filter_map(Location::remote);
+        check_remotes(
+            remotes,
+            self.user.as_deref(),
+            &self.host,
+            self.port,
+            &self.ssh,
+        )
+    }
+
+    /// Runs one of a relay's two sessions (`plan` says which): picks its transport as
+    /// [`run`](Session::run) does, and hands its streams to the relay. A session that finds
+    /// on the way that another transport is needed (the TCP port out of reach, logins
+    /// refused) remembers it and asks for the relay to be tried again.
+    pub(crate) async fn relay_half(
+        &self,
+        plan: &Plan,
+        progress: Arc<Progress>,
+    ) -> Result<(SessionDone, &'static str), Error> {
+        let half = plan.relay.as_ref().expect("a relay's plan");
+        let log = &plan.options.log;
+        let first: &[_] = &[self.first_connection()];
+        let peer = &first[0];
+        let job = Job::Relay;
+        if let Some(addr) = self.tcp_address(plan, peer).await? {
+            let mode = Mode::Tcp {
+                addr,
+                streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
+            };
+            log.info(|| format!("{}: sealed TCP to {addr}", self.destination));
+            return match session_over(plan, peer, first, &self.ssh, mode, progress, job).await {
+                Err(Error::Tcp(e))
+                    if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
+                {
+                    log.warn(|| format!("{e}; falling back to SSH channels"));
+                    self.tcp_unreachable.store(true, Relaxed);
+                    half.again();
+                    Err(Error::Tcp(e))
+                }
+                started => relay_started(started?, "tcp"),
+            };
+        }
+        let wanted = plan
+            .options
+            .streams
+            .unwrap_or(DEFAULT_SSH_STREAMS)
+            .clamp(1, MAX_SSH_STREAMS);
+        if let AnyTransport::Program(_) = &**peer {
+            let mode = match wanted {
+                1 => Mode::Inline,
+                streams => Mode::Forwarded { streams },
+            };
+            let started = session_over(plan, peer, first, &self.ssh, mode, progress, job).await;
+            return relay_started(started?, "ssh");
+        }
+        let mode = match wanted {
+            1 => Mode::Inline,
+            streams => Mode::Unix { streams },
+        };
+        let peers = self.peers(mode.streams(), log).await;
+        let mode = match mode {
+            Mode::Unix { streams } => match streams.min(peers.most()) {
+                n @ 2.. => Mode::Unix { streams: n },
+                _ => Mode::Inline,
+            },
+            mode => mode,
+        };
+        log.info(|| {
+            format!(
+                "{}: SSH channels, {} stream(s)",
+                self.destination,
+                mode.streams()
+            )
+        });
+        let started = session_over(plan, peer, &peers, &self.ssh, mode, progress, job).await;
+        if started.is_err() && peers.unsettled() && peers.settle().await < mode.streams() {
+            half.again();
+        }
+        self.keep(peers.peers);
+        relay_started(started?, "ssh")
+    }
+
+    /// Where a copy's sealed TCP streams go, if it takes them: the host's address as the
+    /// plan's transport allows.
+    async fn tcp_address(
+        &self,
+        plan: &Plan,
+        peer: &AnyTransport,
+    ) -> Result<Option<std::net::IpAddr>, Error> {
+        Ok(match plan.options.transport {
+            TransportChoice::Ssh => None,
+            TransportChoice::Auto if self.tcp_unreachable.load(Relaxed) => None,
+            TransportChoice::Auto => direct_address(peer).await,
+            TransportChoice::Tcp => Some(direct_address(peer).await.ok_or_else(|| {
+                Error::Usage(
+                    "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
+                     or a ProxyCommand); use --transport ssh"
+                        .into(),
+                )
+            })?),
+        })
+    }
+
     /// Closes the session's connections. Copies still running on it fail.
     pub async fn close(self) {
         drop(self);
@@ -201,19 +349,7 @@ impl Session {
                 .over_sftp_if_needed(plan, peer, started, "ssh", progress)
                 .await;
         }
-        let tcp_addr = match plan.options.transport {
-            TransportChoice::Ssh => None,
-            TransportChoice::Auto if self.tcp_unreachable.load(Relaxed) => None,
-            TransportChoice::Auto => direct_address(peer).await,
-            TransportChoice::Tcp => Some(direct_address(peer).await.ok_or_else(|| {
-                Error::Usage(
-                    "the TCP transport needs a host fastcp reaches directly (not through ProxyJump \
-                     or a ProxyCommand); use --transport ssh"
-                        .into(),
-                )
-            })?),
-        };
-        if let Some(addr) = tcp_addr {
+        if let Some(addr) = self.tcp_address(plan, peer).await? {
             let mode = Mode::Tcp {
                 addr,
                 streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
@@ -738,6 +874,20 @@ impl Session {
     }
 }
 
+/// A session of a relay that ran, or why it could not: the host has no fastcp that can run.
+fn relay_started(
+    started: Started,
+    transport: &'static str,
+) -> Result<(SessionDone, &'static str), Error> {
+    match started {
+        Started::Done(done) => Ok((*done, transport)),
+        Started::Sftp(why) => Err(Error::RemoteCommand(format!(
+            "{why}; a copy between two remote hosts needs fastcp on both (self-deploy normally \
+             puts it there): install it there, or copy through this machine in two steps"
+        ))),
+    }
+}
+
 /// Checks that every remote operand of `plan` is the login `user@host` (port `port`, as
 /// `ssh` reaches it): the same host and port, and a user that is the same once ssh_config
 /// and the default user are applied (as root, `root@host:a` and `host:b` are one login).
@@ -751,6 +901,18 @@ pub(crate) fn check_logins(
     if plan.remote().is_none() {
         return Err(Error::Usage("a remote copy needs a remote operand".into()));
     }
+    let remotes = plan.sources().iter().chain([plan.dest()]);
+    check_remotes(remotes.filter_map(Location::remote), user, host, port, ssh)
+}
+
+/// Checks that each of `remotes` is the login `user@host`, as [`check_logins`] does.
+fn check_remotes<'a>(
+    remotes: impl Iterator<Item = &'a RemotePath>,
+    user: Option<&str>,
+    host: &str,
+    port: Option<u16>,
+    ssh: &SshOptions,
+) -> Result<(), Error> {
     let login = |user: Option<&str>| {
         let destination = match user {
             Some(u) => format!("{u}@{host}"),
@@ -765,8 +927,7 @@ pub(crate) fn check_logins(
     };
     // The session's own login, resolved once, and only if an operand names another user.
     let ours = std::cell::OnceCell::new();
-    let remotes = plan.sources().iter().chain([plan.dest()]);
-    for remote in remotes.filter_map(Location::remote) {
+    for remote in remotes {
         let same_user = remote.user.as_deref() == user
             || matches!(
                 (login(remote.user.as_deref()), ours.get_or_init(|| login(user))),

@@ -71,6 +71,38 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Negotiated, Error> {
     let hs = Handshake::new(local_hello());
     reader.send(&hs.hello()).await?;
+    peer_hello(reader, &hs).await
+}
+
+/// Reads the peer's hello before sending ours, which a peer that speaks first allows (a
+/// `fastcp server` sends its hello at once): a relay learns both peers' versions before it
+/// offers one to either.
+pub(crate) async fn read_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    reader: &mut FrameReader<S>,
+) -> Result<Hello, Error> {
+    let hs = Handshake::new(local_hello());
+    Ok(peer_hello(reader, &hs).await?.peer)
+}
+
+/// Sends our hello offering protocol `version` at most, and agrees with the peer's hello
+/// `peer`, read already ([`read_hello`]).
+pub(crate) async fn offer_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    reader: &mut FrameReader<S>,
+    peer: Hello,
+    version: u16,
+) -> Result<Negotiated, Error> {
+    let mut ours = local_hello();
+    ours.version = ours.version.min(version);
+    let hs = Handshake::new(ours);
+    reader.send(&hs.hello()).await?;
+    Ok(hs.handle_hello(peer)?)
+}
+
+/// Reads the peer's hello and agrees with it as `hs` offers.
+async fn peer_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    reader: &mut FrameReader<S>,
+    hs: &Handshake,
+) -> Result<Negotiated, Error> {
     loop {
         if let Some(agreed) = hs.decode_peer_hello(reader.buffer())? {
             return Ok(agreed);

@@ -131,12 +131,6 @@ fn usage_errors_exit_2() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("a source and a target are needed"));
-    // scp's -3 says what to do instead.
-    fastcp()
-        .args(["-3", "hosta:x", "hostb:y"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("in two steps"));
     // Options may come between the operands.
     fastcp()
         .args([a, "-q", "b"])

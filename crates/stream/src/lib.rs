@@ -12,6 +12,8 @@
 //!   `AsyncRead + AsyncWrite` streams that a session has already set up (SSH channels, sealed
 //!   TCP, in-memory pipes) and speak the frames of [`fastcp_proto`].
 //! - [`copy_local`] runs both in one process over in-memory pipes: the local copy.
+//! - [`relay`] passes a sender's frames, checked, to a receiver elsewhere, and the
+//!   receiver's replies back: a copy between two remote hosts through this process.
 //! - [`Progress`] holds counters a user interface polls; [`Report`] is what a finished
 //!   transfer returns, with the entries that failed on either side; [`Error`] is what stops
 //!   one.
@@ -68,6 +70,7 @@ mod pipe;
 mod probe;
 mod progress;
 mod receive;
+mod relay;
 mod report;
 mod resume;
 mod send;
@@ -99,6 +102,7 @@ pub use receive::{
     DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig, receive,
     receive_from, receive_piped,
 };
+pub use relay::{RelayConfig, RelayError, relay};
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use resume::{PARTIAL_MIN, partial_name, partial_target};
 pub use send::{

@@ -71,7 +71,7 @@ type WalkItem = Result<crate::Entry, Error>;
 
 /// The cap on a frame from the receiver: errors and the final report are small; the largest
 /// is a `Partial` with all its block hashes (`--resume`, 256 KiB of them).
-const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
+pub(crate) const REPLY_MAX_FRAME: u32 = (fastcp_proto::MAX_PARTIAL_HASHES * 16) as u32 + (64 << 10);
 
 /// Quick-check probes outstanding, at most: from the oldest one not yet answered to the
 /// newest, until the first answer shows the round trip (see [`probe_window`]). About 200

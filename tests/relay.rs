@@ -1,0 +1,318 @@
+//! Copies between two remote hosts through this machine (`fastcp hosta:src hostb:dst`, scp's
+//! `-3`), against two real sshds on 127.0.0.1, and one with the same host on both sides.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BIN, json, run, script, stderr};
+use fastcp_testsupport::Sshd;
+use fastcp_testsupport::tree::{
+    assert_no_temp, assert_same_tree, build_mixed, pseudo_random, scan, write,
+};
+
+/// Two sshds, `hosta` and `hostb`, in one ssh_config; each runs the remote program through a
+/// wrapper that notes its process id in the host's own folder (`pids` there).
+struct Hosts {
+    a: Sshd,
+    _b: Sshd,
+    config: PathBuf,
+    remote_path: PathBuf,
+    work: tempfile::TempDir,
+}
+
+impl Hosts {
+    fn start() -> Hosts {
+        let work = tempfile::tempdir().unwrap();
+        let (pids_a, pids_b) = (work.path().join("pids-a"), work.path().join("pids-b"));
+        std::fs::create_dir(&pids_a).unwrap();
+        std::fs::create_dir(&pids_b).unwrap();
+        let a = Sshd::start_with_env(&[("FASTCP_TEST_PIDS", &pids_a)]).unwrap();
+        let b = Sshd::start_with_env(&[("FASTCP_TEST_PIDS", &pids_b)]).unwrap();
+        let config = work.path().join("ssh_config");
+        std::fs::write(
+            &config,
+            format!("{}{}", a.host_block("hosta"), b.host_block("hostb")),
+        )
+        .unwrap();
+        let remote_path = script(
+            work.path(),
+            "fastcp-noting-its-pid",
+            &format!("echo $$ > \"$FASTCP_TEST_PIDS/$$\"\nexec '{BIN}' \"$@\""),
+        );
+        Hosts {
+            a,
+            _b: b,
+            config,
+            remote_path,
+            work,
+        }
+    }
+
+    /// A fresh folder for a test's trees.
+    fn dir(&self, name: &str) -> PathBuf {
+        let dir = self.work.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        dir
+    }
+
+    fn fastcp(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("-F")
+            .arg(&self.config)
+            .arg("--remote-path")
+            .arg(&self.remote_path)
+            .env_remove("SSH_AUTH_SOCK");
+        cmd
+    }
+
+    /// The process ids of the remote programs `host` ("a" or "b") started so far.
+    fn pids(&self, host: &str) -> Vec<i32> {
+        std::fs::read_dir(self.work.path().join(format!("pids-{host}")))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+}
+
+fn on(host: &str, path: &Path) -> String {
+    format!("{host}:{}", path.display())
+}
+
+/// Nothing written in the folder the command ran in.
+fn ran_in_empty(cwd: &Path) {
+    assert!(
+        std::fs::read_dir(cwd).unwrap().next().is_none(),
+        "written locally: {:?}",
+        scan(cwd).keys().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_tree_is_relayed_whole_and_the_source_left_as_it_was() {
+    let hosts = Hosts::start();
+    let (src_dir, dst_dir, cwd) = (hosts.dir("a"), hosts.dir("b"), hosts.dir("cwd"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    let before = scan(&src);
+    for transport in ["auto", "ssh"] {
+        let dst = dst_dir.join(transport);
+        let out = run(hosts
+            .fastcp()
+            .args(["-r", "-p", "--json", "--transport", transport])
+            .arg(on("hosta", &src))
+            .arg(on("hostb", &dst))
+            .current_dir(&cwd));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_same_tree(&src, &dst, true);
+        assert_no_temp(&dst);
+        let v = json(&out);
+        assert_eq!(v["exit_code"], 0, "{v}");
+        assert!(v["files"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["bytes_sent"], v["bytes"], "{v}");
+    }
+    assert_eq!(scan(&src), before, "the source changed");
+    ran_in_empty(&cwd);
+    // scp's -3 is accepted, and means the same.
+    let dst = dst_dir.join("three");
+    let out = run(hosts
+        .fastcp()
+        .args(["-3", "-r", "-p"])
+        .arg(on("hosta", &src))
+        .arg(on("hostb", &dst))
+        .current_dir(&cwd));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, true);
+}
+
+#[test]
+fn a_file_is_relayed_to_a_new_name_and_into_a_folder() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let data = pseudo_random(3 << 20, 7);
+    write(&src.join("f.bin"), &data, 0o640);
+    write(&src.join("g.txt"), b"g", 0o600);
+    // To a new name.
+    let out = run(hosts
+        .fastcp()
+        .arg(on("hosta", &src.join("f.bin")))
+        .arg(on("hostb", &dst.join("renamed.bin"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dst.join("renamed.bin")).unwrap(), data);
+    // Into an existing folder, two at once; `user@` and `scp://` operands name the logins.
+    let folder = dst.join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    let user = hosts.a.user().to_owned();
+    let out = run(hosts
+        .fastcp()
+        .arg(format!("{user}@hosta:{}", src.join("f.bin").display()))
+        .arg(format!("{user}@hosta:{}", src.join("g.txt").display()))
+        .arg(format!("scp://hostb/{}", folder.display())));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(folder.join("f.bin")).unwrap(), data);
+    assert_eq!(std::fs::read(folder.join("g.txt")).unwrap(), b"g");
+    assert_no_temp(&dst);
+}
+
+#[test]
+fn a_rerun_with_skip_unchanged_relays_no_file_data() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    let copy = || {
+        run(hosts
+            .fastcp()
+            .args(["-r", "--skip-unchanged", "--json"])
+            .arg(on("hosta", &src))
+            .arg(on("hostb", &dst)))
+    };
+    let first = json(&copy());
+    assert_eq!(first["exit_code"], 0, "{first}");
+    let files = first["files"].as_u64().unwrap();
+    assert!(
+        files > 0 && first["bytes_sent"].as_u64().unwrap() > 0,
+        "{first}"
+    );
+    assert_same_tree(&src, &dst.join("tree"), true);
+    let again = json(&copy());
+    assert_eq!(again["exit_code"], 0, "{again}");
+    assert_eq!(again["bytes_sent"], 0, "{again}");
+    assert_eq!(again["files_skipped"], files, "{again}");
+}
+
+#[test]
+fn delete_removes_extras_beneath_the_target_only() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    let target = dst.join("tree");
+    std::fs::create_dir_all(target.join("extra-dir/deeper")).unwrap();
+    write(&target.join("extra-dir/deeper/x"), b"x", 0o644);
+    write(&target.join("extra-file"), b"y", 0o644);
+    write(&dst.join("beside"), b"beside", 0o644);
+    let out = run(hosts
+        .fastcp()
+        .args(["-r", "-p", "--delete", "--json"])
+        .arg(on("hosta", &src))
+        .arg(on("hostb", &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_deleted"], 4, "{}", json(&out));
+    assert_same_tree(&src, &target, true);
+    assert_eq!(std::fs::read(dst.join("beside")).unwrap(), b"beside");
+}
+
+#[test]
+fn a_file_that_cannot_land_is_reported_and_the_rest_arrives() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("blocked"), b"a file", 0o644);
+    write(&src.join("fine"), b"fine", 0o644);
+    // A folder that is not empty where the file must go.
+    std::fs::create_dir_all(dst.join("tree/blocked")).unwrap();
+    write(&dst.join("tree/blocked/inside"), b"kept", 0o644);
+    let out = run(hosts
+        .fastcp()
+        .args(["-r", "--json"])
+        .arg(on("hosta", &src))
+        .arg(on("hostb", &dst)));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(
+        (&v["exit_code"], &v["error_count"]),
+        (&1.into(), &1.into()),
+        "{v}"
+    );
+    assert_eq!(v["errors"][0]["side"], "receiver", "{v}");
+    assert_eq!(std::fs::read(dst.join("tree/fine")).unwrap(), b"fine");
+    assert_eq!(
+        std::fs::read(dst.join("tree/blocked/inside")).unwrap(),
+        b"kept"
+    );
+    assert_no_temp(&dst);
+}
+
+#[test]
+fn the_same_host_on_both_sides() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    let dst = work.path().join("copy");
+    let out = run(common::fastcp(&sshd, common::bin())
+        .args(["-r", "-p"])
+        .arg(common::remote(&sshd, &src))
+        .arg(common::remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, true);
+}
+
+/// Runs a relay of a big file, slowed down, and kills `host`'s server ("a" or "b") once
+/// data is flowing; returns what fastcp said. The copy must end within a minute.
+fn cut(host: &str) -> (Output, PathBuf) {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("big"), &pseudo_random(32 << 20, 3), 0o644);
+    let mut child = hosts
+        .fastcp()
+        .args(["--bwlimit", "2M", "--json", "--timeout", "120"])
+        .arg(on("hosta", &src.join("big")))
+        .arg(on("hostb", &dst.join("big")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Data flows once the receiver's temp file has some of it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let flowing = || {
+        std::fs::read_dir(&dst)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+    };
+    while !flowing() {
+        assert!(Instant::now() < deadline, "no data arrived");
+        assert!(child.try_wait().unwrap().is_none(), "fastcp ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in hosts.pids(host) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the copy went on after its {host} server was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    eprintln!("stderr: {}", stderr(&out));
+    assert!(
+        !dst.join("big").exists(),
+        "a partial file under its final name"
+    );
+    let _keep = hosts;
+    (out, dst)
+}
+
+#[test]
+fn a_cut_on_the_sending_host_ends_the_copy_naming_it() {
+    let (out, _) = cut("a");
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let v = json(&out);
+    assert!(v["error"].as_str().unwrap().starts_with("hosta:"), "{v}");
+}
+
+#[test]
+fn a_cut_on_the_receiving_host_ends_the_copy_naming_it() {
+    let (out, _) = cut("b");
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let v = json(&out);
+    assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
+}
