@@ -106,11 +106,13 @@ impl RelayError {
 /// let (to_sender, sender_end) = tokio::io::duplex(1 << 16);
 /// let (to_receiver, receiver_end) = tokio::io::duplex(1 << 16);
 /// let (sources, dest) = ([dir.path().join("a.txt")], dir.path().join("b.txt"));
+/// let (send, receive) = (SendConfig::default(), ReceiveConfig::default());
+/// let config = RelayConfig::default();
 /// let progress = Arc::new(Progress::default());
 /// let (sent, relayed, received) = tokio::join!(
-///     fastcp_stream::send(&sources, vec![sender_end], &SendConfig::default(), Arc::default()),
-///     fastcp_stream::relay(vec![to_sender], vec![to_receiver], &RelayConfig::default(), progress),
-///     fastcp_stream::receive(&dest, vec![receiver_end], &ReceiveConfig::default(), Arc::default()),
+///     fastcp_stream::send(&sources, vec![sender_end], &send, Arc::default()),
+///     fastcp_stream::relay(vec![to_sender], vec![to_receiver], &config, progress),
+///     fastcp_stream::receive(&dest, vec![receiver_end], &receive, Arc::default()),
 /// );
 /// let (_, report, _) = (sent?, relayed?, received?);
 /// assert_eq!((report.local.files, report.peer.files), (1, 1));
