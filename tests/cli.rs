@@ -96,7 +96,8 @@ fn usage_errors_exit_2() {
         &["--cipher", "rot13", a, "b"],
         &["--transport", "carrier-pigeon", a, "b"],
         &["completions", "cmd.exe"],
-        &["hosta:x", "hostb:y"],
+        // Between two remote hosts, what the relay does not do is said before connecting.
+        &["-n", "hosta:x", "hostb:y"],
         &["--exclude", "[unclosed", a, "b"],
         &["--exclude-from", "no-such-rules", a, "b"],
         &["--files-from", "no-such-list", a, "b"],
