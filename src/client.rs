@@ -1563,6 +1563,13 @@ where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     T: Transport,
 {
+    if plan.is_relay() {
+        let e = Error::Usage(
+            "a copy between two remote hosts needs two sessions: use Session::relay".into(),
+        );
+        progress.aborted(&e);
+        return Err(e);
+    }
     let job = if plan.options.dry_run {
         Job::DryRun
     } else {

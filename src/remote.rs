@@ -114,7 +114,8 @@ impl Session {
     }
 
     /// Runs one copy over this session: `plan`'s remote side must be this session's host
-    /// (same user, host and port). Cancel it with [`CopyOptions::cancel`] or by dropping the
+    /// (same user, host and port); with both operands there, it copies between them as
+    /// [`relay`](Session::relay) does. Cancel it with [`CopyOptions::cancel`] or by dropping the
     /// future; the session stays usable either way.
     pub async fn copy(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         let copy = self.copy_now(plan, progress.clone());
@@ -276,6 +277,10 @@ impl Session {
     }
 
     async fn copy_now(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+        if plan.is_relay() {
+            // Both operands on this session's host.
+            return crate::relay::run(self, self, plan, progress).await;
+        }
         let plan = &plan.sharded().await?;
         // A predicate is code: it runs where the files are read, and never travels (rules
         // and a --files-from list do).

@@ -316,3 +316,51 @@ fn a_cut_on_the_receiving_host_ends_the_copy_naming_it() {
     let v = json(&out);
     assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
 }
+
+/// The library: [`fastcp::Session::relay`] between two sessions a program holds, and a
+/// plan with both operands on one host through that host's [`fastcp::Session::copy`].
+#[test]
+fn the_library_relays_between_two_sessions_and_within_one() {
+    use fastcp::{CopyOptions, Location, Plan, Progress, Session};
+    use std::sync::Arc;
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(hosts.config.clone()),
+        remote_path: Some(BIN.into()),
+        ..Default::default()
+    };
+    let options = CopyOptions::default().recursive(true).preserve(true);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let from = Location::parse(&on("hosta", &src));
+        let to = Location::parse(&on("hostb", &dst.join("between")));
+        let a = Session::connect(from.remote().unwrap(), &ssh, &options)
+            .await
+            .unwrap();
+        let b = Session::connect(to.remote().unwrap(), &ssh, &options)
+            .await
+            .unwrap();
+        let plan = Plan::new(vec![from.clone()], to, options.clone()).unwrap();
+        assert!(plan.is_relay());
+        let outcome = a
+            .relay(&b, &plan, Arc::new(Progress::default()))
+            .await
+            .unwrap();
+        assert!(outcome.report.is_complete());
+        assert_eq!(outcome.report.local.files, outcome.report.peer.files);
+        assert_same_tree(&src, &dst.join("between"), true);
+        // Both operands on hosta: its own session copies between them.
+        let within = src_dir.join("within");
+        let plan = Plan::new(
+            vec![from],
+            Location::parse(&on("hosta", &within)),
+            options.clone(),
+        )
+        .unwrap();
+        a.copy(&plan, Arc::new(Progress::default())).await.unwrap();
+        assert_same_tree(&src, &within, true);
+    });
+}
