@@ -960,7 +960,8 @@ pub async fn copy_remote(
     progress: Arc<Progress>,
 ) -> Result<Outcome, Error> {
     if plan.is_relay() {
-        return crate::relay::copy(plan, ssh, progress).await;
+        // Boxed: two sessions' state would otherwise make every copy's future that big.
+        return Box::pin(crate::relay::copy(plan, ssh, progress)).await;
     }
     let plan = &plan.walking_ahead();
     let connect = async {

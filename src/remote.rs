@@ -161,7 +161,7 @@ impl Session {
         plan: &Plan,
         progress: Arc<Progress>,
     ) -> Result<Outcome, Error> {
-        let copy = crate::relay::run(self, target, plan, progress.clone());
+        let copy = Box::pin(crate::relay::run(self, target, plan, progress.clone()));
         let outcome = crate::client::stoppable(plan, &progress, copy).await;
         crate::client::report_end(&progress, outcome, |o| &o.report)
     }
@@ -279,7 +279,8 @@ impl Session {
     async fn copy_now(&self, plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
         if plan.is_relay() {
             // Both operands on this session's host.
-            return crate::relay::run(self, self, plan, progress).await;
+            // Boxed: two sessions' state would otherwise make every copy's future that big.
+            return Box::pin(crate::relay::run(self, self, plan, progress)).await;
         }
         let plan = &plan.sharded().await?;
         // A predicate is code: it runs where the files are read, and never travels (rules
