@@ -228,13 +228,7 @@ impl Session {
             streams => Mode::Unix { streams },
         };
         let peers = self.peers(mode.streams(), log).await;
-        let mode = match mode {
-            Mode::Unix { streams } => match streams.min(peers.most()) {
-                n @ 2.. => Mode::Unix { streams: n },
-                _ => Mode::Inline,
-            },
-            mode => mode,
-        };
+        let mode = within_logins(mode, peers.most());
         log.info(|| {
             format!(
                 "{}: SSH channels, {} stream(s)",
@@ -446,13 +440,7 @@ impl Session {
         // join it once they have (see `Logins`).
         let peers = self.peers(mode.streams(), log).await;
         // Fewer when this session's logins failed before, or a typed one failed just now.
-        let mode = match mode {
-            Mode::Unix { streams } => match streams.min(peers.most()) {
-                n @ 2.. => Mode::Unix { streams: n },
-                _ => Mode::Inline,
-            },
-            mode => mode,
-        };
+        let mode = within_logins(mode, peers.most());
         log.info(|| {
             format!(
                 "transport: SSH channels, {} stream(s) over {} connection(s)",
@@ -877,6 +865,18 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// SSH channels as many as there are logins for them (one stream rides the control
+/// channel alone).
+fn within_logins(mode: Mode, logins: u16) -> Mode {
+    match mode {
+        Mode::Unix { streams } => match streams.min(logins) {
+            n @ 2.. => Mode::Unix { streams: n },
+            _ => Mode::Inline,
+        },
+        mode => mode,
     }
 }
 

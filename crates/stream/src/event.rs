@@ -96,6 +96,17 @@ pub enum SkipReason {
     SameContent,
 }
 
+impl SkipReason {
+    /// Why the quick check skips a file: by content with `checksum`, else by times.
+    pub(crate) fn of(checksum: bool) -> SkipReason {
+        if checksum {
+            SkipReason::SameContent
+        } else {
+            SkipReason::Unchanged
+        }
+    }
+}
+
 /// Where a transfer's [`Event`]s go: a function called on the engine's threads, as each
 /// event happens. Keep it quick (hand the event to a channel, say); it must not block.
 #[derive(Clone)]

@@ -473,21 +473,7 @@ impl Shared {
     /// Checks an entry's path against the session: safe, asked for, not through a symlink
     /// sent earlier.
     fn check_entry(&self, path: &Bytes, kind: Kind) -> Result<(), Error> {
-        fastcp_proto::path::validate(path).map_err(|e| Error::unsafe_path(path, e.to_string()))?;
-        let first = match path.iter().position(|&b| b == b'/') {
-            Some(i) => &path[..i],
-            None => &path[..],
-        };
-        if let Some(expected) = &self.config.expected_top_level
-            && !expected
-                .iter()
-                .any(|n| crate::pattern::name_matches(n, first))
-        {
-            return Err(Error::unsafe_path(
-                path,
-                format!("\"{}\" was not requested", escape(first)),
-            ));
-        }
+        let first = check_sent_path(path, self.config.expected_top_level.as_deref())?;
         if !self.config.recursive && (kind == Kind::Dir || first.len() != path.len()) {
             return Err(Error::Protocol(format!(
                 "{}: a directory entry, but the copy is not recursive",
@@ -1242,6 +1228,27 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     }
     w.flush().await.map_err(fail)?;
     Ok(w.into_inner())
+}
+
+/// A path a sender sent: safe, and at the top level one of the names asked for (`expected`,
+/// wildcards matching, or any when `None`; scp's CVE-2019-6111). Returns its first component.
+pub(crate) fn check_sent_path<'a>(
+    path: &'a [u8],
+    expected: Option<&[Vec<u8>]>,
+) -> Result<&'a [u8], Error> {
+    fastcp_proto::path::validate(path).map_err(|e| Error::unsafe_path(path, e.to_string()))?;
+    let first = path.split(|&b| b == b'/').next().unwrap_or_default();
+    if let Some(expected) = expected
+        && !expected
+            .iter()
+            .any(|n| crate::pattern::name_matches(n, first))
+    {
+        return Err(Error::unsafe_path(
+            path,
+            format!("\"{}\" was not requested", escape(first)),
+        ));
+    }
+    Ok(first)
 }
 
 /// Opens the destination: the directory entries go into, and the name the single top-level

@@ -21,7 +21,7 @@ use fastcp_proto::{Decoder, ErrorFrame, Frame, Summary, encode, encode_data_head
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::report::{Failure, Report, Side};
-use crate::{Error, Event, Progress, SkipReason, escape, stream_error};
+use crate::{Error, Event, Progress, SkipReason, stream_error};
 
 /// Frames read and not yet written on one stream, in bytes, before they are written.
 const FLUSH_AT: usize = 4 << 20;
@@ -511,11 +511,7 @@ impl Shared {
                     progress.event(|| Event::Skipped {
                         path,
                         size,
-                        reason: if self.config.checksum {
-                            SkipReason::SameContent
-                        } else {
-                            SkipReason::Unchanged
-                        },
+                        reason: SkipReason::of(self.config.checksum),
                     });
                 }
                 Ok(())
@@ -542,19 +538,8 @@ impl Shared {
 
     /// A path of the sender's: safe, and at the top level one of the names asked for.
     fn check_path(&self, path: &[u8]) -> Result<(), Error> {
-        fastcp_proto::path::validate(path).map_err(|e| Error::unsafe_path(path, e.to_string()))?;
-        let first = path.split(|&b| b == b'/').next().unwrap_or_default();
-        if let Some(expected) = &self.config.expected_top_level
-            && !expected
-                .iter()
-                .any(|n| crate::pattern::name_matches(n, first))
-        {
-            return Err(Error::unsafe_path(
-                path,
-                format!("\"{}\" was not requested", escape(first)),
-            ));
-        }
-        Ok(())
+        let expected = self.config.expected_top_level.as_deref();
+        crate::receive::check_sent_path(path, expected).map(|_| ())
     }
 
     /// `sent` bytes of file `id` passed on, or `kept` bytes of it that the receiver holds.

@@ -1356,11 +1356,7 @@ impl Producer<'_> {
             self.event(|| Event::Skipped {
                 path: wire,
                 size,
-                reason: if self.config.checksum {
-                    SkipReason::SameContent
-                } else {
-                    SkipReason::Unchanged
-                },
+                reason: SkipReason::of(self.config.checksum),
             });
             Ok(())
         }
