@@ -298,13 +298,14 @@ async fn attempt(
         let mut config = fastcp_stream::RelayConfig::default();
         config.max_frame = max_frame;
         config.checksum = plan.options().checksum;
-        config.expected_top_level = Some(
-            plan.sources()
-                .iter()
-                .filter_map(Location::remote)
-                .filter_map(|r| top_level_name(&r.path))
-                .collect(),
-        );
+        // As a pull: a source that names no entry of its own (`a:`, `a:~`, `a:dir/.`)
+        // arrives under a name only its host knows, so any name is accepted then.
+        config.expected_top_level = plan
+            .sources()
+            .iter()
+            .filter_map(Location::remote)
+            .map(|r| top_level_name(&r.path))
+            .collect();
         let relayed = async {
             fastcp_stream::relay(streams_a, streams_b, &config, progress.clone())
                 .await

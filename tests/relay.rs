@@ -156,6 +156,25 @@ fn a_file_is_relayed_to_a_new_name_and_into_a_folder() {
     assert_no_temp(&dst);
 }
 
+/// A source that names a folder's contents (`dir/.`), which arrives under a name only its
+/// host knows, is relayed as a pull would take it: its contents land in the target.
+#[test]
+fn a_folders_contents_are_relayed_into_the_target() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("x.txt"), b"x", 0o644);
+    std::fs::create_dir(src.join("sub")).unwrap();
+    write(&src.join("sub/y.txt"), b"y", 0o644);
+    let out = run(hosts
+        .fastcp()
+        .arg("-r")
+        .arg(format!("hosta:{}/.", src.display()))
+        .arg(on("hostb", &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dst.join("x.txt")).unwrap(), b"x");
+    assert_eq!(std::fs::read(dst.join("sub/y.txt")).unwrap(), b"y");
+}
+
 #[test]
 fn a_rerun_with_skip_unchanged_relays_no_file_data() {
     let hosts = Hosts::start();
