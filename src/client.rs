@@ -1618,11 +1618,14 @@ where
             )
             .await?;
             let met = half
-                .meet(crate::relay::Offer {
-                    version: hello.version,
-                    authenticated,
-                    streams,
-                })
+                .meet(
+                    crate::relay::Offer {
+                        version: hello.version,
+                        authenticated,
+                        streams,
+                    },
+                    plan.options.timeout,
+                )
                 .await?;
             authenticated = met.authenticated;
             streams = met.streams;

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
@@ -58,6 +58,11 @@ pub(crate) struct Offer {
     pub(crate) streams: u16,
 }
 
+/// The longest one session waits for the other's offer: well within the time a server
+/// that said hello waits for its client.
+const MEET_WAIT: Duration = Duration::from_secs(40);
+const _: () = assert!(MEET_WAIT.as_secs() < crate::server::SERVER_IDLE_TIMEOUT.as_secs());
+
 /// Where the two sessions of one relay meet.
 #[derive(Default)]
 struct Link {
@@ -87,7 +92,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Half {
     /// Offers `ours` and waits for the other session's offer: the version both use (the
     /// lower), whether both authenticate every byte, and the streams both open (the fewer).
-    pub(crate) async fn meet(&self, ours: Offer) -> Result<Offer, Error> {
+    ///
+    /// Waits at most `limit`, and never longer than [`MEET_WAIT`]: this session's server
+    /// has said hello and gives up on a client that does not answer within
+    /// [`SERVER_IDLE_TIMEOUT`](crate::server::SERVER_IDLE_TIMEOUT). A wait that ends so asks
+    /// for a second try, which finds the other host quicker (its fastcp installed by then).
+    pub(crate) async fn meet(&self, ours: Offer, limit: Option<Duration>) -> Result<Offer, Error> {
+        let limit = limit
+            .filter(|l| !l.is_zero())
+            .unwrap_or(MEET_WAIT)
+            .min(MEET_WAIT);
+        match tokio::time::timeout(limit, self.offer(ours)).await {
+            Ok(met) => met,
+            Err(_) => {
+                self.again();
+                Err(Error::Timeout(format!(
+                    "the other host's session did not start within {} s",
+                    limit.as_secs_f32()
+                )))
+            }
+        }
+    }
+
+    async fn offer(&self, ours: Offer) -> Result<Offer, Error> {
         {
             let mut offers = lock(&self.link.offers);
             if offers[self.end.index()].replace(ours).is_some() {

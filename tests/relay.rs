@@ -59,11 +59,16 @@ impl Hosts {
     }
 
     fn fastcp(&self) -> Command {
+        self.fastcp_running(&self.remote_path)
+    }
+
+    /// fastcp, with `remote_path` as the program both hosts run.
+    fn fastcp_running(&self, remote_path: &Path) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("-F")
             .arg(&self.config)
             .arg("--remote-path")
-            .arg(&self.remote_path)
+            .arg(remote_path)
             .env_remove("SSH_AUTH_SOCK");
         cmd
     }
@@ -382,4 +387,77 @@ fn the_library_relays_between_two_sessions_and_within_one() {
         a.copy(&plan, Arc::new(Progress::default())).await.unwrap();
         assert_same_tree(&src, &within, true);
     });
+}
+
+/// `--checksum` through the relay: a file of the same size and time but other bytes on the
+/// target is sent, and counted as sent, not as skipped; the unchanged ones are skipped.
+#[test]
+fn checksum_sends_a_same_size_file_that_differs_and_skips_the_rest() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    std::fs::create_dir(&src).unwrap();
+    for name in ["same1", "same2", "differs"] {
+        write(&src.join(name), &pseudo_random(10_000, 7), 0o644);
+    }
+    let copy = || {
+        run(hosts
+            .fastcp()
+            .args(["-r", "-p", "--checksum", "--json"])
+            .arg(on("hosta", &src))
+            .arg(on("hostb", &dst)))
+    };
+    assert!(copy().status.success());
+    // Same size, same time, other bytes.
+    let target = dst.join("tree/differs");
+    let mtime = std::fs::metadata(&target).unwrap().modified().unwrap();
+    write(&target, &pseudo_random(10_000, 8), 0o644);
+    std::fs::File::options()
+        .write(true)
+        .open(&target)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let out = copy();
+    let v = json(&out);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_same_tree(&src, &dst.join("tree"), true);
+    assert_eq!(v["files_skipped"], 2, "{v}");
+    assert_eq!(v["bytes_skipped"], 20_000, "{v}");
+    assert!(v["bytes_sent"].as_u64().unwrap() >= 10_000, "{v}");
+}
+
+/// A receiving host whose disk fills: the copy stops, and says why (the host's own reason,
+/// not the broken pipe that follows it), naming the host.
+#[test]
+fn a_full_disk_on_the_receiving_host_is_named_as_the_reason() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("big"), &pseudo_random(8 << 20, 5), 0o644);
+    // Host b's fastcp runs where `dst` is a 1 MiB disk of its own.
+    let remote_path = script(
+        hosts.work.path(),
+        "fastcp-small-disk-on-b",
+        &format!(
+            r#"case "$FASTCP_TEST_PIDS" in
+*pids-b) exec unshare --mount --map-root-user sh -c 'mount -t tmpfs -o size=1m tmpfs "{dst}" || exit 99; exec "{BIN}" "$@"' fastcp "$@" ;;
+*) exec "{BIN}" "$@" ;;
+esac"#,
+            dst = dst.display()
+        ),
+    );
+    let out = run(hosts
+        .fastcp_running(&remote_path)
+        .args(["--json"])
+        .arg(on("hosta", &src.join("big")))
+        .arg(on("hostb", &dst.join("big"))));
+    let v = json(&out);
+    assert_ne!(v["exit_code"], 0, "{v}");
+    let error = v["error"].as_str().unwrap_or_default().to_owned()
+        + v["errors"][0]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("no space left"), "{v}");
+    assert!(
+        !dst.join("big").exists(),
+        "a partial file under its final name"
+    );
 }

@@ -178,12 +178,14 @@ where
             }
             Ok(Task::Replies(s)) => peer = Some(s),
             Err(e) => {
+                let e = explained(e, &mut tasks).await;
                 tasks.abort_all();
                 return Err(e);
             }
         }
     }
     drop(idle);
+    shared.settle_skipped();
     let track = lock(&shared.track);
     let mut report = Report {
         local,
@@ -200,6 +202,33 @@ where
     }
     report.failure_count = track.failure_count;
     Ok(report)
+}
+
+/// The reason to report for a relay that stopped on `first`: when that is a cut stream,
+/// a peer that stopped on purpose may still be saying why on another (its fatal error
+/// frame), and that is the better reason; waits at most [`FATAL_WAIT`] for it.
+async fn explained(
+    first: RelayError,
+    tasks: &mut tokio::task::JoinSet<Result<Task, RelayError>>,
+) -> RelayError {
+    let is_cut = |e: &RelayError| {
+        matches!(
+            e.error,
+            Error::Stream { .. } | Error::ConnectionClosed { .. }
+        )
+    };
+    if !is_cut(&first) {
+        return first;
+    }
+    let deadline = tokio::time::Instant::now() + FATAL_WAIT;
+    while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, tasks.join_next()).await {
+        if let Ok(Err(e)) = joined
+            && !is_cut(&e)
+        {
+            return e;
+        }
+    }
+    first
 }
 
 /// What a relay's tasks ended with: a stream's `Done` from the sender, or the receiver's.
@@ -235,6 +264,9 @@ struct Track {
     probes: HashMap<u64, (Bytes, u64)>,
     /// Files and bytes the quick check skipped.
     skipped: (u64, u64),
+    /// With `checksum`: files answered "skip" whose `File` entry has not come (yet): the
+    /// sender compares the hashes and may send them after all. Path -> size.
+    maybe_skipped: HashMap<Bytes, u64>,
     /// Bytes the receiver's partial files held (`Keep`).
     resumed: u64,
     failures: Vec<Failure>,
@@ -441,6 +473,7 @@ impl Shared {
                 if track.files.len() >= MAX_TRACKED {
                     return Err(too_many("files under way"));
                 }
+                track.maybe_skipped.remove(&f.path);
                 track.files.insert(f.id, (f.path.clone(), f.size, 0));
                 progress.set_current(&f.path);
                 progress.event(|| Event::Started {
@@ -487,6 +520,8 @@ impl Shared {
                 Ok(())
             }
             Frame::Error(e) if !e.fatal => {
+                // Nor was a file skipped that the sender failed to read.
+                lock(&self.track).maybe_skipped.remove(&e.path[..]);
                 self.failed(Side::Sender, e);
                 Ok(())
             }
@@ -503,16 +538,18 @@ impl Shared {
         let progress = &self.progress;
         match frame {
             Frame::Answer(a) => {
-                let probe = lock(&self.track).probes.remove(&a.id);
+                let mut track = lock(&self.track);
+                let probe = track.probes.remove(&a.id);
                 if let (false, Some((path, size))) = (a.send, probe) {
-                    lock(&self.track).skipped.0 += 1;
-                    lock(&self.track).skipped.1 += size;
-                    progress.add_skipped(size);
-                    progress.event(|| Event::Skipped {
-                        path,
-                        size,
-                        reason: SkipReason::of(self.config.checksum),
-                    });
+                    if self.config.checksum {
+                        // Only the sender, comparing hashes, settles it.
+                        track.maybe_skipped.insert(path, size);
+                        return Ok(());
+                    }
+                    track.skipped.0 += 1;
+                    track.skipped.1 += size;
+                    drop(track);
+                    self.skipped(path, size);
                 }
                 Ok(())
             }
@@ -557,6 +594,29 @@ impl Shared {
                 drop(track);
                 self.progress.event(|| Event::Progress { path, done, size });
             }
+        }
+    }
+
+    /// A file the quick check skipped.
+    fn skipped(&self, path: Bytes, size: u64) {
+        self.progress.add_skipped(size);
+        self.progress.event(|| Event::Skipped {
+            path,
+            size,
+            reason: SkipReason::of(self.config.checksum),
+        });
+    }
+
+    /// Files answered "skip" that the sender did not send after all: skipped.
+    fn settle_skipped(&self) {
+        let maybe = std::mem::take(&mut lock(&self.track).maybe_skipped);
+        for (path, size) in maybe {
+            {
+                let mut track = lock(&self.track);
+                track.skipped.0 += 1;
+                track.skipped.1 += size;
+            }
+            self.skipped(path, size);
         }
     }
 
