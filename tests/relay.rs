@@ -461,3 +461,52 @@ esac"#,
         "a partial file under its final name"
     );
 }
+
+/// `--resume` through the relay: the target host's partial file is continued, only what it
+/// lacks crosses, and the file is whole; `-H`: hard links arrive as one inode.
+#[test]
+fn resume_continues_the_target_hosts_partial_file_and_hard_links_stay_one() {
+    use std::os::unix::fs::MetadataExt;
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    const MIB: usize = 1 << 20;
+    let content = pseudo_random(12 * MIB + 777, 9);
+    write(&src.join("big"), &content, 0o644);
+    std::fs::write(dst.join(".big.fastcp-partial"), &content[..8 * MIB + 100]).unwrap();
+    let out = run(hosts
+        .fastcp()
+        .args(["--resume", "--json"])
+        .arg(on("hosta", &src.join("big")))
+        .arg(on("hostb", &dst.join("big"))));
+    let v = json(&out);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert!(
+        std::fs::read(dst.join("big")).unwrap() == content,
+        "not identical"
+    );
+    let resumed = v["bytes_resumed"].as_u64().unwrap();
+    assert!(resumed >= 7 * MIB as u64, "{v}");
+    assert_eq!(
+        v["bytes_sent"].as_u64().unwrap(),
+        content.len() as u64 - resumed,
+        "{v}"
+    );
+    assert_no_temp(&dst);
+
+    let tree = src.join("linked");
+    std::fs::create_dir(&tree).unwrap();
+    write(&tree.join("one"), b"shared", 0o644);
+    std::fs::hard_link(tree.join("one"), tree.join("two")).unwrap();
+    let out = run(hosts
+        .fastcp()
+        .args(["-r", "-H"])
+        .arg(on("hosta", &tree))
+        .arg(on("hostb", &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ino = |name: &str| {
+        std::fs::metadata(dst.join("linked").join(name))
+            .unwrap()
+            .ino()
+    };
+    assert_eq!(ino("one"), ino("two"));
+}
