@@ -556,6 +556,38 @@ where
         Ok(r) => r,
         Err(e) => return Err((Some(reader), e)),
     };
+    let filter = if request.flags & flags::FILTERS != 0 {
+        let mut f = fastcp_stream::Filter::default();
+        let list = request.flags & flags::FILES_FROM != 0;
+        let (listed, rules): (Vec<&Bytes>, Vec<&Bytes>) = request
+            .filters
+            .iter()
+            .partition(|r| list && r.starts_with(b"= "));
+        let rules: Vec<String> = rules
+            .iter()
+            .map(|r| String::from_utf8_lossy(r).into_owned())
+            .collect();
+        if let Err(e) = f.add_rules(&rules.join("\n")) {
+            return Err((Some(reader), Error::Engine(e)));
+        }
+        if list {
+            f = f.files_from(listed.iter().map(|l| &l[2..]));
+        }
+        Some(Arc::new(f))
+    } else {
+        None
+    };
+    // A pull's walk starts now, while the data streams join; the send takes what it found.
+    let send_config = (request.direction == Direction::Pull).then(|| {
+        let mut cfg = send_config(&request, agreed, filter.clone());
+        if request.flags & (flags::DRY_RUN | flags::THROUGHPUT) == 0 {
+            cfg.walk_ahead = Some(fastcp_stream::WalkAhead::start(
+                &resolved,
+                &cfg.walk_config(),
+            ));
+        }
+        cfg
+    });
     let server_random = random32();
     let secret = fastcp_crypto::session_secret(&request.client_random, &server_random);
     let streams = request.streams.max(1);
@@ -645,27 +677,6 @@ where
     if request.flags & flags::THROUGHPUT != 0 {
         return discard(data).await.map_err(|e| (None, e));
     }
-    let filter = if request.flags & flags::FILTERS != 0 {
-        let mut f = fastcp_stream::Filter::default();
-        let list = request.flags & flags::FILES_FROM != 0;
-        let (listed, rules): (Vec<&Bytes>, Vec<&Bytes>) = request
-            .filters
-            .iter()
-            .partition(|r| list && r.starts_with(b"= "));
-        let rules: Vec<String> = rules
-            .iter()
-            .map(|r| String::from_utf8_lossy(r).into_owned())
-            .collect();
-        if let Err(e) = f.add_rules(&rules.join("\n")) {
-            return Err((None, Error::Engine(e)));
-        }
-        if list {
-            f = f.files_from(listed.iter().map(|l| &l[2..]));
-        }
-        Some(Arc::new(f))
-    } else {
-        None
-    };
     if request.flags & flags::DRY_RUN != 0 {
         let sources = resolved;
         let target = sources.first().cloned().unwrap_or_default();
@@ -709,24 +720,8 @@ where
                 crate::data::receive(&dest, data, &cfg, progress.clone()).await
             }
             Direction::Pull => {
-                let sources = resolved;
-                let cfg = fastcp_stream::SendConfig {
-                    preserve: request.flags & flags::PRESERVE != 0,
-                    recursive: request.flags & flags::RECURSIVE != 0,
-                    follow_links: request.flags & flags::FOLLOW_LINKS != 0,
-                    skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-                    checksum: request.flags & flags::CHECKSUM != 0,
-                    resume: request.flags & flags::RESUME != 0,
-                    hard_links: request.flags & flags::HARD_LINKS != 0,
-                    attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
-                    devices: request.flags & flags::DEVICES != 0,
-                    specials: request.flags & flags::SPECIALS != 0,
-                    filter: filter.clone(),
-                    version: agreed.version,
-                    hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
-                    ..Default::default()
-                };
-                crate::data::send(&sources, data, &cfg, progress.clone()).await
+                let cfg = send_config.expect("a pull's send config");
+                crate::data::send(&resolved, data, &cfg, progress.clone()).await
             }
         }
         .map_err(Error::Engine)
@@ -734,6 +729,30 @@ where
     crate::client::within_idle_limit(&progress, config.idle_timeout, engine)
         .await
         .map_err(|e| (None, e))
+}
+
+/// How a pull's request asks the server to send.
+fn send_config(
+    request: &Request,
+    agreed: &fastcp_proto::Negotiated,
+    filter: Option<Arc<fastcp_stream::Filter>>,
+) -> fastcp_stream::SendConfig {
+    fastcp_stream::SendConfig {
+        preserve: request.flags & flags::PRESERVE != 0,
+        recursive: request.flags & flags::RECURSIVE != 0,
+        follow_links: request.flags & flags::FOLLOW_LINKS != 0,
+        skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+        checksum: request.flags & flags::CHECKSUM != 0,
+        resume: request.flags & flags::RESUME != 0,
+        hard_links: request.flags & flags::HARD_LINKS != 0,
+        attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
+        devices: request.flags & flags::DEVICES != 0,
+        specials: request.flags & flags::SPECIALS != 0,
+        filter,
+        version: agreed.version,
+        hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
+        ..Default::default()
+    }
 }
 
 /// The server's side of a throughput test: reads every stream to its end, throwing the bytes
