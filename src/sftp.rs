@@ -2722,11 +2722,13 @@ enum Failure {
 }
 
 impl Failure {
-    fn opening(temp: &str, e: SftpError) -> Failure {
+    /// Opening the temp file for `target` failed: said of the target, as scp says it (the
+    /// temp file's name is fastcp's own).
+    fn opening(target: &str, e: SftpError) -> Failure {
         if is_session_failure(&e) {
             Failure::Session(fatal("creating a file", e))
         } else {
-            Failure::File((code(&e), format!("cannot create {temp}: {}", said(&e))))
+            Failure::File((code(&e), format!("cannot create {target}: {}", said(&e))))
         }
     }
 }
@@ -2758,7 +2760,6 @@ impl PushFile {
                                 "its parent could not be made".into(),
                             )));
                         }
-                        let _ = &target;
                         // As scp: the remote umask applies to a new file's mode.
                         let attrs = FileAttributes {
                             permissions: Some(self.meta.mode & 0o777),
@@ -2783,7 +2784,7 @@ impl PushFile {
                             Ok(h) => h,
                             Err(e) => {
                                 apply.live.take(&self.temp);
-                                return Err(Failure::opening(&self.temp, e));
+                                return Err(Failure::opening(&target, e));
                             }
                         };
                         if self.kind == TempKind::Offered
@@ -2806,7 +2807,7 @@ impl PushFile {
                             .raw
                             .open(self.temp.clone(), OpenFlags::WRITE, FileAttributes::empty())
                             .await
-                            .map_err(|e| Failure::opening(&self.temp, e))?;
+                            .map_err(|e| Failure::opening(&target, e))?;
                         Ok(h.handle)
                     }
                 }

@@ -2016,3 +2016,25 @@ fn an_sftp_push_counts_only_the_files_that_arrived() {
     assert_eq!(v["dirs"], 1, "{v}");
     assert_eq!(fs::read(dst.join("src/c")).unwrap(), pseudo_random(5000, 3));
 }
+
+/// A push into a folder that does not exist says which file could not be made, as scp
+/// does, not the name of fastcp's own temp file.
+#[test]
+fn a_push_into_a_missing_folder_names_the_target_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("f");
+    fs::write(&src, b"f").unwrap();
+    let target = work.path().join("missing/f");
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(&src)
+        .arg(remote(&sshd, &target)));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains(&format!("cannot create {}: no such file", target.display())),
+        "{said}"
+    );
+    assert!(!said.contains(".fastcp-"), "{said}");
+}
