@@ -1572,10 +1572,11 @@ impl Producer<'_> {
                 && p.block <= crate::resume::block_size(size)
         });
         // A sparse source's holes, to a receiver that knows them (version 8): neither read
-        // nor sent. They end at a multiple of what the reads go by, so that the chunks after
-        // a hole still start where offered blocks do.
+        // nor sent. Holes and the data between them are found in units of `align`: the
+        // offered blocks, so that the chunks after a hole still start where they do, or
+        // else [`HOLE_UNIT`], so that a few bytes of data cost that much, not a chunk.
         let mut holes = (self.config.version >= 8 && allocated < size).then(Holes::default);
-        let align = offer.as_ref().map_or(chunk, |p| p.block);
+        let align = offer.as_ref().map_or(HOLE_UNIT, |p| p.block);
         let mut offset = start;
         let mut kept = 0;
         while offset < stop {
@@ -1631,7 +1632,12 @@ impl Producer<'_> {
             // A block the receiver offered: read whole, hashed, and kept if it matches.
             let (end, want) = match offered {
                 Some((len, h)) => (offset + len, Some(h)),
-                None => (offset + chunk.min(stop - offset), None),
+                None => {
+                    let end = offset + chunk.min(stop - offset);
+                    // In a sparse file, up to the hole after the data (whole units of it).
+                    let data_end = holes.as_ref().map_or(u64::MAX, |h| h.data_end(align));
+                    (end.min(data_end.max(offset + 1)), None)
+                }
             };
             let mut chunks = Vec::new();
             let mut block = want.map(|_| twox_hash::XxHash3_128::new());
@@ -1814,6 +1820,9 @@ enum ReadError {
     Changed,
 }
 
+/// The unit a sparse source's holes and data are found in, when no offered block sets it.
+const HOLE_UNIT: u64 = 64 << 10;
+
 /// Where a sparse source's data lies, asked of the file system (`SEEK_DATA`, `SEEK_HOLE`) as
 /// the read goes through it.
 #[derive(Default)]
@@ -1854,7 +1863,23 @@ impl Holes {
         } else {
             data - data % align.max(1)
         };
-        Ok((end > offset).then_some(end))
+        if end > offset {
+            return Ok(Some(end));
+        }
+        // A hole shorter than a unit: its zeros are read with the data after it.
+        self.data_until = match seek(fd, SeekFrom::Hole(data)) {
+            Ok(h) => h.max(data + 1),
+            Err(_) => u64::MAX,
+        };
+        Ok(None)
+    }
+
+    /// Where the data found last ends, rounded up to a multiple of `align`.
+    fn data_end(&self, align: u64) -> u64 {
+        let align = align.max(1);
+        self.data_until
+            .checked_next_multiple_of(align)
+            .unwrap_or(u64::MAX)
     }
 }
 
