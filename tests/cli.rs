@@ -1391,3 +1391,28 @@ fn operands_that_are_not_utf8() {
     assert!(!out_dir.join("other.log").exists());
     assert!(!out_dir.join("plain").exists());
 }
+
+/// A pull whose local target is refused once the server runs (`file/` names a file) says
+/// why once, and the server, whose client went away, adds nothing to it.
+#[test]
+fn a_pull_refused_by_its_target_says_why_and_nothing_more() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("f");
+    write(&src, b"f", 0o644);
+    let target = work.path().join("afile");
+    write(&target, b"a file", 0o644);
+    for transport in ["tcp", "ssh", "tcp", "ssh", "tcp", "ssh", "tcp", "ssh"] {
+        let out = remote_fastcp(&sshd)
+            .args(["--transport", transport])
+            .arg(remote(&sshd, &src))
+            .arg(format!("{}/", target.display()))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(said.contains("not a directory"), "{said}");
+        assert!(!said.contains("fastcp server"), "{transport}: {said}");
+    }
+    assert_eq!(std::fs::read(&target).unwrap(), b"a file");
+}
