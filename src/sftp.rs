@@ -95,6 +95,9 @@ struct Sftp {
     posix_rename: bool,
     /// The server flushes a file to disk on request (`fsync@openssh.com`).
     fsync: bool,
+    /// The server expands `~user` (`expand-path@openssh.com`, as scp asks it since OpenSSH
+    /// 8.7).
+    expand_path: bool,
     /// Places for requests in flight (see [`SESSION_REQUESTS`]).
     requests: Arc<Semaphore>,
     /// Places for the quick check's listings (see [`LISTINGS_AT_ONCE`]).
@@ -128,6 +131,7 @@ impl Sftp {
         })?;
         let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");
         let fsync = version.extensions.contains_key("fsync@openssh.com");
+        let expand_path = version.extensions.contains_key("expand-path@openssh.com");
         let mut io = 32 << 10;
         if version.extensions.contains_key("limits@openssh.com")
             && let Ok(limits) = raw.limits().await
@@ -146,6 +150,7 @@ impl Sftp {
             io,
             posix_rename,
             fsync,
+            expand_path,
             requests: Arc::new(Semaphore::new(SESSION_REQUESTS)),
             listing_places: Semaphore::new(LISTINGS_AT_ONCE),
         })
@@ -662,7 +667,7 @@ async fn list_remote(
         next_id: AtomicU64::new(1),
         hasher: None,
     };
-    let sources = remote_sources(plan);
+    let sources = expanded_sources(plan, &emit.sftp[0]).await?;
     let (jobs_tx, mut jobs) = tokio::sync::mpsc::channel::<Job>(1024);
     let mut report = Report::default();
     let mut listing = Vec::new();
@@ -775,6 +780,44 @@ fn remote_path(typed: &str) -> String {
         .or_else(|| (typed == "~").then_some(""))
         .unwrap_or(typed);
     if p.is_empty() { ".".into() } else { p.into() }
+}
+
+/// A remote path as typed, with a leading `~user` made that user's home folder, which the
+/// server tells (`expand-path@openssh.com`); any other path as it is.
+async fn home_expanded(sftp: &Sftp, typed: &str) -> Result<String, Error> {
+    let (head, rest) = typed.split_once('/').unwrap_or((typed, ""));
+    if !head.starts_with('~') || head == "~" {
+        return Ok(typed.into());
+    }
+    if !sftp.expand_path {
+        return Err(Error::Unsupported(format!(
+            "{head}: this SFTP server cannot tell a user's home folder \
+             (no expand-path@openssh.com); name the folder itself"
+        )));
+    }
+    let mut data = Vec::with_capacity(4 + head.len());
+    data.extend_from_slice(&(head.len() as u32).to_be_bytes());
+    data.extend_from_slice(head.as_bytes());
+    // No such user: the path as typed, which then names nothing, as a fastcp server finds.
+    let home = match sftp.raw.extended("expand-path@openssh.com", data).await {
+        Ok(Packet::Name(name)) => name.files.into_iter().next().map(|f| f.filename),
+        Ok(Packet::Status(_)) => return Ok(typed.into()),
+        Ok(_) => None,
+        Err(e) if is_session_failure(&e) => return Err(fatal("expanding a home folder", e)),
+        Err(_) => return Ok(typed.into()),
+    };
+    let home = home
+        .ok_or_else(|| Error::Remote(format!("the SFTP server gave no home folder for {head}")))?;
+    Ok(join(&home, rest))
+}
+
+/// The remote sources of `plan`, as [`home_expanded`] makes them.
+async fn expanded_sources(plan: &Plan, sftp: &Sftp) -> Result<Vec<String>, Error> {
+    let mut sources = Vec::new();
+    for typed in remote_sources(plan) {
+        sources.push(home_expanded(sftp, &typed).await?);
+    }
+    Ok(sources)
 }
 
 fn join(base: &str, rest: &str) -> String {
@@ -1249,6 +1292,7 @@ async fn push(
                 .into()
         });
     }
+    let typed = &home_expanded(&sftp[0], typed).await?;
     let dest = remote_path(typed);
     let place = match sftp[0].raw.stat(dest.clone()).await {
         // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
@@ -3047,6 +3091,7 @@ async fn pull(
     progress: Arc<Progress>,
     hasher: Option<Hasher>,
 ) -> Result<Report, Error> {
+    let sources = expanded_sources(plan, &sftp[0]).await?;
     let n = sftp.len();
     // Frames go to the receiver through pipes that pass a file's bytes on as the buffers
     // the SFTP replies arrived in; its replies come back through a byte pipe.
@@ -3115,7 +3160,6 @@ async fn pull(
         .filter_map(Location::remote)
         .map(|r| top_level_name(&r.path))
         .collect();
-    let sources = remote_sources(plan);
     // The receiver's replies are read at once, always, so that it never waits on them; its
     // answers to probes go on to the dispatcher.
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();

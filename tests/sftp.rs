@@ -2038,3 +2038,49 @@ fn a_push_into_a_missing_folder_names_the_target_over_sftp() {
     );
     assert!(!said.contains(".fastcp-"), "{said}");
 }
+
+/// `~user/` over SFTP starts from that user's home folder, which the server tells
+/// (`expand-path@openssh.com`), as scp does; `~nosuch/` names nothing. The paths go up
+/// from the home into the test's folder: nothing is written in the home itself.
+#[test]
+fn a_users_home_is_expanded_over_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let passwd = Command::new("getent")
+        .args(["passwd", &user])
+        .output()
+        .unwrap();
+    let passwd = String::from_utf8(passwd.stdout).unwrap();
+    let home = passwd.trim().split(':').nth(5).unwrap().to_owned();
+    // From the home up to `/`, then down to the test's folder.
+    let up = Path::new(&home).components().count() - 1;
+    let there = |p: &Path| format!("~{user}/{}{}", "../".repeat(up), p.display());
+    let src = work.path().join("f");
+    fs::write(&src, b"from here").unwrap();
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let host = |p: &Path| format!("{}:{}", sshd.alias(), there(p));
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(&src)
+        .arg(host(&dst.join("pushed"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(dst.join("pushed")).unwrap(), b"from here");
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(host(&dst.join("pushed")))
+        .arg(dst.join("pulled")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(dst.join("pulled")).unwrap(), b"from here");
+    let nobody = format!("{}:~nosuch-user-here/{}", sshd.alias(), src.display());
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(&nobody)
+        .arg(dst.join("none")));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!dst.join("none").exists());
+}
