@@ -76,8 +76,12 @@ pub enum Event {
     Finished(Box<crate::Report>),
     /// The copy stopped on a fatal error (a lost connection, a refused login, a cancel): the
     /// last event of a copy that returns `Err`, which holds the typed error (see
-    /// [`Progress::aborted`](crate::Progress::aborted)). Files done before it are done: each
-    /// had its [`Event::Done`]; nothing else is under a final name.
+    /// [`Progress::aborted`](crate::Progress::aborted)). Where the events come from the
+    /// receiving side, the files done before it are done (each had its [`Event::Done`]) and
+    /// nothing else is under a final name. On a push, whose events come from the sending
+    /// side, a `Done` only says the file was handed to the streams: whether it landed
+    /// before the stop, only a rerun (`--skip-unchanged`) finds out; nothing partial is
+    /// under a final name either way.
     Aborted {
         /// The error, as the copy's `Err` words it.
         message: String,
