@@ -1618,14 +1618,11 @@ where
             )
             .await?;
             let met = half
-                .meet(
-                    crate::relay::Offer {
-                        version: hello.version,
-                        authenticated,
-                        streams,
-                    },
-                    plan.options.timeout,
-                )
+                .meet(crate::relay::Offer {
+                    version: hello.version,
+                    authenticated,
+                    streams,
+                })
                 .await?;
             authenticated = met.authenticated;
             streams = met.streams;
@@ -1943,12 +1940,15 @@ fn names_contents(source: &Location) -> bool {
     path == b"." || path.ends_with(b"/.")
 }
 
-/// The name a remote source arrives under: its last path component.
+/// The name a remote source arrives under: its last path component. `None` where only
+/// the remote knows it: `.`, `..`, a home (`~`, `~user`, which arrives as the home
+/// folder's own name).
 pub(crate) fn top_level_name(path: &str) -> Option<Vec<u8>> {
     let trimmed = path.trim_end_matches('/');
     let name = trimmed.rsplit('/').next().unwrap_or(trimmed);
     match name {
-        "" | "~" | "." | ".." => None,
+        "" | "." | ".." => None,
+        home if home == trimmed && home.starts_with('~') => None,
         n => Some(n.as_bytes().to_vec()),
     }
 }
@@ -2121,4 +2121,20 @@ pub async fn measure(
         cipher: done.cipher,
         provider: done.provider,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_level_name;
+
+    #[test]
+    fn a_home_arrives_under_a_name_only_the_remote_knows() {
+        let name = |p: &str| top_level_name(p).map(|n| String::from_utf8(n).unwrap());
+        for only_there in ["~", "~/", "~bob", "~bob/", ".", "dir/.", "..", ""] {
+            assert_eq!(name(only_there), None, "{only_there}");
+        }
+        assert_eq!(name("~bob/x").as_deref(), Some("x"));
+        assert_eq!(name("dir/~bob").as_deref(), Some("~bob"));
+        assert_eq!(name("/a/b/").as_deref(), Some("b"));
+    }
 }
