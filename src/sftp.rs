@@ -789,11 +789,9 @@ async fn home_expanded(sftp: &Sftp, typed: &str) -> Result<String, Error> {
     if !head.starts_with('~') || head == "~" {
         return Ok(typed.into());
     }
+    // A server that cannot tell: the path as typed (a name that starts with `~`, maybe).
     if !sftp.expand_path {
-        return Err(Error::Unsupported(format!(
-            "{head}: this SFTP server cannot tell a user's home folder \
-             (no expand-path@openssh.com); name the folder itself"
-        )));
+        return Ok(typed.into());
     }
     let mut data = Vec::with_capacity(4 + head.len());
     data.extend_from_slice(&(head.len() as u32).to_be_bytes());
