@@ -44,6 +44,8 @@ impl End {
 pub(crate) struct Half {
     pub(crate) end: End,
     link: Arc<Link>,
+    /// The other session's host, as its errors name it.
+    other: String,
 }
 
 /// What a session offers the other before its request: what its server speaks and how its
@@ -60,7 +62,7 @@ pub(crate) struct Offer {
 
 /// The longest one session waits for the other's offer: well within the time a server
 /// that said hello waits for its client.
-const MEET_WAIT: Duration = Duration::from_secs(40);
+const MEET_WAIT: Duration = Duration::from_secs(55);
 const _: () = assert!(MEET_WAIT.as_secs() < crate::server::SERVER_IDLE_TIMEOUT.as_secs());
 
 /// Where the two sessions of one relay meet.
@@ -93,25 +95,21 @@ impl Half {
     /// Offers `ours` and waits for the other session's offer: the version both use (the
     /// lower), whether both authenticate every byte, and the streams both open (the fewer).
     ///
-    /// Waits at most `limit`, and never longer than [`MEET_WAIT`]: this session's server
-    /// has said hello and gives up on a client that does not answer within
-    /// [`SERVER_IDLE_TIMEOUT`](crate::server::SERVER_IDLE_TIMEOUT). A wait that ends so asks
-    /// for a second try, which finds the other host quicker (its fastcp installed by then).
-    pub(crate) async fn meet(&self, ours: Offer, limit: Option<Duration>) -> Result<Offer, Error> {
-        let limit = limit
-            .filter(|l| !l.is_zero())
-            .unwrap_or(MEET_WAIT)
-            .min(MEET_WAIT);
-        match tokio::time::timeout(limit, self.offer(ours)).await {
-            Ok(met) => met,
-            Err(_) => {
-                self.again();
+    /// Waits at most [`MEET_WAIT`]: this session's server has said hello and gives up on a
+    /// client that does not answer within
+    /// [`SERVER_IDLE_TIMEOUT`](crate::server::SERVER_IDLE_TIMEOUT). The other session may
+    /// still be installing fastcp on its host then.
+    pub(crate) async fn meet(&self, ours: Offer) -> Result<Offer, Error> {
+        tokio::time::timeout(MEET_WAIT, self.offer(ours))
+            .await
+            .unwrap_or_else(|_| {
                 Err(Error::Timeout(format!(
-                    "the other host's session did not start within {} s",
-                    limit.as_secs_f32()
+                    "the session with {} did not start within {} s, while this host's server \
+                     waited",
+                    self.other,
+                    MEET_WAIT.as_secs()
                 )))
-            }
-        }
+            })
     }
 
     async fn offer(&self, ours: Offer) -> Result<Offer, Error> {
@@ -296,13 +294,14 @@ async fn attempt(
     link: &Arc<Link>,
     progress: Arc<Progress>,
 ) -> Result<(SessionDone, &'static str), Error> {
-    let half = |end| Half {
+    let half = |end, other: &Session| Half {
         end,
         link: link.clone(),
+        other: other.destination().to_owned(),
     };
     let (plan_a, plan_b) = (
-        plan.relaying(half(End::Source)),
-        plan.relaying(half(End::Target)),
+        plan.relaying(half(End::Source, target)),
+        plan.relaying(half(End::Target, source)),
     );
     let named = |session: &Session| {
         let host = session.destination().to_owned();
