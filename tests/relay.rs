@@ -434,16 +434,21 @@ fn a_full_disk_on_the_receiving_host_is_named_as_the_reason() {
     let hosts = Hosts::start();
     let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
     write(&src.join("big"), &pseudo_random(8 << 20, 5), 0o644);
-    // Host b's fastcp runs where `dst` is a 1 MiB disk of its own.
+    // Host b's fastcp runs where `dst` is a 1 MiB disk of its own, and lists what the disk
+    // holds when it ends (only it sees that disk).
+    let listing = hosts.work.path().join("b-disk");
+    let unshare = fastcp_testsupport::tools::require("unshare");
     let remote_path = script(
         hosts.work.path(),
         "fastcp-small-disk-on-b",
         &format!(
             r#"case "$FASTCP_TEST_PIDS" in
-*pids-b) exec unshare --mount --map-root-user sh -c 'mount -t tmpfs -o size=1m tmpfs "{dst}" || exit 99; exec "{BIN}" "$@"' fastcp "$@" ;;
+*pids-b) exec '{unshare}' --mount --map-root-user sh -c 'mount -t tmpfs -o size=1m tmpfs "{dst}" || exit 99; "{BIN}" "$@"; rc=$?; ls -A "{dst}" > "{listing}.part"; mv "{listing}.part" "{listing}"; exit $rc' fastcp "$@" ;;
 *) exec "{BIN}" "$@" ;;
 esac"#,
-            dst = dst.display()
+            unshare = unshare.display(),
+            dst = dst.display(),
+            listing = listing.display(),
         ),
     );
     let out = run(hosts
@@ -456,9 +461,16 @@ esac"#,
     let error = v["error"].as_str().unwrap_or_default().to_owned()
         + v["errors"][0]["message"].as_str().unwrap_or_default();
     assert!(error.contains("no space left"), "{v}");
+    // The server may still be cleaning up as fastcp returns.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listing.exists() {
+        assert!(Instant::now() < deadline, "host b's server did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let disk = std::fs::read_to_string(&listing).unwrap();
     assert!(
-        !dst.join("big").exists(),
-        "a partial file under its final name"
+        disk.lines().all(|l| l != "big" && !l.contains(".fastcp-")),
+        "left on the full disk: {disk}"
     );
 }
 
