@@ -1088,7 +1088,8 @@ async fn server(args: &ServerArgs) -> anyhow::Result<u8> {
 fn told_the_client(e: &fastcp::Error) -> bool {
     match e {
         fastcp::Error::Unsupported(_) => true,
-        // The client ended the session: it knows why (a destination it refused, say).
+        // The control stream ended or broke: the client ended the session and knows why (a
+        // destination it refused, say), or it is gone, and sshd passes stderr on to nobody.
         fastcp::Error::ConnectionClosed(_) => true,
         fastcp::Error::Engine(e) => !e.is_disconnect(),
         _ => false,

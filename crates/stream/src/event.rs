@@ -78,10 +78,10 @@ pub enum Event {
     /// last event of a copy that returns `Err`, which holds the typed error (see
     /// [`Progress::aborted`](crate::Progress::aborted)). Where the events come from the
     /// receiving side, the files done before it are done (each had its [`Event::Done`]) and
-    /// nothing else is under a final name. On a push, whose events come from the sending
-    /// side, a `Done` only says the file was handed to the streams: whether it landed
-    /// before the stop, only a rerun (`--skip-unchanged`) finds out; nothing partial is
-    /// under a final name either way.
+    /// nothing else is under a final name. On a push (and a relay between two hosts),
+    /// whose events come from the sending side, a `Done` only says the file was handed to
+    /// the streams (passed on): whether it landed before the stop, only a rerun
+    /// (`--skip-unchanged`) finds out; nothing partial is under a final name either way.
     Aborted {
         /// The error, as the copy's `Err` words it.
         message: String,

@@ -10,7 +10,11 @@
 //! in a [`Progress`], as a sender counts what it sends, with the same [`Event`]s.
 //!
 //! Memory is bounded: one read buffer per stream (a frame at most) and the frames read but
-//! not yet written, at most [`FLUSH_AT`] bytes of them, per stream.
+//! not yet written, at most [`FLUSH_AT`] bytes of them, per stream; the files and probes
+//! under way, at most [`MAX_TRACKED`] of each. With `checksum`, the path of each file the
+//! receiver has already is kept until the end, as a receiver keeps it: only the sender,
+//! comparing hashes, says whether it is skipped, by not sending it, and so these files
+//! count as skipped (in the progress and the events too) only when the relay ends.
 
 use std::collections::HashMap;
 use std::io;
@@ -44,6 +48,7 @@ pub struct RelayConfig {
     /// the names asked of the sending peer. `None` for any.
     pub expected_top_level: Option<Vec<Vec<u8>>>,
     /// The quick check compares content (`checksum`): what a skipped file's event says.
+    /// The skipped files are known, and counted, only at the end (see the module's doc).
     pub checksum: bool,
 }
 
