@@ -563,8 +563,15 @@ impl Plan {
     /// True when the destination must be a directory only because of its trailing '/', after
     /// one source: one that does not exist yet is then made by that source, which must be a
     /// folder (`fastcp -r dir new/` makes `new`, as scp and `cp -r` do).
+    /// A local source is known to be one: when it is not, the destination must exist.
     pub(crate) fn new_target_dir(&self) -> bool {
-        self.dest_has_slash() && self.sources.len() == 1 && !self.remote_wildcard()
+        self.dest_has_slash()
+            && self.sources.len() == 1
+            && !self.remote_wildcard()
+            && match &self.sources[0] {
+                Location::Local(source) => source.is_dir(),
+                Location::Remote(_) => true,
+            }
     }
 
     fn send_config(&self) -> fastcp_stream::SendConfig {
@@ -593,7 +600,7 @@ impl Plan {
         cfg
     }
 
-    fn receive_config(&self) -> fastcp_stream::ReceiveConfig {
+    pub(crate) fn receive_config(&self) -> fastcp_stream::ReceiveConfig {
         fastcp_stream::ReceiveConfig {
             recursive: self.options.recursive,
             preserve: self.preserve(),
@@ -870,7 +877,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     };
     if plan.options.dry_run {
         let (listing, mut report) = list_local(plan).await;
-        outcome.listing = crate::dry_run::apply(plan, dest, listing, &mut report);
+        outcome.listing = crate::dry_run::apply(plan, dest, listing, &mut report)?;
         outcome.report = report;
         outcome.elapsed = started.elapsed();
         return Ok(outcome);

@@ -160,7 +160,7 @@ pub(crate) async fn dry_run(
             Frame::Done(_) => {
                 if let Location::Local(dest) = &plan.dest {
                     let listing = std::mem::take(&mut done.listing);
-                    done.listing = apply(plan, dest, listing, &mut done.report);
+                    done.listing = apply(plan, dest, listing, &mut done.report)?;
                 }
                 return Ok(());
             }
@@ -214,19 +214,19 @@ where
     let mut report = Report::default();
     let mut out = bytes::BytesMut::new();
     if direction == Direction::Push {
-        // A trailing '/' after one folder may name one that the copy would make.
-        let new_dir = flags & flags::NEW_TARGET_DIR != 0
-            && matches!(target.symlink_metadata(), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-        if flags & flags::TARGET_IS_DIR != 0 && !target.is_dir() && !new_dir {
-            let message = format!(
-                "{}: not a directory (several sources, or a trailing '/', need an existing directory)",
-                target.display()
-            );
+        // The target as the copy's receiver checks it before it writes anything.
+        let config = fastcp_stream::ReceiveConfig {
+            target_must_be_dir: flags & flags::TARGET_IS_DIR != 0,
+            target_may_be_new_dir: flags & flags::NEW_TARGET_DIR != 0,
+            contents: flags & flags::CONTENTS != 0,
+            ..Default::default()
+        };
+        if let Err(e) = fastcp_stream::check_destination(target, &config, true) {
             let error = Frame::Error(fastcp_proto::ErrorFrame {
-                code: fastcp_proto::ErrorCode::NotFound,
+                code: e.code(),
                 fatal: true,
                 path: Bytes::new(),
-                message: message.clone(),
+                message: e.to_string(),
             });
             crate::wire::write_frame(&mut stream, &error).await?;
             if Judge::from_flags(flags, filter.as_deref()).any() {
@@ -234,7 +234,7 @@ where
                 // it gets to read why.
                 drain_listing(&mut FrameReader::new(stream, session::MAX_FRAME), idle).await;
             }
-            return Err(Error::Unsupported(message));
+            return Err(Error::Engine(e));
         }
         let judge = Judge::from_flags(flags, filter.as_deref());
         if judge.any() {
@@ -311,14 +311,19 @@ where
 }
 
 /// Applies the quick check and `--delete` to a dry run's `listing` for a copy into the local
-/// `dest`, and recounts `report` by what is left.
+/// `dest`, and recounts `report` by what is left. Fails as the copy would when `dest` cannot
+/// take the listing (a trailing '/' naming no folder, after a file, say).
 pub(crate) fn apply(
     plan: &Plan,
     dest: &Path,
     listing: Vec<Listed>,
     report: &mut Report,
-) -> Vec<Listed> {
-    judge(&Judge::of(plan), dest, listing, report)
+) -> Result<Vec<Listed>, Error> {
+    let top_is_dir = listing
+        .first()
+        .is_none_or(|entry| matches!(entry.kind, EntryKind::Dir));
+    fastcp_stream::check_destination(dest, &plan.receive_config(), top_is_dir)?;
+    Ok(judge(&Judge::of(plan), dest, listing, report))
 }
 
 /// What judging a dry run's listing takes: the copy's quick check and `--delete`.

@@ -594,7 +594,8 @@ pub(crate) async fn copy(
         // path); SSH's keepalives still notice a peer that stopped answering. A push lists
         // its own walk; the remote is not asked (Plan refuses -n with the options that would
         // need it).
-        (Location::Remote(_), true) => {
+        (Location::Remote(r), true) => {
+            push_place(plan, &home_expanded(&sftp[0], &r.path).await?, &sftp[0]).await?;
             let report;
             (listing, report) = crate::dry_run::list_local(plan).await;
             report
@@ -728,7 +729,7 @@ async fn list_remote(
     for entry in &listing {
         crate::dry_run::count(&mut report.local, &entry.kind);
     }
-    let listing = crate::dry_run::apply(plan, dest, listing, &mut report);
+    let listing = crate::dry_run::apply(plan, dest, listing, &mut report)?;
     Ok((listing, report))
 }
 
@@ -1033,6 +1034,54 @@ enum Place {
     As(String),
 }
 
+/// Where a push to `typed` puts the sender's top-level entries, or why it cannot go there
+/// (checked before anything is written, and by a dry run).
+async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, Error> {
+    let dest = remote_path(typed);
+    Ok(match session.raw.stat(dest.clone()).await {
+        // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
+        Ok(a) if file_type(&a.attrs) == S_IFDIR && plan.contents() => {
+            let real = real_path(session, &dest)
+                .await
+                .map_err(|e| fatal(&format!("resolving {typed}"), e))?;
+            if real == "/" {
+                return Err(Error::Usage(
+                    "a folder's contents cannot go into the root directory".into(),
+                ));
+            }
+            Place::As(real)
+        }
+        Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
+        // A trailing '/' after one source that is a folder: the folder makes it, as scp and
+        // `cp -r` make it.
+        Err(e)
+            if code(&e) == ErrorCode::NotFound
+                && plan.new_target_dir()
+                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
+        {
+            Place::As(dest.trim_end_matches('/').to_string())
+        }
+        // Operands that make no sense: a usage error, as over fastcp.
+        Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
+            return Err(Error::Usage(format!(
+                "{}: not a directory (several sources, or a trailing '/', need one)",
+                crate::stream::escape(typed.as_bytes())
+            )));
+        }
+        // A device or a pipe (`/dev/null`, say) is never replaced by a file.
+        Ok(a) if ![0, S_IFREG, S_IFLNK].contains(&file_type(&a.attrs)) => {
+            return Err(Error::Usage(format!(
+                "{}: is a device, a pipe or a socket, not a file nor a folder: fastcp writes \
+                 files, not into devices or pipes, and left it as it is",
+                crate::stream::escape(typed.as_bytes())
+            )));
+        }
+        Ok(_) => Place::As(dest),
+        Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
+        Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
+    })
+}
+
 /// A file being written: a temp name beside its target, a handle on each session that
 /// writes to it, and what has arrived.
 struct PushFile {
@@ -1291,49 +1340,7 @@ async fn push(
         });
     }
     let typed = &home_expanded(&sftp[0], typed).await?;
-    let dest = remote_path(typed);
-    let place = match sftp[0].raw.stat(dest.clone()).await {
-        // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
-        Ok(a) if file_type(&a.attrs) == S_IFDIR && plan.contents() => {
-            let real = real_path(&sftp[0], &dest)
-                .await
-                .map_err(|e| fatal(&format!("resolving {typed}"), e))?;
-            if real == "/" {
-                return Err(Error::Usage(
-                    "a folder's contents cannot go into the root directory".into(),
-                ));
-            }
-            Place::As(real)
-        }
-        Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
-        // A trailing '/' after one source that is a folder: the folder makes it, as scp and
-        // `cp -r` make it.
-        Err(e)
-            if code(&e) == ErrorCode::NotFound
-                && plan.new_target_dir()
-                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
-        {
-            Place::As(dest.trim_end_matches('/').to_string())
-        }
-        // Operands that make no sense: a usage error, as over fastcp.
-        Ok(_) | Err(_) if plan.sources.len() > 1 || typed.ends_with('/') => {
-            return Err(Error::Usage(format!(
-                "{}: not a directory (several sources, or a trailing '/', need one)",
-                crate::stream::escape(typed.as_bytes())
-            )));
-        }
-        // A device or a pipe (`/dev/null`, say) is never replaced by a file.
-        Ok(a) if ![0, S_IFREG, S_IFLNK].contains(&file_type(&a.attrs)) => {
-            return Err(Error::Usage(format!(
-                "{}: is a device, a pipe or a socket, not a file nor a folder: fastcp writes \
-                 files, not into devices or pipes, and left it as it is",
-                crate::stream::escape(typed.as_bytes())
-            )));
-        }
-        Ok(_) => Place::As(dest),
-        Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
-        Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
-    };
+    let place = push_place(plan, typed, &sftp[0]).await?;
     // Where the copy's folders are, resolved now: a symlink swapped in later for the
     // destination, or for any folder beneath it, is then caught by the paths no longer
     // resolving to themselves (`Apply::checked_dir`).

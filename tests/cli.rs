@@ -250,13 +250,19 @@ fn a_trailing_slash_destination_is_made_by_one_folder() {
         .success();
     assert!(String::from_utf8_lossy(&out.get_output().stdout).contains("dir/sub/f"));
     assert!(!work.path().join("dry").exists());
-    remote_fastcp(&sshd)
-        .arg(work.path().join("file"))
-        .arg(remote_slashed("nofile"))
-        .assert()
-        .failure()
-        .stderr(predicate::str::contains("not a directory"));
-    assert!(!work.path().join("nofile").exists());
+    for dry_run in [false, true] {
+        let mut cmd = remote_fastcp(&sshd);
+        if dry_run {
+            cmd.arg("-n");
+        }
+        cmd.arg(work.path().join("file"))
+            .arg(remote_slashed("nofile"))
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(predicate::str::contains("nofile/: not a directory"));
+        assert!(!work.path().join("nofile").exists());
+    }
 }
 
 /// `-F` given twice takes the last, as ssh and scp do (an alias that names one, then the

@@ -299,7 +299,8 @@ fn a_pipe_as_the_destination_is_left_as_it_is() {
 }
 
 /// A target that must be a folder (a trailing '/', or several sources) and is none is a
-/// usage error (exit code 2) over SFTP as over fastcp, push and pull, and nothing is made.
+/// usage error (exit code 2) over SFTP as over fastcp, push and pull, and locally, and
+/// nothing is made; a dry run (`-n`) fails the same way, listing nothing.
 #[test]
 fn a_target_that_must_be_a_folder_and_is_none_is_a_usage_error() {
     let work = tempfile::tempdir().unwrap();
@@ -310,12 +311,24 @@ fn a_target_that_must_be_a_folder_and_is_none_is_a_usage_error() {
     write(&b, b"beta", 0o644);
     let missing = work.path().join("missing");
     let slash = format!("{}/", missing.display());
-    for sftp in [true, false] {
-        for pull in [false, true] {
+    // Over SFTP or fastcp, then locally (neither side remote).
+    let paths = [
+        (Some(true), false),
+        (Some(true), true),
+        (Some(false), false),
+    ];
+    let paths = paths
+        .into_iter()
+        .chain([(Some(false), true), (None, false)]);
+    for dry_run in [false, true] {
+        for (sftp, pull) in paths.clone() {
             for sources in [&[&a][..], &[&a, &b][..]] {
                 let mut cmd = fastcp(&sshd, Path::new(BIN));
-                if sftp {
+                if sftp == Some(true) {
                     cmd.arg("--sftp");
+                }
+                if dry_run {
+                    cmd.arg("-n");
                 }
                 for source in sources {
                     match pull {
@@ -323,20 +336,26 @@ fn a_target_that_must_be_a_folder_and_is_none_is_a_usage_error() {
                         true => cmd.arg(remote(&sshd, source)),
                     };
                 }
-                match (pull, sources.len()) {
-                    (false, 1) => cmd.arg(remote(&sshd, Path::new(&slash))),
-                    (false, _) => cmd.arg(remote(&sshd, &missing)),
-                    (true, 1) => cmd.arg(&slash),
-                    (true, _) => cmd.arg(&missing),
+                let dest = match sources.len() {
+                    1 => Path::new(&slash),
+                    _ => missing.as_path(),
+                };
+                match pull || sftp.is_none() {
+                    false => cmd.arg(remote(&sshd, dest)),
+                    true => cmd.arg(dest),
                 };
                 let out = run(&mut cmd);
-                let case = format!("sftp {sftp}, pull {pull}, {} sources", sources.len());
+                let case = format!(
+                    "dry run {dry_run}, sftp {sftp:?}, pull {pull}, {} sources",
+                    sources.len()
+                );
                 assert_eq!(out.status.code(), Some(2), "{case}: {}", stderr(&out));
                 assert!(
                     stderr(&out).contains("not a directory"),
                     "{case}: {}",
                     stderr(&out)
                 );
+                assert!(out.stdout.is_empty(), "{case}: {:?}", out.stdout);
                 assert!(!missing.exists(), "{case}");
             }
         }

@@ -1251,6 +1251,23 @@ pub(crate) fn check_sent_path<'a>(
     Ok(first)
 }
 
+/// Checks `dest` as a receive into it with `config` would check it before anything is
+/// written, and fails with the same error: for a dry run, which writes nothing. `top_is_dir`
+/// says whether the single top-level entry to come is a folder, which a destination named
+/// with a trailing '/' that does not exist yet needs
+/// ([`ReceiveConfig::target_may_be_new_dir`]).
+pub fn check_destination(
+    dest: &Path,
+    config: &ReceiveConfig,
+    top_is_dir: bool,
+) -> Result<(), Error> {
+    let root = open_destination(dest, config)?;
+    if root.top_must_be_dir && root.rename_top.is_some() && !top_is_dir {
+        return Err(not_a_directory(&root.display(&root.local(b""))));
+    }
+    Ok(())
+}
+
 /// Opens the destination: the directory entries go into, and the name the single top-level
 /// entry takes when `dest` is not a directory.
 fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> {
