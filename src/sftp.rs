@@ -98,6 +98,8 @@ struct Sftp {
     /// The server expands `~user` (`expand-path@openssh.com`, as scp asks it since OpenSSH
     /// 8.7).
     expand_path: bool,
+    /// The server tells a file system's free space (`statvfs@openssh.com`).
+    statvfs: bool,
     /// Places for requests in flight (see [`SESSION_REQUESTS`]).
     requests: Arc<Semaphore>,
     /// Places for the quick check's listings (see [`LISTINGS_AT_ONCE`]).
@@ -132,6 +134,7 @@ impl Sftp {
         let posix_rename = version.extensions.contains_key("posix-rename@openssh.com");
         let fsync = version.extensions.contains_key("fsync@openssh.com");
         let expand_path = version.extensions.contains_key("expand-path@openssh.com");
+        let statvfs = version.extensions.contains_key("statvfs@openssh.com");
         let mut io = 32 << 10;
         if version.extensions.contains_key("limits@openssh.com")
             && let Ok(limits) = raw.limits().await
@@ -151,6 +154,7 @@ impl Sftp {
             posix_rename,
             fsync,
             expand_path,
+            statvfs,
             requests: Arc::new(Semaphore::new(SESSION_REQUESTS)),
             listing_places: Semaphore::new(LISTINGS_AT_ONCE),
         })
@@ -464,6 +468,33 @@ fn said(e: &SftpError) -> String {
         }
         e => e.to_string(),
     }
+}
+
+/// The error that stops a push whose write to `file` failed with `e` because the remote
+/// disk is full, or `None` for another failure: sftp-server answers a full disk with a bare
+/// "Failure", so the server is asked for the free space where the file is
+/// (`statvfs@openssh.com`, when it offers it), and a disk without room for one more write
+/// is full. Every file after it would fail the same way.
+async fn no_space_left(sftp: &Sftp, file: &PushFile, e: &SftpError) -> Option<Error> {
+    let bare = matches!(e, SftpError::Status(s) if s.status_code == StatusCode::Failure);
+    if !bare || !sftp.statvfs {
+        return None;
+    }
+    let fs = sftp.raw.statvfs(file.temp.clone()).await.ok()?;
+    let free = fs.blocks_avail.saturating_mul(fs.fragment_size);
+    (free < u64::from(sftp.io)).then(|| {
+        let name = file
+            .target
+            .as_ref()
+            .map_or(file.temp.as_str(), String::as_str);
+        Error::Refused {
+            code: ErrorCode::NoSpace,
+            message: format!(
+                "writing {name} over SFTP: no space left on device on the remote host \
+                 ({free} bytes free)"
+            ),
+        }
+    })
 }
 
 /// The protocol's error code for an SFTP failure.
@@ -2265,8 +2296,11 @@ impl Apply {
                         pending.push_back(async move { (write.await, place) });
                         at = end;
                     }
-                    if let Some((r, _place)) = pending.next().await {
-                        r.map_err(Failure::from)?;
+                    if let Some((Err(e), _place)) = pending.next().await {
+                        if let Some(full) = no_space_left(sftp, file, &e).await {
+                            return Err(Failure::Session(full));
+                        }
+                        return Err(Failure::from(e));
                     }
                 }
                 Ok::<(), Failure>(())

@@ -251,12 +251,23 @@ ls -a "$FULL""#
 }
 
 /// A push over SFTP into a full disk (sshd's own sftp-server, in a namespace whose
-/// destination is the small disk): the copy fails, saying what sftp-server does not (its
-/// answer to a full disk is a bare "Failure"), and leaves no temp file and nothing partial.
+/// destination is the small disk): the copy stops at the first file that does not fit,
+/// saying what sftp-server does not (its answer to a full disk is a bare "Failure"), once,
+/// and leaves no temp file and nothing partial.
 #[test]
-fn an_sftp_push_to_a_full_disk_says_what_may_be_wrong() {
+fn an_sftp_push_to_a_full_disk_stops_and_says_why() {
     let work = tempfile::tempdir().unwrap();
     let full = setup(work.path());
+    // More files than the disk holds, each of which would fail if the copy went on.
+    std::fs::create_dir(work.path().join("tree/more")).unwrap();
+    for i in 0..6 {
+        let name = format!("tree/more/{i}.bin");
+        write(
+            &work.path().join(name),
+            &pseudo_random(300_000, 10 + i),
+            0o644,
+        );
+    }
     let listing = work.path().join("listing");
     let sftp_server = fastcp_testsupport::tools::locate("sftp-server").unwrap();
     let wrapper = script(
@@ -286,9 +297,9 @@ exit $rc'"#,
         .arg(work.path().join("tree"))
         .arg(remote(&sshd, &full.join("tree")))
         .env_remove("SSH_AUTH_SOCK"));
+    assert_clean_failure(&out, "the SFTP push");
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("a full disk"), "{err}");
+    assert!(!err.contains("without saying why"), "{err}");
     assert!(!err.contains("Failure: Failure"), "{err}");
     // sftp-server writes its report once its session has closed, after the copy returned.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
