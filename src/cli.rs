@@ -702,21 +702,18 @@ fn failures_line(report: &fastcp::Report, push: bool, dry_run: bool) -> String {
     let verb = if dry_run { "listed" } else { "copied" };
     let written = if push && !dry_run { &r.peer } else { &r.local };
     let done = written.files + written.dirs + written.symlinks;
+    // A refused `--delete` is reported beside the failures that caused it, and is no entry.
+    let refusals = r
+        .failures
+        .iter()
+        .filter(|f| f.path.is_empty() && f.message == fastcp::stream::NOTHING_DELETED)
+        .count() as u64;
+    let failed = r.failure_count.saturating_sub(refusals).max(1);
     if done + r.files_skipped == 0 {
-        let entries = if r.failure_count == 1 {
-            "entry"
-        } else {
-            "entries"
-        };
-        format!(
-            "fastcp: nothing was {verb}: {} {entries} failed",
-            r.failure_count
-        )
+        let entries = if failed == 1 { "entry" } else { "entries" };
+        format!("fastcp: nothing was {verb}: {failed} {entries} failed")
     } else {
-        format!(
-            "fastcp: {} of the entries could not be {verb}; the others were {verb}",
-            r.failure_count
-        )
+        format!("fastcp: {failed} of the entries could not be {verb}; the others were {verb}")
     }
 }
 

@@ -515,6 +515,32 @@ fn many_folders_copy_under_a_low_open_file_limit() {
     assert_same_tree(&src, &dst.join("tree"), true);
 }
 
+/// A `--delete` refused because a source could not be read is said once, and the last line
+/// counts the entries that failed, not the refusal beside them.
+#[test]
+fn a_refused_delete_is_not_counted_as_a_failed_entry() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(dst.join("src")).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    write(&dst.join("src/extra"), b"extra", 0o644);
+    fastcp()
+        .args(["-r", "--delete"])
+        .arg(&src)
+        .arg(work.path().join("missing"))
+        .arg(&dst)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("nothing was deleted"))
+        .stderr(predicate::str::contains(
+            "fastcp: 1 of the entries could not be copied; the others were copied",
+        ));
+    assert!(dst.join("src/extra").exists());
+    assert_eq!(std::fs::read(dst.join("src/a")).unwrap(), b"a");
+}
+
 /// `--delete` removes an extra folder nested deeper than 256 levels, as deep as a tree a
 /// copy can make, and so does a file of the source that takes the place of such a folder.
 #[test]
