@@ -876,7 +876,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
         elapsed: Duration::ZERO,
     };
     if plan.options.dry_run {
-        let (listing, mut report) = list_local(plan).await;
+        let (listing, mut report) = list_local(plan, false).await;
         outcome.listing = crate::dry_run::apply(plan, dest, listing, &mut report)?;
         outcome.report = report;
         outcome.elapsed = started.elapsed();

@@ -48,10 +48,11 @@ pub struct Listed {
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
 /// thread: a walk of a big tree must not hold up the runtime's workers. A walk that stops
 /// short (a filter predicate that panics, the runtime going away) ends with a failure, so
-/// that the listing never looks complete.
-pub(crate) async fn list_local(plan: &Plan) -> (Vec<Listed>, Report) {
+/// that the listing never looks complete. `specials_refused`: the copy cannot carry devices,
+/// pipes and sockets (over SFTP), so their failures name no option that would.
+pub(crate) async fn list_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     let owned = plan.clone();
-    match tokio::task::spawn_blocking(move || walk_local(&owned)).await {
+    match tokio::task::spawn_blocking(move || walk_local(&owned, specials_refused)).await {
         Ok(listed) => listed,
         Err(_) => {
             let mut report = Report::default();
@@ -71,7 +72,7 @@ fn walk_stopped() -> Failure {
     )
 }
 
-fn walk_local(plan: &Plan) -> (Vec<Listed>, Report) {
+fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     let mut config = WalkConfig::new(plan.options.recursive, plan.options.follow_links);
     config.filter = plan.options.filter.clone();
     config.devices = plan.options.devices;
@@ -111,10 +112,16 @@ fn walk_local(plan: &Plan) -> (Vec<Listed>, Report) {
                     delete: false,
                 });
             }
-            Err(e) => push_failure(
-                &mut report,
-                Failure::new(Side::Sender, Bytes::new(), e.code(), e.to_string()),
-            ),
+            Err(e) => {
+                let e = match specials_refused {
+                    true => e.without_option_hint(),
+                    false => e,
+                };
+                push_failure(
+                    &mut report,
+                    Failure::new(Side::Sender, Bytes::new(), e.code(), e.to_string()),
+                );
+            }
         }
     }
     (listing, report)
@@ -148,7 +155,7 @@ pub(crate) async fn dry_run(
         .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     if direction == Direction::Push {
-        (done.listing, done.report) = list_local(plan).await;
+        (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
             return judged_remotely(plan, version, &mut reader, progress, done).await;
         }

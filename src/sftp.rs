@@ -628,7 +628,7 @@ pub(crate) async fn copy(
         (Location::Remote(r), true) => {
             push_place(plan, &home_expanded(&sftp[0], &r.path).await?, &sftp[0]).await?;
             let report;
-            (listing, report) = crate::dry_run::list_local(plan).await;
+            (listing, report) = crate::dry_run::list_local(plan, true).await;
             report
         }
         (Location::Local(dest), true) => {
@@ -1540,6 +1540,7 @@ fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
         resume: o.resume,
         filter: o.filter.clone(),
         walk_ahead: plan.walk_ahead(),
+        specials_refused: true,
         ..Default::default()
     };
     if let Some(size) = o.chunk_size {

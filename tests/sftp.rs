@@ -258,6 +258,54 @@ fn an_sftp_only_account_is_copied_over_sftp() {
     }
 }
 
+/// A named pipe in a tree pushed over SFTP is skipped with a warning that names no option
+/// SFTP refuses (`--specials`), in a dry run too; through the remote fastcp the warning
+/// names it.
+#[test]
+fn a_pipe_skipped_over_sftp_suggests_no_option_sftp_refuses() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("file"), b"payload", 0o644);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for (sftp, dry_run) in [(true, false), (true, true), (false, false)] {
+        let dst = work.path().join(format!("dst-{sftp}-{dry_run}"));
+        let mut cmd = fastcp(&sshd, Path::new(BIN));
+        cmd.arg("-r");
+        if sftp {
+            cmd.arg("--sftp");
+        }
+        if dry_run {
+            cmd.arg("-n");
+        }
+        let out = run(cmd.arg(&src).arg(remote(&sshd, &dst)));
+        let case = format!("sftp {sftp}, dry run {dry_run}");
+        assert_eq!(out.status.code(), Some(1), "{case}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("a named pipe"),
+            "{case}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            stderr(&out).contains("--specials"),
+            !sftp,
+            "{case}: {}",
+            stderr(&out)
+        );
+        if !dry_run {
+            assert_eq!(fs::read(dst.join("file")).unwrap(), b"payload", "{case}");
+        }
+    }
+}
+
 /// A named pipe (or a device, such as `/dev/null`) named as the destination is refused and
 /// left as it is, pushed or pulled, over SFTP and through the remote fastcp alike.
 #[test]

@@ -167,6 +167,20 @@ fn remote_message(path: &str, message: &str) -> String {
 }
 
 impl Error {
+    /// This error without the option it names to copy a skipped named pipe, socket or device
+    /// (`--specials`, `--devices`): for a copy that cannot carry them.
+    pub fn without_option_hint(self) -> Error {
+        match self {
+            Error::Unsupported { path, reason } => Error::Unsupported {
+                path,
+                reason: crate::walk::OPTION_HINTS
+                    .iter()
+                    .fold(reason, |reason, hint| reason.replace(hint, "")),
+            },
+            e => e,
+        }
+    }
+
     /// True when the peer is broken or hostile: it broke the protocol, sent an unsafe path
     /// or corrupted data.
     pub fn is_peer_fault(&self) -> bool {

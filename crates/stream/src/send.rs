@@ -177,6 +177,9 @@ pub struct SendConfig {
     /// Send named pipes and sockets (`--specials`) instead of skipping each with a warning
     /// (the receiver must be configured alike). Default: false.
     pub specials: bool,
+    /// The copy cannot carry devices, named pipes and sockets at all (the SFTP path): the
+    /// failure for each one skipped does not name `--devices` or `--specials`. Default: false.
+    pub specials_refused: bool,
     /// Files of which this run sends some ranges only, by wire path (`--shard`, protocol
     /// version 6): each range goes as a `Piece` entry of its own, and fails as changed unless
     /// the file still has the [`Piece::size`] it was planned with. Other runs send the other
@@ -231,6 +234,7 @@ impl Default for SendConfig {
             hash_content: true,
             devices: false,
             specials: false,
+            specials_refused: false,
             pieces: None,
             walk_ahead: None,
         }
@@ -1150,6 +1154,10 @@ impl Producer<'_> {
             };
             match item {
                 Err(e) => {
+                    let e = match self.config.specials_refused {
+                        true => e.without_option_hint(),
+                        false => e,
+                    };
                     let path = match &e {
                         Error::Io { path, .. }
                         | Error::Unsupported { path, .. }

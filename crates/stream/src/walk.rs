@@ -12,6 +12,14 @@ use fastcp_proto::{MAX_DEPTH, MAX_PATH, Meta, SpecialKind};
 
 use crate::Error;
 
+/// What the error for a skipped named pipe, socket and device adds to name the option that
+/// would copy it ([`Error::without_option_hint`] takes it out again).
+pub(crate) const OPTION_HINTS: [&str; 3] = [
+    "; --specials copies it",
+    "; --specials copies its name",
+    "; --devices copies it",
+];
+
 /// What to walk.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -536,13 +544,13 @@ impl Walk {
             }
         } else {
             let what = if ft.is_fifo() {
-                "a named pipe; --specials copies it"
+                format!("a named pipe{}", OPTION_HINTS[0])
             } else if ft.is_socket() {
-                "a socket; --specials copies its name"
+                format!("a socket{}", OPTION_HINTS[1])
             } else if ft.is_block_device() || ft.is_char_device() {
-                "a device; --devices copies it"
+                format!("a device{}", OPTION_HINTS[2])
             } else {
-                "of an unknown type"
+                "of an unknown type".into()
             };
             return Err(Error::Unsupported {
                 path,
