@@ -860,6 +860,39 @@ fn join(base: &str, rest: &str) -> String {
     }
 }
 
+/// A remote folder's entries, as a pull lists them.
+struct Listing {
+    /// Names and attributes (with `-L`, a link's are those of what it points to).
+    entries: Vec<(String, FileAttributes)>,
+    /// With `-L`: the links that loop (or chain further than the kernel follows), which
+    /// cannot be copied.
+    looped: Vec<String>,
+}
+
+/// Whether the link at `path`, which the server could not follow, is one of a loop: it
+/// says so only as of a missing file. Followed link by link, as the kernel would, 40 at
+/// most; a chain that ends on a missing name (a dangling link) is no loop.
+async fn link_loops(sftp: &Sftp, path: &str) -> Result<bool, SftpError> {
+    let mut at = path.to_string();
+    for _ in 0..40 {
+        let target = match sftp.raw.readlink(at.clone()).await {
+            Ok(name) if !name.files.is_empty() => name.files[0].filename.clone(),
+            Err(e) if is_session_failure(&e) => return Err(e),
+            _ => return Ok(false),
+        };
+        at = match target.starts_with('/') {
+            true => target,
+            false => format!("{}{target}", split_target(&at).0),
+        };
+        match sftp.raw.lstat(at.clone()).await {
+            Ok(a) if file_type(&a.attrs) == S_IFLNK => {}
+            Err(e) if is_session_failure(&e) => return Err(e),
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 /// A name that can travel: SFTP carries names as UTF-8 strings.
 fn utf8(wire: &[u8]) -> Result<&str, (ErrorCode, String)> {
     std::str::from_utf8(wire).map_err(|_| {
@@ -3526,7 +3559,23 @@ impl Emit {
                     break;
                 };
                 match entries {
-                    Ok(mut entries) => {
+                    Ok(Listing {
+                        mut entries,
+                        looped,
+                    }) => {
+                        for name in looped {
+                            let mut child = BytesMut::from(&wire[..]);
+                            child.extend_from_slice(b"/");
+                            child.extend_from_slice(name.as_bytes());
+                            if let Some(unfound) = &mut unfound {
+                                unfound.came_to(&child);
+                            }
+                            if self.filter.as_ref().is_none_or(|f| f.allows(&child, false)) {
+                                let why = "too many levels of symbolic links".to_string();
+                                self.send(0, &error_frame(ErrorCode::Io, &child, why))
+                                    .await?;
+                            }
+                        }
                         entries.sort_by(|a, b| b.0.cmp(&a.0));
                         // A name SFTP cannot carry (not UTF-8, say: the server's bytes came
                         // as text with the odd ones replaced) fails alone; the rest goes on.
@@ -3764,11 +3813,14 @@ impl Emit {
         ))
     }
 
+    /// The entries of the remote folder `remote`, listed on session `s`; with `-L`, links
+    /// stand for what they point to, and the names of those that loop come apart (a link
+    /// that cannot be followed, to nothing, stays a link).
     async fn read_dir(
         &self,
         s: usize,
         remote: &str,
-    ) -> Result<Vec<(String, FileAttributes)>, Result<(ErrorCode, String), Error>> {
+    ) -> Result<Listing, Result<(ErrorCode, String), Error>> {
         let sftp = &self.sftp[s];
         let to_failure = |e: SftpError| {
             if is_session_failure(&e) {
@@ -3778,18 +3830,27 @@ impl Emit {
             }
         };
         let mut entries = list_dir(sftp, remote).await.map_err(to_failure)?;
+        let mut looped = Vec::new();
         if self.follow {
             for (name, attrs) in &mut entries {
                 if file_type(attrs) == S_IFLNK {
-                    match sftp.raw.stat(join(remote, name)).await {
+                    let path = join(remote, name);
+                    match sftp.raw.stat(path.clone()).await {
                         Ok(a) => *attrs = a.attrs,
                         Err(e) if is_session_failure(&e) => return Err(to_failure(e)),
+                        // sftp-server says a loop is a missing file, as it says of ELOOP.
+                        Err(e) if code(&e) == ErrorCode::NotFound => {
+                            if link_loops(sftp, &path).await.map_err(to_failure)? {
+                                looped.push(std::mem::take(name));
+                            }
+                        }
                         Err(_) => {}
                     }
                 }
             }
+            entries.retain(|(name, _)| !name.is_empty());
         }
-        Ok(entries)
+        Ok(Listing { entries, looped })
     }
 
     /// Reads one job on session `s` and sends it on stream `s`: `File` first for a small

@@ -258,6 +258,49 @@ fn an_sftp_only_account_is_copied_over_sftp() {
     }
 }
 
+/// A pull with `-L` reports a symlink loop in the tree as too many levels of symbolic links
+/// and copies nothing for it, over SFTP as through the remote fastcp, while a dangling link
+/// arrives as the link it is.
+#[test]
+fn a_pull_with_copy_links_reports_a_symlink_loop() {
+    use std::os::unix::fs::symlink;
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("file"), b"payload", 0o644);
+    symlink("self", src.join("self")).unwrap();
+    symlink("two", src.join("one")).unwrap();
+    symlink("one", src.join("two")).unwrap();
+    symlink("nowhere", src.join("dangling")).unwrap();
+    for sftp in [true, false] {
+        let dst = work.path().join(format!("dst-{sftp}"));
+        let mut cmd = fastcp(&sshd, Path::new(BIN));
+        cmd.args(["-r", "-L"]);
+        if sftp {
+            cmd.arg("--sftp");
+        }
+        let out = run(cmd.arg(remote(&sshd, &src)).arg(&dst));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "sftp {sftp}: {err}");
+        assert_eq!(
+            err.matches("too many levels of symbolic links").count(),
+            3,
+            "sftp {sftp}: {err}"
+        );
+        let mut names: Vec<_> = fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["dangling", "file"], "sftp {sftp}");
+        assert_eq!(
+            fs::read_link(dst.join("dangling")).unwrap(),
+            Path::new("nowhere")
+        );
+    }
+}
+
 /// A named pipe in a tree pushed over SFTP is skipped with a warning that names no option
 /// SFTP refuses (`--specials`), in a dry run too; through the remote fastcp the warning
 /// names it.
