@@ -17,7 +17,7 @@
 //! when it is spent. Meanwhile a task reads stream 0 for the receiver's per-entry errors and
 //! its final report.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -618,6 +618,9 @@ where
                 answered: false,
             },
             names: HashMap::new(),
+            linked: Vec::new(),
+            unchanged_names: HashSet::new(),
+            first_names: HashSet::new(),
             owners: crate::attrs::Names::default(),
             resumed: 0,
             holes: 0,
@@ -625,6 +628,12 @@ where
         };
         let result = p.run(walk_rx);
         let failures = std::mem::take(&mut p.failures);
+        let links_skipped = p
+            .linked
+            .iter()
+            .filter(|first| p.unchanged_names.contains(*first))
+            .count() as u64;
+        p.probes.skipped.0 += links_skipped;
         let skipped = (p.probes.skipped, p.resumed, p.holes);
         result.map(|()| (out.counts, failures, skipped))
     });
@@ -1037,6 +1046,14 @@ struct Producer<'a> {
     probes: Probes,
     /// With `hard_links`: the wire path each multiply-named file was first sent under.
     names: HashMap<(u64, u64), Bytes>,
+    /// With `hard_links` and `skip_unchanged`: the first name each further name sent as a
+    /// `HardLink` entry links to, and the first names the receiver had unchanged. A further
+    /// name of an unchanged file counts as skipped, as the receiver counts one it finds in
+    /// place: its bytes did not travel either.
+    linked: Vec<Bytes>,
+    unchanged_names: HashSet<Bytes>,
+    /// With `hard_links` and `skip_unchanged`: the first names of multiply-named files.
+    first_names: HashSet<Bytes>,
     /// User and group names by id, with `attrs`.
     owners: crate::attrs::Names,
     /// Bytes the receiver's partial files held, sent as `Keep`s (`resume`).
@@ -1199,6 +1216,9 @@ impl Producer<'_> {
                         if self.config.hard_links
                             && let Some(first) = entry.inode.and_then(|i| self.names.get(&i)) =>
                     {
+                        if self.config.skip_unchanged {
+                            self.linked.push(first.clone());
+                        }
                         let frame = Frame::HardLink(HardLink {
                             path: entry.wire,
                             target: first.clone(),
@@ -1238,6 +1258,9 @@ impl Producer<'_> {
     fn first_name(&mut self, entry: &crate::Entry) {
         if let (true, Some(inode)) = (self.config.hard_links, entry.inode) {
             self.names.insert(inode, entry.wire.clone());
+            if self.config.skip_unchanged {
+                self.first_names.insert(entry.wire.clone());
+            }
         }
     }
 
@@ -1357,6 +1380,9 @@ impl Producer<'_> {
         } else {
             self.probes.skipped.0 += 1;
             self.probes.skipped.1 += size;
+            if self.first_names.contains(&wire) {
+                self.unchanged_names.insert(wire.clone());
+            }
             // Counted by the receiver when it shares this side's Progress.
             if let Some(p) = &self.events {
                 p.add_skipped(size);
