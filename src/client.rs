@@ -1316,6 +1316,10 @@ async fn try_session<P: Peers + ?Sized>(
             source: std::io::ErrorKind::TimedOut.into(),
         }),
     };
+    // The system ssh exits 255 when it gives up (a refused login, a host key it will not
+    // trust) before the server could speak: what it said is the error, not a line on stderr.
+    let ssh_gave_up = matches!(&session, Err(Error::ConnectionClosed(_)))
+        && matches!(&status, Ok(s) if s.code() == Some(255));
     let attempt = match (session, status) {
         (Ok(done), _) => Ok(done),
         // An account that may only use SFTP (`ForceCommand internal-sftp`): sshd says so
@@ -1334,27 +1338,30 @@ async fn try_session<P: Peers + ?Sized>(
     verdict.send_if_modified(|v| {
         let first = v.is_none();
         if first {
-            *v = Some(!matches!(
-                attempt,
-                Err(Attempt::Missing(_) | Attempt::SftpOnly(_))
-            ));
+            *v = Some(
+                !ssh_gave_up && !matches!(attempt, Err(Attempt::Missing(_) | Attempt::SftpOnly(_))),
+            );
         }
         first
     });
-    let _ = tokio::time::timeout(patience, stderr).await;
-    attempt
+    match tokio::time::timeout(patience, stderr).await {
+        Ok(Ok(said)) if ssh_gave_up && !said.trim_ascii().is_empty() => Err(Attempt::Failed(
+            Error::SystemSsh(String::from_utf8_lossy(said.trim_ascii()).into_owned()),
+        )),
+        _ => attempt,
+    }
 }
 
 /// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`); until
-/// then it is held, and with `Some(false)` it goes to the debug log only. Once the copy is
-/// cancelled (Ctrl-C), what the server says of the client going away goes to the debug log
-/// too.
+/// then it is held, and with `Some(false)` it goes to the debug log only, and is returned
+/// whole. Once the copy is cancelled (Ctrl-C), what the server says of the client going away
+/// goes to the debug log too.
 async fn held_stderr(
     mut stderr: transport::Stderr,
     mut verdict: watch::Receiver<Option<bool>>,
     log: crate::Log,
     cancel: Option<tokio_util::sync::CancellationToken>,
-) {
+) -> Vec<u8> {
     let mut held = Vec::new();
     let mut ended = false;
     let show = loop {
@@ -1373,8 +1380,13 @@ async fn held_stderr(
     };
     if !show {
         log.debug(|| format!("the remote shell said: {}", escape(held.trim_ascii())));
-        while stderr.recv().await.is_some() {}
-        return;
+        while let Some(chunk) = stderr.recv().await {
+            log.debug(|| format!("the remote shell said: {}", escape(chunk.trim_ascii())));
+            if held.len() < HELD_MAX {
+                held.extend_from_slice(&chunk);
+            }
+        }
+        return held;
     }
     let mut out = tokio::io::stderr();
     let _ = out.write_all(&held).await;
@@ -1402,7 +1414,11 @@ async fn held_stderr(
             shown = false;
         }
     }
+    held
 }
+
+/// The most of what the remote side says after a failed start that [`held_stderr`] keeps.
+const HELD_MAX: usize = 64 << 10;
 
 /// The control stream, which says `Some(true)` on `verdict` once the server has spoken:
 /// from then on, its stderr is the server's own, and is shown as it comes.

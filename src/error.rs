@@ -55,6 +55,13 @@ pub enum Error {
     /// The remote command failed before speaking the protocol.
     #[error("{0}")]
     RemoteCommand(String),
+    /// The system ssh ([`SshOptions::ssh_program`](crate::transport::SshOptions::ssh_program),
+    /// or the one a configuration only it serves hands the connection to) gave up before the
+    /// server spoke: it could not connect, log in, or trust the host key. Its own words, which
+    /// would otherwise go to stderr; the [`kind`](Error::kind) is read from them (a refused
+    /// login is [`ErrorKind::Auth`], a host key it would not trust [`ErrorKind::HostKey`]).
+    #[error("ssh: {}", .0.trim_start_matches("ssh: "))]
+    SystemSsh(String),
     /// The copy was cancelled ([`crate::CopyOptions::cancel`]).
     #[error("cancelled")]
     Cancelled,
@@ -256,6 +263,7 @@ impl Error {
             Error::Remote(_) => ErrorKind::Io,
             Error::Refused { code, .. } => code_kind(*code),
             Error::RemoteCommand(_) | Error::Deploy(_) => ErrorKind::RemoteProgramMissing,
+            Error::SystemSsh(said) => system_ssh_kind(said),
             Error::Crypto(fastcp_crypto::Error::ProviderUnavailable(_)) => ErrorKind::Usage,
             Error::Crypto(_) => ErrorKind::Integrity,
             Error::Engine(e) => engine_kind(e),
@@ -298,6 +306,19 @@ impl Error {
             ) => Fault::Remote,
             _ => Fault::Local,
         }
+    }
+}
+
+/// The kind of the system ssh's failure, from what it said (OpenSSH's own wording).
+fn system_ssh_kind(said: &str) -> ErrorKind {
+    if said.contains("Host key verification failed") || said.contains("HOST IDENTIFICATION") {
+        ErrorKind::HostKey
+    } else if said.contains("Permission denied") || said.contains("Too many authentication") {
+        ErrorKind::Auth
+    } else if said.contains("timed out") {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Connect
     }
 }
 

@@ -1395,3 +1395,55 @@ async fn a_limited_local_mirror_counts_each_deletion_once() {
     assert_eq!(events.load(Ordering::SeqCst), 3);
     assert_same_tree(&src, &dst.join("src"), false);
 }
+
+/// The system ssh giving up before the server speaks (a host key it will not trust, a
+/// refused login) ends the copy with its own words and the error's kind read from them,
+/// rather than a bare connection closed before the handshake with the reason on stderr.
+#[test]
+fn the_system_ssh_giving_up_is_a_typed_error_in_its_words() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("f");
+    std::fs::write(&src, b"x").unwrap();
+    let target = work.path().join("g");
+    let plan = Plan::new(
+        vec![Location::Local(src)],
+        on(&sshd, &target),
+        CopyOptions::default(),
+    )
+    .unwrap();
+    let ssh = fastcp::transport::SshOptions {
+        ssh_program: Some(fastcp_testsupport::tools::require("ssh")),
+        ..ssh_options(&sshd)
+    };
+    let copy = |ssh: &fastcp::transport::SshOptions| {
+        fastcp::blocking::copy_remote(&plan, ssh, Arc::new(Progress::default())).unwrap_err()
+    };
+
+    let refused = fastcp::transport::SshOptions {
+        options: vec!["PubkeyAuthentication=no".into()],
+        ..ssh.clone()
+    };
+    let err = copy(&refused);
+    assert_eq!(
+        (err.kind(), err.fault(), err.exit_code()),
+        (ErrorKind::Auth, Fault::User, fastcp::exit::CONNECTION),
+        "{err}"
+    );
+    assert!(err.to_string().contains("Permission denied"), "{err}");
+
+    let known = std::fs::read(sshd.known_hosts()).unwrap();
+    std::fs::write(sshd.known_hosts(), "").unwrap();
+    let err = copy(&ssh);
+    std::fs::write(sshd.known_hosts(), known).unwrap();
+    assert_eq!(
+        (err.kind(), err.fault(), err.exit_code()),
+        (ErrorKind::HostKey, Fault::User, fastcp::exit::CONNECTION),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("Host key verification failed"),
+        "{err}"
+    );
+    assert!(!target.exists());
+}
