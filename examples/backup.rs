@@ -17,8 +17,9 @@ use std::sync::Arc;
 use fastcp::stream::escape;
 use fastcp::{CancellationToken, CopyOptions, Event, EventSink, Location, Plan, Progress};
 
-/// One line for an event.
-fn line(event: &Event) -> String {
+/// One line for an event; `push`: the copy goes to a remote host, whose counts of what
+/// arrived come as the peer's.
+fn line(event: &Event, push: bool) -> String {
     match event {
         Event::Started { path, size } => format!("start    {} ({size} bytes)", escape(path)),
         Event::Progress { path, done, size } => {
@@ -39,10 +40,13 @@ fn line(event: &Event) -> String {
             format!("resumed  {} ({kept} bytes were there)", escape(path))
         }
         Event::Failed(f) => format!("failed   {}: {}", escape(&f.path), f.message),
-        Event::Finished(r) => format!(
-            "finished {} files, {} bytes, {} unchanged, {} failed",
-            r.local.files, r.local.bytes, r.files_skipped, r.failure_count
-        ),
+        Event::Finished(r) => {
+            let arrived = if push { &r.peer } else { &r.local };
+            format!(
+                "finished {} files, {} bytes, {} unchanged, {} failed",
+                arrived.files, arrived.bytes, r.files_skipped, r.failure_count
+            )
+        }
         Event::Aborted { message, progress } => format!(
             "aborted  after {} files, {} bytes: {message}",
             progress.files_done.max(progress.files_sent),
@@ -94,8 +98,9 @@ async fn main() -> ExitCode {
         }
     });
     // Called on the engine's threads: printing a line is quick enough.
-    let progress = Arc::new(Progress::with_events(EventSink::new(|e: &Event| {
-        println!("{}", line(e))
+    let push = plan.dest().remote().is_some();
+    let progress = Arc::new(Progress::with_events(EventSink::new(move |e: &Event| {
+        println!("{}", line(e, push))
     })));
     let ssh = fastcp::transport::SshOptions::default();
     let result = match plan.remote() {
@@ -105,9 +110,11 @@ async fn main() -> ExitCode {
     match result {
         Ok(outcome) => {
             let r = &outcome.report;
+            // What arrived: on a push, the receiver's count (`local` is what was sent).
+            let arrived = if push { &r.peer } else { &r.local };
             println!(
                 "done: {} files copied ({} bytes), {} unchanged, {} failed, over {}",
-                r.local.files, r.local.bytes, r.files_skipped, r.failure_count, outcome.transport
+                arrived.files, arrived.bytes, r.files_skipped, r.failure_count, outcome.transport
             );
             for f in &r.failures {
                 eprintln!("failed: {}", f.message);

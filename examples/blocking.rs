@@ -20,10 +20,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => fastcp::blocking::copy_remote(&plan, &Default::default(), progress)?,
         None => fastcp::blocking::copy_local(&plan, progress)?,
     };
+    // What arrived: on a push, the receiver's count (`local` is what was sent).
+    let arrived = match plan.dest().remote() {
+        Some(_) => &outcome.report.peer,
+        None => &outcome.report.local,
+    };
     println!(
         "{} files, {} bytes in {:.2} s",
-        outcome.report.local.files,
-        outcome.report.local.bytes,
+        arrived.files,
+        arrived.bytes,
         outcome.elapsed.as_secs_f64()
     );
     Ok(())

@@ -352,7 +352,9 @@ impl CopyOptions {
 /// How a finished copy went.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// What the engine counted, with per-file failures.
+    /// What the engine counted, with per-file failures. `report.local` is this side's count:
+    /// what was written for a local copy or a pull, but what was sent for a push, where what
+    /// arrived (less the files the remote side could not write) is `report.peer`.
     pub report: Report,
     /// "local", "ssh", "tcp" or "sftp".
     pub transport: &'static str,

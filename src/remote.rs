@@ -43,7 +43,8 @@ use crate::{CopyOptions, Error, Progress};
 /// for folder in ["/etc", "/home", "/srv"] {
 ///     let plan = Plan::new(vec![Location::parse(folder)], target.clone(), options.clone())?;
 ///     let outcome = session.copy(&plan, Arc::new(Progress::default())).await?;
-///     println!("{folder}: {} files", outcome.report.local.files);
+///     // A push: what arrived is the receiver's count, the peer's (`local` is what was sent).
+///     println!("{folder}: {} files", outcome.report.peer.files);
 /// }
 /// session.close().await;
 /// # Ok(()) }
