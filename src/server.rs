@@ -697,26 +697,7 @@ where
         match request.direction {
             Direction::Push => {
                 let dest = resolved.first().cloned().unwrap_or_default();
-                let cfg = fastcp_stream::ReceiveConfig {
-                    preserve: request.flags & flags::PRESERVE != 0,
-                    recursive: request.flags & flags::RECURSIVE != 0,
-                    target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
-                    target_may_be_new_dir: request.flags & flags::NEW_TARGET_DIR != 0,
-                    contents: request.flags & flags::CONTENTS != 0,
-                    fsync: request.flags & flags::FSYNC != 0,
-                    skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-                    delete: request.flags & flags::DELETE != 0,
-                    checksum: request.flags & flags::CHECKSUM != 0,
-                    resume: request.flags & flags::RESUME != 0,
-                    hard_links: request.flags & flags::HARD_LINKS != 0,
-                    attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
-                    devices: request.flags & flags::DEVICES != 0,
-                    specials: request.flags & flags::SPECIALS != 0,
-                    filter: filter.clone(),
-                    version: agreed.version,
-                    hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
-                    ..Default::default()
-                };
+                let cfg = receive_config(&request, agreed, filter.clone());
                 crate::data::receive(&dest, data, &cfg, progress.clone()).await
             }
             Direction::Pull => {
@@ -729,6 +710,34 @@ where
     crate::client::within_idle_limit(&progress, config.idle_timeout, engine)
         .await
         .map_err(|e| (None, e))
+}
+
+/// How a push's request asks the server to receive.
+fn receive_config(
+    request: &Request,
+    agreed: &fastcp_proto::Negotiated,
+    filter: Option<Arc<fastcp_stream::Filter>>,
+) -> fastcp_stream::ReceiveConfig {
+    fastcp_stream::ReceiveConfig {
+        preserve: request.flags & flags::PRESERVE != 0,
+        recursive: request.flags & flags::RECURSIVE != 0,
+        target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
+        target_may_be_new_dir: request.flags & flags::NEW_TARGET_DIR != 0,
+        contents: request.flags & flags::CONTENTS != 0,
+        fsync: request.flags & flags::FSYNC != 0,
+        skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
+        delete: request.flags & flags::DELETE != 0,
+        checksum: request.flags & flags::CHECKSUM != 0,
+        resume: request.flags & flags::RESUME != 0,
+        hard_links: request.flags & flags::HARD_LINKS != 0,
+        attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
+        devices: request.flags & flags::DEVICES != 0,
+        specials: request.flags & flags::SPECIALS != 0,
+        filter,
+        version: agreed.version,
+        hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
+        ..Default::default()
+    }
 }
 
 /// How a pull's request asks the server to send.
