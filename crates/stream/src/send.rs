@@ -827,11 +827,11 @@ async fn read_replies<R: AsyncRead + Unpin>(
         let n = r
             .read_buf(&mut buf)
             .await
-            .map_err(|e| stream_error(0, e, "waiting for the receiver's report"))?;
+            .map_err(|e| stream_error(0, e, "reading the receiver's replies"))?;
         if n == 0 {
             return Err(Error::ConnectionClosed {
                 stream: 0,
-                during: "waiting for the receiver's report",
+                during: "reading the receiver's replies",
             });
         }
     }
