@@ -556,26 +556,9 @@ where
         Ok(r) => r,
         Err(e) => return Err((Some(reader), e)),
     };
-    let filter = if request.flags & flags::FILTERS != 0 {
-        let mut f = fastcp_stream::Filter::default();
-        let list = request.flags & flags::FILES_FROM != 0;
-        let (listed, rules): (Vec<&Bytes>, Vec<&Bytes>) = request
-            .filters
-            .iter()
-            .partition(|r| list && r.starts_with(b"= "));
-        let rules: Vec<String> = rules
-            .iter()
-            .map(|r| String::from_utf8_lossy(r).into_owned())
-            .collect();
-        if let Err(e) = f.add_rules(&rules.join("\n")) {
-            return Err((Some(reader), Error::Engine(e)));
-        }
-        if list {
-            f = f.files_from(listed.iter().map(|l| &l[2..]));
-        }
-        Some(Arc::new(f))
-    } else {
-        None
+    let filter = match request_filter(&request) {
+        Ok(f) => f,
+        Err(e) => return Err((Some(reader), e)),
     };
     // A pull's walk starts now, while the data streams join; the send takes what it found.
     let send_config = (request.direction == Direction::Pull).then(|| {
@@ -710,6 +693,28 @@ where
     crate::client::within_idle_limit(&progress, config.idle_timeout, engine)
         .await
         .map_err(|e| (None, e))
+}
+
+/// The request's include and exclude rules and `--files-from` list, if it has any.
+fn request_filter(request: &Request) -> Result<Option<Arc<fastcp_stream::Filter>>, Error> {
+    if request.flags & flags::FILTERS == 0 {
+        return Ok(None);
+    }
+    let list = request.flags & flags::FILES_FROM != 0;
+    let (listed, rules): (Vec<&Bytes>, Vec<&Bytes>) = request
+        .filters
+        .iter()
+        .partition(|r| list && r.starts_with(b"= "));
+    let rules: Vec<String> = rules
+        .iter()
+        .map(|r| String::from_utf8_lossy(r).into_owned())
+        .collect();
+    let mut f = fastcp_stream::Filter::default();
+    f.add_rules(&rules.join("\n")).map_err(Error::Engine)?;
+    if list {
+        f = f.files_from(listed.iter().map(|l| &l[2..]));
+    }
+    Ok(Some(Arc::new(f)))
 }
 
 /// How a push's request asks the server to receive.

@@ -1118,11 +1118,7 @@ async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, E
         Ok(a) if file_type(&a.attrs) == S_IFDIR => Place::Beneath(dest),
         // A trailing '/' after one source that is a folder: the folder makes it, as scp and
         // `cp -r` make it.
-        Err(e)
-            if code(&e) == ErrorCode::NotFound
-                && plan.new_target_dir()
-                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
-        {
+        Err(e) if code(&e) == ErrorCode::NotFound && plan.new_target_dir() => {
             Place::As(dest.trim_end_matches('/').to_string())
         }
         // Operands that make no sense: a usage error, as over fastcp.

@@ -614,13 +614,14 @@ impl Shared {
 
     /// Files answered "skip" that the sender did not send after all: skipped.
     fn settle_skipped(&self) {
-        let maybe = std::mem::take(&mut lock(&self.track).maybe_skipped);
+        let maybe = {
+            let mut track = lock(&self.track);
+            let maybe = std::mem::take(&mut track.maybe_skipped);
+            track.skipped.0 += maybe.len() as u64;
+            track.skipped.1 += maybe.values().sum::<u64>();
+            maybe
+        };
         for (path, size) in maybe {
-            {
-                let mut track = lock(&self.track);
-                track.skipped.0 += 1;
-                track.skipped.1 += size;
-            }
             self.skipped(path, size);
         }
     }
