@@ -350,6 +350,7 @@ impl CopyOptions {
 }
 
 /// How a finished copy went.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// What the engine counted, with per-file failures. `report.local` is this side's count:
@@ -1131,6 +1132,7 @@ impl Mode {
 }
 
 /// What a finished session reports.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct SessionDone {
     /// The engine's report.

@@ -62,6 +62,7 @@ impl DeployOptions {
 }
 
 /// A fastcp binary ready on the remote host.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deployed {
     /// Its absolute path there.

@@ -30,6 +30,7 @@ use crate::{BoxStream, Error};
 const DRY_RUN_WAIT: &str = "during a dry run, waiting on the peer (--timeout)";
 
 /// One entry a dry run would copy, or with `--delete` remove.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     /// Its path relative to the target, '/'-separated, starting with the source's name. Raw

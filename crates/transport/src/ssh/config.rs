@@ -133,6 +133,7 @@ pub struct SshOptions {
 }
 
 /// One host's settings after ssh_config and overrides are applied.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostConfig {
     /// The name as given (alias or host name).
