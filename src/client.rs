@@ -1337,6 +1337,17 @@ async fn try_session<P: Peers + ?Sized>(
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
         }
+        // Closed before it said hello: how the remote command ended is the clue.
+        (Err(Error::ConnectionClosed(why)), Ok(status)) if !status.success() => {
+            Err(Attempt::Failed(Error::ConnectionClosed(format!(
+                "{why}: the remote command `{} server` {}",
+                ssh.remote_path.as_deref().unwrap_or("fastcp"),
+                match status.code() {
+                    Some(code) => format!("exited with status {code}"),
+                    None => format!("was {status}"),
+                }
+            ))))
+        }
         (Err(err), _) => Err(Attempt::Failed(err)),
     };
     verdict.send_if_modified(|v| {

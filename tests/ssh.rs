@@ -426,6 +426,30 @@ fn missing_remote_binary_says_how_to_fix_it() {
     assert!(!work.path().join("b").exists());
 }
 
+/// A remote program that ends before it speaks, saying nothing: how it ended is named.
+#[test]
+fn a_remote_program_that_exits_before_the_handshake_is_named_with_its_status() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = Command::new(BIN)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .args(["--remote-path", "false"])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b")))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the remote command `false server` exited with status 1"),
+        "{err}"
+    );
+    assert!(!work.path().join("b").exists());
+}
+
 /// Pushes a one-byte file `a` to `b` in a fresh temp dir, for the tests that expect a refusal.
 fn push_one_file(sshd: &Sshd) -> (Output, tempfile::TempDir) {
     let work = tempfile::tempdir().unwrap();
