@@ -1058,6 +1058,8 @@ mod tests {
         assert!(Decoder::new(1 << 16).decode(&mut bad).is_err());
     }
 
+    /// rsync CVE-2024-12084: a count of block hashes read from the wire is checked against
+    /// its cap and the bytes that hold it before anything is allocated for it.
     #[test]
     fn partial_and_keep_roundtrip_and_hostile_counts_fail() {
         roundtrip(Frame::Partial(Partial {
@@ -1273,6 +1275,8 @@ mod tests {
         assert!(dec.decode(&mut far).is_err());
     }
 
+    /// rsync CVE-2024-12084/12085: a frame length read from the wire is checked before
+    /// anything is buffered for it.
     #[test]
     fn oversized_frame_is_refused_before_buffering() {
         let mut buf = BytesMut::new();

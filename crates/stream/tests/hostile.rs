@@ -216,6 +216,9 @@ fn fatal(outcome: Outcome) -> Error {
     err
 }
 
+/// croc CVE-2023-43619 and rsync CVE-2024-12087: a sender's names that climb out of the
+/// destination (`..`, absolute paths), or are empty, `.`, unnormalised or hold a NUL, are
+/// refused for every kind of entry, and nothing is written anywhere.
 #[tokio::test]
 async fn unsafe_paths_are_refused() {
     let cases: &[&[u8]] = &[
