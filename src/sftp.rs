@@ -2522,7 +2522,8 @@ impl Apply {
         let Some((_, have)) = self.same_size(sftp, &p.path, p.size).await else {
             return (true, None);
         };
-        if have.mtime.map(i64::from) != Some(p.mtime) {
+        // A source time SFTP cannot carry was set clamped: the same clamp makes it match.
+        if have.mtime != Some(sftp_time(p.mtime)) {
             return (true, None);
         }
         if let (true, Some(mode)) = (self.preserve, p.mode)
@@ -2578,7 +2579,7 @@ impl Apply {
             if have.permissions.map(|m| m & 0o7777) != Some(mode & 0o777) {
                 attrs.permissions = Some(mode & 0o777);
             }
-            if have.mtime.map(i64::from) != Some(p.mtime) {
+            if have.mtime != Some(sftp_time(p.mtime)) {
                 set_times(
                     &mut attrs,
                     &Meta {
@@ -2943,9 +2944,14 @@ impl PushFile {
 }
 
 fn set_times(attrs: &mut FileAttributes, meta: &Meta) {
-    let clamp = |t: i64| t.clamp(0, i64::from(u32::MAX)) as u32;
-    attrs.mtime = Some(clamp(meta.mtime));
-    attrs.atime = Some(clamp(meta.atime.map_or(meta.mtime, |(s, _)| s)));
+    attrs.mtime = Some(sftp_time(meta.mtime));
+    attrs.atime = Some(sftp_time(meta.atime.map_or(meta.mtime, |(s, _)| s)));
+}
+
+/// A time as SFTP version 3 carries it: whole seconds from 1970 to 2106, an earlier or later
+/// one clamped to the nearest end (scp's SFTP mode wraps it around instead).
+fn sftp_time(t: i64) -> u32 {
+    t.clamp(0, i64::from(u32::MAX)) as u32
 }
 
 /// A remote path split after its last `/`: the folder's prefix (`""` for none, `/` kept)

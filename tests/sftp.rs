@@ -695,6 +695,44 @@ fn the_quick_check_skips_unchanged_files_on_a_push_over_sftp() {
     assert_same_tree(&src, &dst.join("src"), true);
 }
 
+/// SFTP carries whole seconds from 1970 to 2106: a source time outside them arrives clamped
+/// to the nearest end, and a rerun's quick check compares the clamped time, so it skips the
+/// file rather than sending it again every night.
+#[test]
+fn a_time_sftp_cannot_carry_arrives_clamped_and_is_skipped_on_a_rerun() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    // 1960, and 2500.
+    let times = [
+        ("old", -315_619_200_i64, 0_i64),
+        ("far", 16_725_225_600, i64::from(u32::MAX)),
+    ];
+    for (name, t, _) in times {
+        write(&src.join(name), name.as_bytes(), 0o644);
+        set_mtime(&src.join(name), t, 0);
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = || {
+        run(plain(&sshd)
+            .args(["--sftp", "-r", "--skip-unchanged", "--json"])
+            .arg(&src)
+            .arg(remote(&sshd, &dst)))
+    };
+    let out = copy();
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (name, _, landed) in times {
+        let m = fs::symlink_metadata(dst.join("src").join(name)).unwrap();
+        assert_eq!(m.mtime(), landed, "{name}");
+    }
+    let out = copy();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files_skipped"], 2, "{}", json(&out));
+    assert_eq!(json(&out)["files"], 0, "{}", json(&out));
+}
+
 /// A push's rerun over many folders, each listed once rather than a stat per file: what
 /// changed in any way is sent and the rest skipped; a folder still there is used, one gone is
 /// made again, and a file (or a link) in a folder's way gives way to the folder, as between
