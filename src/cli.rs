@@ -15,11 +15,13 @@ use crate::progress::{self, Output, Role};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  success
-  1  some files failed (the others were copied)
-  2  usage error
-  3  connection or authentication failure
-  4  integrity failure (a hash or an AEAD tag did not match)";
+  0    success
+  1    some files failed (the others were copied)
+  2    usage error
+  3    connection or authentication failure
+  4    integrity failure (a hash or an AEAD tag did not match)
+  5    some source files changed or vanished while they were read (the others were copied)
+  130  stopped by Ctrl-C, SIGTERM or SIGHUP";
 
 /// Fast, secure file copy: scp's habits, several times faster.
 ///
@@ -377,11 +379,12 @@ pub struct DoctorArgs {
 /// Options of `fastcp server`, for the administrator of the server host.
 #[derive(Debug, clap::Args)]
 pub struct ServerArgs {
-    /// Address to listen on for TCP data streams [env: FASTCP_TCP_BIND] (default: the
-    /// address the SSH connection arrived on).
+    /// Address to listen on for TCP data streams (default: the address the SSH connection
+    /// arrived on).
     #[arg(long, value_name = "ADDR", env = "FASTCP_TCP_BIND")]
     pub bind: Option<std::net::IpAddr>,
-    /// Ports the TCP data streams may use, as LOW-HIGH [env: FASTCP_TCP_PORTS].
+    /// Ports the TCP data streams may use, as LOW-HIGH (a client's --tcp-ports is narrowed
+    /// to them).
     #[arg(long, value_name = "LOW-HIGH", env = "FASTCP_TCP_PORTS", value_parser = parse_ports)]
     pub ports: Option<(u16, u16)>,
     /// Confine clients to DIR: every path they name is taken relative to it and must

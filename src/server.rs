@@ -55,8 +55,8 @@ pub struct ServerConfig {
     /// Where the TCP transport listens. Default: the address the SSH connection arrived on
     /// (from `SSH_CONNECTION`), or 127.0.0.1 outside SSH.
     pub tcp_bind: Option<IpAddr>,
-    /// The ports the TCP transport may use on this server; a client's range must fall
-    /// inside. Default: any free port.
+    /// The ports the TCP transport may use on this server; a client's range is narrowed to
+    /// them, and refused when it has none of them. Default: any free port.
     pub tcp_ports: Option<RangeInclusive<u16>>,
     /// Knobs of the sealed TCP streams.
     pub tcp: TcpConfig,
