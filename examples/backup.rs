@@ -1,15 +1,15 @@
 //! A nightly backup with fastcp as a library: an incremental copy of SRC into the existing
 //! folder HOST:DST (only files whose size or modification time changed travel; mirroring is
-//! one option away, `delete: true`), one line per event while it runs (a file started, its
-//! progress, done, skipped, deleted or failed, and the summary), and a clean cancel on
+//! one option away, `.delete(true)`), one line per event while it runs (a file started, its
+//! progress, done, skipped, resumed, deleted or failed, and the summary), and a clean cancel on
 //! Ctrl-C. A local DST is created if missing.
 //!
 //! ```sh
 //! cargo run --release --example backup -- SRC HOST:DST
 //! ```
 //!
-//! Exit status: 0 when everything was copied, 1 when some files failed, 2 on a usage error,
-//! 3 when the copy could not run, 130 when cancelled.
+//! Exit status: the `fastcp` command's (`fastcp::exit`): 0 when everything was copied, 1 when
+//! some files failed, 2 on a usage error, 3 when the connection failed, 130 when cancelled.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -959,7 +959,8 @@ pub(crate) fn push_failure(report: &mut Report, failure: Failure) {
 /// streams (SSH channels or sealed TCP connections) and runs the engine.
 ///
 /// With [`TransportChoice::Auto`] it tries TCP first when the host can be reached directly,
-/// and falls back to SSH channels (saying so on stderr) when the data port is unreachable.
+/// and falls back to SSH channels (with a warning on the options' [`Log`](crate::Log)) when
+/// the data port is unreachable.
 ///
 /// A plan with its sources on one host and its target on another (or the same) host
 /// ([`Plan::is_relay`]) copies between them through this machine: it logs in to both (once

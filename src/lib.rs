@@ -5,6 +5,10 @@
 //! - [`Location`] parses scp-style operands (`file`, `host:path`, `user@host:path`).
 //! - [`Plan`] checks a copy's operands and [`CopyOptions`]; [`copy_local`] runs a local copy
 //!   through the engine.
+//! - [`copy_remote`] runs a copy to, from or between remote hosts over SSH (starting
+//!   `fastcp server` there, uploading it or going over [`sftp`] where it is missing);
+//!   [`Session`] logs in once for any number of such copies; [`blocking`] has both for
+//!   synchronous programs.
 //! - [`run_session`] drives a remote copy over a transport's control stream, and
 //!   [`server::serve`] is the remote side (`fastcp server`).
 //! - [`probe`] asks a remote host which fastcp it runs and what a copy would choose;

@@ -2,7 +2,7 @@
 //!
 //! The crate knows nothing about files. It reaches a peer, starts the fixed remote command
 //! `fastcp server` (its stdio is the *control stream*), and opens more streams to a
-//! rendezvous the server announces (a unix socket or a loopback TCP port on the peer).
+//! rendezvous the server announces (a unix socket or a TCP port on the peer).
 //!
 //! - [`Transport`]: the small trait the engine uses.
 //! - [`SshSession`]: the built-in SSH client (russh). Reads ssh_config ([`SshOptions`],
@@ -10,7 +10,9 @@
 //!   files, and multiplexes N channels over one connection; [`SshSession::reconnect`] adds
 //!   connections, each served by its own sshd process. Tuned by [`SshClientConfig`].
 //! - [`SshProgram`]: runs the system `ssh` instead (`--ssh-program ssh`): one SSH stream,
-//!   and [`SshProgram::direct_address`] for data streams of their own (the TCP transport).
+//!   and [`SshProgram::direct_address`] for data streams of their own (the TCP transport),
+//!   or [`SshProgram::forward_to_loopback`] (`ssh -W 127.0.0.1:PORT`) for each one ssh
+//!   forwards.
 //! - [`AnyTransport`]: picks one of the two from [`SshOptions::ssh_program`].
 //!
 //! ```no_run
