@@ -97,7 +97,7 @@ pub struct CopyOptions {
     pub delete: bool,
     /// Never upload fastcp to a remote host that lacks it (`--no-deploy`); see
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
-    /// ([`SshOptions::remote_path`]) or the system ssh program is used.
+    /// ([`SshOptions::remote_path`]); it works the same through the system ssh program.
     pub no_deploy: bool,
     /// Never fall back to SFTP (`--no-sftp-fallback`): a copy to or from a host that has no
     /// fastcp, and where none can be deployed, fails with
@@ -122,7 +122,8 @@ pub struct CopyOptions {
     /// under a hidden temp name (`.NAME.fastcp-partial`), and the next copy with `resume`
     /// sends only the blocks of it that differ; the whole file is still verified before it
     /// takes its final name. It implies the quick check ([`skip_unchanged`]), so files
-    /// already complete are skipped. Needs protocol version 4 on both ends; not over SFTP.
+    /// already complete are skipped. Needs protocol version 4 on both ends; over SFTP, see
+    /// [`crate::sftp`].
     ///
     /// [`skip_unchanged`]: Self::skip_unchanged
     pub resume: bool,
@@ -133,10 +134,12 @@ pub struct CopyOptions {
     /// `--numeric-ids`, `-X`, `-A`); see [`fastcp_stream::KeepAttrs`]. Not over SFTP.
     pub attrs: fastcp_stream::KeepAttrs,
     /// Copy device nodes (`--devices`): only a receiving side running as root can make
-    /// them. Without it each is skipped with a warning. Not over SFTP.
+    /// them. Without it each is skipped and reported as a failed entry
+    /// ([`ErrorCode::Unsupported`](fastcp_stream::ErrorCode::Unsupported)). Not over SFTP.
     pub devices: bool,
     /// Copy named pipes and sockets (`--specials`; a socket arrives as its name, not a
-    /// listening socket). Without it each is skipped with a warning. Not over SFTP.
+    /// listening socket). Without it each is skipped and reported as a failed entry, as
+    /// for [`devices`](Self::devices). Not over SFTP.
     pub specials: bool,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
@@ -152,7 +155,7 @@ pub struct CopyOptions {
     pub deploy_from: Option<std::path::PathBuf>,
     /// Copy over the remote's stock SFTP subsystem, without fastcp there (`--sftp`); see
     /// [`crate::sftp`]. A copy also takes this path by itself when the remote has no fastcp
-    /// and none can run there, or with [`no_deploy`](Self::no_deploy).
+    /// and none can run there, or none may be uploaded ([`no_deploy`](Self::no_deploy)).
     pub sftp: bool,
     /// Copy only share `I` of `N` of the files (`--shard I/N`): `N` runs, anywhere, each with
     /// its own `I`, together copy everything exactly once. See [`crate::shard`]. Local
