@@ -171,11 +171,13 @@ pub struct SendConfig {
     /// `resume`s hashes regardless: the blocks it keeps join the sent bytes by their hashes.
     /// Default: true.
     pub hash_content: bool,
-    /// Send device nodes (`--devices`) instead of skipping each with a warning (the receiver
+    /// Send device nodes (`--devices`) instead of skipping each as a failure of its own
+    /// ([`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported), not fatal; the receiver
     /// must be configured alike). Default: false.
     pub devices: bool,
-    /// Send named pipes and sockets (`--specials`) instead of skipping each with a warning
-    /// (the receiver must be configured alike). Default: false.
+    /// Send named pipes and sockets (`--specials`) instead of skipping each as a failure of
+    /// its own, as for [`devices`](Self::devices) (the receiver must be configured alike).
+    /// Default: false.
     pub specials: bool,
     /// The copy cannot carry devices, named pipes and sockets at all (the SFTP path): the
     /// failure for each one skipped does not name `--devices` or `--specials`. Default: false.
