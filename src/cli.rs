@@ -503,7 +503,9 @@ pub async fn run(args: Args, cancel: fastcp::CancellationToken) -> anyhow::Resul
         }
         Some(Command::Man) => {
             let mut out = std::io::stdout().lock();
-            clap_mangen::Man::new(command()).render(&mut out)?;
+            // The header's version is one line: `--version` adds the providers below it.
+            let page = command().version(env!("CARGO_PKG_VERSION"));
+            clap_mangen::Man::new(page).render(&mut out)?;
             out.flush()?;
             Ok(exit::OK)
         }

@@ -364,11 +364,13 @@ fn help_names_every_flag_and_the_exit_codes() {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
     for line in [
-        "0  success",
-        "1  some files failed",
-        "2  usage error",
-        "3  connection or authentication failure",
-        "4  integrity failure",
+        "0    success",
+        "1    some files failed",
+        "2    usage error",
+        "3    connection or authentication failure",
+        "4    integrity failure",
+        "5    some source files changed or vanished",
+        "130  stopped by Ctrl-C",
     ] {
         assert!(help.contains(line), "--help lacks exit code {line:?}");
     }
@@ -415,6 +417,14 @@ fn man_page_is_generated_from_the_cli() {
     for text in ["bwlimit", "dry\\-run", "doctor", "Exit codes", "SSH_CONFIG"] {
         assert!(page.contains(text), "the man page lacks {text:?}");
     }
+    // The header names the version on its one line (`--version`'s provider lines are not
+    // part of it).
+    let header = page.lines().find(|l| l.starts_with(".TH")).unwrap();
+    assert!(
+        header.contains(concat!("fastcp ", env!("CARGO_PKG_VERSION"), "\"")),
+        "{header}"
+    );
+    assert!(!page.contains("crypto providers"), "{page}");
 }
 
 #[test]
