@@ -754,6 +754,55 @@ fn checksum_compares_content_not_times() {
     }
 }
 
+/// With `-p`, `--checksum` keeps access times: the hash pass reads every file, and neither
+/// the time the copy gets (sent whole, as it differs) nor the time a skipped file keeps is
+/// the time of that read. Locally, pushed and pulled.
+#[test]
+fn checksum_with_p_keeps_the_access_times_from_before_its_hash_pass() {
+    use std::os::unix::fs::MetadataExt;
+    const ATIME: i64 = -616_377_600; // 1950
+    const MTIME: i64 = 978_307_200; // 2001
+    let sshd = Sshd::start().unwrap();
+    for how in ["local", "push", "pull"] {
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        write(&src.join("differs"), b"source bytes", 0o644);
+        write(&src.join("same"), b"same bytes", 0o644);
+        let dst = work.path().join("dst");
+        let top = dst.join("src");
+        std::fs::create_dir_all(&top).unwrap();
+        write(&top.join("differs"), b"other bytes!", 0o644);
+        write(&top.join("same"), b"same bytes", 0o644);
+        for name in ["differs", "same"] {
+            set_times(&src.join(name), ATIME, MTIME);
+            set_times(&top.join(name), ATIME, MTIME);
+        }
+        let mut cmd = match how {
+            "local" => Command::new(bin()),
+            _ => fastcp(&sshd, bin()),
+        };
+        cmd.args(["-r", "-p", "--checksum", "--json"]);
+        match how {
+            "local" => cmd.arg(&src).arg(&dst),
+            "push" => cmd.arg(&src).arg(remote(&sshd, &dst)),
+            _ => cmd.arg(remote(&sshd, &src)).arg(&dst),
+        };
+        let v = ok_json(&mut cmd);
+        assert_eq!(
+            (v["files"].as_u64(), v["files_skipped"].as_u64()),
+            (Some(1), Some(1)),
+            "{how}: {v}"
+        );
+        for name in ["differs", "same"] {
+            let m = std::fs::metadata(top.join(name)).unwrap();
+            assert_eq!((m.atime(), m.mtime()), (ATIME, MTIME), "{how}: {name}");
+        }
+        // Read last: the read moves the access time.
+        assert_eq!(std::fs::read(top.join("differs")).unwrap(), b"source bytes");
+    }
+}
+
 /// A push's dry run ends with the server's reason, whatever it is doing: `--checksum` alone
 /// judges nothing (no content is hashed for a preview), and a target the server refuses is
 /// reported even when the listing is longer than the connection's buffers.

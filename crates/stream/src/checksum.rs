@@ -121,6 +121,27 @@ pub(crate) fn content_hash(
     }
 }
 
+/// Opens `name` in `dir` to hash it (following a symlink only with `follow`) and, where this
+/// process may (it owns the file, or is root), without touching its access time: a
+/// `--checksum` pass reads every file, and the times `-p` then sends, or a skipped file
+/// keeps, are the ones from before it.
+pub(crate) fn open_to_hash(
+    dir: impl rustix::fd::AsFd,
+    name: &[u8],
+    follow: bool,
+) -> rustix::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = match rustix::fs::openat(&dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => rustix::fs::openat(&dir, name, flags, Mode::empty())?,
+        opened => opened?,
+    };
+    Ok(std::fs::File::from(fd))
+}
+
 /// [`ContentHash::Sha256`] with ranges of `range` bytes.
 fn sha256_by_ranges(
     r: impl std::io::Read,

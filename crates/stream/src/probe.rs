@@ -21,7 +21,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use fastcp_proto::{Answer, Attrs, Frame, Probe};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType};
 use tokio::sync::mpsc;
 
 use crate::dest::{self, Op, Resolver, lock};
@@ -384,10 +384,9 @@ impl Prober {
     /// `None` when it cannot be read.
     fn content_hash(&mut self, p: &Probe) -> Option<u128> {
         let (dir, name) = self.probed_dir(p)?;
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-        let fd = rustix::fs::openat(&*dir, &name[..], flags, Mode::empty()).ok()?;
+        let file = crate::checksum::open_to_hash(&*dir, &name, false).ok()?;
         let (kind, progress) = (self.shared.config.content_hash, &self.shared.progress);
-        crate::checksum::content_hash(kind, std::fs::File::from(fd), progress).ok()
+        crate::checksum::content_hash(kind, file, progress).ok()
     }
 
     /// With `resume`: the partial file of a probed file (of more than

@@ -1314,11 +1314,17 @@ impl Producer<'_> {
             self.flush_probes()?;
         }
         let hash = if self.config.checksum {
-            std::fs::File::open(&path)
-                .and_then(|f| {
-                    crate::checksum::content_hash(self.config.content_hash, f, &self.progress)
-                })
-                .ok()
+            // As the walk went: a symlink is followed (the walk found a file there).
+            crate::checksum::open_to_hash(
+                rustix::fs::CWD,
+                path.as_os_str().as_encoded_bytes(),
+                true,
+            )
+            .map_err(std::io::Error::from)
+            .and_then(|f| {
+                crate::checksum::content_hash(self.config.content_hash, f, &self.progress)
+            })
+            .ok()
         } else {
             None
         };
