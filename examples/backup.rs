@@ -111,7 +111,7 @@ async fn main() -> ExitCode {
         Ok(outcome) => {
             let r = &outcome.report;
             // What arrived: on a push, the receiver's count (`local` is what was sent).
-            let arrived = if push { &r.peer } else { &r.local };
+            let arrived = outcome.arrived();
             println!(
                 "done: {} files copied ({} bytes), {} unchanged, {} failed, over {}",
                 arrived.files, arrived.bytes, r.files_skipped, r.failure_count, outcome.transport

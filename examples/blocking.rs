@@ -21,10 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => fastcp::blocking::copy_local(&plan, progress)?,
     };
     // What arrived: on a push, the receiver's count (`local` is what was sent).
-    let arrived = match plan.dest().remote() {
-        Some(_) => &outcome.report.peer,
-        None => &outcome.report.local,
-    };
+    let arrived = outcome.arrived();
     println!(
         "{} files, {} bytes in {:.2} s",
         arrived.files,

@@ -685,7 +685,7 @@ async fn copy_with(
     feed.print_rest(&outcome.report.failures, outcome.report.failure_count);
     let code = exit::for_report(&outcome.report);
     if args.json {
-        print_json(&summary_json(&outcome, code, role, args.dry_run))?;
+        print_json(&summary_json(&outcome, code, args.dry_run))?;
     } else if args.dry_run {
         let mut out = std::io::stdout().lock();
         for entry in &outcome.listing {
@@ -694,18 +694,17 @@ async fn copy_with(
         out.flush()?;
     }
     if !outcome.report.is_complete() && !args.quiet {
-        let push = plan.dest().remote().is_some();
-        output.line(&failures_line(&outcome.report, push, args.dry_run));
+        output.line(&failures_line(&outcome, args.dry_run));
     }
     Ok(code)
 }
 
 /// The last line of a copy where some entries failed: how many, and whether anything else
 /// was done (what the receiving side wrote: the far side's count, on a `push`).
-fn failures_line(report: &fastcp::Report, push: bool, dry_run: bool) -> String {
-    let r = report;
+fn failures_line(outcome: &fastcp::Outcome, dry_run: bool) -> String {
+    let r = &outcome.report;
     let verb = if dry_run { "listed" } else { "copied" };
-    let written = if push && !dry_run { &r.peer } else { &r.local };
+    let written = outcome.arrived();
     let done = written.files + written.dirs + written.symlinks;
     // A refused `--delete` is reported beside the failures that caused it, and is no entry.
     let refusals = r
@@ -870,19 +869,11 @@ fn aborted_json(err: &anyhow::Error, feed: &progress::Feed) -> serde_json::Value
 }
 
 /// The `--json` summary; README.md documents the schema.
-fn summary_json(
-    outcome: &fastcp::Outcome,
-    exit_code: u8,
-    role: Role,
-    dry_run: bool,
-) -> serde_json::Value {
+fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serde_json::Value {
     let secs = outcome.elapsed.as_secs_f64();
     // What arrived: a push counts from the receiver's final report, so that a file the
     // remote could not write is not counted as copied (a dry run writes nothing there).
-    let arrived = match role {
-        Role::Push if !dry_run => &outcome.report.peer,
-        _ => &outcome.report.local,
-    };
+    let arrived = outcome.arrived();
     let mut value = json!({
         "version": 1,
         "exit_code": exit_code,

@@ -377,6 +377,32 @@ pub struct Outcome {
     pub listing: Vec<Listed>,
     /// Wall-clock time of the whole copy.
     pub elapsed: Duration,
+    /// Whether the remote side wrote the copy (a push, or a copy between two remote hosts,
+    /// not a dry run): what arrived is then its count, `report.peer`.
+    peer_wrote: bool,
+}
+
+impl Outcome {
+    /// What arrived at the destination, as the side that wrote it counted: `report.local`
+    /// for a local copy, a pull or a dry run, `report.peer` for a push (and a copy between
+    /// two remote hosts), where `report.local` is what was sent, the files the remote side
+    /// could not write included. The command line's `--json` `files` and `bytes` are these.
+    ///
+    /// ```no_run
+    /// # async fn run(plan: fastcp::Plan, ssh: fastcp::transport::SshOptions) -> Result<(), fastcp::Error> {
+    /// let outcome = fastcp::copy_remote(&plan, &ssh, Default::default()).await?;
+    /// let arrived = outcome.arrived();
+    /// println!("{} files, {} bytes arrived", arrived.files, arrived.bytes);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn arrived(&self) -> &fastcp_proto::Summary {
+        if self.peer_wrote {
+            &self.report.peer
+        } else {
+            &self.report.local
+        }
+    }
 }
 
 /// A copy that can run: checked operands and options. Made by [`Plan::new`] only, so that
@@ -880,6 +906,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
         remote_software: None,
         listing: Vec::new(),
         elapsed: Duration::ZERO,
+        peer_wrote: false,
     };
     if plan.options.dry_run {
         let (listing, mut report) = list_local(plan, false).await;
@@ -1158,7 +1185,14 @@ pub struct SessionDone {
 }
 
 impl SessionDone {
-    pub(crate) fn into_outcome(self, transport: &'static str, started: Instant) -> Outcome {
+    /// The whole copy's outcome; `peer_wrote` when the remote side wrote it (see
+    /// [`Outcome::arrived`]).
+    pub(crate) fn into_outcome(
+        self,
+        transport: &'static str,
+        started: Instant,
+        peer_wrote: bool,
+    ) -> Outcome {
         Outcome {
             report: self.report,
             transport,
@@ -1169,6 +1203,7 @@ impl SessionDone {
             remote_software: Some(self.remote_software),
             listing: self.listing,
             elapsed: started.elapsed(),
+            peer_wrote,
         }
     }
 }

@@ -248,7 +248,10 @@ pub(crate) async fn run(
                     .log
                     .info(|| "setting the copy between the two hosts up again".into());
             }
-            done => return done.map(|(done, transport)| done.into_outcome(transport, started)),
+            // The receiving host wrote the copy (a relay has no dry run).
+            done => {
+                return done.map(|(done, transport)| done.into_outcome(transport, started, true));
+            }
         }
     }
 }

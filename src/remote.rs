@@ -306,7 +306,8 @@ impl Session {
             Job::Copy
         };
         let (done, transport) = self.run(plan, progress, job).await?;
-        Ok(done.into_outcome(transport, started))
+        let peer_wrote = plan.dest.remote().is_some() && !plan.options.dry_run;
+        Ok(done.into_outcome(transport, started, peer_wrote))
     }
 
     /// Checks that `plan` copies to or from this session's login.

@@ -1447,3 +1447,42 @@ fn the_system_ssh_giving_up_is_a_typed_error_in_its_words() {
     );
     assert!(!target.exists());
 }
+
+/// `Outcome::arrived` is what the destination's side wrote: on a push, the far side's count,
+/// which leaves out a file it could not write (here one whose place holds a folder with
+/// entries, which a copy without `--delete` does not replace); on a pull, this side's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_arrived_is_counted_by_the_side_that_wrote_it() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("fine"), b"fine", 0o644);
+    write(&src.join("blocked"), b"blocked", 0o644);
+    for pull in [false, true] {
+        let dst = work.path().join(format!("dst-{pull}"));
+        std::fs::create_dir_all(dst.join("src/blocked")).unwrap();
+        write(&dst.join("src/blocked/inside"), b"in the way", 0o644);
+        let (from, to) = match pull {
+            false => (Location::Local(src.clone()), on(&sshd, &dst)),
+            true => (on(&sshd, &src), Location::Local(dst.clone())),
+        };
+        let plan = Plan::new(vec![from], to, CopyOptions::default().recursive(true)).unwrap();
+        let outcome = fastcp::copy_remote(&plan, &ssh_options(&sshd), Arc::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.report.failure_count, 1,
+            "pull {pull}: {:?}",
+            outcome.report
+        );
+        let arrived = outcome.arrived();
+        assert_eq!(
+            (arrived.files, arrived.bytes),
+            (1, 4),
+            "pull {pull}: {:?}",
+            outcome.report
+        );
+        assert_eq!(std::fs::read(dst.join("src/fine")).unwrap(), b"fine");
+    }
+}
