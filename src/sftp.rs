@@ -3639,6 +3639,10 @@ impl Emit {
             };
             if file_type(&attrs) == S_IFDIR {
                 if !self.recursive {
+                    // Not looked into: what the list names beneath it is not known missing.
+                    if let Some(unfound) = &mut unfound {
+                        unfound.not_looked_into(&wire);
+                    }
                     let msg = "is a directory (use -r to copy it)".to_string();
                     self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
                         .await?;

@@ -1434,6 +1434,42 @@ fn operands_that_are_not_utf8() {
     assert!(!out_dir.join("plain").exists());
 }
 
+/// `--files-from` without `-r` and a folder source: the folder is refused (copy it with -r),
+/// and the paths listed beneath it, which were never looked for, are not said to be missing.
+#[test]
+fn files_from_without_r_refuses_the_folder_and_nothing_more() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("a");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    // A local copy, a pull (the server's walk) and an SFTP pull (a listing of its own).
+    for how in ["local", "pull", "sftp"] {
+        let mut cmd = match how {
+            "local" => fastcp(),
+            _ => remote_fastcp(&sshd),
+        };
+        if how == "sftp" {
+            cmd.arg("--sftp");
+        }
+        let source = match how {
+            "local" => src.display().to_string(),
+            _ => remote(&sshd, &src),
+        };
+        let out = cmd
+            .args(["-p", "--files-from", "-"])
+            .arg(source)
+            .arg(work.path().join(format!("D-{how}")))
+            .write_stdin("f\n")
+            .assert()
+            .code(1);
+        let said = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(said.contains("-r"), "{how}: {said}");
+        assert!(!said.contains("not in the source"), "{how}: {said}");
+        assert!(said.contains("1 entry failed"), "{how}: {said}");
+    }
+}
+
 /// A pull whose local target is refused once the server runs (`file/` names a file) says
 /// why once, and the server, whose client went away, adds nothing to it.
 #[test]

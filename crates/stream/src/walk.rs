@@ -492,6 +492,8 @@ impl Walk {
             EntryKind::File { size: meta.len() }
         } else if ft.is_dir() {
             if !self.config.recursive {
+                // Nothing beneath it is looked for: the listed paths are not missing.
+                self.forget_listed_beneath(&wire);
                 return Err(Error::Unsupported {
                     path,
                     reason: "not a regular file (a directory: copy it with -r)".into(),
