@@ -839,18 +839,21 @@ fn snake_case(name: &str) -> String {
 }
 
 /// The `--json` object of a copy that stopped on an error: the error, its kind and whose
-/// fault, and how far the copy had got (from its events); README.md documents it.
+/// fault, and how far the copy had got (from its events), except for a usage error, which
+/// stops a copy before it starts; README.md documents it.
 fn aborted_json(err: &anyhow::Error, feed: &progress::Feed) -> serde_json::Value {
     let mut value = json!({
         "version": 1,
         "exit_code": exit_code_of(err),
         "error": error_text(err),
     });
+    let mut usage = false;
     if let Some(e) = err.downcast_ref::<fastcp::Error>() {
         value["error_kind"] = snake_case(&format!("{:?}", e.kind())).into();
         value["fault"] = snake_case(&format!("{:?}", e.fault())).into();
+        usage = e.kind() == fastcp::ErrorKind::Usage;
     }
-    if let Some((done, role)) = feed.aborted() {
+    if let Some((done, role)) = feed.aborted().filter(|_| !usage) {
         let (files, bytes) = match role {
             Role::Push => (done.files_sent, done.bytes_sent),
             Role::Local | Role::Pull => (done.files_done, done.bytes_done),

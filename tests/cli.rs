@@ -98,6 +98,9 @@ fn usage_errors_exit_2() {
         &["completions", "cmd.exe"],
         // Between two remote hosts, what the relay does not do is said before connecting.
         &["-n", "hosta:x", "hostb:y"],
+        &["--sftp", "hosta:x", "hostb:y"],
+        &["--shard", "1/2", "hosta:x", "hostb:y"],
+        &["--shard", "1/2", "--delete", a, "b"],
         &["--exclude", "[unclosed", a, "b"],
         &["--exclude-from", "no-such-rules", a, "b"],
         &["--files-from", "no-such-list", a, "b"],
@@ -121,6 +124,14 @@ fn usage_errors_exit_2() {
             assert_eq!(
                 (&v["exit_code"], &v["error_kind"], &v["fault"]),
                 (&2.into(), &"usage".into(), &"user".into()),
+                "{args:?}: {v}"
+            );
+            // Nothing was copied: no counts, whether clap, the command or the library
+            // found the error.
+            let usage_keys = ["version", "exit_code", "error", "error_kind", "fault"];
+            assert_eq!(
+                keys(&v),
+                usage_keys.iter().map(|k| k.to_string()).collect(),
                 "{args:?}: {v}"
             );
         }
