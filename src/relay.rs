@@ -327,6 +327,7 @@ async fn attempt(
         let mut config = fastcp_stream::RelayConfig::default();
         config.max_frame = max_frame;
         config.checksum = plan.options().checksum;
+        config.hard_links = plan.options().hard_links;
         // As a pull: a source that names no entry of its own (`a:`, `a:~`, `a:dir/.`)
         // arrives under a name only its host knows, so any name is accepted then.
         config.expected_top_level = plan

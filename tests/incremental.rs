@@ -601,11 +601,45 @@ fn hard_links_arrive_as_one_inode() {
             let stray = walk_names(&dst).into_iter().find(|n| n.contains(".fastcp"));
             assert_eq!(stray, None);
         }
+        // A further name gone from the target is made again: a file written, and skipped
+        // as the other names of the unchanged file are (its bytes do not travel).
+        std::fs::remove_file(dst.join("src/c")).unwrap();
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args(["-r", "-H", "-p", "--skip-unchanged", "--json"]);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let v = ok_json(&mut cmd);
+        assert_eq!(
+            (&v["files"], &v["files_skipped"]),
+            (&1.into(), &4.into()),
+            "{name}: {v}"
+        );
+        check(&dst.join("src"), true);
     }
     let local = work.path().join("local");
     std::fs::create_dir(&local).unwrap();
     let out = run(Command::new(BIN).args(["-r", "-H"]).arg(&src).arg(&local));
     assert!(out.status.success(), "{}", stderr(&out));
+    check(&local.join("src"), true);
+    let again = || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["-r", "-H", "-p", "--skip-unchanged", "--json"])
+            .arg(&src)
+            .arg(&local);
+        ok_json(&mut cmd)
+    };
+    // With -p, the times the quick check compares.
+    again();
+    std::fs::remove_file(local.join("src/c")).unwrap();
+    let v = again();
+    assert_eq!(
+        (&v["files"], &v["files_skipped"]),
+        (&1.into(), &4.into()),
+        "local: {v}"
+    );
     check(&local.join("src"), true);
     let plain = work.path().join("plain");
     std::fs::create_dir(&plain).unwrap();

@@ -522,3 +522,40 @@ fn resume_continues_the_target_hosts_partial_file_and_hard_links_stay_one() {
     };
     assert_eq!(ino("one"), ino("two"));
 }
+
+/// `-H` with `--skip-unchanged` or `--checksum`: a rerun skips every name, the further names
+/// of an unchanged file too, as a push or a pull counts them; a further name made again is
+/// a file written and, its bytes not travelling, skipped too.
+#[test]
+fn a_rerun_with_hard_links_skips_every_name_as_a_push_does() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("hs");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    write(&src.join("f"), b"a", 0o644);
+    std::fs::hard_link(src.join("f"), src.join("d/g")).unwrap();
+    std::fs::hard_link(src.join("f"), src.join("h")).unwrap();
+    write(&src.join("big"), &pseudo_random(5 << 20, 5), 0o644);
+    std::fs::hard_link(src.join("big"), src.join("d/big2")).unwrap();
+    let copy = |how: &str| {
+        let out = run(hosts
+            .fastcp()
+            .args(["-r", "-p", "-H", "--json", how])
+            .arg(on("hosta", &src))
+            .arg(on("hostb", &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v = json(&out);
+        (
+            v["files"].as_u64().unwrap(),
+            v["files_skipped"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(copy("-v").0, 5);
+    assert_eq!(copy("--skip-unchanged"), (0, 5));
+    assert_eq!(copy("--checksum"), (0, 5));
+    std::fs::remove_file(dst.join("hs/h")).unwrap();
+    assert_eq!(copy("--skip-unchanged"), (1, 5));
+    // `d/g` is the first name of `f`: the walk goes in name order (big, d/big2, d/g, f, h).
+    std::fs::remove_file(dst.join("hs/f")).unwrap();
+    assert_eq!(copy("--checksum"), (1, 5));
+}

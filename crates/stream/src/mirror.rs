@@ -271,10 +271,13 @@ pub(crate) fn remove(
 /// Makes each hard link `(name, file)` (wire paths) another name of `file`, which must be a
 /// file of this session (in `files`). Both are reached through directory handles beneath the
 /// destination; the link goes to a temporary name and is renamed over whatever held its name.
+/// With `skip_unchanged`, a link to a file the quick check skipped (not in `sent`) counts as
+/// skipped, found in place or made again.
 pub(crate) fn make_links(
     shared: &std::sync::Arc<Shared>,
     links: &[(Bytes, Bytes)],
     files: &HashSet<Bytes>,
+    sent: &HashSet<Bytes>,
 ) {
     let mut resolver = Resolver::new(shared.clone(), false);
     for (name, file) in links {
@@ -305,7 +308,7 @@ pub(crate) fn make_links(
             if let Some(target) = inode(&*to, &link_name)
                 && inode(&*from, &file_name) == Some(target)
             {
-                shared.link_in_place(name);
+                shared.link_skipped(name);
                 return Ok(());
             }
             let mut temp = b".".to_vec();
@@ -322,6 +325,9 @@ pub(crate) fn make_links(
                 .written
                 .files
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if shared.config.skip_unchanged && !sent.contains(file) {
+                shared.link_skipped(name);
+            }
             Ok(())
         })();
         if let Err(e) = made {

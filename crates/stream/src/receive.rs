@@ -342,6 +342,9 @@ struct Table {
     /// at the end, (name, file).
     files: HashSet<Bytes>,
     links: Vec<(Bytes, Bytes)>,
+    /// With `hard_links` and `skip_unchanged`: the wire paths of the files whose `File` entry
+    /// came; the others of `files` the quick check skipped.
+    sent_files: HashSet<Bytes>,
     /// Files the quick check skipped for certain (without `checksum`), and their bytes:
     /// counted, not named, so that a rerun over millions of files keeps no table of them.
     skipped: (u64, u64),
@@ -414,9 +417,9 @@ impl Shared {
         }
     }
 
-    /// A hard link `name` (a wire path) found already in place: skipped, as an unchanged
-    /// file is.
-    pub(crate) fn link_in_place(&self, name: &Bytes) {
+    /// A hard link `name` (a wire path) found already in place, or made again to a file the
+    /// quick check skipped: skipped, as an unchanged file is (no bytes travelled for it).
+    pub(crate) fn link_skipped(&self, name: &Bytes) {
         use crate::{Event, SkipReason};
         let mut t = lock(&self.table);
         t.skipped.0 = t.skipped.0.saturating_add(1);
@@ -639,7 +642,11 @@ impl Reader {
             t.refresh_later.remove(&f.path);
         }
         if self.shared.config.hard_links {
-            lock(&self.shared.table).files.insert(kept(&f.path));
+            let mut t = lock(&self.shared.table);
+            t.files.insert(kept(&f.path));
+            if self.shared.config.skip_unchanged {
+                t.sent_files.insert(kept(&f.path));
+            }
         }
         {
             let mut t = lock(&self.shared.table);
@@ -1632,12 +1639,13 @@ where
         let mut t = lock(&shared.table);
         let files = std::mem::take(&mut t.files);
         let links = std::mem::take(&mut t.links);
-        (links, files)
+        let sent = std::mem::take(&mut t.sent_files);
+        (links, files, sent)
     };
     if !links.0.is_empty() {
         let link_shared = shared.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            crate::mirror::make_links(&link_shared, &links.0, &links.1)
+            crate::mirror::make_links(&link_shared, &links.0, &links.1, &links.2)
         })
         .await;
     }

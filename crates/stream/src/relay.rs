@@ -14,7 +14,10 @@
 //! under way, at most [`MAX_TRACKED`] of each. With `checksum`, the path of each file the
 //! receiver has already is kept until the end, as a receiver keeps it: only the sender,
 //! comparing hashes, says whether it is skipped, by not sending it, and so these files
-//! count as skipped (in the progress and the events too) only when the relay ends.
+//! count as skipped (in the progress and the events too) only when the relay ends. With
+//! `hard_links`, the names of the files skipped and the hard links passed on are kept until
+//! the end too, as a receiver keeps every file's name: a further name of a skipped file
+//! counts as skipped, as the receiver counts it.
 
 use std::collections::HashMap;
 use std::io;
@@ -50,6 +53,10 @@ pub struct RelayConfig {
     /// The quick check compares content (`checksum`): what a skipped file's event says.
     /// The skipped files are known, and counted, only at the end (see the module's doc).
     pub checksum: bool,
+    /// Hard links are kept (`-H`): each further name of a file the quick check skipped
+    /// counts as skipped too, as [`ReceiveConfig::hard_links`](crate::ReceiveConfig) counts
+    /// it (see the module's doc).
+    pub hard_links: bool,
 }
 
 impl Default for RelayConfig {
@@ -58,6 +65,7 @@ impl Default for RelayConfig {
             max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
             expected_top_level: None,
             checksum: false,
+            hard_links: false,
         }
     }
 }
@@ -272,6 +280,10 @@ struct Track {
     /// With `checksum`: files answered "skip" whose `File` entry has not come (yet): the
     /// sender compares the hashes and may send them after all. Path -> size.
     maybe_skipped: HashMap<Bytes, u64>,
+    /// With `hard_links`: the files skipped for certain (without `checksum`), by path, and
+    /// each hard link passed on, (name, file).
+    skipped_names: std::collections::HashSet<Bytes>,
+    links: Vec<(Bytes, Bytes)>,
     /// Bytes the receiver's partial files held (`Keep`).
     resumed: u64,
     failures: Vec<Failure>,
@@ -470,7 +482,13 @@ impl Shared {
             Frame::Attrs(a) => self.check_path(&a.path),
             Frame::HardLink(h) => {
                 self.check_path(&h.path)?;
-                self.check_path(&h.target)
+                self.check_path(&h.target)?;
+                if self.config.hard_links {
+                    lock(&self.track)
+                        .links
+                        .push((h.path.clone(), h.target.clone()));
+                }
+                Ok(())
             }
             Frame::File(f) => {
                 self.check_path(&f.path)?;
@@ -553,6 +571,9 @@ impl Shared {
                     }
                     track.skipped.0 += 1;
                     track.skipped.1 += size;
+                    if self.config.hard_links {
+                        track.skipped_names.insert(path.clone());
+                    }
                     drop(track);
                     self.skipped(path, size);
                 }
@@ -612,17 +633,27 @@ impl Shared {
         });
     }
 
-    /// Files answered "skip" that the sender did not send after all: skipped.
+    /// Files answered "skip" that the sender did not send after all: skipped; and the hard
+    /// links to skipped files, which the receiver finds in place or makes again.
     fn settle_skipped(&self) {
-        let maybe = {
+        let (maybe, links) = {
             let mut track = lock(&self.track);
             let maybe = std::mem::take(&mut track.maybe_skipped);
             track.skipped.0 += maybe.len() as u64;
             track.skipped.1 += maybe.values().sum::<u64>();
-            maybe
+            let links: Vec<Bytes> = std::mem::take(&mut track.links)
+                .into_iter()
+                .filter(|(_, file)| track.skipped_names.contains(file) || maybe.contains_key(file))
+                .map(|(name, _)| name)
+                .collect();
+            track.skipped.0 += links.len() as u64;
+            (maybe, links)
         };
         for (path, size) in maybe {
             self.skipped(path, size);
+        }
+        for name in links {
+            self.skipped(name, 0);
         }
     }
 
