@@ -10,10 +10,13 @@
 //! stream of both sessions authenticates each byte end to end). Each picks its own
 //! transport and compression. See [`Session::relay`](crate::Session::relay).
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
 use crate::client::{Outcome, Plan, SessionDone, cancellable, top_level_name, within_idle_limit};
@@ -324,6 +327,9 @@ async fn attempt(
     };
     let engine = async {
         let (streams_a, streams_b, max_frame) = link.handed().await;
+        let waits: [Arc<AtomicUsize>; 2] = Default::default();
+        let streams_a = Watched::all(streams_a, &waits[0]);
+        let streams_b = Watched::all(streams_b, &waits[1]);
         let mut config = fastcp_stream::RelayConfig::default();
         config.max_frame = max_frame;
         config.checksum = plan.options().checksum;
@@ -347,7 +353,13 @@ async fn attempt(
                     Error::Engine(e.error).on_host(session.destination())
                 })
         };
-        let report = within_idle_limit(&progress, plan.options().timeout, relayed).await;
+        let report = within_idle_limit(&progress, plan.options().timeout, relayed)
+            .await
+            .map_err(|e| match e {
+                // The idle limit's own error: the relay's name a host already.
+                Error::Timeout(_) => stalled(plan, [source, target], &waits),
+                e => e,
+            });
         link.finished.send_replace(Some(report.is_ok()));
         report
     };
@@ -379,4 +391,114 @@ async fn attempt(
         data_time: done_a.data_time.max(done_b.data_time),
     };
     Ok((done, transport))
+}
+
+/// The error of a relay in which no data moved for `--timeout`: it names the host whose
+/// streams took nothing more while this side waited to write to them (so the host that went
+/// quiet), or both hosts when this side waited to write to neither: each then had nothing to
+/// read from the other, and which one stopped cannot be told from here.
+fn stalled(plan: &Plan, sessions: [&Session; 2], waits: &[Arc<AtomicUsize>; 2]) -> Error {
+    let secs = plan.options().timeout.unwrap_or_default().as_secs_f32();
+    let [source, target] = sessions.map(Session::destination);
+    match waits.each_ref().map(|w| w.load(Relaxed) > 0) {
+        [waited_a, waited_b] if waited_a != waited_b => {
+            let host = if waited_a { source } else { target };
+            Error::Timeout(format!(
+                "while copying: no data moved for {secs} s; the host took nothing more of \
+                 what the other sent (--timeout)"
+            ))
+            .on_host(host)
+        }
+        _ => Error::Timeout(format!(
+            "while copying between {source} and {target}: no data moved for {secs} s; one of \
+             them or the network stopped answering (--timeout)"
+        )),
+    }
+}
+
+/// A data stream of one end of a relay that counts, in `waiting` (shared by the end's
+/// streams), the writes to it that wait: its host takes nothing more.
+struct Watched {
+    inner: BoxStream,
+    waiting: Arc<AtomicUsize>,
+    blocked: bool,
+}
+
+impl Watched {
+    fn all(streams: Vec<BoxStream>, waiting: &Arc<AtomicUsize>) -> Vec<Watched> {
+        streams
+            .into_iter()
+            .map(|inner| Watched {
+                inner,
+                waiting: waiting.clone(),
+                blocked: false,
+            })
+            .collect()
+    }
+
+    /// Notes whether a write waits, as `poll` says.
+    fn note<T>(&mut self, poll: Poll<T>) -> Poll<T> {
+        let blocked = poll.is_pending();
+        if blocked != self.blocked {
+            self.blocked = blocked;
+            if blocked {
+                self.waiting.fetch_add(1, Relaxed);
+            } else {
+                self.waiting.fetch_sub(1, Relaxed);
+            }
+        }
+        poll
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.blocked {
+            self.waiting.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note(poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.note(poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.note(poll)
+    }
 }

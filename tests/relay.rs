@@ -279,12 +279,17 @@ fn the_same_host_on_both_sides() {
 /// Runs a relay of a big file, slowed down, and kills `host`'s server ("a" or "b") once
 /// data is flowing; returns what fastcp said. The copy must end within a minute.
 fn cut(host: &str) -> (Output, PathBuf) {
+    signalled(host, "-9", "120")
+}
+
+/// As [`cut`], with `signal` for the server and `--timeout` `timeout`.
+fn signalled(host: &str, signal: &str, timeout: &str) -> (Output, PathBuf) {
     let hosts = Hosts::start();
     let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
     write(&src.join("big"), &pseudo_random(32 << 20, 3), 0o644);
     let mut child = hosts
         .fastcp()
-        .args(["--bwlimit", "2M", "--json", "--timeout", "120"])
+        .args(["--bwlimit", "2M", "--json", "--timeout", timeout])
         .arg(on("hosta", &src.join("big")))
         .arg(on("hostb", &dst.join("big")))
         .stdout(Stdio::piped())
@@ -305,7 +310,9 @@ fn cut(host: &str) -> (Output, PathBuf) {
         std::thread::sleep(Duration::from_millis(20));
     }
     for pid in hosts.pids(host) {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        let _ = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status();
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
@@ -317,6 +324,10 @@ fn cut(host: &str) -> (Output, PathBuf) {
     }
     let out = child.wait_with_output().unwrap();
     eprintln!("stderr: {}", stderr(&out));
+    // A stopped server goes with its sshd's session.
+    for pid in hosts.pids(host) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
     assert!(
         !dst.join("big").exists(),
         "a partial file under its final name"
@@ -339,6 +350,29 @@ fn a_cut_on_the_receiving_host_ends_the_copy_naming_it() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let v = json(&out);
     assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
+}
+
+/// A receiving host that stops taking data (its server stopped) ends the copy at --timeout,
+/// named: this side was waiting to write to it.
+#[test]
+fn a_stall_on_the_receiving_host_times_out_naming_it() {
+    let (out, _) = signalled("b", "-STOP", "3");
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["error_kind"], "timeout", "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
+}
+
+/// A sending host that goes quiet (its server stopped) leaves the receiver waiting as it
+/// would for a slow sender: which one stopped cannot be told, and the error names both.
+#[test]
+fn a_stall_on_the_sending_host_times_out_naming_both() {
+    let (out, _) = signalled("a", "-STOP", "3");
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["error_kind"], "timeout", "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(error.contains("between hosta and hostb"), "{v}");
 }
 
 /// The library: [`fastcp::Session::relay`] between two sessions a program holds, and a
