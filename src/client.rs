@@ -555,6 +555,22 @@ impl Plan {
         self.pieces.is_some()
     }
 
+    /// The host whose server this plan's session runs with, as `[user@]host`: for a copy
+    /// between two remote hosts, the one of the half it runs.
+    pub(crate) fn server_host(&self) -> Option<String> {
+        let remote = match &self.relay {
+            Some(half) if half.end == crate::relay::End::Source => {
+                self.sources.first().and_then(Location::remote)
+            }
+            Some(_) => self.dest.remote(),
+            None => self.remote(),
+        }?;
+        Some(match &remote.user {
+            Some(user) => format!("{user}@{}", remote.host),
+            None => remote.host.clone(),
+        })
+    }
+
     /// The remote host, if any.
     pub fn remote(&self) -> Option<&RemotePath> {
         self.dest
@@ -1334,6 +1350,7 @@ async fn try_session<P: Peers + ?Sized>(
     let verdict = Arc::new(verdict);
     let stderr = tokio::spawn(held_stderr(
         server.stderr,
+        RemoteLines::of(plan.server_host().as_deref()),
         heard,
         plan.options.log.clone(),
         plan.options.cancel.clone(),
@@ -1406,12 +1423,14 @@ async fn try_session<P: Peers + ?Sized>(
     }
 }
 
-/// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`); until
-/// then it is held, and with `Some(false)` it goes to the debug log only, and is returned
-/// whole. Once the copy is cancelled (Ctrl-C), what the server says of the client going away
-/// goes to the debug log too.
+/// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`), each
+/// line marked with the host it came from (`lines`); until then it is held, and with
+/// `Some(false)` it goes to the debug log only, and is returned whole. Once the copy is
+/// cancelled (Ctrl-C), what the server says of the client going away goes to the debug log
+/// too.
 async fn held_stderr(
     mut stderr: transport::Stderr,
+    mut lines: RemoteLines,
     mut verdict: watch::Receiver<Option<bool>>,
     log: crate::Log,
     cancel: Option<tokio_util::sync::CancellationToken>,
@@ -1443,7 +1462,7 @@ async fn held_stderr(
         return held;
     }
     let mut out = tokio::io::stderr();
-    let _ = out.write_all(&held).await;
+    let _ = out.write_all(&lines.mark(&held)).await;
     let _ = out.flush().await;
     let cancelled = async {
         match &cancel {
@@ -1464,11 +1483,44 @@ async fn held_stderr(
         let Some(chunk) = chunk else { break };
         if !shown {
             log.debug(|| format!("the server said: {}", escape(chunk.trim_ascii())));
-        } else if out.write_all(&chunk).await.is_err() || out.flush().await.is_err() {
+        } else if out.write_all(&lines.mark(&chunk)).await.is_err() || out.flush().await.is_err() {
             shown = false;
         }
     }
     held
+}
+
+/// The remote program's stderr as this side shows it: each line begins with the host it came
+/// from (`host: `), so that the remote's words are not taken for this side's own.
+pub(crate) struct RemoteLines {
+    prefix: Vec<u8>,
+    /// The next byte begins a line.
+    at_start: bool,
+}
+
+impl RemoteLines {
+    /// Lines of `host`, or of "remote" when the host has no name here (a server a program
+    /// runs itself).
+    pub(crate) fn of(host: Option<&str>) -> RemoteLines {
+        RemoteLines {
+            prefix: format!("{}: ", host.unwrap_or("remote")).into_bytes(),
+            at_start: true,
+        }
+    }
+
+    /// `chunk`, the next bytes the remote wrote, with the host before each line that begins
+    /// in it.
+    pub(crate) fn mark(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(chunk.len() + self.prefix.len());
+        for line in chunk.split_inclusive(|&b| b == b'\n') {
+            if self.at_start {
+                out.extend_from_slice(&self.prefix);
+            }
+            out.extend_from_slice(line);
+            self.at_start = line.ends_with(b"\n");
+        }
+        out
+    }
 }
 
 /// The most of what the remote side says after a failed start that [`held_stderr`] keeps.
@@ -2110,7 +2162,15 @@ pub async fn probe(
         _ => direct_address(&peer).await,
     };
     let server = peer.start_server().await?;
-    let stderr = server.stderr.forward_to_stderr();
+    let mut lines = RemoteLines::of(Some(session.destination()));
+    let mut said = server.stderr;
+    let stderr = tokio::spawn(async move {
+        let mut out = tokio::io::stderr();
+        while let Some(chunk) = said.recv().await {
+            let _ = out.write_all(&lines.mark(&chunk)).await;
+            let _ = out.flush().await;
+        }
+    });
     let mut reader = FrameReader::new(server.stream, session::MAX_FRAME);
     let agreed = session::handshake_within(&mut reader, options.timeout).await;
     // End the session: the server takes end of stream before a request as a clean goodbye.
@@ -2202,7 +2262,27 @@ pub async fn measure(
 
 #[cfg(test)]
 mod tests {
-    use super::top_level_name;
+    use super::{RemoteLines, top_level_name};
+
+    /// Each line the remote writes begins with its host, however its chunks cut it.
+    #[test]
+    fn a_remotes_lines_begin_with_its_host() {
+        let mut lines = RemoteLines::of(Some("me@nas"));
+        let shown: Vec<u8> = [
+            &b"fastcp server: a"[..],
+            b" line\nand an",
+            b"other\n\n",
+            b"end",
+        ]
+        .into_iter()
+        .flat_map(|chunk| lines.mark(chunk))
+        .collect();
+        assert_eq!(
+            String::from_utf8(shown).unwrap(),
+            "me@nas: fastcp server: a line\nme@nas: and another\nme@nas: \nme@nas: end"
+        );
+        assert_eq!(RemoteLines::of(None).mark(b"x\n"), b"remote: x\n");
+    }
 
     #[test]
     fn a_home_arrives_under_a_name_only_the_remote_knows() {

@@ -65,6 +65,7 @@ fn main() -> ExitCode {
     };
     let cancel = fastcp::CancellationToken::new();
     let copying = args.command.is_none();
+    let serving = matches!(args.command, Some(cli::Command::Server(_)));
     let verbose = args.verbose > 0;
     let kept = if args.resume {
         "files over 4 MiB that were under way keep their partial files for --resume"
@@ -90,10 +91,18 @@ fn main() -> ExitCode {
         }
         // Otherwise the command's future is dropped here: its temp files are removed, and
         // the writer threads finish before the runtime goes.
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "fastcp: interrupted by {signal}; {kept}"
-        );
+        let _ = if serving {
+            // Shown by the client, as the server's.
+            writeln!(
+                std::io::stderr().lock(),
+                "fastcp server: interrupted by {signal}"
+            )
+        } else {
+            writeln!(
+                std::io::stderr().lock(),
+                "fastcp: interrupted by {signal}; {kept}"
+            )
+        };
         Ok(exit::INTERRUPTED)
     });
     // Blocking threads still cleaning up get a moment; none may keep the process alive.

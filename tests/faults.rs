@@ -729,6 +729,57 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
     }
 }
 
+/// The remote server stopped by SIGTERM mid-copy, pull and push: what it says is shown as
+/// the remote host's (`alias: fastcp server: ...`), never as if this side was interrupted.
+#[test]
+fn a_remote_servers_own_words_are_shown_as_its_hosts() {
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    let sshd = Sshd::start_with_env(&[("FASTCP_TEST_PIDS", &pids)]).unwrap();
+    let noting = script(
+        work.path(),
+        "fastcp-noting-its-pid",
+        &format!("echo $$ > \"$FASTCP_TEST_PIDS/$$\"\nexec '{BIN}' \"$@\""),
+    );
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(16 << 20, 5), 0o644);
+    for pull in [true, false] {
+        let dst = work.path().join(format!("dst-{pull}"));
+        std::fs::create_dir(&dst).unwrap();
+        let mut cmd = fastcp(&sshd, &noting);
+        cmd.args(["--bwlimit", "2M"]);
+        if pull {
+            cmd.arg(remote(&sshd, &src)).arg(&dst);
+        } else {
+            cmd.arg(&src).arg(remote(&sshd, &dst));
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(Duration::from_secs(30), "the copy never started", || {
+            has_temp(&dst)
+        });
+        for pid in std::fs::read_dir(&pids).unwrap() {
+            let pid = pid.unwrap().file_name();
+            let _ = Command::new("kill").arg("-TERM").arg(&pid).status();
+            std::fs::remove_file(pids.join(pid)).unwrap();
+        }
+        let status = wait_exit(&mut child, Duration::from_secs(30), "the copy went on");
+        let err = read_text(&mut child.stderr);
+        assert_eq!(status.code(), Some(3), "pull={pull}: {err}");
+        let server = format!("{}: fastcp server: interrupted by SIGTERM", sshd.alias());
+        assert!(err.contains(&server), "pull={pull}: {err}");
+        assert!(
+            err.lines().all(|l| !l.starts_with("fastcp: interrupted")),
+            "pull={pull}: {err}"
+        );
+    }
+}
+
 /// Ctrl-C stops a copy through its cancellation token, so the copy ends as a cancelled library
 /// copy does: with `--json`, stdout says it was cancelled and how far it got, for a push over
 /// SSH and a pull over SFTP alike.

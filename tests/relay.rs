@@ -352,6 +352,22 @@ fn a_cut_on_the_receiving_host_ends_the_copy_naming_it() {
     assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
 }
 
+/// Either host's server stopped by SIGTERM: what it says is shown as that host's.
+#[test]
+fn a_servers_own_words_are_shown_as_its_hosts() {
+    for host in ["a", "b"] {
+        let (out, _) = signalled(host, "-TERM", "120");
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        let said = stderr(&out);
+        let server = format!("host{host}: fastcp server: interrupted by SIGTERM");
+        assert!(said.contains(&server), "{said}");
+        assert!(
+            said.lines().all(|l| !l.starts_with("fastcp: interrupted")),
+            "{said}"
+        );
+    }
+}
+
 /// A receiving host that stops taking data (its server stopped) ends the copy at --timeout,
 /// named: this side was waiting to write to it.
 #[test]
