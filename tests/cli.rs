@@ -1481,6 +1481,49 @@ fn files_from_without_r_refuses_the_folder_and_nothing_more() {
     }
 }
 
+/// `-r dir file`, the file existing: refused with one line, as `cp -r` refuses it, exit 1,
+/// nothing written; locally (and by a dry run, as the copy would be), pushed and pulled.
+#[test]
+fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("dir");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    write(&src.join("sub/big"), &pseudo_random(4 << 20, 6), 0o644);
+    let target = work.path().join("out/afile");
+    std::fs::create_dir(work.path().join("out")).unwrap();
+    write(&target, b"a file", 0o644);
+    for how in ["local", "dry run", "push", "pull"] {
+        let mut cmd = match how {
+            "local" | "dry run" => fastcp(),
+            _ => remote_fastcp(&sshd),
+        };
+        cmd.arg("-r");
+        if how == "dry run" {
+            cmd.arg("-n");
+        }
+        match how {
+            "local" | "dry run" => cmd.arg(&src).arg(&target),
+            "push" => cmd.arg(&src).arg(remote(&sshd, &target)),
+            _ => cmd.arg(remote(&sshd, &src)).arg(&target),
+        };
+        let out = cmd.assert().code(1);
+        let said = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert_eq!(said.lines().count(), 1, "{how}: {said}");
+        assert!(
+            said.contains("exists and is not a directory"),
+            "{how}: {said}"
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"a file");
+        let written: Vec<_> = std::fs::read_dir(work.path().join("out"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(written, ["afile"], "{how}");
+    }
+}
+
 /// A pull whose local target is refused once the server runs (`file/` names a file) says
 /// why once, and the server, whose client went away, adds nothing to it.
 #[test]

@@ -609,3 +609,24 @@ fn a_rerun_with_hard_links_skips_every_name_as_a_push_does() {
     std::fs::remove_file(dst.join("hs/f")).unwrap();
     assert_eq!(copy("--checksum"), (1, 5));
 }
+
+/// `-r dir hostb:file`, the file existing: refused with one line, exit 1, nothing written.
+#[test]
+fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    write(&dst.join("afile"), b"a file", 0o644);
+    let out = run(hosts
+        .fastcp()
+        .arg("-r")
+        .arg(on("hosta", &src))
+        .arg(on("hostb", &dst.join("afile"))));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(said.contains("exists and is not a directory"), "{said}");
+    assert_eq!(std::fs::read(dst.join("afile")).unwrap(), b"a file");
+    assert_eq!(scan(&dst).len(), 1, "{:?}", scan(&dst).keys());
+}

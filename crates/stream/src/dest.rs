@@ -157,6 +157,9 @@ pub(crate) struct Root {
     /// The single top-level entry must be a directory (see
     /// [`ReceiveConfig::target_may_be_new_dir`](crate::ReceiveConfig::target_may_be_new_dir)).
     pub(crate) top_must_be_dir: bool,
+    /// The destination is an existing file: the single top-level entry may not be a
+    /// directory, which never replaces it (`cp -r dir file` refuses it too).
+    pub(crate) top_is_file: bool,
 }
 
 impl Root {

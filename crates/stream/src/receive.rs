@@ -495,6 +495,12 @@ impl Shared {
             // A trailing '/' asked for a folder, which no file makes.
             return Err(not_a_directory(&self.root.display(&self.root.local(first))));
         }
+        if self.root.top_is_file && (kind == Kind::Dir || first.len() != path.len()) {
+            // The folder, or an entry in it, whichever comes first: the copy stops at once.
+            return Err(file_not_replaced(
+                &self.root.display(&self.root.local(first)),
+            ));
+        }
         if self.root.rename_top.is_some() {
             match &t.top {
                 None => t.top = Some(kept(first)),
@@ -1272,6 +1278,9 @@ pub fn check_destination(
     if root.top_must_be_dir && root.rename_top.is_some() && !top_is_dir {
         return Err(not_a_directory(&root.display(&root.local(b""))));
     }
+    if root.top_is_file && top_is_dir {
+        return Err(file_not_replaced(&root.display(&root.local(b""))));
+    }
     Ok(())
 }
 
@@ -1279,6 +1288,7 @@ pub fn check_destination(
 /// entry takes when `dest` is not a directory.
 fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut is_file = false;
     match std::fs::metadata(dest) {
         Ok(m) if m.is_dir() && config.contents => {
             // The source's contents go into `dest`: its top-level entry is `dest` itself,
@@ -1301,6 +1311,7 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
                 path: dest.to_path_buf(),
                 rename_top: None,
                 top_must_be_dir: false,
+                top_is_file: false,
             });
         }
         Ok(m) if !m.is_file() => {
@@ -1313,7 +1324,7 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
             )));
         }
         Ok(_) if config.target_must_be_dir => return Err(not_a_directory(dest)),
-        Ok(_) => {}
+        Ok(_) => is_file = true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(dest, e)),
     }
@@ -1332,7 +1343,20 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
     };
     let mut root = named_in(parent, name)?;
     root.top_must_be_dir = config.target_must_be_dir;
+    root.top_is_file = is_file;
     Ok(root)
+}
+
+/// The error for a folder sent to a destination that is an existing file: the copy stops,
+/// as one whose entries all failed (exit 1), before anything is written.
+fn file_not_replaced(dest: &Path) -> Error {
+    Error::Io {
+        path: dest.to_path_buf(),
+        source: io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "exists and is not a directory: a folder does not replace a file",
+        ),
+    }
 }
 
 /// The error for a destination that must be a directory and is not one.
@@ -1370,6 +1394,7 @@ fn named_in(parent: &Path, name: &std::ffi::OsStr) -> Result<Root, Error> {
         path: parent.to_path_buf(),
         rename_top: Some(name.as_encoded_bytes().to_vec()),
         top_must_be_dir: false,
+        top_is_file: false,
     })
 }
 
