@@ -379,19 +379,20 @@ fn two_sources_of_one_name_copy_the_first_and_fail_the_other() {
 }
 
 /// The last line of a push that failed counts what landed on the far side: a tree pushed
-/// onto a file copies nothing, and says so.
+/// onto a symbolic link to nowhere, which is not written through, copies nothing, and says
+/// so.
 #[test]
 fn a_push_that_lands_nothing_says_nothing_was_copied() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     build_tiny(&src, 5);
-    let file = work.path().join("a-file");
-    write(&file, b"a file", 0o644);
+    let link = work.path().join("a-link");
+    std::os::unix::fs::symlink("nowhere", &link).unwrap();
     let out = run(fastcp(&sshd, bin())
         .arg("-r")
         .arg(&src)
-        .arg(remote(&sshd, &file)));
+        .arg(remote(&sshd, &link)));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("nothing was copied"),
@@ -403,7 +404,7 @@ fn a_push_that_lands_nothing_says_nothing_was_copied() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(std::fs::read(&file).unwrap(), b"a file");
+    assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("nowhere"));
 }
 
 #[test]
