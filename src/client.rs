@@ -1491,7 +1491,9 @@ async fn held_stderr(
 }
 
 /// The remote program's stderr as this side shows it: each line begins with the host it came
-/// from (`host: `), so that the remote's words are not taken for this side's own.
+/// from (`host: `), so that the remote's words are not taken for this side's own, and its
+/// control characters (but tabs and line ends) are shown escaped (`\x1b`), so that it cannot
+/// move the cursor or rewrite what the terminal shows (scp's CVE-2019-6110).
 pub(crate) struct RemoteLines {
     prefix: Vec<u8>,
     /// The next byte begins a line.
@@ -1516,7 +1518,13 @@ impl RemoteLines {
             if self.at_start {
                 out.extend_from_slice(&self.prefix);
             }
-            out.extend_from_slice(line);
+            for &b in line {
+                if (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f {
+                    out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+                } else {
+                    out.push(b);
+                }
+            }
             self.at_start = line.ends_with(b"\n");
         }
         out
@@ -2282,6 +2290,11 @@ mod tests {
             "me@nas: fastcp server: a line\nme@nas: and another\nme@nas: \nme@nas: end"
         );
         assert_eq!(RemoteLines::of(None).mark(b"x\n"), b"remote: x\n");
+        // A terminal's escapes arrive as text.
+        assert_eq!(
+            RemoteLines::of(Some("nas")).mark(b"\x1b[2Jgone\r\x07\tok\x7f\n"),
+            b"nas: \\x1b[2Jgone\\x0d\\x07\tok\\x7f\n"
+        );
     }
 
     #[test]

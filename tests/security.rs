@@ -418,3 +418,32 @@ fn hostile_names_are_data_under_every_login_shell() {
         );
     }
 }
+
+/// CVE-2019-6110: what the remote program writes to stderr is shown as its host's words,
+/// with its control characters escaped: a hostile remote cannot clear the screen or rewrite
+/// the lines the user reads.
+#[test]
+fn cve_2019_6110_remote_stderr_cannot_drive_the_terminal() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let hostile = script(
+        work.path(),
+        "hostile-fastcp",
+        r"printf '\033[2J\033[1Ahidden\rall is well\n' >&2; exit 1",
+    );
+    let src = work.path().join("a");
+    write(&src, b"x", 0o644);
+    let out = run(fastcp(&sshd, &hostile)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains('\u{1b}') && !err.contains('\r'), "{err:?}");
+    assert!(
+        err.contains(&format!(
+            "{}: \\x1b[2J\\x1b[1Ahidden\\x0dall is well",
+            sshd.alias()
+        )),
+        "{err:?}"
+    );
+}
