@@ -407,20 +407,27 @@ fn a_push_that_lands_nothing_says_nothing_was_copied() {
     assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("nowhere"));
 }
 
-#[test]
-fn missing_remote_binary_says_how_to_fix_it() {
-    let sshd = Sshd::start().unwrap();
+/// Pushes a one-byte file `a` to `b` in a fresh temp dir with `remote_path` as the remote
+/// program.
+fn push_running(sshd: &Sshd, remote_path: &str) -> (Output, tempfile::TempDir) {
     let work = tempfile::tempdir().unwrap();
     let a = work.path().join("a");
     write(&a, b"x", 0o644);
     let out = Command::new(BIN)
         .arg("-F")
         .arg(sshd.ssh_config())
-        .args(["--remote-path", "/nonexistent/fastcp"])
+        .args(["--remote-path", remote_path])
         .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b")))
+        .arg(remote(sshd, &work.path().join("b")))
         .output()
         .unwrap();
+    (out, work)
+}
+
+#[test]
+fn missing_remote_binary_says_how_to_fix_it() {
+    let sshd = Sshd::start().unwrap();
+    let (out, work) = push_running(&sshd, "/nonexistent/fastcp");
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("--remote-path"), "{err}");
@@ -431,17 +438,7 @@ fn missing_remote_binary_says_how_to_fix_it() {
 #[test]
 fn a_remote_program_that_exits_before_the_handshake_is_named_with_its_status() {
     let sshd = Sshd::start().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let a = work.path().join("a");
-    write(&a, b"x", 0o644);
-    let out = Command::new(BIN)
-        .arg("-F")
-        .arg(sshd.ssh_config())
-        .args(["--remote-path", "false"])
-        .arg(&a)
-        .arg(remote(&sshd, &work.path().join("b")))
-        .output()
-        .unwrap();
+    let (out, work) = push_running(&sshd, "false");
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
