@@ -124,7 +124,8 @@ fn check_bar(name: &str, args: &[String], escaped_name: &str) {
     );
 }
 
-/// A 2.5 MiB file named with an escape sequence, copied at 1 MiB/s: about 2.5 s of bar.
+/// A 2.5 MiB file named with an escape sequence, copied at 1 MiB/s: about 2.5 s of bar. Its
+/// name is shown escaped (scp's CVE-2019-6109: a name that rewrites the terminal).
 fn evil_source(dir: &Path) -> std::path::PathBuf {
     let src = dir.join("src");
     std::fs::create_dir(&src).unwrap();
