@@ -91,18 +91,12 @@ fn main() -> ExitCode {
         }
         // Otherwise the command's future is dropped here: its temp files are removed, and
         // the writer threads finish before the runtime goes.
-        let _ = if serving {
-            // Shown by the client, as the server's.
-            writeln!(
-                std::io::stderr().lock(),
-                "fastcp server: interrupted by {signal}"
-            )
-        } else {
-            writeln!(
-                std::io::stderr().lock(),
-                "fastcp: interrupted by {signal}; {kept}"
-            )
+        // A server's words are shown by its client, as the server's.
+        let said = match serving {
+            true => format!("fastcp server: interrupted by {signal}"),
+            false => format!("fastcp: interrupted by {signal}; {kept}"),
         };
+        let _ = writeln!(std::io::stderr().lock(), "{said}");
         Ok(exit::INTERRUPTED)
     });
     // Blocking threads still cleaning up get a moment; none may keep the process alive.

@@ -723,24 +723,25 @@ fn receive_config(
     agreed: &fastcp_proto::Negotiated,
     filter: Option<Arc<fastcp_stream::Filter>>,
 ) -> fastcp_stream::ReceiveConfig {
+    let on = |flag| request.flags & flag != 0;
     fastcp_stream::ReceiveConfig {
-        preserve: request.flags & flags::PRESERVE != 0,
-        recursive: request.flags & flags::RECURSIVE != 0,
-        target_must_be_dir: request.flags & flags::TARGET_IS_DIR != 0,
-        target_may_be_new_dir: request.flags & flags::NEW_TARGET_DIR != 0,
-        contents: request.flags & flags::CONTENTS != 0,
-        fsync: request.flags & flags::FSYNC != 0,
-        skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-        delete: request.flags & flags::DELETE != 0,
-        checksum: request.flags & flags::CHECKSUM != 0,
-        resume: request.flags & flags::RESUME != 0,
-        hard_links: request.flags & flags::HARD_LINKS != 0,
+        preserve: on(flags::PRESERVE),
+        recursive: on(flags::RECURSIVE),
+        target_must_be_dir: on(flags::TARGET_IS_DIR),
+        target_may_be_new_dir: on(flags::NEW_TARGET_DIR),
+        contents: on(flags::CONTENTS),
+        fsync: on(flags::FSYNC),
+        skip_unchanged: on(flags::SKIP_UNCHANGED),
+        delete: on(flags::DELETE),
+        checksum: on(flags::CHECKSUM),
+        resume: on(flags::RESUME),
+        hard_links: on(flags::HARD_LINKS),
         attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
-        devices: request.flags & flags::DEVICES != 0,
-        specials: request.flags & flags::SPECIALS != 0,
+        devices: on(flags::DEVICES),
+        specials: on(flags::SPECIALS),
         filter,
         version: agreed.version,
-        hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
+        hash_content: !on(flags::NO_CONTENT_HASH),
         ..Default::default()
     }
 }
@@ -751,20 +752,21 @@ fn send_config(
     agreed: &fastcp_proto::Negotiated,
     filter: Option<Arc<fastcp_stream::Filter>>,
 ) -> fastcp_stream::SendConfig {
+    let on = |flag| request.flags & flag != 0;
     fastcp_stream::SendConfig {
-        preserve: request.flags & flags::PRESERVE != 0,
-        recursive: request.flags & flags::RECURSIVE != 0,
-        follow_links: request.flags & flags::FOLLOW_LINKS != 0,
-        skip_unchanged: request.flags & flags::SKIP_UNCHANGED != 0,
-        checksum: request.flags & flags::CHECKSUM != 0,
-        resume: request.flags & flags::RESUME != 0,
-        hard_links: request.flags & flags::HARD_LINKS != 0,
+        preserve: on(flags::PRESERVE),
+        recursive: on(flags::RECURSIVE),
+        follow_links: on(flags::FOLLOW_LINKS),
+        skip_unchanged: on(flags::SKIP_UNCHANGED),
+        checksum: on(flags::CHECKSUM),
+        resume: on(flags::RESUME),
+        hard_links: on(flags::HARD_LINKS),
         attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
-        devices: request.flags & flags::DEVICES != 0,
-        specials: request.flags & flags::SPECIALS != 0,
+        devices: on(flags::DEVICES),
+        specials: on(flags::SPECIALS),
         filter,
         version: agreed.version,
-        hash_content: request.flags & flags::NO_CONTENT_HASH == 0,
+        hash_content: !on(flags::NO_CONTENT_HASH),
         ..Default::default()
     }
 }
