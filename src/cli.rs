@@ -112,6 +112,12 @@ pub struct Args {
     /// does not (rsync's --delete); only beneath the destination, never through a symlink.
     #[arg(long, help_heading = "Copy")]
     pub delete: bool,
+    /// Hard-link files from DIR, on the receiving side, where DIR holds them alike (same
+    /// path, size and time) instead of sending them (rsync's --link-dest: each night's
+    /// backup a full tree that costs only what changed). A relative DIR is taken from the
+    /// destination. Implies --skip-unchanged.
+    #[arg(long, value_name = "DIR", help_heading = "Copy")]
+    pub link_dest: Option<std::path::PathBuf>,
     /// End the copy (exit code 3) when no data has moved for SECS seconds: a peer that
     /// stopped answering or a link that dropped. 0 waits forever.
     #[arg(long, value_name = "SECS", default_value_t = fastcp::DEFAULT_TIMEOUT.as_secs(), help_heading = "Copy")]
@@ -642,6 +648,7 @@ async fn copy_with(
     options.filter = filter_from_command_line(args.files_from.as_deref())
         .map_err(|e| fastcp::Error::Usage(error_text(&e)))?;
     options.shard = args.shard;
+    options.link_dest = args.link_dest.clone();
     options.timeout = (args.timeout > 0).then(|| std::time::Duration::from_secs(args.timeout));
     options.deploy_from = args.deploy_from.clone();
     // scp's -l: Kbit/s of 1024 bits.

@@ -130,6 +130,15 @@ pub struct CopyOptions {
     /// Keep hard links (`-H`): a file's further names arrive as names of the same file, not
     /// as copies. Needs protocol version 4 on both ends.
     pub hard_links: bool,
+    /// A reference folder on the receiving side (`--link-dest DIR`, rsync's): a file that
+    /// the destination does not hold alike, but `DIR` does (at the same path, with the same
+    /// size and time, and mode and owner where they are kept), becomes a hard link to
+    /// `DIR`'s file instead of being sent: each night's backup is a full tree that costs
+    /// only what changed. A relative `DIR` is taken from the destination. It implies the
+    /// quick check ([`skip_unchanged`](Self::skip_unchanged)); not with
+    /// [`checksum`](Self::checksum), nor on a push over SFTP. Needs protocol version 10 on
+    /// both ends. See [`fastcp_stream::ReceiveConfig::link_dest`].
+    pub link_dest: Option<PathBuf>,
     /// Keep owners, groups, extended attributes or ACLs (`--owner`, `--group`,
     /// `--numeric-ids`, `-X`, `-A`); see [`fastcp_stream::KeepAttrs`]. Not over SFTP.
     pub attrs: fastcp_stream::KeepAttrs,
@@ -236,6 +245,12 @@ impl CopyOptions {
     /// Sets [`fsync`](CopyOptions::fsync).
     pub fn fsync(mut self, value: bool) -> CopyOptions {
         self.fsync = value;
+        self
+    }
+
+    /// Sets [`link_dest`](CopyOptions::link_dest).
+    pub fn link_dest(mut self, value: impl Into<PathBuf>) -> CopyOptions {
+        self.link_dest = Some(value.into());
         self
     }
 
@@ -441,6 +456,12 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
+        if options.link_dest.is_some() && options.checksum {
+            return Err(Error::Usage(
+                "--link-dest compares sizes and times, not --checksum's hashes: use one of them"
+                    .into(),
             ));
         }
         let remote_sources = sources.iter().filter(|s| s.remote().is_some()).count();
@@ -665,6 +686,7 @@ impl Plan {
             attrs: self.options.attrs,
             devices: self.options.devices,
             specials: self.options.specials,
+            link_dest: self.options.link_dest.clone(),
             // As in `send_config`.
             hash_content: false,
             ..Default::default()
@@ -674,7 +696,10 @@ impl Plan {
     /// Whether the sender asks before sending each file: the quick check by times or by
     /// content, and resume, which implies it.
     fn probing(&self) -> bool {
-        self.options.skip_unchanged || self.options.checksum || self.options.resume
+        self.options.skip_unchanged
+            || self.options.checksum
+            || self.options.resume
+            || self.options.link_dest.is_some()
     }
 
     /// Whether modes and times are kept: `-p`, or the quick check by times, whose times must
@@ -682,7 +707,7 @@ impl Plan {
     fn preserve(&self) -> bool {
         self.options.preserve
             || self.options.skip_unchanged
-            || (self.options.resume && !self.options.checksum)
+            || ((self.options.resume || self.options.link_dest.is_some()) && !self.options.checksum)
     }
 
     fn flags(&self) -> u32 {
@@ -704,6 +729,9 @@ impl Plan {
         }
         if self.options.delete {
             f |= flags::DELETE;
+        }
+        if self.options.link_dest.is_some() {
+            f |= flags::LINK_DEST;
         }
         if let Some(filter) = &self.options.filter {
             if filter.listed().is_some() {
@@ -1837,6 +1865,17 @@ where
         compress::NONE
     };
     let mut request_flags = plan.flags();
+    if request_flags & flags::LINK_DEST != 0 && agreed.version < 10 {
+        return Err(Error::Usage(format!(
+            "--link-dest needs protocol version 10, and the remote {} speaks {}",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )));
+    }
+    if !pushes {
+        // The reference folder is this side's, for this side's receiver.
+        request_flags &= !flags::LINK_DEST;
+    }
     if !pushes {
         // Where the files land is the receiver's to say; a pull's is this side.
         request_flags &= !flags::CONTENTS;
@@ -1878,6 +1917,10 @@ where
             client_random,
             tcp_ports: plan.options.tcp_ports.unwrap_or((0, 0)),
             filters,
+            link_dest: (request_flags & flags::LINK_DEST != 0)
+                .then_some(plan.options.link_dest.as_ref())
+                .flatten()
+                .map(|p| Bytes::copy_from_slice(p.as_os_str().as_bytes())),
         }))
         .await?;
     let accept = within(

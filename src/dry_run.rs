@@ -209,16 +209,20 @@ pub(crate) async fn dry_run(
 /// `Error` if `target` cannot be the target. Nothing is written.
 pub(crate) async fn serve_dry_run<S>(
     mut stream: S,
-    direction: Direction,
+    request: &fastcp_proto::Request,
     sources: &[PathBuf],
     target: &std::path::Path,
-    flags: u32,
     filter: Option<Arc<fastcp_stream::Filter>>,
     idle: Option<std::time::Duration>,
 ) -> Result<Report, Error>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let (direction, flags) = (request.direction, request.flags);
+    let link_dest = request
+        .link_dest
+        .as_ref()
+        .map(|p| Path::new(std::ffi::OsStr::from_bytes(p)));
     let mut report = Report::default();
     let mut out = bytes::BytesMut::new();
     if direction == Direction::Push {
@@ -237,14 +241,14 @@ where
                 message: e.to_string(),
             });
             crate::wire::write_frame(&mut stream, &error).await?;
-            if Judge::from_flags(flags, filter.as_deref()).any() {
+            if Judge::from_flags(flags, filter.as_deref(), link_dest).any() {
                 // The client is sending its listing before it reads: take it in, so that
                 // it gets to read why.
                 drain_listing(&mut FrameReader::new(stream, session::MAX_FRAME), idle).await;
             }
             return Err(Error::Engine(e));
         }
-        let judge = Judge::from_flags(flags, filter.as_deref());
+        let judge = Judge::from_flags(flags, filter.as_deref(), link_dest);
         if judge.any() {
             return judge_for_client(stream, target, &judge, idle).await;
         }
@@ -345,28 +349,36 @@ pub(crate) struct Judge<'a> {
     filter: Option<&'a fastcp_stream::Filter>,
     /// The source is a folder's contents (`DIR/.`): its top-level entry is the destination.
     contents: bool,
+    /// `--link-dest`: a file the reference folder holds alike is linked, not sent.
+    link_dest: Option<&'a Path>,
 }
 
 impl<'a> Judge<'a> {
     pub(crate) fn of(plan: &'a Plan) -> Judge<'a> {
         let o = &plan.options;
         Judge {
-            skip_unchanged: o.skip_unchanged || o.resume,
+            skip_unchanged: o.skip_unchanged || o.resume || o.link_dest.is_some(),
             checksum: o.checksum,
             delete: o.delete,
             filter: o.filter.as_deref(),
             contents: plan.contents(),
+            link_dest: o.link_dest.as_deref(),
         }
     }
 
     /// A push's judge, on the server, from its request.
-    fn from_flags(bits: u32, filter: Option<&'a fastcp_stream::Filter>) -> Judge<'a> {
+    fn from_flags(
+        bits: u32,
+        filter: Option<&'a fastcp_stream::Filter>,
+        link_dest: Option<&'a Path>,
+    ) -> Judge<'a> {
         Judge {
             skip_unchanged: bits & (flags::SKIP_UNCHANGED | flags::RESUME) != 0,
             checksum: bits & flags::CHECKSUM != 0,
             delete: bits & flags::DELETE != 0,
             filter,
             contents: bits & flags::CONTENTS != 0,
+            link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
         }
     }
 
@@ -402,6 +414,18 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             Some(i) => dest.join(std::ffi::OsStr::from_bytes(&wire[i + 1..])),
             None => dest.to_path_buf(),
         }
+    };
+    // The reference folder mirrors the destination as named; a relative one is taken from
+    // it, which may not exist yet (`../old` beside a new `new`).
+    let reference = j.link_dest.map(|r| lexical(&dest.join(r)));
+    let in_reference = |wire: &[u8]| -> Option<PathBuf> {
+        let reference = reference.as_ref()?;
+        let rest = match wire.iter().position(|&b| b == b'/') {
+            _ if into => wire,
+            Some(i) => &wire[i + 1..],
+            None => dest.file_name()?.as_bytes(),
+        };
+        Some(reference.join(std::ffi::OsStr::from_bytes(rest)))
     };
     // As the copy's receiver does, reach nothing through a symlink in the destination: a
     // path counts only when every folder above it, up to `dest`, is a real one.
@@ -441,13 +465,36 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     let mut deletions = Vec::new();
     for entry in listing {
         let path = local(&entry.path);
+        let linked = |size| {
+            in_reference(&entry.path).is_some_and(|r| {
+                reference
+                    .as_deref()
+                    .is_some_and(|top| real_folders(&r, top))
+                    && unchanged(&r, size, &entry.meta)
+                    // A link shares its mode, which the copy keeps (`--link-dest` implies -p).
+                    && std::fs::symlink_metadata(&r).is_ok_and(|m| {
+                        m.mode() & 0o7777 == entry.meta.mode & fastcp_stream::SAFE_MODE_BITS
+                    })
+            })
+        };
         if !reachable(&path) {
+            if let EntryKind::File { size } = entry.kind
+                && j.skip_unchanged
+                && !j.checksum
+                && linked(size)
+            {
+                report.files_skipped += 1;
+                report.bytes_skipped += size;
+                continue;
+            }
             kept.push(entry);
             continue;
         }
         match &entry.kind {
             EntryKind::File { size }
-                if j.skip_unchanged && !j.checksum && unchanged(&path, *size, &entry.meta) =>
+                if j.skip_unchanged
+                    && !j.checksum
+                    && (unchanged(&path, *size, &entry.meta) || linked(*size)) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
@@ -476,6 +523,35 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     report.local.deleted = deletions.len() as u64;
     kept.extend(deletions);
     kept
+}
+
+/// Whether every folder above `path`, up to `top`, is a real one (no symlink), as the
+/// receiver reaches them.
+fn real_folders(path: &Path, top: &Path) -> bool {
+    path.ancestors()
+        .skip(1)
+        .take_while(|d| *d != top && d.starts_with(top))
+        .all(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()))
+}
+
+/// `path` with its `..` taken lexically: a folder before it may not exist yet.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir
+                if matches!(
+                    out.components().next_back(),
+                    Some(std::path::Component::Normal(_))
+                ) =>
+            {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// A regular file at `path` with this size and modification time: the quick check skips it.

@@ -666,10 +666,9 @@ where
         let stream = data.into_iter().next().expect("at least one stream");
         return crate::dry_run::serve_dry_run(
             stream,
-            request.direction,
+            &request,
             &sources,
             &target,
-            request.flags,
             filter.clone(),
             config.idle_timeout,
         )
@@ -742,6 +741,11 @@ fn receive_config(
         filter,
         version: agreed.version,
         hash_content: !on(flags::NO_CONTENT_HASH),
+        link_dest: request
+            .link_dest
+            .as_ref()
+            .filter(|_| on(flags::LINK_DEST))
+            .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p))),
         ..Default::default()
     }
 }

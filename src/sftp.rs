@@ -769,6 +769,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
     let o = &plan.options;
     let refused = [
         (o.hard_links, "-H"),
+        (
+            o.link_dest.is_some() && plan.dest.remote().is_some(),
+            "--link-dest on a push",
+        ),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
         (

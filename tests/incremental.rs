@@ -1132,3 +1132,149 @@ fn dry_run_previews_rules_quick_check_and_delete() {
     );
     assert_eq!(v["files_skipped"], 2, "{v}");
 }
+
+/// `--link-dest DIR` (rsync's): each night's backup is a full tree in a folder of its own,
+/// and what last night's holds alike becomes a hard link to it instead of being sent. A
+/// file that changed, or whose mode differs (a link would change last night's too), is
+/// sent; the reference is never reached through a symlink in it; last night's tree is left
+/// as it was. Locally, pushed and pulled; relative and absolute references; a dry run lists
+/// only what would be sent.
+#[test]
+fn link_dest_links_what_the_reference_holds_alike_and_sends_the_rest() {
+    use std::os::unix::fs::MetadataExt;
+    const MTIME: i64 = 1_700_000_000;
+    let sshd = Sshd::start().unwrap();
+    for how in ["local", "push", "pull"] {
+        let work = tempfile::tempdir().unwrap();
+        let w = work.path();
+        let (src, day1, outside) = (w.join("src"), w.join("b/day1"), w.join("outside"));
+        for dir in [
+            &src.join("sub"),
+            &src.join("via"),
+            &day1.join("sub"),
+            &outside,
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let big = pseudo_random(300_000, 3);
+        for (name, src_bytes, day1_bytes, src_mode, day1_mode) in [
+            ("same", &big[..], &big[..], 0o644, 0o644),
+            ("sub/deep", b"deep", b"deep", 0o644, 0o644),
+            ("changed", b"new bytes!", b"old bytes", 0o644, 0o644),
+            ("mode", b"mode", b"mode", 0o600, 0o644),
+        ] {
+            write(&src.join(name), src_bytes, src_mode);
+            write(&day1.join(name), day1_bytes, day1_mode);
+            set_times(&src.join(name), MTIME, MTIME);
+            set_times(&day1.join(name), MTIME, MTIME);
+        }
+        write(&src.join("new"), b"only in the source", 0o644);
+        // Alike, but only through a symlink in the reference: sent.
+        write(&src.join("via/x"), b"through a link", 0o644);
+        write(&outside.join("x"), b"through a link", 0o644);
+        set_times(&src.join("via/x"), MTIME, MTIME);
+        set_times(&outside.join("x"), MTIME, MTIME);
+        std::os::unix::fs::symlink(&outside, day1.join("via")).unwrap();
+        let before: Vec<_> = ["same", "sub/deep", "changed", "mode"]
+            .iter()
+            .map(|n| {
+                (
+                    std::fs::read(day1.join(n)).unwrap(),
+                    std::fs::metadata(day1.join(n)).unwrap().mode(),
+                )
+            })
+            .collect();
+
+        let day2 = w.join("b/day2");
+        let reference = match how {
+            "push" => day1.clone(),
+            _ => std::path::PathBuf::from("../day1"),
+        };
+        let copy = |extra: &[&str]| {
+            let mut cmd = match how {
+                "local" => Command::new(bin()),
+                _ => fastcp(&sshd, bin()),
+            };
+            cmd.args(["-r", "-p", "--json", "--link-dest"])
+                .arg(&reference)
+                .args(extra);
+            match how {
+                "local" => cmd.arg(&src).arg(&day2),
+                "push" => cmd.arg(&src).arg(remote(&sshd, &day2)),
+                _ => cmd.arg(remote(&sshd, &src)).arg(&day2),
+            };
+            cmd
+        };
+        if how == "local" {
+            let out = run(&mut copy(&["-n"]));
+            assert!(out.status.success(), "{}", stderr(&out));
+            let v = json(&out);
+            assert_eq!(v["files_skipped"], 2, "{v}");
+            assert!(!day2.exists());
+        }
+        let v = ok_json(&mut copy(&[]));
+        assert_eq!(
+            (v["files"].as_u64(), v["files_skipped"].as_u64()),
+            (Some(4), Some(2)),
+            "{how}: {v}"
+        );
+        let sent = b"new bytes!".len()
+            + b"mode".len()
+            + b"only in the source".len()
+            + b"through a link".len();
+        assert_eq!(v["bytes"].as_u64(), Some(sent as u64), "{how}: {v}");
+        let ino = |p: &Path| std::fs::symlink_metadata(p).unwrap().ino();
+        for name in ["same", "sub/deep"] {
+            assert_eq!(
+                ino(&day2.join(name)),
+                ino(&day1.join(name)),
+                "{how}: {name}"
+            );
+        }
+        for (name, other) in [
+            ("changed", day1.join("changed")),
+            ("mode", day1.join("mode")),
+            ("via/x", outside.join("x")),
+        ] {
+            assert_ne!(ino(&day2.join(name)), ino(&other), "{how}: {name}");
+        }
+        assert_same_tree(&src, &day2, true);
+        let after: Vec<_> = ["same", "sub/deep", "changed", "mode"]
+            .iter()
+            .map(|n| {
+                (
+                    std::fs::read(day1.join(n)).unwrap(),
+                    std::fs::metadata(day1.join(n)).unwrap().mode(),
+                )
+            })
+            .collect();
+        assert_eq!(before, after, "{how}: the reference changed");
+    }
+}
+
+/// A `--link-dest` folder that is not there stops the copy before anything is written, with
+/// the option and the path as given; with `--checksum` it is refused at once.
+#[test]
+fn link_dest_that_is_missing_or_with_checksum_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build_tiny(&src, 3);
+    let dst = work.path().join("day2");
+    let out = run(Command::new(bin())
+        .args(["-r", "--link-dest", "../nope"])
+        .arg(&src)
+        .arg(&dst));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--link-dest ../nope: no such file or directory"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dst.exists());
+    let out = run(Command::new(bin())
+        .args(["-r", "--checksum", "--link-dest", "/"])
+        .arg(&src)
+        .arg(&dst));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--link-dest"), "{}", stderr(&out));
+}

@@ -81,6 +81,9 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
                     put_bytes(dst, f);
                 }
             }
+            if r.flags & crate::flags::LINK_DEST != 0 {
+                put_bytes(dst, r.link_dest.as_deref().unwrap_or_default());
+            }
         }
         Frame::Accept(a) => {
             dst.put_u16(a.streams);
@@ -416,6 +419,10 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                     filters.push(r.bytes(MAX_PATH)?);
                 }
             }
+            let link_dest = match flags & crate::flags::LINK_DEST {
+                0 => None,
+                _ => Some(r.bytes(MAX_PATH)?),
+            };
             Frame::Request(Request {
                 direction,
                 paths,
@@ -427,6 +434,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 client_random,
                 tcp_ports,
                 filters,
+                link_dest,
             })
         }
         kind::ACCEPT => {
@@ -879,6 +887,7 @@ mod tests {
                 client_random: [9; 32],
                 tcp_ports: (40000, 40100),
                 filters: vec![],
+                link_dest: None,
             }));
         }
         roundtrip(Frame::Request(Request {
@@ -895,6 +904,20 @@ mod tests {
                 Bytes::from_static(b"+ keep.o"),
                 Bytes::from_static(b"- *.o"),
             ],
+            link_dest: None,
+        }));
+        roundtrip(Frame::Request(Request {
+            direction: Direction::Push,
+            paths: vec![Bytes::from_static(b"/backups/2026-11-28")],
+            flags: flags::RECURSIVE | flags::SKIP_UNCHANGED | flags::FILTERS | flags::LINK_DEST,
+            streams: 2,
+            transport: TransportKind::Tcp,
+            cipher: 1,
+            compression: 0,
+            client_random: [2; 32],
+            tcp_ports: (0, 0),
+            filters: vec![Bytes::from_static(b"- *.o")],
+            link_dest: Some(Bytes::from_static(b"../2026-11-27")),
         }));
     }
 

@@ -212,6 +212,9 @@ pub struct Request {
     /// in order (rsync's meaning; the sender walks by them, the receiver keeps what they
     /// exclude from mirroring), and with [`flags::FILES_FROM`] `= PATH` lines.
     pub filters: Vec<Bytes>,
+    /// With [`flags::LINK_DEST`] (a push): the receiver's reference folder (rsync's
+    /// `--link-dest`), as the user wrote it; a relative one is taken from the destination.
+    pub link_dest: Option<Bytes>,
 }
 
 /// Option bits of [`Request::flags`].
@@ -298,6 +301,12 @@ pub mod flags {
     /// made by the one top-level entry, which must be a directory (a trailing '/' after one
     /// source's destination, as `scp -r dir host:new/` makes `new`).
     pub const NEW_TARGET_DIR: u32 = 1 << 24;
+    /// With [`SKIP_UNCHANGED`] (protocol version 10): the request carries a reference folder
+    /// ([`super::Request::link_dest`], rsync's `--link-dest`). A file the destination does
+    /// not hold alike, but the reference folder does (the same path, a regular file with the
+    /// probe's size and time, and mode and owner where they are kept), becomes another name
+    /// of the reference's file, a hard link, instead of being sent.
+    pub const LINK_DEST: u32 = 1 << 25;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -323,7 +332,8 @@ pub mod flags {
         | FILES_FROM
         | CONTENTS
         | NO_CONTENT_HASH
-        | NEW_TARGET_DIR;
+        | NEW_TARGET_DIR
+        | LINK_DEST;
 }
 
 /// Which way the files flow in a session.
@@ -374,6 +384,7 @@ impl std::fmt::Debug for Request {
             .field("client_random", &format_args!(".."))
             .field("tcp_ports", &self.tcp_ports)
             .field("filters", &self.filters)
+            .field("link_dest", &self.link_dest)
             .finish()
     }
 }
@@ -836,6 +847,7 @@ mod tests {
             client_random: random,
             tcp_ports: (0, 0),
             filters: Vec::new(),
+            link_dest: None,
         };
         let accept = Accept {
             streams: 4,

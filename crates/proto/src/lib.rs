@@ -57,8 +57,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// adds the [`Hole`] frame, a sparse file's hole in place of its zeros; version 9 adds the
 /// request flag [`flags::NO_CONTENT_HASH`], a copy that hashes no file content where the
 /// transport authenticates every byte, and [`flags::NEW_TARGET_DIR`], a destination folder
-/// made by the one source.
-pub const PROTOCOL_VERSION: u16 = 9;
+/// made by the one source; version 10 adds the request flag [`flags::LINK_DEST`], a
+/// reference folder whose unchanged files the receiver links instead of receiving them.
+pub const PROTOCOL_VERSION: u16 = 10;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

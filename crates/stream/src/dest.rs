@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::hash::{BuildHasher, RandomState};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -163,6 +163,70 @@ pub(crate) struct Root {
 }
 
 impl Root {
+    /// The path beneath a reference folder (`link_dest`) that a wire path maps to: the path
+    /// beneath the destination as the user named it. When the one top-level entry makes the
+    /// destination (`rename_top`), a path beneath it loses that first name, and the entry
+    /// itself keeps it.
+    pub(crate) fn in_reference(&self, wire: &[u8]) -> Vec<u8> {
+        let local = self.local(wire);
+        match (&self.rename_top, local.iter().position(|&b| b == b'/')) {
+            (Some(_), Some(i)) => local[i + 1..].to_vec(),
+            _ => local,
+        }
+    }
+
+    /// Opens the reference folder of `link_dest` as it mirrors this destination (see
+    /// [`ReceiveConfig::link_dest`](crate::ReceiveConfig::link_dest)): it must be a folder
+    /// on the destination's file system, since a hard link cannot cross to another.
+    pub(crate) fn open_reference(&self, reference: &Path) -> Result<OwnedFd, Error> {
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let opened = match &self.rename_top {
+            _ if reference.is_absolute() => rustix::fs::open(reference, dir_flags, Mode::empty()),
+            None => rustix::fs::openat(&*self.fd, reference, dir_flags, Mode::empty()),
+            // Taken from the destination the top-level entry makes, which may not exist yet:
+            // its leading `..` names the root itself.
+            Some(top) => {
+                let mut path = PathBuf::from(std::ffi::OsStr::from_bytes(top));
+                for part in reference.components() {
+                    match part {
+                        std::path::Component::ParentDir if path.as_os_str().is_empty() => {
+                            path.push("..")
+                        }
+                        std::path::Component::ParentDir if path.ends_with("..") => path.push(".."),
+                        std::path::Component::ParentDir => {
+                            path.pop();
+                        }
+                        std::path::Component::CurDir => {}
+                        other => path.push(other),
+                    }
+                }
+                if path.as_os_str().is_empty() {
+                    path.push(".");
+                }
+                rustix::fs::openat(&*self.fd, &path, dir_flags, Mode::empty())
+            }
+        };
+        // Named as the user gave it, with the option: a relative path is not the
+        // destination's own.
+        let what = |e: std::io::Error| Error::Io {
+            path: PathBuf::from(format!("--link-dest {}", reference.display())),
+            source: e,
+        };
+        let fd = opened.map_err(|e| what(e.into()))?;
+        let (a, b) = (
+            rustix::fs::fstat(&fd).map_err(|e| what(e.into()))?,
+            rustix::fs::fstat(&*self.fd).map_err(|e| what(e.into()))?,
+        );
+        if a.st_dev != b.st_dev {
+            return Err(Error::InvalidArgument(format!(
+                "--link-dest {}: on another file system than the destination, which hard \
+                 links cannot reach",
+                reference.display()
+            )));
+        }
+        Ok(fd)
+    }
+
     /// The path beneath the root that a wire path maps to.
     pub(crate) fn local(&self, wire: &[u8]) -> Vec<u8> {
         match &self.rename_top {
@@ -261,6 +325,8 @@ fn split_parent(local: &[u8]) -> (&[u8], &[u8]) {
 /// creating missing ones on demand, and caching the fds.
 pub(crate) struct Resolver {
     shared: Arc<Shared>,
+    /// The directory paths are taken from: the destination's root, or a reference folder.
+    root: Arc<OwnedFd>,
     cache: HashMap<Vec<u8>, Arc<OwnedFd>>,
     /// The last directory asked for: entries come directory by directory.
     last: Option<(Vec<u8>, Arc<OwnedFd>)>,
@@ -270,6 +336,7 @@ pub(crate) struct Resolver {
 impl Resolver {
     pub(crate) fn new(shared: Arc<Shared>, create: bool) -> Resolver {
         Resolver {
+            root: shared.root.fd.clone(),
             shared,
             cache: HashMap::new(),
             last: None,
@@ -277,10 +344,22 @@ impl Resolver {
         }
     }
 
+    /// A resolver of paths beneath `root` (a reference folder, `link_dest`), which creates
+    /// nothing.
+    pub(crate) fn beneath(shared: Arc<Shared>, root: Arc<OwnedFd>) -> Resolver {
+        Resolver {
+            root,
+            shared,
+            cache: HashMap::new(),
+            last: None,
+            create: false,
+        }
+    }
+
     /// The directory at `local` (relative to the root; empty for the root itself).
     pub(crate) fn dir(&mut self, local: &[u8]) -> Result<Arc<OwnedFd>, Error> {
         if local.is_empty() {
-            return Ok(self.shared.root.fd.clone());
+            return Ok(self.root.clone());
         }
         if let Some((path, fd)) = &self.last
             && path[..] == *local
@@ -305,7 +384,7 @@ impl Resolver {
             .chain(std::iter::once(local.len()))
             .collect();
         // Start from the longest cached prefix.
-        let mut base = self.shared.root.fd.clone();
+        let mut base = self.root.clone();
         let mut from = 0;
         for j in (0..ends.len() - 1).rev() {
             if let Some(fd) = self.cache.get(&local[..ends[j]]) {
@@ -577,7 +656,7 @@ pub(crate) fn remove_if_stale(dir: &OwnedFd, name: &[u8], started: std::time::Sy
 
 /// A fresh temporary name beside `name`: `.NAME.fastcp-XXXXXXXX`, short enough for any file
 /// system.
-fn temp_name(name: &[u8]) -> Vec<u8> {
+pub(crate) fn temp_name(name: &[u8]) -> Vec<u8> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     thread_local!(static SEED: RandomState = RandomState::new());
     let r = SEED.with(|s| s.hash_one(COUNTER.fetch_add(1, Relaxed))) as u32;

@@ -337,7 +337,7 @@ pub(crate) fn make_links(
 }
 
 /// A local path's parent and last component.
-fn split(local: &[u8]) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn split(local: &[u8]) -> (Vec<u8>, Vec<u8>) {
     match local.iter().rposition(|&b| b == b'/') {
         Some(i) => (local[..i].to_vec(), local[i + 1..].to_vec()),
         None => (Vec::new(), local.to_vec()),

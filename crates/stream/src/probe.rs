@@ -22,10 +22,12 @@ use std::time::Duration;
 
 use fastcp_proto::{Answer, Attrs, Frame, Probe};
 use rustix::fs::{AtFlags, FileType};
+use rustix::io::Errno;
 use tokio::sync::mpsc;
 
 use crate::dest::{self, Op, Resolver, lock};
 use crate::event::{Event, SkipReason};
+use crate::mirror::split;
 use crate::receive::{Shared, kept};
 use crate::{Error, resume};
 
@@ -96,6 +98,12 @@ impl Probers {
                     writers: writers.iter().map(mpsc::Sender::downgrade).collect(),
                     next_writer: i,
                     lookup: Resolver::new(shared.clone(), false),
+                    reference: shared.reference.as_ref().map(|fd| {
+                        (
+                            Resolver::beneath(shared.clone(), fd.clone()),
+                            Resolver::new(shared.clone(), true),
+                        )
+                    }),
                     ids: crate::attrs::Ids::default(),
                     turn: turn.clone(),
                 };
@@ -192,6 +200,9 @@ struct Prober {
     next_writer: usize,
     /// Opens directories to answer probes (never creates any).
     lookup: Resolver,
+    /// With `link_dest`: opens the reference folder's directories, and the destination's
+    /// (creating them) for the links made from it.
+    reference: Option<(Resolver, Resolver)>,
     /// Local ids by the sender's user and group names, for the refresh.
     ids: crate::attrs::Ids,
     /// Held to send: what one thread sends for a probe goes back unbroken by another's.
@@ -266,7 +277,13 @@ impl Prober {
             });
             (!same_time, None)
         };
-        if !send && let Some(st) = st {
+        // A file the reference folder holds alike becomes another name of it instead.
+        let linked = send && !checksum && self.link_from_reference(&p, attrs.as_deref());
+        let send = send && !linked;
+        if !send
+            && !linked
+            && let Some(st) = st
+        {
             self.refresh(&p, &st, attrs)?;
         }
         if !send && !checksum {
@@ -356,6 +373,61 @@ impl Prober {
         self.next_writer += 1;
         let writer = self.writers[w].upgrade().ok_or_else(aborted)?;
         writer.blocking_send(op).map_err(|_| aborted())
+    }
+
+    /// With `link_dest`: makes the probed file another name (a hard link) of the reference
+    /// folder's file at the same path, when that is a regular file (reached without
+    /// following a link) with the probe's size and time, and its mode and owner where the
+    /// copy keeps them: a link shares them, so a file that would need them changed is sent
+    /// instead. False when there is no such file or the link cannot be made (the file is
+    /// sent then).
+    fn link_from_reference(&mut self, p: &Probe, attrs: Option<&Attrs>) -> bool {
+        let Some((reference, dest)) = self.reference.as_mut() else {
+            return false;
+        };
+        let (ref_dir, ref_name) = split(&self.shared.root.in_reference(&p.path));
+        let (dir, name) = split(&self.shared.root.local(&p.path));
+        if ref_name.is_empty() || name.is_empty() {
+            return false;
+        }
+        let Ok(from) = reference.dir(&ref_dir) else {
+            return false;
+        };
+        let Ok(st) = rustix::fs::statat(&*from, &ref_name[..], AtFlags::SYMLINK_NOFOLLOW) else {
+            return false;
+        };
+        let config = &self.shared.config;
+        let mode_differs = |mode: u32| st.st_mode & 0o7777 != mode & dest::SAFE_MODE_BITS;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || st.st_size as u64 != p.size
+            || (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec)
+            || (config.preserve && p.mode.is_some_and(mode_differs))
+            || attrs.is_some_and(|a| !self.ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
+        {
+            return false;
+        }
+        let Ok(to) = dest.dir(&dir) else {
+            return false;
+        };
+        match rustix::fs::linkat(&*from, &ref_name[..], &*to, &name[..], AtFlags::empty()) {
+            Ok(()) => true,
+            // Something else holds the name (the file as it was, changed since): the link
+            // takes its place at once, as a received file would.
+            Err(Errno::EXIST) => {
+                let temp = dest::temp_name(&name);
+                if rustix::fs::linkat(&*from, &ref_name[..], &*to, &temp[..], AtFlags::empty())
+                    .is_err()
+                {
+                    return false;
+                }
+                let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &name[..]);
+                if renamed.is_err() {
+                    let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
+                }
+                renamed.is_ok()
+            }
+            Err(_) => false,
+        }
     }
 
     /// The destination's regular file at the probe's path (not a link, reached without

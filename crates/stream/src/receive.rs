@@ -31,7 +31,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -206,6 +206,18 @@ pub struct ReceiveConfig {
     /// ends at sshd). A receiver that `resume`s without
     /// `resume_from_record` hashes regardless, as its sender does. Default: true.
     pub hash_content: bool,
+    /// With `skip_unchanged`, not `checksum` (rsync's `--link-dest`): a reference folder,
+    /// such as the last night's backup. A file the destination does not hold alike, but the
+    /// reference does (at the same path beneath it, a regular file with the probe's size and
+    /// modification time, and with `preserve` its mode, with `attrs` its owner and group; not
+    /// reached through a symlink), becomes another name of the reference's file, a hard link,
+    /// instead of being sent. Where the link cannot be made (too many links, say), the file
+    /// is sent. A linked file counts as skipped. The reference is taken as it mirrors the
+    /// destination: for a destination that the one top-level folder makes (`src` copied as
+    /// `new`), `new/x` is looked up as `x` beneath it. A relative path is taken from the
+    /// destination (from `new`, which may not exist yet: `../old` is the folder `old` beside
+    /// it). It must be a folder on the destination's file system. Default: `None`.
+    pub link_dest: Option<PathBuf>,
 }
 
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
@@ -238,6 +250,7 @@ impl Default for ReceiveConfig {
             specials: false,
             max_entries: DEFAULT_MAX_ENTRIES,
             hash_content: true,
+            link_dest: None,
         }
     }
 }
@@ -392,6 +405,8 @@ pub(crate) struct Shared {
     pub(crate) started: std::time::SystemTime,
     /// How many directory fds each [`Resolver`](crate::dest::Resolver) keeps open.
     pub(crate) dir_cache: usize,
+    /// With `link_dest`: the reference folder, opened.
+    pub(crate) reference: Option<Arc<OwnedFd>>,
 }
 
 impl Shared {
@@ -1533,7 +1548,21 @@ where
     let mut replier =
         crate::budget::AbortOnDrop(vec![tokio::spawn(write_replies(reply_half, reply_rx))]);
 
-    let root = match open_destination(dest, config) {
+    let opened = open_destination(dest, config).and_then(|root| {
+        let reference = match &config.link_dest {
+            Some(_) if !config.skip_unchanged || config.checksum => {
+                return Err(Error::InvalidArgument(
+                    "--link-dest compares sizes and times: it needs the quick check, and not \
+                     --checksum"
+                        .into(),
+                ));
+            }
+            Some(path) => Some(Arc::new(root.open_reference(path)?)),
+            None => None,
+        };
+        Ok((root, reference))
+    });
+    let (root, reference) = match opened {
         Ok(r) => r,
         Err(e) => {
             notify_fatal(&reply_tx, &mut replier, &e).await;
@@ -1559,6 +1588,7 @@ where
         started: std::time::SystemTime::now(),
         // The writers' and the quick check's resolvers run at once.
         dir_cache: dest::dir_cache_size(config.writer_threads.max(1) + crate::probe::threads()),
+        reference,
     });
     dest::reserve_fds();
     let _busy = (config.version >= 7).then(|| {
