@@ -281,9 +281,6 @@ fn check(plan: &Plan) -> Result<(), Error> {
     if options.sftp {
         return refuse("--sftp");
     }
-    if options.link_dest.is_some() {
-        return refuse("--link-dest");
-    }
     if options.filter.as_ref().is_some_and(|f| f.has_predicate()) {
         return refuse("a filter predicate (it runs where the files are read)");
     }

@@ -3190,8 +3190,9 @@ async fn pull(
     let o = &plan.options;
     // `--resume` asks about each file, as the quick check does, and keeps times to match;
     // `--checksum` asks too, but compares content.
-    let probing = o.skip_unchanged || o.resume || o.checksum;
-    let preserve = o.preserve || o.skip_unchanged || o.resume;
+    // `--link-dest` asks too, to link what the reference holds alike.
+    let probing = o.skip_unchanged || o.resume || o.checksum || o.link_dest.is_some();
+    let preserve = o.preserve || o.skip_unchanged || o.resume || o.link_dest.is_some();
     let emit = Arc::new(Emit {
         sftp,
         outs,
@@ -3228,6 +3229,7 @@ async fn pull(
         resume_from_record: true,
         delete: o.delete,
         filter: o.filter.clone(),
+        link_dest: o.link_dest.clone(),
         // The bytes come from this process's own SFTP reads: hashing them on both sides of
         // the pipe would check the same memory twice. Each file's ranges are still checked.
         hash_content: false,

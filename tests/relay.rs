@@ -207,6 +207,57 @@ fn a_rerun_with_skip_unchanged_relays_no_file_data() {
     assert_eq!(again["files_skipped"], files, "{again}");
 }
 
+/// `--link-dest` on a relay: the receiving host links what its reference folder holds
+/// alike, and no file data crosses.
+#[test]
+fn link_dest_links_on_the_receiving_host() {
+    use std::os::unix::fs::MetadataExt;
+    let hosts = Hosts::start();
+    let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
+    let src = src_dir.join("tree");
+    build_mixed(&src);
+    let copy = |to: &str, extra: &[&str]| {
+        json(&run(hosts
+            .fastcp()
+            .args(["-r", "-p", "--json"])
+            .args(extra)
+            .arg(on("hosta", &src))
+            .arg(on("hostb", &dst.join(to)))))
+    };
+    let first = copy("day1", &[]);
+    assert_eq!(first["exit_code"], 0, "{first}");
+    let files = first["files"].as_u64().unwrap();
+    let second = copy("day2", &["--link-dest", "../day1"]);
+    assert_eq!(second["exit_code"], 0, "{second}");
+    assert_eq!(second["bytes_sent"], 0, "{second}");
+    assert_eq!(second["files_skipped"], files, "{second}");
+    assert_same_tree(&src, &dst.join("day2"), true);
+    let linked = walk_files(&dst.join("day2"));
+    assert!(!linked.is_empty());
+    for rel in linked {
+        let ino = |day: &str| std::fs::metadata(dst.join(day).join(&rel)).unwrap().ino();
+        assert_eq!(ino("day1"), ino("day2"), "{}", rel.display());
+    }
+}
+
+/// The regular files beneath `root`, relative to it.
+fn walk_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let kind = e.file_type().unwrap();
+            if kind.is_dir() {
+                dirs.push(e.path());
+            } else if kind.is_file() {
+                out.push(e.path().strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn delete_removes_extras_beneath_the_target_only() {
     let hosts = Hosts::start();

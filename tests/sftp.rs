@@ -228,6 +228,48 @@ fn a_skipped_file_takes_its_new_mode_over_an_sftp_push() {
     assert_eq!(mode, 0o600);
 }
 
+/// `--link-dest` over SFTP: a pull links on this side what the reference folder holds
+/// alike; a push, whose receiver is the remote's sftp-server, refuses it before it connects.
+#[test]
+fn link_dest_links_on_an_sftp_pull_and_is_refused_on_a_push() {
+    use std::os::unix::fs::MetadataExt;
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+    let pull = |to: &str, extra: &[&str]| {
+        let out = run(plain(&sshd)
+            .args(["--sftp", "--json", "-r", "-p"])
+            .args(extra)
+            .arg(remote(&sshd, &src))
+            .arg(work.path().join(to)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        json(&out)
+    };
+    let first = pull("day1", &[]);
+    let second = pull("day2", &["--link-dest", "../day1"]);
+    assert_eq!(second["files_skipped"], first["files"], "{second}");
+    assert_eq!(second["bytes_sent"], 0, "{second}");
+    assert_same_tree(&src, &work.path().join("day2"), true);
+    let ino = |day: &str| {
+        fs::metadata(work.path().join(day).join("exec.sh"))
+            .unwrap()
+            .ino()
+    };
+    assert_eq!(ino("day1"), ino("day2"));
+    let out = run(plain(&sshd)
+        .args(["--sftp", "-r", "--link-dest", "../day1"])
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("day3"))));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--link-dest on a push"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("day3").exists());
+}
+
 /// An account that may only use SFTP (`ForceCommand internal-sftp`) is copied to and from
 /// over SFTP, saying why, through either SSH client.
 #[test]
