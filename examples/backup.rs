@@ -2,10 +2,13 @@
 //! folder HOST:DST (only files whose size or modification time changed travel; mirroring is
 //! one option away, `.delete(true)`), one line per event while it runs (a file started, its
 //! progress, done, skipped, resumed, deleted or failed, and the summary), and a clean cancel on
-//! Ctrl-C. A local DST is created if missing.
+//! Ctrl-C. A local DST is created if missing. With `--link-dest DIR` (last night's folder,
+//! on DST's side), each night gets a folder of its own, and what DIR holds alike becomes a
+//! hard link to it instead of travelling.
 //!
 //! ```sh
 //! cargo run --release --example backup -- SRC HOST:DST
+//! cargo run --release --example backup -- SRC HOST:/backups/2026-11-28 --link-dest ../2026-11-27
 //! ```
 //!
 //! Exit status: the `fastcp` command's (`fastcp::exit`): 0 when everything was copied, 1 when
@@ -59,12 +62,16 @@ fn line(event: &Event, push: bool) -> String {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [src, dst] = &args[..] else {
-        eprintln!("usage: backup SRC HOST:DST");
-        return ExitCode::from(2);
+    let (src, dst, link_dest) = match &args[..] {
+        [src, dst] => (src, dst, None),
+        [src, dst, flag, dir] if flag == "--link-dest" => (src, dst, Some(dir)),
+        _ => {
+            eprintln!("usage: backup SRC HOST:DST [--link-dest DIR]");
+            return ExitCode::from(2);
+        }
     };
     let cancel = CancellationToken::new();
-    let options = CopyOptions::default()
+    let mut options = CopyOptions::default()
         .recursive(true)
         .skip_unchanged(true)
         .cancel(cancel.clone())
@@ -73,6 +80,9 @@ async fn main() -> ExitCode {
                 eprintln!("warning: {line}");
             }
         }));
+    if let Some(dir) = link_dest {
+        options = options.link_dest(dir);
+    }
     // Always into DST, whether or not it existed: a trailing '/' says so.
     let dst = Location::parse(&format!("{}/", dst.trim_end_matches('/')));
     if let Location::Local(dir) = &dst
