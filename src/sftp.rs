@@ -1140,6 +1140,20 @@ async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, E
                 crate::stream::escape(typed.as_bytes())
             )));
         }
+        // A folder onto an existing file: refused before anything is sent, as fastcp's
+        // receiver refuses it (`cp -r dir file` too).
+        Ok(_)
+            if plan.options.recursive
+                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
+        {
+            return Err(Error::Engine(fastcp_stream::Error::Io {
+                path: dest.into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "exists and is not a directory: a folder does not replace a file",
+                ),
+            }));
+        }
         Ok(_) => Place::As(dest),
         Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
         Err(e) => return Err(fatal(&format!("checking {typed}"), e)),

@@ -228,6 +228,33 @@ fn a_skipped_file_takes_its_new_mode_over_an_sftp_push() {
     assert_eq!(mode, 0o600);
 }
 
+/// A folder pushed over SFTP onto an existing file stops before anything is sent, with one
+/// error (exit 1), as over fastcp and as `cp -r dir file`; the file is left as it was. A dry
+/// run says the same.
+#[test]
+fn a_folder_pushed_over_sftp_onto_a_file_is_refused_with_one_error() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+    let file = work.path().join("file");
+    write(&file, b"kept", 0o644);
+    for dry in [false, true] {
+        let mut cmd = plain(&sshd);
+        cmd.args(["--sftp", "-r"]);
+        if dry {
+            cmd.arg("-n");
+        }
+        let out = run(cmd.arg(&src).arg(remote(&sshd, &file)));
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("a folder does not replace a file"), "{err}");
+        assert_eq!(fs::read(&file).unwrap(), b"kept");
+    }
+    assert_no_temp(work.path());
+}
+
 /// `--link-dest` over SFTP: a pull links on this side what the reference folder holds
 /// alike; a push, whose receiver is the remote's sftp-server, refuses it before it connects.
 #[test]
