@@ -895,6 +895,11 @@ pub(crate) async fn cancellable<T>(
 ///
 /// Cancel it with [`CopyOptions::cancel`], or by dropping the future.
 pub async fn copy_local(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome, Error> {
+    if plan.options.compress {
+        plan.options.log.warn(|| {
+            "-C is ignored for a copy on this machine: nothing goes over a network".into()
+        });
+    }
     let copy = copy_local_now(plan, progress.clone());
     let outcome = stoppable(plan, &progress, copy).await;
     report_end(&progress, outcome, |o| &o.report)

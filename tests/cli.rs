@@ -438,6 +438,25 @@ fn man_page_is_generated_from_the_cli() {
     assert!(!page.contains("crypto providers"), "{page}");
 }
 
+/// `-C` on a copy within this machine says it is ignored (nothing goes over a network), and
+/// the copy goes on.
+#[test]
+fn compress_on_a_local_copy_is_said_to_be_ignored() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    let dst = work.path().join("copy");
+    let out = fastcp()
+        .args(["-r", "-C"])
+        .arg(&src)
+        .arg(&dst)
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("warning: -C is ignored"), "{err}");
+    assert_same_tree(&src, &dst, false);
+}
+
 #[test]
 fn json_summary_of_a_local_copy() {
     let work = tempfile::tempdir().unwrap();
