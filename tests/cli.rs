@@ -1502,7 +1502,8 @@ fn files_from_without_r_refuses_the_folder_and_nothing_more() {
 }
 
 /// `-r dir file`, the file existing: refused with one line, as `cp -r` refuses it, exit 1,
-/// nothing written; locally (and by a dry run, as the copy would be), pushed and pulled.
+/// nothing written; locally (and by a dry run, as the copy would be), pushed and pulled. A
+/// symlink to nothing in the file's place is refused alike, and left as it is.
 #[test]
 fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
     let sshd = Sshd::start().unwrap();
@@ -1511,36 +1512,46 @@ fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
     std::fs::create_dir_all(src.join("sub")).unwrap();
     write(&src.join("a"), b"a", 0o644);
     write(&src.join("sub/big"), &pseudo_random(4 << 20, 6), 0o644);
-    let target = work.path().join("out/afile");
-    std::fs::create_dir(work.path().join("out")).unwrap();
-    write(&target, b"a file", 0o644);
-    for how in ["local", "dry run", "push", "pull"] {
-        let mut cmd = match how {
-            "local" | "dry run" => fastcp(),
-            _ => remote_fastcp(&sshd),
-        };
-        cmd.arg("-r");
-        if how == "dry run" {
-            cmd.arg("-n");
+    let out_dir = work.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    write(&out_dir.join("afile"), b"a file", 0o644);
+    std::os::unix::fs::symlink(work.path().join("nowhere"), out_dir.join("dangling")).unwrap();
+    for name in ["afile", "dangling"] {
+        let target = out_dir.join(name);
+        for how in ["local", "dry run", "push", "pull"] {
+            let mut cmd = match how {
+                "local" | "dry run" => fastcp(),
+                _ => remote_fastcp(&sshd),
+            };
+            cmd.arg("-r");
+            if how == "dry run" {
+                cmd.arg("-n");
+            }
+            match how {
+                "local" | "dry run" => cmd.arg(&src).arg(&target),
+                "push" => cmd.arg(&src).arg(remote(&sshd, &target)),
+                _ => cmd.arg(remote(&sshd, &src)).arg(&target),
+            };
+            let out = cmd.assert().code(1);
+            let said = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+            assert_eq!(said.lines().count(), 1, "{name} {how}: {said}");
+            assert!(
+                said.contains("exists and is not a directory"),
+                "{name} {how}: {said}"
+            );
+            assert_eq!(std::fs::read(out_dir.join("afile")).unwrap(), b"a file");
+            assert_eq!(
+                std::fs::read_link(out_dir.join("dangling")).unwrap(),
+                work.path().join("nowhere")
+            );
+            let mut written: Vec<_> = std::fs::read_dir(&out_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            written.sort();
+            assert_eq!(written, ["afile", "dangling"], "{name} {how}");
+            assert!(!work.path().join("nowhere").exists(), "{name} {how}");
         }
-        match how {
-            "local" | "dry run" => cmd.arg(&src).arg(&target),
-            "push" => cmd.arg(&src).arg(remote(&sshd, &target)),
-            _ => cmd.arg(remote(&sshd, &src)).arg(&target),
-        };
-        let out = cmd.assert().code(1);
-        let said = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
-        assert_eq!(said.lines().count(), 1, "{how}: {said}");
-        assert!(
-            said.contains("exists and is not a directory"),
-            "{how}: {said}"
-        );
-        assert_eq!(std::fs::read(&target).unwrap(), b"a file");
-        let written: Vec<_> = std::fs::read_dir(work.path().join("out"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(written, ["afile"], "{how}");
     }
 }
 

@@ -1303,8 +1303,7 @@ pub fn check_destination(
 /// entry takes when `dest` is not a directory.
 fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let mut is_file = false;
-    match std::fs::metadata(dest) {
+    let is_file = match std::fs::metadata(dest) {
         Ok(m) if m.is_dir() && config.contents => {
             // The source's contents go into `dest`: its top-level entry is `dest` itself,
             // named in its parent (`.` and `..` resolved: the user named it).
@@ -1339,10 +1338,14 @@ fn open_destination(dest: &Path, config: &ReceiveConfig) -> Result<Root, Error> 
             )));
         }
         Ok(_) if config.target_must_be_dir => return Err(not_a_directory(dest)),
-        Ok(_) => is_file = true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Ok(_) => true,
+        // A symlink to nothing: a file takes its place (the link itself, never followed), and
+        // a folder does not, as for a file.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_symlink())
+        }
         Err(e) => return Err(Error::io(dest, e)),
-    }
+    };
     if config.target_must_be_dir && !config.target_may_be_new_dir {
         return Err(not_a_directory(dest));
     }
