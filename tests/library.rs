@@ -784,6 +784,26 @@ async fn events_tell_what_happened_to_each_file() {
         "{seen:?}"
     );
     assert_eq!(count(&seen, |e| matches!(e, Event::Skipped { .. })), 11);
+
+    // A pull into a new folder with `link_dest`: every file is linked from the last one.
+    let (outcome, seen) = run(
+        remote(&pushed.join("src")),
+        Location::Local(work.path().join("pulled2")),
+        options.clone().link_dest(pulled.join("src")),
+    )
+    .await;
+    assert!(outcome.report.is_complete());
+    assert_eq!(
+        count(&seen, |e| matches!(
+            e,
+            Event::Skipped {
+                reason: SkipReason::Linked,
+                ..
+            }
+        )),
+        12,
+        "{seen:?}"
+    );
 }
 
 /// `server::serve` over any stream: a client that connects and says nothing does not hold

@@ -98,6 +98,10 @@ pub enum SkipReason {
     Unchanged,
     /// Same size and content hash (`checksum`).
     SameContent,
+    /// Made a hard link to the reference folder's file of the same size and time
+    /// ([`ReceiveConfig::link_dest`](crate::ReceiveConfig::link_dest)). Only the receiving
+    /// side knows it: a sender's event for such a file says [`Unchanged`](Self::Unchanged).
+    Linked,
 }
 
 impl SkipReason {

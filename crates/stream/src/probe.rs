@@ -292,7 +292,10 @@ impl Prober {
             self.shared.progress.event(|| Event::Skipped {
                 path: p.path.clone(),
                 size: p.size,
-                reason: SkipReason::Unchanged,
+                reason: match linked {
+                    true => SkipReason::Linked,
+                    false => SkipReason::Unchanged,
+                },
             });
         }
         if !send {
