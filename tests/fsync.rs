@@ -192,3 +192,46 @@ fn an_sftp_push_asks_the_server_to_flush_each_file() {
         }
     }
 }
+
+/// With `--link-dest`, the folders the links went into are flushed too: a night whose files
+/// are all links survives a power loss as one whose files were written.
+#[test]
+fn link_dest_flushes_the_folders_its_links_went_into() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for dir in ["x", "y"] {
+        std::fs::create_dir_all(src.join(dir)).unwrap();
+        std::fs::write(src.join(dir).join("f"), dir).unwrap();
+    }
+    let out = run(Command::new(BIN)
+        .args(["-r", "-p"])
+        .arg(&src)
+        .arg(work.path().join("day1")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = work.path().join("link.log");
+    let out = run(Command::new(fastcp_testsupport::tools::require("strace"))
+        .args(["-f", "-qq", "-y", "-e", "trace=fsync", "-o"])
+        .arg(&log)
+        .arg(BIN)
+        .args(["-r", "--fsync", "--link-dest", "../day1"])
+        .arg(&src)
+        .arg(work.path().join("day2")));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    for dir in ["x", "y"] {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |day: &str| {
+            std::fs::metadata(work.path().join(day).join(dir).join("f"))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!(ino("day1"), ino("day2"), "{dir}/f is a link");
+        // A failed flush would have failed the copy.
+        let synced = format!("day2/{dir}>");
+        assert!(
+            text.lines()
+                .any(|l| l.contains(" fsync(") && l.contains(&synced)),
+            "{dir} not flushed:\n{text}"
+        );
+    }
+}

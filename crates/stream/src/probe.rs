@@ -106,6 +106,7 @@ impl Probers {
                     }),
                     ids: crate::attrs::Ids::default(),
                     turn: turn.clone(),
+                    to_sync: Default::default(),
                 };
                 tokio::task::spawn_blocking(move || prober.run(rx));
                 tx
@@ -207,6 +208,9 @@ struct Prober {
     ids: crate::attrs::Ids,
     /// Held to send: what one thread sends for a probe goes back unbroken by another's.
     turn: Arc<Mutex<()>>,
+    /// With `fsync` and `link_dest`: the destination's directories links went into since
+    /// the last flush.
+    to_sync: std::collections::HashMap<Vec<u8>, Arc<OwnedFd>>,
 }
 
 impl Prober {
@@ -227,6 +231,12 @@ impl Prober {
                         break 'batches;
                     }
                 }
+            }
+            // With `fsync`, the links are flushed before their answers go: the copy reports
+            // success only once every answer is in.
+            if let Err(e) = self.sync_dirs() {
+                self.shared.abort.trigger(e);
+                break 'batches;
             }
             if !answers.is_empty() {
                 let _turn = lock(&self.turn);
@@ -412,25 +422,39 @@ impl Prober {
         let Ok(to) = dest.dir(&dir) else {
             return false;
         };
-        match rustix::fs::linkat(&*from, &ref_name[..], &*to, &name[..], AtFlags::empty()) {
-            Ok(()) => true,
-            // Something else holds the name (the file as it was, changed since): the link
-            // takes its place at once, as a received file would.
-            Err(Errno::EXIST) => {
-                let temp = dest::temp_name(&name);
-                if rustix::fs::linkat(&*from, &ref_name[..], &*to, &temp[..], AtFlags::empty())
-                    .is_err()
-                {
-                    return false;
+        let linked =
+            match rustix::fs::linkat(&*from, &ref_name[..], &*to, &name[..], AtFlags::empty()) {
+                Ok(()) => true,
+                // Something else holds the name (the file as it was, changed since): the link
+                // takes its place at once, as a received file would.
+                Err(Errno::EXIST) => {
+                    let temp = dest::temp_name(&name);
+                    if rustix::fs::linkat(&*from, &ref_name[..], &*to, &temp[..], AtFlags::empty())
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &name[..]);
+                    if renamed.is_err() {
+                        let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
+                    }
+                    renamed.is_ok()
                 }
-                let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &name[..]);
-                if renamed.is_err() {
-                    let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
-                }
-                renamed.is_ok()
-            }
-            Err(_) => false,
+                Err(_) => false,
+            };
+        if linked && self.shared.config.fsync {
+            self.to_sync.insert(dir, to);
         }
+        linked
+    }
+
+    /// With `fsync`: flushes the directories links went into.
+    fn sync_dirs(&mut self) -> Result<(), Error> {
+        for (local, fd) in self.to_sync.drain() {
+            rustix::fs::fsync(&*fd)
+                .map_err(|e| Error::io(self.shared.root.display(&local), e.into()))?;
+        }
+        Ok(())
     }
 
     /// The destination's regular file at the probe's path (not a link, reached without
