@@ -102,6 +102,14 @@ struct FeedState {
     aborted: Option<Snapshot>,
 }
 
+impl FeedState {
+    /// Whether a failure's `line` is to be printed: not said already (once as many lines
+    /// as are remembered have been said, every line is).
+    fn first_time(&mut self, line: &str) -> bool {
+        self.lines.len() >= MAX_FAILURES || self.lines.insert(line.to_owned())
+    }
+}
+
 impl Feed {
     /// A feed that prints failures on `output`, and the [`Progress`] that reports to it.
     pub fn start(output: &Output) -> (Arc<Feed>, Arc<Progress>) {
@@ -135,7 +143,7 @@ impl Feed {
                     state.failures.push(failure.clone());
                 }
                 let line = failure_line(failure);
-                let new = state.lines.len() >= MAX_FAILURES || state.lines.insert(line.clone());
+                let new = state.first_time(&line);
                 drop(state);
                 if new {
                     self.output.line(&line);
@@ -512,5 +520,19 @@ mod tests {
         };
         let line = plain_line(&walking, 0.0, Duration::from_secs(2));
         assert!(line.contains("1.00 GiB+ so far"), "{line}");
+    }
+
+    /// Entries that fail for one reason, worded alike (the entries of a folder that could
+    /// not be made, all naming it), are said once; past the lines remembered, each is said.
+    #[test]
+    fn a_failure_said_alike_is_said_once() {
+        let mut state = FeedState::default();
+        assert!(state.first_time("fastcp: d: a file is in the way"));
+        assert!(!state.first_time("fastcp: d: a file is in the way"));
+        assert!(state.first_time("fastcp: e: a file is in the way"));
+        for i in 0..MAX_FAILURES {
+            state.first_time(&format!("line {i}"));
+        }
+        assert!(state.first_time("fastcp: d: a file is in the way"));
     }
 }

@@ -1391,32 +1391,6 @@ fn a_failure_line_escapes_a_name_once() {
     assert!(!err.contains("new\\\\nline"), "{err}");
 }
 
-/// Entries that fail for one reason, worded alike (a tree copied onto a symbolic link to
-/// nowhere, which is not written through), are said once; the last line still counts them
-/// all.
-#[test]
-fn a_failure_said_alike_for_many_entries_is_said_once() {
-    let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir_all(src.join("sub")).unwrap();
-    for name in ["a", "b", "sub/c"] {
-        write(&src.join(name), b"x", 0o644);
-    }
-    let link = work.path().join("a-link");
-    std::os::unix::fs::symlink("nowhere", &link).unwrap();
-    let out = fastcp().arg("-r").arg(&src).arg(&link).assert().code(1);
-    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
-    let lines: Vec<&str> = err.lines().collect();
-    let mut unique = lines.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), lines.len(), "a line said twice: {err}");
-    assert!(
-        err.contains("nothing was copied: 5 entries failed"),
-        "{err}"
-    );
-}
-
 /// A path on the command line need not be UTF-8, as with scp and cp: a local one is copied
 /// by its bytes; a remote one, which travels as text, is refused with a usage error.
 #[test]
