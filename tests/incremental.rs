@@ -1278,3 +1278,66 @@ fn link_dest_that_is_missing_or_with_checksum_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--link-dest"), "{}", stderr(&out));
 }
+
+/// A rerun into the same night after the source's mode changed sends the file, a file of
+/// its own, rather than change the mode of the one it shares with last night's backup; and
+/// a reference whose times have whole seconds only (made over SFTP) links a source whose
+/// times have nanoseconds, as rsync links them.
+#[test]
+fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_times() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const MTIME: i64 = 1_700_000_000;
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let (src, day1, day2) = (w.join("src"), w.join("day1"), w.join("day2"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&day1).unwrap();
+    for name in ["f", "g"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+        write(&day1.join(name), name.as_bytes(), 0o644);
+        set_times(&day1.join(name), MTIME, MTIME);
+    }
+    set_times(&src.join("f"), MTIME, MTIME);
+    // `g` has nanoseconds in the source, none in the reference.
+    let ns = rustix::fs::Timespec {
+        tv_sec: MTIME,
+        tv_nsec: 500_000_000,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        &src.join("g"),
+        &rustix::fs::Timestamps {
+            last_access: ns,
+            last_modification: ns,
+        },
+        rustix::fs::AtFlags::empty(),
+    )
+    .unwrap();
+    let copy = || {
+        ok_json(
+            Command::new(bin())
+                .args(["-r", "-p", "--json", "--link-dest"])
+                .arg(&day1)
+                .arg(format!("{}/.", src.display()))
+                .arg(&day2),
+        )
+    };
+    let v = copy();
+    assert_eq!(v["files_skipped"], 2, "{v}");
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    for name in ["f", "g"] {
+        assert_eq!(ino(&day1.join(name)), ino(&day2.join(name)), "{name}");
+    }
+    std::fs::set_permissions(src.join("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let v = copy();
+    assert_eq!(
+        (v["files"].as_u64(), v["files_skipped"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&day1.join("f")), 0o644, "the reference changed");
+    assert_eq!(mode(&day2.join("f")), 0o600);
+    assert_ne!(ino(&day1.join("f")), ino(&day2.join("f")));
+    assert_eq!(std::fs::read(day2.join("f")).unwrap(), b"f");
+}

@@ -287,6 +287,23 @@ impl Prober {
             });
             (!same_time, None)
         };
+        // With `link_dest`, a file in place that has other names (last night's, linked) is
+        // not brought in line where that would change them too: it is sent, a file of its
+        // own.
+        let shared = self.shared.clone();
+        let send = send
+            || (shared.config.link_dest.is_some()
+                && !checksum
+                && st.as_ref().is_some_and(|st| {
+                    st.st_nlink > 1
+                        && shared_attrs_differ(
+                            &mut self.ids,
+                            &shared.config,
+                            &p,
+                            st,
+                            attrs.as_deref(),
+                        )
+                }));
         // A file the reference folder holds alike becomes another name of it instead.
         let linked = send && !checksum && self.link_from_reference(&p, attrs.as_deref());
         let send = send && !linked;
@@ -409,13 +426,16 @@ impl Prober {
         let Ok(st) = rustix::fs::statat(&*from, &ref_name[..], AtFlags::SYMLINK_NOFOLLOW) else {
             return false;
         };
-        let config = &self.shared.config;
-        let mode_differs = |mode: u32| st.st_mode & 0o7777 != mode & dest::SAFE_MODE_BITS;
+        // Times to the second where either side has none finer: a reference made over
+        // SFTP, or a copy over it, links as rsync links them.
+        let same_time = st.st_mtime == p.mtime
+            && (st.st_mtime_nsec as u32 == p.mtime_nsec
+                || st.st_mtime_nsec == 0
+                || p.mtime_nsec == 0);
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
             || st.st_size as u64 != p.size
-            || (st.st_mtime, st.st_mtime_nsec as u32) != (p.mtime, p.mtime_nsec)
-            || (config.preserve && p.mode.is_some_and(mode_differs))
-            || attrs.is_some_and(|a| !self.ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
+            || !same_time
+            || shared_attrs_differ(&mut self.ids, &self.shared.config, p, &st, attrs)
         {
             return false;
         }
@@ -536,6 +556,20 @@ impl Prober {
         };
         (!offer.hashes.is_empty()).then_some((fd, offer))
     }
+}
+
+/// Whether a file `st` lacks the mode (with `preserve`) or owner and attributes (as kept)
+/// that probe `p` brings: what a hard link shares with every other name of its file.
+fn shared_attrs_differ(
+    ids: &mut crate::attrs::Ids,
+    config: &crate::ReceiveConfig,
+    p: &Probe,
+    st: &rustix::fs::Stat,
+    attrs: Option<&Attrs>,
+) -> bool {
+    let mode_differs = |mode: u32| st.st_mode & 0o7777 != mode & dest::SAFE_MODE_BITS;
+    (config.preserve && p.mode.is_some_and(mode_differs))
+        || attrs.is_some_and(|a| !ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
 }
 
 #[cfg(test)]
