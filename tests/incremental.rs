@@ -1305,7 +1305,7 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
     };
     rustix::fs::utimensat(
         rustix::fs::CWD,
-        &src.join("g"),
+        src.join("g"),
         &rustix::fs::Timestamps {
             last_access: ns,
             last_modification: ns,
