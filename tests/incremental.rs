@@ -1341,3 +1341,70 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
     assert_ne!(ino(&day1.join("f")), ino(&day2.join("f")));
     assert_eq!(std::fs::read(day2.join("f")).unwrap(), b"f");
 }
+
+/// `-H` with `--link-dest` where the reference's file is one link short of its file
+/// system's limit: the first name takes the last link, and the second, which cannot be
+/// linked to it, gets both names a file of their own (a copy), as rsync ends up; the copy
+/// succeeds and the reference is left as it was. Skipped on a file system without a link
+/// limit within reach (tmpfs).
+#[test]
+fn hard_links_onto_a_reference_at_its_link_limit_get_a_file_of_their_own() {
+    use std::os::unix::fs::MetadataExt;
+    const MTIME: i64 = 1_700_000_000;
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let (src, reference, day2) = (w.join("src"), w.join("ref"), w.join("day2"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(reference.join(".links")).unwrap();
+    write(&src.join("full"), b"shared bytes", 0o644);
+    std::fs::hard_link(src.join("full"), src.join("full2")).unwrap();
+    write(&reference.join("full"), b"shared bytes", 0o644);
+    set_times(&src.join("full"), MTIME, MTIME);
+    set_times(&reference.join("full"), MTIME, MTIME);
+    // Links until the file system refuses one, then one fewer.
+    let mut n = 0;
+    let limited = loop {
+        match std::fs::hard_link(
+            reference.join("full"),
+            reference.join(format!(".links/{n}")),
+        ) {
+            Ok(()) => n += 1,
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MLINK.raw_os_error()) => {
+                break true;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        if n > 200_000 {
+            break false;
+        }
+    };
+    if !limited {
+        eprintln!("skipped: {} has no link limit within reach", w.display());
+        return;
+    }
+    std::fs::remove_file(reference.join(format!(".links/{}", n - 1))).unwrap();
+    let before = std::fs::metadata(reference.join("full")).unwrap();
+    let out = run(Command::new(bin())
+        .args(["-r", "-p", "-H", "--json", "--link-dest"])
+        .arg(&reference)
+        .arg(format!("{}/.", src.display()))
+        .arg(&day2));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    assert_eq!(ino(&day2.join("full")), ino(&day2.join("full2")));
+    assert_ne!(ino(&day2.join("full")), ino(&reference.join("full")));
+    for name in ["full", "full2"] {
+        let m = std::fs::metadata(day2.join(name)).unwrap();
+        assert_eq!(std::fs::read(day2.join(name)).unwrap(), b"shared bytes");
+        assert_eq!((m.mtime(), m.mode() & 0o7777), (MTIME, 0o644), "{name}");
+    }
+    let after = std::fs::metadata(reference.join("full")).unwrap();
+    assert_eq!(
+        (after.nlink(), after.mtime(), after.mode()),
+        (before.nlink(), before.mtime(), before.mode())
+    );
+    assert_eq!(
+        std::fs::read(reference.join("full")).unwrap(),
+        b"shared bytes"
+    );
+}

@@ -315,8 +315,19 @@ pub(crate) fn make_links(
             temp.extend_from_slice(&link_name);
             temp.extend_from_slice(b".fastcp-link");
             let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
-            rustix::fs::linkat(&*from, &file_name[..], &*to, &temp[..], AtFlags::empty())
-                .map_err(io)?;
+            let link =
+                || rustix::fs::linkat(&*from, &file_name[..], &*to, &temp[..], AtFlags::empty());
+            match link() {
+                // The file is at its link limit (a name of a `link_dest` reference's file, with
+                // other nights linked to it): it becomes a file of its own, a copy, which its
+                // other names then share.
+                Err(Errno::MLINK) => {
+                    own_copy(&from, &file_name)
+                        .map_err(|e| Error::io(shared.root.display(&shared.root.local(file)), e))?;
+                    link().map_err(io)?;
+                }
+                linked => linked.map_err(io)?,
+            }
             let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &link_name[..]);
             // Gone after a rename, unless the name became the same file meanwhile.
             let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
@@ -334,6 +345,42 @@ pub(crate) fn make_links(
             shared.entry_failed(name, &e);
         }
     }
+}
+
+/// Replaces the file `name` in `dir` by a copy of it, a file of its own with its mode,
+/// owner (where this process may set it) and times, taking its name at once.
+fn own_copy(dir: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let from = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&from)?;
+    let temp = crate::dest::temp_name(name);
+    let create = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
+    let to = rustix::fs::openat(dir, &temp[..], create, Mode::from_raw_mode(0o600))?;
+    let copied = (|| -> std::io::Result<()> {
+        let (mut from, mut to) = (std::fs::File::from(from), std::fs::File::from(to));
+        std::io::copy(&mut from, &mut to)?;
+        let _ = rustix::fs::fchown(
+            &to,
+            Some(rustix::fs::Uid::from_raw(st.st_uid)),
+            Some(rustix::fs::Gid::from_raw(st.st_gid)),
+        );
+        rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
+        let at = |sec, nsec| rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: at(st.st_atime, st.st_atime_nsec),
+            last_modification: at(st.st_mtime, st.st_mtime_nsec),
+        };
+        rustix::fs::futimens(&to, &times)?;
+        rustix::fs::renameat(dir, &temp[..], dir, name)?;
+        Ok(())
+    })();
+    if copied.is_err() {
+        let _ = rustix::fs::unlinkat(dir, &temp[..], AtFlags::empty());
+    }
+    copied
 }
 
 /// A local path's parent and last component.
