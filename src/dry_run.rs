@@ -231,6 +231,7 @@ where
             target_must_be_dir: flags & flags::TARGET_IS_DIR != 0,
             target_may_be_new_dir: flags & flags::NEW_TARGET_DIR != 0,
             contents: flags & flags::CONTENTS != 0,
+            link_dest: link_dest.map(Path::to_path_buf),
             ..Default::default()
         };
         if let Err(e) = fastcp_stream::check_destination(target, &config, true) {
@@ -351,6 +352,8 @@ pub(crate) struct Judge<'a> {
     contents: bool,
     /// `--link-dest`: a file the reference folder holds alike is linked, not sent.
     link_dest: Option<&'a Path>,
+    /// `-X` or `-A`: nothing is linked (the attributes are not compared).
+    xattrs: bool,
 }
 
 impl<'a> Judge<'a> {
@@ -363,6 +366,7 @@ impl<'a> Judge<'a> {
             filter: o.filter.as_deref(),
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
+            xattrs: o.attrs.xattrs || o.attrs.acls,
         }
     }
 
@@ -379,6 +383,7 @@ impl<'a> Judge<'a> {
             filter,
             contents: bits & flags::CONTENTS != 0,
             link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
+            xattrs: bits & (flags::XATTRS | flags::ACLS) != 0,
         }
     }
 
@@ -417,7 +422,17 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     };
     // The reference folder mirrors the destination as named; a relative one is taken from
     // it, which may not exist yet (`../old` beside a new `new`).
-    let reference = j.link_dest.map(|r| lexical(&dest.join(r)));
+    // As the receiver opens it: from the destination when it is the folder entries go
+    // into, else from its parent, with `..` taken lexically past the name it will have.
+    let reference = j.link_dest.map(|r| match dest.file_name() {
+        Some(name) if !into && r.is_relative() => {
+            let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+            parent
+                .unwrap_or(Path::new("."))
+                .join(lexical(&Path::new(name).join(r)))
+        }
+        _ => dest.join(r),
+    });
     let in_reference = |wire: &[u8]| -> Option<PathBuf> {
         let reference = reference.as_ref()?;
         let rest = match wire.iter().position(|&b| b == b'/') {
@@ -466,8 +481,9 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     for entry in listing {
         let path = local(&entry.path);
         let linked = |size| {
-            in_reference(&entry.path).is_some_and(|r| {
-                reference
+            !j.xattrs
+                && in_reference(&entry.path).is_some_and(|r| {
+                    reference
                     .as_deref()
                     .is_some_and(|top| real_folders(&r, top))
                     && unchanged(&r, size, &entry.meta)
@@ -475,7 +491,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                     && std::fs::symlink_metadata(&r).is_ok_and(|m| {
                         m.mode() & 0o7777 == entry.meta.mode & fastcp_stream::SAFE_MODE_BITS
                     })
-            })
+                })
         };
         if !reachable(&path) {
             if let EntryKind::File { size } = entry.kind

@@ -1205,13 +1205,12 @@ fn link_dest_links_what_the_reference_holds_alike_and_sends_the_rest() {
             };
             cmd
         };
-        if how == "local" {
-            let out = run(&mut copy(&["-n"]));
-            assert!(out.status.success(), "{}", stderr(&out));
-            let v = json(&out);
-            assert_eq!(v["files_skipped"], 2, "{v}");
-            assert!(!day2.exists());
-        }
+        // The dry run, judged where the files would land, leaves out what would be linked.
+        let out = run(&mut copy(&["-n"]));
+        assert!(out.status.success(), "{how}: {}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["files_skipped"], 2, "{how}: {v}");
+        assert!(!day2.exists());
         let v = ok_json(&mut copy(&[]));
         assert_eq!(
             (v["files"].as_u64(), v["files_skipped"].as_u64()),
@@ -1253,7 +1252,8 @@ fn link_dest_links_what_the_reference_holds_alike_and_sends_the_rest() {
 }
 
 /// A `--link-dest` folder that is not there stops the copy before anything is written, with
-/// the option and the path as given; with `--checksum` it is refused at once.
+/// the option, the path as given and where it was looked for; with `--checksum` it is
+/// refused at once.
 #[test]
 fn link_dest_that_is_missing_or_with_checksum_is_refused() {
     let work = tempfile::tempdir().unwrap();
@@ -1265,11 +1265,19 @@ fn link_dest_that_is_missing_or_with_checksum_is_refused() {
         .arg(&src)
         .arg(&dst));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("--link-dest ../nope: no such file or directory"),
-        "{}",
-        stderr(&out)
+    // A dry run says the same.
+    let dry = run(Command::new(bin())
+        .args(["-r", "-n", "--link-dest", "../nope"])
+        .arg(&src)
+        .arg(&dst));
+    assert_eq!(dry.status.code(), Some(1), "{}", stderr(&dry));
+    // Where it was looked for: beside `day2`, which the copy makes.
+    let looked = format!(
+        "--link-dest ../nope ({}): no such file or directory",
+        work.path().join("nope").display()
     );
+    assert!(stderr(&out).contains(&looked), "{}", stderr(&out));
+    assert!(stderr(&dry).contains(&looked), "{}", stderr(&dry));
     assert!(!dst.exists());
     let out = run(Command::new(bin())
         .args(["-r", "--checksum", "--link-dest", "/"])

@@ -179,10 +179,12 @@ impl Root {
     /// [`ReceiveConfig::link_dest`](crate::ReceiveConfig::link_dest)): it must be a folder
     /// on the destination's file system, since a hard link cannot cross to another.
     pub(crate) fn open_reference(&self, reference: &Path) -> Result<OwnedFd, Error> {
-        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let opened = match &self.rename_top {
-            _ if reference.is_absolute() => rustix::fs::open(reference, dir_flags, Mode::empty()),
-            None => rustix::fs::openat(&*self.fd, reference, dir_flags, Mode::empty()),
+        // Opened to look paths up only: a folder that may be searched and not listed will do.
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        // The path from the root (absolute: as given).
+        let from_root = match &self.rename_top {
+            _ if reference.is_absolute() => reference.to_path_buf(),
+            None => reference.to_path_buf(),
             // Taken from the destination the top-level entry makes, which may not exist yet:
             // its leading `..` names the root itself.
             Some(top) => {
@@ -203,13 +205,21 @@ impl Root {
                 if path.as_os_str().is_empty() {
                     path.push(".");
                 }
-                rustix::fs::openat(&*self.fd, &path, dir_flags, Mode::empty())
+                path
             }
         };
-        // Named as the user gave it, with the option: a relative path is not the
-        // destination's own.
+        let opened = rustix::fs::openat(&*self.fd, &from_root, dir_flags, Mode::empty());
+        // Named as the user gave it, with the option, and where a relative one was looked for.
+        let named = match reference.is_absolute() {
+            true => format!("--link-dest {}", reference.display()),
+            false => format!(
+                "--link-dest {} ({})",
+                reference.display(),
+                self.path.join(&from_root).display()
+            ),
+        };
         let what = |e: std::io::Error| Error::Io {
-            path: PathBuf::from(format!("--link-dest {}", reference.display())),
+            path: PathBuf::from(&named),
             source: e,
         };
         let fd = opened.map_err(|e| what(e.into()))?;
@@ -219,9 +229,8 @@ impl Root {
         );
         if a.st_dev != b.st_dev {
             return Err(Error::InvalidArgument(format!(
-                "--link-dest {}: on another file system than the destination, which hard \
-                 links cannot reach",
-                reference.display()
+                "{named}: on another file system than the destination, which hard links \
+                 cannot reach"
             )));
         }
         Ok(fd)

@@ -1296,6 +1296,9 @@ pub fn check_destination(
     if root.top_is_file && top_is_dir {
         return Err(file_not_replaced(&root.display(&root.local(b""))));
     }
+    if let Some(reference) = &config.link_dest {
+        root.open_reference(reference)?;
+    }
     Ok(())
 }
 
