@@ -1416,3 +1416,42 @@ fn hard_links_onto_a_reference_at_its_link_limit_get_a_file_of_their_own() {
         b"shared bytes"
     );
 }
+
+/// A dry run with `--link-dest` judges as the copy does: with `-X` nothing is linked, and a
+/// relative reference is found through a symlinked folder above the destination as the
+/// receiver finds it (the kernel's `..`, not the text's).
+#[test]
+fn link_dest_dry_runs_agree_with_the_copy() {
+    const MTIME: i64 = 1_700_000_000;
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let (src, day1) = (w.join("src"), w.join("real/day1"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&day1).unwrap();
+    std::fs::create_dir_all(w.join("real/x")).unwrap();
+    std::os::unix::fs::symlink(w.join("real/x"), w.join("lnk")).unwrap();
+    for dir in [&src, &day1] {
+        write(&dir.join("f"), b"f", 0o644);
+        set_times(&dir.join("f"), MTIME, MTIME);
+    }
+    let skipped = |extra: &[&str], to: &str| {
+        let v = ok_json(
+            Command::new(bin())
+                .args(["-r", "-p", "--json"])
+                .args(extra)
+                .arg(format!("{}/.", src.display()))
+                .arg(w.join(to)),
+        );
+        v["files_skipped"].as_u64().unwrap()
+    };
+    let reference = day1.display().to_string();
+    for (extra, to, want) in [
+        (vec!["-X", "--link-dest", &reference], "a", 0),
+        (vec!["--link-dest", "../../day1"], "lnk/b", 1),
+    ] {
+        let mut dry = extra.clone();
+        dry.push("-n");
+        assert_eq!(skipped(&dry, to), want, "-n {extra:?}");
+        assert_eq!(skipped(&extra, to), want, "{extra:?}");
+    }
+}
