@@ -1175,15 +1175,19 @@ fn link_dest_links_what_the_reference_holds_alike_and_sends_the_rest() {
         set_times(&src.join("via/x"), MTIME, MTIME);
         set_times(&outside.join("x"), MTIME, MTIME);
         std::os::unix::fs::symlink(&outside, day1.join("via")).unwrap();
-        let before: Vec<_> = ["same", "sub/deep", "changed", "mode"]
-            .iter()
-            .map(|n| {
-                (
-                    std::fs::read(day1.join(n)).unwrap(),
-                    std::fs::metadata(day1.join(n)).unwrap().mode(),
-                )
-            })
-            .collect();
+        // What the reference holds: its bytes and modes, which no copy may change.
+        let reference_state = || -> Vec<_> {
+            ["same", "sub/deep", "changed", "mode"]
+                .iter()
+                .map(|n| {
+                    (
+                        std::fs::read(day1.join(n)).unwrap(),
+                        std::fs::metadata(day1.join(n)).unwrap().mode(),
+                    )
+                })
+                .collect()
+        };
+        let before = reference_state();
 
         let day2 = w.join("b/day2");
         let reference = match how {
@@ -1238,16 +1242,7 @@ fn link_dest_links_what_the_reference_holds_alike_and_sends_the_rest() {
             assert_ne!(ino(&day2.join(name)), ino(&other), "{how}: {name}");
         }
         assert_same_tree(&src, &day2, true);
-        let after: Vec<_> = ["same", "sub/deep", "changed", "mode"]
-            .iter()
-            .map(|n| {
-                (
-                    std::fs::read(day1.join(n)).unwrap(),
-                    std::fs::metadata(day1.join(n)).unwrap().mode(),
-                )
-            })
-            .collect();
-        assert_eq!(before, after, "{how}: the reference changed");
+        assert_eq!(before, reference_state(), "{how}: the reference changed");
     }
 }
 
