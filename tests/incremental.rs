@@ -1343,6 +1343,13 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
     assert_eq!(mode(&day2.join("f")), 0o600);
     assert_ne!(ino(&day1.join("f")), ino(&day2.join("f")));
     assert_eq!(std::fs::read(day2.join("f")).unwrap(), b"f");
+    // Once more, nothing changed: `g`, whose times differ below the second, is linked
+    // again in place, still a name of the reference's file, and no temporary name is left
+    // beside it.
+    let v = copy();
+    assert_eq!(v["files_skipped"], 2, "{v}");
+    assert_eq!(ino(&day1.join("g")), ino(&day2.join("g")));
+    fastcp_testsupport::tree::assert_no_temp(&day2);
 }
 
 /// `-H` with `--link-dest` where the reference's file is one link short of its file

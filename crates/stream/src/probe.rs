@@ -448,6 +448,12 @@ impl Prober {
                 // Something else holds the name (the file as it was, changed since): the link
                 // takes its place at once, as a received file would.
                 Err(Errno::EXIST) => {
+                    // Already a name of that file (its times to the second only): done. A
+                    // rename onto another name of the same file would do nothing.
+                    let there = rustix::fs::statat(&*to, &name[..], AtFlags::SYMLINK_NOFOLLOW);
+                    if there.is_ok_and(|t| (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino)) {
+                        return true;
+                    }
                     let temp = dest::temp_name(&name);
                     if rustix::fs::linkat(&*from, &ref_name[..], &*to, &temp[..], AtFlags::empty())
                         .is_err()
@@ -455,9 +461,8 @@ impl Prober {
                         return false;
                     }
                     let renamed = rustix::fs::renameat(&*to, &temp[..], &*to, &name[..]);
-                    if renamed.is_err() {
-                        let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
-                    }
+                    // Gone after a rename, unless the name became that file meanwhile.
+                    let _ = rustix::fs::unlinkat(&*to, &temp[..], AtFlags::empty());
                     renamed.is_ok()
                 }
                 Err(_) => false,
