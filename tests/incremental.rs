@@ -1354,9 +1354,9 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
 
 /// `-H` with `--link-dest` where the reference's file is one link short of its file
 /// system's limit: the first name takes the last link, and the second, which cannot be
-/// linked to it, gets both names a file of their own (a copy), as rsync ends up; the copy
-/// succeeds and the reference is left as it was. Skipped on a file system without a link
-/// limit within reach (tmpfs).
+/// linked to it, gets both names a file of their own (a copy; rsync 3.5 fails that name);
+/// the copy succeeds and the reference is left as it was. Skipped on a file system without
+/// a link limit within reach (tmpfs).
 #[test]
 fn hard_links_onto_a_reference_at_its_link_limit_get_a_file_of_their_own() {
     use std::os::unix::fs::MetadataExt;
