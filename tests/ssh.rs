@@ -378,24 +378,26 @@ fn two_sources_of_one_name_copy_the_first_and_fail_the_other() {
     }
 }
 
-/// The last line of a push that failed counts what landed on the far side: a tree pushed
-/// onto a symbolic link to nowhere, which is not written through, copies nothing, and says
-/// so.
+/// The last line of a push that failed counts what landed on the far side: files pushed
+/// where folders with entries hold their names (which a copy without `--delete` does not
+/// replace) copy nothing, and say so.
 #[test]
 fn a_push_that_lands_nothing_says_nothing_was_copied() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("src");
-    build_tiny(&src, 5);
-    let link = work.path().join("a-link");
-    std::os::unix::fs::symlink("nowhere", &link).unwrap();
-    let out = run(fastcp(&sshd, bin())
-        .arg("-r")
-        .arg(&src)
-        .arg(remote(&sshd, &link)));
+    let dest = work.path().join("dest");
+    let mut files = Vec::new();
+    for name in ["f1", "f2"] {
+        let file = work.path().join(name);
+        write(&file, name.as_bytes(), 0o644);
+        files.push(file);
+        std::fs::create_dir_all(dest.join(name)).unwrap();
+        write(&dest.join(name).join("inside"), b"kept", 0o644);
+    }
+    let out = run(fastcp(&sshd, bin()).args(&files).arg(remote(&sshd, &dest)));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("nothing was copied"),
+        stderr(&out).contains("nothing was copied: 2 entries failed"),
         "{}",
         stderr(&out)
     );
@@ -404,7 +406,12 @@ fn a_push_that_lands_nothing_says_nothing_was_copied() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("nowhere"));
+    for name in ["f1", "f2"] {
+        assert_eq!(
+            std::fs::read(dest.join(name).join("inside")).unwrap(),
+            b"kept"
+        );
+    }
 }
 
 /// Pushes a one-byte file `a` to `b` in a fresh temp dir with `remote_path` as the remote
