@@ -695,7 +695,7 @@ impl Plan {
 
     /// Whether the sender asks before sending each file: the quick check by times or by
     /// content, and resume, which implies it.
-    fn probing(&self) -> bool {
+    pub(crate) fn probing(&self) -> bool {
         self.options.skip_unchanged
             || self.options.checksum
             || self.options.resume
@@ -1878,12 +1878,9 @@ where
         )));
     }
     if !pushes {
-        // The reference folder is this side's, for this side's receiver.
-        request_flags &= !flags::LINK_DEST;
-    }
-    if !pushes {
-        // Where the files land is the receiver's to say; a pull's is this side.
-        request_flags &= !flags::CONTENTS;
+        // Where the files land, and the reference folder they are linked from, are the
+        // receiver's to say; a pull's is this side.
+        request_flags &= !(flags::CONTENTS | flags::LINK_DEST);
     }
     match job {
         Job::Copy | Job::Relay => {}

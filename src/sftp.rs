@@ -3205,7 +3205,7 @@ async fn pull(
     // `--resume` asks about each file, as the quick check does, and keeps times to match;
     // `--checksum` asks too, but compares content.
     // `--link-dest` asks too, to link what the reference holds alike.
-    let probing = o.skip_unchanged || o.resume || o.checksum || o.link_dest.is_some();
+    let probing = plan.probing();
     let preserve = o.preserve || o.skip_unchanged || o.resume || o.link_dest.is_some();
     let emit = Arc::new(Emit {
         sftp,

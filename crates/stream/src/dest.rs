@@ -288,7 +288,7 @@ pub(crate) struct Fixup {
 }
 
 /// The times to set: `mtime`, and `atime` when it travelled (otherwise left as it is).
-fn timestamps((sec, nsec): (i64, u32), atime: Option<(i64, u32)>) -> Timestamps {
+pub(crate) fn timestamps((sec, nsec): (i64, u32), atime: Option<(i64, u32)>) -> Timestamps {
     let last_access = match atime {
         Some((sec, nsec)) => Timespec {
             tv_sec: sec,

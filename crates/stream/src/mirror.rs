@@ -365,14 +365,10 @@ fn own_copy(dir: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
             Some(rustix::fs::Gid::from_raw(st.st_gid)),
         );
         rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
-        let at = |sec, nsec| rustix::fs::Timespec {
-            tv_sec: sec,
-            tv_nsec: nsec as _,
-        };
-        let times = rustix::fs::Timestamps {
-            last_access: at(st.st_atime, st.st_atime_nsec),
-            last_modification: at(st.st_mtime, st.st_mtime_nsec),
-        };
+        let times = crate::dest::timestamps(
+            (st.st_mtime, st.st_mtime_nsec as u32),
+            Some((st.st_atime, st.st_atime_nsec as u32)),
+        );
         rustix::fs::futimens(&to, &times)?;
         rustix::fs::renameat(dir, &temp[..], dir, name)?;
         Ok(())

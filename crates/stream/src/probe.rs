@@ -290,15 +290,14 @@ impl Prober {
         // With `link_dest`, a file in place that has other names (last night's, linked) is
         // not brought in line where that would change them too: it is sent, a file of its
         // own.
-        let shared = self.shared.clone();
         let send = send
-            || (shared.config.link_dest.is_some()
+            || (self.shared.config.link_dest.is_some()
                 && !checksum
                 && st.as_ref().is_some_and(|st| {
                     st.st_nlink > 1
                         && shared_attrs_differ(
                             &mut self.ids,
-                            &shared.config,
+                            &self.shared.config,
                             &p,
                             st,
                             attrs.as_deref(),
