@@ -1274,6 +1274,30 @@ fn link_dest_that_is_missing_or_with_checksum_is_refused() {
     assert!(stderr(&out).contains(&looked), "{}", stderr(&out));
     assert!(stderr(&dry).contains(&looked), "{}", stderr(&dry));
     assert!(!dst.exists());
+    // A reference on another file system, which no hard link reaches, is refused alike
+    // (where /dev/shm is another file system than the temporary folder).
+    use std::os::unix::fs::MetadataExt;
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() && shm.metadata().unwrap().dev() != work.path().metadata().unwrap().dev() {
+        for dry in [false, true] {
+            let mut cmd = Command::new(bin());
+            cmd.args(["-r", "--link-dest", "/dev/shm"])
+                .arg(&src)
+                .arg(&dst);
+            if dry {
+                cmd.arg("-n");
+            }
+            let out = run(&mut cmd);
+            assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+            assert!(
+                stderr(&out).contains("--link-dest /dev/shm: on another file system"),
+                "{}",
+                stderr(&out)
+            );
+            assert!(!stderr(&out).contains("--help"), "{}", stderr(&out));
+        }
+        assert!(!dst.exists());
+    }
     let out = run(Command::new(bin())
         .args(["-r", "--checksum", "--link-dest", "/"])
         .arg(&src)

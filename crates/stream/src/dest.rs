@@ -228,9 +228,9 @@ impl Root {
             rustix::fs::fstat(&*self.fd).map_err(|e| what(e.into()))?,
         );
         if a.st_dev != b.st_dev {
-            return Err(Error::InvalidArgument(format!(
-                "{named}: on another file system than the destination, which hard links \
-                 cannot reach"
+            return Err(what(std::io::Error::new(
+                std::io::ErrorKind::CrossesDevices,
+                "on another file system than the destination, which hard links cannot reach",
             )));
         }
         Ok(fd)
