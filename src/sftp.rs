@@ -1106,7 +1106,16 @@ enum Place {
 /// (checked before anything is written, and by a dry run).
 async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, Error> {
     let dest = remote_path(typed);
-    Ok(match session.raw.stat(dest.clone()).await {
+    let folder = plan.options.recursive && plan.local_sources().first().is_some_and(|s| s.is_dir());
+    let stat = session.raw.stat(dest.clone()).await;
+    // The stat follows a symlink: one to nothing is in a folder's way as a file is (and is
+    // no folder to make), while a file replaces it.
+    let dangling = folder
+        && plan.sources.len() == 1
+        && matches!(&stat, Err(e) if code(e) == ErrorCode::NotFound)
+        && session.raw.lstat(dest.clone()).await.is_ok();
+    Ok(match stat {
+        _ if dangling => return Err(folder_onto_file(dest)),
         // A folder's contents (`DIR/.`) go straight into it: its top-level entry is it.
         Ok(a) if file_type(&a.attrs) == S_IFDIR && plan.contents() => {
             let real = real_path(session, &dest)
@@ -1142,21 +1151,22 @@ async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, E
         }
         // A folder onto an existing file: refused before anything is sent, as fastcp's
         // receiver refuses it (`cp -r dir file` too).
-        Ok(_)
-            if plan.options.recursive
-                && plan.local_sources().first().is_some_and(|s| s.is_dir()) =>
-        {
-            return Err(Error::Engine(fastcp_stream::Error::Io {
-                path: dest.into(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotADirectory,
-                    "exists and is not a directory: a folder does not replace a file",
-                ),
-            }));
-        }
+        Ok(_) if folder => return Err(folder_onto_file(dest)),
         Ok(_) => Place::As(dest),
         Err(e) if code(&e) == ErrorCode::NotFound => Place::As(dest),
         Err(e) => return Err(fatal(&format!("checking {typed}"), e)),
+    })
+}
+
+/// A folder pushed onto a file, or onto a symlink to nothing: refused before anything is
+/// sent, as fastcp's receiver refuses it (`cp -r dir file` too).
+fn folder_onto_file(dest: String) -> Error {
+    Error::Engine(fastcp_stream::Error::Io {
+        path: dest.into(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "exists and is not a directory: a folder does not replace a file",
+        ),
     })
 }
 

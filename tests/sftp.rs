@@ -239,19 +239,35 @@ fn a_folder_pushed_over_sftp_onto_a_file_is_refused_with_one_error() {
     build(&src);
     let file = work.path().join("file");
     write(&file, b"kept", 0o644);
-    for dry in [false, true] {
-        let mut cmd = plain(&sshd);
-        cmd.args(["--sftp", "-r"]);
-        if dry {
-            cmd.arg("-n");
+    // A symlink to nothing is in the way too (the SFTP stat follows it).
+    let dangling = work.path().join("dangling");
+    std::os::unix::fs::symlink("nothing", &dangling).unwrap();
+    for target in [&file, &dangling] {
+        for dry in [false, true] {
+            let mut cmd = plain(&sshd);
+            cmd.args(["--sftp", "-r"]);
+            if dry {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(&src).arg(remote(&sshd, target)));
+            assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+            let err = stderr(&out);
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains("a folder does not replace a file"), "{err}");
         }
-        let out = run(cmd.arg(&src).arg(remote(&sshd, &file)));
-        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-        let err = stderr(&out);
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("a folder does not replace a file"), "{err}");
-        assert_eq!(fs::read(&file).unwrap(), b"kept");
     }
+    assert_eq!(fs::read(&file).unwrap(), b"kept");
+    assert_eq!(fs::read_link(&dangling).unwrap(), Path::new("nothing"));
+    assert!(!work.path().join("nothing").exists());
+    // A file replaces the link, as over fastcp.
+    let one = src.join("exec.sh");
+    let out = run(plain(&sshd)
+        .arg("--sftp")
+        .arg(&one)
+        .arg(remote(&sshd, &dangling)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read(&dangling).unwrap(), fs::read(&one).unwrap());
+    assert!(!fs::symlink_metadata(&dangling).unwrap().is_symlink());
     assert_no_temp(work.path());
 }
 
