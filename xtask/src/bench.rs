@@ -1,4 +1,4 @@
-//! `cargo xtask bench local|ssh|tcp|wan`: times fastcp against the usual tools on tmpfs.
+//! `cargo xtask bench local|ssh|tcp|wan|...`: times fastcp against the usual tools on tmpfs.
 //!
 //! Each contender is a bash command line (so pipelines like `tar | ssh` are measured whole).
 //! Every contender runs once as a warm-up, then `runs` timed rounds follow with the contenders
@@ -6,6 +6,8 @@
 //! timed) and every run's output is checked against the source after the clock stops. A
 //! contender that exits non-zero, times out or produces a wrong copy is reported as failed and
 //! the benchmark carries on with the others.
+//!
+//! `bench rerun` ([`crate::rerun`]) keeps its reruns' destinations from one run to the next.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,9 @@ pub enum Mode {
     /// Scaling with file count: trees of 1 to 1,000,000 small files, local, over TCP and
     /// SSH, against `tar | ssh` and rsync.
     Files,
+    /// Nightly-backup reruns with nothing changed: fastcp's (TCP and SSH, push and pull)
+    /// against rsync's and against fastcp's own full copy (see [`crate::rerun`]).
+    Rerun,
 }
 
 impl Mode {
@@ -53,6 +58,7 @@ impl Mode {
             Mode::Sftp => "sftp",
             Mode::Streams => "streams",
             Mode::Files => "files",
+            Mode::Rerun => "rerun",
         }
     }
 
@@ -66,8 +72,10 @@ impl Mode {
             "sftp" => Mode::Sftp,
             "streams" => Mode::Streams,
             "files" => Mode::Files,
+            "rerun" => Mode::Rerun,
             _ => bail!(
-                "unknown benchmark {s:?} (expected local, ssh, tcp, wan, sftp, streams or files)"
+                "unknown benchmark {s:?} \
+                 (expected local, ssh, tcp, wan, sftp, streams, files or rerun)"
             ),
         })
     }
@@ -144,6 +152,8 @@ pub struct BenchOptions {
     pub file_size: u64,
     /// `bench streams`: the stream counts (`-j`).
     pub streams: Vec<usize>,
+    /// `bench rerun`: the account every contender logs in as (the current user if `None`).
+    pub login: Option<String>,
     /// Scale of the tree (1.0 = the full shape).
     pub scale: f64,
     /// The tree's shape file.
@@ -155,13 +165,21 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// The benchmark's name in BENCHMARKS.md and in its results file: `bench tcp`, or
-    /// `bench wan 10ms` for a WAN run at another RTT than the default.
+    /// Whether `--contenders` lets `c` run.
+    pub fn wants(&self, c: &Contender) -> bool {
+        self.contenders.is_empty() || self.contenders.contains(&c.id())
+    }
+
+    /// The benchmark's name in BENCHMARKS.md and in its results file: `bench tcp`,
+    /// `bench wan 10ms` for a WAN run at another RTT than the default, or
+    /// `bench rerun as plain` for reruns that log in as another account.
     pub fn section(&self) -> String {
-        if self.mode == Mode::Wan && self.rtt != wan::RTT {
-            format!("bench wan {}ms", self.rtt.as_millis())
-        } else {
-            format!("bench {}", self.mode.name())
+        match (&self.login, self.mode) {
+            (_, Mode::Wan) if self.rtt != wan::RTT => {
+                format!("bench wan {}ms", self.rtt.as_millis())
+            }
+            (Some(user), Mode::Rerun) => format!("bench rerun as {user}"),
+            _ => format!("bench {}", self.mode.name()),
         }
     }
 }
@@ -245,7 +263,8 @@ pub fn sq(s: &str) -> String {
     }
 }
 
-fn p(path: &Path) -> String {
+/// A path shell-quoted for bash.
+pub fn p(path: &Path) -> String {
     sq(&path.to_string_lossy())
 }
 
@@ -263,6 +282,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
         ),
     }
     let load_at_start = load_average();
+    if let Some(user) = &opts.login {
+        if opts.mode != Mode::Rerun {
+            bail!("--login is for bench rerun only");
+        }
+        crate::rerun::account(user)?;
+    }
 
     let sets: Vec<DataSet> = match (opts.mode, opts.only) {
         // Tens of thousands of files at 50 ms per round trip would take scp hours.
@@ -276,6 +301,8 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
             .iter()
             .map(|&n| DataSet::Files(n))
             .collect(),
+        (Mode::Rerun, Some(DataSet::Big)) => bail!("bench rerun copies the tree only"),
+        (Mode::Rerun, _) => vec![DataSet::Tree],
         (_, Some(s)) => vec![s],
         (_, None) => vec![DataSet::Big, DataSet::Tree],
     };
@@ -312,6 +339,9 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
             if let Some(c) = &opts.ssh_cipher {
                 probe.args(["-c", c]);
             }
+            if let Some(user) = &opts.login {
+                probe.args(["-l", user]);
+            }
             let login = Instant::now();
             let out = probe
                 .args([ALIAS, "true"])
@@ -320,9 +350,22 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                 .output()?;
             let login = login.elapsed();
             if !out.status.success() {
+                // What the login or the remote shell said, without a verbose ssh's debug lines.
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let said: Vec<&str> = said.lines().filter(|l| !l.starts_with("debug")).collect();
                 bail!(
-                    "cannot log in to the benchmark sshd: {}\nsshd log:\n{}",
-                    String::from_utf8_lossy(&out.stderr).trim(),
+                    "cannot log in to the benchmark sshd{} (`ssh {ALIAS} true` exited with {}):\n\
+                     {}\nsshd log:\n{}",
+                    opts.login.as_ref().map_or(String::new(), |u| format!(
+                        " as {u}, which needs a local account with a shell that runs commands \
+                         (the bench key is authorized for every account)"
+                    )),
+                    out.status,
+                    said.join("\n").trim(),
                     sshd.log()
                 );
             }
@@ -334,6 +377,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                         .map(|c| c.split_whitespace().next().unwrap_or("").to_owned())
                 })
                 .unwrap_or_else(|| "unknown".into());
+            if let Some(user) = &opts.login {
+                notes.push(format!(
+                    "Every contender logs in as `{user}` (ssh and rsync's ssh `-l {user}`, \
+                     fastcp `-o User={user}`); the sshd authorizes the bench key for any account"
+                ));
+            }
             if opts.mode == Mode::Wan {
                 notes.push(format!(
                     "A login through the relay (`ssh -F \"$CFG\" {ALIAS} true`) took {:.2} s: \
@@ -341,10 +390,19 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
                     login.as_secs_f64()
                 ));
             } else {
-                notes.push(format!(
-                    "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{}; scp is forced to aes128-gcm@openssh.com",
-                    if opts.ssh_cipher.is_some() { " (set with --ssh-cipher)" } else { ", OpenSSH's default" }
-                ));
+                let chosen = if opts.ssh_cipher.is_some() {
+                    " (set with --ssh-cipher)"
+                } else {
+                    ", OpenSSH's default"
+                };
+                notes.push(if opts.mode == Mode::Rerun {
+                    format!("`ssh` (hence rsync) negotiated {cipher}{chosen}")
+                } else {
+                    format!(
+                        "`ssh` (hence rsync and `tar | ssh`) negotiated {cipher}{chosen}; \
+                         scp is forced to aes128-gcm@openssh.com"
+                    )
+                });
             }
             eprintln!(
                 "benchmark sshd on 127.0.0.1:{} (config {}); ssh negotiates {cipher}",
@@ -364,25 +422,16 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
     fs::create_dir_all(&logs)?;
     let mut results = Vec::new();
     for data in datas {
+        if opts.mode == Mode::Rerun {
+            let cfg = cfg.as_deref().expect("bench rerun starts an sshd");
+            let contenders = crate::rerun::measure(opts, &fastcp, &data, &root, &logs, cfg)?;
+            results.push(DataResult { data, contenders });
+            continue;
+        }
         let dst = out.join(data.src.file_name().unwrap());
         let mut contenders = contenders(opts, &fastcp, &data, &dst, wan.as_ref());
-        if !opts.contenders.is_empty() {
-            let ids: Vec<String> = contenders.iter().map(Contender::id).collect();
-            for want in &opts.contenders {
-                // nc only copies the big file; asking for it is fine when the tree runs too.
-                // Some contenders copy one data set only (nc: the big file; fastcp-local in
-                // bench tcp: the tree); asking for them is fine when the other runs too.
-                let known = ids.contains(want) || ["nc", "fastcp-local"].contains(&want.as_str());
-                if !known {
-                    bail!(
-                        "no contender {want:?} in bench {} (there are: {})",
-                        opts.mode.name(),
-                        ids.join(", ")
-                    );
-                }
-            }
-            contenders.retain(|c| opts.contenders.contains(&c.id()));
-        }
+        check_wanted(opts, &contenders)?;
+        contenders.retain(|c| opts.wants(c));
         let outcomes = measure(opts, &data, &contenders, &out, &dst, &logs, cfg.as_deref())?;
         results.push(DataResult {
             data,
@@ -403,15 +452,33 @@ pub fn run(opts: &BenchOptions) -> Result<Report> {
         report::write_section(&path, &heading, &markdown)?;
         eprintln!("updated section \"{heading}\" of {}", path.display());
         let results = report::results_path(&opts.repo, &opts.section());
-        let params = if opts.mode == Mode::Wan {
-            vec![("rtt_ms", opts.rtt.as_millis().to_string())]
-        } else {
-            Vec::new()
+        let params = match (opts.mode, &opts.login) {
+            (Mode::Wan, _) => vec![("rtt_ms", opts.rtt.as_millis().to_string())],
+            (Mode::Rerun, Some(user)) => vec![("login", user.clone())],
+            _ => Vec::new(),
         };
         report.write_results(&results, &params)?;
         eprintln!("wrote every timed run to {}", results.display());
     }
     Ok(report)
+}
+
+/// Fails on a `--contenders` id that names none of `contenders`.
+pub fn check_wanted(opts: &BenchOptions, contenders: &[Contender]) -> Result<()> {
+    let ids: Vec<String> = contenders.iter().map(Contender::id).collect();
+    for want in &opts.contenders {
+        // Some contenders copy one data set only (nc: the big file; fastcp-local in
+        // bench tcp: the tree); asking for them is fine when the other runs too.
+        let known = ids.contains(want) || ["nc", "fastcp-local"].contains(&want.as_str());
+        if !known {
+            bail!(
+                "no contender {want:?} in bench {} (there are: {})",
+                opts.mode.name(),
+                ids.join(", ")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Generates (once) and scans a data set under `data_dir`.
@@ -862,6 +929,7 @@ fn contenders(
             tar_ssh,
             rsync,
         ],
+        Mode::Rerun => unreachable!("bench rerun has its own contenders (rerun.rs)"),
         Mode::Wan => wan::contenders(
             &fastcp_bin,
             broken,
@@ -934,7 +1002,7 @@ fn first_dangling_link(dir: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Warm-up plus `opts.runs` alternated rounds.
+/// Warm-up plus `opts.runs` alternated rounds, each run into a fresh `dst`.
 fn measure(
     opts: &BenchOptions,
     data: &Data,
@@ -945,18 +1013,30 @@ fn measure(
     cfg: Option<&Path>,
 ) -> Result<Vec<Outcome>> {
     let label = format!("{}/{}", opts.mode.name(), data.set.label());
-    let mut outcomes: Vec<Outcome> = vec![Outcome::default(); contenders.len()];
-    let run = |c: &Contender, i: usize| -> Result<Result<Duration, String>> {
+    alternate(&label, opts.runs, contenders, |c, i, _round| {
         let log = logs.join(format!("{}-{}.log", label.replace('/', "-"), i));
         run_once(c, data, out, dst, &log, cfg, opts.timeout)
-    };
+    })
+}
+
+/// One warm-up run per contender, then `runs` rounds with every contender once each, in
+/// order. `run(contender, index, round)` performs one run (round 0 is the warm-up); its outer
+/// `Err` aborts the benchmark, its inner `Err` is the contender's failure, after which the
+/// contender runs no more.
+pub fn alternate(
+    label: &str,
+    runs: usize,
+    contenders: &[Contender],
+    mut run: impl FnMut(&Contender, usize, usize) -> Result<Result<Duration, String>>,
+) -> Result<Vec<Outcome>> {
+    let mut outcomes: Vec<Outcome> = vec![Outcome::default(); contenders.len()];
     for (i, c) in contenders.iter().enumerate() {
         if let Some(why) = &c.broken {
             eprintln!("[{label}] {}: skipped: {why}", c.name);
             outcomes[i].failure = Some(why.clone());
             continue;
         }
-        match run(c, i)? {
+        match run(c, i, 0)? {
             Ok(t) => {
                 eprintln!("[{label}] warm-up {}: {:.2} s", c.name, t.as_secs_f64());
                 outcomes[i].warmup = Some(t);
@@ -967,26 +1047,22 @@ fn measure(
             }
         }
     }
-    for round in 1..=opts.runs {
+    for round in 1..=runs {
         for (i, c) in contenders.iter().enumerate() {
             if outcomes[i].failure.is_some() {
                 continue;
             }
-            match run(c, i)? {
+            match run(c, i, round)? {
                 Ok(t) => {
                     eprintln!(
-                        "[{label}] round {round}/{} {}: {:.2} s",
-                        opts.runs,
+                        "[{label}] round {round}/{runs} {}: {:.2} s",
                         c.name,
                         t.as_secs_f64()
                     );
                     outcomes[i].times.push(t);
                 }
                 Err(why) => {
-                    eprintln!(
-                        "[{label}] round {round}/{} {}: FAILED: {why}",
-                        opts.runs, c.name
-                    );
+                    eprintln!("[{label}] round {round}/{runs} {}: FAILED: {why}", c.name);
                     outcomes[i].failure = Some(format!("run {round}: {why}"));
                 }
             }
@@ -1011,6 +1087,38 @@ fn run_once(
         fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
     }
     fs::create_dir_all(out)?;
+    let elapsed = match time_command(c, log, cfg, timeout)? {
+        Ok(t) => t,
+        Err(why) => return Ok(Err(why)),
+    };
+    let check = if data.set.is_tree() {
+        verify::compare_tree_to(&data.src, &data.manifest, dst)
+    } else {
+        verify::compare_files(&data.src, dst)
+    };
+    Ok(check_result(check, elapsed))
+}
+
+/// A run's time, or why its copy is wrong.
+pub fn check_result(check: Result<()>, elapsed: Duration) -> Result<Duration, String> {
+    match check {
+        Ok(()) => Ok(elapsed),
+        Err(e) => Err(format!(
+            "wrong copy (run took {:.1} s): {e:#}",
+            elapsed.as_secs_f64()
+        )),
+    }
+}
+
+/// Runs `c` (after its listener, if it has one) with `bash -c`, `$CFG` set to `cfg` and
+/// stderr in `log`, and times it. The inner `Err` says why it failed: exit status and the
+/// log's last lines, or the timeout.
+pub fn time_command(
+    c: &Contender,
+    log: &Path,
+    cfg: Option<&Path>,
+    timeout: Duration,
+) -> Result<Result<Duration, String>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -1091,23 +1199,12 @@ fn run_once(
             tail(&log.with_extension("listener.log"))
         )));
     }
-    let check = if data.set.is_tree() {
-        verify::compare_tree_to(&data.src, &data.manifest, dst)
-    } else {
-        verify::compare_files(&data.src, dst)
-    };
-    Ok(match check {
-        Ok(()) => Ok(elapsed),
-        Err(e) => Err(format!(
-            "wrong copy (run took {:.1} s): {e:#}",
-            elapsed.as_secs_f64()
-        )),
-    })
+    Ok(Ok(elapsed))
 }
 
 /// Waits for `child`; after `timeout` kills its whole process group. Returns the status and
 /// whether it was killed.
-fn wait_with_timeout(
+pub fn wait_with_timeout(
     mut child: std::process::Child,
     timeout: Duration,
 ) -> Result<(ExitStatus, bool)> {

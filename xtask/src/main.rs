@@ -11,6 +11,9 @@
 //!   (a relay on 127.0.0.2): fastcp's TCP and SSH transports against scp and rsync.
 //! - `cargo xtask bench streams|files [...]`: scaling with streams (`-j` 1 to 16) and with
 //!   file count (1 to 1,000,000 files).
+//! - `cargo xtask bench rerun [--login USER] [...]`: nightly-backup reruns with nothing
+//!   changed, fastcp's (TCP and SSH, push and pull) against rsync's, the login alone and
+//!   fastcp's own full copies.
 //! - `cargo xtask bench all [...]`: every benchmark, one after another (the WAN at 10, 50 and
 //!   100 ms), then with `--write` the plots.
 //! - `cargo xtask plot`: PNG plots in docs/bench/ from the results files that `bench --write`
@@ -28,6 +31,7 @@ mod data;
 mod dist;
 mod plot;
 mod report;
+mod rerun;
 mod rng;
 mod sshd;
 mod test;
@@ -44,7 +48,7 @@ const USAGE: &str = "\
 usage:
   cargo xtask gen tree DIR [--scale F] [--shape FILE] [--seed N]
   cargo xtask gen file PATH --size SIZE [--seed N]
-  cargo xtask bench local|ssh|tcp|wan|sftp|streams|files|all [options]
+  cargo xtask bench local|ssh|tcp|wan|sftp|streams|files|rerun|all [options]
   cargo xtask plot                 PNG plots (docs/bench/) from the results files that
                                    bench --write keeps, shown in BENCHMARKS.md
   cargo xtask verify SRC DST       check that DST is an exact copy of SRC (file or tree)
@@ -62,7 +66,8 @@ bench options:
   --only big|tree      run one data set only
   --contenders LIST    run only these, e.g. fastcp,tar-tar (ids: fastcp fastcp-pull
                        fastcp-local fastcp-no-aes cp tar-tar scp rsync tar-ssh tar-ssh-pull
-                       nc escp mscp rclone; bench wan and streams: fastcp-tcp-N ...)
+                       nc escp mscp rclone; bench wan and streams: fastcp-tcp-N ...;
+                       bench rerun: ssh-true rsync-push fastcp-tcp-pull ...)
   --write              replace this benchmark's section of BENCHMARKS.md and its results
                        file docs/bench/bench-MODE.tsv (bench all: then draw the plots)
   --fastcp PATH        use this fastcp binary instead of `cargo build --release -p fastcp`
@@ -81,12 +86,20 @@ bench options:
   --files LIST         bench files: file counts, one tree each (default
                        1,10,100,1000,10000,100000,1000000)
   --file-size SIZE     bench files: size of each file (default 4KiB)
+  --login USER         bench rerun: every contender logs in as USER (a local account with
+                       a shell; the bench key is authorized for all) instead of the current
+                       user
 
 bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
 all connections together at 125 MB/s (1 Gbit/s) and the bytes in flight of each connection
 at the --window size. Contenders (ids): fastcp --transport tcp -j 1, 4 and 8 (fastcp-tcp-1,
 fastcp-tcp-4, fastcp-tcp-8), fastcp --transport ssh (fastcp-ssh) and its pull
 (fastcp-ssh-pull), scp, rsync.
+
+bench rerun times no-change reruns of the tree (fastcp -r -p --skip-unchanged over TCP and
+SSH, push and pull, and rsync -a both ways) into destinations its warm-up seeded, beside
+`ssh HOST true` and fastcp's full TCP copies into an empty folder, and reports each rerun
+against rsync's and against the full copy of the same direction.
 
 SIZE accepts K/M/G (powers of 1024, also KiB/MiB/GiB) and KB/MB/GB (powers of 1000).";
 
@@ -111,6 +124,7 @@ const VALUE_OPTIONS: &[&str] = &[
     "files",
     "file-size",
     "streams",
+    "login",
 ];
 
 fn main() -> ExitCode {
@@ -301,6 +315,7 @@ fn bench_options(
             None => vec![1, 10, 100, 1_000, 10_000, 100_000, 1_000_000],
         },
         file_size: data::parse_size(&args.value("file-size")?.unwrap_or_else(|| "4KiB".into()))?,
+        login: args.value("login")?,
         streams: match args.value("streams")? {
             Some(list) => parse_list("streams", &list)?,
             None => vec![1, 2, 4, 8, 16],

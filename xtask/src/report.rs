@@ -63,6 +63,8 @@ fn baselines(mode: Mode, set: DataSet) -> &'static [&'static str] {
         (Mode::Sftp, true) => &["scp", "scp pull", "tar | ssh", "tar | ssh pull"],
         (Mode::Streams, _) => &["fastcp tcp -j 1"],
         (Mode::Files, _) => &["fastcp local", "tar | ssh"],
+        // Each rerun against those of its own direction (`rerun_table`).
+        (Mode::Rerun, _) => &[],
     }
 }
 
@@ -104,6 +106,33 @@ fn targets(mode: Mode, set: DataSet) -> Vec<Target> {
         }
         (Mode::Sftp, _) => vec![t("scp", TimeAtMost(0.3)), pull("scp pull", TimeAtMost(0.3))],
         (Mode::Streams | Mode::Files, _) => Vec::new(),
+        // The nightly backup's: a no-change rerun takes at most half of rsync's and a tenth
+        // of a full copy.
+        (Mode::Rerun, _) => {
+            const RERUNS: [(&str, &str, &str); 4] = [
+                ("fastcp tcp push", "rsync push", "fastcp full tcp push"),
+                ("fastcp tcp pull", "rsync pull", "fastcp full tcp pull"),
+                ("fastcp ssh push", "rsync push", "fastcp full tcp push"),
+                ("fastcp ssh pull", "rsync pull", "fastcp full tcp pull"),
+            ];
+            RERUNS
+                .into_iter()
+                .flat_map(|(contender, rsync, full)| {
+                    [
+                        Target {
+                            contender,
+                            baseline: rsync,
+                            bound: TimeAtMost(0.5),
+                        },
+                        Target {
+                            contender,
+                            baseline: full,
+                            bound: TimeAtMost(0.1),
+                        },
+                    ]
+                })
+                .collect()
+        }
         // "fastcp's TCP transport, with several streams": the default count and more.
         (Mode::Wan, _) => ["fastcp tcp -j 4", "fastcp tcp -j 8"]
             .into_iter()
@@ -277,14 +306,33 @@ impl Report {
             "- Data and copies on {} ({}); load average (1/5/15 min) {}.",
             self.root, self.fs_type, self.load
         );
-        let _ = writeln!(
-            s,
-            "- Method: one warm-up run per contender, then {} timed runs each, contenders alternated \
-             within every round; the destination is deleted before each run (not timed); every \
-             output is checked against the source (paths, types, sizes, symlink targets, bytes) \
-             after the clock stops. Times are wall clock around the whole command.",
-            self.runs
-        );
+        if self.mode == Mode::Rerun {
+            let _ = writeln!(
+                s,
+                "- Method: one warm-up run per contender, then {} timed runs each, contenders \
+                 alternated within every round in the order of the table. A rerun's warm-up \
+                 seeds its destination (fastcp's TCP and SSH reruns share one per direction); \
+                 every timed run reruns into it with nothing changed, and it is checked against \
+                 the source (paths, types, sizes, symlink targets, bytes) after the seeding and \
+                 after the last round. Before the rounds each fastcp rerun ran once with \
+                 `--json` and reported every file skipped and 0 bytes sent. A full copy goes \
+                 into an empty destination every run, checked and deleted after the clock stops. \
+                 Times are wall clock around the whole command; \"vs rsync\" is a median over \
+                 rsync's rerun of the same direction, \"of full copy\" over fastcp's full TCP \
+                 copy of the same direction.",
+                self.runs
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "- Method: one warm-up run per contender, then {} timed runs each, contenders \
+                 alternated within every round; the destination is deleted before each run (not \
+                 timed); every output is checked against the source (paths, types, sizes, \
+                 symlink targets, bytes) after the clock stops. Times are wall clock around the \
+                 whole command.",
+                self.runs
+            );
+        }
         if self.mode != Mode::Local {
             let _ = writeln!(
                 s,
@@ -306,6 +354,67 @@ impl Report {
     fn table(&self, s: &mut String, r: &DataResult) {
         let set = r.data.set;
         let _ = writeln!(s, "### {}\n", r.data.description);
+        if self.mode == Mode::Rerun {
+            rerun_table(s, r);
+        } else {
+            self.ratio_table(s, r);
+        }
+        let base_median = |name: &str| -> Option<Duration> {
+            r.contenders
+                .iter()
+                .find(|(c, _)| c.name == name)
+                .and_then(|(_, o)| median(&o.times))
+        };
+        // The WAN's targets are for its default RTT; other RTTs are measured for the plot.
+        let targets = if self.mode == Mode::Wan && self.section != "bench wan" {
+            Vec::new()
+        } else {
+            targets(self.mode, set)
+        };
+        for t in targets {
+            let (name, base) = (t.contender, t.baseline);
+            let want = match t.bound {
+                Bound::TimeAtMost(x) => format!("{name} ≤ {x:.2}x `{base}`"),
+                Bound::SpeedAtLeast(x) => {
+                    format!("`{name}` at least {x}x the throughput of `{base}`")
+                }
+            };
+            let Some((_, outcome)) = r.contenders.iter().find(|(c, _)| c.name == name) else {
+                let _ = writeln!(s, "- Target {want}: not measured ({name} was not run).");
+                continue;
+            };
+            let verdict = match (median(&outcome.times), base_median(base)) {
+                (Some(f), Some(b)) => {
+                    let ratio = f.as_secs_f64() / b.as_secs_f64();
+                    let (met, shown) = match t.bound {
+                        Bound::TimeAtMost(x) => (ratio <= x, ratio),
+                        Bound::SpeedAtLeast(x) => (1.0 / ratio >= x, 1.0 / ratio),
+                    };
+                    format!("{} ({shown:.2}x)", if met { "met" } else { "**not met**" })
+                }
+                (None, _) => format!("not measured ({name} did not complete)"),
+                (_, None) => "not measured (the baseline did not complete)".into(),
+            };
+            let _ = writeln!(s, "- Target {want}: {verdict}.");
+        }
+        let _ = writeln!(s, "\nCommands (run with `bash -c`, `set -o pipefail`):\n");
+        for (c, _) in &r.contenders {
+            if let Some(l) = &c.listener {
+                let _ = writeln!(
+                    s,
+                    "- {}: `{l} &` (untimed until it listens), then `{}`",
+                    c.name, c.command
+                );
+            } else {
+                let _ = writeln!(s, "- {}: `{}`", c.name, c.command);
+            }
+        }
+    }
+
+    /// The table of most benchmarks: median, min, max, throughput, then the median over each
+    /// baseline's.
+    fn ratio_table(&self, s: &mut String, r: &DataResult) {
+        let set = r.data.set;
         let bases = baselines(self.mode, set);
         let base_median = |name: &str| -> Option<Duration> {
             r.contenders
@@ -364,51 +473,51 @@ impl Report {
             let _ = writeln!(s, " {} |", result_text(o));
         }
         s.push('\n');
-        // The WAN's targets are for its default RTT; other RTTs are measured for the plot.
-        let targets = if self.mode == Mode::Wan && self.section != "bench wan" {
-            Vec::new()
-        } else {
-            targets(self.mode, set)
-        };
-        for t in targets {
-            let (name, base) = (t.contender, t.baseline);
-            let want = match t.bound {
-                Bound::TimeAtMost(x) => format!("{name} ≤ {x:.2}x `{base}`"),
-                Bound::SpeedAtLeast(x) => {
-                    format!("`{name}` at least {x}x the throughput of `{base}`")
-                }
-            };
-            let Some((_, outcome)) = r.contenders.iter().find(|(c, _)| c.name == name) else {
-                let _ = writeln!(s, "- Target {want}: not measured ({name} was not run).");
-                continue;
-            };
-            let verdict = match (median(&outcome.times), base_median(base)) {
-                (Some(f), Some(b)) => {
-                    let ratio = f.as_secs_f64() / b.as_secs_f64();
-                    let (met, shown) = match t.bound {
-                        Bound::TimeAtMost(x) => (ratio <= x, ratio),
-                        Bound::SpeedAtLeast(x) => (1.0 / ratio >= x, 1.0 / ratio),
-                    };
-                    format!("{} ({shown:.2}x)", if met { "met" } else { "**not met**" })
-                }
-                (None, _) => format!("not measured ({name} did not complete)"),
-                (_, None) => "not measured (the baseline did not complete)".into(),
-            };
-            let _ = writeln!(s, "- Target {want}: {verdict}.");
-        }
-        let _ = writeln!(s, "\nCommands (run with `bash -c`, `set -o pipefail`):\n");
-        for (c, _) in &r.contenders {
-            if let Some(l) = &c.listener {
-                let _ = writeln!(
-                    s,
-                    "- {}: `{l} &` (untimed until it listens), then `{}`",
-                    c.name, c.command
-                );
-            } else {
-                let _ = writeln!(s, "- {}: `{}`", c.name, c.command);
-            }
-        }
     }
+}
+
+/// `bench rerun`'s table: every run in order, the median, and the median over rsync's rerun
+/// and over fastcp's full copy of the same direction.
+fn rerun_table(s: &mut String, r: &DataResult) {
+    let base_median = |name: &str| -> Option<Duration> {
+        r.contenders
+            .iter()
+            .find(|(c, _)| c.name == name)
+            .and_then(|(_, o)| median(&o.times))
+    };
+    let _ = writeln!(
+        s,
+        "| contender | runs (s) | median | vs rsync | of full copy | result |\n\
+         |---|---|---:|---:|---:|---|"
+    );
+    for (c, o) in &r.contenders {
+        let m = median(&o.times);
+        let runs: Vec<String> = o
+            .times
+            .iter()
+            .map(|t| format!("{:.3}", t.as_secs_f64()))
+            .collect();
+        let ratio = |base: Option<&String>| match (m, base.and_then(|b| base_median(b))) {
+            (Some(m), Some(b)) => format!("{:.2}x", m.as_secs_f64() / b.as_secs_f64()),
+            _ => "—".into(),
+        };
+        let bases = crate::rerun::baselines(&c.name);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            c.name,
+            if runs.is_empty() {
+                "—".to_owned()
+            } else {
+                runs.join(", ")
+            },
+            m.map_or("—".to_owned(), |d| format!("{:.3} s", d.as_secs_f64())),
+            ratio(bases.as_ref().map(|b| &b[0])),
+            ratio(bases.as_ref().map(|b| &b[1])),
+            result_text(o)
+        );
+    }
+    s.push('\n');
 }
 
 /// Where a benchmark's timed runs are kept for `cargo xtask plot`:
@@ -580,6 +689,65 @@ mod tests {
         // A heading that merely starts the same way is not ours.
         let doc2 = "## bench local extra\n\nkeep\n";
         assert!(replace_section(doc2, "## bench local", "## bench local\n\nx").contains("keep"));
+    }
+
+    #[test]
+    fn rerun_rows_compare_with_their_own_direction() {
+        use crate::bench::{Contender, Data};
+        let ms = Duration::from_millis;
+        let row = |name: &str, times: &[u64]| {
+            (
+                Contender::new(name, String::new()),
+                Outcome {
+                    times: times.iter().map(|&t| ms(t)).collect(),
+                    ..Outcome::default()
+                },
+            )
+        };
+        let r = DataResult {
+            data: Data {
+                set: DataSet::Tree,
+                src: PathBuf::from("/tree"),
+                manifest: crate::verify::Manifest::default(),
+                bytes: 0,
+                description: "tree".into(),
+            },
+            contenders: vec![
+                row("ssh true", &[300, 250, 280]),
+                row("rsync push", &[1000, 800, 900]),
+                row("rsync pull", &[2000]),
+                row("fastcp full tcp push", &[4000, 5000]),
+                row("fastcp full tcp pull", &[]),
+                row("fastcp tcp push", &[450, 400, 500]),
+                row("fastcp ssh pull", &[500]),
+            ],
+        };
+        let mut s = String::new();
+        rerun_table(&mut s, &r);
+        let line = |name: &str| {
+            s.lines()
+                .find(|l| l.starts_with(&format!("| {name} |")))
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            line("fastcp tcp push"),
+            "| fastcp tcp push | 0.450, 0.400, 0.500 | 0.450 s | 0.50x | 0.10x | ok (3 runs) |"
+        );
+        // The pull's full copy did not run: no share of it.
+        assert_eq!(
+            line("fastcp ssh pull"),
+            "| fastcp ssh pull | 0.500 | 0.500 s | 0.25x | — | ok (1 run) |"
+        );
+        assert_eq!(
+            line("rsync push"),
+            "| rsync push | 1.000, 0.800, 0.900 | 0.900 s | 1.00x | 0.20x | ok (3 runs) |"
+        );
+        assert_eq!(
+            line("ssh true"),
+            "| ssh true | 0.300, 0.250, 0.280 | 0.280 s | — | — | ok (3 runs) |"
+        );
+        assert!(line("fastcp full tcp pull").contains("| — | — | — | — |"));
     }
 
     #[test]
