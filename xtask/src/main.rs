@@ -15,7 +15,7 @@
 //!   changed, fastcp's (TCP and SSH, push and pull) against rsync's, the login alone and
 //!   fastcp's own full copies.
 //! - `cargo xtask bench all [...]`: every benchmark, one after another (the WAN at 10, 50 and
-//!   100 ms), then with `--write` the plots.
+//!   100 ms, then the reruns), then with `--write` the plots.
 //! - `cargo xtask plot`: PNG plots in docs/bench/ from the results files that `bench --write`
 //!   keeps there, and the "## Plots" section of BENCHMARKS.md.
 //! - `cargo xtask verify SRC DST`: checks that DST is an exact copy of SRC.
@@ -435,6 +435,7 @@ fn run() -> Result<()> {
                 bench::Mode::Streams,
                 bench::Mode::Files,
                 bench::Mode::Wan,
+                bench::Mode::Rerun,
             ];
             for mode in modes {
                 // The sweeps and the WAN copy their own data sets.
@@ -442,7 +443,8 @@ fn run() -> Result<()> {
                     mode,
                     bench::Mode::Streams | bench::Mode::Files | bench::Mode::Wan
                 );
-                if own_data && only.is_some() {
+                let tree_only = mode == bench::Mode::Rerun && only.as_deref() == Some("big");
+                if (own_data && only.is_some()) || tree_only {
                     eprintln!("bench {}: skipped (--only)", mode.name());
                     continue;
                 }
