@@ -529,6 +529,25 @@ mod tests {
     }
 
     #[test]
+    fn reruns_as_another_account_have_a_section_of_their_own() {
+        let section = |words: &[&str]| {
+            let raw: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+            let mut args = Args::parse(&raw, VALUE_OPTIONS).unwrap();
+            args.positional.clear();
+            let opts = bench_options(bench::Mode::Rerun, &mut args, &raw).unwrap();
+            (opts.section(), opts.login)
+        };
+        assert_eq!(
+            section(&["bench", "rerun"]),
+            ("bench rerun".to_owned(), None)
+        );
+        assert_eq!(
+            section(&["bench", "rerun", "--login", "plain", "--runs", "3"]),
+            ("bench rerun as plain".to_owned(), Some("plain".to_owned()))
+        );
+    }
+
+    #[test]
     fn options_and_positionals_are_split() {
         let raw: Vec<String> = [
             "bench",
