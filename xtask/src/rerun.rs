@@ -319,6 +319,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rerun_that_sends_anything_stops_the_bench() {
+        let dir = std::env::temp_dir().join(format!("xtask-rerun-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("check.log");
+        let check = |json: &str, exit: u8| {
+            let command = format!("printf '%s\\n' {}; exit {exit}", sq(json));
+            sends_nothing(&command, &dir, 5, &log, std::time::Duration::from_secs(20))
+        };
+        check("{\"files_skipped\": 5,\n\"bytes_sent\": 0}", 0).unwrap();
+        let resent = check("{\"files_skipped\": 4,\n\"bytes_sent\": 100}", 0).unwrap_err();
+        assert!(format!("{resent}").contains("files_skipped 4"), "{resent}");
+        assert!(check("{\"files_skipped\": 5,\n\"bytes_sent\": 7}", 0).is_err());
+        assert!(check("{\"files_skipped\": 5,\n\"bytes_sent\": 0}", 1).is_err());
+        assert!(check("", 0).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn reruns_compare_with_rsync_and_the_full_copy_of_their_direction() {
         let b = |name| baselines(name).map(|[r, f]| format!("{r} / {f}"));
         assert_eq!(
