@@ -31,12 +31,35 @@ enum Dest {
     Fresh(PathBuf),
 }
 
-/// The folder holding every destination, removed with them when dropped.
-struct Work(PathBuf);
+/// The folder holding every destination, removed with them when dropped. Its lock file is
+/// held while the bench runs, so that a later bench can tell a folder left by one that was
+/// killed.
+struct Work {
+    dir: PathBuf,
+    _lock: fs::File,
+}
+
+/// The lock file in a work folder.
+const LOCK: &str = ".lock";
+
+impl Work {
+    /// Makes `root/rerun-PID`, first removing what benches that were killed left in `root`.
+    fn new(root: &Path) -> Result<Work> {
+        remove_stale(root);
+        let dir = root.join(format!("rerun-{}", std::process::id()));
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let lock = fs::File::create(dir.join(LOCK))?;
+        lock.lock()?;
+        Ok(Work { dir, _lock: lock })
+    }
+}
 
 impl Drop for Work {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -69,11 +92,8 @@ pub fn measure(
     logs: &Path,
     cfg: &Path,
 ) -> Result<Vec<(Contender, Outcome)>> {
-    let work = Work(root.join(format!("rerun-{}", std::process::id())));
-    if work.0.exists() {
-        fs::remove_dir_all(&work.0)?;
-    }
-    let (push, pull) = (work.0.join("push"), work.0.join("pull"));
+    let work = Work::new(root)?;
+    let (push, pull) = (work.dir.join("push"), work.dir.join("pull"));
     fs::create_dir_all(&push)?;
     fs::create_dir_all(&pull)?;
     if let Some(user) = &opts.login {
@@ -131,6 +151,29 @@ pub fn measure(
     })?;
     drop(work);
     Ok(list.into_iter().zip(outcomes).collect())
+}
+
+/// Removes the work folders (`rerun-PID`, several copies of the tree) that benches which
+/// were killed left in `root`: those whose lock file nobody holds.
+fn remove_stale(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("rerun-") {
+            continue;
+        }
+        let Ok(lock) = fs::File::open(entry.path().join(LOCK)) else {
+            continue;
+        };
+        if lock.try_lock().is_ok() {
+            eprintln!(
+                "removing {}, left by a bench that was stopped",
+                entry.path().display()
+            );
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Removes `dst` if it is there.
@@ -310,6 +353,30 @@ fn contenders(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_work_folders_of_stopped_benches_are_removed() {
+        let root = std::env::temp_dir().join(format!("xtask-stale-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let (stale, other) = (root.join("rerun-1"), root.join("rerun-notes"));
+        for dir in [&stale, &other] {
+            fs::create_dir_all(dir.join("push")).unwrap();
+        }
+        fs::write(stale.join(LOCK), "").unwrap();
+        let live = Work::new(&root).unwrap();
+        assert!(!stale.exists());
+        assert!(
+            other.exists(),
+            "a folder without a lock file is not a work folder"
+        );
+        // Another bench leaves a live one alone.
+        remove_stale(&root);
+        assert!(live.dir.join(LOCK).exists());
+        let dir = live.dir.clone();
+        drop(live);
+        assert!(!dir.exists());
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn numbers_from_json() {
