@@ -88,7 +88,7 @@ bench options:
   --file-size SIZE     bench files: size of each file (default 4KiB)
   --login USER         bench rerun: every contender logs in as USER (a local account with
                        a shell; the bench key is authorized for all) instead of the current
-                       user
+                       user; --write then records the section \"bench rerun as USER\"
 
 bench wan copies the big file through a relay on 127.0.0.2 that adds 25 ms each way, caps
 all connections together at 125 MB/s (1 Gbit/s) and the bytes in flight of each connection
