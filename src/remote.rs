@@ -982,6 +982,14 @@ async fn connect(destination: &str, ssh: &SshOptions, log: &Log) -> Result<AnyTr
                     hop.identity_files, hop.user_known_hosts_files, hop.strict_host_key_checking
                 )
             });
+            if !hop.passed_over.is_empty() {
+                log.info(|| {
+                    format!(
+                        "  passed over, as a copy needs nothing of them: {}",
+                        hop.passed_over.join(", ")
+                    )
+                });
+            }
         }
     }
     let peer = match AnyTransport::connect(destination, ssh).await {

@@ -1732,3 +1732,136 @@ fn a_certificate_of_another_key_is_not_signed_with_the_identity_file() {
     );
     assert!(!sshd.log().contains("ED25519-CERT"), "{}", sshd.log());
 }
+
+/// RevokedHostKeys in the user's ssh_config refuses a host whose key it lists, as ssh does:
+/// a list of public keys is read by the built-in client, a key revocation list in OpenSSH's
+/// binary format (`ssh-keygen -k`) is handed to the system ssh, which reads it. A list that
+/// names another key lets the copy through.
+#[test]
+fn a_host_key_listed_in_revoked_host_keys_is_refused() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("a");
+    write(&src, b"x", 0o644);
+    let listed = work.path().join("revoked");
+    std::fs::write(&listed, format!("{} revoked\n", sshd.host_public_key())).unwrap();
+    let krl = work.path().join("revoked.krl");
+    let made = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-k", "-f"])
+        .arg(&krl)
+        .arg(&listed)
+        .status()
+        .unwrap();
+    assert!(made.success(), "ssh-keygen -k");
+    let other = work.path().join("other");
+    keygen("ed25519", &other);
+    let other_listed = work.path().join("other.pub");
+
+    for (list, refused, by_system_ssh) in [
+        (&listed, true, false),
+        (&krl, true, true),
+        (&other_listed, false, false),
+    ] {
+        let name = list.file_name().unwrap().to_str().unwrap();
+        let add = format!("  RevokedHostKeys {}\n", list.display());
+        let config = config_without(&sshd, work.path(), &format!("{name}.config"), &[], &add);
+        let dst = work.path().join(format!("copy-{name}"));
+        let out = run(Command::new(BIN)
+            .arg("-F")
+            .arg(&config)
+            .args(["--remote-path", BIN, "-v"])
+            .env_remove("SSH_AUTH_SOCK")
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        let said = stderr(&out);
+        assert_eq!(
+            said.contains("running the system ssh"),
+            by_system_ssh,
+            "{said}"
+        );
+        if refused {
+            assert_eq!(out.status.code(), Some(3), "{name}: {said}");
+            assert!(said.contains("revoked"), "{name}: {said}");
+            assert!(!dst.exists(), "{name}");
+        } else {
+            assert!(out.status.success(), "{name}: {said}");
+            assert_eq!(std::fs::read(&dst).unwrap(), b"x");
+        }
+    }
+}
+
+/// The user's ssh_config is honoured or handed to the system ssh, never dropped: keys that
+/// PubkeyAcceptedAlgorithms leaves out are not offered, an RSA key below RequiredRSASize is
+/// not offered, and what a copy needs nothing of (SendEnv) is named under `-v`.
+#[test]
+fn pubkey_algorithms_and_rsa_size_in_ssh_config_are_honoured() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("a");
+    write(&src, b"x", 0o644);
+    // A 1024-bit RSA key, which sshd takes (its RequiredRSASize is 1024).
+    let rsa = work.path().join("id_rsa");
+    let made = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", "rsa", "-b", "1024", "-N", "", "-f"])
+        .arg(&rsa)
+        .status()
+        .unwrap();
+    assert!(made.success(), "ssh-keygen -t rsa");
+    let authorized = std::fs::read_to_string(sshd.authorized_keys()).unwrap();
+    let rsa_pub = std::fs::read_to_string(rsa.with_extension("pub")).unwrap();
+    std::fs::write(sshd.authorized_keys(), format!("{authorized}{rsa_pub}")).unwrap();
+
+    let cases = [
+        (
+            "ed25519 not accepted",
+            "  PubkeyAcceptedAlgorithms rsa-sha2-*\n",
+            false,
+            "is not in PubkeyAcceptedAlgorithms",
+        ),
+        (
+            "ed25519 accepted",
+            "  PubkeyAcceptedAlgorithms ssh-ed25519,rsa-sha2-*\n  SendEnv LANG\n",
+            true,
+            "passed over, as a copy needs nothing of them: SendEnv",
+        ),
+        (
+            "small rsa",
+            &format!("  IdentityFile {}\n  RequiredRSASize 2048\n", rsa.display()),
+            false,
+            "fewer than RequiredRSASize 2048",
+        ),
+        (
+            "rsa",
+            &format!("  IdentityFile {}\n", rsa.display()),
+            true,
+            "authenticated",
+        ),
+    ];
+    for (i, (case, add, copied, says)) in cases.iter().enumerate() {
+        // The rsa cases offer the RSA key alone.
+        let drop: &[&str] = if case.contains("rsa") {
+            &["IdentityFile"]
+        } else {
+            &[]
+        };
+        let config = config_without(&sshd, work.path(), &format!("config{i}"), drop, add);
+        let dst = work.path().join(format!("copy{i}"));
+        let out = run(Command::new(BIN)
+            .arg("-F")
+            .arg(&config)
+            .args(["--remote-path", BIN, "-v"])
+            .env_remove("SSH_AUTH_SOCK")
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        let said = stderr(&out);
+        assert!(said.contains(says), "{case}: {said}");
+        assert!(!said.contains("running the system ssh"), "{case}: {said}");
+        if *copied {
+            assert!(out.status.success(), "{case}: {said}");
+            assert_eq!(std::fs::read(&dst).unwrap(), b"x", "{case}");
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{case}: {said}");
+            assert!(!dst.exists(), "{case}");
+        }
+    }
+}

@@ -244,6 +244,43 @@ enum Offer {
     },
 }
 
+/// Why ssh_config keeps `key` (certified, when `cert`) out of the login, if it does: an RSA
+/// key below RequiredRSASize, or an algorithm PubkeyAcceptedAlgorithms does not name. An
+/// RSA key is named by the signature `rsa_hash` gives it (`rsa-sha2-512`, ...), a
+/// certificate by its certificate algorithm (`ssh-ed25519-cert-v01@openssh.com`).
+fn kept_out(
+    host: &HostConfig,
+    key: &KeyData,
+    cert: bool,
+    rsa_hash: Option<HashAlg>,
+) -> Option<String> {
+    if let Some(rsa) = key.rsa()
+        && rsa.key_size() < host.required_rsa_size
+    {
+        return Some(format!(
+            "{} bits, fewer than RequiredRSASize {}",
+            rsa.key_size(),
+            host.required_rsa_size
+        ));
+    }
+    let algorithm = match key.algorithm() {
+        russh::keys::Algorithm::Rsa { .. } => russh::keys::Algorithm::Rsa { hash: rsa_hash },
+        other => other,
+    };
+    let mut name = algorithm.as_str().to_owned();
+    if cert {
+        name = match name.strip_suffix("@openssh.com") {
+            Some(base) => format!("{base}-cert-v01@openssh.com"),
+            None => format!("{name}-cert-v01@openssh.com"),
+        };
+    }
+    let list = host.algorithms.pubkey.as_deref();
+    let allowed = super::config::allowed(list, true, std::slice::from_ref(&name), |n| n);
+    allowed
+        .is_empty()
+        .then(|| format!("{name} is not in PubkeyAcceptedAlgorithms"))
+}
+
 pub(crate) async fn authenticate<H: russh::client::Handler>(
     handle: &mut Handle<H>,
     host: &HostConfig,
@@ -482,6 +519,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
+                if let Some(why) = kept_out(host, key.key_data(), false, rsa_hash) {
+                    tried.push(format!("agent key {} ({why})", fingerprint(&key)));
+                    continue;
+                }
                 tried.push(format!(
                     "agent key {} {}",
                     key_type_name(&key),
@@ -503,6 +544,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
+                if let Some(why) = kept_out(host, cert.public_key(), true, rsa_hash) {
+                    tried.push(format!("{name} ({why})"));
+                    continue;
+                }
                 tried.push(format!("{name} ({})", cert_details(&cert)));
                 let mut signer = CertSigner::Agent { agent, by_key };
                 let signed = handle.authenticate_certificate_with(
@@ -529,6 +574,12 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                     }
                     continue;
                 }
+                // Before its passphrase is asked for, when its public half is beside it.
+                let public = file_pubs[i].as_ref().map(PublicKey::key_data);
+                if let Some(why) = public.and_then(|k| kept_out(host, k, false, rsa_hash)) {
+                    tried.push(format!("{} ({why})", file.display()));
+                    continue;
+                }
                 let key = match identity_key(&mut loaded[i], file, host.batch_mode, prompt).await {
                     Ok(k) => k,
                     Err(why) => {
@@ -536,6 +587,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         continue;
                     }
                 };
+                if let Some(why) = kept_out(host, key.public_key().key_data(), false, rsa_hash) {
+                    tried.push(format!("{} ({why})", file.display()));
+                    continue;
+                }
                 tried.push(file.display().to_string());
                 let res = wait
                     .raw(handle.authenticate_publickey(
@@ -557,6 +612,10 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
             }
             Offer::FileCert { cert, name, file } => {
                 let path = &host.identity_files[file];
+                if let Some(why) = kept_out(host, cert.public_key(), true, rsa_hash) {
+                    tried.push(format!("{name} ({why})"));
+                    continue;
+                }
                 let key = match identity_key(&mut loaded[file], path, host.batch_mode, prompt).await
                 {
                     Ok(k) => k,

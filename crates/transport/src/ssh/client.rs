@@ -376,6 +376,36 @@ async fn verify_host_key(
         host: name.clone(),
         reason: format!("cannot read known_hosts: {e}"),
     };
+    // As ssh, before known_hosts: RequiredRSASize, then RevokedHostKeys.
+    if let Some(rsa) = key.key_data().rsa()
+        && rsa.key_size() < host.required_rsa_size
+    {
+        return Err(Error::HostKeyRejected {
+            host: name,
+            reason: format!(
+                "its RSA key has {} bits, fewer than RequiredRSASize {}",
+                rsa.key_size(),
+                host.required_rsa_size
+            ),
+        });
+    }
+    if let Some(revoked) = &host.revoked_host_keys {
+        let listed = known_hosts::revoked_in(revoked, key).map_err(|e| Error::HostKeyRejected {
+            host: name.clone(),
+            reason: format!("cannot check RevokedHostKeys {}: {e}", revoked.display()),
+        })?;
+        if let Some(line) = listed {
+            return Err(Error::HostKeyRejected {
+                host: name,
+                reason: format!(
+                    "its {} key {} is revoked by RevokedHostKeys {}:{line}",
+                    key_type_name(key),
+                    fingerprint(key),
+                    revoked.display()
+                ),
+            });
+        }
+    }
     let mut status = known_hosts::check(&files, &name, key).map_err(read_error)?;
     // As ssh: a host on another port than 22 with no entry as `[host]:port` is also looked
     // up by its bare name, and its key there is trusted (a key recorded for it on port 22

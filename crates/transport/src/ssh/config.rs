@@ -29,9 +29,12 @@
 //! `CertificateFile` line, GSSAPI when the user holds a Kerberos ticket, CanonicalizeHostname
 //! (ssh reads the files again for the canonical name), BindAddress and BindInterface, a
 //! connection master (ControlMaster, or one running at ControlPath), a PKCS#11 or
-//! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts,
-//! or an `-o` option the built-in client lacks all fail with [`Error::NeedsSystemSsh`], and
-//! the `fastcp` command then runs the system ssh.
+//! security-key provider, KnownHostsCommand, a host certificate authority in known_hosts, a
+//! key revocation list in OpenSSH's binary format, a keyword only the system ssh honours or
+//! one the built-in client does not know (see the `keywords` module), or an `-o` option the
+//! built-in client lacks all fail with [`Error::NeedsSystemSsh`], and the `fastcp` command
+//! then runs the system ssh. Keywords a copy needs nothing of are passed over and listed in
+//! [`HostConfig::passed_over`].
 
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,7 @@ use ssh2_config::{HostClause, HostParams, ParseRule, SshConfig};
 
 use super::Error;
 use super::client::SshClientConfig;
+use super::keywords::{KeywordUse, keyword_use};
 
 /// How unknown host keys are treated (ssh_config `StrictHostKeyChecking`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -195,10 +199,20 @@ pub struct HostConfig {
     /// The algorithm lists ssh_config sets for the host: the built-in client offers only
     /// what they allow.
     pub algorithms: AlgorithmLists,
+    /// A file of revoked host keys, one public key a line (RevokedHostKeys): a host that
+    /// presents one is refused. A key revocation list in OpenSSH's binary format is left
+    /// to the system ssh.
+    pub revoked_host_keys: Option<PathBuf>,
+    /// The smallest RSA key accepted, in bits, from the host and among the user's keys
+    /// (RequiredRSASize, default 1024).
+    pub required_rsa_size: u32,
+    /// The ssh_config keywords in effect that the built-in client passes over, as written
+    /// (`SendEnv`, `ForwardAgent`, ...): a copy needs nothing of them.
+    pub passed_over: Vec<String>,
 }
 
 /// The algorithm lists of ssh_config (`Ciphers`, `KexAlgorithms`, `MACs`,
-/// `HostKeyAlgorithms`), as written; `None` where it sets none. A system-wide policy (such as
+/// `HostKeyAlgorithms`, `PubkeyAcceptedAlgorithms`), as written; `None` where it sets none. A system-wide policy (such as
 /// Fedora's crypto-policies) says here which algorithms a connection may use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AlgorithmLists {
@@ -210,6 +224,9 @@ pub struct AlgorithmLists {
     pub macs: Option<String>,
     /// `HostKeyAlgorithms`.
     pub host_keys: Option<String>,
+    /// `PubkeyAcceptedAlgorithms` (or its old name `PubkeyAcceptedKeyTypes`): the keys and
+    /// certificates offered in a login.
+    pub pubkey: Option<String>,
 }
 
 /// Of `ours` (most preferred first, named by `name`), those an ssh_config algorithm list
@@ -670,6 +687,20 @@ pub struct SshConfigFile {
     home: Option<PathBuf>,
 }
 
+/// What [`SshConfigFile::query`] finds for a host.
+struct Queried {
+    params: HostParams,
+    proxy: Vec<ProxyLine>,
+    algorithms: AlgorithmLists,
+    /// PubkeyAuthentication's value, as written.
+    pubkey: Option<String>,
+    /// The keywords passed over, as written.
+    passed_over: Vec<String>,
+    /// The first value of each keyword in effect (in lower case), its arguments as ssh
+    /// splits them, joined by spaces: for the keywords the parser does not know.
+    first_values: std::collections::HashMap<String, String>,
+}
+
 /// One ssh_config file, its values checked.
 #[derive(Debug, Clone)]
 struct OneFile {
@@ -768,17 +799,20 @@ impl SshConfigFile {
         })
     }
 
-    /// The settings for `host` from every file, the first value obtained winning, and the
-    /// ProxyCommand and ProxyJump lines in effect, in order.
-    fn query(
-        &self,
-        host: &str,
-    ) -> Result<(HostParams, Vec<ProxyLine>, AlgorithmLists, Option<String>), Error> {
-        let mut params = SshConfig::default().query(host);
-        let mut proxy = Vec::new();
-        let mut algorithms = AlgorithmLists::default();
-        // Read here: the parser takes fewer of its values than ssh does.
-        let mut pubkey = None;
+    /// The settings for `host` from every file, the first value obtained winning, the
+    /// ProxyCommand and ProxyJump lines in effect, in order, and the keywords passed over.
+    /// A keyword only the system ssh honours is [`Error::NeedsSystemSsh`] (see
+    /// [`keyword_use`]).
+    fn query(&self, host: &str) -> Result<Queried, Error> {
+        let mut q = Queried {
+            params: SshConfig::default().query(host),
+            proxy: Vec::new(),
+            algorithms: AlgorithmLists::default(),
+            pubkey: None,
+            passed_over: Vec::new(),
+            first_values: Default::default(),
+        };
+        let mut in_effect = Vec::new();
         for f in &self.files {
             let mut lines = Vec::new();
             lines_in_effect(
@@ -789,14 +823,18 @@ impl SshConfigFile {
                 0,
                 &mut lines,
             );
-            proxy.extend(proxy_lines(&lines));
+            q.proxy.extend(proxy_lines(&lines));
             for (kw, rest, _) in &lines {
                 let slot = match kw.as_str() {
-                    "ciphers" => &mut algorithms.ciphers,
-                    "kexalgorithms" => &mut algorithms.kex,
-                    "macs" => &mut algorithms.macs,
-                    "hostkeyalgorithms" => &mut algorithms.host_keys,
-                    "pubkeyauthentication" => &mut pubkey,
+                    "ciphers" => &mut q.algorithms.ciphers,
+                    "kexalgorithms" => &mut q.algorithms.kex,
+                    "macs" => &mut q.algorithms.macs,
+                    "hostkeyalgorithms" => &mut q.algorithms.host_keys,
+                    "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
+                        &mut q.algorithms.pubkey
+                    }
+                    // Read here: the parser takes fewer of its values than ssh does.
+                    "pubkeyauthentication" => &mut q.pubkey,
                     _ => continue,
                 };
                 if slot.is_none() {
@@ -804,9 +842,41 @@ impl SshConfigFile {
                 }
             }
             let parsed = parse_lines(&parser_text(&lines, true), self.home.as_deref())?;
-            params.overwrite_if_none(&parsed.query(host));
+            q.params.overwrite_if_none(&parsed.query(host));
+            in_effect.extend(lines);
         }
-        Ok((params, proxy, algorithms, pubkey))
+        // The first value of each keyword is the one in effect, as ssh keeps it.
+        let ignore_unknown = in_effect
+            .iter()
+            .find(|(kw, _, _)| kw == "ignoreunknown")
+            .map(|(_, rest, _)| rest.clone());
+        let mut seen: Vec<&str> = Vec::new();
+        for (kw, rest, line) in &in_effect {
+            if seen.contains(&kw.as_str()) {
+                continue;
+            }
+            seen.push(kw);
+            q.first_values.insert(kw.clone(), words(rest).join(" "));
+            let written = line.split(|c: char| c.is_whitespace() || c == '=').next();
+            let written = written.unwrap_or(kw).to_owned();
+            match keyword_use(kw, rest) {
+                KeywordUse::Read => {}
+                KeywordUse::PassedOver => q.passed_over.push(written),
+                KeywordUse::Unknown
+                    if ignore_unknown.as_deref().is_some_and(|patterns| {
+                        super::known_hosts::match_pattern_list(&words(patterns).join(","), kw)
+                    }) =>
+                {
+                    q.passed_over.push(written)
+                }
+                KeywordUse::SystemSsh | KeywordUse::Unknown => {
+                    return Err(Error::NeedsSystemSsh(format!(
+                        "ssh_config's `{line}` for {host}"
+                    )));
+                }
+            }
+        }
+        Ok(q)
     }
 
     /// Resolves `host` (an alias or a name, no `user@`) through these files only.
@@ -820,13 +890,32 @@ impl SshConfigFile {
         dest_user: Option<&str>,
         ov: &Overrides,
     ) -> Result<HostConfig, Error> {
-        let (p, proxy_lines, algorithms, pubkey) = self.query(host)?;
+        let Queried {
+            params: p,
+            proxy: proxy_lines,
+            algorithms,
+            pubkey,
+            passed_over,
+            first_values,
+        } = self.query(host)?;
+        let first_value = |key: &str| first_values.get(key).cloned();
         let extra_args = |key: &str| -> Option<Vec<String>> {
             p.unsupported_fields
                 .get(key)
                 .map(|args| args.iter().map(|a| unquote(a)).collect())
         };
         let extra = |key: &str| -> Option<String> { extra_args(key).map(|a| a.join(" ")) };
+        // Keys ssh2-config leaves to us, whether it knows them (unsupported) or not (ignored).
+        let any = |key: &str| -> Option<String> {
+            // The parser keeps a keyword it does not know as written.
+            let ignored = p.ignored_fields.iter();
+            extra(key).or_else(|| {
+                ignored
+                    .filter(|(k, _)| k.eq_ignore_ascii_case(key))
+                    .map(|(_, args)| args.join(" "))
+                    .next()
+            })
+        };
         // HostName takes `%h`; the name as given takes no tokens.
         let mut host_name = match ov.host_name.clone().or(p.host_name.clone()) {
             Some(h) => expand("HostName", &h, |c| (c == 'h').then(|| host.to_owned()))?,
@@ -885,20 +974,48 @@ impl SshConfigFile {
         };
         let identities_only = bool_opt("identitiesonly", ov.identities_only)?.unwrap_or(false);
         let batch_mode = bool_opt("batchmode", ov.batch_mode)?.unwrap_or(false);
-        let password_authentication =
+        let mut password_authentication =
             bool_opt("passwordauthentication", ov.password_authentication)?.unwrap_or(true);
-        let pubkey_authentication = match ov.pubkey_authentication {
+        let mut pubkey_authentication = match ov.pubkey_authentication {
             Some(v) => v,
             None => pubkey
                 .map(|v| parse_pubkey_authentication(&v))
                 .transpose()?
                 .unwrap_or(true),
         };
-        let kbd_interactive_authentication = match ov.kbd_interactive_authentication {
+        let mut kbd_interactive_authentication = match ov.kbd_interactive_authentication {
             Some(v) => v,
             None => bool_opt("kbdinteractiveauthentication", None)?
                 .or(bool_opt("challengeresponseauthentication", None)?)
                 .unwrap_or(true),
+        };
+        // PreferredAuthentications: the methods it leaves out are not tried (those the
+        // built-in client has, in its own order).
+        let preferred = ov.preferred_authentications.clone();
+        if let Some(list) = preferred.or(first_value("preferredauthentications")) {
+            let named = |m: &str| list.split(',').any(|l| l.trim().eq_ignore_ascii_case(m));
+            if !["publickey", "keyboard-interactive", "password"]
+                .iter()
+                .any(|m| named(m))
+            {
+                return Err(Error::NeedsSystemSsh(format!(
+                    "PreferredAuthentications {list} for {host}"
+                )));
+            }
+            pubkey_authentication &= named("publickey");
+            password_authentication &= named("password");
+            kbd_interactive_authentication &= named("keyboard-interactive");
+        }
+        let required_rsa_size = match ov.required_rsa_size {
+            Some(n) => n,
+            None => first_value("requiredrsasize")
+                .map(|v| {
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("RequiredRSASize {v:?}: expected a number"))
+                    })
+                })
+                .transpose()?
+                .unwrap_or(1024),
         };
         let number_of_password_prompts = match ov.number_of_password_prompts {
             Some(n) => n,
@@ -912,6 +1029,23 @@ impl SshConfigFile {
                 .unwrap_or(3),
         };
         let hash_known_hosts = bool_opt("hashknownhosts", ov.hash_known_hosts)?.unwrap_or(false);
+        let revoked_host_keys = match ov
+            .revoked_host_keys
+            .clone()
+            .or(first_value("revokedhostkeys"))
+        {
+            Some(v) if v.eq_ignore_ascii_case("none") => None,
+            Some(v) => Some(tokens.path("RevokedHostKeys", Path::new(&v))?),
+            None => None,
+        };
+        if let Some(file) = &revoked_host_keys
+            && super::known_hosts::is_key_revocation_list(file)
+        {
+            return Err(Error::NeedsSystemSsh(format!(
+                "RevokedHostKeys {}, a key revocation list, for {host}",
+                file.display()
+            )));
+        }
         let strict_host_key_checking = match &ov.strict {
             Some(s) => *s,
             None => extra("stricthostkeychecking")
@@ -960,10 +1094,6 @@ impl SshConfigFile {
             .connect_timeout
             .or(p.connect_timeout)
             .filter(|d| !d.is_zero());
-        // Keys ssh2-config leaves to us, whether it knows them (unsupported) or not (ignored).
-        let any = |key: &str| -> Option<String> {
-            extra(key).or_else(|| p.ignored_fields.get(key).map(|args| args.join(" ")))
-        };
         // As ssh: CertificateFile from `-o` first, then ssh_config's.
         let mut certificate_files = ov.certificate_files.clone();
         if let Some(f) = &p.certificate_file {
@@ -1097,7 +1227,13 @@ impl SshConfigFile {
             server_alive_interval,
             server_alive_count_max,
             proxy_command,
-            algorithms,
+            algorithms: AlgorithmLists {
+                pubkey: ov.pubkey_accepted_algorithms.clone().or(algorithms.pubkey),
+                ..algorithms
+            },
+            revoked_host_keys,
+            required_rsa_size,
+            passed_over: ov.passed_over.iter().chain(&passed_over).cloned().collect(),
         };
         let known_hosts: Vec<PathBuf> = config
             .user_known_hosts_files
@@ -1345,6 +1481,11 @@ struct Overrides {
     number_of_password_prompts: Option<u32>,
     server_alive_interval: Option<Duration>,
     server_alive_count_max: Option<u32>,
+    preferred_authentications: Option<String>,
+    required_rsa_size: Option<u32>,
+    revoked_host_keys: Option<String>,
+    pubkey_accepted_algorithms: Option<String>,
+    passed_over: Vec<String>,
 }
 
 impl Overrides {
@@ -1417,6 +1558,20 @@ impl Overrides {
                         Error::Config(format!("-o {opt}: NumberOfPasswordPrompts takes a number"))
                     })?,
                 ),
+                "preferredauthentications" => set_once(&mut ov.preferred_authentications, v),
+                "requiredrsasize" => set_once(
+                    &mut ov.required_rsa_size,
+                    v.parse().map_err(|_| {
+                        Error::Config(format!("-o {opt}: RequiredRSASize takes a number"))
+                    })?,
+                ),
+                "revokedhostkeys" => set_once(&mut ov.revoked_host_keys, v),
+                "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
+                    set_once(&mut ov.pubkey_accepted_algorithms, v)
+                }
+                _ if keyword_use(key, &v) == KeywordUse::PassedOver => {
+                    ov.passed_over.push(key.to_owned())
+                }
                 _ => return Err(Error::NeedsSystemSsh(format!("-o {opt}"))),
             }
         }
@@ -2063,6 +2218,104 @@ Host *
         let c = SshConfigFile::parse_str("Host p\n  GSSAPIAuthentication no\n").unwrap();
         assert!(c.resolve("p").is_ok());
         assert!(resolve_chain_in(&c, "-oProxyCommand=x", &SshOptions::default()).is_err());
+    }
+
+    /// Each keyword in effect is read, passed over (and named for `-v`), or hands the
+    /// connection to the system ssh: none that makes a connection safer is dropped.
+    #[test]
+    fn keywords_are_read_passed_over_or_left_to_the_system_ssh() {
+        let needs_system = |text: &str| {
+            let e = SshConfigFile::parse_str(text)
+                .unwrap()
+                .resolve("p")
+                .unwrap_err();
+            assert!(matches!(e, Error::NeedsSystemSsh(_)), "{text}: {e}");
+            e.to_string()
+        };
+        let e = needs_system("Host p\n  VerifyHostKeyDNS yes\n");
+        assert!(e.contains("`VerifyHostKeyDNS yes` for p"), "{e}");
+        needs_system("Host p\n  HostbasedAuthentication yes\n");
+        needs_system("Host p\n  SomeFutureKeyword 1\n");
+        needs_system("Host p\n  PreferredAuthentications hostbased,gssapi-with-mic\n");
+        // What a copy needs nothing of is passed over and named; the first value wins.
+        let c = SshConfigFile::parse_str(
+            "Host p\n  VerifyHostKeyDNS no\n  SendEnv LANG\n  setenv A=b\n  ForwardAgent yes\n\
+             Host *\n  VerifyHostKeyDNS yes\n  IgnoreUnknown Some*\n  SomeFutureKeyword 1\n",
+        )
+        .unwrap();
+        let h = c.resolve("p").unwrap();
+        assert_eq!(
+            h.passed_over,
+            [
+                "VerifyHostKeyDNS",
+                "SendEnv",
+                "setenv",
+                "ForwardAgent",
+                "SomeFutureKeyword"
+            ]
+        );
+        // Only the lines in effect for the host count.
+        let c = SshConfigFile::parse_str("Host q\n  SomeFutureKeyword 1\n").unwrap();
+        assert!(c.resolve("p").unwrap().passed_over.is_empty());
+        // -o: a keyword passed over is named, one only the system ssh honours hands over.
+        let c = SshConfigFile::parse_str("").unwrap();
+        let with = |o: &str| SshOptions {
+            options: vec![o.into()],
+            ..SshOptions::default()
+        };
+        let chain = resolve_chain_in(&c, "p", &with("SendEnv=LANG")).unwrap();
+        assert_eq!(chain[0].passed_over, ["SendEnv"]);
+        assert!(matches!(
+            resolve_chain_in(&c, "p", &with("VerifyHostKeyDNS=yes")),
+            Err(Error::NeedsSystemSsh(_))
+        ));
+        // PreferredAuthentications leaves out the methods it does not name.
+        let c = SshConfigFile::parse_str("Host p\n  PreferredAuthentications publickey\n").unwrap();
+        let h = c.resolve("p").unwrap();
+        assert!(h.pubkey_authentication);
+        assert!(!h.password_authentication && !h.kbd_interactive_authentication);
+        let chain = resolve_chain_in(&c, "p", &with("PreferredAuthentications=password")).unwrap();
+        assert!(!chain[0].pubkey_authentication && chain[0].password_authentication);
+        // RequiredRSASize, PubkeyAcceptedAlgorithms.
+        let c = SshConfigFile::parse_str(
+            "Host p\n  RequiredRSASize 3072\n  PubkeyAcceptedAlgorithms ssh-ed25519*\n",
+        )
+        .unwrap();
+        let h = c.resolve("p").unwrap();
+        assert_eq!(h.required_rsa_size, 3072);
+        assert_eq!(h.algorithms.pubkey.as_deref(), Some("ssh-ed25519*"));
+        assert_eq!(
+            SshConfigFile::parse_str("")
+                .unwrap()
+                .resolve("p")
+                .unwrap()
+                .required_rsa_size,
+            1024
+        );
+        let chain = resolve_chain_in(&c, "p", &with("RequiredRSASize=4096")).unwrap();
+        assert_eq!(chain[0].required_rsa_size, 4096);
+    }
+
+    /// RevokedHostKeys: a list of public keys is read; a binary key revocation list is the
+    /// system ssh's to read.
+    #[test]
+    fn revoked_host_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("revoked");
+        std::fs::write(&list, "# none yet\n").unwrap();
+        let krl = dir.path().join("krl");
+        std::fs::write(&krl, b"SSHKRL\n\0\0\0\0\x01").unwrap();
+        let text = |f: &Path| format!("Host p\n  RevokedHostKeys {}\n", f.display());
+        let c = SshConfigFile::parse_str(&text(&list)).unwrap();
+        assert_eq!(
+            c.resolve("p").unwrap().revoked_host_keys,
+            Some(list.clone())
+        );
+        let c = SshConfigFile::parse_str(&text(&krl)).unwrap();
+        let e = c.resolve("p").unwrap_err();
+        assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
+        let c = SshConfigFile::parse_str("Host p\n  RevokedHostKeys none\n").unwrap();
+        assert_eq!(c.resolve("p").unwrap().revoked_host_keys, None);
     }
 
     #[test]

@@ -117,6 +117,43 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
     })
 }
 
+/// The first bytes of a key revocation list in OpenSSH's binary format.
+const KRL_MAGIC: &[u8] = b"SSHKRL\n\0";
+
+/// Whether `file` is a key revocation list in OpenSSH's binary format (`ssh-keygen -k`),
+/// rather than a list of public keys.
+pub fn is_key_revocation_list(file: &Path) -> bool {
+    let mut start = [0; KRL_MAGIC.len()];
+    fs::File::open(file)
+        .and_then(|mut f| f.read_exact(&mut start))
+        .is_ok_and(|()| start == KRL_MAGIC)
+}
+
+/// The line of `file` (ssh_config's RevokedHostKeys: one public key a line, as ssh reads
+/// it) that lists `key`, if any. As with ssh, a file that cannot be read is an error, and a
+/// key revocation list in OpenSSH's binary format is refused.
+pub fn revoked_in(file: &Path, key: &PublicKey) -> io::Result<Option<usize>> {
+    if is_key_revocation_list(file) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a key revocation list in OpenSSH's binary format, which only the system ssh reads",
+        ));
+    }
+    let text = fs::read_to_string(file)?;
+    Ok(text
+        .lines()
+        .position(|raw| {
+            let mut fields = raw.split_whitespace();
+            let (Some(kind), Some(b64)) = (fields.next(), fields.next()) else {
+                return false;
+            };
+            !kind.starts_with('#')
+                && russh::keys::parse_public_key_base64(b64)
+                    .is_ok_and(|listed| listed.key_data() == key.key_data())
+        })
+        .map(|i| i + 1))
+}
+
 /// The types of the keys `files` record for `name` (not revoked ones): a client offers
 /// these host key algorithms first, as ssh does, so that a host with several keys shows
 /// one it is known by.

@@ -5,6 +5,7 @@ mod auth;
 pub mod client;
 pub mod config;
 mod error;
+mod keywords;
 pub mod known_hosts;
 pub mod program;
 mod quickack;
