@@ -686,6 +686,40 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// What every contender's command line shares, quoted for the shell.
+pub(crate) struct Common {
+    /// fastcp's binary (`target/release/fastcp` when it could not be built).
+    pub bin: String,
+    /// Why fastcp could not be built, if it could not: its runs are then counted as failed.
+    pub broken: Option<String>,
+    /// `--fastcp-args`, each with a space before it.
+    pub extra: String,
+    /// ssh's ` -c CIPHER` from `--ssh-cipher`, or nothing.
+    pub cipher: String,
+}
+
+impl Common {
+    pub(crate) fn new(opts: &BenchOptions, fastcp: &Result<PathBuf, String>) -> Common {
+        let (bin, broken) = match fastcp {
+            Ok(bin) => (p(bin), None),
+            Err(why) => ("target/release/fastcp".to_owned(), Some(why.clone())),
+        };
+        Common {
+            bin,
+            broken,
+            extra: opts
+                .fastcp_args
+                .iter()
+                .map(|a| format!(" {}", sq(a)))
+                .collect(),
+            cipher: opts
+                .ssh_cipher
+                .as_deref()
+                .map_or(String::new(), |c| format!(" -c {}", sq(c))),
+        }
+    }
+}
+
 /// The fastcp binary, built unless one was given; `Err` holds why it is unusable.
 fn fastcp_binary(opts: &BenchOptions) -> Result<PathBuf, String> {
     if let Some(path) = &opts.fastcp {
@@ -726,19 +760,12 @@ fn contenders(
     let dst_parent = p(dst.parent().unwrap());
     let name = sq(&data.src.file_name().unwrap().to_string_lossy());
     let r = if tree { "-r " } else { "" };
-    let extra: String = opts
-        .fastcp_args
-        .iter()
-        .map(|a| format!(" {}", sq(a)))
-        .collect();
-    let (fastcp_bin, broken) = match fastcp {
-        Ok(bin) => (p(bin), None),
-        Err(why) => ("target/release/fastcp".to_owned(), Some(why.clone())),
-    };
-    let c = opts
-        .ssh_cipher
-        .as_deref()
-        .map_or(String::new(), |c| format!(" -c {}", sq(c)));
+    let Common {
+        bin: fastcp_bin,
+        broken,
+        extra,
+        cipher: c,
+    } = Common::new(opts, fastcp);
     let cmd = Contender::new;
     let fastcp_run = |name: &str, args: String| Contender {
         name: name.into(),

@@ -454,7 +454,11 @@ fn run() -> Result<()> {
                 }
                 let mut mode_args = Args::parse(&mode_raw, VALUE_OPTIONS)?;
                 mode_args.positional.clear();
-                for opts in bench_runs(mode, &mut mode_args, &mode_raw, ALL_RTTS)? {
+                for mut opts in bench_runs(mode, &mut mode_args, &mode_raw, ALL_RTTS)? {
+                    // `--login` is for the reruns; the other modes log in as ever.
+                    if mode != bench::Mode::Rerun {
+                        opts.login = None;
+                    }
                     bench::run(&opts)?;
                 }
             }

@@ -263,7 +263,7 @@ impl Report {
         notes: Vec<String>,
         results: Vec<DataResult>,
     ) -> Report {
-        let versions = [
+        let mut versions = vec![
             match &opts.fastcp {
                 // Its commit is not known here: the one given may be built from any.
                 Some(bin) => format!(
@@ -275,9 +275,12 @@ impl Report {
             },
             first_line("ssh", &["-V"]),
             first_line("rsync", &["--version"]),
-            first_line("tar", &["--version"]),
-        ]
-        .join("; ");
+        ];
+        // The reruns run no tar.
+        if opts.mode != crate::bench::Mode::Rerun {
+            versions.push(first_line("tar", &["--version"]));
+        }
+        let versions = versions.join("; ");
         Report {
             mode: opts.mode,
             section: opts.section(),

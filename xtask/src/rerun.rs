@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench::{self, BenchOptions, Contender, Data, Outcome, p, sq};
+use crate::bench::{self, BenchOptions, Common, Contender, Data, Outcome, p, sq};
 use crate::sshd::ALIAS;
 use crate::verify::{self, Kind};
 
@@ -262,14 +262,12 @@ fn contenders(
     pull: &Path,
 ) -> Vec<(Contender, Dest)> {
     let src = p(&data.src);
-    let (bin, broken) = match fastcp {
-        Ok(bin) => (p(bin), None),
-        Err(why) => ("target/release/fastcp".to_owned(), Some(why.clone())),
-    };
-    let cipher = opts
-        .ssh_cipher
-        .as_deref()
-        .map_or(String::new(), |c| format!(" -c {}", sq(c)));
+    let Common {
+        bin,
+        broken,
+        extra,
+        cipher,
+    } = Common::new(opts, fastcp);
     let (l, o) = match &opts.login {
         Some(user) => (
             format!(" -l {}", sq(user)),
@@ -277,11 +275,6 @@ fn contenders(
         ),
         None => (String::new(), String::new()),
     };
-    let extra: String = opts
-        .fastcp_args
-        .iter()
-        .map(|a| format!(" {}", sq(a)))
-        .collect();
     // From the source's contents into the destination folder, so that a rerun lands where
     // the seeding run did rather than in a folder inside it.
     let ends = |dir: &str, dst: &Path| match dir {
