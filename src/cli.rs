@@ -87,6 +87,10 @@ pub struct Args {
     /// --devices --specials.
     #[arg(short = 'D', help_heading = "Copy")]
     pub devices_and_specials: bool,
+    /// Do not cross file system boundaries when recursing: a mount point beneath a source
+    /// arrives as an empty directory (rsync's -x).
+    #[arg(short = 'x', long, help_heading = "Copy")]
+    pub one_file_system: bool,
     /// Keep each file's owner (needs root on the receiving side; mapped by user name unless
     /// --numeric-ids).
     #[arg(long, help_heading = "Copy")]
@@ -630,6 +634,7 @@ async fn copy_with(
         })
         .devices(args.devices || args.devices_and_specials || args.archive)
         .specials(args.specials || args.devices_and_specials || args.archive)
+        .one_file_system(args.one_file_system)
         .dry_run(args.dry_run)
         .fsync(args.fsync)
         .skip_unchanged(args.skip_unchanged)

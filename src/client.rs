@@ -150,6 +150,13 @@ pub struct CopyOptions {
     /// listening socket). Without it each is skipped and reported as a failed entry, as
     /// for [`devices`](Self::devices). Not over SFTP.
     pub specials: bool,
+    /// Do not descend into directories on another file system than their source (`-x`,
+    /// `--one-file-system`, as rsync's): each mount point beneath a source arrives as an
+    /// empty directory. A pull needs fastcp with protocol version 11 on the remote side,
+    /// and is refused over SFTP, whose listings carry no device numbers. Not with
+    /// [`delete`](Self::delete), which would remove what lies beneath a mount point on the
+    /// receiving side.
+    pub one_file_system: bool,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
     /// travel to the remote side for a pull, and protect what they exclude from `--delete`.
@@ -330,6 +337,12 @@ impl CopyOptions {
         self
     }
 
+    /// Sets [`one_file_system`](CopyOptions::one_file_system).
+    pub fn one_file_system(mut self, value: bool) -> CopyOptions {
+        self.one_file_system = value;
+        self
+    }
+
     /// Sets [`filter`](CopyOptions::filter).
     pub fn filter(mut self, value: fastcp_stream::Filter) -> CopyOptions {
         self.filter = Some(Arc::new(value));
@@ -456,6 +469,15 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
+        if options.one_file_system && options.delete {
+            // A mount point arrives empty, so a mirror would remove what lies beneath it on
+            // the receiving side, where rsync leaves it.
+            return Err(Error::Usage(
+                "-x and --delete do not go together: the receiving side would remove what \
+                 lies beneath each mount point the walk does not enter"
+                    .into(),
             ));
         }
         if options.link_dest.is_some() && options.checksum {
@@ -656,6 +678,7 @@ impl Plan {
             attrs: self.options.attrs,
             devices: self.options.devices,
             specials: self.options.specials,
+            one_file_system: self.options.one_file_system,
             pieces: self.pieces.clone(),
             walk_ahead: self.walk_ahead.clone(),
             // A local copy's two sides share their buffers; `run_session` turns hashing
@@ -753,6 +776,9 @@ impl Plan {
         if self.options.follow_links {
             f |= flags::FOLLOW_LINKS;
         }
+        if self.options.one_file_system {
+            f |= flags::ONE_FILE_SYSTEM;
+        }
         if self.options.fsync {
             f |= flags::FSYNC;
         }
@@ -822,6 +848,7 @@ impl Plan {
         }
         let mut config = WalkConfig::new(self.options.recursive, self.options.follow_links);
         config.filter = self.options.filter.clone();
+        config.one_file_system = self.options.one_file_system;
         let sources = self.local_sources();
         let share =
             tokio::task::spawn_blocking(move || crate::shard::plan(&sources, &config, shard))
@@ -1881,6 +1908,16 @@ where
         // Where the files land, and the reference folder they are linked from, are the
         // receiver's to say; a pull's is this side.
         request_flags &= !(flags::CONTENTS | flags::LINK_DEST);
+        if request_flags & flags::ONE_FILE_SYSTEM != 0 && agreed.version < 11 {
+            return Err(Error::Usage(format!(
+                "-x on a pull needs protocol version 11, and the remote {} speaks {}",
+                escape(agreed.peer.software.as_bytes()),
+                agreed.version
+            )));
+        }
+    } else {
+        // A push's walk is this side's.
+        request_flags &= !flags::ONE_FILE_SYSTEM;
     }
     match job {
         Job::Copy | Job::Relay => {}

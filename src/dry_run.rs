@@ -78,6 +78,7 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     config.filter = plan.options.filter.clone();
     config.devices = plan.options.devices;
     config.specials = plan.options.specials;
+    config.one_file_system = plan.options.one_file_system;
     let mut listing = Vec::new();
     let mut report = Report::default();
     let mut walk = fastcp_stream::walk(&plan.local_sources(), &config);
@@ -261,6 +262,7 @@ where
         config.filter = filter;
         config.devices = flags & flags::DEVICES != 0;
         config.specials = flags & flags::SPECIALS != 0;
+        config.one_file_system = flags & flags::ONE_FILE_SYSTEM != 0;
         let mut id = 0;
         for entry in fastcp_stream::walk(sources, &config) {
             let frame = match entry {

@@ -768,6 +768,7 @@ fn send_config(
         attrs: fastcp_stream::KeepAttrs::from_flags(request.flags),
         devices: on(flags::DEVICES),
         specials: on(flags::SPECIALS),
+        one_file_system: on(flags::ONE_FILE_SYSTEM),
         filter,
         version: agreed.version,
         hash_content: !on(flags::NO_CONTENT_HASH),

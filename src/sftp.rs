@@ -776,6 +776,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
         (
+            o.one_file_system && plan.dest.remote().is_none(),
+            "-x on a pull (SFTP listings carry no device numbers)",
+        ),
+        (
             o.transport == crate::TransportChoice::Tcp,
             "--transport tcp",
         ),
@@ -1597,6 +1601,7 @@ fn plan_send_config(plan: &Plan) -> fastcp_stream::SendConfig {
         resume: o.resume,
         filter: o.filter.clone(),
         walk_ahead: plan.walk_ahead(),
+        one_file_system: o.one_file_system,
         specials_refused: true,
         ..Default::default()
     };

@@ -307,6 +307,10 @@ pub mod flags {
     /// probe's size and time, and mode and owner where they are kept), becomes another name
     /// of the reference's file, a hard link, instead of being sent.
     pub const LINK_DEST: u32 = 1 << 25;
+    /// The sender does not descend into directories on another file system than their
+    /// top-level source (rsync's `-x`, protocol version 11): each such mount point is sent
+    /// as an empty directory.
+    pub const ONE_FILE_SYSTEM: u32 = 1 << 26;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -333,7 +337,8 @@ pub mod flags {
         | CONTENTS
         | NO_CONTENT_HASH
         | NEW_TARGET_DIR
-        | LINK_DEST;
+        | LINK_DEST
+        | ONE_FILE_SYSTEM;
 }
 
 /// Which way the files flow in a session.

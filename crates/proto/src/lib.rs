@@ -58,8 +58,10 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// request flag [`flags::NO_CONTENT_HASH`], a copy that hashes no file content where the
 /// transport authenticates every byte, and [`flags::NEW_TARGET_DIR`], a destination folder
 /// made by the one source; version 10 adds the request flag [`flags::LINK_DEST`], a
-/// reference folder whose unchanged files the receiver links instead of receiving them.
-pub const PROTOCOL_VERSION: u16 = 10;
+/// reference folder whose unchanged files the receiver links instead of receiving them;
+/// version 11 adds the request flag [`flags::ONE_FILE_SYSTEM`], a pull's walk that stays on
+/// the file system of each source.
+pub const PROTOCOL_VERSION: u16 = 11;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

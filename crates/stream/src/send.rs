@@ -179,6 +179,9 @@ pub struct SendConfig {
     /// its own, as for [`devices`](Self::devices) (the receiver must be configured alike).
     /// Default: false.
     pub specials: bool,
+    /// Do not descend into directories on another file system than their top-level source
+    /// (`-x`; see [`WalkConfig::one_file_system`]). Default: false.
+    pub one_file_system: bool,
     /// The copy cannot carry devices, named pipes and sockets at all (the SFTP path): the
     /// failure for each one skipped does not name `--devices` or `--specials`. Default: false.
     pub specials_refused: bool,
@@ -200,6 +203,7 @@ impl SendConfig {
         let mut walk = WalkConfig::new(self.recursive, self.follow_links);
         walk.devices = self.devices;
         walk.specials = self.specials;
+        walk.one_file_system = self.one_file_system;
         walk.filter = self.filter.clone();
         walk
     }
@@ -236,6 +240,7 @@ impl Default for SendConfig {
             hash_content: true,
             devices: false,
             specials: false,
+            one_file_system: false,
             specials_refused: false,
             pieces: None,
             walk_ahead: None,

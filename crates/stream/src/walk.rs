@@ -41,6 +41,11 @@ pub struct WalkConfig {
     /// Yield named pipes and sockets as [`EntryKind::Special`] (rsync's `--specials`)
     /// instead of an error for each. Default: false.
     pub specials: bool,
+    /// Do not descend into a directory on another file system than its top-level source
+    /// (rsync's `-x`, `--one-file-system`): such a directory, a mount point, is yielded
+    /// empty, as rsync keeps it. A source named at the top is walked wherever it is.
+    /// Default: false.
+    pub one_file_system: bool,
 }
 
 impl WalkConfig {
@@ -193,6 +198,7 @@ impl WalkAhead {
             filter,
             devices,
             specials,
+            one_file_system,
         } = config;
         let same_filter = match (&a.config.filter, filter) {
             (None, None) => true,
@@ -209,6 +215,7 @@ impl WalkAhead {
             && same_filter
             && (a.config.recursive, a.config.follow_links) == (*recursive, *follow_links)
             && (a.config.devices, a.config.specials) == (*devices, *specials)
+            && a.config.one_file_system == *one_file_system
             && a.started.elapsed() <= AHEAD_MAX_AGE;
         let path = a.sources.first().cloned().unwrap_or_default();
         same.then(|| entries(walked, path))
@@ -500,6 +507,20 @@ impl Walk {
                 });
             }
             let id = (meta.dev(), meta.ino());
+            // The first level is the top-level source's.
+            let elsewhere = self.stack.first().is_some_and(|l| l.id.0 != id.0);
+            if self.config.one_file_system && elsewhere {
+                // A mount point: kept, empty; the listed paths beneath it are not missing.
+                self.forget_listed_beneath(&wire);
+                return Ok(Some(Entry {
+                    path,
+                    wire: Bytes::from(wire),
+                    kind: EntryKind::Dir,
+                    meta: meta_of(&meta),
+                    inode: None,
+                    owner: (meta.uid(), meta.gid()),
+                }));
+            }
             if self.stack.iter().any(|l| l.id == id) {
                 return Err(Error::Unsupported {
                     path,
