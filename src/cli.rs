@@ -112,6 +112,18 @@ pub struct Args {
     /// (rsync's quick check); implies -p, since times only match if the copy keeps them.
     #[arg(long, help_heading = "Copy")]
     pub skip_unchanged: bool,
+    /// Skip files the destination already has with the same size, whatever their time
+    /// (rsync's --size-only); implies --skip-unchanged.
+    #[arg(long, help_heading = "Copy")]
+    pub size_only: bool,
+    /// Leave whatever the destination already has at a file's path untouched (rsync's
+    /// --ignore-existing); implies --skip-unchanged.
+    #[arg(long, help_heading = "Copy")]
+    pub ignore_existing: bool,
+    /// Leave what the destination has with a later modification time untouched (rsync's
+    /// -u); implies --skip-unchanged.
+    #[arg(short = 'u', long, help_heading = "Copy")]
+    pub update: bool,
     /// Mirror: remove from each directory copied what the destination holds and the source
     /// does not (rsync's --delete); only beneath the destination, never through a symlink.
     #[arg(long, help_heading = "Copy")]
@@ -638,6 +650,11 @@ async fn copy_with(
         .dry_run(args.dry_run)
         .fsync(args.fsync)
         .skip_unchanged(args.skip_unchanged)
+        .skip_rules(fastcp::stream::SkipRules {
+            size_only: args.size_only,
+            existing: args.ignore_existing,
+            newer: args.update,
+        })
         .hard_links(args.hard_links)
         .follow_links(args.copy_links)
         .checksum(args.checksum)

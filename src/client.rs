@@ -150,6 +150,12 @@ pub struct CopyOptions {
     /// listening socket). Without it each is skipped and reported as a failed entry, as
     /// for [`devices`](Self::devices). Not over SFTP.
     pub specials: bool,
+    /// Leave more files as they are than the quick check does (`--size-only`,
+    /// `--ignore-existing`, `--update`); see [`fastcp_stream::SkipRules`]. Any of them
+    /// implies [`skip_unchanged`](Self::skip_unchanged) and is refused with
+    /// [`checksum`](Self::checksum). Needs protocol version 11 on the receiving side; not
+    /// over SFTP.
+    pub skip_rules: fastcp_stream::SkipRules,
     /// Do not descend into directories on another file system than their source (`-x`,
     /// `--one-file-system`, as rsync's): each mount point beneath a source arrives as an
     /// empty directory. A pull needs fastcp with protocol version 11 on the remote side,
@@ -337,6 +343,12 @@ impl CopyOptions {
         self
     }
 
+    /// Sets [`skip_rules`](CopyOptions::skip_rules).
+    pub fn skip_rules(mut self, value: fastcp_stream::SkipRules) -> CopyOptions {
+        self.skip_rules = value;
+        self
+    }
+
     /// Sets [`one_file_system`](CopyOptions::one_file_system).
     pub fn one_file_system(mut self, value: bool) -> CopyOptions {
         self.one_file_system = value;
@@ -477,6 +489,13 @@ impl Plan {
             return Err(Error::Usage(
                 "-x and --delete do not go together: the receiving side would remove what \
                  lies beneath each mount point the walk does not enter"
+                    .into(),
+            ));
+        }
+        if options.skip_rules.any() && options.checksum {
+            return Err(Error::Usage(
+                "--size-only, --ignore-existing and --update judge by sizes and times, not \
+                 --checksum's hashes: use one or the other"
                     .into(),
             ));
         }
@@ -710,6 +729,7 @@ impl Plan {
             devices: self.options.devices,
             specials: self.options.specials,
             link_dest: self.options.link_dest.clone(),
+            skip_rules: self.options.skip_rules,
             // As in `send_config`.
             hash_content: false,
             ..Default::default()
@@ -723,6 +743,7 @@ impl Plan {
             || self.options.checksum
             || self.options.resume
             || self.options.link_dest.is_some()
+            || self.options.skip_rules.any()
     }
 
     /// Whether modes and times are kept: `-p`, or the quick check by times, whose times must
@@ -730,7 +751,10 @@ impl Plan {
     fn preserve(&self) -> bool {
         self.options.preserve
             || self.options.skip_unchanged
-            || ((self.options.resume || self.options.link_dest.is_some()) && !self.options.checksum)
+            || ((self.options.resume
+                || self.options.link_dest.is_some()
+                || self.options.skip_rules.any())
+                && !self.options.checksum)
     }
 
     fn flags(&self) -> u32 {
@@ -756,6 +780,7 @@ impl Plan {
         if self.options.link_dest.is_some() {
             f |= flags::LINK_DEST;
         }
+        f |= self.options.skip_rules.flags();
         if let Some(filter) = &self.options.filter {
             if filter.listed().is_some() {
                 f |= flags::FILTERS | flags::FILES_FROM;
@@ -1897,6 +1922,18 @@ where
         compress::NONE
     };
     let mut request_flags = plan.flags();
+    // The receiver judges by them: a pull's is this side.
+    let rules = fastcp_stream::SkipRules::from_flags(request_flags);
+    if !pushes {
+        request_flags &= !rules.flags();
+    } else if rules.any() && agreed.version < 11 {
+        return Err(Error::Usage(format!(
+            "--size-only, --ignore-existing and --update need protocol version 11, and the \
+             remote {} speaks {}",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )));
+    }
     if request_flags & flags::LINK_DEST != 0 && agreed.version < 10 {
         return Err(Error::Usage(format!(
             "--link-dest needs protocol version 10, and the remote {} speaks {}",

@@ -356,19 +356,25 @@ pub(crate) struct Judge<'a> {
     link_dest: Option<&'a Path>,
     /// `-X` or `-A`: nothing is linked (the attributes are not compared).
     xattrs: bool,
+    /// `--size-only`, `--ignore-existing`, `--update`.
+    rules: fastcp_stream::SkipRules,
 }
 
 impl<'a> Judge<'a> {
     pub(crate) fn of(plan: &'a Plan) -> Judge<'a> {
         let o = &plan.options;
         Judge {
-            skip_unchanged: o.skip_unchanged || o.resume || o.link_dest.is_some(),
+            skip_unchanged: o.skip_unchanged
+                || o.resume
+                || o.link_dest.is_some()
+                || o.skip_rules.any(),
             checksum: o.checksum,
             delete: o.delete,
             filter: o.filter.as_deref(),
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
             xattrs: o.attrs.xattrs || o.attrs.acls,
+            rules: o.skip_rules,
         }
     }
 
@@ -386,6 +392,7 @@ impl<'a> Judge<'a> {
             contents: bits & flags::CONTENTS != 0,
             link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
             xattrs: bits & (flags::XATTRS | flags::ACLS) != 0,
+            rules: fastcp_stream::SkipRules::from_flags(bits),
         }
     }
 
@@ -488,7 +495,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                     reference
                     .as_deref()
                     .is_some_and(|top| real_folders(&r, top))
-                    && unchanged(&r, size, &entry.meta)
+                    && unchanged(&r, size, &entry.meta, &Default::default())
                     // A link shares its mode, which the copy keeps (`--link-dest` implies -p).
                     && std::fs::symlink_metadata(&r).is_ok_and(|m| {
                         m.mode() & 0o7777 == entry.meta.mode & fastcp_stream::SAFE_MODE_BITS
@@ -512,7 +519,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             EntryKind::File { size }
                 if j.skip_unchanged
                     && !j.checksum
-                    && (unchanged(&path, *size, &entry.meta) || linked(*size)) =>
+                    && (unchanged(&path, *size, &entry.meta, &j.rules) || linked(*size)) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
@@ -573,12 +580,14 @@ fn lexical(path: &Path) -> PathBuf {
 }
 
 /// A regular file at `path` with this size and modification time: the quick check skips it.
-fn unchanged(path: &Path, size: u64, meta: &Meta) -> bool {
+fn unchanged(path: &Path, size: u64, meta: &Meta, rules: &fastcp_stream::SkipRules) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| {
-        m.is_file()
-            && m.len() == size
-            && m.mtime() == meta.mtime
-            && m.mtime_nsec() == i64::from(meta.mtime_nsec)
+        let theirs = (m.mtime(), m.mtime_nsec());
+        let ours = (meta.mtime, i64::from(meta.mtime_nsec));
+        // As the receiver judges: what `--ignore-existing` and `--update` leave, first.
+        rules.existing
+            || (rules.newer && theirs > ours)
+            || (m.is_file() && m.len() == size && (rules.size_only || theirs == ours))
     })
 }
 

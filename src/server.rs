@@ -746,6 +746,7 @@ fn receive_config(
             .as_ref()
             .filter(|_| on(flags::LINK_DEST))
             .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p))),
+        skip_rules: fastcp_stream::SkipRules::from_flags(request.flags),
         ..Default::default()
     }
 }

@@ -773,6 +773,10 @@ fn refuse_unsupported(plan: &Plan) -> Result<(), Error> {
             o.link_dest.is_some() && plan.dest.remote().is_some(),
             "--link-dest on a push",
         ),
+        (
+            o.skip_rules.any() && plan.dest.remote().is_some(),
+            "--size-only, --ignore-existing and --update on a push",
+        ),
         (o.attrs.any(), "--owner, --group, -X and -A"),
         (o.devices || o.specials, "--devices and --specials"),
         (
@@ -3221,7 +3225,8 @@ async fn pull(
     // `--checksum` asks too, but compares content.
     // `--link-dest` asks too, to link what the reference holds alike.
     let probing = plan.probing();
-    let preserve = o.preserve || o.skip_unchanged || o.resume || o.link_dest.is_some();
+    let preserve =
+        o.preserve || o.skip_unchanged || o.resume || o.link_dest.is_some() || o.skip_rules.any();
     let emit = Arc::new(Emit {
         sftp,
         outs,
@@ -3259,6 +3264,7 @@ async fn pull(
         delete: o.delete,
         filter: o.filter.clone(),
         link_dest: o.link_dest.clone(),
+        skip_rules: o.skip_rules,
         // The bytes come from this process's own SFTP reads: hashing them on both sides of
         // the pipe would check the same memory twice. Each file's ranges are still checked.
         hash_content: false,

@@ -1481,3 +1481,147 @@ fn link_dest_dry_runs_agree_with_the_copy() {
         assert_eq!(skipped(&extra, to), want, "{extra:?}");
     }
 }
+
+/// rsync's `--size-only`, `--ignore-existing` and `--update`, on every path where fastcp
+/// judges on the receiving side (a local copy, a push and a pull over TCP and SSH, a pull
+/// over SFTP); a push over SFTP refuses them. The control, `--skip-unchanged` alone, sends
+/// every file whose time differs.
+#[test]
+fn size_only_ignore_existing_and_update_leave_what_rsync_leaves() {
+    const T: i64 = 1_700_000_000;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // Name, source bytes and time, destination bytes and time (None: not there).
+    type Case<'a> = (&'a str, &'a [u8], i64, Option<(&'a [u8], i64)>);
+    let files: [Case; 4] = [
+        ("newer.txt", b"source", T, Some((b"theirs", T + 100))),
+        ("older.txt", b"source", T, Some((b"theirs", T - 100))),
+        (
+            "resized.txt",
+            b"source",
+            T,
+            Some((b"theirs, longer", T - 100)),
+        ),
+        ("absent.txt", b"source", T, None),
+    ];
+    for (name, bytes, time, _) in &files {
+        write(&src.join(name), bytes, 0o644);
+        set_times(&src.join(name), *time, *time);
+    }
+    let seed = |dst: &Path| {
+        let _ = std::fs::remove_dir_all(dst);
+        std::fs::create_dir(dst).unwrap();
+        for (name, _, _, there) in &files {
+            if let Some((bytes, time)) = there {
+                write(&dst.join(name), bytes, 0o644);
+                set_times(&dst.join(name), *time, *time);
+            }
+        }
+    };
+    // The files each option sends; the others keep the destination's bytes.
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "--skip-unchanged",
+            &["newer.txt", "older.txt", "resized.txt", "absent.txt"],
+        ),
+        ("--size-only", &["resized.txt", "absent.txt"]),
+        ("--ignore-existing", &["absent.txt"]),
+        ("--update", &["older.txt", "resized.txt", "absent.txt"]),
+    ];
+    let from_src = format!("{}/.", src.display());
+    let remote_src = format!("{}:{}/.", sshd.alias(), src.display());
+    for way in [
+        "local",
+        "push tcp",
+        "push ssh",
+        "pull tcp",
+        "pull ssh",
+        "pull sftp",
+    ] {
+        for (option, sent) in cases {
+            let dst = work.path().join("dst");
+            seed(&dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", option]);
+            match way {
+                "local" => cmd.arg(&from_src).arg(&dst),
+                "push tcp" | "push ssh" => cmd
+                    .args(["--transport", &way[5..]])
+                    .arg(&from_src)
+                    .arg(remote(&sshd, &dst)),
+                "pull sftp" => cmd.arg("--sftp").arg(&remote_src).arg(&dst),
+                _ => cmd
+                    .args(["--transport", &way[5..]])
+                    .arg(&remote_src)
+                    .arg(&dst),
+            };
+            let summary = ok_json(&mut cmd);
+            let what = format!("{way} {option}");
+            for (name, _, time, there) in &files {
+                let got = std::fs::read(dst.join(name)).unwrap();
+                if sent.contains(name) {
+                    assert_eq!(got, b"source", "{what}: {name}");
+                } else {
+                    let (bytes, their_time) = there.unwrap();
+                    assert_eq!(got, bytes, "{what}: {name}");
+                    let mtime = std::fs::metadata(dst.join(name)).unwrap();
+                    let mtime = std::os::unix::fs::MetadataExt::mtime(&mtime);
+                    // --size-only brings a skipped file in line, as the quick check does;
+                    // the other two leave it untouched.
+                    let want = if option == "--size-only" {
+                        *time
+                    } else {
+                        their_time
+                    };
+                    assert_eq!(mtime, want, "{what}: {name}");
+                }
+            }
+            assert_eq!(
+                summary["files_skipped"],
+                (files.len() - sent.len()) as u64,
+                "{what}"
+            );
+        }
+    }
+    // `-n` lists what each would send: judged here for a local copy, by the server for a
+    // push.
+    for way in ["local", "push tcp"] {
+        for (option, sent) in cases {
+            let dst = work.path().join("dst");
+            seed(&dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "-n", option]).arg(&from_src);
+            match way {
+                "local" => cmd.arg(&dst),
+                _ => cmd.arg(remote(&sshd, &dst)),
+            };
+            let out = run(&mut cmd);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.rsplit('/').next().map(str::to_owned))
+                .filter(|l| l.ends_with(".txt"))
+                .collect();
+            listed.sort();
+            let mut want: Vec<&str> = sent.to_vec();
+            want.sort();
+            assert_eq!(listed, want, "-n {way} {option}");
+        }
+    }
+    // A push over SFTP judges on this side, from the remote's attributes: refused.
+    let dst = work.path().join("sftp-push");
+    seed(&dst);
+    let out = run(fastcp(&sshd, bin())
+        .args(["-r", "--sftp", "--update"])
+        .arg(&from_src)
+        .arg(remote(&sshd, &dst)));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--update on a push"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read(dst.join("older.txt")).unwrap(), b"theirs");
+}

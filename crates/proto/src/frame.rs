@@ -311,6 +311,15 @@ pub mod flags {
     /// top-level source (rsync's `-x`, protocol version 11): each such mount point is sent
     /// as an empty directory.
     pub const ONE_FILE_SYSTEM: u32 = 1 << 26;
+    /// With [`SKIP_UNCHANGED`] (protocol version 11): a regular file of the probe's size is
+    /// unchanged whatever its time (rsync's `--size-only`).
+    pub const SIZE_ONLY: u32 = 1 << 27;
+    /// With [`SKIP_UNCHANGED`] (protocol version 11): anything already at a probed path is
+    /// left untouched, not sent (rsync's `--ignore-existing`).
+    pub const IGNORE_EXISTING: u32 = 1 << 28;
+    /// With [`SKIP_UNCHANGED`] (protocol version 11): anything already at a probed path with
+    /// a later modification time than the probe's is left untouched (rsync's `--update`).
+    pub const UPDATE: u32 = 1 << 29;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -338,7 +347,10 @@ pub mod flags {
         | NO_CONTENT_HASH
         | NEW_TARGET_DIR
         | LINK_DEST
-        | ONE_FILE_SYSTEM;
+        | ONE_FILE_SYSTEM
+        | SIZE_ONLY
+        | IGNORE_EXISTING
+        | UPDATE;
 }
 
 /// Which way the files flow in a session.

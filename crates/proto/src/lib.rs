@@ -59,8 +59,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// transport authenticates every byte, and [`flags::NEW_TARGET_DIR`], a destination folder
 /// made by the one source; version 10 adds the request flag [`flags::LINK_DEST`], a
 /// reference folder whose unchanged files the receiver links instead of receiving them;
-/// version 11 adds the request flag [`flags::ONE_FILE_SYSTEM`], a pull's walk that stays on
-/// the file system of each source.
+/// version 11 adds the request flags [`flags::ONE_FILE_SYSTEM`], a pull's walk that stays on
+/// the file system of each source, and [`flags::SIZE_ONLY`], [`flags::IGNORE_EXISTING`] and
+/// [`flags::UPDATE`], which leave more files as they are.
 pub const PROTOCOL_VERSION: u16 = 11;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;

@@ -102,6 +102,14 @@ pub enum SkipReason {
     /// ([`ReceiveConfig::link_dest`](crate::ReceiveConfig::link_dest)). Only the receiving
     /// side knows it: a sender's event for such a file says [`Unchanged`](Self::Unchanged).
     Linked,
+    /// Something is there already, left as it is
+    /// ([`SkipRules::existing`](crate::SkipRules::existing)). Only the receiving side knows
+    /// it, as for [`Linked`](Self::Linked).
+    Exists,
+    /// What is there already is newer, left as it is
+    /// ([`SkipRules::newer`](crate::SkipRules::newer)). Only the receiving side knows it, as
+    /// for [`Linked`](Self::Linked).
+    Newer,
 }
 
 impl SkipReason {

@@ -100,7 +100,7 @@ pub use pipe::{
 pub use progress::{Counted, Progress, Snapshot};
 pub use receive::{
     DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig,
-    check_destination, receive, receive_from, receive_piped,
+    SkipRules, check_destination, receive, receive_from, receive_piped,
 };
 pub use relay::{RelayConfig, RelayError, relay};
 pub use report::{Failure, MAX_FAILURES, Report, Side};

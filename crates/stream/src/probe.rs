@@ -273,6 +273,22 @@ impl Prober {
         }
         let config = &self.shared.config;
         let (checksum, resume) = (config.checksum, config.resume);
+        let size_only = config.skip_rules.size_only;
+        // `--ignore-existing`, `--update`: what is there is left untouched.
+        if let Some(reason) = self.left_as_it_is(&p) {
+            self.shared.progress.add_skipped(p.size);
+            self.shared.progress.event(|| Event::Skipped {
+                path: p.path.clone(),
+                size: p.size,
+                reason,
+            });
+            self.shared.probe_skipped(p.path.clone(), p.size);
+            return Ok(Some(Frame::Answer(Answer {
+                id: p.id,
+                send: false,
+                hash: None,
+            })));
+        }
         // The destination already holds the file when a regular file (not a link) is there
         // with its size and modification time, reached without following a symlink;
         // anything else, a missing directory included, means "send it". One stat serves the
@@ -283,7 +299,9 @@ impl Prober {
             (hash.is_none(), hash)
         } else {
             let same_time = st.as_ref().is_some_and(|st| {
-                (st.st_mtime, i128::from(st.st_mtime_nsec)) == (p.mtime, i128::from(p.mtime_nsec))
+                size_only
+                    || (st.st_mtime, i128::from(st.st_mtime_nsec))
+                        == (p.mtime, i128::from(p.mtime_nsec))
             });
             (!same_time, None)
         };
@@ -483,6 +501,23 @@ impl Prober {
 
     /// The destination's regular file at the probe's path (not a link, reached without
     /// following one), if it has the probe's size.
+    /// Why what is at a probed path is left as it is, untouched, if it is: anything there
+    /// with [`SkipRules::existing`](crate::SkipRules::existing), anything there with a later
+    /// modification time with [`SkipRules::newer`](crate::SkipRules::newer).
+    fn left_as_it_is(&mut self, p: &Probe) -> Option<SkipReason> {
+        let rules = self.shared.config.skip_rules;
+        if !rules.existing && !rules.newer {
+            return None;
+        }
+        let (dir, name) = self.probed_dir(p)?;
+        let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        if rules.existing {
+            return Some(SkipReason::Exists);
+        }
+        let theirs = (st.st_mtime, i128::from(st.st_mtime_nsec));
+        (theirs > (p.mtime, i128::from(p.mtime_nsec))).then_some(SkipReason::Newer)
+    }
+
     fn same_size(&mut self, p: &Probe) -> Option<rustix::fs::Stat> {
         let (dir, name) = self.probed_dir(p)?;
         let st = rustix::fs::statat(&*dir, &name[..], AtFlags::SYMLINK_NOFOLLOW).ok()?;

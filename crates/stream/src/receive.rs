@@ -218,6 +218,67 @@ pub struct ReceiveConfig {
     /// destination (from `new`, which may not exist yet: `../old` is the folder `old` beside
     /// it). It must be a folder on the destination's file system. Default: `None`.
     pub link_dest: Option<PathBuf>,
+    /// With `skip_unchanged`, not `checksum`: what else is left as it is (see
+    /// [`SkipRules`]). Default: none.
+    pub skip_rules: SkipRules,
+}
+
+/// Which files a receiver answering quick-check probes leaves as they are, beyond those it
+/// holds alike: rsync's `--size-only`, `--ignore-existing` and `--update`. They apply to
+/// regular files, the ones probed.
+///
+/// ```
+/// use fastcp_stream::SkipRules;
+///
+/// let rules = SkipRules { existing: true, ..SkipRules::default() };
+/// assert!(rules.any());
+/// assert_eq!(SkipRules::from_flags(rules.flags()), rules);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SkipRules {
+    /// A regular file of the probe's size is unchanged, whatever its modification time
+    /// (`--size-only`); it is still brought in line, as the quick check brings one.
+    pub size_only: bool,
+    /// Anything already at the file's path is left as it is, untouched, its mode and times
+    /// included (`--ignore-existing`).
+    pub existing: bool,
+    /// Anything already at the file's path with a later modification time than the
+    /// sender's is left as it is, untouched (`--update`). One of the same time is judged by
+    /// the quick check.
+    pub newer: bool,
+}
+
+impl SkipRules {
+    /// Whether any rule is on.
+    pub fn any(&self) -> bool {
+        self.size_only || self.existing || self.newer
+    }
+
+    /// The request bits that carry these rules (protocol version 11).
+    pub fn flags(&self) -> u32 {
+        use fastcp_proto::flags;
+        let mut f = 0;
+        for (on, bit) in [
+            (self.size_only, flags::SIZE_ONLY),
+            (self.existing, flags::IGNORE_EXISTING),
+            (self.newer, flags::UPDATE),
+        ] {
+            if on {
+                f |= bit;
+            }
+        }
+        f
+    }
+
+    /// The rules request bits `bits` carry.
+    pub fn from_flags(bits: u32) -> SkipRules {
+        use fastcp_proto::flags;
+        SkipRules {
+            size_only: bits & flags::SIZE_ONLY != 0,
+            existing: bits & flags::IGNORE_EXISTING != 0,
+            newer: bits & flags::UPDATE != 0,
+        }
+    }
 }
 
 /// The default [`ReceiveConfig::max_entries`]: 100 million.
@@ -251,6 +312,7 @@ impl Default for ReceiveConfig {
             max_entries: DEFAULT_MAX_ENTRIES,
             hash_content: true,
             link_dest: None,
+            skip_rules: SkipRules::default(),
         }
     }
 }
