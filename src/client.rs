@@ -159,9 +159,10 @@ pub struct CopyOptions {
     /// Do not descend into directories on another file system than their source (`-x`,
     /// `--one-file-system`, as rsync's): each mount point beneath a source arrives as an
     /// empty directory. A pull needs fastcp with protocol version 11 on the remote side,
-    /// and is refused over SFTP, whose listings carry no device numbers. Not with
-    /// [`delete`](Self::delete), which would remove what lies beneath a mount point on the
-    /// receiving side.
+    /// and is refused over SFTP, whose listings carry no device numbers. With
+    /// [`delete`](Self::delete), what the receiving side holds beneath a mount point is
+    /// left alone, as rsync leaves it (a push needs protocol version 11 on the remote side
+    /// then).
     pub one_file_system: bool,
     /// Include and exclude rules for what is copied, with rsync's meaning
     /// (`--include`, `--exclude`, `--exclude-from`); see [`fastcp_stream::Filter`]. They
@@ -481,15 +482,6 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
-            ));
-        }
-        if options.one_file_system && options.delete {
-            // A mount point arrives empty, so a mirror would remove what lies beneath it on
-            // the receiving side, where rsync leaves it.
-            return Err(Error::Usage(
-                "-x and --delete do not go together: the receiving side would remove what \
-                 lies beneath each mount point the walk does not enter"
-                    .into(),
             ));
         }
         if options.skip_rules.any() && options.checksum {
@@ -1953,7 +1945,18 @@ where
             )));
         }
     } else {
-        // A push's walk is this side's.
+        // A push's walk is this side's; a mirroring receiver must know what it left out.
+        if request_flags & flags::ONE_FILE_SYSTEM != 0
+            && (request_flags & flags::DELETE != 0 || plan.options.dry_run)
+            && agreed.version < 11
+        {
+            return Err(Error::Usage(format!(
+                "-x with --delete or -n on a push needs protocol version 11, and the remote \
+                 {} speaks {}",
+                escape(agreed.peer.software.as_bytes()),
+                agreed.version
+            )));
+        }
         request_flags &= !flags::ONE_FILE_SYSTEM;
     }
     match job {

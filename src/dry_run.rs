@@ -44,6 +44,9 @@ pub struct Listed {
     /// True for an entry of the destination that `--delete` would remove (a directory with
     /// all it holds).
     pub delete: bool,
+    /// True for a directory listed without its contents, a mount point that `-x` does not
+    /// enter: `--delete` leaves what the destination holds beneath it.
+    pub unentered: bool,
 }
 
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
@@ -112,6 +115,7 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                         ..entry.meta
                     },
                     delete: false,
+                    unentered: entry.unentered,
                 });
             }
             Err(e) => {
@@ -274,6 +278,10 @@ where
                         ..entry.meta
                     };
                     match entry.kind {
+                        // The client asked for `-x`, so it speaks version 11.
+                        EntryKind::Dir if entry.unentered => {
+                            Frame::Unentered(fastcp_proto::Unentered { path: entry.wire })
+                        }
                         EntryKind::Dir => Frame::Dir(DirEntry {
                             path: entry.wire,
                             meta,
@@ -525,7 +533,10 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir if let Some(spared) = &spared => {
+            EntryKind::Dir
+                if !entry.unentered
+                    && let Some(spared) = &spared =>
+            {
                 extras(j, &path, &entry.path, (&sent, spared), &mut deletions)
             }
             _ => {}
@@ -660,16 +671,21 @@ fn extras(
                 atime: None,
             },
             delete: true,
+            unentered: false,
         });
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     out.extend(found);
 }
 
-/// The frame that lists `entry` (a `File` as `id`).
+/// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an
+/// `Unentered`, which only a version 11 peer is sent: a listing's folders need no times).
 fn listing_frame(entry: &Listed, id: u64) -> Frame {
     let meta = entry.meta;
     match &entry.kind {
+        EntryKind::Dir if entry.unentered => Frame::Unentered(fastcp_proto::Unentered {
+            path: entry.path.clone(),
+        }),
         EntryKind::Dir => Frame::Dir(DirEntry {
             path: entry.path.clone(),
             meta,
@@ -705,9 +721,17 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
             ..meta
         },
         delete: false,
+        unentered: false,
     };
     Some(match frame {
         Frame::Dir(d) => (None, listed(d.path, EntryKind::Dir, d.meta)),
+        Frame::Unentered(u) => (
+            None,
+            Listed {
+                unentered: true,
+                ..listed(u.path, EntryKind::Dir, Meta::default())
+            },
+        ),
         Frame::File(f) => (
             Some(f.id),
             listed(f.path, EntryKind::File { size: f.size }, f.meta),

@@ -711,6 +711,7 @@ async fn list_remote(
             ..meta
         },
         delete: false,
+        unentered: false,
     };
     // Files come as read jobs (one per small file, the first of a big one's ranges), the
     // rest as frames on the stream.
@@ -1416,6 +1417,9 @@ impl Drop for TempSweeper {
 struct Mirror {
     sent: HashSet<Bytes>,
     dirs: Vec<Bytes>,
+    /// The folders sent without their contents (mount points `-x` does not enter), whose
+    /// extras are left alone.
+    unentered: HashSet<Bytes>,
     blocked: bool,
 }
 
@@ -1762,6 +1766,11 @@ impl Apply {
                     });
                 }
                 Frame::Totals(_) => {}
+                Frame::Unentered(u) => {
+                    if let Some(m) = &self.mirror {
+                        lock(m).unentered.insert(Bytes::copy_from_slice(&u.path));
+                    }
+                }
                 Frame::Error(e) if !e.fatal => {
                     // A file that failed on the sending side is not brought in line with it.
                     lock(&self.refresh_later).remove(&e.path[..]);
@@ -2086,9 +2095,11 @@ impl Apply {
         };
         let Mirror {
             sent,
-            dirs,
+            mut dirs,
+            unentered,
             blocked,
         } = std::mem::take(&mut *lock(m));
+        dirs.retain(|d| !unentered.contains(d));
         if blocked {
             self.failed(
                 b"",

@@ -141,22 +141,98 @@ fn a_pull_stays_on_the_sources_file_system_and_sftp_refuses_it() {
     assert!(!dst.exists());
 }
 
-/// With `--delete`, a mount point that arrives empty would have what lies beneath it on the
-/// receiving side removed (rsync leaves it): the two are refused together, before anything
-/// is copied or deleted.
+/// With `--delete`, what the destination holds beneath a mount point the walk did not enter
+/// is left alone, as rsync leaves it, while the extras elsewhere go; `-n` lists the same.
 #[test]
-fn one_file_system_with_delete_is_refused() {
+fn delete_leaves_what_lies_beneath_a_mount_point() {
+    let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = tree(work.path());
-    let dst = work.path().join("dst");
-    std::fs::create_dir_all(dst.join("mnt")).unwrap();
-    write(&dst.join("mnt/kept.txt"), b"kept\n", 0o644);
-    let out = run(Command::new(BIN)
-        .args(["-r", "-x", "--delete"])
-        .arg(format!("{}/.", src.display()))
-        .arg(&dst));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("-x and --delete"), "{}", stderr(&out));
-    assert_eq!(std::fs::read(dst.join("mnt/kept.txt")).unwrap(), b"kept\n");
-    assert!(!dst.join("top.txt").exists());
+    let config = sshd.ssh_config();
+    let config = config.to_str().unwrap();
+    let from = format!("{}/.", src.display());
+    // Each destination holds an extra beneath mnt and one beside it.
+    let seed = |dst: &Path| {
+        let _ = std::fs::remove_dir_all(dst);
+        std::fs::create_dir_all(dst.join("mnt")).unwrap();
+        write(&dst.join("mnt/kept.txt"), b"kept\n", 0o644);
+        write(&dst.join("extra.txt"), b"extra\n", 0o644);
+    };
+    let server = script(
+        work.path(),
+        "fastcp-mounted",
+        &format!(
+            "export MNT='{}'\nexec unshare --mount --map-root-user sh -c '{MOUNT}\n\
+             exec \"{BIN}\" \"$@\"' fastcp \"$@\"",
+            src.join("mnt").display()
+        ),
+    );
+    let server = server.to_str().unwrap();
+    let remote_src = format!("{}:{}/.", sshd.alias(), src.display());
+    for way in [
+        "local",
+        "push tcp",
+        "push ssh",
+        "push sftp",
+        "pull tcp",
+        "pull ssh",
+    ] {
+        // An SFTP push refuses -n with --delete.
+        for dry_run in [true, false]
+            .into_iter()
+            .filter(|&n| !n || way != "push sftp")
+        {
+            let dst = work.path().join("dst");
+            seed(&dst);
+            let to = remote(&sshd, &dst);
+            let dst_text = dst.display().to_string();
+            let mut args = vec!["-r", "-x", "--delete", "-F", config];
+            if dry_run {
+                args.push("-n");
+            }
+            let (from, to) = match way {
+                "local" => (from.as_str(), dst_text.as_str()),
+                w if w.starts_with("push") => (from.as_str(), to.as_str()),
+                _ => (remote_src.as_str(), dst_text.as_str()),
+            };
+            match way {
+                "push sftp" => args.push("--sftp"),
+                "local" => {}
+                w => args.extend(["--transport", &w[5..]]),
+            }
+            // A pull's walk is the server's, in its namespace; the others walk here.
+            let out = if way.starts_with("pull") {
+                args.extend(["--remote-path", server, from, to]);
+                run(Command::new(BIN).args(&args).env_remove("SSH_AUTH_SOCK"))
+            } else {
+                args.extend(["--remote-path", BIN, from, to]);
+                fastcp_in_namespace(&src.join("mnt"), &args)
+            };
+            let what = format!("{way} -n {dry_run}");
+            assert!(out.status.success(), "{what}: {}", stderr(&out));
+            assert_eq!(
+                std::fs::read(dst.join("mnt/kept.txt")).unwrap(),
+                b"kept\n",
+                "{what}"
+            );
+            if dry_run {
+                let said = String::from_utf8_lossy(&out.stdout);
+                let deleting = |name: &str| {
+                    said.lines()
+                        .any(|l| l.starts_with("deleting") && l.ends_with(name))
+                };
+                assert!(deleting("extra.txt"), "{what}: {said}");
+                assert!(!said.contains("kept.txt"), "{what}: {said}");
+                assert!(dst.join("extra.txt").exists(), "{what}");
+            } else {
+                assert!(!dst.join("extra.txt").exists(), "{what}");
+                assert_eq!(
+                    std::fs::read(dst.join("top.txt")).unwrap(),
+                    b"top\n",
+                    "{what}"
+                );
+                assert!(!dst.join("mnt/inner.txt").exists(), "{what}");
+            }
+        }
+    }
 }

@@ -209,6 +209,7 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             dst.put_u64(h.offset);
             dst.put_u64(h.len);
         }
+        Frame::Unentered(u) => put_bytes(dst, &u.path),
         Frame::Error(e) => {
             dst.put_u16(e.code.to_u16());
             dst.put_u8(e.fatal as u8);
@@ -355,6 +356,7 @@ fn known_kind(k: u8) -> bool {
             | kind::HARD_LINK
             | kind::KEEP
             | kind::HOLE
+            | kind::UNENTERED
             | kind::ATTRS
             | kind::SPECIAL
             | kind::PARTIAL
@@ -661,6 +663,12 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 return Err(r.invalid("an empty hole"));
             }
             Frame::Hole(h)
+        }
+        kind::UNENTERED => {
+            r.frame = "Unentered";
+            Frame::Unentered(Unentered {
+                path: r.bytes(MAX_PATH)?,
+            })
         }
         kind::ANSWER => {
             r.frame = "Answer";
@@ -1105,6 +1113,9 @@ mod tests {
             entries: 12,
         }));
         roundtrip(Frame::Busy);
+        roundtrip(Frame::Unentered(Unentered {
+            path: Bytes::from_static(b"tree/mnt"),
+        }));
         roundtrip(Frame::Hole(Hole {
             id: 9,
             offset: 3 << 20,

@@ -56,6 +56,9 @@ pub enum Frame {
     /// A range of a file that holds no data on the sender, a hole of a sparse file
     /// (protocol version 8): it reads as zeros, and none of its bytes travel.
     Hole(Hole),
+    /// Sender to receiver, with [`flags::ONE_FILE_SYSTEM`] (protocol version 11): a
+    /// directory sent without its contents, a mount point the walk did not enter.
+    Unentered(Unentered),
     /// Sender to receiver, with [`flags::OWNER`], [`flags::GROUP`], [`flags::XATTRS`] or
     /// [`flags::ACLS`]: the owner and extended attributes of the entry that follows it on the
     /// same stream.
@@ -102,6 +105,7 @@ pub mod kind {
     pub const DELETED: u8 = 0x24;
     pub const BUSY: u8 = 0x25;
     pub const HOLE: u8 = 0x26;
+    pub const UNENTERED: u8 = 0x27;
 }
 
 impl Frame {
@@ -126,6 +130,7 @@ impl Frame {
             Frame::Partial(_) => kind::PARTIAL,
             Frame::Keep(_) => kind::KEEP,
             Frame::Hole(_) => kind::HOLE,
+            Frame::Unentered(_) => kind::UNENTERED,
             Frame::Attrs(_) => kind::ATTRS,
             Frame::Special(_) => kind::SPECIAL,
             Frame::Deleted(_) => kind::DELETED,
@@ -156,6 +161,7 @@ impl Frame {
             Frame::Partial(_) => "Partial",
             Frame::Keep(_) => "Keep",
             Frame::Hole(_) => "Hole",
+            Frame::Unentered(_) => "Unentered",
             Frame::Deleted(_) => "Deleted",
             Frame::Busy => "Busy",
             Frame::Attrs(_) => "Attrs",
@@ -525,6 +531,16 @@ pub struct Hole {
     pub offset: u64,
     /// Its length, at least 1.
     pub len: u64,
+}
+
+/// A directory of the manifest sent without its contents: a mount point that a walk staying
+/// on one file system (`-x`) did not enter. It comes on any stream, before or after the
+/// directory's own [`DirEntry`]. A mirroring receiver leaves what that directory holds, as
+/// rsync leaves a mount point's contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unentered {
+    /// Relative path, '/'-separated; see [`crate::path`].
+    pub path: Bytes,
 }
 
 /// The owner and extended attributes of the entry that follows on the same stream (a `Dir`,

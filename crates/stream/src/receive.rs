@@ -413,6 +413,9 @@ struct Table {
     /// With `delete`: the wire path of every entry sent, and the directories sent.
     sent: HashSet<Bytes>,
     sent_dirs: Vec<Bytes>,
+    /// With `delete`: the directories sent without their contents (mount points), whose
+    /// extras are left alone.
+    unentered: HashSet<Bytes>,
     /// With `hard_links`: the wire paths of the files sent (or probed), and the links to make
     /// at the end, (name, file).
     files: HashSet<Bytes>,
@@ -896,6 +899,16 @@ impl Reader {
                     len: k.len,
                 };
                 self.send(self.writer(k.id), op).await?;
+            }
+            Frame::Unentered(u) if self.shared.config.version >= 11 => {
+                check_sent_path(&u.path, self.shared.config.expected_top_level.as_deref())?;
+                if self.shared.config.delete {
+                    let mut t = lock(&self.shared.table);
+                    if t.unentered.len() as u64 >= self.shared.config.max_entries {
+                        return Err(Error::Protocol("too many Unentered frames".into()));
+                    }
+                    t.unentered.insert(kept(&u.path));
+                }
             }
             Frame::Hole(h) if self.shared.config.version >= 8 => {
                 if self
@@ -1784,10 +1797,10 @@ where
         if let Some(spared) = spared {
             let (dirs, sent) = {
                 let mut t = lock(&shared.table);
-                (
-                    std::mem::take(&mut t.sent_dirs),
-                    std::mem::take(&mut t.sent),
-                )
+                let unentered = std::mem::take(&mut t.unentered);
+                let mut dirs = std::mem::take(&mut t.sent_dirs);
+                dirs.retain(|d| !unentered.contains(d));
+                (dirs, std::mem::take(&mut t.sent))
             };
             let del_shared = shared.clone();
             deleted = tokio::task::spawn_blocking(move || {

@@ -522,6 +522,7 @@ impl Shared {
                 self.advance(h.id, h.len, 0);
                 Ok(())
             }
+            Frame::Unentered(u) => self.check_path(&u.path),
             Frame::Keep(k) => {
                 self.advance(k.id, 0, k.len);
                 Ok(())

@@ -29,7 +29,7 @@ use bytes::{Bytes, BytesMut};
 use fastcp_proto::{
     Answer, Decoder, DirEntry, ErrorFrame, FileEnd, FileEntry, Frame, HardLink, Hole, Keep,
     LinkTimes, Meta, Partial, PieceEntry, Probe, SpecialEntry, Summary, SymlinkEntry, Totals,
-    encode, encode_data_header,
+    Unentered, encode, encode_data_header,
 };
 use rustix::fs::{FileType, Mode, OFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -1201,6 +1201,14 @@ impl Producer<'_> {
                             meta: self.meta(entry.meta),
                         });
                         self.announce(&entry, frame, |c| c.dirs += 1)?;
+                        // A mirroring receiver leaves what a mount point holds.
+                        if entry.unentered && self.config.version >= 11 {
+                            let frame = Frame::Unentered(Unentered {
+                                path: entry.wire.clone(),
+                            });
+                            let s = self.out.pick();
+                            self.out.push(s, Msg::frame(&frame))?;
+                        }
                     }
                     EntryKind::Symlink { ref target } => {
                         let frame = Frame::Symlink(SymlinkEntry {

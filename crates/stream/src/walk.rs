@@ -289,6 +289,9 @@ pub struct Entry {
     pub inode: Option<(u64, u64)>,
     /// Its owner's user and group ids.
     pub owner: (u32, u32),
+    /// A directory whose contents were not walked: a mount point beneath a source, with
+    /// [`WalkConfig::one_file_system`].
+    pub unentered: bool,
 }
 
 /// The kind of a manifest [`Entry`].
@@ -519,6 +522,7 @@ impl Walk {
                     meta: meta_of(&meta),
                     inode: None,
                     owner: (meta.uid(), meta.gid()),
+                    unentered: true,
                 }));
             }
             if self.stack.iter().any(|l| l.id == id) {
@@ -588,6 +592,7 @@ impl Walk {
             meta: meta_of(&meta),
             inode,
             owner: (meta.uid(), meta.gid()),
+            unentered: false,
         }))
     }
 }
