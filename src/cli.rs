@@ -34,6 +34,9 @@ Exit codes:
     version = version_text(),
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
+    // As scp: a flag given twice is the flag once, and an option's last value wins (-P 22
+    // -P 2222 is port 2222). Options that add up (-i, -o, -J, --exclude, -v) still do.
+    args_override_self = true,
     override_usage = "fastcp [OPTIONS] SOURCE... TARGET\n       fastcp <COMMAND>",
     after_help = EXIT_CODES,
 )]
@@ -242,16 +245,12 @@ pub struct SshArgs {
     /// Identity (private key) file for public key authentication.
     #[arg(short = 'i', value_name = "IDENTITY", help_heading = "SSH")]
     pub identity: Vec<PathBuf>,
-    /// Connect through these jump hosts (ProxyJump), comma-separated.
+    /// Connect through these jump hosts (ProxyJump), comma-separated; -J given again adds
+    /// the next hops.
     #[arg(short = 'J', value_name = "JUMP", help_heading = "SSH")]
-    pub jump: Option<String>,
+    pub jump: Vec<String>,
     /// Read this ssh_config instead of ~/.ssh/config and /etc/ssh/ssh_config.
-    #[arg(
-        short = 'F',
-        value_name = "SSH_CONFIG",
-        help_heading = "SSH",
-        overrides_with = "config"
-    )]
+    #[arg(short = 'F', value_name = "SSH_CONFIG", help_heading = "SSH")]
     pub config: Option<PathBuf>,
     /// An ssh_config option, as Key=Value (for example -o Port=2222).
     #[arg(short = 'o', value_name = "OPTION", help_heading = "SSH")]
@@ -334,7 +333,8 @@ impl SshArgs {
                 })
                 .cloned()
                 .collect(),
-            jump: self.jump.clone(),
+            // `-J a -J b` is `-J a,b`: the hops in the order given.
+            jump: (!self.jump.is_empty()).then(|| self.jump.join(",")),
             options,
             remote_path: self.remote_path.clone(),
             ssh_program: self.ssh_program.clone(),
@@ -1135,6 +1135,84 @@ mod tests {
         let args = Args::try_parse_from(["fastcp", "-l", "800", "a", "b"]).unwrap();
         assert_eq!(args.limit_kbit, Some(800));
         assert!(Args::try_parse_from(["fastcp", "-l", "8", "--bwlimit", "1M", "a", "b"]).is_err());
+    }
+
+    /// As scp: a flag given twice is the flag once, an option given twice takes its last
+    /// value, and the options that add up still do.
+    #[test]
+    fn flags_and_options_may_be_repeated() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["fastcp"];
+            argv.extend(args);
+            argv.extend(["a", "b"]);
+            Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        };
+        for flag in [
+            "-q",
+            "-r",
+            "-p",
+            "-C",
+            "-3",
+            "-4",
+            "-B",
+            "-T",
+            "-O",
+            "-s",
+            "-n",
+            "-a",
+            "-H",
+            "-L",
+            "-D",
+            "-x",
+            "-X",
+            "-A",
+            "--fsync",
+            "--checksum",
+            "--sftp",
+            "--json",
+            "--progress",
+        ] {
+            parse(&[flag, flag]);
+        }
+        let args = parse(&["-qq", "-rr", "-pp"]);
+        assert!(args.quiet && args.recursive && args.preserve);
+        let args = parse(&[
+            "-P",
+            "22",
+            "-P",
+            "2222",
+            "-c",
+            "aes128-ctr",
+            "-c",
+            "aes256-ctr",
+        ]);
+        assert_eq!(args.ssh.port, Some(2222));
+        assert_eq!(args.ssh.ssh_cipher.as_deref(), Some("aes256-ctr"));
+        let args = parse(&[
+            "-F", "one", "-F", "two", "-S", "x", "-S", "ssh", "-l", "8", "-l", "9",
+        ]);
+        assert_eq!(args.ssh.config, Some(PathBuf::from("two")));
+        assert_eq!(args.ssh.ssh_program, Some(PathBuf::from("ssh")));
+        assert_eq!(args.limit_kbit, Some(9));
+        let args = parse(&["-j", "2", "-j", "3", "--timeout", "5", "--timeout", "7"]);
+        assert_eq!((args.link.streams, args.timeout), (Some(3), 7));
+        // What adds up.
+        let args = parse(&["-v", "-v", "-i", "k1", "-i", "k2", "-o", "A=1", "-o", "B=2"]);
+        assert_eq!(args.verbose, 2);
+        assert_eq!(args.ssh.identity.len(), 2);
+        assert_eq!(args.ssh.ssh_options, ["A=1", "B=2"]);
+        // `-J a -J b` is `-J a,b`.
+        let args = parse(&["-J", "a", "-J", "b,c"]);
+        let log = Log::new(|_, _| {});
+        assert_eq!(args.ssh.options(&log).jump.as_deref(), Some("a,b,c"));
+        // And in `fastcp doctor`.
+        let args =
+            Args::try_parse_from(["fastcp", "doctor", "-P", "1", "-P", "2", "-v", "-v", "h"])
+                .unwrap();
+        let Some(Command::Doctor(doctor)) = args.command else {
+            panic!("not doctor");
+        };
+        assert_eq!((doctor.ssh.port, doctor.verbose), (Some(2), 2));
     }
 
     #[test]

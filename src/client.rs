@@ -1345,7 +1345,12 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
         });
         first.set_launcher(Some(launcher));
     }
-    let err = match try_session(plan, peers, ssh, mode, progress.clone(), job).await {
+    // The system ssh's exit status is the server's, or, before the server spoke, its own.
+    let program = match first {
+        AnyTransport::Program(p) => Some(p.program()),
+        AnyTransport::Builtin(_) => None,
+    };
+    let err = match try_session(plan, peers, ssh, program, mode, progress.clone(), job).await {
         Ok(done) => return Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => return Err(e),
         Err(Attempt::SftpOnly(said)) => return Ok(Started::Sftp(sftp_only(&said))),
@@ -1373,7 +1378,7 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     peer.set_remote_path(Some(deployed.path.clone()));
     let mut ssh = ssh.clone();
     ssh.remote_path = Some(deployed.path.clone());
-    match try_session(plan, peers, &ssh, mode, progress, job).await {
+    match try_session(plan, peers, &ssh, program, mode, progress, job).await {
         Ok(done) => Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => Err(e),
         Err(Attempt::SftpOnly(said)) => Ok(Started::Sftp(sftp_only(&said))),
@@ -1401,11 +1406,13 @@ enum Attempt {
     Failed(Error),
 }
 
-/// Starts `fastcp server` on the first of `peers` and runs one session with it.
+/// Starts `fastcp server` on the first of `peers` and runs one session with it; `program` is
+/// the ssh program that runs it, if the system ssh does.
 async fn try_session<P: Peers + ?Sized>(
     plan: &Plan,
     peers: &P,
     ssh: &SshOptions,
+    program: Option<&std::path::Path>,
     mode: Mode,
     progress: Arc<Progress>,
     job: Job,
@@ -1455,8 +1462,11 @@ async fn try_session<P: Peers + ?Sized>(
     };
     // The system ssh exits 255 when it gives up (a refused login, a host key it will not
     // trust) before the server could speak: what it said is the error, not a line on stderr.
-    let ssh_gave_up = matches!(&session, Err(Error::ConnectionClosed(_)))
+    let ssh_gave_up = matches!(&session, Err(e) if closed_early(e))
         && matches!(&status, Ok(s) if s.code() == Some(255));
+    // Whether the server said anything at all: until it does, the ssh program's status may
+    // be its own (a program that is no ssh, one that could not start).
+    let spoke = verdict.borrow().is_some();
     let attempt = match (session, status) {
         (Ok(done), _) => Ok(done),
         // An account that may only use SFTP (`ForceCommand internal-sftp`): sshd says so
@@ -1469,6 +1479,27 @@ async fn try_session<P: Peers + ?Sized>(
         // 127: not found; 126: found but not executable (a noexec mount).
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
+        }
+        // The ssh program ended before the server said anything, and not as ssh does when it
+        // gives up (255, saying why; see below): name it, as its status is its own unless it
+        // reached the remote host and ran the server there.
+        (Err(err), Ok(status))
+            if program.is_some()
+                && !spoke
+                && !status.success()
+                && !ssh_gave_up
+                && closed_early(&err) =>
+        {
+            Err(Attempt::Failed(Error::ConnectionClosed(format!(
+                "the ssh program {} {} before the remote command `{} server` said anything \
+                 (once ssh has logged in, that is the remote command's status)",
+                program.unwrap_or(std::path::Path::new("ssh")).display(),
+                match status.code() {
+                    Some(code) => format!("exited with status {code}"),
+                    None => format!("was {status}"),
+                },
+                ssh.remote_path.as_deref().unwrap_or("fastcp"),
+            ))))
         }
         // Closed before it said hello: how the remote command ended is the clue.
         (Err(Error::ConnectionClosed(why)), Ok(status)) if !status.success() => {
@@ -1497,6 +1528,20 @@ async fn try_session<P: Peers + ?Sized>(
             Error::SystemSsh(String::from_utf8_lossy(said.trim_ascii()).into_owned()),
         )),
         _ => attempt,
+    }
+}
+
+/// Whether `err` says only that the control stream ended (the process behind it exited).
+fn closed_early(err: &Error) -> bool {
+    match err {
+        Error::ConnectionClosed(_) => true,
+        Error::Io(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
     }
 }
 

@@ -87,16 +87,24 @@ impl Session {
             if ssh.client.keepalive_interval.is_none() {
                 ssh.client.keepalive_interval = Some((t / 3).max(Duration::from_secs(1)));
             }
-            // And a server that never speaks: the handshake waits no longer than a copy.
-            if ssh.client.default_connect_timeout.is_none() {
-                ssh.client.default_connect_timeout = Some(t);
-            }
+        }
+        // And a server that never speaks: the handshake waits no longer than a copy.
+        let handshake_limit = options
+            .timeout
+            .filter(|t| !t.is_zero() && ssh.client.default_connect_timeout.is_none());
+        if handshake_limit.is_some() {
+            ssh.client.default_connect_timeout = handshake_limit;
         }
         let destination = match &remote.user {
             Some(user) => format!("{user}@{}", remote.host),
             None => remote.host.clone(),
         };
-        let peer = connect(&destination, &ssh, &options.log).await?;
+        let peer = connect(&destination, &ssh, &options.log)
+            .await
+            .map_err(|e| match (e, handshake_limit) {
+                (Error::Transport(t), Some(limit)) => timed_out_by_timeout(t, limit),
+                (e, _) => e,
+            })?;
         Ok(Session {
             destination,
             user: remote.user.clone(),
@@ -333,7 +341,10 @@ impl Session {
         let first: &[_] = &[self.first_connection()];
         let peer = &first[0];
         if plan.options.sftp {
-            let done = crate::sftp::copy(plan, peer, &self.logins_failed, progress).await?;
+            let done = match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
+                Err(e @ Error::RemoteCommand(_)) => return Err(unless_ssh_gave_up(peer, e).await),
+                done => done?,
+            };
             return Ok((done, "sftp"));
         }
         if job == Job::DryRun {
@@ -957,6 +968,73 @@ fn check_remotes<'a>(
         }
     }
     Ok(())
+}
+
+/// `err`, an SFTP session that did not start, or, when the system ssh that was to start it
+/// gave up before (it could not connect, trust the host key or log in: status 255), that,
+/// in ssh's words: the host is not to blame. An ssh program that failed otherwise is named,
+/// with its status.
+async fn unless_ssh_gave_up(peer: &AnyTransport, err: Error) -> Error {
+    let AnyTransport::Program(program) = peer else {
+        return err;
+    };
+    match program.last_login_ended(Duration::from_secs(2)).await {
+        // Without the subsystem, ssh says "subsystem request failed" (and exits 255 too).
+        Some((status, said))
+            if status.code() == Some(255)
+                && !said.is_empty()
+                && !said.contains("subsystem request failed") =>
+        {
+            Error::SystemSsh(said)
+        }
+        // Not ssh's own failure, or not ssh: the program and how it ended are named.
+        Some((status, said)) if !status.success() => {
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!(", saying: {said}")
+            };
+            let ended = match status.code() {
+                Some(code) => format!("exited with status {code}"),
+                None => format!("was {status}"),
+            };
+            Error::RemoteCommand(format!(
+                "{err}; the ssh program {} {ended}{said}",
+                program.program().display()
+            ))
+        }
+        _ => err,
+    }
+}
+
+/// `err`, or, when it is the SSH handshake's time limit and that limit was the copy's
+/// `timeout` ([`CopyOptions::timeout`], `--timeout`) because ssh_config sets no
+/// ConnectTimeout, an error that names `--timeout`.
+fn timed_out_by_timeout(err: transport::Error, timeout: Duration) -> Error {
+    let transport::Error::Timeout {
+        host,
+        port,
+        connect_timeout: false,
+        connected,
+        ..
+    } = &err
+    else {
+        return err.into();
+    };
+    let secs = timeout.as_secs_f32();
+    let what = if *connected {
+        format!(
+            "the server took the connection, but its SSH banner and host key did not come within {secs} s"
+        )
+    } else {
+        format!("no connection within {secs} s")
+    };
+    Error::Timeout(format!(
+        "connecting to host {host} port {port}: {what} (--timeout {secs}, which limits the \
+         SSH handshake as ssh_config sets no ConnectTimeout).\n\
+         Check that the host is up and the port is an SSH server's, or give the handshake a \
+         limit of its own with -o ConnectTimeout=SECS."
+    ))
 }
 
 /// Connects as [`AnyTransport::connect`] does, telling `log` where and how.

@@ -1149,6 +1149,40 @@ fn verbose_tells_the_steps_and_choices() {
         .stderr("");
 }
 
+/// As scp: flags given twice are taken once, and `-P` given twice connects to the last port.
+#[test]
+fn repeated_flags_are_taken_as_scp_takes_them() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let dead = dead_host_config(work.path());
+    let dead_port = std::fs::read_to_string(&dead)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Port ").map(str::to_owned))
+        .unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"x", 0o644);
+    let port = sshd.port().to_string();
+    remote_fastcp(&sshd)
+        .args(["-q", "-q", "-r", "-r", "-p", "-p", "-C", "-C"])
+        .args(["-P", &dead_port, "-P", &port])
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("dst")))
+        .assert()
+        .success()
+        .stderr("");
+    assert_eq!(std::fs::read(work.path().join("dst/f")).unwrap(), b"x");
+    // The last port is the one: the first alone would fail.
+    remote_fastcp(&sshd)
+        .args(["-P", &port, "-P", &dead_port])
+        .arg(src.join("f"))
+        .arg(remote(&sshd, &work.path().join("g")))
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains(format!("port {dead_port}")));
+}
+
 #[test]
 fn ssh_o_option_is_applied() {
     let sshd = Sshd::start().unwrap();

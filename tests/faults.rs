@@ -526,10 +526,15 @@ fn a_server_silent_while_judging_a_dry_run_times_out() {
 }
 
 /// A server that accepts the connection and never speaks: without a ConnectTimeout in
-/// ssh_config, the copy's own timeout bounds the SSH handshake.
+/// ssh_config, the copy's own timeout bounds the SSH handshake, and the message names it.
 #[test]
 fn a_server_that_never_speaks_times_out() {
-    cut_push(Fault::Stall, 1, &["--timeout", "3"], "timed out after 3s");
+    cut_push(
+        Fault::Stall,
+        1,
+        &["--timeout", "3"],
+        "its SSH banner and host key did not come within 3 s (--timeout 3,",
+    );
 }
 
 /// With the TCP transport the data goes around the SSH connection: losing that connection

@@ -1865,3 +1865,127 @@ fn pubkey_algorithms_and_rsa_size_in_ssh_config_are_honoured() {
         }
     }
 }
+
+/// An unknown host key, refused for each reason in words of its own: only
+/// `StrictHostKeyChecking yes` is "strict checking"; under ssh's default (`ask`) with no
+/// terminal, or with BatchMode, the message says so, and how to trust the key.
+#[test]
+fn an_unknown_host_key_is_refused_for_the_reason_that_applied() {
+    let sshd = Sshd::start().unwrap();
+    std::fs::write(sshd.known_hosts(), "").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let target = remote(&sshd, &work.path().join("b"));
+    let keyscan = format!("ssh-keyscan -p {} 127.0.0.1 >> ", sshd.port());
+    // `-o` comes before the ssh_config's `StrictHostKeyChecking yes` and `BatchMode yes`.
+    for (options, says) in [
+        (
+            &["StrictHostKeyChecking=yes"][..],
+            "you have requested strict checking",
+        ),
+        (
+            &["StrictHostKeyChecking=ask", "BatchMode=no"][..],
+            "there is no terminal to ask on",
+        ),
+        (
+            &["StrictHostKeyChecking=ask", "BatchMode=yes"][..],
+            "BatchMode yes forbids asking",
+        ),
+    ] {
+        // Without a controlling terminal, as in cron or CI.
+        let mut cmd = Command::new(fastcp_testsupport::tools::require("setsid"));
+        cmd.arg("-w")
+            .arg(BIN)
+            .arg("-F")
+            .arg(sshd.ssh_config())
+            .args(["--remote-path", BIN])
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(std::process::Stdio::null());
+        for option in options {
+            cmd.args(["-o", option]);
+        }
+        let out = run(cmd.arg(&a).arg(&target));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{options:?}: {said}");
+        assert!(said.contains(says), "{options:?}: {said}");
+        assert!(said.contains("Host key verification failed"), "{said}");
+        assert!(said.contains(&keyscan), "{options:?}: {said}");
+        assert!(said.contains("StrictHostKeyChecking=accept-new"), "{said}");
+        if options[0] != "StrictHostKeyChecking=yes" {
+            assert!(!said.contains("strict checking"), "{options:?}: {said}");
+        }
+        assert!(!work.path().join("b").exists());
+    }
+}
+
+/// `--sftp` through the system ssh with a key the server does not take: the login failed, in
+/// ssh's words; the host is not said to lack SFTP. A host that does lack it is still named so.
+#[test]
+fn a_failed_login_of_the_system_ssh_over_sftp_is_named_as_such() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let key = work.path().join("stranger");
+    let st = Command::new(fastcp_testsupport::tools::require("ssh-keygen"))
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cfg = work.path().join("config");
+    let block = sshd.host_block(sshd.alias()).replace(
+        &sshd.client_key().display().to_string(),
+        &key.display().to_string(),
+    );
+    std::fs::write(&cfg, block).unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--sftp", "--ssh-program", "ssh"])
+        .env_remove("SSH_AUTH_SOCK")
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.contains("Permission denied (publickey)"), "{said}");
+    assert!(!said.contains("SFTP"), "{said}");
+    assert!(!work.path().join("b").exists());
+
+    let bare = Sshd::start_without_sftp(&[]).unwrap();
+    let out = run(fastcp(&bare, bin())
+        .args(["--sftp", "--ssh-program", "ssh"])
+        .arg(&a)
+        .arg(remote(&bare, &work.path().join("b"))));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("no SFTP either (ssh: subsystem request failed"),
+        "{said}"
+    );
+}
+
+/// An ssh program that exits at once (`-S /bin/false`) is named, with its status: the remote
+/// host is not blamed for it.
+#[test]
+fn an_ssh_program_that_exits_at_once_is_named_with_its_status() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    for extra in [&[][..], &["--sftp"][..]] {
+        let out = run(fastcp(&sshd, bin())
+            .args(["-S", "/bin/false"])
+            .args(extra)
+            .arg(&a)
+            .arg(remote(&sshd, &work.path().join("b"))));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{extra:?}: {said}");
+        assert!(
+            said.contains("the ssh program /bin/false exited with status 1"),
+            "{extra:?}: {said}"
+        );
+        assert!(!work.path().join("b").exists());
+    }
+}

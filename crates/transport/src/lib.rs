@@ -46,9 +46,9 @@ pub mod ssh;
 pub mod tcp;
 
 pub use ssh::{
-    AddressFamily, Error, ExitStatus, ExitWaiter, HostConfig, ProcessStream, Prompt, Question,
-    QuestionKind, RemoteProcess, SshClientConfig, SshOptions, SshProgram, SshSession, SshStream,
-    Stderr, StrictHostKeyChecking,
+    AddressFamily, Error, ExitStatus, ExitWaiter, HostConfig, HostKeyRefusal, ProcessStream,
+    Prompt, Question, QuestionKind, RemoteProcess, SshClientConfig, SshOptions, SshProgram,
+    SshSession, SshStream, Stderr, StrictHostKeyChecking,
 };
 
 /// A duplex byte stream: what every transport hands out.

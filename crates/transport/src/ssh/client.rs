@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Error;
 use super::auth::{self, AuthUsed};
 use super::config::{self, AddressFamily, HostConfig, SshOptions, StrictHostKeyChecking};
+use super::error::HostKeyRefusal;
 use super::known_hosts::{self, HostKeyStatus, fingerprint, key_type_name};
 use super::remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, launch_command};
 use super::stream::SshStream;
@@ -456,18 +457,20 @@ async fn verify_host_key(
             line,
         }),
         HostKeyStatus::Unknown => {
-            let unknown = || Error::HostKeyUnknown {
+            let unknown = |refusal| Error::HostKeyUnknown {
                 host: name.clone(),
                 key_type: key_type.clone(),
                 fingerprint: fp.clone(),
                 known_hosts: first_file
                     .clone()
                     .unwrap_or_else(|| "~/.ssh/known_hosts".into()),
+                refusal,
+                aliased: host.host_key_alias.is_some(),
             };
-            let accept = match host.strict_host_key_checking {
-                StrictHostKeyChecking::Yes => false,
-                StrictHostKeyChecking::AcceptNew | StrictHostKeyChecking::No => true,
-                StrictHostKeyChecking::Ask if host.batch_mode => false,
+            let refusal = match host.strict_host_key_checking {
+                StrictHostKeyChecking::Yes => Some(HostKeyRefusal::Strict),
+                StrictHostKeyChecking::AcceptNew | StrictHostKeyChecking::No => None,
+                StrictHostKeyChecking::Ask if host.batch_mode => Some(HostKeyRefusal::BatchMode),
                 StrictHostKeyChecking::Ask => {
                     let prompt = format!(
                         "The authenticity of host '{name}' can't be established.\n\
@@ -483,24 +486,28 @@ async fn verify_host_key(
                                 Ok(Some(a)) => {
                                     let a = a.trim();
                                     if a.eq_ignore_ascii_case("yes") || a == fp2 {
-                                        return true;
+                                        return None;
                                     }
                                     // A program is asked once: any other answer refuses.
                                     if a.eq_ignore_ascii_case("no") || custom.is_some() {
-                                        return false;
+                                        return Some(HostKeyRefusal::Declined);
                                     }
                                 }
-                                // No terminal, or no answer: as `no`.
-                                _ => return false,
+                                // A program that gives no answer refuses.
+                                Ok(None) if custom.is_some() => {
+                                    return Some(HostKeyRefusal::Declined);
+                                }
+                                // No terminal to ask on: as `no`.
+                                Ok(None) | Err(_) => return Some(HostKeyRefusal::NoTerminal),
                             }
                         }
                     })
                     .await
-                    .unwrap_or(false)
+                    .unwrap_or(Some(HostKeyRefusal::NoTerminal))
                 }
             };
-            if !accept {
-                return Err(unknown());
+            if let Some(refusal) = refusal {
+                return Err(unknown(refusal));
             }
             let Some(file) = first_file else {
                 // `UserKnownHostsFile none`: accepted, nowhere to record it.
@@ -852,11 +859,15 @@ async fn connect_one(
         prompt: client.prompt.clone(),
     };
     let timeout = host.connect_timeout.or(client.default_connect_timeout);
-    let timed_out = || Error::Timeout {
+    let timed_out = |connected| Error::Timeout {
         host: host.host_name.clone(),
         port: host.port,
         timeout: timeout.unwrap_or_default(),
+        connect_timeout: host.connect_timeout.is_some(),
+        connected,
     };
+    // Set once the TCP connection (or the ProxyCommand, or the jump host's channel) is made.
+    let connected = AtomicBool::new(false);
     let mut proxy = None;
     let handshake = async {
         match &via {
@@ -879,12 +890,14 @@ async fn connect_one(
                 };
                 proxy = Some(Box::new(child));
                 let config = config(None)?;
+                connected.store(true, Ordering::SeqCst);
                 russh::client::connect_stream(config, tokio::io::join(out, inp), handler).await
             }
             None => {
                 // A longer wait for the banner would give the largest window anyway.
                 let banner_wait = client.round_trip_for(client.window_size);
                 let (tcp, rtt) = tcp_connect(&host, timeout, banner_wait).await?;
+                connected.store(true, Ordering::SeqCst);
                 *peer_addr.lock().expect("peer addr") = tcp.peer_addr().ok();
                 if client.nodelay {
                     let _ = tcp.set_nodelay(true);
@@ -905,6 +918,7 @@ async fn connect_one(
                         source: std::io::Error::other(format!("through {}: {e}", jump.host.alias)),
                     })?;
                 let config = config(Some(started.elapsed()))?;
+                connected.store(true, Ordering::SeqCst);
                 russh::client::connect_stream(config, stream, handler).await
             }
         }
@@ -918,7 +932,7 @@ async fn connect_one(
                 res = &mut handshake => res,
                 () = tokio::time::sleep(t) => {
                     if !key_received.load(Ordering::SeqCst) {
-                        return Err(timed_out());
+                        return Err(timed_out(connected.load(Ordering::SeqCst)));
                     }
                     handshake.await
                 }
@@ -1055,6 +1069,8 @@ async fn tcp_connect(
             host: host.to_owned(),
             port,
             timeout: timeout.unwrap_or_default(),
+            connect_timeout: config.connect_timeout.is_some(),
+            connected: false,
         });
     }
     Err(err(last))

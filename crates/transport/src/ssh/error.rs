@@ -40,12 +40,10 @@ pub enum Error {
         source: io::Error,
     },
 
-    /// ConnectTimeout expired before the SSH handshake completed.
-    #[error(
-        "ssh: connect to host {host} port {port}: Connection timed out after {}s (ConnectTimeout).\n\
-         Check that the host is up and the port is right, or raise ConnectTimeout.",
-        timeout.as_secs_f32()
-    )]
+    /// The connection, or the start of the SSH handshake up to the server's host key, took
+    /// longer than `timeout`: ssh_config's ConnectTimeout when it sets one, else
+    /// [`SshClientConfig::default_connect_timeout`](crate::SshClientConfig::default_connect_timeout).
+    #[error("{}", timeout_text(host, *port, *timeout, *connect_timeout, *connected))]
     Timeout {
         /// Host name or address tried.
         host: String,
@@ -53,6 +51,12 @@ pub enum Error {
         port: u16,
         /// The timeout that expired.
         timeout: Duration,
+        /// Whether the limit was ssh_config's (or `-o`'s) ConnectTimeout; false: the
+        /// client's default, for a host with none.
+        connect_timeout: bool,
+        /// Whether the connection was made (the server, or something in its place, took it)
+        /// and only the server's SSH banner or host key never came.
+        connected: bool,
     },
 
     /// The server stopped answering during the login, after its host key: nothing came back
@@ -73,14 +77,9 @@ pub enum Error {
         timeout: Duration,
     },
 
-    /// The server's host key is not in any known_hosts file and checking is strict.
-    #[error(
-        "No {key_type} host key is known for {host} and you have requested strict checking.\n\
-         Host key verification failed.\n\
-         The server's {key_type} key fingerprint is {fingerprint}. If you trust it, add it to \
-         {known_hosts} (for example by connecting once with `ssh` and checking the fingerprint), \
-         or connect with -o StrictHostKeyChecking=accept-new."
-    )]
+    /// The server's host key is not in any known_hosts file, and was not trusted: `refusal`
+    /// says why.
+    #[error("{}", unknown_key_text(self))]
     HostKeyUnknown {
         /// `host` or `[host]:port`, as looked up in known_hosts.
         host: String,
@@ -90,6 +89,10 @@ pub enum Error {
         fingerprint: String,
         /// The known_hosts file a new key would be recorded in.
         known_hosts: PathBuf,
+        /// Why the key was not trusted.
+        refusal: HostKeyRefusal,
+        /// Whether `host` is ssh_config's HostKeyAlias rather than the host's address.
+        aliased: bool,
     },
 
     /// The server's host key differs from the one recorded for this host.
@@ -197,6 +200,103 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+}
+
+/// How to record a host's key with ssh-keyscan (`args` name the host).
+fn scan_advice(args: &str, file: &impl std::fmt::Display) -> String {
+    format!("add it with `ssh-keyscan {args} >> {file}` (compare the fingerprint first), ")
+}
+
+/// Why an unknown host key was not trusted (see [`Error::HostKeyUnknown`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostKeyRefusal {
+    /// `StrictHostKeyChecking yes`: only recorded keys are trusted.
+    Strict,
+    /// `StrictHostKeyChecking ask` (ssh's default) with `BatchMode yes`: nothing may be asked.
+    BatchMode,
+    /// `StrictHostKeyChecking ask` (ssh's default), and no terminal to ask on.
+    NoTerminal,
+    /// Asked, and the answer was not yes.
+    Declined,
+}
+
+/// The message of [`Error::Timeout`]: which limit expired, and at which step.
+fn timeout_text(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    connect_timeout: bool,
+    connected: bool,
+) -> String {
+    let secs = timeout.as_secs_f32();
+    let what = if connected {
+        format!(
+            "Connection timed out during banner exchange: the server took the connection, but \
+             its SSH banner and host key did not come within {secs}s"
+        )
+    } else {
+        format!("Connection timed out after {secs}s")
+    };
+    let (limit, advice) = if connect_timeout {
+        ("ConnectTimeout", "raise ConnectTimeout")
+    } else {
+        (
+            "the client's default limit, as ssh_config sets no ConnectTimeout",
+            "set ConnectTimeout",
+        )
+    };
+    format!(
+        "ssh: connect to host {host} port {port}: {what} ({limit}).\n\
+         Check that the host is up and the port is an SSH server's, or {advice}."
+    )
+}
+
+/// The message of [`Error::HostKeyUnknown`]: why the key was not trusted, in OpenSSH's words
+/// where they fit, and how to trust it.
+fn unknown_key_text(e: &Error) -> String {
+    let Error::HostKeyUnknown {
+        host,
+        key_type,
+        fingerprint,
+        known_hosts,
+        refusal,
+        aliased,
+    } = e
+    else {
+        unreachable!("only for HostKeyUnknown")
+    };
+    let why = match refusal {
+        // OpenSSH's words.
+        HostKeyRefusal::Strict => format!(
+            "No {key_type} host key is known for {host} and you have requested strict checking."
+        ),
+        HostKeyRefusal::BatchMode => format!(
+            "No {key_type} host key is known for {host}, and BatchMode yes forbids asking \
+             whether to trust it (StrictHostKeyChecking ask, ssh's default)."
+        ),
+        HostKeyRefusal::NoTerminal => format!(
+            "No {key_type} host key is known for {host}, and there is no terminal to ask on \
+             whether to trust it (StrictHostKeyChecking ask, ssh's default)."
+        ),
+        HostKeyRefusal::Declined => {
+            format!("The {key_type} host key of {host} is not known, and was not accepted.")
+        }
+    };
+    let file = known_hosts.display();
+    // ssh-keyscan names the host as known_hosts does (`[host]:port` off port 22), unless
+    // a HostKeyAlias renames it.
+    let scan = match host.strip_prefix('[').and_then(|h| h.split_once("]:")) {
+        _ if *aliased => format!("add it to {file}, "),
+        Some((name, port)) => scan_advice(&format!("-p {port} {name}"), &file),
+        None => scan_advice(host, &file),
+    };
+    format!(
+        "{why}\nHost key verification failed.\n\
+         The server's {key_type} key fingerprint is {fingerprint}. If you trust it, {scan}\
+         connect once with `ssh` on a terminal and answer yes, or connect with \
+         -o StrictHostKeyChecking=accept-new to record a host's key the first time."
+    )
 }
 
 impl Error {

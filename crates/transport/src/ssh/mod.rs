@@ -17,7 +17,7 @@ pub use client::{SshClientConfig, SshSession};
 pub use config::{
     AddressFamily, HostConfig, SshConfigFile, SshOptions, StrictHostKeyChecking, resolve_chain,
 };
-pub use error::Error;
+pub use error::{Error, HostKeyRefusal};
 pub use program::{ProcessStream, SshProgram};
 pub use remote::{ExitStatus, ExitWaiter, RemoteProcess, Stderr, server_command, shell_quote};
 pub use stream::SshStream;

@@ -46,7 +46,23 @@ pub struct SshProgram {
     master: Option<Arc<Master>>,
     /// Whether extra streams go through the master rather than connections of their own.
     streams_through_master: Arc<AtomicBool>,
+    /// How the ssh processes that log in by themselves end (see
+    /// [`last_login_ended`](SshProgram::last_login_ended)).
+    logins: Arc<Logins>,
 }
+
+/// The ssh processes of an [`SshProgram`] that log in by themselves (the server's, a
+/// command's, a subsystem's first session; not the extra streams'): how many started, and
+/// how the newest that ended did.
+#[derive(Debug, Default)]
+struct Logins {
+    started: std::sync::atomic::AtomicU64,
+    /// The number of the newest that ended (from 1), its exit status and what it said.
+    ended: tokio::sync::watch::Sender<Option<(u64, ExitStatus, String)>>,
+}
+
+/// How much of what an ssh process says on stderr [`Logins`] keeps.
+const WORDS_KEPT: usize = 4096;
 
 impl Clone for SshProgram {
     fn clone(&self) -> Self {
@@ -58,6 +74,7 @@ impl Clone for SshProgram {
             launcher: Mutex::new(self.launcher()),
             master: self.master.clone(),
             streams_through_master: self.streams_through_master.clone(),
+            logins: self.logins.clone(),
         }
     }
 }
@@ -176,6 +193,7 @@ impl SshProgram {
             launcher: Mutex::new(None),
             master: None,
             streams_through_master: Arc::new(AtomicBool::new(false)),
+            logins: Arc::default(),
         })
     }
 
@@ -206,6 +224,37 @@ impl SshProgram {
             }
         }
         Ok(program)
+    }
+
+    /// The ssh program this runs (`ssh`, or [`SshOptions::ssh_program`]).
+    pub fn program(&self) -> &std::path::Path {
+        &self.program
+    }
+
+    /// How the newest ssh process that logs in by itself ([`start`](SshProgram::start),
+    /// [`exec`](SshProgram::exec), [`open_subsystem`](SshProgram::open_subsystem)) ended:
+    /// its exit status, and what it said on stderr (its first 4 KiB, on one line), as its
+    /// caller may have taken its [`RemoteProcess`] apart. Waits up to `patience` for it to
+    /// end; `None` if it has not, or none started. Status 255 is ssh's own failure
+    /// (connecting, the host key, the login); another is the remote command's.
+    pub async fn last_login_ended(
+        &self,
+        patience: std::time::Duration,
+    ) -> Option<(ExitStatus, String)> {
+        let newest = self.logins.started.load(Ordering::SeqCst);
+        if newest == 0 {
+            return None;
+        }
+        let mut ended = self.logins.ended.subscribe();
+        let found = tokio::time::timeout(
+            patience,
+            ended.wait_for(|e| matches!(e, Some((n, ..)) if *n == newest)),
+        )
+        .await
+        .ok()?
+        .ok()?
+        .clone();
+        found.map(|(_, status, said)| (status, said))
     }
 
     /// Whether this copy's ssh processes share a connection master of their own.
@@ -259,7 +308,7 @@ impl SshProgram {
     pub fn exec(&self, command: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
         let mut argv = self.shared_argv(Share::Master, Some("default"));
         argv.extend(["--".into(), (&self.destination).into(), command.into()]);
-        self.spawn(&argv)
+        self.spawn(&argv, true)
     }
 
     /// The full command line: program first.
@@ -276,7 +325,7 @@ impl SshProgram {
     /// (unless ssh_config shares one with ControlMaster). What ssh says comes on the
     /// returned stderr: why the peer refused the subsystem, say.
     pub async fn open_subsystem(&self, name: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
-        self.subsystem(Share::Master, name)
+        self.subsystem(Share::Master, name, true)
     }
 
     /// [`open_subsystem`](SshProgram::open_subsystem) for a copy's further sessions: like the
@@ -287,11 +336,17 @@ impl SshProgram {
         &self,
         name: &str,
     ) -> Result<RemoteProcess<ProcessStream>, Error> {
-        self.subsystem(self.extra_share(), name)
+        self.subsystem(self.extra_share(), name, false)
     }
 
-    /// `ssh -s` for the subsystem `name`, using the master as `share` says.
-    fn subsystem(&self, share: Share, name: &str) -> Result<RemoteProcess<ProcessStream>, Error> {
+    /// `ssh -s` for the subsystem `name`, using the master as `share` says; `login` as for
+    /// [`spawn`](SshProgram::spawn).
+    fn subsystem(
+        &self,
+        share: Share,
+        name: &str,
+        login: bool,
+    ) -> Result<RemoteProcess<ProcessStream>, Error> {
         let mut argv = self.shared_argv(share, Some("subsystem"));
         argv.extend([
             "-s".into(),
@@ -299,7 +354,7 @@ impl SshProgram {
             (&self.destination).into(),
             name.into(),
         ]);
-        self.spawn(&argv)
+        self.spawn(&argv, login)
     }
 
     /// How an extra stream or session reaches the peer.
@@ -323,7 +378,7 @@ impl SshProgram {
             "--".into(),
             (&self.destination).into(),
         ]);
-        self.spawn(&argv)
+        self.spawn(&argv, false)
     }
 
     /// The address the system ssh would connect to, from `ssh -G` (its resolved
@@ -443,10 +498,12 @@ impl SshProgram {
     /// Starts ssh, which runs `fastcp server` on the peer.
     pub async fn start(&self) -> Result<RemoteProcess<ProcessStream>, Error> {
         let argv = self.argv()?;
-        self.spawn(&argv)
+        self.spawn(&argv, true)
     }
 
-    fn spawn(&self, argv: &[OsString]) -> Result<RemoteProcess<ProcessStream>, Error> {
+    /// Runs `argv`; with `login`, as one that logs in by itself, whose end
+    /// [`last_login_ended`](SshProgram::last_login_ended) tells.
+    fn spawn(&self, argv: &[OsString], login: bool) -> Result<RemoteProcess<ProcessStream>, Error> {
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())
@@ -460,19 +517,51 @@ impl SshProgram {
         let mut stderr = child.stderr.take().expect("piped stderr");
 
         let (etx, erx) = mpsc::unbounded_channel();
+        // The first of what it says is kept too, for `last_login_ended`.
+        let (said_tx, said_rx) = oneshot::channel();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];
+            let mut kept = Vec::new();
+            let mut reader_gone = false;
             while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 || etx.send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                if n == 0 {
+                    break;
+                }
+                let room = WORDS_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                reader_gone |= etx.send(Bytes::copy_from_slice(&buf[..n])).is_err();
+                if reader_gone && kept.len() >= WORDS_KEPT {
                     break;
                 }
             }
+            let _ = said_tx.send(kept);
         });
         let (xtx, xrx) = oneshot::channel();
+        let logins = self.logins.clone();
+        let number = login.then(|| logins.started.fetch_add(1, Ordering::SeqCst) + 1);
         tokio::spawn(async move {
-            if let Ok(status) = child.wait().await {
-                let _ = xtx.send(exit_status(status));
-            }
+            let Ok(status) = child.wait().await else {
+                return;
+            };
+            let status = exit_status(status);
+            let _ = xtx.send(status.clone());
+            let Some(number) = number else { return };
+            // Its stderr ends with it, unless something it started holds it (a connection
+            // master): then what came so far is not waited for.
+            let said = tokio::time::timeout(std::time::Duration::from_secs(2), said_rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            let said = String::from_utf8_lossy(&said);
+            let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
+            logins.ended.send_if_modified(|ended| {
+                let newer = ended.as_ref().is_none_or(|(n, ..)| *n < number);
+                if newer {
+                    *ended = Some((number, status, said));
+                }
+                newer
+            });
         });
         Ok(RemoteProcess {
             stream: ProcessStream {
