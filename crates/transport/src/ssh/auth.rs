@@ -254,13 +254,12 @@ fn kept_out(
     cert: bool,
     rsa_hash: Option<HashAlg>,
 ) -> Option<String> {
-    if let Some(rsa) = key.rsa()
-        && rsa.key_size() < host.required_rsa_size
+    let required = host.required_rsa_size.max(super::known_hosts::RSA_MIN_BITS);
+    if let Some(bits) = super::known_hosts::rsa_bits(key)
+        && bits < required
     {
         return Some(format!(
-            "{} bits, fewer than RequiredRSASize {}",
-            rsa.key_size(),
-            host.required_rsa_size
+            "{bits} bits, fewer than RequiredRSASize {required}"
         ));
     }
     let algorithm = match key.algorithm() {

@@ -378,16 +378,13 @@ async fn verify_host_key(
         reason: format!("cannot read known_hosts: {e}"),
     };
     // As ssh, before known_hosts: RequiredRSASize, then RevokedHostKeys.
-    if let Some(rsa) = key.key_data().rsa()
-        && rsa.key_size() < host.required_rsa_size
+    let required = host.required_rsa_size.max(known_hosts::RSA_MIN_BITS);
+    if let Some(bits) = known_hosts::rsa_bits(key.key_data())
+        && bits < required
     {
         return Err(Error::HostKeyRejected {
             host: name,
-            reason: format!(
-                "its RSA key has {} bits, fewer than RequiredRSASize {}",
-                rsa.key_size(),
-                host.required_rsa_size
-            ),
+            reason: format!("its RSA key has {bits} bits, fewer than RequiredRSASize {required}"),
         });
     }
     if let Some(revoked) = &host.revoked_host_keys {

@@ -157,7 +157,6 @@ const PASSED_OVER: &[&str] = &[
     "useroaming",
     "rsaauthentication",
     "rhostsrsaauthentication",
-    "dsaauthentication",
     "compressionlevel",
     "useprivilegedport",
     "fallbacktorsh",
@@ -166,8 +165,6 @@ const PASSED_OVER: &[&str] = &[
     "afstokenpassing",
     "kerberosauthentication",
     "kerberostgtpassing",
-    "skeyauthentication",
-    "tisauthentication",
     "globalknownhostsfile2",
     "userknownhostsfile2",
 ];

@@ -117,6 +117,16 @@ pub fn check(files: &[PathBuf], name: &str, key: &PublicKey) -> io::Result<HostK
     })
 }
 
+/// The fewest bits of an RSA key OpenSSH takes, whatever RequiredRSASize says.
+pub const RSA_MIN_BITS: u32 = 1024;
+
+/// The exact number of bits of an RSA key's modulus (`None` for another kind of key).
+pub fn rsa_bits(key: &russh::keys::ssh_key::public::KeyData) -> Option<u32> {
+    let n = key.rsa()?.n().as_positive_bytes()?;
+    let first = n.iter().position(|&b| b != 0)?;
+    Some((n.len() - first) as u32 * 8 - n[first].leading_zeros())
+}
+
 /// The first bytes of a key revocation list in OpenSSH's binary format.
 const KRL_MAGIC: &[u8] = b"SSHKRL\n\0";
 
@@ -140,18 +150,28 @@ pub fn revoked_in(file: &Path, key: &PublicKey) -> io::Result<Option<usize>> {
         ));
     }
     let text = fs::read_to_string(file)?;
-    Ok(text
-        .lines()
-        .position(|raw| {
-            let mut fields = raw.split_whitespace();
-            let (Some(kind), Some(b64)) = (fields.next(), fields.next()) else {
-                return false;
-            };
-            !kind.starts_with('#')
-                && russh::keys::parse_public_key_base64(b64)
-                    .is_ok_and(|listed| listed.key_data() == key.key_data())
-        })
-        .map(|i| i + 1))
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        // As ssh: a line that is no public key is an error, never passed over.
+        let mut fields = line.split_whitespace();
+        let listed = fields
+            .next()
+            .zip(fields.next())
+            .and_then(|(_, b64)| russh::keys::parse_public_key_base64(b64).ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("line {} is not a public key", i + 1),
+                )
+            })?;
+        if listed.key_data() == key.key_data() {
+            return Ok(Some(i + 1));
+        }
+    }
+    Ok(None)
 }
 
 /// The types of the keys `files` record for `name` (not revoked ones): a client offers
@@ -536,5 +556,29 @@ mod tests {
         assert!(!wildcard_match(b"a?c", b"ac"));
         assert!(!wildcard_match(b"*.corp", b"corp"));
         assert!(match_pattern_list("x,*.corp,!bad.corp", "Good.Corp"));
+    }
+
+    /// RevokedHostKeys: a listed key is found by its line; a line that is no public key is
+    /// an error, as with ssh, never passed over (it may have meant to revoke this key).
+    #[test]
+    fn revoked_keys_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("revoked");
+        std::fs::write(
+            &file,
+            format!("# old keys\n\nssh-ed25519 {ED2} a\nssh-ed25519 {ED} b\n"),
+        )
+        .unwrap();
+        assert_eq!(revoked_in(&file, &key(ED)).unwrap(), Some(4));
+        std::fs::write(&file, format!("ssh-ed25519 {ED2}\n")).unwrap();
+        assert_eq!(revoked_in(&file, &key(ED)).unwrap(), None);
+        for bad in [
+            format!("[127.0.0.1]:22 ssh-ed25519 {ED}\n"),
+            "garbage line\n".into(),
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(revoked_in(&file, &key(ED)).is_err());
+        }
+        assert!(revoked_in(&dir.path().join("missing"), &key(ED)).is_err());
     }
 }
