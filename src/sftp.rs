@@ -873,6 +873,15 @@ fn join(base: &str, rest: &str) -> String {
     }
 }
 
+/// What a remote wildcard stands for ([`Emit::expand`]).
+struct Expansion {
+    /// The remote paths of the names that match, sorted.
+    matches: Vec<String>,
+    /// The names that match but that SFTP cannot carry: each one's remote path, as the
+    /// server gave it, and its name in the copy.
+    uncarried: Vec<(String, Bytes)>,
+}
+
 /// A remote folder's entries, as a pull lists them.
 struct Listing {
     /// Names and attributes (with `-L`, a link's are those of what it points to).
@@ -1086,19 +1095,40 @@ async fn remove_tree(
     Ok(removed)
 }
 
-fn error_frame(code: ErrorCode, path: &[u8], message: String) -> Frame {
+/// The failure of the entry `wire` (its path in the copy), its message naming it as `shown`:
+/// the remote path the user knows it by, as a fastcp server names it.
+fn error_frame(code: ErrorCode, wire: &[u8], shown: &str, message: impl Into<String>) -> Frame {
+    let message = message.into();
     Frame::Error(ErrorFrame {
         code,
         fatal: false,
-        path: Bytes::copy_from_slice(path),
+        path: Bytes::copy_from_slice(wire),
         // A failure of no one entry (an empty path) is its message alone.
-        message: if path.is_empty() {
+        message: if shown.is_empty() {
             message
         } else {
-            format!("{}: {message}", crate::stream::escape(path))
+            format!("{}: {message}", crate::stream::escape(shown.as_bytes()))
         },
     })
 }
+
+/// The remote path of the entry `wire` of a pull, beneath its source in `tops` (each
+/// source's name in the copy and its remote path), or `wire` itself.
+fn shown_in(tops: &[(Bytes, String)], wire: &[u8]) -> String {
+    let (first, rest) = match wire.iter().position(|&b| b == b'/') {
+        Some(i) => (&wire[..i], &wire[i + 1..]),
+        None => (wire, &b""[..]),
+    };
+    let rest = String::from_utf8_lossy(rest);
+    match tops.iter().find(|(name, _)| name[..] == *first) {
+        Some((_, remote)) => join(remote, &rest),
+        None => String::from_utf8_lossy(wire).into_owned(),
+    }
+}
+
+/// Why an entry whose name SFTP cannot carry is not copied.
+const UNCARRIED: &str = "the server listed a name that SFTP cannot carry as it is (not UTF-8, \
+                         or holding '/' or NUL): not copied";
 
 // ---------------------------------------------------------------------------------------
 // Push: the local sender's frames, applied over SFTP.
@@ -1117,6 +1147,19 @@ async fn push_place(plan: &Plan, typed: &str, session: &Sftp) -> Result<Place, E
     let dest = remote_path(typed);
     let folder = plan.options.recursive && plan.local_sources().first().is_some_and(|s| s.is_dir());
     let stat = session.raw.stat(dest.clone()).await;
+    // A trailing '/' on what is there and is not a folder (the server fails the stat of
+    // `file/`): the copy stops on it, as one whose entries all failed (exit 1), as over
+    // fastcp, and as `cp` and scp say it.
+    if stat.is_err()
+        && typed.ends_with('/')
+        && let Ok(a) = session.raw.stat(dest.trim_end_matches('/')).await
+        && file_type(&a.attrs) != S_IFDIR
+    {
+        return Err(Error::Engine(fastcp_stream::Error::Io {
+            path: typed.into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+        }));
+    }
     // The stat follows a symlink: one to nothing is in a folder's way as a file is (and is
     // no folder to make), while a file replaces it.
     let dangling = folder
@@ -1809,19 +1852,35 @@ impl Apply {
     fn target(&self, wire: &[u8]) -> Result<String, (ErrorCode, String)> {
         fastcp_proto::path::validate(wire)
             .map_err(|e| (ErrorCode::UnsafePath, format!("refused: {e}")))?;
-        let path = utf8(wire)?;
-        let target = match &self.place {
-            Place::Beneath(dir) => join(dir, path),
-            Place::As(name) => match path.split_once('/') {
-                Some((_, rest)) => join(name, rest),
-                None => name.clone(),
-            },
-        };
+        let target = self.target_of(utf8(wire)?);
         // An entry named like a temp file is the user's: remembered, for the sweep to spare.
         if fastcp_stream::is_temp_name(split_target(&target).1.as_bytes()) {
             lock(&self.temp_like).insert(target.clone());
         }
         Ok(target)
+    }
+
+    /// The remote path of the entry `path` (its path in the copy), unchecked.
+    fn target_of(&self, path: &str) -> String {
+        match &self.place {
+            Place::Beneath(dir) => join(dir, path),
+            Place::As(name) => match path.split_once('/') {
+                Some((_, rest)) => join(name, rest),
+                None => name.clone(),
+            },
+        }
+    }
+
+    /// An entry's failure: said of its remote path, as a fastcp server's receiver says it
+    /// (of its path in the copy when it has none: a name that is not UTF-8).
+    fn failed(&self, wire: &[u8], (code, message): (ErrorCode, String)) {
+        lock(&self.done).errors += 1;
+        let shown = match std::str::from_utf8(wire) {
+            Ok("") => String::new(),
+            Ok(path) => self.target_of(path),
+            Err(_) => String::from_utf8_lossy(wire).into_owned(),
+        };
+        let _ = self.replies.send(error_frame(code, wire, &shown, message));
     }
 
     /// Waits until the `Dir` entry of the folder holding `wire` has arrived.
@@ -1839,11 +1898,6 @@ impl Apply {
     /// Waits until the folder holding `wire` is made; false when it failed.
     async fn parent_ready(&self, wire: &[u8]) -> bool {
         *self.registered_parent(wire).await.wait().await
-    }
-
-    fn failed(&self, wire: &[u8], (code, message): (ErrorCode, String)) {
-        lock(&self.done).errors += 1;
-        let _ = self.replies.send(error_frame(code, wire, message));
     }
 
     /// Makes a folder; `Ok(false)` when it failed (and the failure is reported).
@@ -2884,13 +2938,13 @@ enum Failure {
 }
 
 impl Failure {
-    /// Opening the temp file for `target` failed: said of the target, as scp says it (the
-    /// temp file's name is fastcp's own).
-    fn opening(target: &str, e: SftpError) -> Failure {
+    /// Opening the temp file for a target failed: said of the target, as scp says it (the
+    /// temp file's name is fastcp's own; [`Apply::failed`] names the target).
+    fn opening(e: SftpError) -> Failure {
         if is_session_failure(&e) {
             Failure::Session(fatal("creating a file", e))
         } else {
-            Failure::File((code(&e), format!("cannot create {target}: {}", said(&e))))
+            Failure::File((code(&e), format!("cannot create it: {}", said(&e))))
         }
     }
 }
@@ -2909,7 +2963,8 @@ impl PushFile {
     /// This file's handle on session `s`: the first one creates the temp file, exclusively
     /// (never through something already there), once its directory is made.
     async fn handle(&self, apply: &Apply, s: usize) -> Result<String, Failure> {
-        let target = self.target.clone().map_err(Failure::File)?;
+        // A target that cannot be named fails the file before anything is made.
+        self.target.clone().map_err(Failure::File)?;
         let sftp = &apply.sftp[s];
         let handle = self.handles[s]
             .get_or_try_init(|| async {
@@ -2946,7 +3001,7 @@ impl PushFile {
                             Ok(h) => h,
                             Err(e) => {
                                 apply.live.take(&self.temp);
-                                return Err(Failure::opening(&target, e));
+                                return Err(Failure::opening(e));
                             }
                         };
                         if self.kind == TempKind::Offered
@@ -2969,7 +3024,7 @@ impl PushFile {
                             .raw
                             .open(self.temp.clone(), OpenFlags::WRITE, FileAttributes::empty())
                             .await
-                            .map_err(|e| Failure::opening(&target, e))?;
+                            .map_err(Failure::opening)?;
                         Ok(h.handle)
                     }
                 }
@@ -3540,23 +3595,41 @@ impl Emit {
         let mut totals = Totals::default();
         // (remote path, wire path, attributes), to visit.
         let mut stack: Vec<(String, Bytes, FileAttributes)> = Vec::new();
+        // (wire name, remote path) of each source found, to name what is beneath it.
+        let mut tops: Vec<(Bytes, String)> = Vec::new();
         // A source with a wildcard that names nothing as it is stands for its matches, as
         // scp expands it, in order; one that matches nothing fails as a missing file would.
         let mut typed_sources = Vec::with_capacity(sources.len());
         for typed in &sources {
             match self.expand(typed).await? {
-                Some(matches) => typed_sources.extend(matches),
+                Some(expansion) => {
+                    typed_sources.extend(expansion.matches);
+                    // Names SFTP cannot carry fail one by one, as in a folder's listing.
+                    for (shown, wire) in expansion.uncarried {
+                        let frame = error_frame(ErrorCode::UnsafePath, &wire, &shown, UNCARRIED);
+                        self.send(0, &frame).await?;
+                    }
+                }
                 None => typed_sources.push(typed.clone()),
             }
         }
         for typed in typed_sources.iter().rev() {
             let remote = remote_path(typed);
-            // A folder's contents (`DIR/.`, `.`) travel under the folder's name.
+            // A folder's contents (`DIR/.`) travel under the folder's name; a path that
+            // names its folder by no name of its own (`.`, `./`, `~`, the empty path of
+            // `host:`) under the name the server resolves it to, as from a fastcp server.
             let name = match top_level_name(typed.strip_suffix("/.").unwrap_or(typed)) {
-                None if typed == "." => real_path(sftp, &remote)
-                    .await
-                    .ok()
-                    .and_then(|p| top_level_name(&p)),
+                None => match real_path(sftp, &remote).await {
+                    Ok(real) => top_level_name(&real),
+                    Err(e) if is_session_failure(&e) => {
+                        return Err(fatal("resolving a source", e));
+                    }
+                    Err(e) => {
+                        let frame = error_frame(code(&e), typed.as_bytes(), &remote, said(&e));
+                        self.send(0, &frame).await?;
+                        continue;
+                    }
+                },
                 name => name,
             }
             .map(Bytes::from);
@@ -3572,10 +3645,14 @@ impl Emit {
                 other => other,
             };
             match (name, stat) {
-                (Some(name), Ok(a)) => stack.push((remote, name, a.attrs)),
+                (Some(name), Ok(a)) => {
+                    tops.push((name.clone(), remote.trim_end_matches("/.").to_string()));
+                    stack.push((remote, name, a.attrs));
+                }
                 (None, _) => {
                     return Err(Error::Usage(format!(
-                        "{}: name a file or folder (not `.`, `..` or `~`) to copy over SFTP",
+                        "{}: the root folder has no name to copy it under: name a folder \
+                         in it",
                         crate::stream::escape(typed.as_bytes())
                     )));
                 }
@@ -3583,7 +3660,7 @@ impl Emit {
                     if is_session_failure(&e) {
                         return Err(fatal("reading a source", e));
                     }
-                    self.send(0, &error_frame(code(&e), &name, said(&e)))
+                    self.send(0, &error_frame(code(&e), &name, &remote, said(&e)))
                         .await?;
                 }
             }
@@ -3625,8 +3702,9 @@ impl Emit {
                                 unfound.came_to(&child);
                             }
                             if self.filter.as_ref().is_none_or(|f| f.allows(&child, false)) {
-                                let why = "too many levels of symbolic links".to_string();
-                                self.send(0, &error_frame(ErrorCode::Io, &child, why))
+                                let why = "too many levels of symbolic links";
+                                let shown = join(&remote, &name);
+                                self.send(0, &error_frame(ErrorCode::Io, &child, &shown, why))
                                     .await?;
                             }
                         }
@@ -3652,10 +3730,10 @@ impl Emit {
                                     p != rel && !p.starts_with(&format!("{rel}/"))
                                 });
                             }
-                            let why = "the server listed a name that SFTP cannot carry as it is \
-                                       (not UTF-8, or holding '/' or NUL): not copied";
-                            self.send(0, &error_frame(ErrorCode::UnsafePath, &child, why.into()))
-                                .await?;
+                            let shown = join(&remote, &name);
+                            let frame =
+                                error_frame(ErrorCode::UnsafePath, &child, &shown, UNCARRIED);
+                            self.send(0, &frame).await?;
                         }
                         for (name, a) in entries {
                             let mut child = BytesMut::from(&wire[..]);
@@ -3683,7 +3761,7 @@ impl Emit {
                         if let Some(unfound) = &mut unfound {
                             unfound.not_looked_into(&wire);
                         }
-                        self.send(0, &error_frame(c, &wire, m)).await?
+                        self.send(0, &error_frame(c, &wire, &remote, m)).await?
                     }
                     Err(Err(e)) => return Err(e),
                 }
@@ -3696,7 +3774,7 @@ impl Emit {
                         unfound.not_looked_into(&wire);
                     }
                     let msg = "is a directory (use -r to copy it)".to_string();
-                    self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
+                    self.send(0, &error_frame(ErrorCode::Unsupported, &wire, &remote, msg))
                         .await?;
                     continue;
                 }
@@ -3731,7 +3809,7 @@ impl Emit {
                     Ok(_) => {}
                     Err(e) if is_session_failure(&e) => return Err(fatal("reading a link", e)),
                     Err(e) => {
-                        self.send(0, &error_frame(code(&e), &wire, said(&e)))
+                        self.send(0, &error_frame(code(&e), &wire, &remote, said(&e)))
                             .await?
                     }
                 }
@@ -3812,7 +3890,7 @@ impl Emit {
                 }
             } else {
                 let msg = "skipped: not a regular file, directory or link".to_string();
-                self.send(0, &error_frame(ErrorCode::Unsupported, &wire, msg))
+                self.send(0, &error_frame(ErrorCode::Unsupported, &wire, &remote, msg))
                     .await?;
             }
         }
@@ -3821,7 +3899,8 @@ impl Emit {
             .flat_map(fastcp_stream::Unfound::missing)
         {
             let msg = "listed by --files-from, but not in the source".to_string();
-            self.send(0, &error_frame(ErrorCode::NotFound, &listed, msg))
+            let shown = shown_in(&tops, &listed);
+            self.send(0, &error_frame(ErrorCode::NotFound, &listed, &shown, msg))
                 .await?;
         }
         self.send(0, &Frame::Totals(totals)).await?;
@@ -3833,8 +3912,11 @@ impl Emit {
     /// The sources `typed` stands for when its name holds a wildcard and names nothing as it
     /// is: the names in its folder that match, sorted (`None`: take it as it is). The same
     /// rules as a fastcp server's ([`fastcp_stream::expand_sources`]): `*` and `?` match
-    /// neither `/` nor a leading `.`, and a backslash quotes the character after it.
-    async fn expand(&self, typed: &str) -> Result<Option<Vec<String>>, Error> {
+    /// neither `/` nor a leading `.`, and a backslash quotes the character after it. A name
+    /// SFTP cannot carry (not UTF-8: it came with each odd byte replaced by U+FFFD, which
+    /// `?` and `*` match as they would match the byte) that matches is not a source, but a
+    /// failure to report.
+    async fn expand(&self, typed: &str) -> Result<Option<Expansion>, Error> {
         // A backslash quotes the character after it, as in a fastcp server's patterns.
         let Some(pattern) = top_level_name(typed).filter(|n| fastcp_stream::is_pattern(n)) else {
             return Ok(None);
@@ -3857,18 +3939,23 @@ impl Emit {
             Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
             Err(_) => return Ok(None),
         };
-        let mut names: Vec<String> = listed
+        let (mut names, mut uncarried): (Vec<String>, Vec<String>) = listed
             .into_iter()
             .map(|(name, _)| name)
-            .filter(|n| is_single_name(n) && fastcp_stream::name_matches(&pattern, n.as_bytes()))
-            .collect();
-        if names.is_empty() {
+            .filter(|n| fastcp_stream::name_matches(&pattern, n.as_bytes()))
+            .partition(|n| is_single_name(n));
+        if names.is_empty() && uncarried.is_empty() {
             return Ok(None);
         }
         names.sort();
-        Ok(Some(
-            names.into_iter().map(|n| format!("{folder}{n}")).collect(),
-        ))
+        uncarried.sort();
+        Ok(Some(Expansion {
+            matches: names.into_iter().map(|n| format!("{folder}{n}")).collect(),
+            uncarried: uncarried
+                .into_iter()
+                .map(|n| (format!("{folder}{n}"), Bytes::from(n)))
+                .collect(),
+        }))
     }
 
     /// The entries of the remote folder `remote`, listed on session `s`; with `-L`, links
@@ -3940,7 +4027,8 @@ impl Emit {
                     Some(big) => (!std::mem::replace(&mut lock(big).failed, true), 0),
                 };
                 if first {
-                    self.send(stream, &error_frame(c, &job.wire, m)).await?;
+                    self.send(stream, &error_frame(c, &job.wire, &job.remote, m))
+                        .await?;
                 }
                 return Ok(());
             }
@@ -3958,7 +4046,10 @@ impl Emit {
         } else if whole {
             let m = "its content did not add up to its size".to_string();
             return self
-                .send(s, &error_frame(ErrorCode::Integrity, &job.wire, m))
+                .send(
+                    s,
+                    &error_frame(ErrorCode::Integrity, &job.wire, &job.remote, m),
+                )
                 .await;
         }
         Ok(())

@@ -2215,7 +2215,9 @@ fn a_name_sftp_cannot_carry_fails_alone() {
         .arg(&src)
         .arg(remote(&sshd, &mirror)));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("not deleted"), "{}", stderr(&out));
+    // Said of the remote path, as a fastcp server's receiver says it.
+    let shown = format!("{}: not deleted", mirror.join("src/bad\u{FFFD}").display());
+    assert!(stderr(&out).contains(&shown), "{}", stderr(&out));
     assert!(!mirror.join("src/extra.txt").exists());
     assert_eq!(fs::read(mirror.join("src/good.txt")).unwrap(), b"good");
 }
@@ -2266,7 +2268,10 @@ fn a_push_into_a_missing_folder_names_the_target_over_sftp() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let said = stderr(&out);
     assert!(
-        said.contains(&format!("cannot create {}: no such file", target.display())),
+        said.contains(&format!(
+            "{}: cannot create it: no such file",
+            target.display()
+        )),
         "{said}"
     );
     assert!(!said.contains(".fastcp-"), "{said}");
@@ -2316,4 +2321,152 @@ fn a_users_home_is_expanded_over_sftp() {
         .arg(dst.join("none")));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(!dst.join("none").exists());
+}
+
+/// `host:`, `host:~`, `host:~/` and `host:./` as the source of a recursive pull name the
+/// remote home folder, over SFTP as from a fastcp server: the same tree lands, under the
+/// home's own name.
+#[test]
+fn a_pull_of_the_remote_home_over_sftp_lands_as_from_a_fastcp_server() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user a home of its own needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_login_shell(Path::new("/bin/sh"), &[]).unwrap();
+    let home = sshd.home();
+    fs::create_dir_all(home.join("sub")).unwrap();
+    write(&home.join("a"), b"a", 0o644);
+    write(&home.join("sub/b"), b"b", 0o600);
+    for (i, spec) in ["", "~", "~/", "./"].into_iter().enumerate() {
+        let from = format!("{}:{spec}", sshd.alias());
+        let by_server = work.path().join(format!("server-{i}"));
+        let by_sftp = work.path().join(format!("sftp-{i}"));
+        fs::create_dir(&by_server).unwrap();
+        fs::create_dir(&by_sftp).unwrap();
+        let out = run(fastcp(&sshd, bin()).arg("-r").arg(&from).arg(&by_server));
+        assert!(out.status.success(), "{spec:?}: {}", stderr(&out));
+        let out = run(plain(&sshd).args(["--sftp", "-r"]).arg(&from).arg(&by_sftp));
+        assert!(out.status.success(), "{spec:?}: {}", stderr(&out));
+        assert_same_tree(&by_server, &by_sftp, false);
+        assert_eq!(
+            fs::read(by_sftp.join("home/sub/b")).unwrap(),
+            b"b",
+            "{spec:?}"
+        );
+    }
+}
+
+/// A remote wildcard over SFTP drops no name silently: a match whose name SFTP cannot carry
+/// (not UTF-8) fails alone, named, and the copy ends with exit code 1.
+#[test]
+fn a_remote_wildcard_over_sftp_reports_the_names_it_cannot_carry() {
+    use std::os::unix::ffi::OsStrExt;
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let dir = work.path().join("dir");
+    fs::create_dir(&dir).unwrap();
+    for name in [&b"a.txt"[..], b"b\xff.txt", b"c.log"] {
+        fs::write(dir.join(std::ffi::OsStr::from_bytes(name)), name).unwrap();
+    }
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let out = run(plain(&sshd)
+        .args(["--sftp", "--json"])
+        .arg(format!("{}/*.txt", remote(&sshd, &dir)))
+        .arg(&dst));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let shown = format!("{}: ", dir.join("b\u{FFFD}.txt").display());
+    let said = stderr(&out);
+    assert!(
+        said.contains(&shown) && said.contains("cannot carry"),
+        "{said}"
+    );
+    assert_eq!(json(&out)["error_count"], 1);
+    let landed: Vec<_> = fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(landed, ["a.txt"]);
+}
+
+/// A file pushed to `host:file/`, where `file` is a file, fails with "not a directory" and
+/// exit code 1 (a file error, as with cp and scp), over SFTP as over fastcp; the file is
+/// left as it was.
+#[test]
+fn a_trailing_slash_on_a_remote_file_is_not_a_directory_on_both_paths() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("a.txt");
+    fs::write(&src, b"new").unwrap();
+    let existing = work.path().join("existing");
+    fs::write(&existing, b"old").unwrap();
+    let to = format!("{}/", remote(&sshd, &existing));
+    for sftp in [false, true] {
+        let mut cmd = match sftp {
+            true => plain(&sshd),
+            false => fastcp(&sshd, bin()),
+        };
+        if sftp {
+            cmd.arg("--sftp");
+        }
+        let out = run(cmd.arg(&src).arg(&to));
+        assert_eq!(out.status.code(), Some(1), "sftp {sftp}: {}", stderr(&out));
+        let shown = format!("{}/: not a directory", existing.display());
+        assert!(
+            stderr(&out).contains(&shown),
+            "sftp {sftp}: {}",
+            stderr(&out)
+        );
+        assert_eq!(fs::read(&existing).unwrap(), b"old");
+    }
+}
+
+/// A pull's failures of entries inside a folder name them by their whole remote path, over
+/// SFTP as from a fastcp server: a source that is missing in its folder, and a named pipe
+/// met in a folder of the tree.
+#[test]
+fn sftp_pull_failures_name_the_remote_path_as_a_fastcp_server_does() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), b"f").unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("sub/pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for sftp in [false, true] {
+        let cmd = || match sftp {
+            true => {
+                let mut cmd = plain(&sshd);
+                cmd.arg("--sftp");
+                cmd
+            }
+            false => fastcp(&sshd, bin()),
+        };
+        let dst = work.path().join(format!("dst-{sftp}"));
+        let out = run(cmd().arg(remote(&sshd, &src.join("sub/missing"))).arg(&dst));
+        assert_eq!(out.status.code(), Some(1), "sftp {sftp}: {}", stderr(&out));
+        let shown = format!("{}: no such file", src.join("sub/missing").display());
+        assert!(
+            stderr(&out).contains(&shown),
+            "sftp {sftp}: {}",
+            stderr(&out)
+        );
+
+        let out = run(cmd().arg("-r").arg(remote(&sshd, &src)).arg(&dst));
+        assert_eq!(out.status.code(), Some(1), "sftp {sftp}: {}", stderr(&out));
+        let shown = format!("{}: ", src.join("sub/pipe").display());
+        assert!(
+            stderr(&out).contains(&shown),
+            "sftp {sftp}: {}",
+            stderr(&out)
+        );
+        assert_eq!(fs::read(dst.join("sub/f")).unwrap(), b"f");
+    }
 }
