@@ -1836,6 +1836,25 @@ fn pubkey_algorithms_and_rsa_size_in_ssh_config_are_honoured() {
             true,
             "authenticated",
         ),
+        // sshd takes rsa-sha2-512 first; ssh signs with the one the list allows.
+        (
+            "rsa with sha-256 signatures only",
+            &format!(
+                "  IdentityFile {}\n  PubkeyAcceptedAlgorithms rsa-sha2-256\n",
+                rsa.display()
+            ),
+            true,
+            "authenticated",
+        ),
+        (
+            "rsa with sha-1 signatures only",
+            &format!(
+                "  IdentityFile {}\n  PubkeyAcceptedAlgorithms ssh-rsa\n",
+                rsa.display()
+            ),
+            false,
+            "no RSA signature the server takes is in PubkeyAcceptedAlgorithms",
+        ),
     ];
     for (i, (case, add, copied, says)) in cases.iter().enumerate() {
         // The rsa cases offer the RSA key alone.

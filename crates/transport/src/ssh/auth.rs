@@ -244,15 +244,34 @@ enum Offer {
     },
 }
 
+/// The signature an RSA key signs with, as ssh picks it: of those the server takes (`best`,
+/// the best its `server-sig-algs` names; a server that takes `rsa-sha2-512` takes
+/// `rsa-sha2-256` too), the first PubkeyAcceptedAlgorithms allows. `None`: none is allowed.
+fn rsa_signature(host: &HostConfig, best: Option<HashAlg>) -> Option<Option<HashAlg>> {
+    let taken: &[Option<HashAlg>] = match best {
+        Some(HashAlg::Sha512) => &[Some(HashAlg::Sha512), Some(HashAlg::Sha256)],
+        _ => &[best],
+    };
+    let names: Vec<(Option<HashAlg>, String)> = taken
+        .iter()
+        .map(|&hash| (hash, russh::keys::Algorithm::Rsa { hash }.to_string()))
+        .collect();
+    let list = host.algorithms.pubkey.as_deref();
+    super::config::allowed(list, true, &names, |(_, n)| n)
+        .first()
+        .map(|(hash, _)| *hash)
+}
+
 /// Why ssh_config keeps `key` (certified, when `cert`) out of the login, if it does: an RSA
 /// key below RequiredRSASize, or an algorithm PubkeyAcceptedAlgorithms does not name. An
-/// RSA key is named by the signature `rsa_hash` gives it (`rsa-sha2-512`, ...), a
-/// certificate by its certificate algorithm (`ssh-ed25519-cert-v01@openssh.com`).
+/// RSA key is named by the signature it signs with (`rsa`, from [`rsa_signature`]; `None`:
+/// no signature the server takes is allowed), a certificate by its certificate algorithm
+/// (`ssh-ed25519-cert-v01@openssh.com`).
 fn kept_out(
     host: &HostConfig,
     key: &KeyData,
     cert: bool,
-    rsa_hash: Option<HashAlg>,
+    rsa: Option<Option<HashAlg>>,
 ) -> Option<String> {
     let required = host.required_rsa_size.max(super::known_hosts::RSA_MIN_BITS);
     if let Some(bits) = super::known_hosts::rsa_bits(key)
@@ -263,7 +282,14 @@ fn kept_out(
         ));
     }
     let algorithm = match key.algorithm() {
-        russh::keys::Algorithm::Rsa { .. } => russh::keys::Algorithm::Rsa { hash: rsa_hash },
+        russh::keys::Algorithm::Rsa { .. } => match rsa {
+            Some(hash) => russh::keys::Algorithm::Rsa { hash },
+            None => {
+                return Some(
+                    "no RSA signature the server takes is in PubkeyAcceptedAlgorithms".into(),
+                );
+            }
+        },
         other => other,
     };
     let mut name = algorithm.as_str().to_owned();
@@ -295,7 +321,9 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
     let user = host.user.clone();
     let mut tried = Vec::new();
     let mut methods: Methods = None;
-    let rsa_hash = wait.on(handle.best_supported_rsa_hash()).await?.flatten();
+    let best_rsa = wait.on(handle.best_supported_rsa_hash()).await?.flatten();
+    let rsa = rsa_signature(host, best_rsa);
+    let rsa_hash = rsa.unwrap_or(best_rsa);
 
     // What logged in the first connection logs in this one, without asking again.
     match previous.filter(|used| host.pubkey_authentication || !used.is_key()) {
@@ -518,7 +546,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
-                if let Some(why) = kept_out(host, key.key_data(), false, rsa_hash) {
+                if let Some(why) = kept_out(host, key.key_data(), false, rsa) {
                     tried.push(format!("agent key {} ({why})", fingerprint(&key)));
                     continue;
                 }
@@ -543,7 +571,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
-                if let Some(why) = kept_out(host, cert.public_key(), true, rsa_hash) {
+                if let Some(why) = kept_out(host, cert.public_key(), true, rsa) {
                     tried.push(format!("{name} ({why})"));
                     continue;
                 }
@@ -575,7 +603,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                 }
                 // Before its passphrase is asked for, when its public half is beside it.
                 let public = file_pubs[i].as_ref().map(PublicKey::key_data);
-                if let Some(why) = public.and_then(|k| kept_out(host, k, false, rsa_hash)) {
+                if let Some(why) = public.and_then(|k| kept_out(host, k, false, rsa)) {
                     tried.push(format!("{} ({why})", file.display()));
                     continue;
                 }
@@ -586,7 +614,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
                         continue;
                     }
                 };
-                if let Some(why) = kept_out(host, key.public_key().key_data(), false, rsa_hash) {
+                if let Some(why) = kept_out(host, key.public_key().key_data(), false, rsa) {
                     tried.push(format!("{} ({why})", file.display()));
                     continue;
                 }
@@ -611,7 +639,7 @@ pub(crate) async fn authenticate<H: russh::client::Handler>(
             }
             Offer::FileCert { cert, name, file } => {
                 let path = &host.identity_files[file];
-                if let Some(why) = kept_out(host, cert.public_key(), true, rsa_hash) {
+                if let Some(why) = kept_out(host, cert.public_key(), true, rsa) {
                     tried.push(format!("{name} ({why})"));
                     continue;
                 }
