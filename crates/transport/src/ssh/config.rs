@@ -1009,22 +1009,14 @@ impl SshConfigFile {
         let required_rsa_size = match ov.required_rsa_size {
             Some(n) => n,
             None => first_value("requiredrsasize")
-                .map(|v| {
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("RequiredRSASize {v:?}: expected a number"))
-                    })
-                })
+                .map(|v| parse_number("RequiredRSASize", &v))
                 .transpose()?
                 .unwrap_or(1024),
         };
         let number_of_password_prompts = match ov.number_of_password_prompts {
             Some(n) => n,
             None => extra("numberofpasswordprompts")
-                .map(|v| {
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("NumberOfPasswordPrompts {v:?}: expected a number"))
-                    })
-                })
+                .map(|v| parse_number("NumberOfPasswordPrompts", &v))
                 .transpose()?
                 .unwrap_or(3),
         };
@@ -1193,11 +1185,7 @@ impl SshConfigFile {
         let server_alive_count_max = match ov.server_alive_count_max {
             Some(n) => n,
             None => extra("serveralivecountmax")
-                .map(|v| {
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("ServerAliveCountMax {v:?}: expected a number"))
-                    })
-                })
+                .map(|v| parse_number("ServerAliveCountMax", &v))
                 .transpose()?
                 .unwrap_or(3),
         };
@@ -1548,22 +1536,16 @@ impl Overrides {
                 ),
                 "serveralivecountmax" => set_once(
                     &mut ov.server_alive_count_max,
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("-o {opt}: ServerAliveCountMax takes a number"))
-                    })?,
+                    parse_number("ServerAliveCountMax", &v)?,
                 ),
                 "numberofpasswordprompts" => set_once(
                     &mut ov.number_of_password_prompts,
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("-o {opt}: NumberOfPasswordPrompts takes a number"))
-                    })?,
+                    parse_number("NumberOfPasswordPrompts", &v)?,
                 ),
                 "preferredauthentications" => set_once(&mut ov.preferred_authentications, v),
                 "requiredrsasize" => set_once(
                     &mut ov.required_rsa_size,
-                    v.parse().map_err(|_| {
-                        Error::Config(format!("-o {opt}: RequiredRSASize takes a number"))
-                    })?,
+                    parse_number("RequiredRSASize", &v)?,
                 ),
                 "revokedhostkeys" => set_once(&mut ov.revoked_host_keys, v),
                 "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
@@ -1606,6 +1588,11 @@ fn parse_yes_no(key: &str, v: &str) -> Result<bool, Error> {
         "no" | "false" => Ok(false),
         _ => Err(Error::Config(format!("{key} {v:?}: expected yes or no"))),
     }
+}
+
+fn parse_number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, Error> {
+    v.parse()
+        .map_err(|_| Error::Config(format!("{key} {v:?}: expected a number")))
 }
 
 fn unquote(s: &str) -> String {
@@ -2294,6 +2281,25 @@ Host *
         );
         let chain = resolve_chain_in(&c, "p", &with("RequiredRSASize=4096")).unwrap();
         assert_eq!(chain[0].required_rsa_size, 4096);
+        // A number that is none is an error that names the keyword and the value.
+        for key in [
+            "RequiredRSASize",
+            "NumberOfPasswordPrompts",
+            "ServerAliveCountMax",
+        ] {
+            let bad = format!("{key} many");
+            let err = resolve_chain_in(&c, "p", &with(&format!("{key}=many"))).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("{key} \"many\"")),
+                "{err}"
+            );
+            let file = SshConfigFile::parse_str(&format!("Host p\n  {bad}\n")).unwrap();
+            let err = file.resolve("p").unwrap_err();
+            assert!(
+                err.to_string().contains("expected a number"),
+                "{key}: {err}"
+            );
+        }
     }
 
     /// RevokedHostKeys: a list of public keys is read; a binary key revocation list is the
