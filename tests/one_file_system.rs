@@ -42,6 +42,20 @@ fn fastcp_in_namespace(mnt: &Path, args: &[&str]) -> std::process::Output {
         .env_remove("SSH_AUTH_SOCK"))
 }
 
+/// A remote program in `dir`: fastcp (as `fastcp server`, through `--remote-path`) in a mount
+/// namespace where `src/mnt` is the tmpfs, so that a pull's walk meets the mount.
+fn mounted_server(dir: &Path, src: &Path) -> PathBuf {
+    script(
+        dir,
+        "fastcp-mounted",
+        &format!(
+            "export MNT='{}'\nexec unshare --mount --map-root-user sh -c '{MOUNT}\n\
+             exec \"{BIN}\" \"$@\"' fastcp \"$@\"",
+            src.join("mnt").display()
+        ),
+    )
+}
+
 /// Checks what `dst` (a copy of [`tree`]) holds: everything, and beneath `mnt` the mount's
 /// file unless `one_file_system`.
 fn assert_copied(dst: &Path, one_file_system: bool, what: &str) {
@@ -105,16 +119,7 @@ fn a_pull_stays_on_the_sources_file_system_and_sftp_refuses_it() {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = tree(work.path());
-    // The remote program: fastcp server in a namespace where the source's mnt is the tmpfs.
-    let server = script(
-        work.path(),
-        "fastcp-mounted",
-        &format!(
-            "export MNT='{}'\nexec unshare --mount --map-root-user sh -c '{MOUNT}\n\
-             exec \"{BIN}\" \"$@\"' fastcp \"$@\"",
-            src.join("mnt").display()
-        ),
-    );
+    let server = mounted_server(work.path(), &src);
     for transport in ["tcp", "ssh"] {
         for x in [true, false] {
             let dst = work.path().join(format!("{transport}-{x}"));
@@ -158,15 +163,7 @@ fn delete_leaves_what_lies_beneath_a_mount_point() {
         write(&dst.join("mnt/kept.txt"), b"kept\n", 0o644);
         write(&dst.join("extra.txt"), b"extra\n", 0o644);
     };
-    let server = script(
-        work.path(),
-        "fastcp-mounted",
-        &format!(
-            "export MNT='{}'\nexec unshare --mount --map-root-user sh -c '{MOUNT}\n\
-             exec \"{BIN}\" \"$@\"' fastcp \"$@\"",
-            src.join("mnt").display()
-        ),
-    );
+    let server = mounted_server(work.path(), &src);
     let server = server.to_str().unwrap();
     let remote_src = format!("{}:{}/.", sshd.alias(), src.display());
     for way in [
