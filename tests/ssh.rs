@@ -573,10 +573,7 @@ fn copy_through_agent(
     file: &Path,
     to: &Path,
 ) {
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(config)
-        .args(["--remote-path", BIN])
+    let out = run(fastcp_with_config(config)
         .env("SSH_AUTH_SOCK", agent.socket())
         .arg(file)
         .arg(remote(sshd, to)));
@@ -665,10 +662,7 @@ fn a_login_ended_by_max_auth_tries_says_so() {
     );
     let a = work.path().join("a");
     write(&a, b"x", 0o644);
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN])
+    let out = run(fastcp_with_config(&config)
         .env("SSH_AUTH_SOCK", agent.socket())
         .arg(&a)
         .arg(remote(&sshd, &work.path().join("b"))));
@@ -748,12 +742,9 @@ fn system_ssh_program_escape_hatch() {
     // ssh itself (`ssh -W 127.0.0.1:PORT`), one ssh each, sealed as TCP streams are.
     let config = proxied_config(&sshd, work.path());
     let proxied = work.path().join("proxied");
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN, "-r", "-p", "--json", "-j", "4"])
+    let out = run(fastcp_with_config(&config)
+        .args(["-r", "-p", "--json", "-j", "4"])
         .args(["--ssh-program", "ssh", "-v"])
-        .env_remove("SSH_AUTH_SOCK")
         .arg(&src)
         .arg(remote(&sshd, &proxied)));
     assert!(out.status.success(), "{}", stderr(&out));
@@ -767,12 +758,9 @@ fn system_ssh_program_escape_hatch() {
         stderr(&out)
     );
     let back = work.path().join("proxied-back");
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["--remote-path", BIN, "-r", "-p", "--json", "-j", "3"])
+    let out = run(fastcp_with_config(&config)
+        .args(["-r", "-p", "--json", "-j", "3"])
         .args(["--ssh-program", "ssh"])
-        .env_remove("SSH_AUTH_SOCK")
         .arg(remote(&sshd, &proxied))
         .arg(&back));
     assert!(out.status.success(), "{}", stderr(&out));
@@ -815,12 +803,9 @@ fn ssh_config_that_asks_for_no_session_is_overridden() {
     ];
     for (name, config, flags) in cases {
         let copy = |from: &std::ffi::OsStr, to: &std::ffi::OsStr| {
-            let out = run(Command::new(BIN)
-                .arg("-F")
-                .arg(config)
-                .args(["--remote-path", BIN, "-r"])
+            let out = run(fastcp_with_config(config)
+                .arg("-r")
                 .args(flags)
-                .env_remove("SSH_AUTH_SOCK")
                 .arg(from)
                 .arg(to));
             assert!(out.status.success(), "{name}: {}", stderr(&out));
@@ -1282,13 +1267,10 @@ fn proxy_command_carries_the_connection() {
     let src = work.path().join("tree");
     build_tiny(&src, 10);
     let dst = work.path().join("copy");
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&cfg)
-        .args(["--remote-path", BIN, "-r", "-v"])
+    let out = run(fastcp_with_config(&cfg)
+        .args(["-r", "-v"])
         .arg(&src)
-        .arg(format!("via-proxy:{}", dst.display()))
-        .env_remove("SSH_AUTH_SOCK"));
+        .arg(format!("via-proxy:{}", dst.display())));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_same_tree(&src, &dst, false);
     assert!(jump.log().contains("direct-tcpip"), "{}", jump.log());
@@ -1307,13 +1289,9 @@ fn a_proxy_command_that_exits_is_named() {
     );
     std::fs::write(&cfg, proxied).unwrap();
     std::fs::write(work.path().join("a"), b"a").unwrap();
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&cfg)
-        .args(["--remote-path", BIN])
+    let out = run(fastcp_with_config(&cfg)
         .arg(work.path().join("a"))
-        .arg(format!("via-proxy:{}", work.path().join("b").display()))
-        .env_remove("SSH_AUTH_SOCK"));
+        .arg(format!("via-proxy:{}", work.path().join("b").display())));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let said = stderr(&out);
     assert!(said.contains("no route from here"), "{said}");
@@ -1364,12 +1342,9 @@ fn configs_only_the_system_ssh_serves_are_handed_to_it() {
         (&with_ca, "@cert-authority", Some("--sftp"), "sftp"),
     ] {
         let dst = work.path().join(format!("copy-{transport}-{}", why.len()));
-        let out = run(Command::new(BIN)
-            .arg("-F")
-            .arg(config)
-            .args(["--remote-path", BIN, "-r", "-v", "--json"])
+        let out = run(fastcp_with_config(config)
+            .args(["-r", "-v", "--json"])
             .args(extra)
-            .env_remove("SSH_AUTH_SOCK")
             .arg(&src)
             .arg(remote(&sshd, &dst)));
         assert!(out.status.success(), "{why}: {}", stderr(&out));
@@ -1766,11 +1741,8 @@ fn a_host_key_listed_in_revoked_host_keys_is_refused() {
         let add = format!("  RevokedHostKeys {}\n", list.display());
         let config = config_without(&sshd, work.path(), &format!("{name}.config"), &[], &add);
         let dst = work.path().join(format!("copy-{name}"));
-        let out = run(Command::new(BIN)
-            .arg("-F")
-            .arg(&config)
-            .args(["--remote-path", BIN, "-v"])
-            .env_remove("SSH_AUTH_SOCK")
+        let out = run(fastcp_with_config(&config)
+            .arg("-v")
             .arg(&src)
             .arg(remote(&sshd, &dst)));
         let said = stderr(&out);
@@ -1865,11 +1837,8 @@ fn pubkey_algorithms_and_rsa_size_in_ssh_config_are_honoured() {
         };
         let config = config_without(&sshd, work.path(), &format!("config{i}"), drop, add);
         let dst = work.path().join(format!("copy{i}"));
-        let out = run(Command::new(BIN)
-            .arg("-F")
-            .arg(&config)
-            .args(["--remote-path", BIN, "-v"])
-            .env_remove("SSH_AUTH_SOCK")
+        let out = run(fastcp_with_config(&config)
+            .arg("-v")
             .arg(&src)
             .arg(remote(&sshd, &dst)));
         let said = stderr(&out);

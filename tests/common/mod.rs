@@ -27,6 +27,18 @@ pub fn fastcp(sshd: &Sshd, remote_path: &Path) -> Command {
     cmd
 }
 
+/// fastcp with the ssh_config `config` (`-F`), this build as the remote program
+/// (`--remote-path`) and no agent.
+pub fn fastcp_with_config(config: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(config)
+        .arg("--remote-path")
+        .arg(BIN)
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
 /// `alias:path` on `sshd`.
 pub fn remote(sshd: &Sshd, path: &Path) -> String {
     format!("{}:{}", sshd.alias(), path.display())
