@@ -21,6 +21,7 @@ Exit codes:
   3    connection or authentication failure
   4    integrity failure (a hash or an AEAD tag did not match)
   5    some source files changed or vanished while they were read (the others were copied)
+  6    --max-delete left extras that --delete would have removed (the rest was copied)
   130  stopped by Ctrl-C, SIGTERM or SIGHUP";
 
 /// Fast, secure file copy: scp's habits, several times faster.
@@ -131,6 +132,11 @@ pub struct Args {
     /// does not (rsync's --delete); only beneath the destination, never through a symlink.
     #[arg(long, help_heading = "Copy")]
     pub delete: bool,
+    /// With --delete: remove at most NUM entries (a folder counts with all it holds); the
+    /// extras past the limit stay and the copy ends with exit code 6 (rsync's --max-delete;
+    /// 0 removes nothing and reports what would go).
+    #[arg(long, value_name = "NUM", help_heading = "Copy")]
+    pub max_delete: Option<u64>,
     /// Hard-link files from DIR, on the receiving side, where DIR holds them alike (same
     /// path, size and time) instead of sending them (rsync's --link-dest: each night's
     /// backup a full tree that costs only what changed). A relative DIR is taken from the
@@ -660,6 +666,7 @@ async fn copy_with(
         .checksum(args.checksum)
         .resume(args.resume)
         .delete(args.delete)
+        .max_delete(args.max_delete)
         .no_deploy(args.no_deploy)
         .no_sftp_fallback(args.no_sftp_fallback)
         .sftp(args.sftp)
@@ -722,32 +729,43 @@ async fn copy_with(
         }
         out.flush()?;
     }
-    if !outcome.report.is_complete() && !args.quiet {
-        output.line(&failures_line(&outcome, args.dry_run));
+    if !outcome.report.is_complete()
+        && !args.quiet
+        && let Some(line) = failures_line(&outcome, args.dry_run)
+    {
+        output.line(&line);
     }
     Ok(code)
 }
 
 /// The last line of a copy where some entries failed: how many, and whether anything else
-/// was done (what the receiving side wrote: the far side's count, on a `push`).
-fn failures_line(outcome: &fastcp::Outcome, dry_run: bool) -> String {
+/// was done (what the receiving side wrote: the far side's count, on a `push`). None when
+/// only the mirror's limit stopped it, which its own message says.
+fn failures_line(outcome: &fastcp::Outcome, dry_run: bool) -> Option<String> {
     let r = &outcome.report;
     let verb = if dry_run { "listed" } else { "copied" };
     let written = outcome.arrived();
     let done = written.files + written.dirs + written.symlinks;
-    // A refused `--delete` is reported beside the failures that caused it, and is no entry.
+    // A refused `--delete` is reported beside the failures that caused it, and is no entry;
+    // neither is what `--max-delete` left.
+    let limited = |f: &&fastcp::stream::Failure| f.code == fastcp::stream::ErrorCode::DeleteLimit;
     let refusals = r
         .failures
         .iter()
-        .filter(|f| f.path.is_empty() && f.message == fastcp::stream::NOTHING_DELETED)
+        .filter(|f| {
+            f.path.is_empty() && (f.message == fastcp::stream::NOTHING_DELETED || limited(f))
+        })
         .count() as u64;
+    if r.failure_count == r.failures.len() as u64 && r.failures.iter().all(|f| limited(&f)) {
+        return None;
+    }
     let failed = r.failure_count.saturating_sub(refusals).max(1);
-    if done + r.files_skipped == 0 {
+    Some(if done + r.files_skipped == 0 {
         let entries = if failed == 1 { "entry" } else { "entries" };
         format!("fastcp: nothing was {verb}: {failed} {entries} failed")
     } else {
         format!("fastcp: {failed} of the entries could not be {verb}; the others were {verb}")
-    }
+    })
 }
 
 /// An error and its causes, each cause once: "a: b: c", leaving out a cause whose text the
@@ -837,6 +855,7 @@ fn code_name(code: fastcp::stream::ErrorCode) -> &'static str {
         C::NoSpace => "no_space",
         C::ReadOnly => "read_only",
         C::Quota => "quota",
+        C::DeleteLimit => "delete_limit",
         _ => "other",
     }
 }

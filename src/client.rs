@@ -95,6 +95,14 @@ pub struct CopyOptions {
     /// the source does not, only beneath the destination and never through a symlink. See
     /// [`fastcp_stream::ReceiveConfig::delete`].
     pub delete: bool,
+    /// With [`delete`](Self::delete): remove at most this many entries (`--max-delete N`,
+    /// rsync's; a directory counts with everything in it, and `0` removes nothing but
+    /// reports what would go). Extras are removed whole, in name order, folder by folder,
+    /// until the next would go past the limit; the rest stay and the copy reports them
+    /// with [`ErrorCode::DeleteLimit`](fastcp_stream::ErrorCode::DeleteLimit), exit code
+    /// [`exit::DELETE_LIMIT`](crate::exit::DELETE_LIMIT). A guard for nightly mirrors
+    /// against a source that came up empty. Needs protocol version 12 on the receiving side.
+    pub max_delete: Option<u64>,
     /// Never upload fastcp to a remote host that lacks it (`--no-deploy`); see
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
     /// ([`SshOptions::remote_path`]); it works the same through the system ssh program.
@@ -277,6 +285,12 @@ impl CopyOptions {
     /// Sets [`delete`](CopyOptions::delete).
     pub fn delete(mut self, value: bool) -> CopyOptions {
         self.delete = value;
+        self
+    }
+
+    /// Sets [`max_delete`](CopyOptions::max_delete).
+    pub fn max_delete(mut self, value: Option<u64>) -> CopyOptions {
+        self.max_delete = value;
         self
     }
 
@@ -482,6 +496,11 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
+        if options.max_delete.is_some() && !options.delete {
+            return Err(Error::Usage(
+                "--max-delete limits what --delete removes: it needs --delete".into(),
             ));
         }
         if options.skip_rules.any() && options.checksum {
@@ -715,6 +734,7 @@ impl Plan {
             checksum: self.options.checksum,
             resume: self.options.resume,
             delete: self.options.delete,
+            max_delete: self.options.max_delete,
             filter: self.options.filter.clone(),
             hard_links: self.options.hard_links,
             attrs: self.options.attrs,
@@ -768,6 +788,9 @@ impl Plan {
         }
         if self.options.delete {
             f |= flags::DELETE;
+        }
+        if self.options.delete && self.options.max_delete.is_some() {
+            f |= flags::MAX_DELETE;
         }
         if self.options.link_dest.is_some() {
             f |= flags::LINK_DEST;
@@ -1971,6 +1994,13 @@ where
             agreed.version
         )));
     }
+    if pushes && request_flags & flags::MAX_DELETE != 0 && agreed.version < 12 {
+        return Err(Error::Usage(format!(
+            "--max-delete needs protocol version 12, and the remote {} speaks {}",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )));
+    }
     if request_flags & flags::LINK_DEST != 0 && agreed.version < 10 {
         return Err(Error::Usage(format!(
             "--link-dest needs protocol version 10, and the remote {} speaks {}",
@@ -1981,7 +2011,7 @@ where
     if !pushes {
         // Where the files land, and the reference folder they are linked from, are the
         // receiver's to say; a pull's is this side.
-        request_flags &= !(flags::CONTENTS | flags::LINK_DEST);
+        request_flags &= !(flags::CONTENTS | flags::LINK_DEST | flags::MAX_DELETE);
         if request_flags & flags::ONE_FILE_SYSTEM != 0 && agreed.version < 11 {
             return Err(Error::Usage(format!(
                 "-x on a pull needs protocol version 11, and the remote {} speaks {}",
@@ -2045,6 +2075,10 @@ where
                 .then_some(plan.options.link_dest.as_ref())
                 .flatten()
                 .map(|p| Bytes::copy_from_slice(p.as_os_str().as_bytes())),
+            max_delete: plan
+                .options
+                .max_delete
+                .filter(|_| request_flags & flags::MAX_DELETE != 0),
         }))
         .await?;
     let accept = within(

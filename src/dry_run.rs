@@ -247,14 +247,14 @@ where
                 message: e.to_string(),
             });
             crate::wire::write_frame(&mut stream, &error).await?;
-            if Judge::from_flags(flags, filter.as_deref(), link_dest).any() {
+            if Judge::from_flags(flags, filter.as_deref(), link_dest, request.max_delete).any() {
                 // The client is sending its listing before it reads: take it in, so that
                 // it gets to read why.
                 drain_listing(&mut FrameReader::new(stream, session::MAX_FRAME), idle).await;
             }
             return Err(Error::Engine(e));
         }
-        let judge = Judge::from_flags(flags, filter.as_deref(), link_dest);
+        let judge = Judge::from_flags(flags, filter.as_deref(), link_dest, request.max_delete);
         if judge.any() {
             return judge_for_client(stream, target, &judge, idle).await;
         }
@@ -356,6 +356,8 @@ pub(crate) struct Judge<'a> {
     /// `--checksum`: a file of the same size may differ, so none is judged unchanged here.
     checksum: bool,
     delete: bool,
+    /// `--max-delete`: at most this many entries are listed as deleted.
+    max_delete: Option<u64>,
     /// What the rules exclude is not deleted.
     filter: Option<&'a fastcp_stream::Filter>,
     /// The source is a folder's contents (`DIR/.`): its top-level entry is the destination.
@@ -378,6 +380,7 @@ impl<'a> Judge<'a> {
                 || o.skip_rules.any(),
             checksum: o.checksum,
             delete: o.delete,
+            max_delete: o.max_delete,
             filter: o.filter.as_deref(),
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
@@ -391,11 +394,13 @@ impl<'a> Judge<'a> {
         bits: u32,
         filter: Option<&'a fastcp_stream::Filter>,
         link_dest: Option<&'a Path>,
+        max_delete: Option<u64>,
     ) -> Judge<'a> {
         Judge {
             skip_unchanged: bits & (flags::SKIP_UNCHANGED | flags::RESUME) != 0,
             checksum: bits & flags::CHECKSUM != 0,
             delete: bits & flags::DELETE != 0,
+            max_delete: max_delete.filter(|_| bits & flags::MAX_DELETE != 0),
             filter,
             contents: bits & flags::CONTENTS != 0,
             link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
@@ -495,6 +500,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     let mut kept = Vec::with_capacity(listing.len());
     let mut dirs_in_place = 0;
     let mut deletions = Vec::new();
+    let mut budget = fastcp_stream::DeleteBudget::new(j.max_delete);
     for entry in listing {
         let path = local(&entry.path);
         let linked = |size| {
@@ -537,7 +543,14 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 if !entry.unentered
                     && let Some(spared) = &spared =>
             {
-                extras(j, &path, &entry.path, (&sent, spared), &mut deletions)
+                extras(
+                    j,
+                    &path,
+                    &entry.path,
+                    (&sent, spared),
+                    &mut budget,
+                    &mut deletions,
+                )
             }
             _ => {}
         }
@@ -557,6 +570,17 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     }
     report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
+    if let Some(message) = budget.message() {
+        push_failure(
+            report,
+            Failure::new(
+                Side::Receiver,
+                Bytes::new(),
+                ErrorCode::DeleteLimit,
+                message,
+            ),
+        );
+    }
     kept.extend(deletions);
     kept
 }
@@ -617,13 +641,14 @@ fn in_place(path: &Path, kind: &EntryKind) -> bool {
 }
 
 /// What the directory at `dir` (wire path `wire`) holds beyond what was sent and spared:
-/// what `--delete` would remove. A directory that is not there, or is a symlink, holds
-/// nothing to remove.
+/// what `--delete` would remove, within `budget`, in name order as the copy removes them. A
+/// directory that is not there, or is a symlink, holds nothing to remove.
 fn extras(
     j: &Judge,
     dir: &Path,
     wire: &[u8],
     (sent, spared): (&HashSet<Bytes>, &fastcp_stream::Spared),
+    budget: &mut fastcp_stream::DeleteBudget,
     out: &mut Vec<Listed>,
 ) {
     if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
@@ -675,7 +700,25 @@ fn extras(
         });
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
+    if budget.is_limited() {
+        found.retain(|f| {
+            let here = dir.join(std::ffi::OsStr::from_bytes(&f.path[wire.len() + 1..]));
+            budget.take(entries(&here))
+        });
+    }
     out.extend(found);
+}
+
+/// How many entries removing `path` removes: 1, and for a real folder (not a link to one)
+/// everything in it.
+fn entries(path: &Path) -> u64 {
+    let below = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .map(|names| names.flatten().map(|e| entries(&e.path())).sum())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    1 + below
 }
 
 /// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an
@@ -915,6 +958,18 @@ where
     }
     for entry in judged.iter().filter(|l| l.delete) {
         fastcp_proto::encode(&listing_frame(entry, 0), &mut out);
+    }
+    // What the judging reports (the limit of `--max-delete`), as the copy would.
+    for f in &report.failures {
+        fastcp_proto::encode(
+            &Frame::Error(fastcp_proto::ErrorFrame {
+                code: f.code,
+                fatal: false,
+                path: f.path.clone(),
+                message: f.message.clone(),
+            }),
+            &mut out,
+        );
     }
     fastcp_proto::encode(&Frame::Done(report.local), &mut out);
     let mut stream = reader.into_stream();

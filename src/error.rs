@@ -123,13 +123,17 @@ pub mod exit {
     /// Everything was copied but files that changed or vanished while they were read (as
     /// rsync's 24): run the copy again once they are stable.
     pub const SOURCE_CHANGED: u8 = 5;
+    /// Everything was copied, but `--max-delete` left extras that `--delete` would have
+    /// removed (as rsync's 25).
+    pub const DELETE_LIMIT: u8 = 6;
     /// Stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP; nothing partial was kept (128 + 2, as
     /// shells report an interrupted command).
     pub const INTERRUPTED: u8 = 130;
 
     /// The exit code for a copy that ran to its end with `report`: [`OK`], [`INTEGRITY`] if
     /// any file failed its check, else [`SOURCE_CHANGED`] if every failure was a source that
-    /// changed or vanished while read, else [`PARTIAL`].
+    /// changed or vanished while read, else [`DELETE_LIMIT`] if the only failure was
+    /// `--max-delete`'s limit, else [`PARTIAL`].
     pub fn for_report(report: &crate::stream::Report) -> u8 {
         use crate::stream::ErrorCode;
         let codes = || report.failures.iter().map(|f| f.code);
@@ -141,6 +145,10 @@ pub mod exit {
             && codes().all(|c| c == ErrorCode::SourceChanged)
         {
             SOURCE_CHANGED
+        } else if report.failure_count == report.failures.len() as u64
+            && codes().all(|c| c == ErrorCode::DeleteLimit)
+        {
+            DELETE_LIMIT
         } else {
             PARTIAL
         }
@@ -370,6 +378,7 @@ fn code_kind(code: fastcp_proto::ErrorCode) -> ErrorKind {
         C::NoSpace => ErrorKind::NoSpace,
         C::ReadOnly => ErrorKind::ReadOnly,
         C::Quota => ErrorKind::Quota,
+        C::DeleteLimit => ErrorKind::Usage,
         C::Unsupported => ErrorKind::Usage,
         C::Io | C::Other => ErrorKind::Io,
         _ => ErrorKind::Protocol,

@@ -732,6 +732,7 @@ fn receive_config(
         fsync: on(flags::FSYNC),
         skip_unchanged: on(flags::SKIP_UNCHANGED),
         delete: on(flags::DELETE),
+        max_delete: request.max_delete.filter(|_| on(flags::MAX_DELETE)),
         checksum: on(flags::CHECKSUM),
         resume: on(flags::RESUME),
         hard_links: on(flags::HARD_LINKS),

@@ -1095,6 +1095,26 @@ async fn remove_tree(
     Ok(removed)
 }
 
+/// How many entries removing `path` over SFTP would remove: 1, and for a folder all it holds
+/// (listed level by level, each checked with [`unmoved`]; what cannot be listed counts as
+/// nothing).
+async fn count_tree(sftp: &Sftp, path: String, is_dir: bool) -> u64 {
+    let mut stack = vec![(path, is_dir)];
+    let mut count = 0;
+    while let Some((path, is_dir)) = stack.pop() {
+        count += 1;
+        if !is_dir || unmoved(sftp, &path).await.is_err() {
+            continue;
+        }
+        for (name, attrs) in list_dir(sftp, &path).await.unwrap_or_default() {
+            if is_single_name(&name) {
+                stack.push((join(&path, &name), file_type(&attrs) == S_IFDIR));
+            }
+        }
+    }
+    count
+}
+
 /// The failure of the entry `wire` (its path in the copy), its message naming it as `shown`:
 /// the remote path the user knows it by, as a fastcp server names it.
 fn error_frame(code: ErrorCode, wire: &[u8], shown: &str, message: impl Into<String>) -> Frame {
@@ -1568,7 +1588,11 @@ async fn push(
             // Before the folders' times are set: removing from a folder changes its time.
             if first_error.is_none()
                 && let Err(e) = apply
-                    .mirror(plan.options.filter.as_deref(), &mirror_progress)
+                    .mirror(
+                        plan.options.filter.as_deref(),
+                        plan.options.max_delete,
+                        &mirror_progress,
+                    )
                     .await
             {
                 first_error = Some(e);
@@ -2142,6 +2166,7 @@ impl Apply {
     async fn mirror(
         &self,
         filter: Option<&fastcp_stream::Filter>,
+        max_delete: Option<u64>,
         progress: &Progress,
     ) -> Result<(), Error> {
         let Some(m) = &self.mirror else {
@@ -2162,18 +2187,24 @@ impl Apply {
             return Ok(());
         }
         // The folders at once, over every session: each removes only what it lists, which
-        // holds no folder of the copy.
+        // holds no folder of the copy. Under `--max-delete`, one at a time and each in name
+        // order, as fastcp's own receiver takes them, so that the limit takes the same.
         let n = self.sftp.len();
-        let (sent, filter) = (&sent, &filter);
-        futures_util::stream::iter(dirs.into_iter().enumerate().map(Ok))
-            .try_for_each_concurrent(SESSION_REQUESTS * n, |(i, dir)| async move {
+        let budget = Mutex::new(fastcp_stream::DeleteBudget::new(max_delete));
+        let at_once = match max_delete {
+            Some(_) => 1,
+            None => SESSION_REQUESTS * n,
+        };
+        let (sent, filter, budget) = (&sent, &filter, &budget);
+        let mirrored = futures_util::stream::iter(dirs.into_iter().enumerate().map(Ok))
+            .try_for_each_concurrent(at_once, |(i, dir)| async move {
                 let sftp = &self.sftp[i % n];
                 let checked = match self.checked_dir(sftp, &dir).await {
                     Ok(remote) => list_dir(sftp, &remote).await.map(|e| (remote, e)),
                     Err(e) => Err(e),
                 };
                 progress.mirror_step();
-                let (remote, entries) = match checked {
+                let (remote, mut entries) = match checked {
                     Ok(found) => found,
                     Err(e) if is_session_failure(&e) => {
                         return Err(fatal("listing a folder", e));
@@ -2189,6 +2220,9 @@ impl Apply {
                         return Ok(());
                     }
                 };
+                if max_delete.is_some() {
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                }
                 // Names the copy has as folders or links now: no partial file is theirs.
                 let not_files: HashSet<String> = entries
                     .iter()
@@ -2223,6 +2257,12 @@ impl Apply {
                     if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
                     }
+                    if max_delete.is_some() {
+                        let entries = count_tree(sftp, join(&remote, &name), is_dir).await;
+                        if !lock(budget).take(entries) {
+                            continue;
+                        }
+                    }
                     self.note_change(&wire);
                     match remove_tree(sftp, join(&remote, &name), is_dir, progress).await {
                         Ok(n) => {
@@ -2236,7 +2276,11 @@ impl Apply {
                 }
                 Ok(())
             })
-            .await
+            .await;
+        if let Some(message) = lock(budget).message() {
+            self.failed(b"", (ErrorCode::DeleteLimit, message));
+        }
+        mirrored
     }
 
     /// The path of the folder `wire` of this copy as reached from the destination's real
@@ -3328,6 +3372,7 @@ async fn pull(
         // what arrived from this version of the source stands in.
         resume_from_record: true,
         delete: o.delete,
+        max_delete: o.max_delete,
         filter: o.filter.clone(),
         link_dest: o.link_dest.clone(),
         skip_rules: o.skip_rules,

@@ -987,6 +987,7 @@ fn dry_run_into_a_symlinked_destination_lists_what_the_copy_deletes() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir_all(src.join("sub")).unwrap();
     write(&src.join("a"), b"a", 0o644);
     write(&src.join("sub/b"), b"b", 0o644);
     let real = work.path().join("real");
@@ -1624,4 +1625,129 @@ fn size_only_ignore_existing_and_update_leave_what_rsync_leaves() {
         stderr(&out)
     );
     assert_eq!(std::fs::read(dst.join("older.txt")).unwrap(), b"theirs");
+}
+
+/// `--max-delete N` (rsync's): extras go whole, in name order, while the entries removed
+/// stay within N (a folder counts with what it holds); the rest stay, the copy says how many
+/// and ends with exit code 6. The same locally, on a push and a pull over TCP, SSH and SFTP,
+/// and in a dry run, which lists only what would go. Without `--delete` it is refused.
+#[test]
+fn max_delete_stops_the_mirror_at_its_limit() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    write(&src.join("sub/b"), b"b", 0o644);
+    let from_here = format!("{}/.", src.display());
+    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
+    // Extras in name order: x1, x2, xdir (3 entries), z1.
+    let seed = |dst: &Path| {
+        let _ = std::fs::remove_dir_all(dst);
+        for f in ["a", "sub/b", "x1", "x2", "xdir/p", "xdir/q", "z1"] {
+            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
+            write(&dst.join(f), b"old", 0o644);
+        }
+    };
+    let names = |dst: &Path| {
+        let mut v: Vec<String> = walk_names(dst);
+        v.sort();
+        v
+    };
+    let ways: [(&str, &[&str]); 7] = [
+        ("local", &[]),
+        ("push tcp", &["--transport", "tcp"]),
+        ("push ssh", &["--transport", "ssh"]),
+        ("push sftp", &["--sftp"]),
+        ("pull tcp", &["--transport", "tcp"]),
+        ("pull ssh", &["--transport", "ssh"]),
+        ("pull sftp", &["--sftp"]),
+    ];
+    for (way, extra) in ways {
+        for (limit, dry_run) in [("3", false), ("3", true), ("0", false), ("8", false)] {
+            // An SFTP push refuses -n with --delete.
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} --max-delete {limit} -n {dry_run}");
+            let dst = work.path().join("dst");
+            seed(&dst);
+            let to = remote(&sshd, &dst);
+            let dst_text = dst.display().to_string();
+            let (from, to) = match way {
+                "local" => (from_here.as_str(), dst_text.as_str()),
+                w if w.starts_with("push") => (from_here.as_str(), to.as_str()),
+                _ => (from_there.as_str(), dst_text.as_str()),
+            };
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete", "--max-delete", limit])
+                .args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            let summary = json(&out);
+            let left = match limit {
+                "3" => ["xdir", "xdir/p", "xdir/q", "z1"].as_slice(),
+                "0" => &["x1", "x2", "xdir", "xdir/p", "xdir/q", "z1"],
+                _ => &[],
+            };
+            let (deleted, not_deleted) = match limit {
+                "3" => (2, 4),
+                "0" => (0, 6),
+                _ => (6, 0),
+            };
+            if not_deleted == 0 {
+                assert_eq!(out.status.code(), Some(0), "{what}: {said}");
+            } else {
+                assert_eq!(out.status.code(), Some(6), "{what}: {said}");
+                assert!(
+                    said.contains(&format!(
+                        "--max-delete {limit} stopped the mirror: {not_deleted} entries"
+                    )),
+                    "{what}: {said}"
+                );
+                assert_eq!(
+                    summary["errors"][0]["code"], "delete_limit",
+                    "{what}: {summary}"
+                );
+                // The limit is no failed entry.
+                assert!(!said.contains("could not be"), "{what}: {said}");
+            }
+            let mut want: Vec<String> = ["a", "sub", "sub/b"]
+                .iter()
+                .chain(if dry_run {
+                    &["x1", "x2", "xdir", "xdir/p", "xdir/q", "z1"]
+                } else {
+                    left
+                })
+                .map(|s| s.to_string())
+                .collect();
+            want.sort();
+            assert_eq!(names(&dst), want, "{what}");
+            assert_eq!(summary["files_deleted"], deleted, "{what}: {summary}");
+            if dry_run {
+                let deleting: Vec<&str> = summary["entries"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["action"] == "delete")
+                    .map(|e| e["path"].as_str().unwrap())
+                    .collect();
+                assert_eq!(deleting.len(), 2, "{what}: {summary}");
+                assert!(
+                    deleting
+                        .iter()
+                        .all(|p| p.ends_with("x1") || p.ends_with("x2")),
+                    "{what}: {summary}"
+                );
+            }
+        }
+    }
+    let out = run(Command::new(BIN)
+        .args(["-r", "--max-delete", "1", &from_here])
+        .arg(work.path().join("plain")));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("needs --delete"), "{}", stderr(&out));
 }

@@ -84,6 +84,9 @@ pub fn encode(frame: &Frame, dst: &mut BytesMut) {
             if r.flags & crate::flags::LINK_DEST != 0 {
                 put_bytes(dst, r.link_dest.as_deref().unwrap_or_default());
             }
+            if r.flags & crate::flags::MAX_DELETE != 0 {
+                dst.put_u64(r.max_delete.unwrap_or_default());
+            }
         }
         Frame::Accept(a) => {
             dst.put_u16(a.streams);
@@ -425,6 +428,10 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 0 => None,
                 _ => Some(r.bytes(MAX_PATH)?),
             };
+            let max_delete = match flags & crate::flags::MAX_DELETE {
+                0 => None,
+                _ => Some(r.u64()?),
+            };
             Frame::Request(Request {
                 direction,
                 paths,
@@ -437,6 +444,7 @@ fn decode_payload(k: u8, payload: Bytes) -> Result<Frame, DecodeError> {
                 tcp_ports,
                 filters,
                 link_dest,
+                max_delete,
             })
         }
         kind::ACCEPT => {
@@ -896,6 +904,7 @@ mod tests {
                 tcp_ports: (40000, 40100),
                 filters: vec![],
                 link_dest: None,
+                max_delete: None,
             }));
         }
         roundtrip(Frame::Request(Request {
@@ -913,11 +922,17 @@ mod tests {
                 Bytes::from_static(b"- *.o"),
             ],
             link_dest: None,
+            max_delete: None,
         }));
         roundtrip(Frame::Request(Request {
             direction: Direction::Push,
             paths: vec![Bytes::from_static(b"/backups/2026-11-28")],
-            flags: flags::RECURSIVE | flags::SKIP_UNCHANGED | flags::FILTERS | flags::LINK_DEST,
+            flags: flags::RECURSIVE
+                | flags::SKIP_UNCHANGED
+                | flags::FILTERS
+                | flags::LINK_DEST
+                | flags::DELETE
+                | flags::MAX_DELETE,
             streams: 2,
             transport: TransportKind::Tcp,
             cipher: 1,
@@ -926,6 +941,7 @@ mod tests {
             tcp_ports: (0, 0),
             filters: vec![Bytes::from_static(b"- *.o")],
             link_dest: Some(Bytes::from_static(b"../2026-11-27")),
+            max_delete: Some(1_000),
         }));
     }
 

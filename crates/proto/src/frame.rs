@@ -221,6 +221,9 @@ pub struct Request {
     /// With [`flags::LINK_DEST`] (a push): the receiver's reference folder (rsync's
     /// `--link-dest`), as the user wrote it; a relative one is taken from the destination.
     pub link_dest: Option<Bytes>,
+    /// With [`flags::MAX_DELETE`]: how many entries the mirror may remove at most (a
+    /// directory counts with everything in it).
+    pub max_delete: Option<u64>,
 }
 
 /// Option bits of [`Request::flags`].
@@ -326,6 +329,10 @@ pub mod flags {
     /// With [`SKIP_UNCHANGED`] (protocol version 11): anything already at a probed path with
     /// a later modification time than the probe's is left untouched (rsync's `--update`).
     pub const UPDATE: u32 = 1 << 29;
+    /// With [`DELETE`] (protocol version 12): the request carries a limit
+    /// ([`super::Request::max_delete`], rsync's `--max-delete`): the mirror removes at most
+    /// that many entries and reports the extras it left.
+    pub const MAX_DELETE: u32 = 1 << 30;
     /// All bits this version knows.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
@@ -356,7 +363,8 @@ pub mod flags {
         | ONE_FILE_SYSTEM
         | SIZE_ONLY
         | IGNORE_EXISTING
-        | UPDATE;
+        | UPDATE
+        | MAX_DELETE;
 }
 
 /// Which way the files flow in a session.
@@ -408,6 +416,7 @@ impl std::fmt::Debug for Request {
             .field("tcp_ports", &self.tcp_ports)
             .field("filters", &self.filters)
             .field("link_dest", &self.link_dest)
+            .field("max_delete", &self.max_delete)
             .finish()
     }
 }
@@ -786,6 +795,9 @@ pub enum ErrorCode {
     ReadOnly,
     /// A disk quota is exhausted (EDQUOT). Older peers read it as [`ErrorCode::Other`].
     Quota,
+    /// The mirror's limit ([`flags::MAX_DELETE`]) left extras in place. Older peers read it
+    /// as [`ErrorCode::Other`].
+    DeleteLimit,
 }
 
 impl ErrorCode {
@@ -804,6 +816,7 @@ impl ErrorCode {
             ErrorCode::NoSpace => 9,
             ErrorCode::ReadOnly => 10,
             ErrorCode::Quota => 11,
+            ErrorCode::DeleteLimit => 12,
         }
     }
 
@@ -821,6 +834,7 @@ impl ErrorCode {
             9 => ErrorCode::NoSpace,
             10 => ErrorCode::ReadOnly,
             11 => ErrorCode::Quota,
+            12 => ErrorCode::DeleteLimit,
             _ => ErrorCode::Other,
         }
     }
@@ -881,6 +895,7 @@ mod tests {
             tcp_ports: (0, 0),
             filters: Vec::new(),
             link_dest: None,
+            max_delete: None,
         };
         let accept = Accept {
             streams: 4,

@@ -61,8 +61,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// reference folder whose unchanged files the receiver links instead of receiving them;
 /// version 11 adds the request flags [`flags::ONE_FILE_SYSTEM`], a pull's walk that stays on
 /// the file system of each source, and [`flags::SIZE_ONLY`], [`flags::IGNORE_EXISTING`] and
-/// [`flags::UPDATE`], which leave more files as they are.
-pub const PROTOCOL_VERSION: u16 = 11;
+/// [`flags::UPDATE`], which leave more files as they are; version 12 adds the request flag
+/// [`flags::MAX_DELETE`], a limit on what a mirror removes.
+pub const PROTOCOL_VERSION: u16 = 12;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

@@ -65,14 +65,99 @@ impl Spared {
     }
 }
 
+/// A limit on what a mirror removes (rsync's `--max-delete`;
+/// [`ReceiveConfig::max_delete`](crate::ReceiveConfig::max_delete)). Each extra is removed
+/// whole, a directory with everything in it, while the entries removed stay within the
+/// limit; from the first extra that would go past it, nothing more is removed, and what is
+/// left is counted for the report.
+///
+/// ```
+/// use fastcp_stream::DeleteBudget;
+///
+/// let mut budget = DeleteBudget::new(Some(3));
+/// assert!(budget.take(2)); // a folder holding one file
+/// assert!(!budget.take(2)); // would make 4
+/// assert!(!budget.take(1)); // stopped: nothing more goes
+/// assert_eq!(budget.left(), 3);
+/// assert!(budget.message().unwrap().contains("3 entries"));
+/// assert!(DeleteBudget::new(None).take(u64::MAX));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeleteBudget {
+    limit: Option<u64>,
+    taken: u64,
+    left: u64,
+}
+
+impl DeleteBudget {
+    /// A budget of at most `limit` entries; `None` removes everything.
+    pub fn new(limit: Option<u64>) -> DeleteBudget {
+        DeleteBudget {
+            limit,
+            ..DeleteBudget::default()
+        }
+    }
+
+    /// Whether there is a limit, so that each extra's entries must be counted.
+    pub fn is_limited(&self) -> bool {
+        self.limit.is_some()
+    }
+
+    /// Whether an extra of `entries` entries may be removed; one that may not is counted
+    /// as left, and so is every extra after it.
+    pub fn take(&mut self, entries: u64) -> bool {
+        let Some(limit) = self.limit else {
+            return true;
+        };
+        if self.left == 0 && self.taken.saturating_add(entries) <= limit {
+            self.taken += entries;
+            return true;
+        }
+        self.left = self.left.saturating_add(entries);
+        false
+    }
+
+    /// How many entries the limit left in place.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+
+    /// What the copy reports when the limit left extras in place (with
+    /// [`ErrorCode::DeleteLimit`]), or `None`.
+    pub fn message(&self) -> Option<String> {
+        let limit = self.limit?;
+        (self.left > 0).then(|| {
+            format!(
+                "--max-delete {limit} stopped the mirror: {} entries the source does not have \
+                 were not deleted",
+                self.left
+            )
+        })
+    }
+}
+
+/// How many entries removing `name` in `parent` would remove: 1, or a directory's own
+/// entries too (counted through handles, never following a link; what cannot be read
+/// counts as nothing).
+pub(crate) fn entries(parent: &impl AsFd, name: &[u8]) -> u64 {
+    let count = std::cell::Cell::new(0u64);
+    let counting = |_: &[u8], _: bool| {
+        count.set(count.get() + 1);
+        false
+    };
+    let _ = holds_any(parent, name, b"", &counting);
+    count.get() + 1
+}
+
 /// Removes the extras of every directory in `sent_dirs` (wire paths) whose names are not in
-/// `sent` (wire paths of every entry sent) nor `spared`. Returns how many entries were
-/// removed; each failure is reported on its entry and the rest goes on.
+/// `sent` (wire paths of every entry sent) nor `spared`, within `budget`. Returns how many
+/// entries were removed; each failure is reported on its entry and the rest goes on.
 pub(crate) fn delete_extras(
     shared: &std::sync::Arc<Shared>,
     sent_dirs: &[Bytes],
     sent: &HashSet<Bytes>,
     spared: &Spared,
+    budget: &mut DeleteBudget,
 ) -> u64 {
     let mut resolver = Resolver::new(shared.clone(), false);
     let mut removed = 0;
@@ -90,8 +175,12 @@ pub(crate) fn delete_extras(
             continue; // it failed when it was written, and was reported then
         };
         shared.progress.mirror_step();
+        // In name order, so that a limit takes the same extras as a dry run lists.
         let names = match list(&fd) {
-            Ok(n) => n,
+            Ok(mut n) => {
+                n.sort_unstable();
+                n
+            }
             Err(e) => {
                 let path = shared.root.display(&local);
                 shared.entry_failed(dir, &Error::io(path, e.into()));
@@ -143,6 +232,9 @@ pub(crate) fn delete_extras(
                         crate::dest::remove_if_stale(&fd, &name, shared.started);
                     }
                 }
+                continue;
+            }
+            if budget.is_limited() && !budget.take(entries(&fd, &name)) {
                 continue;
             }
             let mut local_child = local.clone();

@@ -155,6 +155,11 @@ pub struct ReceiveConfig {
     /// symlink. Nothing is removed when the sender reported an error, since what it could
     /// not read would look missing. Default: false.
     pub delete: bool,
+    /// With `delete`: remove at most this many entries (rsync's `--max-delete`; a directory
+    /// counts with everything in it). What the limit leaves is reported as one failure with
+    /// [`ErrorCode::DeleteLimit`](fastcp_proto::ErrorCode::DeleteLimit); see
+    /// [`DeleteBudget`](crate::DeleteBudget). Default: `None`, no limit.
+    pub max_delete: Option<u64>,
     /// The sender's include and exclude rules: what they exclude is kept by `delete`, as
     /// rsync keeps excluded files. Default: none.
     pub filter: Option<Arc<crate::Filter>>,
@@ -300,6 +305,7 @@ impl Default for ReceiveConfig {
             version: fastcp_proto::PROTOCOL_VERSION,
             skip_unchanged: false,
             delete: false,
+            max_delete: None,
             filter: None,
             hard_links: false,
             checksum: false,
@@ -539,12 +545,26 @@ impl Shared {
 
     /// Records a failed entry and tells the sender; the transfer goes on.
     pub(crate) fn entry_failed(&self, wire: &[u8], e: &Error) {
-        let frame = ErrorFrame {
+        self.failed(ErrorFrame {
             code: e.code(),
             fatal: false,
             path: kept(wire),
             message: e.to_string(),
-        };
+        });
+    }
+
+    /// Reports a failure of the mirror as a whole (no entry's), here and to the sender.
+    /// Blocks while the reply queue is full.
+    pub(crate) fn mirror_failed(&self, code: fastcp_proto::ErrorCode, message: String) {
+        self.failed(ErrorFrame {
+            code,
+            fatal: false,
+            path: Bytes::new(),
+            message,
+        });
+    }
+
+    fn failed(&self, frame: ErrorFrame) {
         let failure = Failure::from_frame(Side::Receiver, &frame);
         self.progress.event(|| Event::Failed(failure.clone()));
         lock(&self.failures).push_failure(failure);
@@ -1794,7 +1814,17 @@ where
             let complete = f.failure_count as usize == f.failures.len() || peer.errors == 0;
             crate::mirror::Spared::of(&f.failures).filter(|_| complete)
         };
-        if let Some(spared) = spared {
+        let del_shared = shared.clone();
+        let max_delete = config.max_delete;
+        deleted = tokio::task::spawn_blocking(move || {
+            let shared = del_shared;
+            let Some(spared) = spared else {
+                shared.mirror_failed(
+                    fastcp_proto::ErrorCode::Other,
+                    crate::mirror::NOTHING_DELETED.into(),
+                );
+                return 0;
+            };
             let (dirs, sent) = {
                 let mut t = lock(&shared.table);
                 let unentered = std::mem::take(&mut t.unentered);
@@ -1802,20 +1832,15 @@ where
                 dirs.retain(|d| !unentered.contains(d));
                 (dirs, std::mem::take(&mut t.sent))
             };
-            let del_shared = shared.clone();
-            deleted = tokio::task::spawn_blocking(move || {
-                crate::mirror::delete_extras(&del_shared, &dirs, &sent, &spared)
-            })
-            .await
-            .unwrap_or(0);
-        } else {
-            lock(&shared.failures).push_failure(Failure {
-                side: Side::Receiver,
-                code: fastcp_proto::ErrorCode::Other,
-                path: Bytes::new(),
-                message: crate::mirror::NOTHING_DELETED.into(),
-            });
-        }
+            let mut budget = crate::DeleteBudget::new(max_delete);
+            let n = crate::mirror::delete_extras(&shared, &dirs, &sent, &spared, &mut budget);
+            if let Some(message) = budget.message() {
+                shared.mirror_failed(fastcp_proto::ErrorCode::DeleteLimit, message);
+            }
+            n
+        })
+        .await
+        .unwrap_or(0);
     }
 
     let fixups = std::mem::take(&mut shared.lock_dirs().fixups);
