@@ -387,7 +387,7 @@ async fn verify_host_key(
             reason: format!("its RSA key has {bits} bits, fewer than RequiredRSASize {required}"),
         });
     }
-    if let Some(revoked) = &host.revoked_host_keys {
+    for revoked in &host.revoked_host_keys {
         let listed = known_hosts::revoked_in(revoked, key).map_err(|e| Error::HostKeyRejected {
             host: name.clone(),
             reason: format!("cannot check RevokedHostKeys {}: {e}", revoked.display()),

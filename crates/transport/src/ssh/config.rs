@@ -199,10 +199,10 @@ pub struct HostConfig {
     /// The algorithm lists ssh_config sets for the host: the built-in client offers only
     /// what they allow.
     pub algorithms: AlgorithmLists,
-    /// A file of revoked host keys, one public key a line (RevokedHostKeys): a host that
-    /// presents one is refused. A key revocation list in OpenSSH's binary format is left
-    /// to the system ssh.
-    pub revoked_host_keys: Option<PathBuf>,
+    /// Files of revoked host keys, one public key a line (RevokedHostKeys, one or more):
+    /// a host that presents one is refused. A key revocation list in OpenSSH's binary
+    /// format is left to the system ssh.
+    pub revoked_host_keys: Vec<PathBuf>,
     /// The smallest RSA key accepted, in bits, from the host and among the user's keys
     /// (RequiredRSASize, default 1024).
     pub required_rsa_size: u32,
@@ -697,8 +697,8 @@ struct Queried {
     /// The keywords passed over, as written.
     passed_over: Vec<String>,
     /// The first value of each keyword in effect (in lower case), its arguments as ssh
-    /// splits them, joined by spaces: for the keywords the parser does not know.
-    first_values: std::collections::HashMap<String, String>,
+    /// splits them: for the keywords the parser does not know.
+    first_values: std::collections::HashMap<String, Vec<String>>,
 }
 
 /// One ssh_config file, its values checked.
@@ -856,7 +856,7 @@ impl SshConfigFile {
                 continue;
             }
             seen.push(kw);
-            q.first_values.insert(kw.clone(), words(rest).join(" "));
+            q.first_values.insert(kw.clone(), words(rest));
             let written = line.split(|c: char| c.is_whitespace() || c == '=').next();
             let written = written.unwrap_or(kw).to_owned();
             match keyword_use(kw, rest) {
@@ -898,7 +898,7 @@ impl SshConfigFile {
             passed_over,
             first_values,
         } = self.query(host)?;
-        let first_value = |key: &str| first_values.get(key).cloned();
+        let first_value = |key: &str| first_values.get(key).map(|w| w.join(" "));
         let extra_args = |key: &str| -> Option<Vec<String>> {
             p.unsupported_fields
                 .get(key)
@@ -1021,22 +1021,27 @@ impl SshConfigFile {
                 .unwrap_or(3),
         };
         let hash_known_hosts = bool_opt("hashknownhosts", ov.hash_known_hosts)?.unwrap_or(false);
-        let revoked_host_keys = match ov
-            .revoked_host_keys
-            .clone()
-            .or(first_value("revokedhostkeys"))
-        {
-            Some(v) if v.eq_ignore_ascii_case("none") => None,
-            Some(v) => Some(tokens.path("RevokedHostKeys", Path::new(&v))?),
-            None => None,
+        // One file or more (as newer OpenSSH takes them); `none` is none.
+        let revoked_files = match &ov.revoked_host_keys {
+            Some(v) => words(v),
+            None => first_values
+                .get("revokedhostkeys")
+                .cloned()
+                .unwrap_or_default(),
         };
-        if let Some(file) = &revoked_host_keys
-            && super::known_hosts::is_key_revocation_list(file)
-        {
-            return Err(Error::NeedsSystemSsh(format!(
-                "RevokedHostKeys {}, a key revocation list, for {host}",
-                file.display()
-            )));
+        let mut revoked_host_keys = Vec::new();
+        for file in revoked_files {
+            if file.eq_ignore_ascii_case("none") {
+                continue;
+            }
+            let file = tokens.path("RevokedHostKeys", Path::new(&file))?;
+            if super::known_hosts::is_key_revocation_list(&file) {
+                return Err(Error::NeedsSystemSsh(format!(
+                    "RevokedHostKeys {}, a key revocation list, for {host}",
+                    file.display()
+                )));
+            }
+            revoked_host_keys.push(file);
         }
         let strict_host_key_checking = match &ov.strict {
             Some(s) => *s,
@@ -2315,13 +2320,39 @@ Host *
         let c = SshConfigFile::parse_str(&text(&list)).unwrap();
         assert_eq!(
             c.resolve("p").unwrap().revoked_host_keys,
-            Some(list.clone())
+            vec![list.clone()]
         );
         let c = SshConfigFile::parse_str(&text(&krl)).unwrap();
         let e = c.resolve("p").unwrap_err();
         assert!(matches!(e, Error::NeedsSystemSsh(_)), "{e}");
         let c = SshConfigFile::parse_str("Host p\n  RevokedHostKeys none\n").unwrap();
-        assert_eq!(c.resolve("p").unwrap().revoked_host_keys, None);
+        assert!(c.resolve("p").unwrap().revoked_host_keys.is_empty());
+        // Several files on one line, a quoted one with a space, as newer OpenSSH takes them.
+        let spaced = dir.path().join("revoked too");
+        std::fs::write(&spaced, "").unwrap();
+        let line = format!(
+            "Host p\n  RevokedHostKeys {} \"{}\"\n",
+            list.display(),
+            spaced.display()
+        );
+        let c = SshConfigFile::parse_str(&line).unwrap();
+        assert_eq!(
+            c.resolve("p").unwrap().revoked_host_keys,
+            vec![list.clone(), spaced.clone()]
+        );
+        let chain = resolve_chain_in(
+            &SshConfigFile::parse_str("").unwrap(),
+            "p",
+            &SshOptions {
+                options: vec![format!(
+                    "RevokedHostKeys={} {}",
+                    list.display(),
+                    krl.display()
+                )],
+                ..SshOptions::default()
+            },
+        );
+        assert!(matches!(chain, Err(Error::NeedsSystemSsh(_))), "{chain:?}");
     }
 
     #[test]
