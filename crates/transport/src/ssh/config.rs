@@ -856,7 +856,14 @@ impl SshConfigFile {
                 continue;
             }
             seen.push(kw);
-            q.first_values.insert(kw.clone(), words(rest));
+            // A keyword's old name and its new one are one setting: the first line wins.
+            let setting = match kw.as_str() {
+                "challengeresponseauthentication" => "kbdinteractiveauthentication",
+                kw => kw,
+            };
+            q.first_values
+                .entry(setting.to_owned())
+                .or_insert_with(|| words(rest));
             let written = line.split(|c: char| c.is_whitespace() || c == '=').next();
             let written = written.unwrap_or(kw).to_owned();
             match keyword_use(kw, rest) {
@@ -985,8 +992,9 @@ impl SshConfigFile {
         };
         let mut kbd_interactive_authentication = match ov.kbd_interactive_authentication {
             Some(v) => v,
-            None => bool_opt("kbdinteractiveauthentication", None)?
-                .or(bool_opt("challengeresponseauthentication", None)?)
+            None => first_value("kbdinteractiveauthentication")
+                .map(|v| parse_yes_no("KbdInteractiveAuthentication", &v))
+                .transpose()?
                 .unwrap_or(true),
         };
         // PreferredAuthentications: the methods it leaves out are not tried (those the
@@ -2268,6 +2276,23 @@ Host *
         assert!(!h.password_authentication && !h.kbd_interactive_authentication);
         let chain = resolve_chain_in(&c, "p", &with("PreferredAuthentications=password")).unwrap();
         assert!(!chain[0].pubkey_authentication && chain[0].password_authentication);
+        // ChallengeResponseAuthentication is KbdInteractiveAuthentication's old name: the
+        // first of the two wins, as ssh reads them.
+        for (text, want) in [
+            (
+                "Host p\n  ChallengeResponseAuthentication no\n  KbdInteractiveAuthentication yes\n",
+                false,
+            ),
+            (
+                "Host p\n  KbdInteractiveAuthentication yes\n  ChallengeResponseAuthentication no\n",
+                true,
+            ),
+            ("Host p\n  ChallengeResponseAuthentication no\n", false),
+        ] {
+            let c = SshConfigFile::parse_str(text).unwrap();
+            let h = c.resolve("p").unwrap();
+            assert_eq!(h.kbd_interactive_authentication, want, "{text}");
+        }
         // RequiredRSASize, PubkeyAcceptedAlgorithms.
         let c = SshConfigFile::parse_str(
             "Host p\n  RequiredRSASize 3072\n  PubkeyAcceptedAlgorithms ssh-ed25519*\n",
