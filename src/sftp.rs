@@ -1265,6 +1265,9 @@ struct PushFile {
     failure: Mutex<Option<(ErrorCode, String)>>,
     /// Its place among the files open at once, given back once it is settled.
     slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    /// Without `-p`: the permission bits of the regular file the target was when the temp
+    /// file was made, which the copy keeps (as scp, cp and rsync keep them).
+    replaced_mode: Mutex<Option<u32>>,
 }
 
 /// What a pushed file is written to before it takes its name.
@@ -2394,6 +2397,7 @@ impl Apply {
             settled: AtomicBool::new(false),
             failure: Mutex::new(None),
             slot: Mutex::new(None),
+            replaced_mode: Mutex::new(None),
         });
         self.files.insert(f.id, file.clone());
         file
@@ -2524,6 +2528,8 @@ impl Apply {
                     // Not the sticky bit: a BSD server refuses it on a file (EFTYPE).
                     attrs.permissions = Some(file.meta.mode & 0o777);
                     set_times(&mut attrs, &file.meta);
+                } else {
+                    attrs.permissions = *lock(&file.replaced_mode);
                 }
                 let set = if attrs.permissions.is_some() || attrs.size.is_some() {
                     sftp[s].raw.fsetstat(h.clone(), attrs).await.map(|_| ())
@@ -3041,7 +3047,21 @@ impl PushFile {
                         if self.kind == TempKind::Random && !apply.live.add(&self.temp, s) {
                             return Err(Failure::File((ErrorCode::Io, STOPPING.into())));
                         }
-                        let h = match sftp.raw.open(self.temp.clone(), flags, attrs).await {
+                        // Without -p, the mode of what it replaces is kept: looked up beside
+                        // the open, so that it costs no round trip of its own.
+                        let replaced = async {
+                            match (&self.target, apply.preserve) {
+                                (Ok(target), false) => sftp.raw.lstat(target.clone()).await.ok(),
+                                _ => None,
+                            }
+                        };
+                        let (opened, replaced) =
+                            tokio::join!(sftp.raw.open(self.temp.clone(), flags, attrs), replaced);
+                        *lock(&self.replaced_mode) = replaced
+                            .filter(|a| file_type(&a.attrs) == S_IFREG)
+                            .and_then(|a| a.attrs.permissions)
+                            .map(|mode| mode & 0o777);
+                        let h = match opened {
                             Ok(h) => h,
                             Err(e) => {
                                 apply.live.take(&self.temp);

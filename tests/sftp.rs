@@ -228,6 +228,37 @@ fn a_skipped_file_takes_its_new_mode_over_an_sftp_push() {
     assert_eq!(mode, 0o600);
 }
 
+/// Without `-p`, a file pushed over SFTP onto an existing one keeps the old file's mode, as
+/// scp, cp and fastcp's own receiver keep it (a private file stays private); a new file takes
+/// the source's, and with `-p` every file does.
+#[test]
+fn a_file_pushed_over_sftp_onto_another_keeps_its_mode_unless_p() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write(&src.join("old"), b"new content", 0o644);
+    write(&src.join("new"), b"new file", 0o640);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for (preserve, want_old) in [(false, 0o600), (true, 0o644)] {
+        let dst = work.path().join(format!("dst-{preserve}"));
+        fs::create_dir(&dst).unwrap();
+        write(&dst.join("old"), b"private", 0o600);
+        let mut cmd = plain(&sshd);
+        cmd.args(["--sftp", "-r"]);
+        if preserve {
+            cmd.arg("-p");
+        }
+        let out = run(cmd
+            .arg(format!("{}/.", src.display()))
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(fs::read(dst.join("old")).unwrap(), b"new content");
+        assert_eq!(mode(&dst.join("old")), want_old, "-p {preserve}");
+        assert_eq!(mode(&dst.join("new")), 0o640, "-p {preserve}");
+    }
+}
+
 /// A folder pushed over SFTP onto an existing file stops before anything is sent, with one
 /// error (exit 1), as over fastcp and as `cp -r dir file`; the file is left as it was. A dry
 /// run says the same.
