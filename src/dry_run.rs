@@ -703,22 +703,10 @@ fn extras(
     if budget.is_limited() {
         found.retain(|f| {
             let here = dir.join(std::ffi::OsStr::from_bytes(&f.path[wire.len() + 1..]));
-            budget.take(entries(&here))
+            budget.take(fastcp_stream::entries_at(&here))
         });
     }
     out.extend(found);
-}
-
-/// How many entries removing `path` removes: 1, and for a real folder (not a link to one)
-/// everything in it.
-fn entries(path: &Path) -> u64 {
-    let below = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(path)
-            .map(|names| names.flatten().map(|e| entries(&e.path())).sum())
-            .unwrap_or(0),
-        _ => 0,
-    };
-    1 + below
 }
 
 /// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an

@@ -136,6 +136,25 @@ impl DeleteBudget {
     }
 }
 
+/// How many entries `--delete` removing `path` would remove: 1, and for a directory (not a
+/// symlink to one) everything in it, counted as [`DeleteBudget`] counts them. What cannot
+/// be read counts as nothing.
+pub fn entries_at(path: &std::path::Path) -> u64 {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return 1;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        parent
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match rustix::fs::open(parent, flags, Mode::empty()) {
+        Ok(fd) => entries(&fd, name.as_bytes()),
+        Err(_) => 1,
+    }
+}
+
 /// How many entries removing `name` in `parent` would remove: 1, or a directory's own
 /// entries too (counted through handles, never following a link; what cannot be read
 /// counts as nothing).
