@@ -1077,7 +1077,15 @@ async fn a_walk_that_panics_deletes_nothing() {
         }
         let (sent, received) = run_pair(&sources, dst.path(), &s, &r, 1).await;
         let sent = sent.unwrap();
-        assert_eq!(sent.failures.len(), 1, "ahead {ahead}: {:?}", sent.failures);
+        // Its own failure, and the receiver's word that it deleted nothing.
+        let sides: Vec<_> = sent.failures.iter().map(|f| f.side).collect();
+        assert_eq!(
+            sides,
+            [fastcp_stream::Side::Sender, fastcp_stream::Side::Receiver],
+            "ahead {ahead}: {:?}",
+            sent.failures
+        );
+        assert_eq!(sent.failures[1].message, fastcp_stream::NOTHING_DELETED);
         let received = received.unwrap();
         assert_eq!(received.local.deleted, 0, "ahead {ahead}");
         assert_eq!(fs::read(dst.path().join("t/a")).unwrap(), b"a");
