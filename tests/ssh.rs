@@ -120,6 +120,48 @@ fn pull_with_remote_wildcards_like_scp() {
     assert!(stderr(&out).contains("*.none"), "{}", stderr(&out));
 }
 
+/// A remote wildcard drops no match whose name is not UTF-8: the server carries the name's
+/// bytes, the client accepts them as a match, and `?` matches one such byte, as the shell's
+/// glob does.
+#[test]
+fn a_remote_wildcard_carries_names_that_are_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for name in [&b"a.txt"[..], b"b\xff.txt", b"c.log"] {
+        write(&src.join(OsStr::from_bytes(name)), name, 0o644);
+    }
+    let landed = |dir: &Path| {
+        let mut got: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        got.sort();
+        got
+    };
+    for (i, (pattern, want)) in [
+        ("*.txt", vec![&b"a.txt"[..], b"b\xff.txt"]),
+        ("b?.txt", vec![b"b\xff.txt"]),
+        ("[ab]*", vec![b"a.txt", b"b\xff.txt"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let into = work.path().join(format!("into-{i}"));
+        std::fs::create_dir(&into).unwrap();
+        let out = run(fastcp(&sshd, bin())
+            .arg(remote(&sshd, &src.join(pattern)))
+            .arg(&into));
+        assert!(out.status.success(), "{pattern}: {}", stderr(&out));
+        assert_eq!(landed(&into), want, "{pattern}");
+        let bad = into.join(OsStr::from_bytes(b"b\xff.txt"));
+        assert_eq!(std::fs::read(bad).unwrap(), b"b\xff.txt", "{pattern}");
+    }
+}
+
 /// A backslash in a remote source quotes the character after it, as scp has it (`scp
 /// 'host:my\ file.txt' .`, the habit from scp's remote shell): it names one file, which may
 /// take a new name, and a quoted wildcard matches only itself.

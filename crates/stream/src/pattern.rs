@@ -7,18 +7,12 @@
 //! hostile sender can answer `*.txt` with `a.txt` but not with `.bashrc` or `run.sh` (scp's
 //! CVE-2019-6111). Both sides use the same rules: `*` and `?` match neither `/` nor a leading
 //! `.`, `[...]` is a character class, and a backslash quotes the character after it, as in the
-//! shell and scp (`'host:my\ file.txt'` names `my file.txt`).
+//! shell and scp (`'host:my\ file.txt'` names `my file.txt`). Names are matched as bytes, as
+//! they are on disk: `?` takes one UTF-8 character, or one byte that is not part of one, so a
+//! name that is not UTF-8 matches as any other does.
 
-use std::path::{Path, PathBuf};
-
-use glob::{MatchOptions, Pattern};
-
-/// Shell rules: `/` and a leading `.` only match literally.
-const OPTIONS: MatchOptions = MatchOptions {
-    case_sensitive: true,
-    require_literal_separator: true,
-    require_literal_leading_dot: true,
-};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
 
 /// Whether `s` holds a wildcard character (`*`, `?` or `[`).
 ///
@@ -41,28 +35,179 @@ pub fn is_pattern(s: &[u8]) -> bool {
     has_wildcard(s) || s.contains(&b'\\')
 }
 
-/// `name`, a component with shell quoting, as a [`Pattern`]: a backslash quotes the character
-/// after it (a wildcard character becomes a class of that one character), and a last one
-/// stands for itself.
-fn compile(name: &str) -> Option<Pattern> {
-    let mut glob = String::with_capacity(name.len() + 4);
-    let mut chars = name.chars();
-    while let Some(c) = chars.next() {
-        let quoted = if c == '\\' {
-            chars.next().unwrap_or('\\')
-        } else {
-            glob.push(c);
-            continue;
-        };
-        if matches!(quoted, '*' | '?' | '[' | ']' | '\\') {
-            glob.push('[');
-            glob.push(quoted);
-            glob.push(']');
-        } else {
-            glob.push(quoted);
+/// One character of a name: a UTF-8 character, or a byte that is not part of one (names are
+/// bytes, and need not be UTF-8).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Unit {
+    Char(char),
+    Byte(u8),
+}
+
+/// The characters of `s`, each byte that is not part of a UTF-8 character standing alone.
+fn units(s: &[u8]) -> Vec<Unit> {
+    let mut out = Vec::with_capacity(s.len());
+    for chunk in s.utf8_chunks() {
+        out.extend(chunk.valid().chars().map(Unit::Char));
+        out.extend(chunk.invalid().iter().map(|&b| Unit::Byte(b)));
+    }
+    out
+}
+
+/// One element of a compiled pattern.
+#[derive(Debug)]
+enum Token {
+    /// This character only.
+    Literal(Unit),
+    /// `?`: any one character.
+    Any,
+    /// `*`: any run of characters, the empty one too.
+    Star,
+    /// `[...]`: one character among `ranges` (inclusive), or, `negated` (`[!...]`), one
+    /// character not among them.
+    Class {
+        negated: bool,
+        ranges: Vec<(Unit, Unit)>,
+    },
+}
+
+/// A name's pattern, one component with shell quoting: `*`, `?`, `[...]` (`[!...]` negated,
+/// `a-z` a range, a `]` first a member), and a backslash that quotes the character after it
+/// (a last one stands for itself). A `[` with no `]` to close it stands for itself, as in the
+/// shell.
+#[derive(Debug)]
+struct Glob(Vec<Token>);
+
+impl Glob {
+    /// Compiles `pattern`, which need not be UTF-8.
+    fn new(pattern: &[u8]) -> Glob {
+        let units = units(pattern);
+        let mut tokens = Vec::new();
+        let mut i = 0;
+        while i < units.len() {
+            let token = match units[i] {
+                Unit::Char('\\') => {
+                    i += 1;
+                    Token::Literal(units.get(i).copied().unwrap_or(Unit::Char('\\')))
+                }
+                Unit::Char('?') => Token::Any,
+                Unit::Char('*') if matches!(tokens.last(), Some(Token::Star)) => {
+                    i += 1;
+                    continue;
+                }
+                Unit::Char('*') => Token::Star,
+                Unit::Char('[') => match class(&units[i + 1..]) {
+                    Some((token, used)) => {
+                        i += used;
+                        token
+                    }
+                    None => Token::Literal(Unit::Char('[')),
+                },
+                unit => Token::Literal(unit),
+            };
+            tokens.push(token);
+            i += 1;
+        }
+        Glob(tokens)
+    }
+
+    /// Whether the single name `name` matches: `/` is matched by nothing, and a leading `.`
+    /// only by a literal `.`, as in the shell.
+    fn matches(&self, name: &[u8]) -> bool {
+        let name = units(name);
+        if name.first() == Some(&Unit::Char('.'))
+            && !matches!(self.0.first(), Some(Token::Literal(Unit::Char('.'))))
+        {
+            return false;
+        }
+        // Each token but `*` takes one character; on a mismatch, the last `*` takes one
+        // more and the match goes on from there.
+        let (mut t, mut n) = (0, 0);
+        let mut star: Option<(usize, usize)> = None;
+        while n < name.len() {
+            match self.0.get(t) {
+                Some(Token::Star) => {
+                    star = Some((t, n));
+                    t += 1;
+                    continue;
+                }
+                Some(token) if takes(token, name[n]) => {
+                    t += 1;
+                    n += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            match star {
+                Some((st, sn)) if name[sn] != Unit::Char('/') => {
+                    star = Some((st, sn + 1));
+                    t = st + 1;
+                    n = sn + 1;
+                }
+                _ => return false,
+            }
+        }
+        self.0[t..].iter().all(|token| matches!(token, Token::Star))
+    }
+}
+
+/// Whether the one-character `token` takes `unit`.
+fn takes(token: &Token, unit: Unit) -> bool {
+    if unit == Unit::Char('/') {
+        return matches!(token, Token::Literal(u) if *u == unit);
+    }
+    match token {
+        Token::Literal(u) => *u == unit,
+        Token::Any => true,
+        Token::Star => false,
+        Token::Class { negated, ranges } => {
+            ranges.iter().any(|&(lo, hi)| in_range(lo, hi, unit)) != *negated
         }
     }
-    Pattern::new(&glob).ok()
+}
+
+/// Whether `unit` is in `lo..=hi`: characters by code point, a byte alone only as itself.
+fn in_range(lo: Unit, hi: Unit, unit: Unit) -> bool {
+    match (lo, hi, unit) {
+        (Unit::Char(lo), Unit::Char(hi), Unit::Char(c)) => (lo..=hi).contains(&c),
+        _ => lo == unit && hi == unit,
+    }
+}
+
+/// The class that `rest` (what follows a `[`) opens, and how many of its characters it takes
+/// with the closing `]`; `None` when nothing closes it.
+fn class(rest: &[Unit]) -> Option<(Token, usize)> {
+    let mut i = 0;
+    let negated = rest.first() == Some(&Unit::Char('!'));
+    if negated {
+        i += 1;
+    }
+    let mut ranges = Vec::new();
+    let mut first = true;
+    loop {
+        let mut lo = *rest.get(i)?;
+        if lo == Unit::Char(']') && !first {
+            return Some((Token::Class { negated, ranges }, i + 1));
+        }
+        first = false;
+        if lo == Unit::Char('\\') {
+            i += 1;
+            lo = *rest.get(i)?;
+        }
+        i += 1;
+        let mut hi = lo;
+        if rest.get(i) == Some(&Unit::Char('-'))
+            && rest.get(i + 1).is_some_and(|u| *u != Unit::Char(']'))
+        {
+            i += 1;
+            hi = rest[i];
+            if hi == Unit::Char('\\') {
+                i += 1;
+                hi = *rest.get(i)?;
+            }
+            i += 1;
+        }
+        ranges.push((lo, hi));
+    }
 }
 
 /// Replaces each source that does not exist as named and holds a wildcard by the paths it
@@ -90,24 +235,22 @@ pub fn expand_sources(sources: &[PathBuf]) -> Vec<PathBuf> {
 
 /// The matches of `source`, or `None` to keep it as it is.
 fn expand(source: &Path) -> Option<Vec<PathBuf>> {
-    let text = source.to_str()?;
-    if !is_pattern(text.as_bytes()) || source.symlink_metadata().is_ok() {
+    if !is_pattern(source.as_os_str().as_bytes()) || source.symlink_metadata().is_ok() {
         return None;
     }
-    // One component at a time, listing only the folders a pattern is in. Names that are not
-    // UTF-8 cannot match a pattern (which is text) and are passed over.
+    // One component at a time, listing only the folders a pattern is in. Names are matched
+    // as bytes: one that is not UTF-8 matches as any other does.
     let mut paths = vec![PathBuf::new()];
-    for part in Path::new(text).components() {
-        let std::path::Component::Normal(name) = part else {
+    for part in source.components() {
+        let Component::Normal(name) = part else {
             paths.iter_mut().for_each(|p| p.push(part));
             continue;
         };
-        let name = name.to_str()?;
         if !is_pattern(name.as_bytes()) {
             paths.iter_mut().for_each(|p| p.push(name));
             continue;
         }
-        let pattern = compile(name)?;
+        let pattern = Glob::new(name.as_bytes());
         let mut next = Vec::new();
         for dir in &paths {
             let listed = if dir.as_os_str().is_empty() {
@@ -118,10 +261,7 @@ fn expand(source: &Path) -> Option<Vec<PathBuf>> {
             let Ok(listed) = listed else { continue };
             for entry in listed.flatten() {
                 let entry_name = entry.file_name();
-                if entry_name
-                    .to_str()
-                    .is_some_and(|n| pattern.matches_with(n, OPTIONS))
-                {
+                if pattern.matches(entry_name.as_bytes()) {
                     next.push(dir.join(entry_name));
                 }
             }
@@ -153,15 +293,13 @@ pub fn name_matches(asked: &[u8], name: &[u8]) -> bool {
     if !is_pattern(asked) {
         return false;
     }
-    match (std::str::from_utf8(asked), std::str::from_utf8(name)) {
-        (Ok(asked), Ok(name)) => compile(asked).is_some_and(|p| p.matches_with(name, OPTIONS)),
-        _ => false,
-    }
+    Glob::new(asked).matches(name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsStr;
 
     #[test]
     fn names_match_like_the_shell() {
@@ -180,23 +318,83 @@ mod tests {
     }
 
     #[test]
-    fn dot_names_match_a_leading_dot_and_odd_names_are_passed_over() {
-        use std::os::unix::ffi::OsStrExt;
+    fn dot_names_match_a_leading_dot_and_odd_names_match_too() {
         let dir = tempfile::tempdir().unwrap();
         for name in [&b".hidden"[..], b"vis", b"ok.txt", b"bad\xff.txt"] {
-            std::fs::write(dir.path().join(std::ffi::OsStr::from_bytes(name)), name).unwrap();
+            std::fs::write(dir.path().join(OsStr::from_bytes(name)), name).unwrap();
         }
         let d = dir.path();
+        let bad = d.join(OsStr::from_bytes(b"bad\xff.txt"));
         assert_eq!(expand_sources(&[d.join(".h*")]), [d.join(".hidden")]);
         assert_eq!(
             expand_sources(&[d.join("*")]),
-            [d.join("ok.txt"), d.join("vis")]
+            [bad.clone(), d.join("ok.txt"), d.join("vis")]
         );
-        assert_eq!(expand_sources(&[d.join("*.txt")]), [d.join("ok.txt")]);
+        assert_eq!(
+            expand_sources(&[d.join("*.txt")]),
+            [bad.clone(), d.join("ok.txt")]
+        );
+        assert_eq!(expand_sources(&[d.join("bad?.txt")]), [bad.clone()]);
+        assert_eq!(expand_sources(&[d.join("bad[!x].*")]), [bad]);
         std::fs::create_dir(d.join("sub")).unwrap();
         std::fs::write(d.join("sub/x.txt"), b"x").unwrap();
         assert_eq!(expand_sources(&[d.join("s*/*.txt")]), [d.join("sub/x.txt")]);
         assert!(name_matches(b".h*", b".hidden"));
+    }
+
+    #[test]
+    fn names_match_as_bytes() {
+        // `?` takes one byte that is not part of a UTF-8 character, or one character.
+        assert!(name_matches(b"b?.txt", b"b\xff.txt"));
+        assert!(!name_matches(b"b?.txt", b"b\xff\xfe.txt"));
+        assert!(name_matches(b"b??.txt", b"b\xff\xfe.txt"));
+        assert!(name_matches("?.txt".as_bytes(), "é.txt".as_bytes()));
+        assert!(name_matches(b"*", b"\xff"));
+        assert!(name_matches(b"*.txt", b"\xe9t\xe9.txt"));
+        assert!(!name_matches(b"*.txt", b"\xff.log"));
+        assert!(name_matches(b"[!a]*", b"\xffa"));
+        assert!(!name_matches(b"[a-z]*", b"\xffa"));
+        assert!(name_matches("[é]".as_bytes(), "é".as_bytes()));
+        // A pattern that is not UTF-8 matches its own bytes.
+        assert!(name_matches(b"\xff*", b"\xff.txt"));
+        assert!(!name_matches(b"?", b"."));
+        assert!(!name_matches(b"[.]x", b".x"));
+        assert!(name_matches(b".?", b".\xff"));
+    }
+
+    #[test]
+    fn classes_and_stars_read_as_in_the_shell() {
+        assert!(name_matches(b"[]]", b"]"));
+        assert!(name_matches(b"[!]]", b"x"));
+        assert!(!name_matches(b"[!]]", b"]"));
+        assert!(name_matches(b"[a-]", b"-"));
+        assert!(name_matches(b"[a-c]x", b"bx"));
+        assert!(!name_matches(b"[a-c]x", b"dx"));
+        assert!(name_matches(b"[\\]]", b"]"));
+        // A `[` that nothing closes stands for itself.
+        assert!(name_matches(b"a[*", b"a[bc"));
+        assert!(!name_matches(b"a[*", b"abc"));
+        assert!(name_matches(b"a**b", b"axyb"));
+        assert!(name_matches(b"*a*b*", b"xxaxxbxx"));
+        assert!(!name_matches(b"*a*b", b"xxaxxbxx"));
+        assert!(name_matches(b"*", b""));
+    }
+
+    proptest::proptest! {
+        /// Any pattern and name, of any bytes, match or not without a panic; a name that is
+        /// not a pattern matches itself, and `*` matches every name without a leading `.`.
+        #[test]
+        fn any_bytes_match_without_panic(
+            pattern in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+            name in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+        ) {
+            let _ = name_matches(&pattern, &name);
+            if !is_pattern(&name) {
+                proptest::prop_assert!(name_matches(&name, &name));
+            }
+            let plain = !name.contains(&b'/') && name.first() != Some(&b'.');
+            proptest::prop_assert_eq!(name_matches(b"*", &name), plain);
+        }
     }
 
     #[test]
