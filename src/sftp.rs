@@ -1984,7 +1984,9 @@ impl Apply {
                 Ok(_) => {
                     // New: no stopped push left anything in it, and nothing is there to probe.
                     lock(&self.swept).insert(path.clone());
-                    if self.skip_unchanged {
+                    // Known empty: for the quick check, and for the modes a file without -p
+                    // keeps of the one it replaces.
+                    if self.skip_unchanged || !self.preserve {
                         self.listings.made(&path);
                     }
                     return Ok(None);
@@ -3049,9 +3051,14 @@ impl PushFile {
                         }
                         // Without -p, the mode of what it replaces is kept: looked up beside
                         // the open, so that it costs no round trip of its own.
+                        // None in a folder this push made.
                         let replaced = async {
                             match (&self.target, apply.preserve) {
-                                (Ok(target), false) => sftp.raw.lstat(target.clone()).await.ok(),
+                                (Ok(target), false)
+                                    if !apply.listings.was_made(split_target(target).0) =>
+                                {
+                                    sftp.raw.lstat(target.clone()).await.ok()
+                                }
                                 _ => None,
                             }
                         };
