@@ -2699,22 +2699,36 @@ impl Apply {
         size: u64,
     ) -> Option<(String, FileAttributes)> {
         let target = self.target(wire).ok()?;
-        let (dir, name) = split_target(&target);
-        // The copy's own folders are listed; not the destination it goes into, which may
-        // hold much else.
-        let folder = match wire.contains(&b'/') {
-            true => self.listings.of(sftp, dir).await,
-            false => None,
-        };
-        let a = match Folder::seen(folder.as_deref(), name) {
-            Seen::Listed(a) => a.clone(),
-            Seen::Absent => return None,
-            Seen::Unknown => {
+        let a = match self.listed(sftp, wire, &target).await {
+            Some(found) => found?,
+            None => {
                 let _place = sftp.place(true).await;
                 sftp.raw.lstat(target.clone()).await.ok()?.attrs
             }
         };
         (file_type(&a) == S_IFREG && a.size == Some(size)).then_some((target, a))
+    }
+
+    /// What the listing of its folder says is at `target`, the entry `wire`'s remote path:
+    /// `Some(None)` nothing, `None` not known. The copy's own folders are listed (one
+    /// request for all a folder holds); not the destination it goes into, which may hold
+    /// much else.
+    async fn listed(
+        &self,
+        sftp: &Sftp,
+        wire: &[u8],
+        target: &str,
+    ) -> Option<Option<FileAttributes>> {
+        let (dir, name) = split_target(target);
+        let folder = match wire.contains(&b'/') {
+            true => self.listings.of(sftp, dir).await,
+            false => None,
+        };
+        match Folder::seen(folder.as_deref(), name) {
+            Seen::Listed(a) => Some(Some(a.clone())),
+            Seen::Absent => Some(None),
+            Seen::Unknown => None,
+        }
     }
 
     /// `--checksum`'s answer to probe `p`: "send" unless the remote has a regular file of its
@@ -3050,23 +3064,22 @@ impl PushFile {
                             return Err(Failure::File((ErrorCode::Io, STOPPING.into())));
                         }
                         // Without -p, the mode of what it replaces is kept: looked up beside
-                        // the open, so that it costs no round trip of its own.
-                        // None in a folder this push made.
+                        // the open, in its folder's listing (one request a folder; none for a
+                        // folder this push made).
                         let replaced = async {
-                            match (&self.target, apply.preserve) {
-                                (Ok(target), false)
-                                    if !apply.listings.was_made(split_target(target).0) =>
-                                {
-                                    sftp.raw.lstat(target.clone()).await.ok()
-                                }
-                                _ => None,
+                            let (Ok(target), false) = (&self.target, apply.preserve) else {
+                                return None;
+                            };
+                            match apply.listed(sftp, &self.wire, target).await {
+                                Some(found) => found,
+                                None => sftp.raw.lstat(target.clone()).await.ok().map(|a| a.attrs),
                             }
                         };
                         let (opened, replaced) =
                             tokio::join!(sftp.raw.open(self.temp.clone(), flags, attrs), replaced);
                         *lock(&self.replaced_mode) = replaced
-                            .filter(|a| file_type(&a.attrs) == S_IFREG)
-                            .and_then(|a| a.attrs.permissions)
+                            .filter(|a| file_type(a) == S_IFREG)
+                            .and_then(|a| a.permissions)
                             .map(|mode| mode & 0o777);
                         let h = match opened {
                             Ok(h) => h,
