@@ -1997,7 +1997,7 @@ fn a_failed_login_of_the_system_ssh_over_sftp_is_named_as_such() {
 }
 
 /// An ssh program that exits at once (`-S /bin/false`) is named, with its status: the remote
-/// host is not blamed for it.
+/// host is not blamed for it (over SFTP, it is not said to lack SFTP).
 #[test]
 fn an_ssh_program_that_exits_at_once_is_named_with_its_status() {
     let sshd = Sshd::start().unwrap();
@@ -2012,10 +2012,18 @@ fn an_ssh_program_that_exits_at_once_is_named_with_its_status() {
             .arg(remote(&sshd, &work.path().join("b"))));
         let said = stderr(&out);
         assert_eq!(out.status.code(), Some(3), "{extra:?}: {said}");
+        let before = if extra.is_empty() {
+            "before the remote command"
+        } else {
+            "before any SFTP reply"
+        };
         assert!(
-            said.contains("the ssh program /bin/false exited with status 1"),
+            said.contains(&format!(
+                "the ssh program /bin/false exited with status 1 {before}"
+            )),
             "{extra:?}: {said}"
         );
+        assert!(!said.contains("serves no SFTP"), "{extra:?}: {said}");
         assert!(!work.path().join("b").exists());
     }
 }
