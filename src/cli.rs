@@ -268,11 +268,12 @@ pub struct SshArgs {
     /// -S as in scp.
     #[arg(short = 'S', long, value_name = "PROGRAM", help_heading = "SSH")]
     pub ssh_program: Option<PathBuf>,
-    /// Connect over IPv4 only (scp's -4: ssh's AddressFamily inet).
-    #[arg(short = '4', help_heading = "SSH", conflicts_with = "ipv6")]
+    /// Connect over IPv4 only (scp's -4: ssh's AddressFamily inet). As with scp, the last of
+    /// -4 and -6 wins.
+    #[arg(short = '4', help_heading = "SSH", overrides_with = "ipv6")]
     pub ipv4: bool,
     /// Connect over IPv6 only (scp's -6: ssh's AddressFamily inet6).
-    #[arg(short = '6', help_heading = "SSH")]
+    #[arg(short = '6', help_heading = "SSH", overrides_with = "ipv4")]
     pub ipv6: bool,
     /// Batch mode: never ask for a passphrase or password (scp's -B: ssh's BatchMode yes).
     #[arg(short = 'B', help_heading = "SSH")]
@@ -1232,6 +1233,24 @@ mod tests {
             panic!("not doctor");
         };
         assert_eq!((doctor.ssh.port, doctor.verbose), (Some(2), 2));
+    }
+
+    /// As scp (whose ssh sets AddressFamily from each flag in turn): -4 and -6 together are
+    /// no error, and the last one given wins.
+    #[test]
+    fn the_last_of_4_and_6_wins() {
+        let log = Log::new(|_, _| {});
+        for (flags, family) in [
+            (["-4", "-6"], "AddressFamily=inet6"),
+            (["-6", "-4"], "AddressFamily=inet"),
+            (["-4", "-4"], "AddressFamily=inet"),
+        ] {
+            let mut argv = vec!["fastcp"];
+            argv.extend(flags);
+            argv.extend(["a", "b"]);
+            let args = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            assert_eq!(args.ssh.options(&log).options, [family], "{flags:?}");
+        }
     }
 
     #[test]

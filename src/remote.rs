@@ -972,22 +972,26 @@ fn check_remotes<'a>(
 
 /// `err`, an SFTP session that did not start, or, when the system ssh that was to start it
 /// gave up before (it could not connect, trust the host key or log in: status 255), that,
-/// in ssh's words: the host is not to blame. An ssh program that failed otherwise is named,
-/// with its status.
+/// in ssh's words: the host is not to blame. An ssh program that failed otherwise before any
+/// SFTP reply is named, with its status, in place of `err`: the host is not said to lack
+/// SFTP when the program (`-S /bin/false`, say), or what it ran, ended first.
 async fn unless_ssh_gave_up(peer: &AnyTransport, err: Error) -> Error {
     let AnyTransport::Program(program) = peer else {
         return err;
     };
     match program.last_login_ended(Duration::from_secs(2)).await {
-        // Without the subsystem, ssh says "subsystem request failed" (and exits 255 too).
+        // Without the subsystem, ssh says "subsystem request failed" (and exits 255 too):
+        // `err` says so already, in ssh's words.
         Some((status, said))
-            if status.code() == Some(255)
-                && !said.is_empty()
-                && !said.contains("subsystem request failed") =>
+            if status.code() == Some(255) && said.contains("subsystem request failed") =>
         {
+            err
+        }
+        Some((status, said)) if status.code() == Some(255) && !said.is_empty() => {
             Error::SystemSsh(said)
         }
-        // Not ssh's own failure, or not ssh: the program and how it ended are named.
+        // Not ssh's own failure, or not ssh: the program and how it ended are named, as
+        // the copy over fastcp's own protocol names them.
         Some((status, said)) if !status.success() => {
             let said = if said.is_empty() {
                 String::new()
@@ -998,8 +1002,9 @@ async fn unless_ssh_gave_up(peer: &AnyTransport, err: Error) -> Error {
                 Some(code) => format!("exited with status {code}"),
                 None => format!("was {status}"),
             };
-            Error::RemoteCommand(format!(
-                "{err}; the ssh program {} {ended}{said}",
+            Error::ConnectionClosed(format!(
+                "the ssh program {} {ended} before any SFTP reply (once ssh has logged in, \
+                 that is the status of the remote SFTP server){said}",
                 program.program().display()
             ))
         }

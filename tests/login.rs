@@ -19,7 +19,7 @@ const PASSPHRASE: &str = "open sesame";
 /// Runs under a pseudo-terminal: the copy named by the outer test, with the terminal as its
 /// stdin, stdout and stderr.
 #[test]
-#[ignore = "run by passphrase_is_asked_once_for_four_streams inside `script`"]
+#[ignore = "run by the tests of this file inside `script`"]
 fn tty_child_copies() {
     let Ok(args) = std::env::var("FASTCP_TEST_TTY_ARGS") else {
         return;
@@ -127,4 +127,59 @@ fn the_system_ssh_asks_once_for_four_streams() {
 fn the_system_ssh_asks_once_for_four_sftp_sessions() {
     let text = copy_with_a_locked_key(&["--ssh-program", "ssh", "--sftp"]);
     assert!(text.contains("SFTP, 4 session(s)"), "{text}");
+}
+
+/// At the question whether to trust an unknown host key, the end of input (Ctrl-D) refuses
+/// the key, as ssh does, and so does Enter alone: it is not asked again, and the copy ends
+/// with the host-key refusal and its exit code. Nothing is recorded or copied.
+#[test]
+fn end_of_input_at_the_host_key_question_refuses_the_key() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let known_hosts = work.path().join("known_hosts");
+    let cfg = work.path().join("config");
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &known_hosts.display().to_string(),
+        )
+        .replace("StrictHostKeyChecking yes", "StrictHostKeyChecking ask")
+        .replace("BatchMode yes", "BatchMode no");
+    fs::write(&cfg, block).unwrap();
+    let src = work.path().join("a");
+    write(&src, b"x", 0o644);
+    let dst = work.path().join("b");
+    let args = [
+        "-F".to_owned(),
+        cfg.display().to_string(),
+        "--remote-path".to_owned(),
+        BIN.to_owned(),
+        src.display().to_string(),
+        remote(&sshd, &dst),
+    ]
+    .join("\n");
+    let question = "Are you sure you want to continue connecting (yes/no/[fingerprint])?";
+    // Ctrl-D, then Enter alone.
+    for keys in ["\x04", "\n"] {
+        let (ok, text) = fastcp_testsupport::tty::run_ignored_test_in_tty_typing(
+            "tty_child_copies",
+            &[("FASTCP_TEST_TTY_ARGS", args.as_ref())],
+            question,
+            keys,
+        );
+        assert!(ok, "{keys:?}: {text}");
+        assert_eq!(text.matches(question).count(), 1, "{keys:?}: {text}");
+        assert!(text.contains("was not accepted"), "{keys:?}: {text}");
+        assert!(
+            text.contains("Host key verification failed."),
+            "{keys:?}: {text}"
+        );
+        assert!(text.contains("COPY EXIT=3"), "{keys:?}: {text}");
+        assert!(
+            !known_hosts.exists() || fs::read_to_string(&known_hosts).unwrap().is_empty(),
+            "{keys:?}"
+        );
+        assert!(!dst.exists(), "{keys:?}");
+    }
 }

@@ -1997,7 +1997,7 @@ fn a_failed_login_of_the_system_ssh_over_sftp_is_named_as_such() {
 }
 
 /// An ssh program that exits at once (`-S /bin/false`) is named, with its status: the remote
-/// host is not blamed for it.
+/// host is not blamed for it (over SFTP, it is not said to lack SFTP).
 #[test]
 fn an_ssh_program_that_exits_at_once_is_named_with_its_status() {
     let sshd = Sshd::start().unwrap();
@@ -2012,10 +2012,52 @@ fn an_ssh_program_that_exits_at_once_is_named_with_its_status() {
             .arg(remote(&sshd, &work.path().join("b"))));
         let said = stderr(&out);
         assert_eq!(out.status.code(), Some(3), "{extra:?}: {said}");
+        let before = if extra.is_empty() {
+            "before the remote command"
+        } else {
+            "before any SFTP reply"
+        };
         assert!(
-            said.contains("the ssh program /bin/false exited with status 1"),
+            said.contains(&format!(
+                "the ssh program /bin/false exited with status 1 {before}"
+            )),
             "{extra:?}: {said}"
         );
+        assert!(!said.contains("serves no SFTP"), "{extra:?}: {said}");
         assert!(!work.path().join("b").exists());
+    }
+}
+
+/// As scp: -4 and -6 together are no error, and the last one given wins (the test sshd
+/// listens on 127.0.0.1 only, so IPv6 cannot reach it), with the built-in client and with
+/// the system ssh.
+#[test]
+fn the_last_of_4_and_6_wins() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    for program in [&[][..], &["-S", "ssh"][..]] {
+        let b = work.path().join("b");
+        let out = run(fastcp(&sshd, bin())
+            .args(program)
+            .args(["-6", "-4"])
+            .arg(&a)
+            .arg(remote(&sshd, &b)));
+        assert!(out.status.success(), "{program:?}: {}", stderr(&out));
+        assert_eq!(std::fs::read(&b).unwrap(), b"x");
+        std::fs::remove_file(&b).unwrap();
+        let out = run(fastcp(&sshd, bin())
+            .args(program)
+            .args(["-4", "-6"])
+            .arg(&a)
+            .arg(remote(&sshd, &b)));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{program:?}: {said}");
+        assert!(
+            said.to_lowercase().contains("family"),
+            "{program:?}: {said}"
+        );
+        assert!(!b.exists(), "{program:?}");
     }
 }

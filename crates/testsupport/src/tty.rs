@@ -37,6 +37,17 @@ pub fn run_ignored_test_in_tty(
     prompt: &str,
     answer: &str,
 ) -> (bool, String) {
+    run_ignored_test_in_tty_typing(name, env, prompt, &format!("{answer}\n"))
+}
+
+/// [`run_ignored_test_in_tty`], typing `keys` as they are (no Enter after them): `"\x04"` is
+/// Ctrl-D, the end of input on the terminal.
+pub fn run_ignored_test_in_tty_typing(
+    name: &str,
+    env: &[(&str, &OsStr)],
+    prompt: &str,
+    keys: &str,
+) -> (bool, String) {
     let exe = std::env::current_exe().expect("the test binary");
     let cmd = format!("{} --ignored --exact {name} --nocapture", exe.display());
     let mut command = Command::new(crate::tools::require("script"));
@@ -77,9 +88,7 @@ pub fn run_ignored_test_in_tty(
     let from = shown.find(prompt).unwrap_or(0);
     LAST_WAIT.with(|w| *w.borrow_mut() = shown[from..].to_owned());
     let mut stdin = child.stdin.take().expect("piped");
-    stdin
-        .write_all(format!("{answer}\n").as_bytes())
-        .expect("typing the answer");
+    stdin.write_all(keys.as_bytes()).expect("typing the answer");
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for script") {

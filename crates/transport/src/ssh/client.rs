@@ -485,8 +485,13 @@ async fn verify_host_key(
                                     if a.eq_ignore_ascii_case("yes") || a == fp2 {
                                         return None;
                                     }
-                                    // A program is asked once: any other answer refuses.
-                                    if a.eq_ignore_ascii_case("no") || custom.is_some() {
+                                    // As ssh: an empty answer refuses, and so does the
+                                    // end of input (Ctrl-D), which reads as one. A program
+                                    // is asked once: any other answer refuses.
+                                    if a.is_empty()
+                                        || a.eq_ignore_ascii_case("no")
+                                        || custom.is_some()
+                                    {
                                         return Some(HostKeyRefusal::Declined);
                                     }
                                 }
