@@ -136,6 +136,20 @@ impl DeleteBudget {
     }
 }
 
+/// The order a mirror takes the folders it looks into, by wire path: each folder before what
+/// it holds, names in byte order, as a walk of one source lists them. Their entries may
+/// arrive in any order over several streams; taken in this one, [`DeleteBudget`] lets the
+/// same extras go in every run, and a dry run lists those.
+///
+/// ```
+/// let mut dirs: Vec<&[u8]> = vec![b"d/sub", b"d", b"d-2", b"c"];
+/// dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
+/// assert_eq!(dirs, [&b"c"[..], b"d", b"d/sub", b"d-2"]);
+/// ```
+pub fn mirror_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
+}
+
 /// How many entries `--delete` removing `path` would remove: 1, and for a directory (not a
 /// symlink to one) everything in it, counted as [`DeleteBudget`] counts them. What cannot
 /// be read counts as nothing.
