@@ -500,6 +500,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     let mut kept = Vec::with_capacity(listing.len());
     let mut dirs_in_place = 0;
     let mut deletions = Vec::new();
+    let mut mirrored = Vec::new();
     let mut budget = fastcp_stream::DeleteBudget::new(j.max_delete);
     for entry in listing {
         let path = local(&entry.path);
@@ -539,18 +540,8 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir
-                if !entry.unentered
-                    && let Some(spared) = &spared =>
-            {
-                extras(
-                    j,
-                    &path,
-                    &entry.path,
-                    (&sent, spared),
-                    &mut budget,
-                    &mut deletions,
-                )
+            EntryKind::Dir if !entry.unentered && spared.is_some() => {
+                mirrored.push((entry.path.clone(), path.clone()));
             }
             _ => {}
         }
@@ -560,6 +551,14 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             continue;
         }
         kept.push(entry);
+    }
+    // In the order the copy's mirror takes the folders, whatever order they were listed in.
+    mirrored.sort_by(|a, b| fastcp_stream::mirror_order(&a.0, &b.0));
+    mirrored.dedup_by(|a, b| a.0 == b.0);
+    if let Some(spared) = &spared {
+        for (wire, path) in &mirrored {
+            extras(j, path, wire, (&sent, spared), &mut budget, &mut deletions);
+        }
     }
     report.local.files = 0;
     report.local.dirs = 0;

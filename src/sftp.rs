@@ -2182,6 +2182,7 @@ impl Apply {
             blocked,
         } = std::mem::take(&mut *lock(m));
         dirs.retain(|d| !unentered.contains(d));
+        dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
         if blocked {
             self.failed(
                 b"",
@@ -2190,8 +2191,9 @@ impl Apply {
             return Ok(());
         }
         // The folders at once, over every session: each removes only what it lists, which
-        // holds no folder of the copy. Under `--max-delete`, one at a time and each in name
-        // order, as fastcp's own receiver takes them, so that the limit takes the same.
+        // holds no folder of the copy. Under `--max-delete`, one at a time, each before what
+        // it holds and each in name order, as fastcp's own receiver takes them, so that the
+        // limit takes the same.
         let n = self.sftp.len();
         let budget = Mutex::new(fastcp_stream::DeleteBudget::new(max_delete));
         let at_once = match max_delete {
