@@ -267,6 +267,13 @@ pub(crate) fn delete_extras(
                 }
                 continue;
             }
+            // A folder holding what the rules exclude stays, whole: `--delete` keeps that.
+            if let Some(filter) = &shared.config.filter {
+                let excluded = |path: &[u8], is_dir: bool| !filter.allows(path, is_dir);
+                if holds_any(&fd, &name, &wire, &excluded) == Ok(true) {
+                    continue;
+                }
+            }
             if budget.is_limited() && !budget.take(entries(&fd, &name)) {
                 continue;
             }
