@@ -81,6 +81,10 @@ impl Spared {
 /// assert_eq!(budget.left(), 3);
 /// assert!(budget.message().unwrap().contains("3 entries"));
 /// assert!(DeleteBudget::new(None).take(u64::MAX));
+///
+/// let mut none = DeleteBudget::new(Some(0));
+/// assert!(!none.take(1));
+/// assert!(none.message().unwrap().ends_with(": 1 entry the source does not have was not deleted"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeleteBudget {
@@ -126,10 +130,14 @@ impl DeleteBudget {
     /// [`ErrorCode::DeleteLimit`]), or `None`.
     pub fn message(&self) -> Option<String> {
         let limit = self.limit?;
+        let (entries, were) = match self.left {
+            1 => ("entry", "was"),
+            _ => ("entries", "were"),
+        };
         (self.left > 0).then(|| {
             format!(
-                "--max-delete {limit} stopped the mirror: {} entries the source does not have \
-                 were not deleted",
+                "--max-delete {limit} stopped the mirror: {} {entries} the source does not \
+                 have {were} not deleted",
                 self.left
             )
         })
