@@ -500,6 +500,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     let mut kept = Vec::with_capacity(listing.len());
     let mut dirs_in_place = 0;
     let mut deletions = Vec::new();
+    let mut mirrored = Vec::new();
     let mut budget = fastcp_stream::DeleteBudget::new(j.max_delete);
     for entry in listing {
         let path = local(&entry.path);
@@ -539,18 +540,8 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 report.bytes_skipped += size;
                 continue;
             }
-            EntryKind::Dir
-                if !entry.unentered
-                    && let Some(spared) = &spared =>
-            {
-                extras(
-                    j,
-                    &path,
-                    &entry.path,
-                    (&sent, spared),
-                    &mut budget,
-                    &mut deletions,
-                )
+            EntryKind::Dir if !entry.unentered && spared.is_some() => {
+                mirrored.push((entry.path.clone(), path.clone()));
             }
             _ => {}
         }
@@ -560,6 +551,14 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             continue;
         }
         kept.push(entry);
+    }
+    // In the order the copy's mirror takes the folders, whatever order they were listed in.
+    mirrored.sort_by(|a, b| fastcp_stream::mirror_order(&a.0, &b.0));
+    mirrored.dedup_by(|a, b| a.0 == b.0);
+    if let Some(spared) = &spared {
+        for (wire, path) in &mirrored {
+            extras(j, path, wire, (&sent, spared), &mut budget, &mut deletions);
+        }
     }
     report.local.files = 0;
     report.local.dirs = 0;
@@ -672,7 +671,8 @@ fn extras(
         }
         let Ok(m) = entry.metadata() else { continue };
         if let Some(filter) = j.filter
-            && !filter.allows(&path, m.is_dir())
+            && (!filter.allows(&path, m.is_dir())
+                || m.is_dir() && holds_excluded(&entry.path(), &path, filter))
         {
             continue;
         }
@@ -707,6 +707,22 @@ fn extras(
         });
     }
     out.extend(found);
+}
+
+/// Whether the folder at `dir` (wire path `wire`) holds, at any depth, what `filter`
+/// excludes, which `--delete` keeps, and the folder with it. Links are not followed; what
+/// cannot be read holds nothing, as for the copy's mirror (which then fails to remove it).
+fn holds_excluded(dir: &Path, wire: &[u8], filter: &fastcp_stream::Filter) -> bool {
+    let Ok(names) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    names.flatten().any(|entry| {
+        let mut path = wire.to_vec();
+        path.push(b'/');
+        path.extend_from_slice(entry.file_name().as_bytes());
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        !filter.allows(&path, is_dir) || is_dir && holds_excluded(&entry.path(), &path, filter)
+    })
 }
 
 /// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an

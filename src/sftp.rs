@@ -1115,6 +1115,30 @@ async fn count_tree(sftp: &Sftp, path: String, is_dir: bool) -> u64 {
     count
 }
 
+/// Whether the folder `path` (the entry `wire`) holds, at any depth, what `filter`
+/// excludes, which `--delete` keeps, and the folder with it.
+async fn holds_excluded(
+    sftp: &Sftp,
+    path: String,
+    wire: &[u8],
+    filter: &fastcp_stream::Filter,
+) -> Result<bool, SftpError> {
+    let mut stack = vec![(path, Bytes::copy_from_slice(wire))];
+    while let Some((path, wire)) = stack.pop() {
+        for (name, attrs) in list_dir(sftp, &path).await? {
+            let is_dir = file_type(&attrs) == S_IFDIR;
+            let child = Bytes::from([&wire[..], b"/", name.as_bytes()].concat());
+            if !filter.allows(&child, is_dir) {
+                return Ok(true);
+            }
+            if is_dir {
+                stack.push((join(&path, &name), child));
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// The failure of the entry `wire` (its path in the copy), its message naming it as `shown`:
 /// the remote path the user knows it by, as a fastcp server names it.
 fn error_frame(code: ErrorCode, wire: &[u8], shown: &str, message: impl Into<String>) -> Frame {
@@ -2184,6 +2208,7 @@ impl Apply {
             blocked,
         } = std::mem::take(&mut *lock(m));
         dirs.retain(|d| !unentered.contains(d));
+        dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
         if blocked {
             self.failed(
                 b"",
@@ -2192,8 +2217,9 @@ impl Apply {
             return Ok(());
         }
         // The folders at once, over every session: each removes only what it lists, which
-        // holds no folder of the copy. Under `--max-delete`, one at a time and each in name
-        // order, as fastcp's own receiver takes them, so that the limit takes the same.
+        // holds no folder of the copy. Under `--max-delete`, one at a time, each before what
+        // it holds and each in name order, as fastcp's own receiver takes them, so that the
+        // limit takes the same.
         let n = self.sftp.len();
         let budget = Mutex::new(fastcp_stream::DeleteBudget::new(max_delete));
         let at_once = match max_delete {
@@ -2261,6 +2287,18 @@ impl Apply {
                     let is_dir = file_type(&attrs) == S_IFDIR;
                     if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
+                    }
+                    // A folder holding what the rules exclude stays, whole.
+                    if let Some(filter) = filter
+                        && is_dir
+                    {
+                        match holds_excluded(sftp, join(&remote, &name), &wire, filter).await {
+                            Ok(true) => continue,
+                            Err(e) if is_session_failure(&e) => {
+                                return Err(fatal("listing a folder", e));
+                            }
+                            Ok(false) | Err(_) => {}
+                        }
                     }
                     if max_delete.is_some() {
                         let entries = count_tree(sftp, join(&remote, &name), is_dir).await;

@@ -1751,3 +1751,153 @@ fn max_delete_stops_the_mirror_at_its_limit() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("needs --delete"), "{}", stderr(&out));
 }
+
+/// `--delete` keeps what the rules exclude, also inside a folder the source does not have:
+/// that folder stays, whole, and counts for nothing against `--max-delete`. The same locally,
+/// on a push and a pull over TCP and SFTP, and in a dry run, which does not list it.
+#[test]
+fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    let from_here = format!("{}/.", src.display());
+    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
+    let dst = work.path().join("dst");
+    let seed = || {
+        let _ = std::fs::remove_dir_all(&dst);
+        for f in ["x", "xd/keep.o", "xd/deep/f"] {
+            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
+            write(&dst.join(f), b"old", 0o644);
+        }
+    };
+    let ways: [(&str, &[&str]); 5] = [
+        ("local", &[]),
+        ("push tcp", &["--transport", "tcp"]),
+        ("push sftp", &["--sftp"]),
+        ("pull tcp", &["--transport", "tcp"]),
+        ("pull sftp", &["--sftp"]),
+    ];
+    for (way, extra) in ways {
+        for (dry_run, limit) in [(true, true), (false, true), (true, false), (false, false)] {
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} -n {dry_run} --max-delete {limit}");
+            seed();
+            let to = remote(&sshd, &dst);
+            let dst_text = dst.display().to_string();
+            let (from, to) = match way {
+                "local" => (from_here.as_str(), dst_text.as_str()),
+                w if w.starts_with("push") => (from_here.as_str(), to.as_str()),
+                _ => (from_there.as_str(), dst_text.as_str()),
+            };
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete", "--exclude", "*.o"]);
+            if limit {
+                cmd.args(["--max-delete", "1"]);
+            }
+            cmd.args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let summary = ok_json(cmd.arg(from).arg(to));
+            assert_eq!(summary["files_deleted"], 1, "{what}: {summary}");
+            assert!(dst.join("xd/keep.o").exists(), "{what}");
+            assert!(dst.join("xd/deep/f").exists(), "{what}");
+            if dry_run {
+                let deleting: Vec<&str> = summary["entries"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["action"] == "delete")
+                    .map(|e| e["path"].as_str().unwrap())
+                    .collect();
+                assert_eq!(deleting, ["src/x"], "{what}: {summary}");
+            } else {
+                assert!(!dst.join("x").exists(), "{what}");
+            }
+        }
+    }
+}
+
+/// `--max-delete` takes the folders in one order, each before what it holds, names in byte
+/// order, whatever order the sources are named in and their entries arrive in over several
+/// streams: the same extras go in every run and every way, and a dry run lists those.
+#[test]
+fn max_delete_takes_the_same_extras_in_every_run_and_its_dry_run() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for f in ["z/f", "a/f", "a/sub/g"] {
+        std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
+        write(&src.join(f), b"new", 0o644);
+    }
+    let here: Vec<String> = ["z", "a"]
+        .iter()
+        .map(|s| src.join(s).display().to_string())
+        .collect();
+    let there: Vec<String> = here
+        .iter()
+        .map(|s| format!("{}:{s}", sshd.alias()))
+        .collect();
+    let dst = work.path().join("dst");
+    // Taken as a, a/sub, z: the limit lets a/x go only.
+    let seed = || {
+        let _ = std::fs::remove_dir_all(&dst);
+        for f in ["a/x", "a/sub/x", "z/x"] {
+            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
+            write(&dst.join(f), b"old", 0o644);
+        }
+    };
+    let ways: [(&str, &[&str]); 6] = [
+        ("local", &[]),
+        ("push tcp", &["--transport", "tcp", "-j", "4"]),
+        ("push ssh", &["--transport", "ssh", "-j", "4"]),
+        ("push sftp", &["--sftp"]),
+        ("pull tcp", &["--transport", "tcp", "-j", "4"]),
+        ("pull sftp", &["--sftp"]),
+    ];
+    for (way, extra) in ways {
+        for dry_run in [true, false] {
+            // An SFTP push refuses -n with --delete.
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} -n {dry_run}");
+            seed();
+            let to = remote(&sshd, &dst);
+            let dst_text = dst.display().to_string();
+            let (from, to) = match way {
+                "local" => (&here, dst_text.as_str()),
+                w if w.starts_with("push") => (&here, to.as_str()),
+                _ => (&there, dst_text.as_str()),
+            };
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete", "--max-delete", "1"])
+                .args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.args(from).arg(to));
+            assert_eq!(out.status.code(), Some(6), "{what}: {}", stderr(&out));
+            let summary = json(&out);
+            assert_eq!(summary["files_deleted"], 1, "{what}: {summary}");
+            if dry_run {
+                let deleting: Vec<&str> = summary["entries"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["action"] == "delete")
+                    .map(|e| e["path"].as_str().unwrap())
+                    .collect();
+                assert_eq!(deleting, ["a/x"], "{what}: {summary}");
+            } else {
+                assert!(!dst.join("a/x").exists(), "{what}");
+                assert!(dst.join("a/sub/x").exists(), "{what}");
+                assert!(dst.join("z/x").exists(), "{what}");
+            }
+        }
+    }
+}

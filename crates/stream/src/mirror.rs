@@ -81,6 +81,10 @@ impl Spared {
 /// assert_eq!(budget.left(), 3);
 /// assert!(budget.message().unwrap().contains("3 entries"));
 /// assert!(DeleteBudget::new(None).take(u64::MAX));
+///
+/// let mut none = DeleteBudget::new(Some(0));
+/// assert!(!none.take(1));
+/// assert!(none.message().unwrap().ends_with(": 1 entry the source does not have was not deleted"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeleteBudget {
@@ -126,14 +130,32 @@ impl DeleteBudget {
     /// [`ErrorCode::DeleteLimit`]), or `None`.
     pub fn message(&self) -> Option<String> {
         let limit = self.limit?;
+        let (entries, were) = match self.left {
+            1 => ("entry", "was"),
+            _ => ("entries", "were"),
+        };
         (self.left > 0).then(|| {
             format!(
-                "--max-delete {limit} stopped the mirror: {} entries the source does not have \
-                 were not deleted",
+                "--max-delete {limit} stopped the mirror: {} {entries} the source does not \
+                 have {were} not deleted",
                 self.left
             )
         })
     }
+}
+
+/// The order a mirror takes the folders it looks into, by wire path: each folder before what
+/// it holds, names in byte order, as a walk of one source lists them. Their entries may
+/// arrive in any order over several streams; taken in this one, [`DeleteBudget`] lets the
+/// same extras go in every run, and a dry run lists those.
+///
+/// ```
+/// let mut dirs: Vec<&[u8]> = vec![b"d/sub", b"d", b"d-2", b"c"];
+/// dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
+/// assert_eq!(dirs, [&b"c"[..], b"d", b"d/sub", b"d-2"]);
+/// ```
+pub fn mirror_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
 }
 
 /// How many entries `--delete` removing `path` would remove: 1, and for a directory (not a
@@ -252,6 +274,13 @@ pub(crate) fn delete_extras(
                     }
                 }
                 continue;
+            }
+            // A folder holding what the rules exclude stays, whole: `--delete` keeps that.
+            if let Some(filter) = &shared.config.filter {
+                let excluded = |path: &[u8], is_dir: bool| !filter.allows(path, is_dir);
+                if holds_any(&fd, &name, &wire, &excluded) == Ok(true) {
+                    continue;
+                }
             }
             if budget.is_limited() && !budget.take(entries(&fd, &name)) {
                 continue;

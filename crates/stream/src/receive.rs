@@ -1830,6 +1830,7 @@ where
                 let unentered = std::mem::take(&mut t.unentered);
                 let mut dirs = std::mem::take(&mut t.sent_dirs);
                 dirs.retain(|d| !unentered.contains(d));
+                dirs.sort_by(|a, b| crate::mirror_order(a, b));
                 (dirs, std::mem::take(&mut t.sent))
             };
             let mut budget = crate::DeleteBudget::new(max_delete);

@@ -867,6 +867,34 @@ async fn a_folder_in_the_way_with_excluded_entries_stays() {
     sb.assert_contained();
 }
 
+/// `max_delete` takes the folders in one order, each before what it holds, whatever order
+/// their entries arrived in (over several streams a subfolder's may come first): the same
+/// extras go in every run, and a dry run can tell which.
+#[tokio::test]
+async fn max_delete_takes_folders_in_walk_order_whatever_their_arrival() {
+    let sb = Sandbox::new();
+    fs::create_dir_all(sb.dest.join("d/sub")).unwrap();
+    fs::write(sb.dest.join("d/x"), b"extra").unwrap();
+    fs::write(sb.dest.join("d/sub/x"), b"extra").unwrap();
+    let config = ReceiveConfig {
+        delete: true,
+        max_delete: Some(1),
+        ..recursive()
+    };
+    let stream = wire(&[dir(b"d/sub"), dir(b"d"), done(0, 2, 0, 0)]);
+    let report = run(&sb.dest, config, vec![stream], true)
+        .await
+        .result
+        .unwrap();
+    assert_eq!(report.local.deleted, 1);
+    assert!(
+        !sb.dest.join("d/x").exists(),
+        "the folder's own extra goes first"
+    );
+    assert!(sb.dest.join("d/sub/x").exists(), "its subfolder's stays");
+    sb.assert_contained();
+}
+
 fn resuming() -> ReceiveConfig {
     ReceiveConfig {
         recursive: true,
