@@ -1181,7 +1181,7 @@ pub(crate) enum Started {
 
 /// How long to wait for the remote program's exit status and last words once its session
 /// ended.
-const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 
 /// The `fastcp` command's `--timeout` unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
