@@ -979,7 +979,10 @@ async fn unless_ssh_gave_up(peer: &AnyTransport, err: Error) -> Error {
     let AnyTransport::Program(program) = peer else {
         return err;
     };
-    match program.last_login_ended(crate::client::EXIT_STATUS_WAIT).await {
+    match program
+        .last_login_ended(crate::client::EXIT_STATUS_WAIT)
+        .await
+    {
         // Without the subsystem, ssh says "subsystem request failed" (and exits 255 too):
         // `err` says so already, in ssh's words.
         Some((status, said))
