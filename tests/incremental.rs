@@ -10,6 +10,17 @@ use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{assert_same_tree, build_tiny, pseudo_random, set_times, write};
 
+/// The paths a dry run's `--json` summary lists as deleted.
+fn deleting(summary: &serde_json::Value) -> Vec<&str> {
+    summary["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "delete")
+        .map(|e| e["path"].as_str().unwrap())
+        .collect()
+}
+
 /// The `--json` summary of a run that must succeed.
 fn ok_json(cmd: &mut Command) -> serde_json::Value {
     let out = run(cmd);
@@ -1728,13 +1739,7 @@ fn max_delete_stops_the_mirror_at_its_limit() {
             assert_eq!(names(&dst), want, "{what}");
             assert_eq!(summary["files_deleted"], deleted, "{what}: {summary}");
             if dry_run {
-                let deleting: Vec<&str> = summary["entries"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["action"] == "delete")
-                    .map(|e| e["path"].as_str().unwrap())
-                    .collect();
+                let deleting = deleting(&summary);
                 assert_eq!(deleting.len(), 2, "{what}: {summary}");
                 assert!(
                     deleting
@@ -1807,13 +1812,7 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
             assert!(dst.join("xd/keep.o").exists(), "{what}");
             assert!(dst.join("xd/deep/f").exists(), "{what}");
             if dry_run {
-                let deleting: Vec<&str> = summary["entries"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["action"] == "delete")
-                    .map(|e| e["path"].as_str().unwrap())
-                    .collect();
+                let deleting = deleting(&summary);
                 assert_eq!(deleting, ["src/x"], "{what}: {summary}");
             } else {
                 assert!(!dst.join("x").exists(), "{what}");
@@ -1885,13 +1884,7 @@ fn max_delete_takes_the_same_extras_in_every_run_and_its_dry_run() {
             let summary = json(&out);
             assert_eq!(summary["files_deleted"], 1, "{what}: {summary}");
             if dry_run {
-                let deleting: Vec<&str> = summary["entries"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["action"] == "delete")
-                    .map(|e| e["path"].as_str().unwrap())
-                    .collect();
+                let deleting = deleting(&summary);
                 assert_eq!(deleting, ["a/x"], "{what}: {summary}");
             } else {
                 assert!(!dst.join("a/x").exists(), "{what}");
