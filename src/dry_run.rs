@@ -104,6 +104,7 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                 break;
             }
         };
+        let entry = readable(entry, config.follow_links);
         match entry {
             Ok(entry) => {
                 count(&mut report.local, &entry.kind);
@@ -118,19 +119,38 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                     unentered: entry.unentered,
                 });
             }
-            Err(e) => {
+            Err((e, path)) => {
                 let e = match specials_refused {
                     true => e.without_option_hint(),
                     false => e,
                 };
                 push_failure(
                     &mut report,
-                    Failure::new(Side::Sender, Bytes::new(), e.code(), e.to_string()),
+                    Failure::new(Side::Sender, path, e.code(), e.to_string()),
                 );
             }
         }
     }
     (listing, report)
+}
+
+/// A walk's entry as a dry run lists it: a file the copy could not open fails as it would
+/// (which keeps `--delete` from deleting anything, as in the copy). A failure comes with the
+/// path of its entry, or none.
+fn readable(
+    entry: Result<fastcp_stream::Entry, fastcp_stream::Error>,
+    follow_links: bool,
+) -> Result<fastcp_stream::Entry, (fastcp_stream::Error, Bytes)> {
+    match entry {
+        Ok(entry) if matches!(entry.kind, EntryKind::File { .. }) => {
+            match fastcp_stream::check_readable(&entry, follow_links) {
+                Ok(()) => Ok(entry),
+                Err(e) => Err((e, entry.wire)),
+            }
+        }
+        Ok(entry) => Ok(entry),
+        Err(e) => Err((e, Bytes::new())),
+    }
 }
 
 pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
@@ -269,6 +289,7 @@ where
         config.one_file_system = flags & flags::ONE_FILE_SYSTEM != 0;
         let mut id = 0;
         for entry in fastcp_stream::walk(sources, &config) {
+            let entry = readable(entry, config.follow_links);
             let frame = match entry {
                 Ok(entry) => {
                     count(&mut report.local, &entry.kind);
@@ -310,12 +331,12 @@ where
                         }
                     }
                 }
-                Err(e) => {
+                Err((e, path)) => {
                     report.local.errors += 1;
                     Frame::Error(fastcp_proto::ErrorFrame {
                         code: e.code(),
                         fatal: false,
-                        path: Bytes::new(),
+                        path,
                         message: e.to_string(),
                     })
                 }
@@ -839,6 +860,11 @@ async fn judged_remotely(
         Ok(reader.send_bytes(&out).await?)
     };
     crate::client::within_idle_limit(progress, plan.options.timeout, sending).await?;
+    // The server judges the listing without the walk's failures, which the copy's receiver
+    // hears of: one it cannot pass over leaves nothing deleted (and no limit reached), and
+    // what the walk skipped on purpose stays.
+    let spared = fastcp_stream::Spared::of(&done.report.failures)
+        .filter(|_| done.report.failure_count as usize == done.report.failures.len());
     let mut skipped = HashSet::new();
     let mut deletions = Vec::new();
     loop {
@@ -856,15 +882,20 @@ async fn judged_remotely(
             Frame::Error(e) if e.fatal => {
                 return Err(Error::Engine(fastcp_stream::Error::from_frame(&e)));
             }
+            Frame::Error(e) if e.code == ErrorCode::DeleteLimit && spared.is_none() => {}
             Frame::Error(e) => push_failure(
                 &mut done.report,
                 Failure::new(Side::Receiver, e.path, e.code, e.message),
             ),
             frame => match listed_from(frame) {
-                Some((_, entry)) => deletions.push(Listed {
-                    delete: true,
-                    ..entry
-                }),
+                Some((_, entry)) => {
+                    if spared.as_ref().is_some_and(|s| !s.spares(&entry.path)) {
+                        deletions.push(Listed {
+                            delete: true,
+                            ..entry
+                        });
+                    }
+                }
                 None => {
                     return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
                         frame: "dry run",
@@ -873,6 +904,17 @@ async fn judged_remotely(
                 }
             },
         }
+    }
+    if plan.options.delete && spared.is_none() {
+        push_failure(
+            &mut done.report,
+            Failure::new(
+                Side::Receiver,
+                Bytes::new(),
+                ErrorCode::Other,
+                fastcp_stream::NOTHING_DELETED.into(),
+            ),
+        );
     }
     let report = &mut done.report;
     let mut kept = Vec::with_capacity(done.listing.len());

@@ -1757,6 +1757,127 @@ fn max_delete_stops_the_mirror_at_its_limit() {
     assert!(stderr(&out).contains("needs --delete"), "{}", stderr(&out));
 }
 
+/// A source file that cannot be read would look deleted: `--delete` removes nothing, and a
+/// dry run says so rather than list what the copy would then leave (nor a limit reached).
+/// Locally, on a pull and on a push (judged on the server). As root, the copying side runs
+/// as nobody (`setpriv`), who cannot read the file.
+#[test]
+fn a_dry_run_deletes_nothing_when_a_source_file_cannot_be_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let perms = |p: &Path, mode| std::fs::set_permissions(p, PermissionsExt::from_mode(mode));
+    perms(work.path(), 0o755).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    write(&src.join("locked"), b"l", 0o600);
+    // Nobody's own copy of the client's key and known_hosts, for the push.
+    let keys = work.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::copy(sshd.client_key(), keys.join("id")).unwrap();
+    std::fs::copy(sshd.known_hosts(), keys.join("known_hosts")).unwrap();
+    let config = keys.join("ssh_config");
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(
+            &sshd.client_key().display().to_string(),
+            &keys.join("id").display().to_string(),
+        )
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &keys.join("known_hosts").display().to_string(),
+        );
+    std::fs::write(&config, block).unwrap();
+    let as_other = rustix::process::geteuid().is_root();
+    let unreadable = if as_other {
+        const NOBODY: u32 = 65534;
+        for p in [
+            &src,
+            &src.join("a"),
+            &keys,
+            &keys.join("id"),
+            &keys.join("known_hosts"),
+        ] {
+            std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        let setpriv = fastcp_testsupport::tools::require("setpriv");
+        format!(
+            "'{}' --reuid={NOBODY} --regid={NOBODY} --clear-groups ",
+            setpriv.display()
+        )
+    } else {
+        perms(&src.join("locked"), 0o000).unwrap();
+        String::new()
+    };
+    // fastcp on the side that reads the source.
+    let reader = script(
+        work.path(),
+        "fastcp-reader",
+        &format!(
+            "HOME='{}' exec {unreadable}'{BIN}' \"$@\"",
+            work.path().display()
+        ),
+    );
+    let dst = work.path().join("dst");
+    for way in ["local", "pull", "push"] {
+        for dry_run in [true, false] {
+            let what = format!("{way} -n {dry_run}");
+            let _ = std::fs::remove_dir_all(&dst);
+            std::fs::create_dir(&dst).unwrap();
+            write(&dst.join("x"), b"extra", 0o644);
+            let mut cmd = match way {
+                "local" => Command::new(&reader),
+                "pull" => fastcp(&sshd, &reader),
+                _ => {
+                    let mut cmd = Command::new(&reader);
+                    cmd.arg("-F").arg(&config).arg("--remote-path").arg(BIN);
+                    cmd.env_remove("SSH_AUTH_SOCK");
+                    cmd
+                }
+            };
+            cmd.args([
+                "-r",
+                "--json",
+                "--delete",
+                "--max-delete",
+                "0",
+                "--transport",
+                "tcp",
+            ]);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let from = match way {
+                "pull" => format!("{}:{}/.", sshd.alias(), src.display()),
+                _ => format!("{}/.", src.display()),
+            };
+            let to = match way {
+                "push" => remote(&sshd, &dst),
+                _ => dst.display().to_string(),
+            };
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{what}: {said}");
+            assert!(said.contains("permission denied"), "{what}: {said}");
+            assert!(said.contains("nothing was deleted"), "{what}: {said}");
+            assert!(!said.contains("--max-delete"), "{what}: {said}");
+            let summary = json(&out);
+            assert_eq!(summary["files_deleted"], 0, "{what}: {summary}");
+            if dry_run {
+                let listed: Vec<&str> = summary["entries"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["path"].as_str().unwrap())
+                    .collect();
+                assert_eq!(listed, ["src", "src/a"], "{what}: {summary}");
+            }
+            assert!(dst.join("x").exists(), "{what}");
+        }
+    }
+}
+
 /// `--delete` keeps what the rules exclude, also inside a folder the source does not have:
 /// that folder stays, whole, and counts for nothing against `--max-delete`. The same locally,
 /// on a push and a pull over TCP and SFTP, and in a dry run, which does not list it.

@@ -106,7 +106,8 @@ pub use relay::{RelayConfig, RelayError, relay};
 pub use report::{Failure, MAX_FAILURES, Report, Side};
 pub use resume::{PARTIAL_MIN, partial_name, partial_target};
 pub use send::{
-    DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, send, send_beside, send_to,
+    DEFAULT_CHUNK_SIZE, DEFAULT_SEND_IN_FLIGHT, Piece, SendConfig, check_readable, send,
+    send_beside, send_to,
 };
 pub use walk::{Entry, EntryKind, Walk, WalkAhead, WalkConfig, walk};
 

@@ -1938,6 +1938,24 @@ impl Holes {
     }
 }
 
+/// Opens the file a walk yielded as the copy's sender opens it, and closes it again: what a
+/// dry run learns of a file it would not be able to read (its error, as the copy would
+/// report it), which a mirror must not run after. `follow_links` as in [`WalkConfig`].
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// std::fs::write(dir.path().join("f"), b"x").unwrap();
+/// let walk = fastcp_stream::walk(&[dir.path().join("f")], &Default::default());
+/// for entry in walk {
+///     assert!(fastcp_stream::check_readable(&entry.unwrap(), false).is_ok());
+/// }
+/// ```
+pub fn check_readable(entry: &crate::Entry, follow_links: bool) -> Result<(), Error> {
+    // A source named at the top was walked through its link, if it is one.
+    let top = !entry.wire.contains(&b'/');
+    open_source(&entry.path, follow_links || top).map(drop)
+}
+
 /// Opens a source file for reading and checks that it is a regular file; returns its size,
 /// metadata as of the open, and the bytes the file system holds for it (less than its size
 /// for a sparse file).

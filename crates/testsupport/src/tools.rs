@@ -77,6 +77,11 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         why: "a small tmpfs in a mount namespace, for full-disk tests",
     },
     Prerequisite {
+        program: "setpriv",
+        package: "util-linux",
+        why: "runs fastcp as another user when the tests run as root, for unreadable files",
+    },
+    Prerequisite {
         program: "setsid",
         package: "util-linux",
         why: "a process without a terminal, which must not be asked anything",
