@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -402,6 +402,11 @@ struct Table {
     /// Manifest frames checked so far (see [`ReceiveConfig::max_entries`]).
     entries: u64,
     live: HashMap<u64, Live>,
+    /// Streams that have ended with the sender's `Done`. Kept under the same lock as the
+    /// announcements: a stream waiting for a file's entry sees both in one state, so a stream
+    /// that announces the file and then ends between two looks cannot be taken for one that
+    /// never announced it.
+    finished: usize,
     /// The files in `live` not abandoned, by (path, id): what a sender's `Error` for a path
     /// abandons is found without a scan of every file in flight, however many share a name.
     live_paths: std::collections::BTreeSet<(Bytes, u64)>,
@@ -463,7 +468,6 @@ pub(crate) struct Shared {
     dirs: Mutex<DirState>,
     table: Mutex<Table>,
     announced: Notify,
-    finished: AtomicUsize,
     n_streams: usize,
     failures: Mutex<Report>,
     /// Receive blocks given back by the writers.
@@ -1139,7 +1143,7 @@ impl Reader {
 
     /// This stream has ended with the sender's `done`.
     fn finish(&self, done: Summary) -> Summary {
-        self.shared.finished.fetch_add(1, Relaxed);
+        lock(&self.shared.table).finished += 1;
         self.shared.announced.notify_waiters();
         done
     }
@@ -1151,20 +1155,39 @@ impl Reader {
             let notified = shared.announced.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let t = lock(&shared.table);
-                if t.live.get(&id).is_some_and(|l| l.announced) || t.done.contains(id) {
-                    return Ok(());
+            match announcement(&lock(&shared.table), id, shared.n_streams) {
+                Announcement::Made => return Ok(()),
+                Announcement::Pending => {}
+                Announcement::Never => {
+                    return Err(Error::Protocol(format!(
+                        "stream {}: data for file id {id}, which no stream announced",
+                        self.stream
+                    )));
                 }
-            }
-            if shared.finished.load(Relaxed) + 1 >= shared.n_streams {
-                return Err(Error::Protocol(format!(
-                    "stream {}: data for file id {id}, which no stream announced",
-                    self.stream
-                )));
             }
             notified.await;
         }
+    }
+}
+
+/// Where a file's entry stands, for a stream holding data for it.
+#[derive(Debug, PartialEq, Eq)]
+enum Announcement {
+    Made,
+    /// Not yet: another stream may still bring it.
+    Pending,
+    /// Every other stream has ended without it.
+    Never,
+}
+
+/// Judged on one state of the table, announcements and ended streams together.
+fn announcement(t: &Table, id: u64, n_streams: usize) -> Announcement {
+    if t.live.get(&id).is_some_and(|l| l.announced) || t.done.contains(id) {
+        Announcement::Made
+    } else if t.finished + 1 >= n_streams {
+        Announcement::Never
+    } else {
+        Announcement::Pending
     }
 }
 
@@ -1680,7 +1703,6 @@ where
         dirs: Mutex::new(DirState::default()),
         table: Mutex::new(Table::default()),
         announced: Notify::new(),
-        finished: AtomicUsize::new(0),
         n_streams: n,
         failures: Mutex::new(Report::default()),
         pool: Pool::default(),
@@ -1971,6 +1993,34 @@ mod tests {
             "temp files left: {left:?}"
         );
         assert!(!dst.path().join("t/writer-panics-here").exists());
+    }
+
+    /// A stream holding data for a file whose entry another stream brought and then ended on:
+    /// the file counts as announced, whatever the order the two facts were recorded in.
+    #[test]
+    fn a_file_announced_by_a_stream_that_then_ended_is_announced() {
+        let live = |announced| Live {
+            path: Bytes::from_static(b"f"),
+            size: 1,
+            start: 0,
+            len: 1,
+            seen: 0,
+            end: false,
+            announced,
+            abandoned: false,
+        };
+        let mut t = Table::default();
+        assert_eq!(announcement(&t, 0, 2), Announcement::Pending);
+        t.live.insert(0, live(false));
+        assert_eq!(announcement(&t, 0, 2), Announcement::Pending);
+        t.live.insert(0, live(true));
+        t.finished = 1;
+        assert_eq!(announcement(&t, 0, 2), Announcement::Made);
+        assert_eq!(announcement(&t, 1, 2), Announcement::Never);
+        assert_eq!(announcement(&t, 1, 3), Announcement::Pending);
+        t.live.remove(&0);
+        t.done.insert(0);
+        assert_eq!(announcement(&t, 0, 2), Announcement::Made);
     }
 
     #[test]
