@@ -57,7 +57,8 @@ async fn names_kept_for_the_session_do_not_keep_the_received_data() {
         // Resets the peak resident size to the current one (Linux 4.0 and later).
         std::fs::write("/proc/self/clear_refs", "5").unwrap();
         let before = status_kib("VmRSS:") * 1024;
-        let (sent, received) = run_pair(&[src.clone()], &dest, &send, &receive, 4).await;
+        let (sent, received) =
+            run_pair(std::slice::from_ref(&src), &dest, &send, &receive, 4).await;
         sent.unwrap();
         received.unwrap();
         let grew = (status_kib("VmHWM:") * 1024).saturating_sub(before);

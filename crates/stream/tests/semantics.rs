@@ -1131,7 +1131,8 @@ async fn content_hashing_is_off_only_when_both_sides_agree() {
         let case = format!("sender {send_hashes}, receiver {receive_hashes}, resume {resume}");
         let (send, receive) = configs(send_hashes, receive_hashes, resume);
         let dst = tempfile::tempdir().unwrap();
-        let (sent, received) = run_pair(&[tree.clone()], dst.path(), &send, &receive, 2).await;
+        let (sent, received) =
+            run_pair(std::slice::from_ref(&tree), dst.path(), &send, &receive, 2).await;
         if ok {
             sent.unwrap_or_else(|e| panic!("{case}: {e}"));
             received.unwrap_or_else(|e| panic!("{case}: {e}"));
