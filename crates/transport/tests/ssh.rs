@@ -726,8 +726,24 @@ async fn unknown_host_key_is_asked_on_the_terminal() {
         "{text}"
     );
     assert!(!kh.exists() || fs::read_to_string(&kh).unwrap().is_empty());
-    let (ok, text) = run_in_tty("tty_child_connects_to_unknown_host", &cfg, prompt, "yes");
+    // An answer it does not know asks again, the short way, as ssh does.
+    let (ok, text) = run_in_tty(
+        "tty_child_connects_to_unknown_host",
+        &cfg,
+        prompt,
+        "maybe\nyes",
+    );
     assert!(ok, "{text}");
+    assert_eq!(
+        text.matches("Are you sure you want to continue connecting")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.contains("Please type 'yes', 'no' or the fingerprint: "),
+        "{text}"
+    );
     assert_eq!(
         fs::read_to_string(&kh).unwrap(),
         format!("{}\n", sshd.known_hosts_line())

@@ -469,7 +469,7 @@ async fn verify_host_key(
                 StrictHostKeyChecking::AcceptNew | StrictHostKeyChecking::No => None,
                 StrictHostKeyChecking::Ask if host.batch_mode => Some(HostKeyRefusal::BatchMode),
                 StrictHostKeyChecking::Ask => {
-                    let prompt = format!(
+                    let mut prompt = format!(
                         "The authenticity of host '{name}' can't be established.\n\
                          {key_type} key fingerprint is {fp}.\n\
                          Are you sure you want to continue connecting (yes/no/[fingerprint])? "
@@ -494,6 +494,8 @@ async fn verify_host_key(
                                     {
                                         return Some(HostKeyRefusal::Declined);
                                     }
+                                    // As ssh: asked again, shortly.
+                                    prompt = "Please type 'yes', 'no' or the fingerprint: ".into();
                                 }
                                 // A program that gives no answer refuses.
                                 Ok(None) if custom.is_some() => {
