@@ -924,7 +924,9 @@ fn contenders(
                     name: "nc".into(),
                     command: format!("nc -N 127.0.0.1 \"$PORT\" < {src}"),
                     listener: Some(format!("nc -l -d 127.0.0.1 \"$PORT\" > {dstq}")),
-                    broken: None,
+                    broken: (!which("nc")).then(|| {
+                        "not run: nc is not on PATH (Debian: apt-get install netcat-openbsd)".into()
+                    }),
                 });
             }
             v.extend([scp, tar_ssh, tar_ssh_pull]);
