@@ -137,6 +137,10 @@ pub struct Args {
     /// 0 removes nothing and reports what would go).
     #[arg(long, value_name = "NUM", help_heading = "Copy")]
     pub max_delete: Option<u64>,
+    /// With --delete: remove what --exclude rules leave out too, where --delete alone keeps
+    /// it (rsync's --delete-excluded; implies --delete).
+    #[arg(long, help_heading = "Copy")]
+    pub delete_excluded: bool,
     /// Hard-link files from DIR, on the receiving side, where DIR holds them alike (same
     /// path, size and time) instead of sending them (rsync's --link-dest: each night's
     /// backup a full tree that costs only what changed). A relative DIR is taken from the
@@ -667,6 +671,7 @@ async fn copy_with(
         .checksum(args.checksum)
         .resume(args.resume)
         .delete(args.delete)
+        .delete_excluded(args.delete_excluded)
         .max_delete(args.max_delete)
         .no_deploy(args.no_deploy)
         .no_sftp_fallback(args.no_sftp_fallback)

@@ -103,6 +103,11 @@ pub struct CopyOptions {
     /// [`exit::DELETE_LIMIT`](crate::exit::DELETE_LIMIT). A guard for nightly mirrors
     /// against a source that came up empty. Needs protocol version 12 on the receiving side.
     pub max_delete: Option<u64>,
+    /// With [`delete`](Self::delete): remove what the [`filter`](Self::filter)'s rules
+    /// exclude too (rsync's `--delete-excluded`), where `--delete` alone keeps it. What lies
+    /// outside a `--files-from` list is still kept. [`CopyOptions::delete_excluded`] sets
+    /// `delete` with it, as rsync's option implies `--delete`.
+    pub delete_excluded: bool,
     /// Never upload fastcp to a remote host that lacks it (`--no-deploy`); see
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
     /// ([`SshOptions::remote_path`]); it works the same through the system ssh program.
@@ -285,6 +290,14 @@ impl CopyOptions {
     /// Sets [`delete`](CopyOptions::delete).
     pub fn delete(mut self, value: bool) -> CopyOptions {
         self.delete = value;
+        self
+    }
+
+    /// Sets [`delete_excluded`](CopyOptions::delete_excluded), and with it
+    /// [`delete`](CopyOptions::delete).
+    pub fn delete_excluded(mut self, value: bool) -> CopyOptions {
+        self.delete_excluded = value;
+        self.delete |= value;
         self
     }
 
@@ -496,6 +509,11 @@ impl Plan {
         if options.delete && !options.recursive {
             return Err(Error::Usage(
                 "--delete mirrors directories: it needs -r".into(),
+            ));
+        }
+        if options.delete_excluded && !options.delete {
+            return Err(Error::Usage(
+                "--delete-excluded widens what --delete removes: it needs --delete".into(),
             ));
         }
         if options.max_delete.is_some() && !options.delete {
@@ -735,7 +753,7 @@ impl Plan {
             resume: self.options.resume,
             delete: self.options.delete,
             max_delete: self.options.max_delete,
-            filter: self.options.filter.clone(),
+            filter: self.spared(),
             hard_links: self.options.hard_links,
             attrs: self.options.attrs,
             devices: self.options.devices,
@@ -796,13 +814,6 @@ impl Plan {
             f |= flags::LINK_DEST;
         }
         f |= self.options.skip_rules.flags();
-        if let Some(filter) = &self.options.filter {
-            if filter.listed().is_some() {
-                f |= flags::FILTERS | flags::FILES_FROM;
-            } else if !filter.rules().is_empty() {
-                f |= flags::FILTERS;
-            }
-        }
         if self.options.hard_links {
             f |= flags::HARD_LINKS;
         }
@@ -917,19 +928,25 @@ impl Plan {
         Ok(plan)
     }
 
-    /// The filter lines a request carries: the rules, then `= PATH` for each path of a
-    /// `--files-from` list.
-    fn filter_lines(&self) -> Vec<Bytes> {
-        let Some(filter) = &self.options.filter else {
-            return Vec::new();
-        };
-        let mut lines: Vec<Bytes> = filter.rules().into_iter().map(Bytes::from).collect();
-        for path in filter.listed().unwrap_or_default() {
-            let mut line = b"= ".to_vec();
-            line.extend_from_slice(&path);
-            lines.push(Bytes::from(line));
+    /// What the receiving side's `--delete` spares: what the filter leaves out, or with
+    /// `delete_excluded`, what lies outside its `--files-from` list alone.
+    pub(crate) fn spared(&self) -> Option<Arc<fastcp_stream::Filter>> {
+        let filter = self.options.filter.as_ref()?;
+        if self.options.delete_excluded {
+            filter.files_from_only().map(Arc::new)
+        } else {
+            Some(filter.clone())
         }
-        lines
+    }
+
+    /// The filter a request carries: the whole of it for a remote walk (a pull), what the
+    /// mirror spares for a remote receiver (a push).
+    fn request_filter(&self, pushes: bool) -> Option<Arc<fastcp_stream::Filter>> {
+        if pushes {
+            self.spared()
+        } else {
+            self.options.filter.clone()
+        }
     }
 
     pub(crate) fn local_sources(&self) -> Vec<PathBuf> {
@@ -1766,6 +1783,30 @@ pub(crate) async fn direct_address(peer: &AnyTransport) -> Option<IpAddr> {
     }
 }
 
+/// The request flags for the filter a request carries.
+fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
+    match filter {
+        Some(f) if f.listed().is_some() => flags::FILTERS | flags::FILES_FROM,
+        Some(f) if !f.rules().is_empty() => flags::FILTERS,
+        _ => 0,
+    }
+}
+
+/// The filter lines a request carries: the rules, then `= PATH` for each path of a
+/// `--files-from` list.
+fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
+    let Some(filter) = filter else {
+        return Vec::new();
+    };
+    let mut lines: Vec<Bytes> = filter.rules().into_iter().map(Bytes::from).collect();
+    for path in filter.listed().unwrap_or_default() {
+        let mut line = b"= ".to_vec();
+        line.extend_from_slice(&path);
+        lines.push(Bytes::from(line));
+    }
+    lines
+}
+
 /// Runs the client side of a session over `control`, the remote `fastcp server`'s stdio, and
 /// opens any extra data streams as `mode` says. Extra streams go round-robin over `peers`,
 /// connections to the same host (the first one runs the server), through
@@ -2050,7 +2091,9 @@ where
         request_flags |= flags::NEW_TARGET_DIR;
     }
     let client_random = random32();
-    let filters = plan.filter_lines();
+    let request_filter = plan.request_filter(pushes);
+    request_flags |= filter_flags(request_filter.as_deref());
+    let filters = filter_lines(request_filter.as_deref());
     let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
     if filter_bytes > fastcp_proto::DEFAULT_MAX_FRAME as usize {
         return Err(Error::Usage(format!(

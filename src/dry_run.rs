@@ -267,14 +267,14 @@ where
                 message: e.to_string(),
             });
             crate::wire::write_frame(&mut stream, &error).await?;
-            if Judge::from_flags(flags, filter.as_deref(), link_dest, request.max_delete).any() {
+            if Judge::from_flags(flags, filter.clone(), link_dest, request.max_delete).any() {
                 // The client is sending its listing before it reads: take it in, so that
                 // it gets to read why.
                 drain_listing(&mut FrameReader::new(stream, session::MAX_FRAME), idle).await;
             }
             return Err(Error::Engine(e));
         }
-        let judge = Judge::from_flags(flags, filter.as_deref(), link_dest, request.max_delete);
+        let judge = Judge::from_flags(flags, filter.clone(), link_dest, request.max_delete);
         if judge.any() {
             return judge_for_client(stream, target, &judge, idle).await;
         }
@@ -379,8 +379,9 @@ pub(crate) struct Judge<'a> {
     delete: bool,
     /// `--max-delete`: at most this many entries are listed as deleted.
     max_delete: Option<u64>,
-    /// What the rules exclude is not deleted.
-    filter: Option<&'a fastcp_stream::Filter>,
+    /// What the rules exclude is not deleted (the mirror's spared filter: see
+    /// `Plan::spared`).
+    filter: Option<Arc<fastcp_stream::Filter>>,
     /// The source is a folder's contents (`DIR/.`): its top-level entry is the destination.
     contents: bool,
     /// `--link-dest`: a file the reference folder holds alike is linked, not sent.
@@ -402,7 +403,7 @@ impl<'a> Judge<'a> {
             checksum: o.checksum,
             delete: o.delete,
             max_delete: o.max_delete,
-            filter: o.filter.as_deref(),
+            filter: plan.spared(),
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
             xattrs: o.attrs.xattrs || o.attrs.acls,
@@ -413,7 +414,7 @@ impl<'a> Judge<'a> {
     /// A push's judge, on the server, from its request.
     fn from_flags(
         bits: u32,
-        filter: Option<&'a fastcp_stream::Filter>,
+        filter: Option<Arc<fastcp_stream::Filter>>,
         link_dest: Option<&'a Path>,
         max_delete: Option<u64>,
     ) -> Judge<'a> {
@@ -691,7 +692,7 @@ fn extras(
             continue;
         }
         let Ok(m) = entry.metadata() else { continue };
-        if let Some(filter) = j.filter
+        if let Some(filter) = j.filter.as_deref()
             && (!filter.allows(&path, m.is_dir())
                 || m.is_dir() && holds_excluded(&entry.path(), &path, filter))
         {

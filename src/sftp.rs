@@ -1342,8 +1342,9 @@ struct Apply {
     open_files: Vec<Arc<Semaphore>>,
     /// With `--delete`, what to mirror by (see [`Apply::mirror`]).
     mirror: Option<Mutex<Mirror>>,
-    /// The rules: what they exclude is kept in a folder cleared for a file (see
-    /// [`Apply::clear_dir_in_the_way`]).
+    /// What `--delete` spares (the rules, or with `--delete-excluded` the `--files-from`
+    /// list alone): kept in a folder cleared for a file (see
+    /// [`Apply::clear_dir_in_the_way`]) and by [`Apply::mirror`].
     filter: Option<Arc<fastcp_stream::Filter>>,
     /// Counts what a folder cleared for a file held.
     progress: Arc<Progress>,
@@ -1581,7 +1582,7 @@ async fn push(
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
         mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
-        filter: plan.options.filter.clone(),
+        filter: plan.spared(),
         progress: progress.clone(),
         root_real,
         resume: plan.options.resume,
@@ -1616,7 +1617,7 @@ async fn push(
             if first_error.is_none()
                 && let Err(e) = apply
                     .mirror(
-                        plan.options.filter.as_deref(),
+                        apply.filter.as_deref(),
                         plan.options.max_delete,
                         &mirror_progress,
                     )
@@ -3451,7 +3452,7 @@ async fn pull(
         resume_from_record: true,
         delete: o.delete,
         max_delete: o.max_delete,
-        filter: o.filter.clone(),
+        filter: plan.spared(),
         link_dest: o.link_dest.clone(),
         skip_rules: o.skip_rules,
         // The bytes come from this process's own SFTP reads: hashing them on both sides of

@@ -8,7 +8,9 @@ use std::process::Command;
 
 use common::*;
 use fastcp_testsupport::Sshd;
-use fastcp_testsupport::tree::{assert_same_tree, build_tiny, pseudo_random, set_times, write};
+use fastcp_testsupport::tree::{
+    assert_same_tree, build_tiny, pseudo_random, scan, set_times, write,
+};
 
 /// The paths a dry run's `--json` summary lists as deleted.
 fn deleting(summary: &serde_json::Value) -> Vec<&str> {
@@ -1939,6 +1941,104 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
                 assert!(!dst.join("x").exists(), "{what}");
             }
         }
+    }
+}
+
+/// `--delete-excluded` (which implies `--delete`) removes what the rules exclude too: a
+/// file the source has but the rules leave out, an excluded folder with what it holds, and a
+/// folder the source does not have that holds only excluded names. The rules still decide
+/// what is sent. The same locally, on a push and a pull over TCP and SFTP, and in a dry run,
+/// which lists each of them. What lies outside a `--files-from` list is still kept.
+#[test]
+fn delete_excluded_removes_what_the_rules_exclude() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for f in ["a", "skip.o", "cache/f"] {
+        std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
+        write(&src.join(f), b"new", 0o644);
+    }
+    let from_here = format!("{}/.", src.display());
+    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
+    let dst = work.path().join("dst");
+    let seed = || {
+        let _ = std::fs::remove_dir_all(&dst);
+        for f in ["x", "xd/keep.o", "skip.o", "cache/old"] {
+            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
+            write(&dst.join(f), b"old", 0o644);
+        }
+    };
+    let ways: [(&str, &[&str]); 5] = [
+        ("local", &[]),
+        ("push tcp", &["--transport", "tcp"]),
+        ("push sftp", &["--sftp"]),
+        ("pull tcp", &["--transport", "tcp"]),
+        ("pull sftp", &["--sftp"]),
+    ];
+    let ends = |way: &str| {
+        let dst_text = dst.display().to_string();
+        match way {
+            "local" => (from_here.clone(), dst_text),
+            w if w.starts_with("push") => (from_here.clone(), remote(&sshd, &dst)),
+            _ => (from_there.clone(), dst_text),
+        }
+    };
+    for (way, extra) in ways {
+        for dry_run in [true, false] {
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} -n {dry_run}");
+            seed();
+            let (from, to) = ends(way);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete-excluded"])
+                .args(["--exclude", "*.o", "--exclude", "cache/"])
+                .args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let summary = ok_json(cmd.arg(from).arg(to));
+            // x; xd, xd/keep.o; skip.o; cache, cache/old (a dry run counts a folder as one).
+            let removed = if dry_run { 4 } else { 6 };
+            assert_eq!(summary["files_deleted"], removed, "{what}: {summary}");
+            if dry_run {
+                let deleting = deleting(&summary);
+                assert_eq!(
+                    deleting,
+                    ["src/cache", "src/skip.o", "src/x", "src/xd"],
+                    "{what}: {summary}"
+                );
+                assert!(dst.join("xd/keep.o").exists(), "{what}");
+            } else {
+                assert_eq!(
+                    scan(&dst).into_keys().collect::<Vec<_>>(),
+                    [b"a".to_vec()],
+                    "{what}"
+                );
+            }
+        }
+    }
+    // Outside a --files-from list: kept, with --delete-excluded as with --delete.
+    let list = work.path().join("list");
+    std::fs::write(&list, "a\n").unwrap();
+    for (way, extra) in [ways[0], ways[1], ways[3]] {
+        seed();
+        let (from, to) = ends(way);
+        let mut cmd = fastcp(&sshd, bin());
+        cmd.args([
+            "-r",
+            "--delete-excluded",
+            "--exclude",
+            "*.o",
+            "--files-from",
+        ])
+        .arg(&list)
+        .args(extra);
+        let out = run(cmd.arg(from).arg(to));
+        assert!(out.status.success(), "{way}: {}", stderr(&out));
+        assert!(dst.join("a").exists() && dst.join("x").exists(), "{way}");
+        assert!(dst.join("skip.o").exists(), "{way}");
     }
 }
 

@@ -199,6 +199,26 @@ impl Filter {
         Some(v)
     }
 
+    /// The [`Filter::files_from`] list alone, without the rules or the predicate; `None`
+    /// without a list. What a mirror still spares with rsync's `--delete-excluded`, which
+    /// removes what the rules exclude but keeps what lies outside the list.
+    ///
+    /// ```
+    /// let mut filter = fastcp_stream::Filter::default().files_from(["a/"]);
+    /// filter.exclude("*.o").unwrap();
+    /// let list = filter.files_from_only().unwrap();
+    /// assert!(!filter.allows(b"src/a/x.o", false));
+    /// assert!(list.allows(b"src/a/x.o", false));
+    /// assert!(!list.allows(b"src/b", true));
+    /// assert!(fastcp_stream::Filter::default().files_from_only().is_none());
+    /// ```
+    pub fn files_from_only(&self) -> Option<Filter> {
+        Some(Filter {
+            only: Some(self.only.clone()?),
+            ..Filter::default()
+        })
+    }
+
     /// Whether there are no rules, no predicate and no list.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty() && self.predicate.is_none() && self.only.is_none()
