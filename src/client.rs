@@ -103,8 +103,9 @@ pub struct CopyOptions {
     /// [`exit::DELETE_LIMIT`](crate::exit::DELETE_LIMIT). A guard for nightly mirrors
     /// against a source that came up empty. Needs protocol version 12 on the receiving side.
     pub max_delete: Option<u64>,
-    /// With [`delete`](Self::delete): remove what the [`filter`](Self::filter)'s rules
-    /// exclude too (rsync's `--delete-excluded`), where `--delete` alone keeps it. What lies
+    /// With [`delete`](Self::delete): remove what the [`filter`](Self::filter)'s rules and
+    /// predicate exclude too (rsync's `--delete-excluded`), where `--delete` alone keeps it.
+    /// What lies
     /// outside a `--files-from` list is still kept. [`CopyOptions::delete_excluded`] sets
     /// `delete` with it, as rsync's option implies `--delete`.
     pub delete_excluded: bool,
