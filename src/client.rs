@@ -105,9 +105,9 @@ pub struct CopyOptions {
     pub max_delete: Option<u64>,
     /// With [`delete`](Self::delete): remove what the [`filter`](Self::filter)'s rules and
     /// predicate exclude too (rsync's `--delete-excluded`), where `--delete` alone keeps it.
-    /// What lies
-    /// outside a `--files-from` list is still kept. [`CopyOptions::delete_excluded`] sets
-    /// `delete` with it, as rsync's option implies `--delete`.
+    /// What lies outside a `--files-from` list is still kept.
+    /// [`CopyOptions::delete_excluded`] sets `delete` with it, as rsync's option implies
+    /// `--delete`.
     pub delete_excluded: bool,
     /// Never upload fastcp to a remote host that lacks it (`--no-deploy`); see
     /// [`crate::deploy`]. Self-deploy also stays off when the remote program is named
