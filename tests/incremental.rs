@@ -1640,6 +1640,41 @@ fn size_only_ignore_existing_and_update_leave_what_rsync_leaves() {
     assert_eq!(std::fs::read(dst.join("older.txt")).unwrap(), b"theirs");
 }
 
+/// The ways the mirror tests copy a folder's contents: locally, and pushed and pulled over
+/// TCP, SSH and SFTP.
+const WAYS: [(&str, &[&str]); 7] = [
+    ("local", &[]),
+    ("push tcp", &["--transport", "tcp"]),
+    ("push ssh", &["--transport", "ssh"]),
+    ("push sftp", &["--sftp"]),
+    ("pull tcp", &["--transport", "tcp"]),
+    ("pull ssh", &["--transport", "ssh"]),
+    ("pull sftp", &["--sftp"]),
+];
+
+/// The source and destination arguments that copy the contents of `src` to `dst` the way
+/// `way` goes (see [`WAYS`]): a push to `dst` on the sshd's side, a pull from `src` there.
+fn ends(sshd: &Sshd, way: &str, src: &Path, dst: &Path) -> (String, String) {
+    let here = format!("{}/.", src.display());
+    match way {
+        "local" => (here, dst.display().to_string()),
+        w if w.starts_with("push") => (here, remote(sshd, dst)),
+        _ => (
+            format!("{}:{here}", sshd.alias()),
+            dst.display().to_string(),
+        ),
+    }
+}
+
+/// Empties `dst` and fills it with `files` (paths beneath it), each holding "old".
+fn seed_old(dst: &Path, files: &[&str]) {
+    let _ = std::fs::remove_dir_all(dst);
+    for f in files {
+        std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
+        write(&dst.join(f), b"old", 0o644);
+    }
+}
+
 /// `--max-delete N` (rsync's): extras go whole, in name order, while the entries removed
 /// stay within N (a folder counts with what it holds); the rest stay, the copy says how many
 /// and ends with exit code 6. The same locally, on a push and a pull over TCP, SSH and SFTP,
@@ -1652,31 +1687,16 @@ fn max_delete_stops_the_mirror_at_its_limit() {
     std::fs::create_dir_all(src.join("sub")).unwrap();
     write(&src.join("a"), b"a", 0o644);
     write(&src.join("sub/b"), b"b", 0o644);
-    let from_here = format!("{}/.", src.display());
-    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
     // Extras in name order: x1, x2, xdir (3 entries), z1.
     let seed = |dst: &Path| {
-        let _ = std::fs::remove_dir_all(dst);
-        for f in ["a", "sub/b", "x1", "x2", "xdir/p", "xdir/q", "z1"] {
-            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
-            write(&dst.join(f), b"old", 0o644);
-        }
+        seed_old(dst, &["a", "sub/b", "x1", "x2", "xdir/p", "xdir/q", "z1"]);
     };
     let names = |dst: &Path| {
         let mut v: Vec<String> = walk_names(dst);
         v.sort();
         v
     };
-    let ways: [(&str, &[&str]); 7] = [
-        ("local", &[]),
-        ("push tcp", &["--transport", "tcp"]),
-        ("push ssh", &["--transport", "ssh"]),
-        ("push sftp", &["--sftp"]),
-        ("pull tcp", &["--transport", "tcp"]),
-        ("pull ssh", &["--transport", "ssh"]),
-        ("pull sftp", &["--sftp"]),
-    ];
-    for (way, extra) in ways {
+    for (way, extra) in WAYS {
         for (limit, dry_run) in [("3", false), ("3", true), ("0", false), ("8", false)] {
             // An SFTP push refuses -n with --delete.
             if dry_run && way == "push sftp" {
@@ -1685,13 +1705,7 @@ fn max_delete_stops_the_mirror_at_its_limit() {
             let what = format!("{way} --max-delete {limit} -n {dry_run}");
             let dst = work.path().join("dst");
             seed(&dst);
-            let to = remote(&sshd, &dst);
-            let dst_text = dst.display().to_string();
-            let (from, to) = match way {
-                "local" => (from_here.as_str(), dst_text.as_str()),
-                w if w.starts_with("push") => (from_here.as_str(), to.as_str()),
-                _ => (from_there.as_str(), dst_text.as_str()),
-            };
+            let (from, to) = ends(&sshd, way, &src, &dst);
             let mut cmd = fastcp(&sshd, bin());
             cmd.args(["-r", "--json", "--delete", "--max-delete", limit])
                 .args(extra);
@@ -1753,7 +1767,8 @@ fn max_delete_stops_the_mirror_at_its_limit() {
         }
     }
     let out = run(Command::new(BIN)
-        .args(["-r", "--max-delete", "1", &from_here])
+        .args(["-r", "--max-delete", "1"])
+        .arg(&src)
         .arg(work.path().join("plain")));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("needs --delete"), "{}", stderr(&out));
@@ -1890,37 +1905,15 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
     let src = work.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     write(&src.join("a"), b"a", 0o644);
-    let from_here = format!("{}/.", src.display());
-    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
     let dst = work.path().join("dst");
-    let seed = || {
-        let _ = std::fs::remove_dir_all(&dst);
-        for f in ["x", "xd/keep.o", "xd/deep/f"] {
-            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
-            write(&dst.join(f), b"old", 0o644);
-        }
-    };
-    let ways: [(&str, &[&str]); 5] = [
-        ("local", &[]),
-        ("push tcp", &["--transport", "tcp"]),
-        ("push sftp", &["--sftp"]),
-        ("pull tcp", &["--transport", "tcp"]),
-        ("pull sftp", &["--sftp"]),
-    ];
-    for (way, extra) in ways {
+    for (way, extra) in WAYS {
         for (dry_run, limit) in [(true, true), (false, true), (true, false), (false, false)] {
             if dry_run && way == "push sftp" {
                 continue;
             }
             let what = format!("{way} -n {dry_run} --max-delete {limit}");
-            seed();
-            let to = remote(&sshd, &dst);
-            let dst_text = dst.display().to_string();
-            let (from, to) = match way {
-                "local" => (from_here.as_str(), dst_text.as_str()),
-                w if w.starts_with("push") => (from_here.as_str(), to.as_str()),
-                _ => (from_there.as_str(), dst_text.as_str()),
-            };
+            seed_old(&dst, &["x", "xd/keep.o", "xd/deep/f"]);
+            let (from, to) = ends(&sshd, way, &src, &dst);
             let mut cmd = fastcp(&sshd, bin());
             cmd.args(["-r", "--json", "--delete", "--exclude", "*.o"]);
             if limit {
@@ -1958,39 +1951,16 @@ fn delete_excluded_removes_what_the_rules_exclude() {
         std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
         write(&src.join(f), b"new", 0o644);
     }
-    let from_here = format!("{}/.", src.display());
-    let from_there = format!("{}:{}/.", sshd.alias(), src.display());
     let dst = work.path().join("dst");
-    let seed = || {
-        let _ = std::fs::remove_dir_all(&dst);
-        for f in ["x", "xd/keep.o", "skip.o", "cache/old"] {
-            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
-            write(&dst.join(f), b"old", 0o644);
-        }
-    };
-    let ways: [(&str, &[&str]); 5] = [
-        ("local", &[]),
-        ("push tcp", &["--transport", "tcp"]),
-        ("push sftp", &["--sftp"]),
-        ("pull tcp", &["--transport", "tcp"]),
-        ("pull sftp", &["--sftp"]),
-    ];
-    let ends = |way: &str| {
-        let dst_text = dst.display().to_string();
-        match way {
-            "local" => (from_here.clone(), dst_text),
-            w if w.starts_with("push") => (from_here.clone(), remote(&sshd, &dst)),
-            _ => (from_there.clone(), dst_text),
-        }
-    };
-    for (way, extra) in ways {
+    let seed = || seed_old(&dst, &["x", "xd/keep.o", "skip.o", "cache/old"]);
+    for (way, extra) in WAYS {
         for dry_run in [true, false] {
             if dry_run && way == "push sftp" {
                 continue;
             }
             let what = format!("{way} -n {dry_run}");
             seed();
-            let (from, to) = ends(way);
+            let (from, to) = ends(&sshd, way, &src, &dst);
             let mut cmd = fastcp(&sshd, bin());
             cmd.args(["-r", "--json", "--delete-excluded"])
                 .args(["--exclude", "*.o", "--exclude", "cache/"])
@@ -2022,9 +1992,9 @@ fn delete_excluded_removes_what_the_rules_exclude() {
     // Outside a --files-from list: kept, with --delete-excluded as with --delete.
     let list = work.path().join("list");
     std::fs::write(&list, "a\n").unwrap();
-    for (way, extra) in [ways[0], ways[1], ways[3]] {
+    for (way, extra) in [WAYS[0], WAYS[1], WAYS[4]] {
         seed();
-        let (from, to) = ends(way);
+        let (from, to) = ends(&sshd, way, &src, &dst);
         let mut cmd = fastcp(&sshd, bin());
         cmd.args([
             "-r",
