@@ -387,6 +387,9 @@ pub(crate) struct Judge<'a> {
     link_dest: Option<&'a Path>,
     /// `-X` or `-A`: nothing is linked (the attributes are not compared).
     xattrs: bool,
+    /// `-p`: with `--link-dest`, a file in place that shares its mode with other names is
+    /// sent when the source's mode differs, rather than changed.
+    preserve: bool,
     /// `--size-only`, `--ignore-existing`, `--update`.
     rules: fastcp_stream::SkipRules,
 }
@@ -406,6 +409,7 @@ impl<'a> Judge<'a> {
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
             xattrs: o.attrs.xattrs || o.attrs.acls,
+            preserve: o.preserve,
             rules: o.skip_rules,
         }
     }
@@ -426,6 +430,7 @@ impl<'a> Judge<'a> {
             contents: bits & flags::CONTENTS != 0,
             link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
             xattrs: bits & (flags::XATTRS | flags::ACLS) != 0,
+            preserve: bits & flags::PRESERVE != 0,
             rules: fastcp_stream::SkipRules::from_flags(bits),
         }
     }
@@ -531,7 +536,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                     reference
                     .as_deref()
                     .is_some_and(|top| real_folders(&r, top))
-                    && unchanged(&r, size, &entry.meta, &Default::default())
+                    && same_to_the_second(&r, size, &entry.meta)
                     // A link shares its mode, which the copy keeps (`--link-dest` implies -p).
                     && std::fs::symlink_metadata(&r).is_ok_and(|m| {
                         m.mode() & 0o7777 == entry.meta.mode & fastcp_stream::SAFE_MODE_BITS
@@ -555,7 +560,11 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             EntryKind::File { size }
                 if j.skip_unchanged
                     && !j.checksum
-                    && (unchanged(&path, *size, &entry.meta, &j.rules) || linked(*size)) =>
+                    && ((unchanged(&path, *size, &entry.meta, &j.rules)
+                        && !(j.link_dest.is_some()
+                            && j.preserve
+                            && shares_another_mode(&path, &entry.meta)))
+                        || linked(*size)) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
@@ -632,6 +641,26 @@ fn lexical(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// A regular file at `path` with this size and modification time to the second where
+/// either has none finer: `--link-dest` links it, as the receiver does.
+fn same_to_the_second(path: &Path, size: u64, meta: &Meta) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        let ns = m.mtime_nsec();
+        m.is_file()
+            && m.len() == size
+            && m.mtime() == meta.mtime
+            && (ns == i64::from(meta.mtime_nsec) || ns == 0 || meta.mtime_nsec == 0)
+    })
+}
+
+/// A file at `path` with other names (last night's, with `--link-dest`) and a mode other
+/// than `meta`'s: the receiver sends it, a file of its own, rather than change theirs.
+fn shares_another_mode(path: &Path, meta: &Meta) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        m.nlink() > 1 && m.mode() & 0o7777 != meta.mode & fastcp_stream::SAFE_MODE_BITS
+    })
 }
 
 /// A regular file at `path` with this size and modification time: the quick check skips it.

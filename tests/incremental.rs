@@ -1368,6 +1368,20 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
         assert_eq!(ino(&day1.join(name)), ino(&day2.join(name)), "{name}");
     }
     std::fs::set_permissions(src.join("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // A dry run lists the file the copy then sends.
+    let dry = ok_json(
+        Command::new(bin())
+            .args(["-r", "-p", "-n", "--json", "--link-dest"])
+            .arg(&day1)
+            .arg(format!("{}/.", src.display()))
+            .arg(&day2),
+    );
+    assert_eq!(
+        (dry["files"].as_u64(), dry["files_skipped"].as_u64()),
+        (Some(1), Some(1)),
+        "-n: {dry:#}"
+    );
+    assert_eq!(dry["entries"][0]["path"], "src/f", "-n: {dry:#}");
     let v = copy();
     assert_eq!(
         (v["files"].as_u64(), v["files_skipped"].as_u64()),
