@@ -47,6 +47,9 @@ pub struct Listed {
     /// True for a directory listed without its contents, a mount point that `-x` does not
     /// enter: `--delete` leaves what the destination holds beneath it.
     pub unentered: bool,
+    /// With `-H`: another name of a file listed before it, whose bytes the copy sends once
+    /// (it is counted as a file, with no bytes).
+    pub another_name: bool,
 }
 
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
@@ -85,6 +88,8 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     let mut listing = Vec::new();
     let mut report = Report::default();
     let mut walk = fastcp_stream::walk(&plan.local_sources(), &config);
+    // With -H, the files with several names met so far.
+    let mut named = HashSet::new();
     loop {
         // A cancelled copy stops walking; its caller has returned already.
         if plan
@@ -107,8 +112,9 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
         let entry = readable(entry, config.follow_links);
         match entry {
             Ok(entry) => {
-                count(&mut report.local, &entry.kind);
-                listing.push(Listed {
+                let another_name = plan.options.hard_links
+                    && entry.inode.is_some_and(|inode| !named.insert(inode));
+                let listed = Listed {
                     path: entry.wire,
                     kind: entry.kind,
                     meta: fastcp_stream::Meta {
@@ -117,7 +123,10 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                     },
                     delete: false,
                     unentered: entry.unentered,
-                });
+                    another_name,
+                };
+                count_listed(&mut report.local, &listed);
+                listing.push(listed);
             }
             Err((e, path)) => {
                 let e = match specials_refused {
@@ -153,6 +162,14 @@ fn readable(
     }
 }
 
+/// [`count`], for a listed entry: another name of a file listed before it has no bytes.
+pub(crate) fn count_listed(summary: &mut Summary, listed: &Listed) {
+    count(summary, &listed.kind);
+    if let (true, EntryKind::File { size }) = (listed.another_name, &listed.kind) {
+        summary.bytes -= size;
+    }
+}
+
 pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
     match kind {
         EntryKind::Dir => summary.dirs += 1,
@@ -180,6 +197,9 @@ pub(crate) async fn dry_run(
         .next()
         .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
+    // With -H, the ids of the files listed so far: a server that knows further names lists
+    // them with their file's id.
+    let mut ids = HashSet::new();
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
@@ -208,7 +228,10 @@ pub(crate) async fn dry_run(
                 continue;
             }
             other if direction == Direction::Pull => match listed_from(other) {
-                Some((_, entry)) => entry,
+                Some((id, entry)) => Listed {
+                    another_name: plan.options.hard_links && id.is_some_and(|id| !ids.insert(id)),
+                    ..entry
+                },
                 None => {
                     return Err(Error::UnexpectedFrame {
                         expected: "a listing",
@@ -223,7 +246,7 @@ pub(crate) async fn dry_run(
                 });
             }
         };
-        count(&mut done.report.local, &entry.kind);
+        count_listed(&mut done.report.local, &entry);
         done.listing.push(entry);
     }
 }
@@ -288,10 +311,18 @@ where
         config.specials = flags & flags::SPECIALS != 0;
         config.one_file_system = flags & flags::ONE_FILE_SYSTEM != 0;
         let mut id = 0;
+        // With -H, the id each file with several names was first listed with: its further
+        // names are listed with it too.
+        let mut ids = std::collections::HashMap::new();
+        let hard_links = flags & flags::HARD_LINKS != 0;
         for entry in fastcp_stream::walk(sources, &config) {
             let entry = readable(entry, config.follow_links);
             let frame = match entry {
                 Ok(entry) => {
+                    let first = match entry.inode.filter(|_| hard_links) {
+                        Some(inode) => ids.get(&inode).copied(),
+                        None => None,
+                    };
                     count(&mut report.local, &entry.kind);
                     // A listing: no access times, which a version 1 client would refuse.
                     let meta = Meta {
@@ -308,7 +339,19 @@ where
                             meta,
                         }),
                         EntryKind::File { size } => {
-                            id += 1;
+                            let id = match first {
+                                Some(first) => {
+                                    report.local.bytes -= size;
+                                    first
+                                }
+                                None => {
+                                    id += 1;
+                                    if let Some(inode) = entry.inode.filter(|_| hard_links) {
+                                        ids.insert(inode, id);
+                                    }
+                                    id
+                                }
+                            };
                             Frame::File(FileEntry {
                                 id,
                                 path: entry.wire,
@@ -595,7 +638,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     report.local.symlinks = 0;
     report.local.bytes = 0;
     for entry in &kept {
-        count(&mut report.local, &entry.kind);
+        count_listed(&mut report.local, entry);
     }
     report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
@@ -747,6 +790,7 @@ fn extras(
             },
             delete: true,
             unentered: false,
+            another_name: false,
         });
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
@@ -819,6 +863,7 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
         },
         delete: false,
         unentered: false,
+        another_name: false,
     };
     Some(match frame {
         Frame::Dir(d) => (None, listed(d.path, EntryKind::Dir, d.meta)),
@@ -969,7 +1014,7 @@ async fn judged_remotely(
         ..Summary::default()
     };
     for entry in &kept {
-        count(&mut report.local, &entry.kind);
+        count_listed(&mut report.local, entry);
     }
     report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
