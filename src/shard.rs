@@ -125,11 +125,14 @@ pub struct Share {
     pub cut_files: u64,
 }
 
+/// A file or link the walk found: its size, its wire path, and the (device, inode) of a file
+/// with several names.
+type Walked = (u64, Bytes, Option<(u64, u64)>);
+
 /// Walks `sources` as `config` says and returns share `shard` of them. Every run given the
 /// same tree and the same `N` computes the same split.
 pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Share, Error> {
-    // (size, wire path, the (device, inode) of a file with several names)
-    let mut files: Vec<(u64, Bytes, Option<(u64, u64)>)> = Vec::new();
+    let mut files: Vec<Walked> = Vec::new();
     for entry in fastcp_stream::walk(sources, config) {
         // What cannot be read is reported by the copy itself; here it is only left out.
         let Ok(entry) = entry else { continue };

@@ -320,8 +320,9 @@ fn shard_runs_with_hard_links_keep_each_file_s_names_together() {
         }
     }
     let config = WalkConfig::new(true, false);
+    let sources = [src.clone()];
     let shares: Vec<_> = (0..4)
-        .map(|i| plan(&[src.clone()], &config, Shard::new(i, 4).unwrap()).unwrap())
+        .map(|i| plan(&sources, &config, Shard::new(i, 4).unwrap()).unwrap())
         .collect();
     for i in 0..40u64 {
         let names: Vec<_> = std::iter::once(format!("src/d{}/e{}/f{i}", i % 7, i % 3))
