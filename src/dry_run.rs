@@ -47,6 +47,9 @@ pub struct Listed {
     /// True for a directory listed without its contents, a mount point that `-x` does not
     /// enter: `--delete` leaves what the destination holds beneath it.
     pub unentered: bool,
+    /// With `-H`: another name of a file listed before it, whose bytes the copy sends once
+    /// (it is counted as a file, with no bytes).
+    pub another_name: bool,
 }
 
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
@@ -85,6 +88,8 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     let mut listing = Vec::new();
     let mut report = Report::default();
     let mut walk = fastcp_stream::walk(&plan.local_sources(), &config);
+    // With -H, the files with several names met so far.
+    let mut named = HashSet::new();
     loop {
         // A cancelled copy stops walking; its caller has returned already.
         if plan
@@ -107,8 +112,9 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
         let entry = readable(entry, config.follow_links);
         match entry {
             Ok(entry) => {
-                count(&mut report.local, &entry.kind);
-                listing.push(Listed {
+                let another_name = plan.options.hard_links
+                    && entry.inode.is_some_and(|inode| !named.insert(inode));
+                let listed = Listed {
                     path: entry.wire,
                     kind: entry.kind,
                     meta: fastcp_stream::Meta {
@@ -117,7 +123,10 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                     },
                     delete: false,
                     unentered: entry.unentered,
-                });
+                    another_name,
+                };
+                count_listed(&mut report.local, &listed);
+                listing.push(listed);
             }
             Err((e, path)) => {
                 let e = match specials_refused {
@@ -153,6 +162,14 @@ fn readable(
     }
 }
 
+/// [`count`], for a listed entry: another name of a file listed before it has no bytes.
+pub(crate) fn count_listed(summary: &mut Summary, listed: &Listed) {
+    count(summary, &listed.kind);
+    if let (true, EntryKind::File { size }) = (listed.another_name, &listed.kind) {
+        summary.bytes -= size;
+    }
+}
+
 pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
     match kind {
         EntryKind::Dir => summary.dirs += 1,
@@ -180,6 +197,9 @@ pub(crate) async fn dry_run(
         .next()
         .ok_or_else(|| Error::Unsupported("the server offered no stream for the dry run".into()))?;
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
+    // With -H, the ids of the files listed so far: a server that knows further names lists
+    // them with their file's id.
+    let mut ids = HashSet::new();
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
@@ -208,7 +228,10 @@ pub(crate) async fn dry_run(
                 continue;
             }
             other if direction == Direction::Pull => match listed_from(other) {
-                Some((_, entry)) => entry,
+                Some((id, entry)) => Listed {
+                    another_name: plan.options.hard_links && id.is_some_and(|id| !ids.insert(id)),
+                    ..entry
+                },
                 None => {
                     return Err(Error::UnexpectedFrame {
                         expected: "a listing",
@@ -223,7 +246,7 @@ pub(crate) async fn dry_run(
                 });
             }
         };
-        count(&mut done.report.local, &entry.kind);
+        count_listed(&mut done.report.local, &entry);
         done.listing.push(entry);
     }
 }
@@ -288,10 +311,18 @@ where
         config.specials = flags & flags::SPECIALS != 0;
         config.one_file_system = flags & flags::ONE_FILE_SYSTEM != 0;
         let mut id = 0;
+        // With -H, the id each file with several names was first listed with: its further
+        // names are listed with it too.
+        let mut ids = std::collections::HashMap::new();
+        let hard_links = flags & flags::HARD_LINKS != 0;
         for entry in fastcp_stream::walk(sources, &config) {
             let entry = readable(entry, config.follow_links);
             let frame = match entry {
                 Ok(entry) => {
+                    let first = match entry.inode.filter(|_| hard_links) {
+                        Some(inode) => ids.get(&inode).copied(),
+                        None => None,
+                    };
                     count(&mut report.local, &entry.kind);
                     // A listing: no access times, which a version 1 client would refuse.
                     let meta = Meta {
@@ -308,7 +339,19 @@ where
                             meta,
                         }),
                         EntryKind::File { size } => {
-                            id += 1;
+                            let id = match first {
+                                Some(first) => {
+                                    report.local.bytes -= size;
+                                    first
+                                }
+                                None => {
+                                    id += 1;
+                                    if let Some(inode) = entry.inode.filter(|_| hard_links) {
+                                        ids.insert(inode, id);
+                                    }
+                                    id
+                                }
+                            };
                             Frame::File(FileEntry {
                                 id,
                                 path: entry.wire,
@@ -388,6 +431,9 @@ pub(crate) struct Judge<'a> {
     link_dest: Option<&'a Path>,
     /// `-X` or `-A`: nothing is linked (the attributes are not compared).
     xattrs: bool,
+    /// `-p`: with `--link-dest`, a file in place that shares its mode with other names is
+    /// sent when the source's mode differs, rather than changed.
+    preserve: bool,
     /// `--size-only`, `--ignore-existing`, `--update`.
     rules: fastcp_stream::SkipRules,
 }
@@ -407,6 +453,7 @@ impl<'a> Judge<'a> {
             contents: plan.contents(),
             link_dest: o.link_dest.as_deref(),
             xattrs: o.attrs.xattrs || o.attrs.acls,
+            preserve: o.preserve,
             rules: o.skip_rules,
         }
     }
@@ -427,6 +474,7 @@ impl<'a> Judge<'a> {
             contents: bits & flags::CONTENTS != 0,
             link_dest: link_dest.filter(|_| bits & flags::LINK_DEST != 0),
             xattrs: bits & (flags::XATTRS | flags::ACLS) != 0,
+            preserve: bits & flags::PRESERVE != 0,
             rules: fastcp_stream::SkipRules::from_flags(bits),
         }
     }
@@ -532,7 +580,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                     reference
                     .as_deref()
                     .is_some_and(|top| real_folders(&r, top))
-                    && unchanged(&r, size, &entry.meta, &Default::default())
+                    && same_to_the_second(&r, size, &entry.meta)
                     // A link shares its mode, which the copy keeps (`--link-dest` implies -p).
                     && std::fs::symlink_metadata(&r).is_ok_and(|m| {
                         m.mode() & 0o7777 == entry.meta.mode & fastcp_stream::SAFE_MODE_BITS
@@ -556,7 +604,11 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             EntryKind::File { size }
                 if j.skip_unchanged
                     && !j.checksum
-                    && (unchanged(&path, *size, &entry.meta, &j.rules) || linked(*size)) =>
+                    && ((unchanged(&path, *size, &entry.meta, &j.rules)
+                        && !(j.link_dest.is_some()
+                            && j.preserve
+                            && shares_another_mode(&path, &entry.meta)))
+                        || linked(*size)) =>
             {
                 report.files_skipped += 1;
                 report.bytes_skipped += size;
@@ -587,7 +639,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     report.local.symlinks = 0;
     report.local.bytes = 0;
     for entry in &kept {
-        count(&mut report.local, &entry.kind);
+        count_listed(&mut report.local, entry);
     }
     report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;
@@ -633,6 +685,26 @@ fn lexical(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// A regular file at `path` with this size and modification time to the second where
+/// either has none finer: `--link-dest` links it, as the receiver does.
+fn same_to_the_second(path: &Path, size: u64, meta: &Meta) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        let ns = m.mtime_nsec();
+        m.is_file()
+            && m.len() == size
+            && m.mtime() == meta.mtime
+            && (ns == i64::from(meta.mtime_nsec) || ns == 0 || meta.mtime_nsec == 0)
+    })
+}
+
+/// A file at `path` with other names (last night's, with `--link-dest`) and a mode other
+/// than `meta`'s: the receiver sends it, a file of its own, rather than change theirs.
+fn shares_another_mode(path: &Path, meta: &Meta) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        m.nlink() > 1 && m.mode() & 0o7777 != meta.mode & fastcp_stream::SAFE_MODE_BITS
+    })
 }
 
 /// A regular file at `path` with this size and modification time: the quick check skips it.
@@ -719,6 +791,7 @@ fn extras(
             },
             delete: true,
             unentered: false,
+            another_name: false,
         });
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
@@ -791,6 +864,7 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
         },
         delete: false,
         unentered: false,
+        another_name: false,
     };
     Some(match frame {
         Frame::Dir(d) => (None, listed(d.path, EntryKind::Dir, d.meta)),
@@ -941,7 +1015,7 @@ async fn judged_remotely(
         ..Summary::default()
     };
     for entry in &kept {
-        count(&mut report.local, &entry.kind);
+        count_listed(&mut report.local, entry);
     }
     report.local.dirs += dirs_in_place;
     report.local.deleted = deletions.len() as u64;

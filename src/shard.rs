@@ -11,7 +11,8 @@
 //! pieces, largest first (ties by path, then offset), each go to the share with the fewest
 //! bytes so far (then the fewest items, then the lowest index). Shares end within one piece
 //! or one unsplit file of each other. Links and empty files weigh nothing and go round by
-//! count.
+//! count. The names of a file with several (hard links) that is not cut go to one share
+//! together, weighing all their bytes, so that with `-H` they arrive as one file.
 //!
 //! A run sends the pieces it holds of a file as ranges of it (protocol version 6; adjacent
 //! ones merged). The receiver writes them into a work file that all the runs share, and the
@@ -40,6 +41,7 @@
 //! ```
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
@@ -123,17 +125,21 @@ pub struct Share {
     pub cut_files: u64,
 }
 
+/// A file or link the walk found: its size, its wire path, and the (device, inode) of a file
+/// with several names.
+type Walked = (u64, Bytes, Option<(u64, u64)>);
+
 /// Walks `sources` as `config` says and returns share `shard` of them. Every run given the
 /// same tree and the same `N` computes the same split.
 pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Share, Error> {
-    let mut files: Vec<(u64, Bytes)> = Vec::new();
+    let mut files: Vec<Walked> = Vec::new();
     for entry in fastcp_stream::walk(sources, config) {
         // What cannot be read is reported by the copy itself; here it is only left out.
         let Ok(entry) = entry else { continue };
         match entry.kind {
             EntryKind::Dir => {}
-            EntryKind::File { size } => files.push((size, entry.wire)),
-            _ => files.push((0, entry.wire)),
+            EntryKind::File { size } => files.push((size, entry.wire, entry.inode)),
+            _ => files.push((0, entry.wire, None)),
         }
     }
     let n = shard.count as usize;
@@ -143,7 +149,7 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
     } else {
         total.div_ceil(n as u64 * 16).div_ceil(GRID).max(1) * GRID
     };
-    let sizes: HashMap<Bytes, u64> = files.iter().map(|(s, w)| (w.clone(), *s)).collect();
+    let sizes: HashMap<Bytes, u64> = files.iter().map(|(s, w, _)| (w.clone(), *s)).collect();
     let mut share = Share {
         total_files: sizes.len() as u64,
         total_bytes: total,
@@ -151,9 +157,25 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
     };
     // (size, path, offset): whole files at offset 0, big ones cut into pieces.
     let mut items: Vec<(u64, Bytes, u64)> = Vec::with_capacity(files.len());
-    for (size, wire) in files {
+    // The names of one file go to one share, as one item under the first name walked
+    // weighing them all, so that with -H they arrive as names of one file: the further
+    // names of each first name, and where each file's item is.
+    let mut further: HashMap<Bytes, Vec<Bytes>> = HashMap::new();
+    let mut first: HashMap<(u64, u64), usize> = HashMap::new();
+    for (size, wire, inode) in files {
         if size <= piece {
-            items.push((size, wire, 0));
+            match inode.map(|inode| first.entry(inode)) {
+                Some(Entry::Occupied(at)) => {
+                    let item = &mut items[*at.get()];
+                    item.0 += size;
+                    further.entry(item.1.clone()).or_default().push(wire);
+                }
+                Some(Entry::Vacant(at)) => {
+                    at.insert(items.len());
+                    items.push((size, wire, 0));
+                }
+                None => items.push((size, wire, 0)),
+            }
             continue;
         }
         share.cut_files += 1;
@@ -175,7 +197,13 @@ pub fn plan(sources: &[PathBuf], config: &WalkConfig, shard: Shard) -> Result<Sh
         load.push(Reverse((bytes + len, count + 1, to)));
         if to == shard.index as usize {
             share.bytes += len;
-            mine.entry(wire).or_default().push((offset, len));
+            for name in further.remove(&wire).into_iter().flatten() {
+                let size = sizes[&name];
+                mine.entry(name).or_default().push((0, size));
+            }
+            // A file's item weighs all its names; its own range is its size at most.
+            let own = len.min(sizes[&wire]);
+            mine.entry(wire).or_default().push((offset, own));
         }
     }
     for (wire, mut ranges) in mine {

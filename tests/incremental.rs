@@ -553,6 +553,51 @@ fn walk_names(root: &Path) -> Vec<String> {
     out
 }
 
+/// With -H, a dry run counts a file's bytes once, as the copy then sends them, whatever its
+/// other names: locally, pushed and pulled, and on a rerun that makes a name again.
+#[test]
+fn hard_link_dry_runs_count_bytes_as_the_copy() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("a"), &pseudo_random(100_000, 5), 0o644);
+    std::fs::hard_link(src.join("a"), src.join("sub/b")).unwrap();
+    std::fs::hard_link(src.join("a"), src.join("c")).unwrap();
+    write(&src.join("lone"), b"one name", 0o644);
+    let counts = |v: &serde_json::Value| {
+        let n = |k: &str| v[k].as_u64().unwrap();
+        (n("files"), n("bytes"))
+    };
+    for how in ["local", "pushed", "pulled"] {
+        let dst = work.path().join(how);
+        std::fs::create_dir(&dst).unwrap();
+        let copy = |extra: &[&str]| {
+            let mut cmd = match how {
+                "local" => Command::new(BIN),
+                _ => fastcp(&sshd, bin()),
+            };
+            cmd.args(["-r", "-H", "-p", "--json"]).args(extra);
+            match how {
+                "pulled" => cmd.arg(remote(&sshd, &src)).arg(&dst),
+                "pushed" => cmd.arg(&src).arg(remote(&sshd, &dst)),
+                _ => cmd.arg(&src).arg(&dst),
+            };
+            ok_json(&mut cmd)
+        };
+        let dry = copy(&["-n"]);
+        let real = copy(&[]);
+        assert_eq!(counts(&real), (4, 100_008), "{how}: {real}");
+        assert_eq!(counts(&dry), counts(&real), "{how} -n: {dry}");
+        // A further name gone: made again, with no bytes.
+        std::fs::remove_file(dst.join("src/c")).unwrap();
+        let dry = copy(&["-n", "--skip-unchanged"]);
+        let real = copy(&["--skip-unchanged"]);
+        assert_eq!(counts(&real), (1, 0), "{how}: {real}");
+        assert_eq!(counts(&dry), counts(&real), "{how} -n: {dry}");
+    }
+}
+
 /// -H keeps hard links: names of one file arrive as names of one file (one inode), locally
 /// and in both directions over SSH; without -H they are separate copies.
 #[test]
@@ -1370,6 +1415,20 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
         assert_eq!(ino(&day1.join(name)), ino(&day2.join(name)), "{name}");
     }
     std::fs::set_permissions(src.join("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // A dry run lists the file the copy then sends.
+    let dry = ok_json(
+        Command::new(bin())
+            .args(["-r", "-p", "-n", "--json", "--link-dest"])
+            .arg(&day1)
+            .arg(format!("{}/.", src.display()))
+            .arg(&day2),
+    );
+    assert_eq!(
+        (dry["files"].as_u64(), dry["files_skipped"].as_u64()),
+        (Some(1), Some(1)),
+        "-n: {dry:#}"
+    );
+    assert_eq!(dry["entries"][0]["path"], "src/f", "-n: {dry:#}");
     let v = copy();
     assert_eq!(
         (v["files"].as_u64(), v["files_skipped"].as_u64()),

@@ -303,6 +303,65 @@ fn shard_runs_together_copy_the_tree_locally_and_over_ssh() {
     assert_same_tree(&src, &pushed.join("src"), false);
 }
 
+/// With -H, the names of one file fall in one share, so that they arrive as one file
+/// (one inode) whichever runs copy the tree, and its bytes travel once.
+#[test]
+fn shard_runs_with_hard_links_keep_each_file_s_names_together() {
+    use std::os::unix::fs::MetadataExt;
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    build(&src);
+    // Forty files with three more names each, spread over the tree's folders.
+    for i in 0..40u64 {
+        let first = src.join(format!("d{}/e{}/f{i}", i % 7, i % 3));
+        for k in 0..3u64 {
+            let dir = src.join(format!("d{}", (i + k + 1) % 7));
+            fs::hard_link(&first, dir.join(format!("link-{i}-{k}"))).unwrap();
+        }
+    }
+    let config = WalkConfig::new(true, false);
+    let sources = [src.clone()];
+    let shares: Vec<_> = (0..4)
+        .map(|i| plan(&sources, &config, Shard::new(i, 4).unwrap()).unwrap())
+        .collect();
+    for i in 0..40u64 {
+        let names: Vec<_> = std::iter::once(format!("src/d{}/e{}/f{i}", i % 7, i % 3))
+            .chain((0..3u64).map(|k| format!("src/d{}/link-{i}-{k}", (i + k + 1) % 7)))
+            .collect();
+        let holders: HashSet<_> = names
+            .iter()
+            .map(|n| {
+                shares
+                    .iter()
+                    .position(|s| s.files.contains(n.as_bytes()))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(holders.len(), 1, "{names:?} are in shares {holders:?}");
+    }
+
+    let sshd = Sshd::start().unwrap();
+    let pushed = work.path().join("pushed");
+    fs::create_dir(&pushed).unwrap();
+    for i in 0..4 {
+        let out = run(fastcp(&sshd, bin())
+            .args(["-r", "-H", "--shard", &format!("{i}/4")])
+            .arg(&src)
+            .arg(remote(&sshd, &pushed)));
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_same_tree(&src, &pushed.join("src"), false);
+    for i in 0..40u64 {
+        let first = pushed.join(format!("src/d{}/e{}/f{i}", i % 7, i % 3));
+        let meta = fs::metadata(&first).unwrap();
+        assert_eq!(meta.nlink(), 4, "{}", first.display());
+        for k in 0..3u64 {
+            let other = pushed.join(format!("src/d{}/link-{i}-{k}", (i + k + 1) % 7));
+            assert_eq!(fs::metadata(&other).unwrap().ino(), meta.ino());
+        }
+    }
+}
+
 #[test]
 fn shard_misuse_is_a_usage_error() {
     let work = tempfile::tempdir().unwrap();
