@@ -766,7 +766,7 @@ fn extras(
         let Ok(m) = entry.metadata() else { continue };
         if let Some(filter) = j.filter.as_deref()
             && (!filter.allows(&path, m.is_dir())
-                || m.is_dir() && holds_excluded(&entry.path(), &path, filter))
+                || m.is_dir() && fastcp_stream::holds_excluded_at(&entry.path(), &path, filter))
         {
             continue;
         }
@@ -802,22 +802,6 @@ fn extras(
         });
     }
     out.extend(found);
-}
-
-/// Whether the folder at `dir` (wire path `wire`) holds, at any depth, what `filter`
-/// excludes, which `--delete` keeps, and the folder with it. Links are not followed; what
-/// cannot be read holds nothing, as for the copy's mirror (which then fails to remove it).
-fn holds_excluded(dir: &Path, wire: &[u8], filter: &fastcp_stream::Filter) -> bool {
-    let Ok(names) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    names.flatten().any(|entry| {
-        let mut path = wire.to_vec();
-        path.push(b'/');
-        path.extend_from_slice(entry.file_name().as_bytes());
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        !filter.allows(&path, is_dir) || is_dir && holds_excluded(&entry.path(), &path, filter)
-    })
 }
 
 /// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an

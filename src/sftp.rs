@@ -1124,12 +1124,25 @@ async fn holds_excluded(
     wire: &[u8],
     filter: &fastcp_stream::Filter,
 ) -> Result<bool, SftpError> {
-    let mut stack = vec![(path, Bytes::copy_from_slice(wire))];
+    let excluded = |_: &str, child: &[u8], is_dir: bool| !filter.allows(child, is_dir);
+    holds_any(sftp, &path, wire, &excluded).await
+}
+
+/// Whether the folder `path` (the entry `wire`) holds, at any depth, an entry `kept` says
+/// stays, given its name, its wire path and whether it is a folder. Listed level by level;
+/// links are not followed.
+async fn holds_any(
+    sftp: &Sftp,
+    path: &str,
+    wire: &[u8],
+    kept: &(dyn Fn(&str, &[u8], bool) -> bool + Sync),
+) -> Result<bool, SftpError> {
+    let mut stack = vec![(path.to_string(), Bytes::copy_from_slice(wire))];
     while let Some((path, wire)) = stack.pop() {
         for (name, attrs) in list_dir(sftp, &path).await? {
             let is_dir = file_type(&attrs) == S_IFDIR;
             let child = Bytes::from([&wire[..], b"/", name.as_bytes()].concat());
-            if !filter.allows(&child, is_dir) {
+            if kept(&name, &child, is_dir) {
                 return Ok(true);
             }
             if is_dir {
@@ -2108,26 +2121,15 @@ impl Apply {
     /// Whether the folder `path` (the entry `wire`) holds, at any depth, what `--delete`
     /// keeps: what the rules exclude, fastcp's work files, a name SFTP cannot carry.
     async fn holds_kept(&self, sftp: &Sftp, path: &str, wire: &[u8]) -> Result<bool, SftpError> {
-        let mut stack = vec![(path.to_string(), Bytes::copy_from_slice(wire))];
-        while let Some((path, wire)) = stack.pop() {
-            for (name, attrs) in list_dir(sftp, &path).await? {
-                let is_dir = file_type(&attrs) == S_IFDIR;
-                let child = Bytes::from([&wire[..], b"/", name.as_bytes()].concat());
-                if !is_single_name(&name)
-                    || fastcp_stream::is_work_file(name.as_bytes())
-                    || self
-                        .filter
-                        .as_ref()
-                        .is_some_and(|f| !f.allows(&child, is_dir))
-                {
-                    return Ok(true);
-                }
-                if is_dir {
-                    stack.push((join(&path, &name), child));
-                }
-            }
-        }
-        Ok(false)
+        let kept = |name: &str, child: &[u8], is_dir: bool| {
+            !is_single_name(name)
+                || fastcp_stream::is_work_file(name.as_bytes())
+                || self
+                    .filter
+                    .as_ref()
+                    .is_some_and(|f| !f.allows(child, is_dir))
+        };
+        holds_any(sftp, path, wire, &kept).await
     }
 
     /// [`Sftp::replace`] of `temp` over `target` (the entry `wire`), clearing a folder out

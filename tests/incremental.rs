@@ -1956,7 +1956,7 @@ fn a_dry_run_deletes_nothing_when_a_source_file_cannot_be_read() {
 
 /// `--delete` keeps what the rules exclude, also inside a folder the source does not have:
 /// that folder stays, whole, and counts for nothing against `--max-delete`. The same locally,
-/// on a push and a pull over TCP and SFTP, and in a dry run, which does not list it.
+/// on a push and a pull over TCP, SSH and SFTP, and in a dry run, which does not list it.
 #[test]
 fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
     let sshd = Sshd::start().unwrap();
@@ -1999,8 +1999,8 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
 /// `--delete-excluded` (which implies `--delete`) removes what the rules exclude too: a
 /// file the source has but the rules leave out, an excluded folder with what it holds, and a
 /// folder the source does not have that holds only excluded names. The rules still decide
-/// what is sent. The same locally, on a push and a pull over TCP and SFTP, and in a dry run,
-/// which lists each of them. What lies outside a `--files-from` list is still kept.
+/// what is sent. The same locally, on a push and a pull over TCP, SSH and SFTP, and in a dry
+/// run, which lists each of them. What lies outside a `--files-from` list is still kept.
 #[test]
 fn delete_excluded_removes_what_the_rules_exclude() {
     let sshd = Sshd::start().unwrap();
@@ -2093,13 +2093,7 @@ fn max_delete_takes_the_same_extras_in_every_run_and_its_dry_run() {
         .collect();
     let dst = work.path().join("dst");
     // Taken as a, a/sub, z: the limit lets a/x go only.
-    let seed = || {
-        let _ = std::fs::remove_dir_all(&dst);
-        for f in ["a/x", "a/sub/x", "z/x"] {
-            std::fs::create_dir_all(dst.join(f).parent().unwrap()).unwrap();
-            write(&dst.join(f), b"old", 0o644);
-        }
-    };
+    let seed = || seed_old(&dst, &["a/x", "a/sub/x", "z/x"]);
     let ways: [(&str, &[&str]); 6] = [
         ("local", &[]),
         ("push tcp", &["--transport", "tcp", "-j", "4"]),

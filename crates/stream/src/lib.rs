@@ -91,7 +91,9 @@ pub use error::Error;
 pub use event::{Event, EventSink, SkipReason};
 pub use fastcp_proto::{ErrorCode, Meta, SpecialKind, Summary};
 pub use filter::{Filter, Predicate, Unfound};
-pub use mirror::{DeleteBudget, NOTHING_DELETED, Spared, entries_at, mirror_order};
+pub use mirror::{
+    DeleteBudget, NOTHING_DELETED, Spared, entries_at, holds_excluded_at, mirror_order,
+};
 pub use pattern::{expand_sources, has_wildcard, is_pattern, name_matches};
 pub use pipe::{
     ByteReader, ByteWriter, PipeReader, PipeSource, PipeWriter, ReadInto, WriteFrom, frame_pipe,

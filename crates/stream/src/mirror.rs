@@ -162,8 +162,25 @@ pub fn mirror_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 /// symlink to one) everything in it, counted as [`DeleteBudget`] counts them. What cannot
 /// be read counts as nothing.
 pub fn entries_at(path: &std::path::Path) -> u64 {
+    in_parent(path, entries).unwrap_or(1)
+}
+
+/// Whether the directory at `path` (the entry `wire` of the copy) holds, at any depth, what
+/// `filter` excludes: `--delete` keeps such a folder, whole. Read as the copy's mirror reads
+/// it, through handles, never following a link; what cannot be read holds nothing.
+pub fn holds_excluded_at(path: &std::path::Path, wire: &[u8], filter: &crate::Filter) -> bool {
+    let excluded = |path: &[u8], is_dir: bool| !filter.allows(path, is_dir);
+    in_parent(path, |parent, name| {
+        holds_any(parent, name, wire, &excluded) == Ok(true)
+    })
+    .unwrap_or(false)
+}
+
+/// `f` of the folder holding `path` (opened) and `path`'s name in it; `None` when the folder
+/// cannot be opened or `path` has no name.
+fn in_parent<T>(path: &std::path::Path, f: impl FnOnce(&OwnedFd, &[u8]) -> T) -> Option<T> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return 1;
+        return None;
     };
     let parent = if parent.as_os_str().is_empty() {
         std::path::Path::new(".")
@@ -171,10 +188,8 @@ pub fn entries_at(path: &std::path::Path) -> u64 {
         parent
     };
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    match rustix::fs::open(parent, flags, Mode::empty()) {
-        Ok(fd) => entries(&fd, name.as_bytes()),
-        Err(_) => 1,
-    }
+    let fd = rustix::fs::open(parent, flags, Mode::empty()).ok()?;
+    Some(f(&fd, name.as_bytes()))
 }
 
 /// How many entries removing `name` in `parent` would remove: 1, or a directory's own
