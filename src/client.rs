@@ -2515,7 +2515,32 @@ pub async fn measure(
 
 #[cfg(test)]
 mod tests {
-    use super::{RemoteLines, top_level_name};
+    use super::{CopyOptions, Error, Location, Plan, RemoteLines, top_level_name};
+
+    /// `delete_excluded` widens `delete`: set alone it is a usage error; its builder sets
+    /// both, as rsync's option implies `--delete`.
+    #[test]
+    fn delete_excluded_needs_delete_and_its_builder_sets_it() {
+        let plan = |options: CopyOptions| {
+            Plan::new(
+                vec![Location::Local("a".into())],
+                Location::Local("b".into()),
+                options,
+            )
+        };
+        let alone = CopyOptions {
+            recursive: true,
+            delete_excluded: true,
+            ..CopyOptions::default()
+        };
+        match plan(alone) {
+            Err(Error::Usage(m)) => assert!(m.contains("needs --delete"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let built = CopyOptions::default().recursive(true).delete_excluded(true);
+        assert!(built.delete);
+        assert!(plan(built).is_ok());
+    }
 
     /// Each line the remote writes begins with its host, however its chunks cut it.
     #[test]
