@@ -333,7 +333,9 @@ pub mod flags {
     /// ([`super::Request::max_delete`], rsync's `--max-delete`): the mirror removes at most
     /// that many entries and reports the extras it left.
     pub const MAX_DELETE: u32 = 1 << 30;
-    /// All bits this version knows.
+    /// All bits this version knows. Bit 31, the last, is kept to say that a second word of
+    /// flags follows, for the options of a later version: a peer of this version refuses it
+    /// as an unknown bit, as it refuses any other.
     pub const KNOWN: u32 = RECURSIVE
         | PRESERVE
         | FOLLOW_LINKS

@@ -123,7 +123,7 @@ pub enum Error {
         source: io::Error,
     },
     /// The peer reported a fatal error and gave up.
-    #[error("the peer aborted the transfer: {}", remote_message(.path, .message))]
+    #[error("the other end stopped the copy: {}", remote_message(.path, .message))]
     Remote {
         /// The peer's error code.
         code: ErrorCode,
