@@ -41,8 +41,8 @@ pub struct Listed {
     /// Its mode and modification time (no access time), on the side it is on: the source's
     /// for an entry to copy, the destination's for one to remove.
     pub meta: fastcp_stream::Meta,
-    /// True for an entry of the destination that `--delete` would remove (a directory with
-    /// all it holds).
+    /// True for an entry of the destination that `--delete` would remove (a directory's
+    /// entries are listed too, before it).
     pub delete: bool,
     /// True for a directory listed without its contents, a mount point that `-x` does not
     /// enter: `--delete` leaves what the destination holds beneath it.
@@ -734,8 +734,9 @@ fn in_place(path: &Path, kind: &EntryKind) -> bool {
 }
 
 /// What the directory at `dir` (wire path `wire`) holds beyond what was sent and spared:
-/// what `--delete` would remove, within `budget`, in name order as the copy removes them. A
-/// directory that is not there, or is a symlink, holds nothing to remove.
+/// what `--delete` would remove, within `budget`, in name order as the copy removes them, a
+/// folder after everything it holds (as rsync's `-n` lists them, so that the count is the
+/// copy's). A directory that is not there, or is a symlink, holds nothing to remove.
 fn extras(
     j: &Judge,
     dir: &Path,
@@ -753,10 +754,7 @@ fn extras(
     let mut found = Vec::new();
     for entry in names.flatten() {
         let name = entry.file_name();
-        let mut path = Vec::with_capacity(wire.len() + 1 + name.len());
-        path.extend_from_slice(wire);
-        path.push(b'/');
-        path.extend_from_slice(name.as_bytes());
+        let path = joined(wire, name.as_bytes());
         if sent.contains(&path[..])
             || spared.spares(&path)
             || fastcp_stream::is_work_file(name.as_bytes())
@@ -770,38 +768,78 @@ fn extras(
         {
             continue;
         }
-        let kind = if m.is_dir() {
-            EntryKind::Dir
-        } else if m.file_type().is_symlink() {
-            let target = std::fs::read_link(entry.path()).unwrap_or_default();
-            EntryKind::Symlink {
-                target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
-            }
-        } else {
-            EntryKind::File { size: m.len() }
-        };
-        found.push(Listed {
-            path: Bytes::from(path),
-            kind,
-            meta: Meta {
-                mode: m.mode() & 0o7777,
-                mtime: m.mtime(),
-                mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
-                atime: None,
-            },
-            delete: true,
-            unentered: false,
-            another_name: false,
-        });
+        found.push((entry.path(), deleted(path, &entry, &m)));
     }
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    if budget.is_limited() {
-        found.retain(|f| {
-            let here = dir.join(std::ffi::OsStr::from_bytes(&f.path[wire.len() + 1..]));
-            budget.take(fastcp_stream::entries_at(&here))
-        });
+    found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
+    for (here, listed) in found {
+        if budget.is_limited() && !budget.take(fastcp_stream::entries_at(&here)) {
+            continue;
+        }
+        if matches!(listed.kind, EntryKind::Dir) {
+            everything_in(&here, &listed.path, out);
+        }
+        out.push(listed);
     }
-    out.extend(found);
+}
+
+/// Everything the folder at `dir` (wire path `wire`) holds, at any depth, as entries
+/// `--delete` removes with it: in name order, each folder after what it holds. Links are not
+/// followed; what cannot be read holds nothing.
+fn everything_in(dir: &Path, wire: &[u8], out: &mut Vec<Listed>) {
+    let Ok(names) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut found: Vec<_> = names
+        .flatten()
+        .filter_map(|entry| {
+            let m = entry.metadata().ok()?;
+            let path = joined(wire, entry.file_name().as_bytes());
+            Some((entry.path(), deleted(path, &entry, &m)))
+        })
+        .collect();
+    found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
+    for (here, listed) in found {
+        if matches!(listed.kind, EntryKind::Dir) {
+            everything_in(&here, &listed.path, out);
+        }
+        out.push(listed);
+    }
+}
+
+/// `wire/name`.
+fn joined(wire: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut path = Vec::with_capacity(wire.len() + 1 + name.len());
+    path.extend_from_slice(wire);
+    path.push(b'/');
+    path.extend_from_slice(name);
+    path
+}
+
+/// The destination's `entry` (metadata `m`, not followed), listed as removed at `path`.
+fn deleted(path: Vec<u8>, entry: &std::fs::DirEntry, m: &std::fs::Metadata) -> Listed {
+    let kind = if m.is_dir() {
+        EntryKind::Dir
+    } else if m.file_type().is_symlink() {
+        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        EntryKind::Symlink {
+            target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
+        }
+    } else {
+        EntryKind::File { size: m.len() }
+    };
+    Listed {
+        path: Bytes::from(path),
+        kind,
+        meta: Meta {
+            mode: m.mode() & 0o7777,
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
+            atime: None,
+        },
+        delete: true,
+        unentered: false,
+        another_name: false,
+    }
 }
 
 /// The frame that lists `entry` (a `File` as `id`; a directory `-x` did not enter as an
