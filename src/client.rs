@@ -1542,16 +1542,24 @@ async fn try_session<P: Peers + ?Sized>(
                 ssh.remote_path.as_deref().unwrap_or("fastcp"),
             ))))
         }
-        // Closed before it said hello: how the remote command ended is the clue.
+        // Closed before it said hello: how the remote command ended is the clue. With the
+        // built-in client that status is the remote program's own (the connection stayed up
+        // to deliver it), so the failure is that program's, not the network's: retrying
+        // would meet it again.
         (Err(Error::ConnectionClosed(why)), Ok(status)) if !status.success() => {
-            Err(Attempt::Failed(Error::ConnectionClosed(format!(
+            let why = format!(
                 "{why}: the remote command `{} server` {}",
                 ssh.remote_path.as_deref().unwrap_or("fastcp"),
                 match status.code() {
                     Some(code) => format!("exited with status {code}"),
                     None => format!("was {status}"),
                 }
-            ))))
+            );
+            Err(Attempt::Failed(if program.is_none() {
+                Error::RemoteCommand(why)
+            } else {
+                Error::ConnectionClosed(why)
+            }))
         }
         (Err(err), _) => Err(Attempt::Failed(err)),
     };
