@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Exit status: the `fastcp` command's (`fastcp::exit`): 0 when everything was copied, 1 when
-//! some files failed, 2 on a usage error, 3 when the connection failed, 130 when cancelled.
+//! some files failed, 2 on a usage error, 3 when the connection failed, 4 when data failed its
+//! check, 5 when sources changed while read, 130 when cancelled.
 
 use std::process::ExitCode;
 use std::sync::Arc;

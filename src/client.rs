@@ -1251,7 +1251,34 @@ pub const DEFAULT_TCP_STREAMS: u16 = 4;
 /// How a session's data streams reach the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Only the control stream.
+    /// Only the control stream. [`run_session`] then opens no stream, and its `peers` may be
+    /// empty: a server run in-process over a pipe, as here, or over a stream of one's own.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use fastcp::server::{ServerConfig, serve};
+    /// use fastcp::{CopyOptions, Location, Mode, Plan, Progress};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// std::fs::create_dir(dir.path().join("src"))?;
+    /// std::fs::write(dir.path().join("src/a.txt"), b"hello")?;
+    /// let (client_end, server_end) = tokio::io::duplex(1 << 20);
+    /// let server = tokio::spawn(async move { serve(server_end, &ServerConfig::default()).await });
+    /// let plan = Plan::new(
+    ///     vec![Location::Local(dir.path().join("src"))],
+    ///     Location::parse(&format!("in-process:{}", dir.path().join("dst").display())),
+    ///     CopyOptions::default().recursive(true),
+    /// )?;
+    /// let no_peers: &[fastcp::transport::SshSession] = &[];
+    /// let progress = Arc::new(Progress::default());
+    /// let done = fastcp::run_session(&plan, client_end, Mode::Inline, no_peers, progress).await?;
+    /// assert_eq!(done.report.local.files, 1);
+    /// assert_eq!(server.await??.local.files, 1);
+    /// assert_eq!(std::fs::read(dir.path().join("dst/a.txt"))?, b"hello");
+    /// # Ok(()) }
+    /// ```
     Inline,
     /// The control stream plus `streams - 1` forwarded SSH channels to a Unix socket.
     Unix {
@@ -1350,11 +1377,21 @@ pub(crate) trait Peers: Sync {
 
     /// The connection that carries stream `index` (0: the server's own).
     fn peer(&self, index: u16) -> &Self::Peer;
+
+    /// Whether there is no connection at all: a caller's [`run_session`] with
+    /// [`Mode::Inline`] needs none.
+    fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 /// Connections that are all there from the start.
 impl<T: Transport> Peers for [T] {
     type Peer = T;
+
+    fn is_empty(&self) -> bool {
+        <[T]>::is_empty(self)
+    }
 
     fn peer(&self, index: u16) -> &T {
         &self[usize::from(index) % self.len()]
@@ -1542,16 +1579,24 @@ async fn try_session<P: Peers + ?Sized>(
                 ssh.remote_path.as_deref().unwrap_or("fastcp"),
             ))))
         }
-        // Closed before it said hello: how the remote command ended is the clue.
+        // Closed before it said hello: how the remote command ended is the clue. With the
+        // built-in client that status is the remote program's own (the connection stayed up
+        // to deliver it), so the failure is that program's, not the network's: retrying
+        // would meet it again.
         (Err(Error::ConnectionClosed(why)), Ok(status)) if !status.success() => {
-            Err(Attempt::Failed(Error::ConnectionClosed(format!(
+            let why = format!(
                 "{why}: the remote command `{} server` {}",
                 ssh.remote_path.as_deref().unwrap_or("fastcp"),
                 match status.code() {
                     Some(code) => format!("exited with status {code}"),
                     None => format!("was {status}"),
                 }
-            ))))
+            );
+            Err(Attempt::Failed(if program.is_none() {
+                Error::RemoteCommand(why)
+            } else {
+                Error::ConnectionClosed(why)
+            }))
         }
         (Err(err), _) => Err(Attempt::Failed(err)),
     };
@@ -1925,7 +1970,8 @@ where
     let mut authenticated = match mode {
         Mode::Tcp { .. } | Mode::Forwarded { .. } => true,
         Mode::Inline | Mode::Unix { .. } | Mode::Caller { .. } => {
-            (0..mode.streams()).all(|i| peers.peer(i).authenticates())
+            // No connection to ask (an inline session over a caller's pipe): hashed.
+            !peers.is_empty() && (0..mode.streams()).all(|i| peers.peer(i).authenticates())
         }
     };
     let mut streams = mode.streams();

@@ -6,9 +6,10 @@
 //! command ([`launcher`]) tries `fastcp` on the remote PATH, then that cached binary (after
 //! the same folder checks and with its hash checked), so it costs no extra round trip.
 //!
-//! - **What goes**: the binary that runs here when it can run there (a static build always
-//!   can on its architecture; a glibc build only when the remote glibc is at least the newest
-//!   one it was linked against), else the static binary `cargo xtask dist` made for the
+//! - **What goes**: the binary that runs here when it is a fastcp server (the `fastcp`
+//!   command, or a program that says so with [`this_binary_serves`]) and it can run there (a
+//!   static build always can on its architecture; a glibc build only when the remote glibc is
+//!   at least the newest one it was linked against), else the static binary `cargo xtask dist` made for the
 //!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing:
 //!   [`deploy`] fails with [`Error::Unsupported`] saying why, and the copy goes over SFTP
 //!   (see [`crate::sftp`]). So does an upload that did not land whole (a full disk): its
@@ -152,13 +153,37 @@ pub async fn deploy(
     })
 }
 
+/// Whether this program's own binary serves as `fastcp server`: see [`this_binary_serves`].
+static SERVES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Declares that this program's own binary, run on a remote host with `server` as its first
+/// argument, serves as `fastcp server` does, so that self-deploy may upload it. The `fastcp`
+/// command says so when it starts. A program that embeds fastcp is another program: without
+/// this call, self-deploy never uploads it, only the static binaries of `cargo xtask dist`
+/// ([`DeployOptions::dist_dir`], [`CopyOptions::deploy_from`](crate::CopyOptions::deploy_from)),
+/// and where there are none the copy goes over SFTP (or fails, with
+/// [`CopyOptions::no_sftp_fallback`](crate::CopyOptions::no_sftp_fallback)). Call it only
+/// when the program hands `server` to [`server::serve`](crate::server::serve) over its
+/// [`stdio`](crate::stdio).
+pub fn this_binary_serves() {
+    SERVES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`this_binary_serves`] was called.
+fn serves() -> bool {
+    SERVES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The command that starts the server on a host in one round trip, in place of `fastcp
 /// server`: `fastcp` from the remote PATH, else the binary an earlier self-deploy of this
 /// very binary cached there, when the cache folders pass the checks [`deploy`] makes (the
 /// user's own, writable by nobody else) and the binary's SHA-256 is this one's; else it
 /// exits with 127, as a missing program does, and [`deploy`] takes over. `None` when this
-/// program's binary cannot be read.
+/// program's binary cannot be read, or is not a fastcp server ([`this_binary_serves`]).
 pub fn launcher() -> Option<String> {
+    if !serves() {
+        return None;
+    }
     static NAME_AND_HASH: std::sync::OnceLock<Option<(String, String)>> =
         std::sync::OnceLock::new();
     let (name, hash) = NAME_AND_HASH
@@ -422,7 +447,7 @@ impl LocalBinary {
                 (Some(need), Some(have)) => have >= need,
                 (Some(_), None) => false,
             };
-        if runs_there {
+        if runs_there && serves() {
             return Ok(self.binary);
         }
         let dir = options
@@ -441,9 +466,13 @@ impl LocalBinary {
         );
         let Some(path) = dir.map(|d| d.join(&name)).filter(|p| p.is_file()) else {
             return Err(Error::Unsupported(format!(
-                "this fastcp cannot run on the remote host ({} {}{}), and no {name} was found \
-                 to upload: build it with `cargo xtask dist` and name its folder with \
-                 FASTCP_DIST_DIR",
+                "{} ({} {}{}), and no {name} was found to upload: build it with `cargo xtask \
+                 dist` and name its folder with FASTCP_DIST_DIR",
+                if runs_there {
+                    "this program is not fastcp, and is not uploaded as its server"
+                } else {
+                    "this fastcp cannot run on the remote host"
+                },
                 remote.os,
                 remote.arch,
                 remote

@@ -301,7 +301,7 @@ impl Error {
             (Error::Refused { .. }, ErrorKind::PermissionDenied | ErrorKind::NotFound) => {
                 Fault::User
             }
-            (Error::Refused { .. }, _) => Fault::Remote,
+            (Error::Refused { .. } | Error::Remote(_), _) => Fault::Remote,
             (Error::Crypto(_), _) | (Error::Tcp(_), _) => Fault::Network,
             (_, ErrorKind::Integrity) => Fault::Network,
             (_, ErrorKind::Protocol | ErrorKind::RemoteProgramMissing) => Fault::Remote,
@@ -418,6 +418,12 @@ mod tests {
             tried: vec![],
         });
         assert_eq!((auth.kind(), auth.fault()), (ErrorKind::Auth, Fault::User));
+        // A fatal error the remote side reported is the remote's, not this machine's.
+        let remote = Error::Remote("reading the folder over SFTP: bad message".into());
+        assert_eq!(
+            (remote.kind(), remote.fault()),
+            (ErrorKind::Io, Fault::Remote)
+        );
         let tries = Error::Transport(fastcp_transport::Error::TooManyAuthFailures {
             user: "u".into(),
             host: "h".into(),

@@ -17,6 +17,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
+    // This binary is `fastcp server` too: self-deploy may upload it.
+    fastcp::deploy::this_binary_serves();
     // clap exits with 2 on a usage error, 0 for --help and --version; with --json, a usage
     // error also prints its JSON object.
     let args = match cli::Args::try_parse() {

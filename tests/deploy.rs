@@ -308,3 +308,37 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     }
     all
 }
+
+/// A program that embeds fastcp is not fastcp: self-deploy does not upload it (it would run
+/// it with `server` on the remote host). Without `cargo xtask dist` binaries, the library's
+/// copy goes over SFTP, and nothing is put in the remote cache.
+#[test]
+fn a_program_that_embeds_fastcp_is_never_uploaded() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("f");
+    fs::write(&src, b"embedded").unwrap();
+    let dst = work.path().join("g");
+    let plan = fastcp::Plan::new(
+        vec![fastcp::Location::Local(src)],
+        fastcp::Location::parse(&remote(&sshd, &dst)),
+        fastcp::CopyOptions::default().deploy_from(work.path().join("no-dist")),
+    )
+    .unwrap();
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        ..Default::default()
+    };
+    let outcome =
+        fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
+            .unwrap();
+    assert_eq!(outcome.transport, "sftp");
+    assert_eq!(fs::read(&dst).unwrap(), b"embedded");
+    let cached = if cache.exists() {
+        walkdir(&cache)
+    } else {
+        vec![]
+    };
+    assert!(cached.iter().all(|p| !p.ends_with("fastcp")), "{cached:?}");
+}

@@ -497,6 +497,27 @@ fn a_remote_program_that_exits_before_the_handshake_is_named_with_its_status() {
     assert!(!work.path().join("b").exists());
 }
 
+/// A remote program that ends before it speaks is the remote program's failure, not the
+/// network's: a program that retries on a network fault would only meet it again.
+#[test]
+fn a_remote_program_that_exits_before_the_handshake_is_no_network_fault() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a = work.path().join("a");
+    write(&a, b"x", 0o644);
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .args(["--remote-path", "false", "--json"])
+        .arg(&a)
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let summary = json(&out);
+    assert_eq!(summary["error_kind"], "remote_program_missing", "{summary}");
+    assert_eq!(summary["fault"], "remote", "{summary}");
+    assert!(!work.path().join("b").exists());
+}
+
 /// Pushes a one-byte file `a` to `b` in a fresh temp dir, for the tests that expect a refusal.
 fn push_one_file(sshd: &Sshd) -> (Output, tempfile::TempDir) {
     let work = tempfile::tempdir().unwrap();

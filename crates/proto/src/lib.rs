@@ -50,7 +50,7 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// makes the [`FileEnd`] checksum XXH3-128 instead of BLAKE3; version 4 adds the quick check
 /// ([`Probe`], [`Answer`], request flag [`flags::SKIP_UNCHANGED`]); version 5 adds the
 /// file's mode to a [`Probe`], so that a receiver brings a file it skips in line with the
-/// source's mode, times, owner and attributes, as rsync does; version 6 adds the [`Piece`]
+/// source's mode, times, owner and attributes, as rsync does; version 6 adds the [`Piece`](Frame::Piece)
 /// entry, a range of a file, for a copy split over several runs (`--shard`); version 7 adds
 /// the receiver's [`Deleted`] and [`Busy`](Frame::Busy) frames, which show the sender what a
 /// mirror removed and that the receiver is still at work after the last entry; version 8

@@ -41,7 +41,7 @@ pub enum PathError {
     /// The path or one of its components is too long.
     #[error("path too long")]
     TooLong,
-    /// The path has more than [`MAX_DEPTH`](crate::MAX_DEPTH) components.
+    /// The path has more than [`MAX_DEPTH`] components.
     #[error("path nested deeper than {} levels", crate::MAX_DEPTH)]
     TooDeep,
 }
