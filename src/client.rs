@@ -1794,8 +1794,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Spoken<S> {
 fn not_installed(ssh: &SshOptions, err: &Error) -> Error {
     Error::RemoteCommand(format!(
         "fastcp is not installed on the remote host (or not on its PATH): the remote \
-         shell could not run `{}`. Install it there (cargo install fastcp) or name it \
-         with --remote-path /path/to/fastcp. ({err})",
+         shell could not run `{}`. Install it there (a `cargo xtask dist` binary \
+         in /usr/local/bin, or `cargo install --path .` from fastcp's source) or name it with \
+         --remote-path /path/to/fastcp. ({err})",
         ssh.remote_path.as_deref().unwrap_or("fastcp"),
     ))
 }
