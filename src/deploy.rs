@@ -329,7 +329,9 @@ fn parse_glibc(s: &str) -> Option<(u32, u32)> {
 async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
     let script = upload_script(&binary.cache_name(), &binary.sha256);
     let out = run_script(session, &script, &binary.bytes, "uploading fastcp").await?;
-    if out.trim() != "uploaded" {
+    // What a login shell that prints (an `echo` in ~/.bashrc) said comes first: the upload
+    // stands, and starting the server then fails, quoting it.
+    if out.lines().last().map(str::trim) != Some("uploaded") {
         return Err(Error::Deploy(format!(
             "the upload was not confirmed: {}",
             crate::stream::escape(out.as_bytes())

@@ -308,3 +308,42 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     }
     all
 }
+
+/// A remote login shell whose startup file prints on stdout (an `echo` in `~/.bashrc`) garbles
+/// what fastcp and SFTP read alike, as it does scp's: every copy fails with exit code 3 and
+/// an error that quotes the shell's words and names their cause, the first one (which uploads
+/// fastcp) as the next, and one over `--sftp`, through either SSH client; none says that the
+/// host lacks SFTP or that fastcp may not be uploaded.
+#[test]
+fn a_login_shell_that_prints_fails_with_an_error_that_says_so() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user a home of its own needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_login_shell(Path::new("/bin/bash"), &[]).unwrap();
+    fs::write(sshd.home().join(".bashrc"), "echo hello from bashrc\n").unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let dst = work.path().join("copy");
+    let runs: [&[&str]; 5] = [
+        &[],
+        &[],
+        &["--sftp"],
+        &["--ssh-program", "ssh"],
+        &["--ssh-program", "ssh", "--sftp"],
+    ];
+    for extra in runs {
+        let out = run(fastcp_plain(&sshd)
+            .args(extra)
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert_eq!(out.status.code(), Some(3), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("hello from bashrc"), "{extra:?}: {err}");
+        assert!(err.contains("~/.bashrc"), "{extra:?}: {err}");
+        assert!(!err.contains("serves no SFTP"), "{extra:?}: {err}");
+        assert!(!err.contains("--no-deploy"), "{extra:?}: {err}");
+        assert!(!dst.exists());
+    }
+}
