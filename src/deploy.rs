@@ -16,7 +16,8 @@
 //!   from it. Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
-//!   else owns them or others can write to them. The upload goes to a temporary name, its
+//!   else owns them or others can write to them (a symlink is judged by the folder it leads
+//!   to). The upload goes to a temporary name, its
 //!   SHA-256 is checked on the remote against the local file's before it is renamed into
 //!   place, and a cached binary whose hash does not match is replaced, with a warning,
 //!   never run.
@@ -177,7 +178,7 @@ fn launch_script(name: &str, hash: &str) -> String {
         "command -v fastcp >/dev/null 2>&1 && exec fastcp server; \
          c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; u=$(id -u); \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         [ -d \"$f\" ] || exit 127; set -- $(stat -c \"%u %a\" \"$f\"); \
+         [ -d \"$f\" ] || exit 127; set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || exit 127; case \"$2\" in *[2367]?|*[2367]) exit 127;; esac; done; \
          [ -f \"$d/fastcp\" ] || exit 127; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
@@ -261,7 +262,7 @@ fn inspect_script(name: &str) -> String {
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         if [ -d \"$f\" ]; then echo \"folder $(stat -c \"%u %a\" \"$f\") $f\"; fi; done; \
+         if [ -d \"$f\" ]; then echo \"folder $(stat -L -c \"%u %a\" \"$f\") $f\"; fi; done; \
          if [ -f \"$d/fastcp\" ]; then \
          echo \"cached $( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
          fi"

@@ -190,6 +190,38 @@ fn a_cache_folder_others_can_write_is_refused_and_sftp_copies() {
     assert_eq!(fs::read_dir(cache.join("fastcp")).unwrap().count(), 0);
 }
 
+/// A cache folder reached through a symlink (`~/.cache` linked to a private folder on another
+/// disk) is judged by the folder it leads to, the user's own: fastcp is uploaded there, and
+/// the next copy runs it at once.
+#[test]
+fn a_cache_folder_behind_a_symlink_is_used() {
+    let work = tempfile::tempdir().unwrap();
+    let real = work.path().join("real-cache");
+    fs::create_dir(&real).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = work.path().join("cache");
+    std::os::unix::fs::symlink(&real, &cache).unwrap();
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("one"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("refusing"), "{err}");
+    assert!(err.contains("uploading"), "{err}");
+    assert_eq!(fs::read(cached(&real)).unwrap(), fs::read(BIN).unwrap());
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("two"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("self-deploy cached there"), "{err}");
+    assert!(!err.contains("deploying it"), "{err}");
+    assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
+}
+
 #[test]
 fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     let work = tempfile::tempdir().unwrap();
