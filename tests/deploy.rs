@@ -222,6 +222,37 @@ fn a_cache_folder_behind_a_symlink_is_used() {
     assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
 }
 
+/// A relative `XDG_CACHE_HOME` is not a place (the XDG spec says to ignore it): the cache is
+/// `~/.cache`, as without it, and the copy runs fastcp from there.
+#[test]
+fn a_relative_xdg_cache_home_is_ignored() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user a home of its own needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_login_shell(
+        Path::new("/bin/sh"),
+        &[("XDG_CACHE_HOME", Path::new("relative-cache"))],
+    )
+    .unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    for name in ["one", "two"] {
+        let out = run(fastcp_plain(&sshd)
+            .arg(&src)
+            .arg(remote(&sshd, &work.path().join(name))));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("SFTP"), "{}", stderr(&out));
+        assert_eq!(fs::read(work.path().join(name)).unwrap(), b"payload");
+    }
+    assert_eq!(
+        fs::read(cached(&sshd.home().join(".cache"))).unwrap(),
+        fs::read(BIN).unwrap()
+    );
+    assert!(!sshd.home().join("relative-cache").exists());
+}
+
 #[test]
 fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     let work = tempfile::tempdir().unwrap();
