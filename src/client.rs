@@ -1468,6 +1468,11 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     }
 }
 
+/// The likely cause of a remote command's output that is not what the program writes.
+pub(crate) const SHELL_PRINTS: &str = "does a startup file of the remote login shell \
+     (~/.bashrc, ~/.cshrc) print on stdout? It must print nothing for sessions without a \
+     terminal, as scp needs too";
+
 /// Why a copy goes over SFTP when the server refused to run fastcp for SFTP's sake.
 fn sftp_only(said: &str) -> String {
     format!(
@@ -1557,6 +1562,15 @@ async fn try_session<P: Peers + ?Sized>(
         // 127: not found; 126: found but not executable (a noexec mount).
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
+        }
+        // Bytes before the server's hello: the remote login shell printed them (an `echo` in
+        // ~/.bashrc), or the program is not fastcp.
+        (Err(Error::Handshake(fastcp_proto::HandshakeError::NotFastcp(said))), _) => {
+            Err(Attempt::Failed(Error::RemoteCommand(format!(
+                "the remote command `{} server` began with \"{said}\", which is not fastcp's \
+                 hello: is that program on the remote host another one, or {SHELL_PRINTS}",
+                ssh.remote_path.as_deref().unwrap_or("fastcp"),
+            ))))
         }
         // The ssh program ended before the server said anything, and not as ssh does when it
         // gives up (255, saying why; see below): name it, as its status is its own unless it

@@ -2,7 +2,8 @@
 //!
 //! When `fastcp server` is not found on the remote host, the client uploads a fastcp binary
 //! into a per-user cache there, `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256
-//! prefix>/fastcp`, and runs that one. A later copy finds it and uploads nothing: its first
+//! prefix>/fastcp` (a relative `XDG_CACHE_HOME` is ignored, as the XDG spec says), and runs
+//! that one. A later copy finds it and uploads nothing: its first
 //! command ([`launcher`]) tries `fastcp` on the remote PATH, then that cached binary (after
 //! the same folder checks and with its hash checked), so it costs no extra round trip.
 //!
@@ -17,7 +18,8 @@
 //!   from it. Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
-//!   else owns them or others can write to them. The upload goes to a temporary name, its
+//!   else owns them or others can write to them (a symlink is judged by the folder it leads
+//!   to). The upload goes to a temporary name, its
 //!   SHA-256 is checked on the remote against the local file's before it is renamed into
 //!   place, and a cached binary whose hash does not match is replaced, with a warning,
 //!   never run.
@@ -196,13 +198,17 @@ pub fn launcher() -> Option<String> {
     Some(remote_command(&launch_script(name, hash)))
 }
 
+/// The start of every deploy script: `c` is the cache, `$XDG_CACHE_HOME` when it is an
+/// absolute path (the XDG spec says to ignore a relative one), else `$HOME/.cache`.
+const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac;";
+
 /// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
 fn launch_script(name: &str, hash: &str) -> String {
     format!(
         "command -v fastcp >/dev/null 2>&1 && exec fastcp server; \
-         c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; u=$(id -u); \
+         {CACHE} d=\"$c/fastcp/{name}\"; u=$(id -u); \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         [ -d \"$f\" ] || exit 127; set -- $(stat -c \"%u %a\" \"$f\"); \
+         [ -d \"$f\" ] || exit 127; set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || exit 127; case \"$2\" in *[2367]?|*[2367]) exit 127;; esac; done; \
          [ -f \"$d/fastcp\" ] || exit 127; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
@@ -282,11 +288,11 @@ fn remote_command(script: &str) -> String {
 /// [`parse_inspection`]). Fixed text but for `name`, which is the version and a hex hash.
 fn inspect_script(name: &str) -> String {
     format!(
-        "c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}\"; d=\"$c/fastcp/{name}\"; \
+        "{CACHE} d=\"$c/fastcp/{name}\"; \
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         if [ -d \"$f\" ]; then echo \"folder $(stat -c \"%u %a\" \"$f\") $f\"; fi; done; \
+         if [ -d \"$f\" ]; then echo \"folder $(stat -L -c \"%u %a\" \"$f\") $f\"; fi; done; \
          if [ -f \"$d/fastcp\" ]; then \
          echo \"cached $( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
          fi"
@@ -354,7 +360,9 @@ fn parse_glibc(s: &str) -> Option<(u32, u32)> {
 async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
     let script = upload_script(&binary.cache_name(), &binary.sha256);
     let out = run_script(session, &script, &binary.bytes, "uploading fastcp").await?;
-    if out.trim() != "uploaded" {
+    // What a login shell that prints (an `echo` in ~/.bashrc) said comes first: the upload
+    // stands, and starting the server then fails, quoting it.
+    if out.lines().last().map(str::trim) != Some("uploaded") {
         return Err(Error::Deploy(format!(
             "the upload was not confirmed: {}",
             crate::stream::escape(out.as_bytes())
@@ -367,7 +375,7 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
 /// name, its SHA-256 checked against `hash`, then renamed into place; prints `uploaded`.
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
-        "umask 077; d=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+        "umask 077; {CACHE} d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
          t=\"$d/.fastcp.$$.tmp\"; \
          if cat > \"$t\" && [ \"$( (openssl dgst -sha256 -r \"$t\" || sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
          && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \

@@ -19,6 +19,7 @@ use crate::client::{
 };
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
+use crate::sftp::NO_SFTP;
 use crate::{CopyOptions, Error, Progress};
 
 /// A logged-in SSH connection to one remote host, for any number of copies.
@@ -870,10 +871,12 @@ impl Session {
                     .warn(|| format!("{why}: copying over SFTP"));
                 match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
                     Ok(done) => Ok((done, "sftp")),
-                    Err(Error::RemoteCommand(no_sftp)) => Err(Error::RemoteCommand(format!(
-                        "{why}; {no_sftp}. Install fastcp on the remote host, or allow it to be \
-                         uploaded (no --no-deploy)"
-                    ))),
+                    Err(Error::RemoteCommand(no_sftp)) if no_sftp.starts_with(NO_SFTP) => {
+                        Err(Error::RemoteCommand(format!(
+                            "{why}; {no_sftp}. Install fastcp on the remote host, or allow it \
+                             to be uploaded (no --no-deploy)"
+                        )))
+                    }
                     Err(e) => Err(e),
                 }
             }

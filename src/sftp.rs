@@ -121,8 +121,23 @@ impl Sftp {
             ..Default::default()
         };
         let limit = config.request_timeout_secs;
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let stream = FirstBytes {
+            inner: stream,
+            heard: heard.clone(),
+            ahead: BytesMut::new(),
+        };
         let mut raw = RawSftpSession::new_with_config(stream, config);
         let version = raw.init().await.map_err(|e| match e {
+            // What a login shell that prints (an `echo` in ~/.bashrc) said, where the
+            // server's first reply belongs.
+            SftpError::IO(_) | SftpError::UnexpectedBehavior(_) if !lock(&heard).is_empty() => {
+                Error::RemoteCommand(format!(
+                    "the remote's SFTP server began with \"{}\", which is not SFTP: {}",
+                    crate::stream::escape(&lock(&heard)),
+                    crate::client::SHELL_PRINTS
+                ))
+            }
             // The system ssh's `-s` on a host without the subsystem: the stream just ends.
             SftpError::IO(_) | SftpError::UnexpectedBehavior(_) => serves_no_sftp(e),
             // Slow, not absent: a login script that takes its time, a loaded host.
@@ -369,6 +384,70 @@ async fn sessions(
     }
 }
 
+/// A stream that keeps the first bytes read from it ([`FIRST_BYTES`] at most), to show what
+/// came where an SFTP server's first reply belongs. It reads them in reads of its own, as
+/// many as have come, since the SFTP client reads the first 4 alone.
+struct FirstBytes {
+    inner: BoxStream,
+    heard: Arc<Mutex<Vec<u8>>>,
+    /// Bytes read ahead and not yet handed on.
+    ahead: BytesMut,
+}
+
+/// How many of a stream's first bytes [`FirstBytes`] keeps.
+const FIRST_BYTES: usize = 64;
+
+impl tokio::io::AsyncRead for FirstBytes {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let room = FIRST_BYTES.saturating_sub(lock(&self.heard).len());
+        if self.ahead.is_empty() && room > 0 {
+            let mut first = [0; FIRST_BYTES];
+            let mut into = tokio::io::ReadBuf::new(&mut first[..room]);
+            std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut into))?;
+            let got = into.filled();
+            lock(&self.heard).extend_from_slice(got);
+            self.ahead.extend_from_slice(got);
+            if got.is_empty() {
+                return std::task::Poll::Ready(Ok(()));
+            }
+        }
+        if self.ahead.is_empty() {
+            return std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.ahead.len().min(buf.remaining());
+        buf.put_slice(&self.ahead.split_to(n));
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for FirstBytes {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Whether the remote `paths` (as typed) are all regular files, `most` bytes at most
 /// together.
 async fn files_within(sftp: &Sftp, paths: &[String], most: u64) -> bool {
@@ -394,6 +473,10 @@ async fn with_ssh_words(
     let Err(Error::RemoteCommand(message)) = opened else {
         return opened;
     };
+    // The server said something, just not SFTP: that is the error.
+    if !message.starts_with(NO_SFTP) {
+        return Err(Error::RemoteCommand(message));
+    }
     match last_words(&mut stderr).await {
         Some(said) => Err(serves_no_sftp(format_args!("ssh: {said}"))),
         None => Err(Error::RemoteCommand(message)),
@@ -421,8 +504,11 @@ async fn last_words(stderr: &mut fastcp_transport::ssh::Stderr) -> Option<String
 
 /// The error for a remote host where no SFTP session starts, saying `why`.
 fn serves_no_sftp(why: impl std::fmt::Display) -> Error {
-    Error::RemoteCommand(format!("the remote host serves no SFTP either ({why})"))
+    Error::RemoteCommand(format!("{NO_SFTP} ({why})"))
 }
+
+/// How [`serves_no_sftp`]'s errors begin.
+pub(crate) const NO_SFTP: &str = "the remote host serves no SFTP either";
 
 /// Whether an SFTP failure ends the whole copy (the session is gone) rather than one file.
 fn is_session_failure(e: &SftpError) -> bool {

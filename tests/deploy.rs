@@ -190,6 +190,69 @@ fn a_cache_folder_others_can_write_is_refused_and_sftp_copies() {
     assert_eq!(fs::read_dir(cache.join("fastcp")).unwrap().count(), 0);
 }
 
+/// A cache folder reached through a symlink (`~/.cache` linked to a private folder on another
+/// disk) is judged by the folder it leads to, the user's own: fastcp is uploaded there, and
+/// the next copy runs it at once.
+#[test]
+fn a_cache_folder_behind_a_symlink_is_used() {
+    let work = tempfile::tempdir().unwrap();
+    let real = work.path().join("real-cache");
+    fs::create_dir(&real).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = work.path().join("cache");
+    std::os::unix::fs::symlink(&real, &cache).unwrap();
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("one"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("refusing"), "{err}");
+    assert!(err.contains("uploading"), "{err}");
+    assert_eq!(fs::read(cached(&real)).unwrap(), fs::read(BIN).unwrap());
+    let out = run(fastcp_plain(&sshd)
+        .arg(&src)
+        .arg(remote(&sshd, &work.path().join("two"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("self-deploy cached there"), "{err}");
+    assert!(!err.contains("deploying it"), "{err}");
+    assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
+}
+
+/// A relative `XDG_CACHE_HOME` is not a place (the XDG spec says to ignore it): the cache is
+/// `~/.cache`, as without it, and the copy runs fastcp from there.
+#[test]
+fn a_relative_xdg_cache_home_is_ignored() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user a home of its own needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_login_shell(
+        Path::new("/bin/sh"),
+        &[("XDG_CACHE_HOME", Path::new("relative-cache"))],
+    )
+    .unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    for name in ["one", "two"] {
+        let out = run(fastcp_plain(&sshd)
+            .arg(&src)
+            .arg(remote(&sshd, &work.path().join(name))));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("SFTP"), "{}", stderr(&out));
+        assert_eq!(fs::read(work.path().join(name)).unwrap(), b"payload");
+    }
+    assert_eq!(
+        fs::read(cached(&sshd.home().join(".cache"))).unwrap(),
+        fs::read(BIN).unwrap()
+    );
+    assert!(!sshd.home().join("relative-cache").exists());
+}
+
 #[test]
 fn no_deploy_and_no_sftp_fail_with_a_clear_error() {
     let work = tempfile::tempdir().unwrap();
@@ -341,4 +404,43 @@ fn a_program_that_embeds_fastcp_is_never_uploaded() {
         vec![]
     };
     assert!(cached.iter().all(|p| !p.ends_with("fastcp")), "{cached:?}");
+}
+
+/// A remote login shell whose startup file prints on stdout (an `echo` in `~/.bashrc`) garbles
+/// what fastcp and SFTP read alike, as it does scp's: every copy fails with exit code 3 and
+/// an error that quotes the shell's words and names their cause, the first one (which uploads
+/// fastcp) as the next, and one over `--sftp`, through either SSH client; none says that the
+/// host lacks SFTP or that fastcp may not be uploaded.
+#[test]
+fn a_login_shell_that_prints_fails_with_an_error_that_says_so() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: giving sshd's user a home of its own needs root");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start_with_login_shell(Path::new("/bin/bash"), &[]).unwrap();
+    fs::write(sshd.home().join(".bashrc"), "echo hello from bashrc\n").unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let dst = work.path().join("copy");
+    let runs: [&[&str]; 5] = [
+        &[],
+        &[],
+        &["--sftp"],
+        &["--ssh-program", "ssh"],
+        &["--ssh-program", "ssh", "--sftp"],
+    ];
+    for extra in runs {
+        let out = run(fastcp_plain(&sshd)
+            .args(extra)
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert_eq!(out.status.code(), Some(3), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("hello from bashrc"), "{extra:?}: {err}");
+        assert!(err.contains("~/.bashrc"), "{extra:?}: {err}");
+        assert!(!err.contains("serves no SFTP"), "{extra:?}: {err}");
+        assert!(!err.contains("--no-deploy"), "{extra:?}: {err}");
+        assert!(!dst.exists());
+    }
 }
