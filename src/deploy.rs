@@ -475,7 +475,7 @@ impl LocalBinary {
         let Some(path) = dir.map(|d| d.join(&name)).filter(|p| p.is_file()) else {
             return Err(Error::Unsupported(format!(
                 "{} ({} {}{}), and no {name} was found to upload: build it with `cargo xtask \
-                 dist` and name its folder with FASTCP_DIST_DIR",
+                 dist` and name its folder with --deploy-from DIR or FASTCP_DIST_DIR",
                 if runs_there {
                     "this program is not fastcp, and is not uploaded as its server"
                 } else {
