@@ -16,7 +16,8 @@ pub enum HandshakeError {
     NotFastcp(String),
     /// The two sides have no protocol version in common.
     #[error(
-        "protocol versions do not overlap: we speak {local_min}..={local_max}, the peer {peer_min}..={peer_max}; upgrade the older side"
+        "protocol versions do not overlap: we speak {local_min}..={local_max}, the peer {peer_min}..={peer_max}; {}",
+        older(*local_min, *peer_max)
     )]
     Incompatible {
         /// Our oldest version.
@@ -37,6 +38,16 @@ pub enum HandshakeError {
     /// The peer offered a frame size too small to carry anything.
     #[error("the peer's maximum frame size of {0} bytes is too small")]
     FrameTooSmall(u32),
+}
+
+/// Which side of two that share no protocol version to upgrade: the one whose newest version
+/// is below the other's oldest.
+fn older(local_min: u16, peer_max: u16) -> &'static str {
+    if peer_max < local_min {
+        "the peer is older: upgrade fastcp there"
+    } else {
+        "this side is older: upgrade fastcp here"
+    }
 }
 
 /// What both sides agreed on.
@@ -184,6 +195,9 @@ mod tests {
     fn disjoint_versions_fail() {
         let err = agree(hello(1, 1, 1 << 20), hello(2, 3, 1 << 20)).unwrap_err();
         assert!(matches!(err, HandshakeError::Incompatible { .. }), "{err}");
+        assert!(err.to_string().ends_with("upgrade fastcp here"), "{err}");
+        let err = agree(hello(4, 5, 1 << 20), hello(2, 3, 1 << 20)).unwrap_err();
+        assert!(err.to_string().ends_with("upgrade fastcp there"), "{err}");
     }
 
     #[test]
