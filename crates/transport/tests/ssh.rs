@@ -992,8 +992,5 @@ async fn a_lost_connection_ends_the_exit_status_and_stderr_wait() {
     let stderr = tokio::time::timeout(bound, stderr_text(p.stderr)).await;
     assert_eq!(stderr.expect("stderr never ended"), "");
     let status = tokio::time::timeout(bound, p.exit.wait()).await;
-    assert!(
-        matches!(status, Ok(Err(Error::NoExitStatus))),
-        "{status:?}"
-    );
+    assert!(matches!(status, Ok(Err(Error::NoExitStatus))), "{status:?}");
 }
