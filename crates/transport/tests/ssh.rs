@@ -941,3 +941,56 @@ async fn pubkey_authentication_no_offers_no_key() {
         }
     }
 }
+
+/// A connection lost while a remote command runs (the link cut, sshd's child killed): the
+/// command's exit status and stderr end with it, as `ExitWaiter::wait` documents, rather than
+/// being waited for forever. A copy waits for them after its session ends, to tell how the
+/// server ended.
+#[tokio::test]
+async fn a_lost_connection_ends_the_exit_status_and_stderr_wait() {
+    use fastcp_testsupport::wan::{WanConfig, WanRelay};
+    let sshd = Sshd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], sshd.port()));
+    let relay = WanRelay::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        upstream,
+        WanConfig::default(),
+    )
+    .unwrap();
+    let known = dir.path().join("known_hosts");
+    fs::write(
+        &known,
+        format!("[127.0.0.1]:{} {}\n", relay.port(), sshd.host_public_key()),
+    )
+    .unwrap();
+    let block = sshd
+        .host_block(sshd.alias())
+        .replace(
+            &format!("Port {}", sshd.port()),
+            &format!("Port {}", relay.port()),
+        )
+        .replace(
+            &sshd.known_hosts().display().to_string(),
+            &known.display().to_string(),
+        );
+    let cfg = dir.path().join("config");
+    fs::write(&cfg, block).unwrap();
+    let options = SshOptions {
+        config_file: Some(cfg),
+        options: vec!["IdentityAgent=none".into()],
+        ..SshOptions::default()
+    };
+    let s = SshSession::connect(sshd.alias(), &options).await.unwrap();
+    let mut p = s.exec("echo started; exec sleep 600").await.unwrap();
+    let mut started = [0u8; 8];
+    p.stream.read_exact(&mut started).await.unwrap();
+    // The cut: the relay closes both sides of the connection.
+    drop(relay);
+    // Bounds on a wait that, before, never ended: no timing is asserted.
+    let bound = Duration::from_secs(60);
+    let stderr = tokio::time::timeout(bound, stderr_text(p.stderr)).await;
+    assert_eq!(stderr.expect("stderr never ended"), "");
+    let status = tokio::time::timeout(bound, p.exit.wait()).await;
+    assert!(matches!(status, Ok(Err(Error::NoExitStatus))), "{status:?}");
+}

@@ -344,6 +344,15 @@ impl russh::client::Handler for ClientHandler {
     }
 }
 
+/// The connection is gone (russh drops its handler when the connection ends, however it
+/// ended): every command's stderr ends, and an exit status that never came becomes
+/// `Error::NoExitStatus`, as when its channel closes.
+impl Drop for ClientHandler {
+    fn drop(&mut self) {
+        self.exec.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
 impl ClientHandler {
     fn report_exit(&self, channel: ChannelId, status: ExitStatus) {
         if let Some(s) = self.exec.lock().expect("exec map").get_mut(&channel)
