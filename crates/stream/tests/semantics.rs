@@ -1284,7 +1284,10 @@ async fn small_files_travel_gathered_when_no_content_hash_is_needed() {
             assert!(biggest < 16 << 10, "hash {hash}: {biggest}");
             assert!(parts.len() > 340, "hash {hash}: {} parts", parts.len());
         } else {
-            assert!(biggest >= 256 << 10, "hash {hash}: {biggest}");
+            // Gathered until a part is full (256 KiB) or the producer waits for the walk,
+            // which hands it entries 64 at a time: under load a part may be cut at any such
+            // batch, so at least one part holds a batch's 64 files.
+            assert!(biggest >= 48 << 10, "hash {hash}: {biggest}");
             assert!(parts.len() < 40, "hash {hash}: {} parts", parts.len());
         }
     }
