@@ -72,7 +72,7 @@ fn main() -> ExitCode {
     let kept = if args.resume {
         "files over 4 MiB that were under way keep their partial files for --resume"
     } else {
-        "nothing partial was kept"
+        "nothing partial was kept under a final name"
     };
     let outcome = runtime.block_on(async {
         let run = cli::run(args, cancel.clone());

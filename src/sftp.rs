@@ -1497,6 +1497,8 @@ struct LiveTemps {
     /// The copy's `--bwlimit`, lifted for the removals: they would queue behind the writes
     /// already sent.
     limit: Option<Arc<crate::limit::RateLimit>>,
+    /// Where a stopped push says which of its temp files it could not remove.
+    log: Log,
     /// Temp name -> the session that made it; `None` once the push is stopping and its
     /// guard took them to remove.
     names: Mutex<Option<HashMap<String, usize>>>,
@@ -1571,10 +1573,32 @@ impl Drop for TempSweeper {
             limit.lift();
         }
         let sftp = self.0.sftp.clone();
+        let log = self.0.log.clone();
         let removing = async move {
-            let removals = left.into_iter().map(|(name, s)| sftp[s].raw.remove(name));
-            let _ =
-                tokio::time::timeout(CLEANUP_LIMIT, futures_util::future::join_all(removals)).await;
+            let mut names: Vec<String> = left.keys().cloned().collect();
+            let removals = left.into_iter().map(|(name, s)| {
+                let sftp = sftp[s].clone();
+                async move { sftp.raw.remove(name.clone()).await.ok().map(|_| name) }
+            });
+            let removed =
+                tokio::time::timeout(CLEANUP_LIMIT, futures_util::future::join_all(removals))
+                    .await
+                    .unwrap_or_default();
+            names.retain(|n| !removed.iter().flatten().any(|r| r == n));
+            names.sort();
+            if let Some(first) = names.first() {
+                // Their session is gone (the system ssh ended with this program, by the
+                // same Ctrl-C from the terminal, say): the sweep of a later push takes them.
+                log.warn(|| {
+                    format!(
+                        "{} temp file(s) stay on the remote host, such as {first}: the \
+                         connection ended before they could be removed; the next push into \
+                         their folder removes them once they are {} minutes old",
+                        names.len(),
+                        STALE_TEMP.as_secs() / 60
+                    )
+                });
+            }
         };
         use tokio::runtime::{Handle, RuntimeFlavor};
         match Handle::try_current() {
@@ -1658,6 +1682,7 @@ async fn push(
     let live = Arc::new(LiveTemps {
         sftp: sftp.clone(),
         limit,
+        log: log.clone(),
         names: Mutex::new(Some(HashMap::new())),
         renaming: Mutex::new(HashSet::new()),
     });

@@ -734,6 +734,52 @@ fn a_signal_mid_copy_leaves_no_temp_file_on_either_side() {
     }
 }
 
+/// Ctrl-C typed at a terminal (or SIGTERM from a service manager) reaches the whole process
+/// group: an SFTP push through the system ssh loses its ssh with it, so the remote temp file
+/// cannot be removed. It is never left silently: the push says it stays, and how it will go.
+#[test]
+fn a_terminal_ctrl_c_that_ends_the_system_ssh_says_what_stays_on_the_remote() {
+    use std::os::unix::process::CommandExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(16 << 20, 9), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let args = ["--sftp", "--ssh-program", "ssh", "--bwlimit", "2M"];
+    let mut child = transfer(&sshd, &args, &src, &dst, false)
+        // A group of its own, as a shell gives each job: the signal goes to the group.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the copy never started", || {
+        has_temp(&dst)
+    });
+    // SIGTERM to the group, as a service manager sends it: a terminal's Ctrl-C (SIGINT) does
+    // the same, but a program started in the background ignores SIGINT, as ssh would here.
+    let group = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process_group(group, rustix::process::Signal::TERM).unwrap();
+    let status = wait_exit(
+        &mut child,
+        Duration::from_secs(30),
+        "SIGTERM did not stop the copy",
+    );
+    let err = read_text(&mut child.stderr);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        !dst.join("big").exists(),
+        "a partial file under its final name"
+    );
+    assert_eq!(
+        has_temp(&dst),
+        err.contains("stay on the remote host"),
+        "a temp file left without a word, or a word with none left: {err}"
+    );
+}
+
 /// The remote server stopped by SIGTERM mid-copy, pull and push: what it says is shown as
 /// the remote host's (`alias: fastcp server: ...`), never as if this side was interrupted.
 #[test]
