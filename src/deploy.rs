@@ -19,7 +19,8 @@
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them (a symlink is judged by the folder it leads
-//!   to). The upload goes to a temporary name, its
+//!   to, and that folder, named without links, is the one used and run from, so that a link
+//!   changed after the checks leads nothing astray). The upload goes to a temporary name, its
 //!   SHA-256 is checked on the remote against the local file's before it is renamed into
 //!   place, and a cached binary whose hash does not match is replaced, with a warning,
 //!   never run.
@@ -199,8 +200,12 @@ pub fn launcher() -> Option<String> {
 }
 
 /// The start of every deploy script: `c` is the cache, `$XDG_CACHE_HOME` when it is an
-/// absolute path (the XDG spec says to ignore a relative one), else `$HOME/.cache`.
-const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac;";
+/// absolute path (the XDG spec says to ignore a relative one), else `$HOME/.cache`. When it
+/// is there, `c` is its path without symlinks, so that what is judged is what is used: a
+/// link changed after the checks (another user's link that `~/.cache` leads through) cannot
+/// lead the `exec` of a checked binary elsewhere.
+const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac; \
+     if [ -d \"$c\" ]; then c=$(cd -P -- \"$c\" && pwd -P) || exit 127; fi;";
 
 /// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
 fn launch_script(name: &str, hash: &str) -> String {
@@ -571,12 +576,23 @@ mod tests {
     /// Runs `script` as sshd would under the login shell `shell` (`SHELL -c LINE`), with
     /// `home` as HOME and `input` on stdin.
     fn run_under(shell: &Path, script: &str, home: &Path, input: &[u8]) -> std::process::Output {
+        run_with_path(shell, script, home, input, "/usr/bin:/bin")
+    }
+
+    /// [`run_under`] with `path` as PATH.
+    fn run_with_path(
+        shell: &Path,
+        script: &str,
+        home: &Path,
+        input: &[u8],
+        path: &str,
+    ) -> std::process::Output {
         use std::io::Write;
         let mut child = std::process::Command::new(shell)
             .arg("-c")
             .arg(remote_command(script))
             .env("HOME", home)
-            .env("PATH", "/usr/bin:/bin")
+            .env("PATH", path)
             .env_remove("XDG_CACHE_HOME")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -647,6 +663,70 @@ mod tests {
             assert!(tampered.stdout.is_empty(), "{what}: {tampered:?}");
             std::fs::remove_dir_all(home.path().join(".cache")).unwrap();
             assert_eq!(launch().status.code(), Some(127), "{what}");
+        }
+    }
+
+    /// A cache folder reached through a symlink is judged, and used, by the folder it led to
+    /// when it was judged: whoever can change the link (another user's link in /tmp that
+    /// `~/.cache` leads through) cannot have a binary run that was not checked, neither by
+    /// changing it between the launcher's hash check and its `exec` nor between the
+    /// inspection and the command that runs the binary the inspection found.
+    #[test]
+    fn a_symlink_changed_after_the_checks_runs_nothing_unchecked() {
+        use std::os::unix::fs::PermissionsExt;
+        let bytes = b"#!/bin/sh\necho checked\n".to_vec();
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        for shell in ["bash", "dash", "tcsh"] {
+            let shell = fastcp_testsupport::tools::require(shell);
+            let what = shell.display();
+            let home = tempfile::tempdir().unwrap();
+            let home = home.path().canonicalize().unwrap();
+            let (real, evil) = (home.join("real"), home.join("evil"));
+            let private = |p: &Path| {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).unwrap()
+            };
+            // Two caches that pass every check: the link leads to the first, then the second.
+            let other = b"#!/bin/sh\necho unchecked\n";
+            for (cache, script) in [(&real, &bytes[..]), (&evil, &other[..])] {
+                let dir = cache.join("fastcp").join(&name);
+                std::fs::create_dir_all(&dir).unwrap();
+                for d in [cache, &cache.join("fastcp"), &dir] {
+                    private(d);
+                }
+                std::fs::write(dir.join("fastcp"), script).unwrap();
+                private(&dir.join("fastcp"));
+            }
+            let link = home.join(".cache");
+            std::os::unix::fs::symlink(&real, &link).unwrap();
+
+            let out = run_under(&shell, &inspect_script(&name), &home, b"");
+            let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
+            let dir = real.join("fastcp").join(&name);
+            assert_eq!(remote.dir, dir.display().to_string(), "{what}: {out:?}");
+            assert_eq!(remote.cached.as_deref(), Some(hash.as_str()), "{what}");
+
+            // The hash tool turns the link to the other folder once it has hashed the file.
+            let tools = home.join("tools");
+            std::fs::create_dir(&tools).unwrap();
+            std::fs::write(
+                tools.join("openssl"),
+                format!(
+                    "#!/bin/sh\nh=$(sha256sum \"$4\")\nln -sfn {} {}\necho \"$h\"\n",
+                    evil.display(),
+                    link.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(
+                tools.join("openssl"),
+                std::fs::Permissions::from_mode(0o755),
+            )
+            .unwrap();
+            let path = format!("{}:/usr/bin:/bin", tools.display());
+            let ran = run_with_path(&shell, &launch_script(&name, &hash), &home, b"", &path);
+            let said = String::from_utf8_lossy(&ran.stdout);
+            assert_eq!(said, "checked\n", "{what}: {ran:?}");
         }
     }
 
