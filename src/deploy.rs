@@ -99,7 +99,8 @@ pub async fn deploy(
     log: &Log,
 ) -> Result<Deployed, Error> {
     let local = LocalBinary::find(options)?;
-    let remote = inspect(session, &local.cache_name()).await?;
+    let name = local.cache_name();
+    let mut remote = inspect(session, &name).await?;
     log.info(|| {
         format!(
             "remote host: {} {}, {}",
@@ -110,17 +111,13 @@ pub async fn deploy(
                 .map_or("no glibc".into(), |(a, b)| format!("glibc {a}.{b}"))
         )
     });
-    for (owner, mode, folder) in &remote.folders {
-        if *owner != remote.uid || mode & 0o022 != 0 {
-            // Nothing is run from it; SFTP runs nothing of fastcp's there.
-            return Err(Error::Unsupported(format!(
-                "refusing the cache folder {folder} on the remote host: it is owned by uid \
-                 {owner} with mode {mode:03o}, and must be the user's own and writable by \
-                 nobody else"
-            )));
-        }
-    }
+    refuse_unsafe_folders(&remote)?;
     let binary = local.for_remote(&remote, options)?;
+    if binary.cache_name() != name {
+        // A dist binary has a cache folder of its own: what is cached there is what counts.
+        remote = inspect(session, &binary.cache_name()).await?;
+        refuse_unsafe_folders(&remote)?;
+    }
     let path = format!("{}/fastcp", remote.dir);
     match &remote.cached {
         Some(hash) if *hash == binary.sha256 => {
@@ -154,6 +151,22 @@ pub async fn deploy(
         path,
         uploaded: true,
     })
+}
+
+/// Fails with [`Error::Unsupported`] when a cache folder that `remote` told of is someone
+/// else's or others can write to it: nothing is run from it (SFTP runs nothing of fastcp's
+/// there).
+fn refuse_unsafe_folders(remote: &Remote) -> Result<(), Error> {
+    for (owner, mode, folder) in &remote.folders {
+        if *owner != remote.uid || mode & 0o022 != 0 {
+            return Err(Error::Unsupported(format!(
+                "refusing the cache folder {folder} on the remote host: it is owned by uid \
+                 {owner} with mode {mode:03o}, and must be the user's own and writable by \
+                 nobody else"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether this program's own binary serves as `fastcp server`: see [`this_binary_serves`].

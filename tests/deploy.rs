@@ -444,3 +444,47 @@ fn a_login_shell_that_prints_fails_with_an_error_that_says_so() {
         assert!(!dst.exists());
     }
 }
+
+/// A program that embeds fastcp deploys the `cargo xtask dist` binary it is given
+/// (`CopyOptions::deploy_from`): it is uploaded into its own cache folder and run from there,
+/// and the next copy finds it there and uploads nothing.
+#[test]
+fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    // The fastcp command stands in for the static build: the remote host is this one.
+    let dist = work.path().join("dist");
+    fs::create_dir(&dist).unwrap();
+    let name = format!(
+        "fastcp-{}-{}-unknown-linux-musl",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    );
+    fs::copy(BIN, dist.join(name)).unwrap();
+    let src = work.path().join("f");
+    fs::write(&src, b"embedded").unwrap();
+    let ssh = fastcp::transport::SshOptions {
+        config_file: Some(sshd.ssh_config()),
+        ..Default::default()
+    };
+    let mut inode = None;
+    for dst in ["one", "two"] {
+        let dst = work.path().join(dst);
+        let plan = fastcp::Plan::new(
+            vec![fastcp::Location::Local(src.clone())],
+            fastcp::Location::parse(&remote(&sshd, &dst)),
+            fastcp::CopyOptions::default().deploy_from(&dist),
+        )
+        .unwrap();
+        let outcome =
+            fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
+                .unwrap();
+        assert_ne!(outcome.transport, "sftp", "{dst:?}");
+        assert_eq!(fs::read(&dst).unwrap(), b"embedded");
+        let binary = cached(&cache);
+        assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());
+        let now = fs::metadata(&binary).unwrap().ino();
+        assert_eq!(*inode.get_or_insert(now), now, "{dst:?}: uploaded again");
+    }
+}
