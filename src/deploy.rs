@@ -143,12 +143,12 @@ pub async fn deploy(
         )
     });
     // A failed upload (a full disk, say) leaves nothing behind; SFTP may still serve.
-    upload(session, &binary).await.map_err(|e| match e {
+    let dir = upload(session, &binary).await.map_err(|e| match e {
         Error::Deploy(why) => Error::Unsupported(format!("fastcp could not be uploaded: {why}")),
         other => other,
     })?;
     Ok(Deployed {
-        path,
+        path: format!("{dir}/fastcp"),
         uploaded: true,
     })
 }
@@ -373,30 +373,36 @@ fn parse_glibc(s: &str) -> Option<(u32, u32)> {
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
-/// Uploads `binary` into `dir` on the remote: a private temp name, the hash checked there,
-/// then renamed into place.
-async fn upload(session: &AnyTransport, binary: &Binary) -> Result<(), Error> {
+/// Uploads `binary` into its cache folder on the remote: a private temp name, the hash
+/// checked there, then renamed into place. Returns the folder, named without links.
+async fn upload(session: &AnyTransport, binary: &Binary) -> Result<String, Error> {
     let script = upload_script(&binary.cache_name(), &binary.sha256);
     let out = run_script(session, &script, &binary.bytes, "uploading fastcp").await?;
     // What a login shell that prints (an `echo` in ~/.bashrc) said comes first: the upload
     // stands, and starting the server then fails, quoting it.
-    if out.lines().last().map(str::trim) != Some("uploaded") {
-        return Err(Error::Deploy(format!(
+    match out.lines().last().and_then(|l| l.strip_prefix("uploaded ")) {
+        Some(dir) if dir.starts_with('/') => Ok(dir.to_owned()),
+        _ => Err(Error::Deploy(format!(
             "the upload was not confirmed: {}",
             crate::stream::escape(out.as_bytes())
-        )));
+        ))),
     }
-    Ok(())
 }
 
-/// The script that takes a binary on stdin into the cache folder `name`: a private temp
-/// name, its SHA-256 checked against `hash`, then renamed into place; prints `uploaded`.
+/// The script that takes a binary on stdin into the cache folder `name`: the folders made
+/// private, then judged as the launcher judges them (they may have come since the
+/// inspection), a private temp name, its SHA-256 checked against `hash`, then renamed into
+/// place; prints `uploaded` and the folder, named without links.
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
         "umask 077; {CACHE} d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+         c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; u=$(id -u); \
+         refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
+         for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -L -c \"%u %a\" \"$f\"); \
+         [ \"$1\" = \"$u\" ] || refuse; case \"$2\" in *[2367]?|*[2367]) refuse;; esac; done; \
          t=\"$d/.fastcp.$$.tmp\"; \
          if cat > \"$t\" && [ \"$( (openssl dgst -sha256 -r \"$t\" || sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
-         && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo uploaded; \
+         && chmod 700 \"$t\" && mv -f \"$t\" \"$d/fastcp\"; then echo \"uploaded $d\"; \
          else rm -f \"$t\"; echo \"the upload did not arrive whole (full disk, or no sha256sum)\" >&2; exit 1; fi"
     )
 }
@@ -647,7 +653,8 @@ mod tests {
 
             let good = run_under(&shell, &upload_script(&name, &hash), home.path(), &bytes);
             assert!(good.status.success(), "{what}: {good:?}");
-            assert_eq!(String::from_utf8_lossy(&good.stdout).trim(), "uploaded");
+            let said = format!("uploaded {}", dir.display());
+            assert_eq!(String::from_utf8_lossy(&good.stdout).trim(), said, "{what}");
             let landed = dir.join("fastcp");
             assert_eq!(std::fs::read(&landed).unwrap(), bytes, "{what}");
             let mode = std::fs::metadata(&landed).unwrap().permissions().mode();
@@ -740,6 +747,32 @@ mod tests {
             let ran = run_with_path(&shell, &launch_script(&name, &hash), &home, b"", &path);
             let said = String::from_utf8_lossy(&ran.stdout);
             assert_eq!(said, "checked\n", "{what}: {ran:?}");
+        }
+    }
+
+    /// A cache folder that others can write to, made after the inspection found none (the
+    /// cache in /tmp, say), gets no upload: the upload checks the folders it writes into, as
+    /// the inspection and the launcher do, and nothing lands.
+    #[test]
+    fn an_upload_into_a_folder_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let bytes = b"#!/bin/sh\necho not really fastcp\n".to_vec();
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        for shell in ["bash", "dash", "tcsh"] {
+            let shell = fastcp_testsupport::tools::require(shell);
+            let what = shell.display();
+            let home = tempfile::tempdir().unwrap();
+            let cache = home.path().join(".cache");
+            std::fs::create_dir(&cache).unwrap();
+            std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+            let out = run_under(&shell, &upload_script(&name, &hash), home.path(), &bytes);
+            assert!(!out.status.success(), "{what}: {out:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("refusing the cache folder"),
+                "{what}: {out:?}"
+            );
+            assert!(!cache.join("fastcp").join(&name).join("fastcp").exists());
         }
     }
 
