@@ -1578,22 +1578,27 @@ impl Drop for TempSweeper {
             let mut names: Vec<String> = left.keys().cloned().collect();
             let removals = left.into_iter().map(|(name, s)| {
                 let sftp = sftp[s].clone();
-                async move { sftp.raw.remove(name.clone()).await.ok().map(|_| name) }
+                async move {
+                    let removal = sftp.raw.remove(name.clone());
+                    match tokio::time::timeout(CLEANUP_LIMIT, removal).await {
+                        Ok(Ok(_)) => Some(name),
+                        _ => None,
+                    }
+                }
             });
-            let removed =
-                tokio::time::timeout(CLEANUP_LIMIT, futures_util::future::join_all(removals))
-                    .await
-                    .unwrap_or_default();
+            let removed = futures_util::future::join_all(removals).await;
             names.retain(|n| !removed.iter().flatten().any(|r| r == n));
             names.sort();
             if let Some(first) = names.first() {
                 // Their session is gone (the system ssh ended with this program, by the
-                // same Ctrl-C from the terminal, say): the sweep of a later push takes them.
+                // same Ctrl-C from the terminal, say), or it did not answer in time: the
+                // sweep of a later push takes them.
                 log.warn(|| {
                     format!(
-                        "{} temp file(s) stay on the remote host, such as {first}: the \
-                         connection ended before they could be removed; the next push into \
-                         their folder removes them once they are {} minutes old",
+                        "{} temp file(s) stay on the remote host, such as {first}: they \
+                         could not be removed as the push stopped (its connection gone or \
+                         not answering); the next push into their folder removes them once \
+                         they are {} minutes old",
                         names.len(),
                         STALE_TEMP.as_secs() / 60
                     )
