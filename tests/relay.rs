@@ -327,6 +327,28 @@ fn the_same_host_on_both_sides() {
     assert_same_tree(&src, &dst, true);
 }
 
+/// The same host on both sides over SSH channels, one stream and two: the receiving half's
+/// channels are not on the sending half's connections, where a receiver slower than the
+/// sender would stop the connection both read from (the copy would end at --timeout).
+#[test]
+fn the_same_host_on_both_sides_over_ssh_channels() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(32 << 20, 5), 0o644);
+    for streams in ["1", "2"] {
+        let dst = work.path().join(format!("copy-{streams}"));
+        let out = run(common::fastcp(&sshd, common::bin())
+            .args(["--transport", "ssh", "-j", streams, "--json"])
+            .arg(common::remote(&sshd, &src))
+            .arg(common::remote(&sshd, &dst)));
+        assert!(out.status.success(), "-j {streams}: {}", stderr(&out));
+        assert_eq!(json(&out)["transport"], "ssh", "{}", json(&out));
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+    }
+    assert_no_temp(work.path());
+}
+
 /// Runs a relay of a big file, slowed down, and kills `host`'s server ("a" or "b") once
 /// data is flowing; returns what fastcp said. The copy must end within a minute.
 fn cut(host: &str) -> (Output, PathBuf) {
