@@ -201,10 +201,17 @@ impl Session {
     /// server's streams only as fast as the receiving one takes them: on connections both
     /// halves share, a receiver slower than its sender would stop the very connections it
     /// waits on. Sealed TCP streams and the system ssh's channels do not stall each other.
+    ///
+    /// Through the system ssh, whose connection master both halves share, the master logs
+    /// in first, so that the two servers do not each log in (and ask) at once.
     pub(crate) async fn relay_target(&self, plan: &Plan) -> Result<&Session, Error> {
         let first = self.first_connection();
-        let AnyTransport::Builtin(login) = &*first else {
-            return Ok(self);
+        let login = match &*first {
+            AnyTransport::Builtin(login) => login,
+            AnyTransport::Program(program) => {
+                program.start_master().await;
+                return Ok(self);
+            }
         };
         // A TCP choice that cannot be met fails the relay's halves, naming the host.
         if !matches!(self.tcp_address(plan, &first).await, Ok(None)) {

@@ -349,6 +349,25 @@ fn the_same_host_on_both_sides_over_ssh_channels() {
     assert_no_temp(work.path());
 }
 
+/// The same host on both sides through the system ssh, which may ask (a connection master
+/// of the copy's own): both servers ride one login, and ssh says nothing of a second one
+/// ("ControlSocket ... already exists, disabling multiplexing").
+#[test]
+fn the_same_host_on_both_sides_through_the_system_ssh_logs_in_once() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    let dst = work.path().join("copy");
+    let out = run(common::fastcp(&sshd, common::bin())
+        .args(["-S", "ssh", "-o", "BatchMode=no", "-r"])
+        .arg(common::remote(&sshd, &src))
+        .arg(common::remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("ControlSocket"), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
+}
+
 /// Runs a relay of a big file, slowed down, and kills `host`'s server ("a" or "b") once
 /// data is flowing; returns what fastcp said. The copy must end within a minute.
 fn cut(host: &str) -> (Output, PathBuf) {
