@@ -304,12 +304,38 @@ fn a_file_that_cannot_land_is_reported_and_the_rest_arrives() {
         "{v}"
     );
     assert_eq!(v["errors"][0]["side"], "receiver", "{v}");
+    // The line names the host where it failed, as both hosts' paths may read alike.
+    let said = stderr(&out);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("fastcp: hostb: ") && l.contains("blocked")),
+        "{said}"
+    );
     assert_eq!(std::fs::read(dst.join("tree/fine")).unwrap(), b"fine");
     assert_eq!(
         std::fs::read(dst.join("tree/blocked/inside")).unwrap(),
         b"kept"
     );
     assert_no_temp(&dst);
+}
+
+/// A source its host lacks is named with that host; the others arrive.
+#[test]
+fn a_missing_source_is_named_with_its_host() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("here"), b"here", 0o644);
+    let missing = src.join("missing");
+    let out = run(hosts
+        .fastcp()
+        .arg(on("hosta", &missing))
+        .arg(on("hosta", &src.join("here")))
+        .arg(format!("{}/", on("hostb", &dst))));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    let line = format!("fastcp: hosta: {}: no such file", missing.display());
+    assert!(said.lines().any(|l| l.starts_with(&line)), "{said}");
+    assert_eq!(std::fs::read(dst.join("here")).unwrap(), b"here");
 }
 
 #[test]
