@@ -703,6 +703,17 @@ async fn copy_with(
         Role::Pull
     };
     feed.set_role(role);
+    if plan.is_relay() {
+        // Named as the relay's own errors name them.
+        let named = |r: &fastcp::RemotePath| match &r.user {
+            Some(user) => format!("{user}@{}", r.host),
+            None => r.host.clone(),
+        };
+        let source = plan.sources().iter().find_map(Location::remote);
+        if let (Some(source), Some(target)) = (source, plan.dest().remote()) {
+            feed.set_hosts(named(source), named(target));
+        }
+    }
     let style = if args.quiet || args.dry_run {
         progress::Style::Off
     } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {

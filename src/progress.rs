@@ -84,6 +84,9 @@ pub struct Feed {
     state: Mutex<FeedState>,
     /// Which counters measure the work, once the copy's plan is known.
     role: std::sync::OnceLock<Role>,
+    /// In a copy between two remote hosts, the sender's host and the receiver's, which
+    /// name where each failure happened.
+    hosts: std::sync::OnceLock<[String; 2]>,
 }
 
 #[derive(Default)]
@@ -118,6 +121,7 @@ impl Feed {
             current: Mutex::new(Bytes::new()),
             state: Mutex::new(FeedState::default()),
             role: std::sync::OnceLock::new(),
+            hosts: std::sync::OnceLock::new(),
         });
         let sink = EventSink::new({
             let feed = feed.clone();
@@ -142,7 +146,7 @@ impl Feed {
                         .insert((failure.path.clone(), failure.message.clone()));
                     state.failures.push(failure.clone());
                 }
-                let line = failure_line(failure);
+                let line = self.failure_line(failure);
                 let new = state.first_time(&line);
                 drop(state);
                 if new {
@@ -173,7 +177,7 @@ impl Feed {
                 .printed
                 .contains(&(failure.path.clone(), failure.message.clone()))
             {
-                let line = failure_line(failure);
+                let line = self.failure_line(failure);
                 if !state.lines.contains(&line) {
                     self.output.line(&line);
                 }
@@ -194,6 +198,25 @@ impl Feed {
         (state.failures.clone(), state.printed_count)
     }
 
+    /// In a copy between two remote hosts: names the sender's host and the receiver's in
+    /// the failures' lines, since paths on both may read alike.
+    pub fn set_hosts(&self, sender: String, receiver: String) {
+        let _ = self.hosts.set([sender, receiver]);
+    }
+
+    /// A failure as the user reads it (see [`failure_line`]), after the host where it
+    /// happened in a copy between two remote hosts.
+    fn failure_line(&self, failure: &Failure) -> String {
+        let host = self
+            .hosts
+            .get()
+            .map(|[sender, receiver]| match failure.side {
+                fastcp::stream::Side::Receiver => receiver,
+                _ => sender,
+            });
+        failure_line(failure, host.map(String::as_str))
+    }
+
     /// Says which counters measure the work.
     pub fn set_role(&self, role: Role) {
         let _ = self.role.set(role);
@@ -208,9 +231,13 @@ impl Feed {
 
 /// A failure as the user reads it. The message names the file already, escaped where it
 /// was made; it may come from the peer, so control characters are escaped (once: not the
-/// backslashes of the names' own escapes).
-fn failure_line(failure: &Failure) -> String {
+/// backslashes of the names' own escapes). `host`, when given, comes first.
+fn failure_line(failure: &Failure, host: Option<&str>) -> String {
     let mut line = String::from("fastcp: ");
+    if let Some(host) = host {
+        line.push_str(&escape(host.as_bytes()));
+        line.push_str(": ");
+    }
     for c in failure.message.chars() {
         if c.is_control() {
             line.push_str(&escape(c.encode_utf8(&mut [0; 4]).as_bytes()));

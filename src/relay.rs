@@ -244,6 +244,15 @@ pub(crate) async fn run(
     let mut tries = 0;
     loop {
         tries += 1;
+        // Both operands on one host: the receiving half may need connections of its own.
+        let target = if std::ptr::eq(source, target) {
+            source
+                .relay_target(plan)
+                .await
+                .map_err(|e| e.on_host(source.destination()))?
+        } else {
+            target
+        };
         let link = Arc::new(Link::default());
         match attempt(source, target, plan, &link, progress.clone()).await {
             Err(_) if link.again.load(Relaxed) && tries < TRIES => {

@@ -65,6 +65,9 @@ pub struct Session {
     /// When a login for another data stream last failed: for [`LOGIN_RETRY`] after it, later
     /// copies use the connections there are and log in no more.
     logins_failed: FailedLogins,
+    /// A second login to the same host, for the receiving half of relays with both operands
+    /// here whose data goes over SSH channels (see [`Session::relay_target`]).
+    relay_sibling: tokio::sync::OnceCell<Box<Session>>,
 }
 
 impl Session {
@@ -115,6 +118,7 @@ impl Session {
             connections: Mutex::new(vec![Arc::new(peer)]),
             tcp_unreachable: AtomicBool::new(false),
             logins_failed: FailedLogins::default(),
+            relay_sibling: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -138,7 +142,8 @@ impl Session {
     /// a pull, `target`'s receives as for a push, and the frames pass between their data
     /// streams here, checked and counted, never written to this machine's disk (see
     /// [`fastcp_stream::relay`]). `target` may be this very session (both operands on one
-    /// host). Both hosts need fastcp (self-deploy puts it there); a host where it cannot run
+    /// host; when the data goes over the built-in client's SSH channels, the receiving side
+    /// then takes a second login of this session's, made as the first was). Both hosts need fastcp (self-deploy puts it there); a host where it cannot run
     /// fails the copy rather than falling back to SFTP.
     ///
     /// The two sessions agree on one protocol version (the lower of the two servers'), as
@@ -186,6 +191,56 @@ impl Session {
             self.port,
             &self.ssh,
         )
+    }
+
+    /// The session that receives a relay `plan` whose sources and target are both on this
+    /// session's host: this one, or, when the data would go over the built-in client's SSH
+    /// channels, a second login to the host (no prompt: it authenticates as the first did),
+    /// kept for the relays after. Channels that share a connection stall each other when one
+    /// is left unread (see [`fastcp_transport::SshStream`]), and a relay reads the sending
+    /// server's streams only as fast as the receiving one takes them: on connections both
+    /// halves share, a receiver slower than its sender would stop the very connections it
+    /// waits on. Sealed TCP streams and the system ssh's channels do not stall each other.
+    ///
+    /// Through the system ssh, whose connection master both halves share, the master logs
+    /// in first, so that the two servers do not each log in (and ask) at once.
+    pub(crate) async fn relay_target(&self, plan: &Plan) -> Result<&Session, Error> {
+        let first = self.first_connection();
+        let login = match &*first {
+            AnyTransport::Builtin(login) => login,
+            AnyTransport::Program(program) => {
+                program.start_master().await;
+                return Ok(self);
+            }
+        };
+        // A TCP choice that cannot be met fails the relay's halves, naming the host.
+        if !matches!(self.tcp_address(plan, &first).await, Ok(None)) {
+            return Ok(self);
+        }
+        let sibling = self
+            .relay_sibling
+            .get_or_try_init(|| async {
+                plan.options.log.info(|| {
+                    format!(
+                        "{}: logging in again, for the receiving side's SSH channels",
+                        self.destination
+                    )
+                });
+                let second = login.reconnect().await.map_err(Error::Transport)?;
+                Ok::<_, Error>(Box::new(Session {
+                    destination: self.destination.clone(),
+                    user: self.user.clone(),
+                    host: self.host.clone(),
+                    port: self.port,
+                    ssh: self.ssh.clone(),
+                    connections: Mutex::new(vec![Arc::new(AnyTransport::Builtin(second))]),
+                    tcp_unreachable: AtomicBool::new(self.tcp_unreachable.load(Relaxed)),
+                    logins_failed: FailedLogins::default(),
+                    relay_sibling: tokio::sync::OnceCell::new(),
+                }))
+            })
+            .await?;
+        Ok(sibling)
     }
 
     /// Runs one of a relay's two sessions (`plan` says which): picks its transport as

@@ -304,12 +304,38 @@ fn a_file_that_cannot_land_is_reported_and_the_rest_arrives() {
         "{v}"
     );
     assert_eq!(v["errors"][0]["side"], "receiver", "{v}");
+    // The line names the host where it failed, as both hosts' paths may read alike.
+    let said = stderr(&out);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("fastcp: hostb: ") && l.contains("blocked")),
+        "{said}"
+    );
     assert_eq!(std::fs::read(dst.join("tree/fine")).unwrap(), b"fine");
     assert_eq!(
         std::fs::read(dst.join("tree/blocked/inside")).unwrap(),
         b"kept"
     );
     assert_no_temp(&dst);
+}
+
+/// A source its host lacks is named with that host; the others arrive.
+#[test]
+fn a_missing_source_is_named_with_its_host() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("here"), b"here", 0o644);
+    let missing = src.join("missing");
+    let out = run(hosts
+        .fastcp()
+        .arg(on("hosta", &missing))
+        .arg(on("hosta", &src.join("here")))
+        .arg(format!("{}/", on("hostb", &dst))));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    let line = format!("fastcp: hosta: {}: no such file", missing.display());
+    assert!(said.lines().any(|l| l.starts_with(&line)), "{said}");
+    assert_eq!(std::fs::read(dst.join("here")).unwrap(), b"here");
 }
 
 #[test]
@@ -325,6 +351,47 @@ fn the_same_host_on_both_sides() {
         .arg(common::remote(&sshd, &dst)));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_same_tree(&src, &dst, true);
+}
+
+/// The same host on both sides over SSH channels, one stream and two: the receiving half's
+/// channels are not on the sending half's connections, where a receiver slower than the
+/// sender would stop the connection both read from (the copy would end at --timeout).
+#[test]
+fn the_same_host_on_both_sides_over_ssh_channels() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(32 << 20, 5), 0o644);
+    for streams in ["1", "2"] {
+        let dst = work.path().join(format!("copy-{streams}"));
+        let out = run(common::fastcp(&sshd, common::bin())
+            .args(["--transport", "ssh", "-j", streams, "--json"])
+            .arg(common::remote(&sshd, &src))
+            .arg(common::remote(&sshd, &dst)));
+        assert!(out.status.success(), "-j {streams}: {}", stderr(&out));
+        assert_eq!(json(&out)["transport"], "ssh", "{}", json(&out));
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+    }
+    assert_no_temp(work.path());
+}
+
+/// The same host on both sides through the system ssh, which may ask (a connection master
+/// of the copy's own): both servers ride one login, and ssh says nothing of a second one
+/// ("ControlSocket ... already exists, disabling multiplexing").
+#[test]
+fn the_same_host_on_both_sides_through_the_system_ssh_logs_in_once() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    build_mixed(&src);
+    let dst = work.path().join("copy");
+    let out = run(common::fastcp(&sshd, common::bin())
+        .args(["-S", "ssh", "-o", "BatchMode=no", "-r"])
+        .arg(common::remote(&sshd, &src))
+        .arg(common::remote(&sshd, &dst)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("ControlSocket"), "{}", stderr(&out));
+    assert_same_tree(&src, &dst, false);
 }
 
 /// Runs a relay of a big file, slowed down, and kills `host`'s server ("a" or "b") once

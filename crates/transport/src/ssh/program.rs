@@ -262,6 +262,25 @@ impl SshProgram {
         self.master.is_some()
     }
 
+    /// Logs the copy's connection master in, when there is one and it is not up yet, by
+    /// running `true` through it, and waits for that to end. Call it before starting
+    /// commands that may run at the same time (two servers on one host): ssh processes
+    /// started together before the master is up each log in on their own (asking again
+    /// where a login asks) and say that its socket already exists. A failure is left for
+    /// those commands to report.
+    pub async fn start_master(&self) {
+        match &self.master {
+            Some(master) if !master.socket().exists() => {}
+            _ => return,
+        }
+        let Ok(mut p) = self.exec("true") else {
+            return;
+        };
+        drop(p.stream);
+        while p.stderr.recv().await.is_some() {}
+        let _ = p.exit.wait().await;
+    }
+
     /// Sends the extra data streams through the connection master (no login of their own)
     /// from now on: for when their own connections could not log in without a prompt.
     pub fn set_streams_through_master(&self, yes: bool) {
