@@ -161,6 +161,9 @@ pub struct Args {
     /// Read exclude patterns from FILE, one a line (`+ PATTERN` includes; `#` comments).
     #[arg(long, value_name = "FILE", help_heading = "Copy")]
     pub exclude_from: Vec<std::path::PathBuf>,
+    /// Read include patterns from FILE, one a line (`- PATTERN` excludes; `#` comments).
+    #[arg(long, value_name = "FILE", help_heading = "Copy")]
+    pub include_from: Vec<std::path::PathBuf>,
     /// Copy only the paths listed in FILE, one a line, relative to the source (rsync's
     /// --files-from; `-` reads standard input): the list is read here and applies to the
     /// sources wherever they are (a pull sends it to the remote side).
@@ -556,8 +559,9 @@ pub async fn run(args: Args, cancel: fastcp::CancellationToken) -> anyhow::Resul
     }
 }
 
-/// The --include, --exclude and --exclude-from rules in the order they were given (clap keeps
-/// each option's values apart; rsync's rules depend on their order across options).
+/// The --include, --exclude, --exclude-from and --include-from rules in the order they were
+/// given (clap keeps each option's values apart; rsync's rules depend on their order across
+/// options).
 fn filter_from_command_line(
     files_from: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<Arc<fastcp::stream::Filter>>> {
@@ -571,7 +575,12 @@ fn filter_from_command_line(
         if a == "--" {
             break;
         }
-        for (name, kind) in [("--include", 0), ("--exclude", 1), ("--exclude-from", 2)] {
+        for (name, kind) in [
+            ("--include", 0),
+            ("--exclude", 1),
+            ("--exclude-from", 2),
+            ("--include-from", 3),
+        ] {
             let value = match a.as_bytes().strip_prefix(name.as_bytes()) {
                 Some(b"") => it.next().cloned(),
                 Some([b'=', rest @ ..]) => Some(std::ffi::OsString::from_vec(rest.to_vec())),
@@ -582,9 +591,14 @@ fn filter_from_command_line(
                 0 => filter.include(&value.to_string_lossy())?,
                 1 => filter.exclude(&value.to_string_lossy())?,
                 _ => {
-                    let what = || format!("reading --exclude-from {}", value.to_string_lossy());
+                    let what = || format!("reading {name} {}", value.to_string_lossy());
                     let text = std::fs::read(&value).with_context(what)?;
-                    filter.add_rules(&String::from_utf8_lossy(&text))?;
+                    let text = String::from_utf8_lossy(&text);
+                    if kind == 2 {
+                        filter.add_rules(&text)?;
+                    } else {
+                        filter.add_include_rules(&text)?;
+                    }
                 }
             }
         }
@@ -600,10 +614,11 @@ fn filter_from_command_line(
             std::fs::read(list)
                 .with_context(|| format!("reading --files-from {}", list.display()))?
         };
+        // As rsync reads it: lines starting with `#` or `;` are comments.
         let lines = bytes
             .split(|&b| b == b'\n')
             .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-            .filter(|l| !l.trim_ascii().is_empty());
+            .filter(|l| !l.trim_ascii().is_empty() && !l.starts_with(b"#") && !l.starts_with(b";"));
         filter = filter.files_from(lines);
     }
     Ok((!filter.is_empty()).then(|| Arc::new(filter)))

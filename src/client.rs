@@ -582,6 +582,15 @@ impl Plan {
                 }
             }
         }
+        // The rules of a copy of a folder's contents match beneath it, as rsync's do for
+        // `DIR/`: `/build` is `DIR/build`.
+        let mut options = options;
+        if sources.len() == 1
+            && names_contents(&sources[0])
+            && let Some(filter) = &options.filter
+        {
+            options.filter = Some(Arc::new(filter.as_ref().clone().rooted_in_source()));
+        }
         Ok(Plan {
             sources,
             dest,
@@ -1855,6 +1864,20 @@ fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
 
 /// The filter lines a request carries: the rules, then `= PATH` for each path of a
 /// `--files-from` list.
+/// Whether a fastcp older than protocol version 13 reads `rule` (a `+ PATTERN` or
+/// `- PATTERN` line) as this one does. Those matched a pattern with shell-style wildcards:
+/// no `\` quoting, no `***`, `[^...]` or `[[:class:]]`, a `**` of their own, and the path from
+/// the source's name even for a folder's contents (`contents`), where only a pattern that
+/// matches names alone reads the same.
+fn read_alike_before_13(rule: &str, contents: bool) -> bool {
+    let pattern = rule.get(2..).unwrap_or_default();
+    let name_only = !pattern.trim_end_matches('/').contains('/');
+    (!contents || name_only)
+        && !["\\", "**", "[^", "[[:"]
+            .iter()
+            .any(|s| pattern.contains(s))
+}
+
 fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
     let Some(filter) = filter else {
         return Vec::new();
@@ -2156,6 +2179,29 @@ where
     let request_filter = plan.request_filter(pushes);
     request_flags |= filter_flags(request_filter.as_deref());
     let filters = filter_lines(request_filter.as_deref());
+    // A remote side that walks by the rules (a pull) or spares what they exclude (a push's
+    // mirror) reads them itself: one older than version 13 reads some of them otherwise.
+    if agreed.version < 13
+        && (!pushes || request_flags & flags::DELETE != 0)
+        && let Some(rule) = request_filter.as_deref().and_then(|f| {
+            f.rules()
+                .into_iter()
+                .find(|r| !read_alike_before_13(r, plan.contents()))
+        })
+    {
+        // The user's own rule, as typed (escaped only where it holds a control character).
+        let shown = if rule.chars().any(char::is_control) {
+            escape(rule.as_bytes()).to_string()
+        } else {
+            rule
+        };
+        return Err(Error::Usage(format!(
+            "the rule `{shown}` needs protocol version 13 on the remote side, which reads it \
+             as rsync does, and the remote {} speaks {}",
+            escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        )));
+    }
     let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
     if filter_bytes > fastcp_proto::DEFAULT_MAX_FRAME as usize {
         return Err(Error::Usage(format!(

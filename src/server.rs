@@ -710,6 +710,18 @@ fn request_filter(request: &Request) -> Result<Option<Arc<fastcp_stream::Filter>
         .collect();
     let mut f = fastcp_stream::Filter::default();
     f.add_rules(&rules.join("\n")).map_err(Error::Engine)?;
+    // A folder's contents (`DIR/.`) are matched beneath it, as the client matches them: a
+    // push says so, a pull names the folder so.
+    let contents = match request.direction {
+        Direction::Push => request.flags & flags::CONTENTS != 0,
+        Direction::Pull => {
+            request.paths.len() == 1
+                && (&request.paths[0][..] == b"." || request.paths[0].ends_with(b"/."))
+        }
+    };
+    if contents {
+        f = f.rooted_in_source();
+    }
     if list {
         f = f.files_from(listed.iter().map(|l| &l[2..]));
     }

@@ -400,6 +400,163 @@ fn include_and_exclude_rules_locally_and_on_a_pull() {
     assert_eq!(listing(&pulled.join("src")), with_old);
 }
 
+/// The rules read as rsync reads them for `rsync -r src/ dest` when the source is a folder's
+/// contents (`src/.`), whichever side walks: locally, pushed and pulled, through fastcp and
+/// over SFTP. `/build/` is the folder at the top of `src` (not one beneath it), a backslash
+/// quotes a wildcard, `[^...]` is negated, `dir/***` is `dir` and all beneath it; with
+/// `--delete`, what the rules exclude stays at the destination and the rest is mirrored.
+#[test]
+fn rules_on_a_folders_contents_read_as_rsyncs_on_src_slash() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for d in ["build", "a/build", "st*r", "x/foo", "xy"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for f in [
+        "build/out.o",
+        "a/build/keep",
+        "file?",
+        "filex",
+        "st*r/f",
+        "b[a]d",
+        "bad",
+        "Makefile",
+        "top.c",
+        "x/foo/bar",
+        "xy/z",
+    ] {
+        write(&src.join(f), f.as_bytes(), 0o644);
+    }
+    let rules = [
+        "--exclude=/build/",
+        "--exclude=file\\?",
+        "--exclude=st\\*r/",
+        "--exclude=[^a-z]*",
+        "--include=/x/***",
+        "--exclude=/x*",
+    ];
+    let want = [
+        "a",
+        "a/build",
+        "a/build/keep",
+        "b[a]d",
+        "bad",
+        "build",
+        "build/old",
+        "filex",
+        "top.c",
+        "x",
+        "x/foo",
+        "x/foo/bar",
+    ];
+    let contents = |p: &Path| format!("{}/.", p.display());
+    let remote_contents = |p: &Path| format!("{}/.", remote(&sshd, p));
+    type Copy<'a> = Box<dyn Fn(&Path) -> Command + 'a>;
+    let ways: [(&str, Copy); 5] = [
+        (
+            "local",
+            Box::new(|dst: &Path| {
+                let mut cmd = Command::new(bin());
+                cmd.args(["-r", "--delete"]).args(rules);
+                cmd.arg(contents(&src)).arg(dst);
+                cmd
+            }),
+        ),
+        (
+            "push",
+            Box::new(|dst: &Path| {
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["-r", "--delete"]).args(rules);
+                cmd.arg(contents(&src)).arg(remote(&sshd, dst));
+                cmd
+            }),
+        ),
+        (
+            "pull",
+            Box::new(|dst: &Path| {
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["-r", "--delete"]).args(rules);
+                cmd.arg(remote_contents(&src)).arg(dst);
+                cmd
+            }),
+        ),
+        (
+            "push over SFTP",
+            Box::new(|dst: &Path| {
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["-r", "--delete"]).args(rules);
+                cmd.arg("--sftp")
+                    .arg(contents(&src))
+                    .arg(remote(&sshd, dst));
+                cmd
+            }),
+        ),
+        (
+            "pull over SFTP",
+            Box::new(|dst: &Path| {
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["-r", "--delete"]).args(rules);
+                cmd.arg("--sftp").arg(remote_contents(&src)).arg(dst);
+                cmd
+            }),
+        ),
+    ];
+    for (i, (way, copy)) in ways.iter().enumerate() {
+        let dst = work.path().join(format!("dst{i}"));
+        // What the destination holds beneath an excluded folder stays; the rest mirrors.
+        std::fs::create_dir_all(dst.join("build")).unwrap();
+        write(&dst.join("build/old"), b"kept", 0o644);
+        write(&dst.join("stale"), b"goes", 0o644);
+        let out = run(&mut copy(&dst));
+        assert!(out.status.success(), "{way}: {}", stderr(&out));
+        let mut got = walk_names(&dst);
+        got.sort();
+        assert_eq!(got, want, "{way}");
+    }
+}
+
+/// `--include-from` reads rsync's include list (a bare pattern includes, `- ` excludes,
+/// comments and CRLF line ends), and a `--files-from` list skips comment lines as rsync's does.
+#[test]
+fn include_from_and_files_from_read_as_rsyncs() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    for f in ["a/b/one", "a/two", "c/three", "top"] {
+        std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
+        write(&src.join(f), f.as_bytes(), 0o644);
+    }
+    let includes = work.path().join("includes");
+    std::fs::write(
+        &includes,
+        "# keep a\r\na/***\r\n; and nothing else\r\n- *\r\n",
+    )
+    .unwrap();
+    let dst = work.path().join("dst");
+    let out = run(Command::new(bin())
+        .args(["-r", "--include-from"])
+        .arg(&includes)
+        .arg(format!("{}/.", src.display()))
+        .arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut got = walk_names(&dst);
+    got.sort();
+    assert_eq!(got, ["a", "a/b", "a/b/one", "a/two"]);
+
+    let list = work.path().join("list");
+    std::fs::write(&list, "# the nightly list\n; two paths\nc/three\ntop\n").unwrap();
+    let listed = work.path().join("listed");
+    let out = run(Command::new(bin())
+        .args(["-r", "--files-from"])
+        .arg(&list)
+        .arg(format!("{}/.", src.display()))
+        .arg(&listed));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut got = walk_names(&listed);
+    got.sort();
+    assert_eq!(got, ["c", "c/three", "top"]);
+}
+
 /// `--files-from`: only the listed paths (and the folders leading to them, and what is
 /// beneath a listed folder) are copied, locally, on a push and on a pull (the list travels),
 /// and `--delete` removes only what lies where the list reaches. A listed path the source

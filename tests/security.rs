@@ -324,6 +324,44 @@ fn an_older_server_is_checked_with_its_own_checksum() {
     }
 }
 
+/// A server older than protocol version 13 reads some include and exclude rules otherwise
+/// (no `\\` quoting, a `**` of its own, paths from the source's name for a folder's
+/// contents): a pull, which it walks by the rules, refuses such a rule before the request
+/// goes, and takes one it reads alike.
+#[test]
+fn an_older_server_is_not_given_rules_it_reads_otherwise() {
+    let sshd = Sshd::start().unwrap();
+    for (source, rule, refused) in [
+        ("src", "file\\?", true),
+        ("src", "a/**", true),
+        ("src/.", "/build/", true),
+        ("src/.", "*.o", false),
+        ("src", "/src/build/", false),
+    ] {
+        let work = tempfile::tempdir().unwrap();
+        let server = scripted_server(work.path(), 12, &[]);
+        let out = run(fastcp(&sshd, &server)
+            .args([
+                "--transport",
+                "ssh",
+                "--timeout",
+                "2",
+                "-r",
+                "--exclude",
+                rule,
+            ])
+            .arg(format!("{}:{source}", sshd.alias()))
+            .arg(work.path().join("dest")));
+        let err = stderr(&out);
+        let says = err.contains("needs protocol version 13 on the remote side");
+        assert_eq!(says, refused, "{source} {rule}: {err}");
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{err}");
+            assert!(err.contains(rule), "{err}");
+        }
+    }
+}
+
 /// Names built for command injection (`;`, `$(...)`, backticks, quotes, spaces, a newline, a
 /// leading `-`) are data under every kind of login shell the remote user may have: bash, dash
 /// and tcsh. The remote has no fastcp, so each copy also goes through self-deploy's remote

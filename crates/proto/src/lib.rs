@@ -62,8 +62,10 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// version 11 adds the request flags [`flags::ONE_FILE_SYSTEM`], a pull's walk that stays on
 /// the file system of each source, and [`flags::SIZE_ONLY`], [`flags::IGNORE_EXISTING`] and
 /// [`flags::UPDATE`], which leave more files as they are; version 12 adds the request flag
-/// [`flags::MAX_DELETE`], a limit on what a mirror removes.
-pub const PROTOCOL_VERSION: u16 = 12;
+/// [`flags::MAX_DELETE`], a limit on what a mirror removes; version 13 reads the filter
+/// lines as rsync 3 does (its wildcards and quoting, and for a folder's contents the paths
+/// beneath it).
+pub const PROTOCOL_VERSION: u16 = 13;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.
