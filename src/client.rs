@@ -1862,8 +1862,6 @@ fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
     }
 }
 
-/// The filter lines a request carries: the rules, then `= PATH` for each path of a
-/// `--files-from` list.
 /// Whether a fastcp older than protocol version 13 reads `rule` (a `+ PATTERN` or
 /// `- PATTERN` line) as this one does. Those matched a pattern with shell-style wildcards:
 /// no `\` quoting, no `***`, `[^...]` or `[[:class:]]`, a `**` of their own, and the path from
@@ -1878,6 +1876,8 @@ fn read_alike_before_13(rule: &str, contents: bool) -> bool {
             .any(|s| pattern.contains(s))
 }
 
+/// The filter lines a request carries: the rules, then `= PATH` for each path of a
+/// `--files-from` list.
 fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
     let Some(filter) = filter else {
         return Vec::new();
