@@ -394,6 +394,15 @@ struct FirstBytes {
     ahead: BytesMut,
 }
 
+/// Whether `first`, the first bytes of a stream, can begin an SFTP `VERSION` packet: a
+/// length under 1 MiB, then type 2. Fewer than five bytes cannot tell.
+fn starts_like_version(first: &[u8]) -> bool {
+    match first {
+        [a, b, c, d, kind, ..] => u32::from_be_bytes([*a, *b, *c, *d]) < 1 << 20 && *kind == 2,
+        _ => true,
+    }
+}
+
 /// How many of a stream's first bytes [`FirstBytes`] keeps.
 const FIRST_BYTES: usize = 64;
 
@@ -413,6 +422,14 @@ impl tokio::io::AsyncRead for FirstBytes {
             self.ahead.extend_from_slice(got);
             if got.is_empty() {
                 return std::task::Poll::Ready(Ok(()));
+            }
+            // Not the start of an SFTP `VERSION` reply (a length, then type 2): say so now,
+            // rather than wait for as many bytes as the text's first four would count.
+            if !starts_like_version(&lock(&self.heard)) {
+                return std::task::Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not an SFTP reply",
+                )));
             }
         }
         if self.ahead.is_empty() {
