@@ -1421,39 +1421,59 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     job: Job,
 ) -> Result<Started, Error> {
     // One round trip when fastcp is on the remote PATH or already deployed there.
-    if ssh.remote_path.is_none()
+    let launched = ssh.remote_path.is_none()
         && !plan.options.no_deploy
         && first.remote_path().is_none()
-        && let Some(launcher) = crate::deploy::launcher()
-    {
-        plan.options.log.info(|| {
-            "remote program: fastcp from the remote PATH, else the one self-deploy cached there"
-                .into()
-        });
-        first.set_launcher(Some(launcher));
-    }
+        && match crate::deploy::launcher() {
+            Some(launcher) => {
+                plan.options.log.info(|| {
+                    "remote program: the fastcp self-deploy cached there, else fastcp from the \
+                     remote PATH"
+                        .into()
+                });
+                first.set_launcher(Some(launcher));
+                true
+            }
+            None => false,
+        };
     // The system ssh's exit status is the server's, or, before the server spoke, its own.
     let program = match first {
         AnyTransport::Program(p) => Some(p.program()),
         AnyTransport::Builtin(_) => None,
     };
-    let err = match try_session(plan, peers, ssh, program, mode, progress.clone(), job).await {
+    let missing = match try_session(plan, peers, ssh, program, mode, progress.clone(), job).await {
         Ok(done) => return Ok(Started::Done(Box::new(done))),
         Err(Attempt::Failed(e)) => return Err(e),
         Err(Attempt::SftpOnly(said)) => return Ok(Started::Sftp(sftp_only(&said))),
-        Err(Attempt::Missing(e)) => e,
+        // A fastcp on the remote PATH of a version that cannot serve this copy: this very
+        // program runs there instead, from self-deploy's cache, where later copies find it
+        // first. A relay's two sessions agreed on one version: it stays as it is.
+        Err(Attempt::Outdated(e)) if launched && job != Job::Relay => {
+            plan.options.log.warn(|| {
+                format!(
+                    "{e}; meanwhile this fastcp runs there, uploaded into the user's cache \
+                     (self-deploy)"
+                )
+            });
+            None
+        }
+        Err(Attempt::Outdated(e)) => return Err(e),
+        Err(Attempt::Missing(e)) => Some(e),
     };
     let log = &plan.options.log;
-    if ssh.remote_path.is_some() {
-        return Err(not_installed(ssh, &err));
+    if let Some(err) = &missing {
+        if ssh.remote_path.is_some() {
+            return Err(not_installed(ssh, err));
+        }
+        if plan.options.no_deploy {
+            return Ok(Started::Sftp(
+                "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it"
+                    .into(),
+            ));
+        }
+        log.info(|| "fastcp is not on the remote host's PATH: deploying it".into());
     }
     let peer = first;
-    if plan.options.no_deploy {
-        return Ok(Started::Sftp(
-            "fastcp is not on the remote host's PATH, and --no-deploy forbids uploading it".into(),
-        ));
-    }
-    log.info(|| "fastcp is not on the remote host's PATH: deploying it".into());
     let options = crate::deploy::DeployOptions {
         dist_dir: plan.options.deploy_from.clone(),
     };
@@ -1467,7 +1487,7 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     ssh.remote_path = Some(deployed.path.clone());
     match try_session(plan, peers, &ssh, program, mode, progress, job).await {
         Ok(done) => Ok(Started::Done(Box::new(done))),
-        Err(Attempt::Failed(e)) => Err(e),
+        Err(Attempt::Failed(e) | Attempt::Outdated(e)) => Err(e),
         Err(Attempt::SftpOnly(said)) => Ok(Started::Sftp(sftp_only(&said))),
         Err(Attempt::Missing(_)) => Ok(Started::Sftp(format!(
             "the fastcp uploaded to {} cannot run on the remote host (a home folder mounted \
@@ -1490,10 +1510,12 @@ fn sftp_only(said: &str) -> String {
     )
 }
 
-/// Why a session did not run: the remote program is missing (or cannot be executed), the
-/// account may only use SFTP (what the server said), or anything else.
+/// Why a session did not run: the remote program is missing (or cannot be executed), it is
+/// a fastcp of a protocol version that cannot serve the copy, the account may only use SFTP
+/// (what the server said), or anything else.
 enum Attempt {
     Missing(Error),
+    Outdated(Error),
     SftpOnly(String),
     Failed(Error),
 }
@@ -1568,6 +1590,7 @@ async fn try_session<P: Peers + ?Sized>(
         {
             Err(Attempt::SftpOnly(said))
         }
+        (Err(err), _) if version_gap(&err) => Err(Attempt::Outdated(err)),
         // 127: not found; 126: found but not executable (a noexec mount).
         (Err(err), Ok(status)) if status.is_command_not_found() || status.code() == Some(126) => {
             Err(Attempt::Missing(err))
@@ -1627,7 +1650,11 @@ async fn try_session<P: Peers + ?Sized>(
         let first = v.is_none();
         if first {
             *v = Some(
-                !ssh_gave_up && !matches!(attempt, Err(Attempt::Missing(_) | Attempt::SftpOnly(_))),
+                !ssh_gave_up
+                    && !matches!(
+                        attempt,
+                        Err(Attempt::Missing(_) | Attempt::Outdated(_) | Attempt::SftpOnly(_))
+                    ),
             );
         }
         first
@@ -1862,6 +1889,27 @@ fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
     }
 }
 
+/// The error for a remote fastcp whose protocol version (`agreed`) is below `needs`, which
+/// `what` needs.
+pub(crate) fn too_old(what: &str, needs: u16, agreed: &fastcp_proto::Negotiated) -> Error {
+    Error::PeerTooOld {
+        what: what.to_owned(),
+        needs,
+        peer: escape(agreed.peer.software.as_bytes()).to_string(),
+        speaks: agreed.version,
+    }
+}
+
+/// Whether `err` says the remote fastcp is of a protocol version that cannot serve this
+/// copy: too old for what it asks, or with no version in common.
+fn version_gap(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::PeerTooOld { .. }
+            | Error::Handshake(fastcp_proto::HandshakeError::Incompatible { .. })
+    )
+}
+
 /// Whether a fastcp older than protocol version 13 reads `rule` (a `+ PATTERN` or
 /// `- PATTERN` line) as this one does. Those matched a pattern with shell-style wildcards:
 /// no `\` quoting, no `***`, `[^...]` or `[[:class:]]`, a `**` of their own, and the path from
@@ -2039,12 +2087,11 @@ where
     };
     let copies = matches!(job, Job::Copy | Job::Relay);
     if (plan.probing() || plan.options.hard_links) && agreed.version < 4 && copies {
-        return Err(Error::Unsupported(format!(
-            "--skip-unchanged, --checksum, --resume and -H need protocol version 4 on both ends; the remote {} \
-             speaks version {}: upgrade fastcp there",
-            escape(agreed.peer.software.as_bytes()),
-            agreed.version
-        )));
+        return Err(too_old(
+            "--skip-unchanged, --checksum, --resume or -H",
+            4,
+            &agreed,
+        ));
     }
     let peer_cpu = CpuFeatures::from_bits(agreed.peer.cpu_features);
     log.info(|| {
@@ -2113,37 +2160,24 @@ where
     if !pushes {
         request_flags &= !rules.flags();
     } else if rules.any() && agreed.version < 11 {
-        return Err(Error::Usage(format!(
-            "--size-only, --ignore-existing and --update need protocol version 11, and the \
-             remote {} speaks {}",
-            escape(agreed.peer.software.as_bytes()),
-            agreed.version
-        )));
+        return Err(too_old(
+            "--size-only, --ignore-existing or --update",
+            11,
+            &agreed,
+        ));
     }
     if pushes && request_flags & flags::MAX_DELETE != 0 && agreed.version < 12 {
-        return Err(Error::Usage(format!(
-            "--max-delete needs protocol version 12, and the remote {} speaks {}",
-            escape(agreed.peer.software.as_bytes()),
-            agreed.version
-        )));
+        return Err(too_old("--max-delete", 12, &agreed));
     }
     if request_flags & flags::LINK_DEST != 0 && agreed.version < 10 {
-        return Err(Error::Usage(format!(
-            "--link-dest needs protocol version 10, and the remote {} speaks {}",
-            escape(agreed.peer.software.as_bytes()),
-            agreed.version
-        )));
+        return Err(too_old("--link-dest", 10, &agreed));
     }
     if !pushes {
         // Where the files land, and the reference folder they are linked from, are the
         // receiver's to say; a pull's is this side.
         request_flags &= !(flags::CONTENTS | flags::LINK_DEST | flags::MAX_DELETE);
         if request_flags & flags::ONE_FILE_SYSTEM != 0 && agreed.version < 11 {
-            return Err(Error::Usage(format!(
-                "-x on a pull needs protocol version 11, and the remote {} speaks {}",
-                escape(agreed.peer.software.as_bytes()),
-                agreed.version
-            )));
+            return Err(too_old("-x on a pull", 11, &agreed));
         }
     } else {
         // A push's walk is this side's; a mirroring receiver must know what it left out.
@@ -2151,14 +2185,17 @@ where
             && (request_flags & flags::DELETE != 0 || plan.options.dry_run)
             && agreed.version < 11
         {
-            return Err(Error::Usage(format!(
-                "-x with --delete or -n on a push needs protocol version 11, and the remote \
-                 {} speaks {}",
-                escape(agreed.peer.software.as_bytes()),
-                agreed.version
-            )));
+            return Err(too_old("-x with --delete or -n on a push", 11, &agreed));
         }
         request_flags &= !flags::ONE_FILE_SYSTEM;
+    }
+    // A push's dry run that skips or deletes is judged on the server.
+    if pushes && job == Job::DryRun && crate::dry_run::Judge::of(plan).any() && agreed.version < 6 {
+        return Err(too_old(
+            "-n with --delete, --skip-unchanged or --resume on a push",
+            6,
+            &agreed,
+        ));
     }
     match job {
         Job::Copy | Job::Relay => {}
@@ -2195,12 +2232,8 @@ where
         } else {
             rule
         };
-        return Err(Error::Usage(format!(
-            "the rule `{shown}` needs protocol version 13 on the remote side, which reads it \
-             as rsync does, and the remote {} speaks {}",
-            escape(agreed.peer.software.as_bytes()),
-            agreed.version
-        )));
+        // Version 13 reads it as rsync does.
+        return Err(too_old(&format!("the rule `{shown}`"), 13, &agreed));
     }
     let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
     if filter_bytes > fastcp_proto::DEFAULT_MAX_FRAME as usize {
@@ -2377,7 +2410,7 @@ where
             return Ok(done);
         }
         Job::DryRun => {
-            dry_run(plan, direction, agreed.version, data, &progress, &mut done).await?;
+            dry_run(plan, direction, data, &progress, &mut done).await?;
             done.data_time = data_started.elapsed();
             return Ok(done);
         }

@@ -1,11 +1,15 @@
 //! Self-deploy: running fastcp on a host that does not have it.
 //!
-//! When `fastcp server` is not found on the remote host, the client uploads a fastcp binary
-//! into a per-user cache there, `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256
-//! prefix>/fastcp` (a relative `XDG_CACHE_HOME` is ignored, as the XDG spec says), and runs
-//! that one. A later copy finds it and uploads nothing: its first
-//! command ([`launcher`]) tries `fastcp` on the remote PATH, then that cached binary (after
-//! the same folder checks and with its hash checked), so it costs no extra round trip.
+//! When `fastcp server` is not found on the remote host, or the one found there speaks a
+//! protocol version that cannot serve the copy (too old for an option it asks for, or with
+//! no version in common: [`Error::PeerTooOld`], a
+//! [`HandshakeError::Incompatible`](crate::proto::HandshakeError::Incompatible)), the client
+//! uploads a fastcp binary into a per-user cache there,
+//! `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256 prefix>/fastcp` (a relative
+//! `XDG_CACHE_HOME` is ignored, as the XDG spec says), and runs that one. A later copy finds
+//! it and uploads nothing: its first command ([`launcher`]) tries that cached binary (after
+//! the same folder checks and with its hash checked), then `fastcp` on the remote PATH, so it
+//! costs no extra round trip.
 //!
 //! - **What goes**: the binary that runs here when it is a fastcp server (the `fastcp`
 //!   command, or a program that says so with [`this_binary_serves`]) and it can run there (a
@@ -14,8 +18,8 @@
 //!   remote's architecture (looked for in [`DeployOptions::dist_dir`]), else nothing:
 //!   [`deploy`] fails with [`Error::Unsupported`] saying why, and the copy goes over SFTP
 //!   (see [`crate::sftp`]). So does an upload that did not land whole (a full disk): its
-//!   temporary file is removed. So does a cache folder refused (below): nothing is run
-//!   from it. Other failures are [`Error::Deploy`].
+//!   temporary file is removed. So does a cache folder refused (below), or one that cannot
+//!   be entered: nothing is run from it. Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them (a symlink is judged by the folder it leads
@@ -191,10 +195,12 @@ fn serves() -> bool {
 }
 
 /// The command that starts the server on a host in one round trip, in place of `fastcp
-/// server`: `fastcp` from the remote PATH, else the binary an earlier self-deploy of this
-/// very binary cached there, when the cache folders pass the checks [`deploy`] makes (the
-/// user's own, writable by nobody else) and the binary's SHA-256 is this one's; else it
-/// exits with 127, as a missing program does, and [`deploy`] takes over. `None` when this
+/// server`: the binary an earlier self-deploy of this very binary cached there, when the
+/// cache folders pass the checks [`deploy`] makes (the user's own, writable by nobody else)
+/// and the binary's SHA-256 is this one's, else `fastcp` from the remote PATH; else it exits
+/// with 127, as a missing program does, and [`deploy`] takes over. The cached binary comes
+/// first because it is there only when an earlier copy found no fastcp on the PATH that
+/// could serve it (none, or one of a protocol version too old or too new). `None` when this
 /// program's binary cannot be read, or is not a fastcp server ([`this_binary_serves`]).
 pub fn launcher() -> Option<String> {
     if !serves() {
@@ -216,21 +222,23 @@ pub fn launcher() -> Option<String> {
 /// absolute path (the XDG spec says to ignore a relative one), else `$HOME/.cache`. When it
 /// is there, `c` is its path without symlinks, so that what is judged is what is used: a
 /// link changed after the checks (another user's link that `~/.cache` leads through) cannot
-/// lead the `exec` of a checked binary elsewhere.
-const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac; \
-     if [ -d \"$c\" ]; then c=$(cd -P -- \"$c\" && pwd -P) || exit 127; fi;";
+/// lead the `exec` of a checked binary elsewhere. A cache that is there but cannot be
+/// entered leaves `c` empty, and `n` names it.
+const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac; n=\"$c\"; \
+     if [ -d \"$c\" ]; then c=$(cd -P -- \"$c\" 2>/dev/null && pwd -P) || c=; fi;";
 
 /// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
 fn launch_script(name: &str, hash: &str) -> String {
     format!(
-        "command -v fastcp >/dev/null 2>&1 && exec fastcp server; \
-         {CACHE} d=\"$c/fastcp/{name}\"; u=$(id -u); \
+        "{CACHE} d=\"$c/fastcp/{name}\"; u=$(id -u); \
+         cached() {{ [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] || return 1; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         [ -d \"$f\" ] || exit 127; set -- $(stat -L -c \"%u %a\" \"$f\"); \
-         [ \"$1\" = \"$u\" ] || exit 127; case \"$2\" in *[2367]?|*[2367]) exit 127;; esac; done; \
-         [ -f \"$d/fastcp\" ] || exit 127; \
+         [ -d \"$f\" ] || return 1; set -- $(stat -L -c \"%u %a\" \"$f\"); \
+         [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; done; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
-         [ \"$h\" = {hash} ] || exit 127; exec \"$d/fastcp\" server"
+         [ \"$h\" = {hash} ]; }}; \
+         if cached; then exec \"$d/fastcp\" server; fi; \
+         command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
     )
 }
 
@@ -306,7 +314,7 @@ fn remote_command(script: &str) -> String {
 /// [`parse_inspection`]). Fixed text but for `name`, which is the version and a hex hash.
 fn inspect_script(name: &str) -> String {
     format!(
-        "{CACHE} d=\"$c/fastcp/{name}\"; \
+        "{CACHE} if [ -z \"$c\" ]; then echo \"unentered $n\"; exit 0; fi; d=\"$c/fastcp/{name}\"; \
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
@@ -330,6 +338,13 @@ fn parse_inspection(out: &str) -> Result<Remote, Error> {
     for line in out.lines() {
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
         match key {
+            "unentered" => {
+                return Err(Error::Unsupported(format!(
+                    "the cache folder {} on the remote host cannot be entered: nothing is \
+                     uploaded there",
+                    crate::stream::escape(value.as_bytes())
+                )));
+            }
             "os" => r.os = value.trim().to_owned(),
             "arch" => r.arch = value.trim().to_owned(),
             "uid" => r.uid = value.trim().parse().unwrap_or(u32::MAX),
@@ -395,7 +410,7 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<String, Error
 /// place; prints `uploaded` and the folder, named without links.
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
-        "umask 077; {CACHE} d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+        "umask 077; {CACHE} [ -n \"$c\" ] || exit 1; d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
          c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; u=$(id -u); \
          refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -L -c \"%u %a\" \"$f\"); \
@@ -664,25 +679,44 @@ mod tests {
             let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
             assert_eq!(remote.cached.as_deref(), Some(hash.as_str()), "{what}");
 
-            // The launcher runs the cached binary, and nothing from a cache it must refuse.
+            // The launcher runs the cached binary before a `fastcp` on the PATH (there only
+            // when an earlier copy found none there that could serve it), and nothing from a
+            // cache it must refuse: then the one on the PATH, else it exits 127.
+            let bin = tempfile::tempdir().unwrap();
+            let on_path = bin.path().join("fastcp");
+            std::fs::write(&on_path, "#!/bin/sh\necho \"from the PATH $1\"\n").unwrap();
+            std::fs::set_permissions(&on_path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let with_path = format!("{}:/usr/bin:/bin", bin.path().display());
             let launch = || run_under(&shell, &launch_script(&name, &hash), home.path(), b"");
-            let ran = launch();
-            assert!(ran.status.success(), "{what}: {ran:?}");
-            assert!(String::from_utf8_lossy(&ran.stdout).contains("not really fastcp"));
+            let launch_with_path = || {
+                let script = launch_script(&name, &hash);
+                run_with_path(&shell, &script, home.path(), b"", &with_path)
+            };
+            for ran in [launch(), launch_with_path()] {
+                assert!(ran.status.success(), "{what}: {ran:?}");
+                assert!(String::from_utf8_lossy(&ran.stdout).contains("not really fastcp"));
+            }
             let set_mode = |p: &Path, m| {
                 std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+            };
+            let from_path = |ran: std::process::Output| {
+                assert!(ran.status.success(), "{what}: {ran:?}");
+                assert_eq!(ran.stdout, b"from the PATH server\n", "{what}: {ran:?}");
             };
             set_mode(&dir, 0o770);
             let refused = launch();
             assert_eq!(refused.status.code(), Some(127), "{what}: {refused:?}");
             assert!(refused.stdout.is_empty(), "{what}: {refused:?}");
+            from_path(launch_with_path());
             set_mode(&dir, 0o700);
             std::fs::write(&landed, b"#!/bin/sh\necho tampered\n").unwrap();
             let tampered = launch();
             assert_eq!(tampered.status.code(), Some(127), "{what}: {tampered:?}");
             assert!(tampered.stdout.is_empty(), "{what}: {tampered:?}");
+            from_path(launch_with_path());
             std::fs::remove_dir_all(home.path().join(".cache")).unwrap();
             assert_eq!(launch().status.code(), Some(127), "{what}");
+            from_path(launch_with_path());
         }
     }
 
@@ -778,6 +812,13 @@ mod tests {
 
     #[test]
     fn inspection_is_parsed_and_checked() {
+        // A cache that is there but cannot be entered: nothing goes there, and the copy goes
+        // over SFTP (Unsupported), as for a cache folder refused.
+        let err = parse_inspection("unentered /home/u/.cache\n").unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(why) if why.contains("/home/u/.cache on the remote host cannot be entered")),
+            "{err}"
+        );
         let out = "os Linux\narch x86_64\nuid 1000\ndir /home/u/.cache/fastcp/0.1.0-ab\n\
                    libc glibc 2.36\nfolder 1000 700 /home/u/.cache\ncached 00\n";
         let r = parse_inspection(out).unwrap();

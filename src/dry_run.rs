@@ -187,7 +187,6 @@ pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
 pub(crate) async fn dry_run(
     plan: &Plan,
     direction: Direction,
-    version: u16,
     data: Vec<BoxStream>,
     progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
@@ -203,7 +202,7 @@ pub(crate) async fn dry_run(
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
-            return judged_remotely(plan, version, &mut reader, progress, done).await;
+            return judged_remotely(plan, &mut reader, progress, done).await;
         }
     }
     loop {
@@ -924,25 +923,16 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
     })
 }
 
-/// A push's dry run judged on the server (protocol version 6): this side sends its listing
+/// A push's dry run judged on the server (protocol version 6, checked by the caller): this side sends its listing
 /// (each `File` numbered by its place in it) and a `Done`; the server answers
 /// `Answer { send: false }` for each file its quick check would skip, lists what `--delete`
 /// would remove, and ends with `Done`.
 async fn judged_remotely(
     plan: &Plan,
-    version: u16,
     reader: &mut FrameReader<BoxStream>,
     progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
 ) -> Result<(), Error> {
-    if version < 6 {
-        return Err(Error::Unsupported(format!(
-            "-n with --delete, --skip-unchanged or --resume on a push is judged on the remote \
-             side, which needs protocol version 6; the remote speaks version {}: upgrade \
-             fastcp there",
-            version
-        )));
-    }
     // Under the idle limit, which sees the stream's bytes move (a slow link or a low
     // `--bwlimit` is no stall): a server that stopped reading is not waited for.
     let sending = async {

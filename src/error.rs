@@ -38,6 +38,27 @@ pub enum Error {
     /// The peer cannot do what was asked.
     #[error("{0}")]
     Unsupported(String),
+    /// The remote fastcp is too old for what this copy asks: `what` needs protocol version
+    /// `needs` there, and it speaks `speaks`. Where this program may be uploaded (no
+    /// [`remote_path`](crate::transport::SshOptions::remote_path), no
+    /// [`no_deploy`](crate::CopyOptions::no_deploy)), a copy that meets such a remote
+    /// program on the remote PATH runs this one there instead (see [`crate::deploy`]), and
+    /// so does one that meets a fastcp with no protocol version in common
+    /// ([`HandshakeError::Incompatible`](fastcp_proto::HandshakeError::Incompatible)).
+    #[error(
+        "{what} needs protocol version {needs} on the remote side, and the remote {peer} \
+         speaks {speaks}: upgrade fastcp there"
+    )]
+    PeerTooOld {
+        /// The option or rule that needs the newer version, as the user named it.
+        what: String,
+        /// The protocol version it needs.
+        needs: u16,
+        /// The remote program's software string (escaped for printing).
+        peer: String,
+        /// The protocol version the two sides agreed on: the remote's newest.
+        speaks: u16,
+    },
     /// The remote side reported a fatal error.
     #[error("remote: {0}")]
     Remote(String),
@@ -259,7 +280,7 @@ impl Error {
         use fastcp_transport::Error as T;
         match self {
             Error::Host { source, .. } => source.kind(),
-            Error::Usage(_) | Error::Unsupported(_) => ErrorKind::Usage,
+            Error::Usage(_) | Error::Unsupported(_) | Error::PeerTooOld { .. } => ErrorKind::Usage,
             Error::Cancelled => ErrorKind::Cancelled,
             Error::Io(e) => io_kind(e),
             Error::Protocol(_) | Error::UnexpectedFrame { .. } | Error::Handshake(_) => {
@@ -294,6 +315,7 @@ impl Error {
             return source.fault();
         }
         match (self, self.kind()) {
+            (Error::PeerTooOld { .. }, _) => Fault::Remote,
             (_, ErrorKind::Usage | ErrorKind::Auth | ErrorKind::HostKey | ErrorKind::Cancelled) => {
                 Fault::User
             }

@@ -488,3 +488,138 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
         assert_eq!(*inode.get_or_insert(now), now, "{dst:?}: uploaded again");
     }
 }
+
+/// A folder holding a `fastcp` that speaks protocol versions `min..=max` and nothing more
+/// (its hello, then it reads until the client goes), as an older or newer fastcp installed
+/// on the remote PATH would start; each run adds a line to `runs` in the folder.
+fn fastcp_of_versions(dir: &Path, min: u16, max: u16) -> PathBuf {
+    use fastcp::proto::{Frame, Hello, encode};
+    let bin = dir.join("remote-bin");
+    fs::create_dir_all(&bin).unwrap();
+    let mut wire = bytes::BytesMut::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: max,
+            min_version: min,
+            cpu_features: 0,
+            ciphers: vec![1, 2, 3],
+            compression: vec![0],
+            max_frame: fastcp::proto::DEFAULT_MAX_FRAME,
+            software: format!("fastcp 0.0.{max}"),
+        }),
+        &mut wire,
+    );
+    fs::write(bin.join("hello.bin"), &wire).unwrap();
+    script(
+        &bin,
+        "fastcp",
+        &format!(
+            "echo run >> '{0}/runs'; cat '{0}/hello.bin'; cat > /dev/null",
+            bin.display()
+        ),
+    );
+    bin
+}
+
+/// How many times the `fastcp` of [`fastcp_of_versions`] ran.
+fn runs(bin: &Path) -> usize {
+    fs::read_to_string(bin.join("runs"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// An sshd whose sessions find `bin` first on their PATH, and cache in `cache`.
+fn sshd_with_path(bin: &Path, cache: &Path) -> Sshd {
+    let path = PathBuf::from(format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()));
+    Sshd::start_with_env(&[("XDG_CACHE_HOME", cache), ("PATH", &path)]).unwrap()
+}
+
+/// A fastcp on the remote PATH too old for what the copy asks (`--skip-unchanged` needs
+/// protocol version 4; it speaks 3) does not fail the copy: this fastcp is uploaded into the
+/// cache, with a warning that says why, and runs there. A later copy runs the cached one
+/// first, in one round trip, and never starts the old one again. With `--no-deploy`, or a
+/// remote program named with `--remote-path`, the copy fails as before: upgrade it there.
+#[test]
+fn an_older_fastcp_on_the_remote_path_is_passed_over_for_this_one() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let bin = fastcp_of_versions(work.path(), 1, 3);
+    let sshd = sshd_with_path(&bin, &cache);
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+
+    // Refused where this program may not run there instead.
+    let dst = work.path().join("pushed");
+    for extra in [
+        vec!["--no-deploy".to_owned()],
+        vec![
+            "--remote-path".to_owned(),
+            bin.join("fastcp").display().to_string(),
+        ],
+    ] {
+        let out = run(fastcp_plain(&sshd)
+            .args(["-r", "--skip-unchanged"])
+            .args(&extra)
+            .arg(&src)
+            .arg(remote(&sshd, &dst)));
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        let said = stderr(&out);
+        assert!(
+            said.contains("needs protocol version 4 on the remote side, and the remote fastcp 0.0.3 speaks 3: upgrade fastcp there"),
+            "{extra:?}: {said}"
+        );
+        assert!(!said.contains("uploading"), "{extra:?}: {said}");
+        assert!(!dst.exists());
+    }
+    assert_eq!(runs(&bin), 2);
+
+    for transport in ["ssh", "tcp"] {
+        let out = run(fastcp_plain(&sshd)
+            .args(["-r", "--skip-unchanged", "--json", "--transport", transport])
+            .arg(src.join("."))
+            .arg(remote(&sshd, &dst)));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let said = stderr(&out);
+        assert_same_tree(&src, &dst, false);
+        if transport == "ssh" {
+            // The first: the old one speaks, then this one is uploaded and runs.
+            assert!(said.contains("the remote fastcp 0.0.3 speaks 3"), "{said}");
+            assert!(said.contains("meanwhile this fastcp runs there"), "{said}");
+            assert!(said.contains("uploading"), "{said}");
+            assert_eq!(runs(&bin), 3);
+            assert_eq!(fs::read(cached(&cache)).unwrap(), fs::read(BIN).unwrap());
+        } else {
+            // The second: the cached one first; the old one is not started.
+            assert!(!said.contains("0.0.3"), "{said}");
+            assert!(!said.contains("uploading"), "{said}");
+            assert!(!said.contains("deploying it"), "{said}");
+            assert_eq!(runs(&bin), 3);
+            assert_eq!(json(&out)["files_skipped"], 20, "{said}");
+        }
+    }
+}
+
+/// A newer fastcp on the remote PATH that no longer speaks any of this one's protocol
+/// versions: this fastcp runs there instead, and the copy is whole.
+#[test]
+fn a_newer_fastcp_with_no_version_in_common_is_passed_over_for_this_one() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let newest = fastcp::proto::PROTOCOL_VERSION;
+    let bin = fastcp_of_versions(work.path(), newest + 50, newest + 60);
+    let sshd = sshd_with_path(&bin, &cache);
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+
+    let pulled = work.path().join("pulled");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r"])
+        .arg(remote(&sshd, &src))
+        .arg(&pulled));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("this side is older"), "{said}");
+    assert!(said.contains("meanwhile this fastcp runs there"), "{said}");
+    assert_same_tree(&src, &pulled, false);
+    assert_eq!(runs(&bin), 1);
+}
