@@ -2082,3 +2082,33 @@ fn the_last_of_4_and_6_wins() {
         assert!(!b.exists(), "{program:?}");
     }
 }
+
+/// ssh_config's `Match exec` commands run each time ssh reads the configuration: fastcp asks
+/// `ssh -G` once per connection, however many times it needs the resolved configuration
+/// (whether ssh may prompt, where the TCP data streams connect), so a TCP copy runs them
+/// twice, as `ssh -G` then the login do, not once more for each question.
+#[test]
+fn match_exec_commands_run_once_per_reading_of_the_config() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let ran = work.path().join("ran");
+    let config = work.path().join("config");
+    std::fs::write(
+        &config,
+        format!(
+            "{}Match exec \"echo x >> {}\"\n  ServerAliveInterval 15\n",
+            sshd.host_block(sshd.alias()),
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(work.path().join("a"), b"matched").unwrap();
+    let out = run(fastcp_with_config(&config)
+        .args(["--transport", "tcp"])
+        .arg(work.path().join("a"))
+        .arg(remote(&sshd, &work.path().join("b"))));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(work.path().join("b")).unwrap(), b"matched");
+    let runs = std::fs::read_to_string(&ran).unwrap().lines().count();
+    assert_eq!(runs, 2, "`Match exec` ran {runs} times");
+}

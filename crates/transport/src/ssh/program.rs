@@ -49,6 +49,9 @@ pub struct SshProgram {
     /// How the ssh processes that log in by themselves end (see
     /// [`last_login_ended`](SshProgram::last_login_ended)).
     logins: Arc<Logins>,
+    /// What `ssh -G` said, asked once: each run of it runs ssh_config's `Match exec`
+    /// commands again.
+    resolved: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// The ssh processes of an [`SshProgram`] that log in by themselves (the server's, a
@@ -75,6 +78,7 @@ impl Clone for SshProgram {
             master: self.master.clone(),
             streams_through_master: self.streams_through_master.clone(),
             logins: self.logins.clone(),
+            resolved: self.resolved.clone(),
         }
     }
 }
@@ -194,6 +198,7 @@ impl SshProgram {
             master: None,
             streams_through_master: Arc::new(AtomicBool::new(false)),
             logins: Arc::default(),
+            resolved: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -412,8 +417,17 @@ impl SshProgram {
             .next()
     }
 
-    /// ssh's resolved configuration for the destination (`ssh -G`), or `None` when it fails.
+    /// ssh's resolved configuration for the destination (`ssh -G`), or `None` when it fails;
+    /// asked once.
     async fn resolved(&self) -> Option<String> {
+        self.resolved
+            .get_or_init(|| self.ask_resolved())
+            .await
+            .clone()
+    }
+
+    /// Runs `ssh -G` for the destination: its output, or `None` when it fails.
+    async fn ask_resolved(&self) -> Option<String> {
         let mut argv = self.options_argv(None);
         argv.push("-G".into());
         argv.push("--".into());
