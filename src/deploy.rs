@@ -22,7 +22,8 @@
 //!   be entered: nothing is run from it. Other failures are [`Error::Deploy`].
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
-//!   else owns them or others can write to them (a symlink is judged by the folder it leads
+//!   else owns them or others can write to them, or when a folder above them could be
+//!   changed by someone else (see [`launcher`]) (a symlink is judged by the folder it leads
 //!   to, and that folder, named without links, is the one used and run from, so that a link
 //!   changed after the checks leads nothing astray). The upload goes to a temporary name, its
 //!   SHA-256 is checked on the remote against the local file's before it is renamed into
@@ -223,15 +224,22 @@ pub fn launcher() -> Option<String> {
 /// is there, `c` is its path without symlinks, so that what is judged is what is used: a
 /// link changed after the checks (another user's link that `~/.cache` leads through) cannot
 /// lead the `exec` of a checked binary elsewhere. A cache that is there but cannot be
-/// entered leaves `c` empty, and `n` names it.
+/// entered leaves `c` empty, and `n` names it. `u` is the user's uid, and `above` fails
+/// when a folder above the cache (`p`) could be changed by someone else, who could then put
+/// another folder in the cache's place: one owned by neither root nor the user, or writable
+/// by others without the sticky bit (as OpenSSH's StrictModes judges the folders above
+/// `authorized_keys`).
 const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.cache\";; esac; n=\"$c\"; \
-     if [ -d \"$c\" ]; then c=$(cd -P -- \"$c\" 2>/dev/null && pwd -P) || c=; fi;";
+     if [ -d \"$c\" ]; then c=$(cd -P -- \"$c\" 2>/dev/null && pwd -P) || c=; fi; u=$(id -u); \
+     above() { p=\"$c\"; case \"$p\" in /*) ;; *) return 1;; esac; until [ \"$p\" = / ]; do p=\"${p%/*}\"; [ -n \"$p\" ] || p=/; \
+     set -- $(stat -L -c \"%u %a\" \"$p\"); case \"$1\" in 0|\"$u\") ;; *) return 1;; esac; \
+     case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; done; };";
 
 /// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
 fn launch_script(name: &str, hash: &str) -> String {
     format!(
-        "{CACHE} d=\"$c/fastcp/{name}\"; u=$(id -u); \
-         cached() {{ [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] || return 1; \
+        "{CACHE} d=\"$c/fastcp/{name}\"; \
+         cached() {{ [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] && above || return 1; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
          [ -d \"$f\" ] || return 1; set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; done; \
@@ -314,7 +322,8 @@ fn remote_command(script: &str) -> String {
 /// [`parse_inspection`]). Fixed text but for `name`, which is the version and a hex hash.
 fn inspect_script(name: &str) -> String {
     format!(
-        "{CACHE} if [ -z \"$c\" ]; then echo \"unentered $n\"; exit 0; fi; d=\"$c/fastcp/{name}\"; \
+        "{CACHE} if [ -z \"$c\" ]; then echo \"unentered $n\"; exit 0; fi; \
+         above || {{ echo \"above $(stat -L -c \"%u %a\" \"$p\") $p\"; exit 0; }}; d=\"$c/fastcp/{name}\"; \
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
@@ -338,6 +347,19 @@ fn parse_inspection(out: &str) -> Result<Remote, Error> {
     for line in out.lines() {
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
         match key {
+            "above" => {
+                let mut it = value.splitn(3, ' ');
+                let (owner, mode, path) = (it.next(), it.next(), it.next());
+                return Err(Error::Unsupported(format!(
+                    "refusing the cache folder on the remote host: the folder {} above it \
+                     (owned by uid {}, mode {}) could be changed by other users, who could put \
+                     another folder in its place; it must be owned by root or the user, and \
+                     writable by nobody else unless sticky",
+                    crate::stream::escape(path.unwrap_or("").as_bytes()),
+                    owner.unwrap_or("?"),
+                    mode.unwrap_or("?"),
+                )));
+            }
             "unentered" => {
                 return Err(Error::Unsupported(format!(
                     "the cache folder {} on the remote host cannot be entered: nothing is \
@@ -411,7 +433,8 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<String, Error
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
         "umask 077; {CACHE} [ -n \"$c\" ] || exit 1; d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
-         c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; u=$(id -u); \
+         c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; \
+         above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; \
          refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || refuse; case \"$2\" in *[2367]?|*[2367]) refuse;; esac; done; \
@@ -807,6 +830,57 @@ mod tests {
                 "{what}: {out:?}"
             );
             assert!(!cache.join("fastcp").join(&name).join("fastcp").exists());
+        }
+    }
+
+    /// A folder above the cache that someone else could change (writable by others, not
+    /// sticky) could have another folder put in the cache's place between the checks and the
+    /// `exec`: the inspection says so (the copy goes over SFTP), the upload refuses, and the
+    /// launcher runs nothing from that cache. A sticky one (/tmp) is fine, as for OpenSSH.
+    #[test]
+    fn a_folder_above_the_cache_that_others_can_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let bytes = b"#!/bin/sh\necho not really fastcp\n".to_vec();
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        let set_mode =
+            |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        for shell in ["bash", "dash", "tcsh"] {
+            let shell = fastcp_testsupport::tools::require(shell);
+            let what = shell.display();
+            let top = tempfile::tempdir().unwrap();
+            let shared = top.path().join("shared");
+            let home = shared.join("home");
+            std::fs::create_dir_all(&home).unwrap();
+            set_mode(&shared, 0o1777);
+            let inspect = || {
+                let out = run_under(&shell, &inspect_script(&name), &home, b"");
+                parse_inspection(&String::from_utf8_lossy(&out.stdout))
+            };
+            assert!(inspect().is_ok(), "{what}");
+            let good = run_under(&shell, &upload_script(&name, &hash), &home, &bytes);
+            assert!(good.status.success(), "{what}: {good:?}");
+            let launch = || run_under(&shell, &launch_script(&name, &hash), &home, b"");
+            assert!(launch().status.success(), "{what}");
+
+            set_mode(&shared, 0o777);
+            let err = inspect().unwrap_err();
+            let said = err.to_string();
+            assert!(matches!(err, Error::Unsupported(_)), "{what}: {said}");
+            let named = format!("the folder {} above it", shared.display());
+            assert!(said.contains(&named), "{what}: {said}");
+            let refused = launch();
+            assert_eq!(refused.status.code(), Some(127), "{what}: {refused:?}");
+            assert!(refused.stdout.is_empty(), "{what}: {refused:?}");
+            let cached = home.join(".cache/fastcp").join(&name).join("fastcp");
+            std::fs::remove_file(&cached).unwrap();
+            let out = run_under(&shell, &upload_script(&name, &hash), &home, &bytes);
+            assert!(!out.status.success(), "{what}: {out:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("above it could be changed"),
+                "{what}: {out:?}"
+            );
+            assert!(!cached.exists(), "{what}");
         }
     }
 
