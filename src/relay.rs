@@ -19,9 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
-use crate::client::{Outcome, Plan, SessionDone, cancellable, top_level_name, within_idle_limit};
+use crate::client::{
+    Outcome, Plan, SessionDone, cancellable, stopped_answering, top_level_name, within_idle_limit,
+};
 use crate::location::{Location, RemotePath};
-use crate::transport::SshOptions;
+use crate::transport::{SshOptions, Transport};
 use crate::{BoxStream, Error, Progress, Session};
 
 /// Which end of a relay a session serves.
@@ -367,7 +369,14 @@ async fn attempt(
             .map_err(|e| match e {
                 // The idle limit's own error: the relay's name a host already.
                 Error::Timeout(_) => stalled(plan, [source, target], &waits),
-                e => e,
+                e if e.kind() == crate::ErrorKind::Cancelled => e,
+                // A login whose server stopped answering SSH keepalives closed its streams.
+                e => [source, target]
+                    .into_iter()
+                    .find_map(|s| Some((s, s.first_connection().stopped_answering()?)))
+                    .map_or(e, |(s, stopped)| {
+                        stopped_answering(stopped, plan.options().timeout).on_host(s.destination())
+                    }),
             });
         link.finished.send_replace(Some(report.is_ok()));
         report

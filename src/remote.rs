@@ -896,6 +896,13 @@ impl Transport for Peer {
             Peer::LoggingIn(_) => false,
         }
     }
+
+    fn stopped_answering(&self) -> Option<transport::Error> {
+        match self {
+            Peer::Ready(c) => c.stopped_answering(),
+            Peer::LoggingIn(login) => login.done.get()?.stopped_answering(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -221,13 +221,14 @@ fn run_bounded(args: &[&std::ffi::OsStr], limit: Duration) -> (Option<i32>, Stri
     }
 }
 
-fn cut_push(fault: Fault, at: u64, extra: &[&str], says: &str) {
-    cut_copy(fault, at, "ssh", extra, says);
+fn cut_push(fault: Fault, at: u64, extra: &[&str], says: &str) -> String {
+    cut_copy(fault, at, "ssh", extra, says)
 }
 
 /// Pushes a 24 MiB file over `transport` with the SSH connection going through a relay
-/// that misbehaves at `at` bytes; checks the exit code and what is left.
-fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) {
+/// that misbehaves at `at` bytes; checks the exit code and what is left. Returns what
+/// fastcp said.
+fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) -> String {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("big");
@@ -257,7 +258,7 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
             std::fs::read(dst.join("big")).unwrap(),
             std::fs::read(&src).unwrap()
         );
-        return;
+        return err;
     }
     assert_eq!(code, Some(3), "{fault:?} at {at} over {transport}: {err}");
     assert!(err.contains(says), "{fault:?} at {at}: {err}");
@@ -273,6 +274,7 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
         || std::fs::read_dir(&dst).unwrap().count() == 0,
     );
     assert_no_temp(&dst);
+    err
 }
 
 #[test]
@@ -956,7 +958,8 @@ fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
 }
 
 /// ServerAliveInterval from ssh_config or `-o` is honoured: with the copy's own timeout off,
-/// SSH keepalives alone notice a stalled connection.
+/// SSH keepalives alone notice a stalled connection, and it is reported as a stall that
+/// names them, not as a connection that closed.
 #[test]
 fn server_alive_interval_notices_a_stalled_connection() {
     cut_push(
@@ -970,8 +973,26 @@ fn server_alive_interval_notices_a_stalled_connection() {
             "-o",
             "ServerAliveCountMax=2",
         ],
-        "connection closed",
+        "the other side or the network stopped answering: no reply to SSH keepalives for 2 s \
+         (ServerAliveInterval x ServerAliveCountMax)",
     );
+}
+
+/// Under `--timeout` the copy's idle limit and the SSH keepalives it sets notice a stall at
+/// about the same time: whichever does, the error is the stall's, naming `--timeout`. A low
+/// `--bwlimit` keeps the copy writing into its buffers for a while after the stall, so the
+/// keepalives, which count from the last bytes received, are often first.
+#[test]
+fn a_stall_under_timeout_is_a_stall_whichever_limit_notices_it() {
+    for bwlimit in ["1M", "8M"] {
+        let err = cut_push(
+            Fault::Stall,
+            2_000_000,
+            &["--timeout", "3", "--bwlimit", bwlimit],
+            "the other side or the network stopped answering",
+        );
+        assert!(err.contains("--timeout"), "{err}");
+    }
 }
 
 /// How many bytes of the file at `path` already hold `src`'s bytes at the same offsets,
