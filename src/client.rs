@@ -1558,13 +1558,16 @@ async fn try_session<P: Peers + ?Sized>(
     // The ssh program is killed once this wait gives up on it: none is left behind.
     let status = server.exit.wait_or_kill(patience).await;
     if session.is_ok()
-        && let (Some(program), Err(e)) = (program, &status)
+        && let (Some(program), Err(transport::Error::Io { source, .. })) = (program, &status)
+        && source.kind() == std::io::ErrorKind::TimedOut
     {
         plan.options.log.warn(|| {
             format!(
-                "the copy is complete, but {} did not exit after it ({e}); whatever the remote \
-                 server said last is not shown",
-                program.display()
+                "the copy is complete, but {} did not exit within {} s of it (was it \
+                 stopped?), and was killed; what the remote server said last, if anything, is \
+                 not shown",
+                program.display(),
+                patience.as_secs_f32()
             )
         });
     }

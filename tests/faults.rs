@@ -782,6 +782,71 @@ fn a_terminal_ctrl_c_that_ends_the_system_ssh_says_what_stays_on_the_remote() {
     );
 }
 
+/// With the data over sealed TCP, the system ssh that carries only the control stream may
+/// be stopped (SIGSTOP) mid-copy: the copy goes through, and its end does not wait long for
+/// that ssh. It exits 0, says the ssh did not exit, and the ssh is killed, not left behind.
+#[test]
+fn a_stopped_system_ssh_does_not_hold_the_end_of_a_copy_over_tcp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    // Notes the process id of the ssh that runs the server (the one with `server` in its
+    // command line), then becomes it.
+    let ssh = script(
+        work.path(),
+        "ssh-noting-its-pid",
+        &format!(
+            "case \"$*\" in *server*) echo $$ > '{}'/$$ ;; esac\nexec ssh \"$@\"",
+            pids.display()
+        ),
+    );
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(16 << 20, 11), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let args = [
+        "--ssh-program",
+        ssh.to_str().unwrap(),
+        "--transport",
+        "tcp",
+        "--bwlimit",
+        "4M",
+    ];
+    let mut child = transfer(&sshd, &args, &src, &dst, false)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the copy never started", || {
+        has_temp(&dst)
+    });
+    let stopped: Vec<String> = std::fs::read_dir(&pids)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!stopped.is_empty(), "no ssh ran the server");
+    for pid in &stopped {
+        kill("-STOP", pid);
+    }
+    let status = wait_exit(&mut child, Duration::from_secs(60), "the copy never ended");
+    let err = read_text(&mut child.stderr);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("did not exit"), "{err}");
+    assert_eq!(
+        std::fs::read(dst.join("big")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+    // Killed: gone, or a zombie waiting to be reaped, never still stopped.
+    for pid in &stopped {
+        wait_until(Duration::from_secs(30), "the stopped ssh was left", || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.contains(") Z"))
+        });
+    }
+}
+
 /// The remote server stopped by SIGTERM mid-copy, pull and push: what it says is shown as
 /// the remote host's (`alias: fastcp server: ...`), never as if this side was interrupted.
 #[test]
