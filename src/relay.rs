@@ -196,21 +196,28 @@ pub(crate) async fn copy(
         let from = plan.sources()[0].remote().expect("remote sources");
         let to = plan.dest().remote().expect("a remote target");
         let login = |r: &RemotePath| (r.user.clone(), r.host.clone(), r.port);
+        let destination = |r: &RemotePath| match &r.user {
+            Some(user) => format!("{user}@{}", r.host),
+            None => r.host.clone(),
+        };
         let named = |r: &RemotePath| {
-            let host = match &r.user {
-                Some(user) => format!("{user}@{}", r.host),
-                None => r.host.clone(),
-            };
+            let host = destination(r);
             move |e: Error| e.on_host(&host)
         };
+        // Each login's lines name its host, as its errors do.
+        let options = |r: &RemotePath| {
+            let mut options = plan.options().clone();
+            options.log = options.log.for_host(&destination(r));
+            options
+        };
         // One after the other: each login may ask for a password on the terminal.
-        let source = Session::connect(from, ssh, plan.options())
+        let source = Session::connect(from, ssh, &options(from))
             .await
             .map_err(named(from))?;
         let target = if login(from) == login(to) {
             None
         } else {
-            let session = Session::connect(to, ssh, plan.options())
+            let session = Session::connect(to, ssh, &options(to))
                 .await
                 .map_err(named(to))?;
             Some(session)
@@ -316,9 +323,15 @@ async fn attempt(
         link: link.clone(),
         other: other.destination().to_owned(),
     };
+    // Each session's lines name its host, as its errors do.
+    let relaying = |end, session: &Session, other: &Session| {
+        let mut plan = plan.relaying(half(end, other));
+        plan.options.log = plan.options.log.for_host(session.destination());
+        plan
+    };
     let (plan_a, plan_b) = (
-        plan.relaying(half(End::Source, target)),
-        plan.relaying(half(End::Target, source)),
+        relaying(End::Source, source, target),
+        relaying(End::Target, target, source),
     );
     let named = |session: &Session| {
         let host = session.destination().to_owned();

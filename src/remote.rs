@@ -262,7 +262,7 @@ impl Session {
                 addr,
                 streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
             };
-            log.info(|| format!("{}: sealed TCP to {addr}", self.destination));
+            log.info(|| format!("sealed TCP to {addr}"));
             return match session_over(plan, peer, first, &self.ssh, mode, progress, job).await {
                 Err(Error::Tcp(e))
                     if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
@@ -294,13 +294,7 @@ impl Session {
         };
         let peers = self.peers(mode.streams(), log).await;
         let mode = within_logins(mode, peers.most());
-        log.info(|| {
-            format!(
-                "{}: SSH channels, {} stream(s)",
-                self.destination,
-                mode.streams()
-            )
-        });
+        log.info(|| format!("SSH channels, {} stream(s)", mode.streams()));
         let started = session_over(plan, peer, &peers, &self.ssh, mode, progress, job).await;
         if started.is_err() && peers.unsettled() && peers.settle().await < mode.streams() {
             half.again();

@@ -748,3 +748,33 @@ fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
     assert_eq!(std::fs::read(dst.join("afile")).unwrap(), b"a file");
     assert_eq!(scan(&dst).len(), 1, "{:?}", scan(&dst).keys());
 }
+
+/// With `-v` and `-vv`, over SSH channels and sealed TCP, each line is about one of the two
+/// sessions, and says which host it concerns, as an error from either host does.
+#[test]
+fn every_verbose_line_names_its_host() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("f"), &pseudo_random(100_000, 3), 0o644);
+    for (verbose, transport) in [("-v", "ssh"), ("-vv", "ssh"), ("-v", "tcp"), ("-vv", "tcp")] {
+        let out = run(hosts
+            .fastcp()
+            .args([verbose, "--transport", transport])
+            .arg(on("hosta", &src.join("f")))
+            .arg(on("hostb", &dst.join(format!("f{verbose}-{transport}")))));
+        let said = stderr(&out);
+        assert!(out.status.success(), "{said}");
+        for host in ["hosta", "hostb"] {
+            assert!(
+                said.contains(&format!("fastcp: {host}: authenticated")),
+                "{verbose} {transport}: {said}"
+            );
+        }
+        for line in said.lines() {
+            assert!(
+                line.starts_with("fastcp: hosta: ") || line.starts_with("fastcp: hostb: "),
+                "{verbose} {transport}: a line that names no host: {line}\n{said}"
+            );
+        }
+    }
+}
