@@ -15,7 +15,7 @@ use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, 
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Peers, Plan,
-    SessionDone, Started, TransportChoice, direct_address, session_over,
+    SessionDone, Started, TransportChoice, direct_address, session_over, stall_behind,
 };
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
@@ -393,7 +393,9 @@ impl Session {
         if plan.options.sftp {
             let done = match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
                 Err(e @ Error::RemoteCommand(_)) => return Err(unless_ssh_gave_up(peer, e).await),
-                done => done?,
+                done => {
+                    done.map_err(|e| stall_behind(e, first, Mode::Inline, plan.options.timeout))?
+                }
             };
             return Ok((done, "sftp"));
         }
@@ -933,7 +935,12 @@ impl Session {
                              to be uploaded (no --no-deploy)"
                         )))
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(stall_behind(
+                        e,
+                        std::slice::from_ref(peer),
+                        Mode::Inline,
+                        plan.options.timeout,
+                    )),
                 }
             }
         }

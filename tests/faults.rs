@@ -399,6 +399,55 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
     }
 }
 
+/// Over SFTP too, a stall that SSH keepalives notice (the copy's own timeout off) is
+/// reported as a stall naming them, push and pull.
+#[test]
+fn a_stalled_sftp_copy_noticed_by_keepalives_is_a_stall() {
+    for pull in [false, true] {
+        let sshd = Sshd::start().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(24 << 20, 6), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let port = if pull {
+            relay_both(sshd.port(), 4_000_000, Fault::Stall)
+        } else {
+            relay(sshd.port(), 4_000_000, Fault::Stall)
+        };
+        let cfg = through(&sshd, work.path(), port);
+        let (from, to) = if pull {
+            (remote(&sshd, &src), dst.display().to_string())
+        } else {
+            (src.display().to_string(), remote(&sshd, &dst))
+        };
+        let extra = [
+            "-j",
+            "1",
+            "--timeout",
+            "0",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ];
+        let args = sftp_args(&cfg, &extra, &from, &to);
+        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "pull {pull}: {err}");
+        assert!(
+            err.contains(
+                "stopped answering: no reply to SSH keepalives for 2 s (ServerAliveInterval x \
+                 ServerAliveCountMax)"
+            ),
+            "pull {pull}: {err}"
+        );
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
+    }
+}
+
 /// fastcp's arguments for a copy over SFTP from `from` to `to`, with ssh_config `cfg` and
 /// `extra` options.
 /// Arguments for a copy over SSH channels with `cfg`, this build as the remote program,
