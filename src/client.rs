@@ -1210,6 +1210,10 @@ pub(crate) enum Started {
 /// ended.
 pub(crate) const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a session that went through waits for the remote program's exit status and the
+/// end of its stderr, both together: the server has said its last word, and exits at once.
+pub(crate) const DONE_EXIT_WAIT: Duration = Duration::from_secs(2);
+
 /// The `fastcp` command's `--timeout` unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -1557,22 +1561,41 @@ async fn try_session<P: Peers + ?Sized>(
         inner: server.stream,
         verdict: Some(verdict.clone()),
     };
-    let session = run_job(plan, control, mode, peers, progress.clone(), job).await;
+    let session = run_job(plan, control, mode, peers, progress.clone(), job)
+        .await
+        .map_err(|e| stall_behind(e, peers, mode, plan.options.timeout));
     // The exit status tells a missing remote program from other failures. After a cut it may
     // never come: wait a little, never forever. A stalled peer (`--timeout`) will not exit nor
     // end its stderr: its stall was waited for already, so take only what is there.
+    // A copy that went through has its server's last word already: the server exits at
+    // once, and its exit status and stderr's end are not worth more than a moment, shared
+    // between the two (the system ssh may be stopped while the data went over TCP).
     let stalled = matches!(&session, Err(e) if e.kind() == crate::ErrorKind::Timeout);
-    let patience = if stalled {
-        Duration::ZERO
-    } else {
-        EXIT_STATUS_WAIT
+    let patience = match &session {
+        Ok(_) => DONE_EXIT_WAIT,
+        Err(_) if stalled => Duration::ZERO,
+        Err(_) => EXIT_STATUS_WAIT,
     };
-    let status = match tokio::time::timeout(patience, server.exit.wait()).await {
-        Ok(status) => status,
-        Err(_) => Err(transport::Error::Io {
-            context: "waiting for the remote program's exit status".into(),
-            source: std::io::ErrorKind::TimedOut.into(),
-        }),
+    let waited = Instant::now();
+    // The ssh program is killed once this wait gives up on it: none is left behind.
+    let status = server.exit.wait_or_kill(patience).await;
+    if session.is_ok()
+        && let (Some(program), Err(transport::Error::Io { source, .. })) = (program, &status)
+        && source.kind() == std::io::ErrorKind::TimedOut
+    {
+        plan.options.log.warn(|| {
+            format!(
+                "the copy is complete, but {} did not exit within {} s of it (was it \
+                 stopped?), and was killed; what the remote server said last, if anything, is \
+                 not shown",
+                program.display(),
+                patience.as_secs_f32()
+            )
+        });
+    }
+    let stderr_patience = match &session {
+        Ok(_) => patience.saturating_sub(waited.elapsed()),
+        Err(_) => patience,
     };
     // The system ssh exits 255 when it gives up (a refused login, a host key it will not
     // trust) before the server could speak: what it said is the error, not a line on stderr.
@@ -1659,12 +1682,63 @@ async fn try_session<P: Peers + ?Sized>(
         }
         first
     });
-    match tokio::time::timeout(patience, stderr).await {
+    match tokio::time::timeout(stderr_patience, stderr).await {
         Ok(Ok(said)) if ssh_gave_up && !said.trim_ascii().is_empty() => Err(Attempt::Failed(
             Error::SystemSsh(String::from_utf8_lossy(said.trim_ascii()).into_owned()),
         )),
         _ => attempt,
     }
+}
+
+/// `err`, or, when one of the connections that carried `mode`'s streams ended because its
+/// server stopped answering SSH keepalives, that stall: the streams on it closed because of
+/// it, and "closed unexpectedly" would hide why. A stall the idle limit caught, or a
+/// cancelled copy, stays as it is.
+pub(crate) fn stall_behind<P: Peers + ?Sized>(
+    err: Error,
+    peers: &P,
+    mode: Mode,
+    timeout: Option<Duration>,
+) -> Error {
+    if matches!(
+        err.kind(),
+        crate::ErrorKind::Timeout | crate::ErrorKind::Cancelled
+    ) || peers.is_empty()
+    {
+        return err;
+    }
+    let connections = match mode {
+        Mode::Unix { streams } => streams,
+        _ => 1,
+    };
+    (0..connections)
+        .find_map(|i| peers.peer(i).stopped_answering())
+        .map_or(err, |stopped| stopped_answering(stopped, timeout))
+}
+
+/// The error of a connection whose server stopped answering SSH keepalives (`stopped`,
+/// [`transport::Error::StoppedAnswering`]): a stall, as the idle limit reports one, naming
+/// the limit that fired: ssh_config's ServerAliveInterval x ServerAliveCountMax, or
+/// `--timeout` (`timeout`), which set the keepalives when ssh_config did not.
+pub(crate) fn stopped_answering(stopped: transport::Error, timeout: Option<Duration>) -> Error {
+    let transport::Error::StoppedAnswering {
+        waited,
+        server_alive,
+        ..
+    } = &stopped
+    else {
+        return stopped.into();
+    };
+    let limit = match timeout.filter(|t| !t.is_zero()) {
+        _ if *server_alive => "ServerAliveInterval x ServerAliveCountMax".to_owned(),
+        Some(t) => format!("--timeout {}", t.as_secs_f32()),
+        None => "SSH keepalives".to_owned(),
+    };
+    Error::Timeout(format!(
+        "while copying: the other side or the network stopped answering: no reply to SSH \
+         keepalives for {} s ({limit})",
+        waited.as_secs_f32()
+    ))
 }
 
 /// Whether `err` says only that the control stream ended (the process behind it exited).

@@ -62,6 +62,16 @@ impl Log {
     pub fn debug(&self, line: impl FnOnce() -> String) {
         self.log(LogLevel::Debug, line)
     }
+
+    /// The same log with each line marked as `host`'s (`host: line`), as an error from that
+    /// host is: for the lines of one of the two sessions of a copy between two hosts.
+    pub(crate) fn for_host(&self, host: &str) -> Log {
+        let Some(sink) = self.0.clone() else {
+            return Log(None);
+        };
+        let host = host.to_owned();
+        Log::new(move |level, line| sink(level, &format!("{host}: {line}")))
+    }
 }
 
 impl fmt::Debug for Log {

@@ -19,9 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
-use crate::client::{Outcome, Plan, SessionDone, cancellable, top_level_name, within_idle_limit};
+use crate::client::{
+    Outcome, Plan, SessionDone, cancellable, stopped_answering, top_level_name, within_idle_limit,
+};
 use crate::location::{Location, RemotePath};
-use crate::transport::SshOptions;
+use crate::transport::{SshOptions, Transport};
 use crate::{BoxStream, Error, Progress, Session};
 
 /// Which end of a relay a session serves.
@@ -194,21 +196,28 @@ pub(crate) async fn copy(
         let from = plan.sources()[0].remote().expect("remote sources");
         let to = plan.dest().remote().expect("a remote target");
         let login = |r: &RemotePath| (r.user.clone(), r.host.clone(), r.port);
+        let destination = |r: &RemotePath| match &r.user {
+            Some(user) => format!("{user}@{}", r.host),
+            None => r.host.clone(),
+        };
         let named = |r: &RemotePath| {
-            let host = match &r.user {
-                Some(user) => format!("{user}@{}", r.host),
-                None => r.host.clone(),
-            };
+            let host = destination(r);
             move |e: Error| e.on_host(&host)
         };
+        // Each login's lines name its host, as its errors do.
+        let options = |r: &RemotePath| {
+            let mut options = plan.options().clone();
+            options.log = options.log.for_host(&destination(r));
+            options
+        };
         // One after the other: each login may ask for a password on the terminal.
-        let source = Session::connect(from, ssh, plan.options())
+        let source = Session::connect(from, ssh, &options(from))
             .await
             .map_err(named(from))?;
         let target = if login(from) == login(to) {
             None
         } else {
-            let session = Session::connect(to, ssh, plan.options())
+            let session = Session::connect(to, ssh, &options(to))
                 .await
                 .map_err(named(to))?;
             Some(session)
@@ -314,9 +323,15 @@ async fn attempt(
         link: link.clone(),
         other: other.destination().to_owned(),
     };
+    // Each session's lines name its host, as its errors do.
+    let relaying = |end, session: &Session, other: &Session| {
+        let mut plan = plan.relaying(half(end, other));
+        plan.options.log = plan.options.log.for_host(session.destination());
+        plan
+    };
     let (plan_a, plan_b) = (
-        plan.relaying(half(End::Source, target)),
-        plan.relaying(half(End::Target, source)),
+        relaying(End::Source, source, target),
+        relaying(End::Target, target, source),
     );
     let named = |session: &Session| {
         let host = session.destination().to_owned();
@@ -367,7 +382,14 @@ async fn attempt(
             .map_err(|e| match e {
                 // The idle limit's own error: the relay's name a host already.
                 Error::Timeout(_) => stalled(plan, [source, target], &waits),
-                e => e,
+                e if e.kind() == crate::ErrorKind::Cancelled => e,
+                // A login whose server stopped answering SSH keepalives closed its streams.
+                e => [source, target]
+                    .into_iter()
+                    .find_map(|s| Some((s, s.first_connection().stopped_answering()?)))
+                    .map_or(e, |(s, stopped)| {
+                        stopped_answering(stopped, plan.options().timeout).on_host(s.destination())
+                    }),
             });
         link.finished.send_replace(Some(report.is_ok()));
         report

@@ -15,7 +15,7 @@ use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, 
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Peers, Plan,
-    SessionDone, Started, TransportChoice, direct_address, session_over,
+    SessionDone, Started, TransportChoice, direct_address, session_over, stall_behind,
 };
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
@@ -262,7 +262,7 @@ impl Session {
                 addr,
                 streams: plan.options.streams.unwrap_or(DEFAULT_TCP_STREAMS).max(1),
             };
-            log.info(|| format!("{}: sealed TCP to {addr}", self.destination));
+            log.info(|| format!("sealed TCP to {addr}"));
             return match session_over(plan, peer, first, &self.ssh, mode, progress, job).await {
                 Err(Error::Tcp(e))
                     if e.is_unreachable() && plan.options.transport == TransportChoice::Auto =>
@@ -294,13 +294,7 @@ impl Session {
         };
         let peers = self.peers(mode.streams(), log).await;
         let mode = within_logins(mode, peers.most());
-        log.info(|| {
-            format!(
-                "{}: SSH channels, {} stream(s)",
-                self.destination,
-                mode.streams()
-            )
-        });
+        log.info(|| format!("SSH channels, {} stream(s)", mode.streams()));
         let started = session_over(plan, peer, &peers, &self.ssh, mode, progress, job).await;
         if started.is_err() && peers.unsettled() && peers.settle().await < mode.streams() {
             half.again();
@@ -399,7 +393,9 @@ impl Session {
         if plan.options.sftp {
             let done = match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
                 Err(e @ Error::RemoteCommand(_)) => return Err(unless_ssh_gave_up(peer, e).await),
-                done => done?,
+                done => {
+                    done.map_err(|e| stall_behind(e, first, Mode::Inline, plan.options.timeout))?
+                }
             };
             return Ok((done, "sftp"));
         }
@@ -896,6 +892,13 @@ impl Transport for Peer {
             Peer::LoggingIn(_) => false,
         }
     }
+
+    fn stopped_answering(&self) -> Option<transport::Error> {
+        match self {
+            Peer::Ready(c) => c.stopped_answering(),
+            Peer::LoggingIn(login) => login.done.get()?.stopped_answering(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -932,7 +935,12 @@ impl Session {
                              to be uploaded (no --no-deploy)"
                         )))
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(stall_behind(
+                        e,
+                        std::slice::from_ref(peer),
+                        Mode::Inline,
+                        plan.options.timeout,
+                    )),
                 }
             }
         }

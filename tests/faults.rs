@@ -221,13 +221,14 @@ fn run_bounded(args: &[&std::ffi::OsStr], limit: Duration) -> (Option<i32>, Stri
     }
 }
 
-fn cut_push(fault: Fault, at: u64, extra: &[&str], says: &str) {
-    cut_copy(fault, at, "ssh", extra, says);
+fn cut_push(fault: Fault, at: u64, extra: &[&str], says: &str) -> String {
+    cut_copy(fault, at, "ssh", extra, says)
 }
 
 /// Pushes a 24 MiB file over `transport` with the SSH connection going through a relay
-/// that misbehaves at `at` bytes; checks the exit code and what is left.
-fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) {
+/// that misbehaves at `at` bytes; checks the exit code and what is left. Returns what
+/// fastcp said.
+fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) -> String {
     let sshd = Sshd::start().unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("big");
@@ -257,7 +258,7 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
             std::fs::read(dst.join("big")).unwrap(),
             std::fs::read(&src).unwrap()
         );
-        return;
+        return err;
     }
     assert_eq!(code, Some(3), "{fault:?} at {at} over {transport}: {err}");
     assert!(err.contains(says), "{fault:?} at {at}: {err}");
@@ -273,6 +274,7 @@ fn cut_copy(fault: Fault, at: u64, transport: &str, extra: &[&str], says: &str) 
         || std::fs::read_dir(&dst).unwrap().count() == 0,
     );
     assert_no_temp(&dst);
+    err
 }
 
 #[test]
@@ -394,6 +396,55 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
         if pull {
             assert_no_temp(&dst);
         }
+    }
+}
+
+/// Over SFTP too, a stall that SSH keepalives notice (the copy's own timeout off) is
+/// reported as a stall naming them, push and pull.
+#[test]
+fn a_stalled_sftp_copy_noticed_by_keepalives_is_a_stall() {
+    for pull in [false, true] {
+        let sshd = Sshd::start().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("big");
+        write(&src, &pseudo_random(24 << 20, 6), 0o644);
+        let dst = work.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let port = if pull {
+            relay_both(sshd.port(), 4_000_000, Fault::Stall)
+        } else {
+            relay(sshd.port(), 4_000_000, Fault::Stall)
+        };
+        let cfg = through(&sshd, work.path(), port);
+        let (from, to) = if pull {
+            (remote(&sshd, &src), dst.display().to_string())
+        } else {
+            (src.display().to_string(), remote(&sshd, &dst))
+        };
+        let extra = [
+            "-j",
+            "1",
+            "--timeout",
+            "0",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ];
+        let args = sftp_args(&cfg, &extra, &from, &to);
+        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        assert_eq!(code, Some(3), "pull {pull}: {err}");
+        assert!(
+            err.contains(
+                "stopped answering: no reply to SSH keepalives for 2 s (ServerAliveInterval x \
+                 ServerAliveCountMax)"
+            ),
+            "pull {pull}: {err}"
+        );
+        assert!(
+            !dst.join("big").exists(),
+            "a partial file under its final name"
+        );
     }
 }
 
@@ -780,6 +831,71 @@ fn a_terminal_ctrl_c_that_ends_the_system_ssh_says_what_stays_on_the_remote() {
     );
 }
 
+/// With the data over sealed TCP, the system ssh that carries only the control stream may
+/// be stopped (SIGSTOP) mid-copy: the copy goes through, and its end does not wait long for
+/// that ssh. It exits 0, says the ssh did not exit, and the ssh is killed, not left behind.
+#[test]
+fn a_stopped_system_ssh_does_not_hold_the_end_of_a_copy_over_tcp() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    // Notes the process id of the ssh that runs the server (the one with `server` in its
+    // command line), then becomes it.
+    let ssh = script(
+        work.path(),
+        "ssh-noting-its-pid",
+        &format!(
+            "case \"$*\" in *server*) echo $$ > '{}'/$$ ;; esac\nexec ssh \"$@\"",
+            pids.display()
+        ),
+    );
+    let src = work.path().join("big");
+    write(&src, &pseudo_random(16 << 20, 11), 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let args = [
+        "--ssh-program",
+        ssh.to_str().unwrap(),
+        "--transport",
+        "tcp",
+        "--bwlimit",
+        "4M",
+    ];
+    let mut child = transfer(&sshd, &args, &src, &dst, false)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the copy never started", || {
+        has_temp(&dst)
+    });
+    let stopped: Vec<String> = std::fs::read_dir(&pids)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!stopped.is_empty(), "no ssh ran the server");
+    for pid in &stopped {
+        kill("-STOP", pid);
+    }
+    let status = wait_exit(&mut child, Duration::from_secs(60), "the copy never ended");
+    let err = read_text(&mut child.stderr);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("did not exit"), "{err}");
+    assert_eq!(
+        std::fs::read(dst.join("big")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+    // Killed: gone, or a zombie waiting to be reaped, never still stopped.
+    for pid in &stopped {
+        wait_until(Duration::from_secs(30), "the stopped ssh was left", || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.contains(") Z"))
+        });
+    }
+}
+
 /// The remote server stopped by SIGTERM mid-copy, pull and push: what it says is shown as
 /// the remote host's (`alias: fastcp server: ...`), never as if this side was interrupted.
 #[test]
@@ -956,7 +1072,8 @@ fn a_temp_file_left_by_kill_9_goes_with_the_next_copy() {
 }
 
 /// ServerAliveInterval from ssh_config or `-o` is honoured: with the copy's own timeout off,
-/// SSH keepalives alone notice a stalled connection.
+/// SSH keepalives alone notice a stalled connection, and it is reported as a stall that
+/// names them, not as a connection that closed.
 #[test]
 fn server_alive_interval_notices_a_stalled_connection() {
     cut_push(
@@ -970,8 +1087,26 @@ fn server_alive_interval_notices_a_stalled_connection() {
             "-o",
             "ServerAliveCountMax=2",
         ],
-        "connection closed",
+        "the other side or the network stopped answering: no reply to SSH keepalives for 2 s \
+         (ServerAliveInterval x ServerAliveCountMax)",
     );
+}
+
+/// Under `--timeout` the copy's idle limit and the SSH keepalives it sets notice a stall at
+/// about the same time: whichever does, the error is the stall's, naming `--timeout`. A low
+/// `--bwlimit` keeps the copy writing into its buffers for a while after the stall, so the
+/// keepalives, which count from the last bytes received, are often first.
+#[test]
+fn a_stall_under_timeout_is_a_stall_whichever_limit_notices_it() {
+    for bwlimit in ["1M", "8M"] {
+        let err = cut_push(
+            Fault::Stall,
+            2_000_000,
+            &["--timeout", "3", "--bwlimit", bwlimit],
+            "the other side or the network stopped answering",
+        );
+        assert!(err.contains("--timeout"), "{err}");
+    }
 }
 
 /// How many bytes of the file at `path` already hold `src`'s bytes at the same offsets,

@@ -470,6 +470,112 @@ fn a_cut_on_the_receiving_host_ends_the_copy_naming_it() {
     assert!(v["error"].as_str().unwrap().starts_with("hostb:"), "{v}");
 }
 
+/// Runs a relay of a big file with `args`, slowed down, and sends `signal` to the sshd
+/// process that carries `host`'s ("a" or "b") login (the server's parent) once data is
+/// flowing. Returns what fastcp said, and whether the file arrived whole. The copy must end
+/// within a minute.
+fn signal_login(host: &str, signal: &str, args: &[&str]) -> (Output, bool) {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("big"), &pseudo_random(16 << 20, 8), 0o644);
+    let mut child = hosts
+        .fastcp()
+        .args(["--bwlimit", "4M"])
+        .args(args)
+        .arg(on("hosta", &src.join("big")))
+        .arg(on("hostb", &dst.join("big")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let flowing = || {
+        std::fs::read_dir(&dst)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+    };
+    while !flowing() {
+        assert!(Instant::now() < deadline, "no data arrived");
+        assert!(child.try_wait().unwrap().is_none(), "fastcp ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut logins = Vec::new();
+    for pid in hosts.pids(host) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let ppid = stat.rsplit(") ").next().unwrap().split(' ').nth(1).unwrap();
+        let comm = std::fs::read_to_string(format!("/proc/{ppid}/comm")).unwrap();
+        assert!(comm.starts_with("sshd"), "the server's parent is {comm}");
+        assert!(
+            Command::new("kill")
+                .args([signal, ppid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        logins.push(ppid.to_owned());
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the copy never ended after host{host}'s login got {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    // A stopped login goes with its sshd.
+    for pid in logins {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    }
+    let whole = std::fs::read(dst.join("big")).ok() == std::fs::read(src.join("big")).ok();
+    (out, whole)
+}
+
+/// With sealed TCP data on both sides, the data does not go through either SSH login: a
+/// login cut mid-copy (its sshd killed; its server lives on) ends neither the data nor the
+/// copy, which arrives whole, verified, with exit code 0, as a push over TCP does.
+#[test]
+fn a_cut_login_leaves_a_copy_over_sealed_tcp_going() {
+    for host in ["a", "b"] {
+        let (out, whole) = signal_login(host, "-9", &["--transport", "tcp"]);
+        assert_eq!(out.status.code(), Some(0), "host{host}: {}", stderr(&out));
+        assert!(whole, "host{host}");
+    }
+}
+
+/// A login stopped mid-copy (its sshd stopped) over SSH channels, noticed by SSH keepalives
+/// alone: a stall of that host, naming ServerAliveInterval x ServerAliveCountMax, exit code
+/// 3, not a connection that closed.
+#[test]
+fn a_stalled_login_noticed_by_keepalives_is_a_stall_of_its_host() {
+    let (out, whole) = signal_login(
+        "b",
+        "-STOP",
+        &[
+            "--transport",
+            "ssh",
+            "--timeout",
+            "0",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ],
+    );
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(!whole);
+    assert!(said.starts_with("fastcp: hostb: "), "{said}");
+    assert!(
+        said.contains(
+            "the other side or the network stopped answering: no reply to SSH keepalives for \
+             2 s (ServerAliveInterval x ServerAliveCountMax)"
+        ),
+        "{said}"
+    );
+}
+
 /// Either host's server stopped by SIGTERM: what it says is shown as that host's.
 #[test]
 fn a_servers_own_words_are_shown_as_its_hosts() {
@@ -747,4 +853,34 @@ fn a_folder_onto_an_existing_file_is_refused_with_one_line() {
     assert!(said.contains("exists and is not a directory"), "{said}");
     assert_eq!(std::fs::read(dst.join("afile")).unwrap(), b"a file");
     assert_eq!(scan(&dst).len(), 1, "{:?}", scan(&dst).keys());
+}
+
+/// With `-v` and `-vv`, over SSH channels and sealed TCP, each line is about one of the two
+/// sessions, and says which host it concerns, as an error from either host does.
+#[test]
+fn every_verbose_line_names_its_host() {
+    let hosts = Hosts::start();
+    let (src, dst) = (hosts.dir("a"), hosts.dir("b"));
+    write(&src.join("f"), &pseudo_random(100_000, 3), 0o644);
+    for (verbose, transport) in [("-v", "ssh"), ("-vv", "ssh"), ("-v", "tcp"), ("-vv", "tcp")] {
+        let out = run(hosts
+            .fastcp()
+            .args([verbose, "--transport", transport])
+            .arg(on("hosta", &src.join("f")))
+            .arg(on("hostb", &dst.join(format!("f{verbose}-{transport}")))));
+        let said = stderr(&out);
+        assert!(out.status.success(), "{said}");
+        for host in ["hosta", "hostb"] {
+            assert!(
+                said.contains(&format!("fastcp: {host}: authenticated")),
+                "{verbose} {transport}: {said}"
+            );
+        }
+        for line in said.lines() {
+            assert!(
+                line.starts_with("fastcp: hosta: ") || line.starts_with("fastcp: hostb: "),
+                "{verbose} {transport}: a line that names no host: {line}\n{said}"
+            );
+        }
+    }
 }

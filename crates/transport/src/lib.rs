@@ -153,6 +153,13 @@ pub trait Transport: Send + Sync {
     fn authenticates(&self) -> bool {
         false
     }
+
+    /// Why the connection ended, when it ended because the peer stopped answering (SSH
+    /// keepalives unanswered: [`Error::StoppedAnswering`]): a stream that closed then was
+    /// closed by this side, and the stall is the error to report. Default: `None`.
+    fn stopped_answering(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// A shared transport, as an embedder keeps one for several copies.
@@ -171,6 +178,10 @@ impl<T: Transport> Transport for std::sync::Arc<T> {
 
     fn authenticates(&self) -> bool {
         (**self).authenticates()
+    }
+
+    fn stopped_answering(&self) -> Option<Error> {
+        (**self).stopped_answering()
     }
 }
 
@@ -193,6 +204,10 @@ impl Transport for SshSession {
 
     fn supports_extra_streams(&self) -> bool {
         true
+    }
+
+    fn stopped_answering(&self) -> Option<Error> {
+        SshSession::stopped_answering(self)
     }
 }
 
@@ -321,6 +336,13 @@ impl Transport for AnyTransport {
         match self {
             AnyTransport::Builtin(s) => s.authenticates(),
             AnyTransport::Program(p) => p.authenticates(),
+        }
+    }
+
+    fn stopped_answering(&self) -> Option<Error> {
+        match self {
+            AnyTransport::Builtin(s) => Transport::stopped_answering(s),
+            AnyTransport::Program(p) => p.stopped_answering(),
         }
     }
 }

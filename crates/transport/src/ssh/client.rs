@@ -254,6 +254,8 @@ pub(crate) struct ClientHandler {
     exec: ExecMap,
     /// What answers a host key question in place of the terminal.
     prompt: Option<auth::Prompt>,
+    /// Set when the connection ended because the server did not answer SSH keepalives.
+    stopped_answering: Arc<AtomicBool>,
 }
 
 impl russh::client::Handler for ClientHandler {
@@ -330,6 +332,21 @@ impl russh::client::Handler for ClientHandler {
             },
         );
         Ok(())
+    }
+
+    async fn disconnected(
+        &mut self,
+        reason: russh::client::DisconnectReason<Error>,
+    ) -> Result<(), Error> {
+        match reason {
+            russh::client::DisconnectReason::ReceivedDisconnect(_) => Ok(()),
+            russh::client::DisconnectReason::Error(e) => {
+                if matches!(e, Error::Protocol(russh::Error::KeepaliveTimeout)) {
+                    self.stopped_answering.store(true, Ordering::SeqCst);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn channel_close(
@@ -554,6 +571,11 @@ pub struct SshSession {
     remote_path: std::sync::Mutex<Option<String>>,
     launcher: std::sync::Mutex<Option<String>>,
     peer_addr: Option<SocketAddr>,
+    /// Set when the connection ended because the server did not answer SSH keepalives.
+    stopped_answering: Arc<AtomicBool>,
+    /// The keepalives' interval and how many may go unanswered, and whether they were
+    /// ssh_config's ServerAliveInterval.
+    keepalives: Option<(Duration, usize, bool)>,
     /// The ProxyCommand process carrying the connection, killed with the session.
     _proxy: Option<Box<tokio::process::Child>>,
 }
@@ -633,6 +655,23 @@ impl SshSession {
         self.peer_addr
     }
 
+    /// [`Error::StoppedAnswering`] once the connection has ended because the server
+    /// answered none of the SSH keepalives allowed (ServerAliveInterval x
+    /// ServerAliveCountMax, or [`SshClientConfig::keepalive_interval`] and three); `None`
+    /// while it is up, or when it ended otherwise.
+    pub(crate) fn stopped_answering(&self) -> Option<Error> {
+        if !self.stopped_answering.load(Ordering::SeqCst) {
+            return None;
+        }
+        let (interval, count, server_alive) = self.keepalives?;
+        Some(Error::StoppedAnswering {
+            host: self.host.host_name.clone(),
+            port: self.host.port,
+            waited: interval.saturating_mul(u32::try_from(count.max(1)).unwrap_or(u32::MAX)),
+            server_alive,
+        })
+    }
+
     /// Warnings to show the user (for example a host key just recorded in known_hosts).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
@@ -670,7 +709,7 @@ impl SshSession {
         Ok(RemoteProcess {
             stream,
             stderr: Stderr(erx),
-            exit: ExitWaiter(xrx),
+            exit: ExitWaiter::new(xrx),
         })
     }
 
@@ -863,6 +902,14 @@ async fn connect_one(
     let key_received = Arc::new(AtomicBool::new(false));
     let key_changed = Arc::new(AtomicBool::new(false));
     let peer_addr = Mutex::new(None);
+    let keepalives = checked.keepalive_interval.map(|i| {
+        (
+            i,
+            checked.keepalive_max,
+            host.server_alive_interval.is_some(),
+        )
+    });
+    let stopped_answering = Arc::new(AtomicBool::new(false));
     let handler = ClientHandler {
         host: host.clone(),
         key_received: key_received.clone(),
@@ -870,6 +917,7 @@ async fn connect_one(
         warnings: warnings.clone(),
         exec: exec.clone(),
         prompt: client.prompt.clone(),
+        stopped_answering: stopped_answering.clone(),
     };
     let timeout = host.connect_timeout.or(client.default_connect_timeout);
     let timed_out = |connected| Error::Timeout {
@@ -993,6 +1041,8 @@ async fn connect_one(
         remote_path: std::sync::Mutex::new(None),
         launcher: std::sync::Mutex::new(None),
         peer_addr: peer_addr.into_inner().expect("peer addr"),
+        stopped_answering,
+        keepalives,
         _proxy: proxy,
     })
 }

@@ -77,6 +77,30 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// The server stopped answering once logged in: nothing came back for `waited`, as many
+    /// SSH keepalives as allowed went unanswered, and the connection was closed.
+    #[error(
+        "ssh: {host} port {port}: the server stopped answering: nothing came back for {}s \
+         ({})",
+        waited.as_secs_f32(),
+        if *server_alive {
+            "ServerAliveInterval x ServerAliveCountMax"
+        } else {
+            "SSH keepalives"
+        }
+    )]
+    StoppedAnswering {
+        /// Host name or address.
+        host: String,
+        /// Port.
+        port: u16,
+        /// How long nothing came back: the keepalive interval times the keepalives allowed.
+        waited: Duration,
+        /// Whether the keepalives were ssh_config's (or `-o`'s) ServerAliveInterval; false:
+        /// [`crate::SshClientConfig::keepalive_interval`].
+        server_alive: bool,
+    },
+
     /// The server's host key is not in any known_hosts file, and was not trusted: `refusal`
     /// says why.
     #[error("{}", unknown_key_text(self))]

@@ -570,10 +570,20 @@ impl SshProgram {
             let _ = said_tx.send(kept);
         });
         let (xtx, xrx) = oneshot::channel();
+        let (kill, mut killed) = oneshot::channel();
         let logins = self.logins.clone();
         let number = login.then(|| logins.started.fetch_add(1, Ordering::SeqCst) + 1);
         tokio::spawn(async move {
-            let Ok(status) = child.wait().await else {
+            // Killed when asked (`ExitWaiter::wait_or_kill`); an `ExitWaiter` dropped unused
+            // leaves it running.
+            let status = tokio::select! {
+                status = child.wait() => status,
+                Ok(()) = &mut killed => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            let Ok(status) = status else {
                 return;
             };
             let status = exit_status(status);
@@ -602,7 +612,7 @@ impl SshProgram {
                 stdin: Some(stdin),
             },
             stderr: Stderr(erx),
-            exit: ExitWaiter(xrx),
+            exit: ExitWaiter::local(xrx, kill),
         })
     }
 }

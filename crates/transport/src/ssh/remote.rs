@@ -89,13 +89,57 @@ impl Stderr {
 
 /// Resolves to the remote command's exit status.
 #[derive(Debug)]
-pub struct ExitWaiter(pub(crate) oneshot::Receiver<ExitStatus>);
+pub struct ExitWaiter {
+    status: oneshot::Receiver<ExitStatus>,
+    /// Kills the local process that runs the command (the system ssh), if there is one.
+    kill: Option<oneshot::Sender<()>>,
+}
 
 impl ExitWaiter {
+    /// A command run over a channel: nothing local to kill.
+    pub(crate) fn new(status: oneshot::Receiver<ExitStatus>) -> ExitWaiter {
+        ExitWaiter { status, kill: None }
+    }
+
+    /// A command run by a local process (the system ssh), which `kill` kills.
+    pub(crate) fn local(
+        status: oneshot::Receiver<ExitStatus>,
+        kill: oneshot::Sender<()>,
+    ) -> ExitWaiter {
+        ExitWaiter {
+            status,
+            kill: Some(kill),
+        }
+    }
+
     /// Waits for the command to end. [`Error::NoExitStatus`] if the channel closed without
     /// a status (connection lost).
     pub async fn wait(self) -> Result<ExitStatus, Error> {
-        self.0.await.map_err(|_| Error::NoExitStatus)
+        self.status.await.map_err(|_| Error::NoExitStatus)
+    }
+
+    /// Waits at most `limit` for the command to end. Once `limit` has passed, the local
+    /// process that runs it (the system ssh, stopped or stuck) is killed, so none is left
+    /// behind, and the error is an [`Error::Io`] of kind `TimedOut` that says whether one
+    /// was; a command run over a channel of the built-in client goes with its channel.
+    pub async fn wait_or_kill(mut self, limit: std::time::Duration) -> Result<ExitStatus, Error> {
+        match tokio::time::timeout(limit, &mut self.status).await {
+            Ok(status) => status.map_err(|_| Error::NoExitStatus),
+            Err(_) => {
+                let killed = self.kill.take().is_some_and(|kill| kill.send(()).is_ok());
+                Err(Error::Io {
+                    context: if killed {
+                        format!(
+                            "the ssh program did not exit within {} s, and was killed",
+                            limit.as_secs_f32()
+                        )
+                    } else {
+                        "waiting for the remote command's exit status".into()
+                    },
+                    source: std::io::ErrorKind::TimedOut.into(),
+                })
+            }
+        }
     }
 }
 
@@ -122,7 +166,7 @@ impl RemoteProcess {
         RemoteProcess {
             stream: Box::new(stream),
             stderr: Stderr(stderr),
-            exit: ExitWaiter(waiter),
+            exit: ExitWaiter::new(waiter),
         }
     }
 }
