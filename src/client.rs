@@ -1850,13 +1850,20 @@ impl RemoteLines {
             if self.at_start {
                 out.extend_from_slice(&self.prefix);
             }
-            for &b in line {
+            // A line that ends in CR LF (ssh's own lines, written for a terminal) ends as
+            // any other; a CR inside a line is shown.
+            let (body, end) = match line.strip_suffix(b"\r\n") {
+                Some(body) => (body, &b"\n"[..]),
+                None => (line, &b""[..]),
+            };
+            for &b in body {
                 if (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f {
                     out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
                 } else {
                     out.push(b);
                 }
             }
+            out.extend_from_slice(end);
             self.at_start = line.ends_with(b"\n");
         }
         out
@@ -2778,6 +2785,12 @@ mod tests {
         assert_eq!(
             RemoteLines::of(Some("nas")).mark(b"\x1b[2Jgone\r\x07\tok\x7f\n"),
             b"nas: \\x1b[2Jgone\\x0d\\x07\tok\\x7f\n"
+        );
+        // A line ending CR LF, as ssh writes "Timeout, server … not responding.", ends as
+        // any other.
+        assert_eq!(
+            RemoteLines::of(Some("nas")).mark(b"Timeout, server nas not responding.\r\nnext\r\n"),
+            b"nas: Timeout, server nas not responding.\nnas: next\n"
         );
     }
 
