@@ -33,8 +33,10 @@ const DRY_RUN_WAIT: &str = "during a dry run, waiting on the peer (--timeout)";
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
-    /// Its path relative to the target, '/'-separated, starting with the source's name. Raw
-    /// bytes (they may come from the peer): escape them with [`crate::stream::escape`].
+    /// Its path relative to the target, '/'-separated, starting with the source's name; for
+    /// a folder's contents ([`Plan::contents`](crate::Plan::contents)) that name is not part
+    /// of where it lands (`src/a` lands at `dest/a`). Raw bytes (they may come from the
+    /// peer): escape them with [`crate::stream::escape`].
     pub path: Bytes,
     /// A directory, a file and its size, or a link and its target.
     pub kind: EntryKind,

@@ -1193,6 +1193,69 @@ fn a_dry_run_of_a_rerun_lists_only_what_would_change() {
     everywhere("src/moved -> a/b/f\n");
 }
 
+/// A dry run of a folder's contents (`src/.`) names each entry where it lands, beneath the
+/// destination, as `rsync -n src/ dst` does: `a/y` and `deleting a/x` for `dst/a/y` and
+/// `dst/a/x`, the top itself `./`, not `src/a/x`. Alike for a local copy, a pull and a push,
+/// in the lines and in `--json`.
+#[test]
+fn a_dry_run_of_a_folders_contents_names_paths_as_they_land() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    write(&src.join("a/y"), b"y", 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("a/sub")).unwrap();
+    write(&dst.join("a/x"), b"x", 0o644);
+    write(&dst.join("a/sub/z"), b"z", 0o644);
+    write(&dst.join("k"), b"k", 0o644);
+    let contents = src.join(".");
+    let want = "./\na/\na/y\ndeleting k\ndeleting a/sub/z\ndeleting a/sub/\ndeleting a/x\n";
+    let check = |mut cmd: Command, how: &str| {
+        let mut json_cmd = Command::new(cmd.get_program());
+        json_cmd.args(cmd.get_args()).arg("--json");
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => json_cmd.env(k, v),
+                None => json_cmd.env_remove(k),
+            };
+        }
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{how}: {}", stderr(&out));
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{how}");
+        let v = json(&run(&mut json_cmd));
+        let paths: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [".", "a", "a/y", "k", "a/sub/z", "a/sub", "a/x"],
+            "{how}"
+        );
+    };
+    let local = || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["-n", "-r", "--delete"]).arg(&contents).arg(&dst);
+        cmd
+    };
+    check(local(), "local");
+    let mut pull = fastcp(&sshd, bin());
+    pull.args(["-n", "-r", "--delete"])
+        .arg(remote(&sshd, &contents))
+        .arg(&dst);
+    check(pull, "pull");
+    for transport in ["ssh", "tcp"] {
+        let mut push = fastcp(&sshd, bin());
+        push.args(["-n", "-r", "--delete", "--transport", transport])
+            .arg(&contents)
+            .arg(remote(&sshd, &dst));
+        check(push, transport);
+    }
+}
+
 /// A destination named on the command line that is a symlink to a folder is followed by the
 /// copy, and by its dry run: `-n --delete` into it lists the extras at its top as well as
 /// those below, locally, pulled and pushed, and the copy then removes just those.
@@ -1224,7 +1287,7 @@ fn dry_run_into_a_symlinked_destination_lists_what_the_copy_deletes() {
         v.sort();
         v
     };
-    let want = ["deleting src/sub/extra", "deleting src/top-extra"];
+    let want = ["deleting sub/extra", "deleting top-extra"];
     let local = deleting(Command::new(BIN).arg(&contents).arg(&link));
     assert_eq!(local, want, "local");
     let pulled = deleting(
@@ -1585,7 +1648,7 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
         (Some(1), Some(1)),
         "-n: {dry:#}"
     );
-    assert_eq!(dry["entries"][0]["path"], "src/f", "-n: {dry:#}");
+    assert_eq!(dry["entries"][0]["path"], "f", "-n: {dry:#}");
     let v = copy();
     assert_eq!(
         (v["files"].as_u64(), v["files_skipped"].as_u64()),
@@ -2104,7 +2167,7 @@ fn a_dry_run_deletes_nothing_when_a_source_file_cannot_be_read() {
                     .iter()
                     .map(|e| e["path"].as_str().unwrap())
                     .collect();
-                assert_eq!(listed, ["src", "src/a"], "{what}: {summary}");
+                assert_eq!(listed, [".", "a"], "{what}: {summary}");
             }
             assert!(dst.join("x").exists(), "{what}");
         }
@@ -2145,7 +2208,7 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
             assert!(dst.join("xd/deep/f").exists(), "{what}");
             if dry_run {
                 let deleting = deleting(&summary);
-                assert_eq!(deleting, ["src/x"], "{what}: {summary}");
+                assert_eq!(deleting, ["x"], "{what}: {summary}");
             } else {
                 assert!(!dst.join("x").exists(), "{what}");
             }
@@ -2192,14 +2255,7 @@ fn delete_excluded_removes_what_the_rules_exclude() {
                 let deleting = deleting(&summary);
                 assert_eq!(
                     deleting,
-                    [
-                        "src/cache/old",
-                        "src/cache",
-                        "src/skip.o",
-                        "src/x",
-                        "src/xd/keep.o",
-                        "src/xd"
-                    ],
+                    ["cache/old", "cache", "skip.o", "x", "xd/keep.o", "xd"],
                     "{what}: {summary}"
                 );
                 assert!(dst.join("xd/keep.o").exists(), "{what}");
