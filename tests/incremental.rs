@@ -654,34 +654,47 @@ missing/file
     assert!(dst.join("src/e/unlisted").exists());
     assert!(dst.join("src/top").exists());
 
-    // A listed path that the rules leave out (itself, or a folder above it) is not missing.
-    std::fs::write(&list, "a/b/one\nc/d/four\ntop\n").unwrap();
+    // A listed path that the rules leave out is not missing, and no folder is made that
+    // would only lead to it: `c`, `c/d` and `e` are not made, as rsync makes none. As rsync's
+    // implied folders, a folder that leads to listed paths is not asked of the rules
+    // itself: `--exclude b/` does not keep `a/b/one` out. Alike locally, pushed and pulled
+    // (the list and the rules travel; over SFTP the listing applies them).
+    std::fs::write(&list, "a/b/one\nc/d/four\ne/six\ntop\n").unwrap();
+    let rules = [
+        "--exclude",
+        "top",
+        "--exclude",
+        "c/***",
+        "--exclude",
+        "b/",
+        "--exclude",
+        "six",
+    ];
     let ruled = work.path().join("ruled");
-    let out = run(Command::new(BIN)
-        .args([
-            "-r",
-            "--exclude",
-            "top",
-            "--exclude",
-            "/src/c/",
-            "--files-from",
-        ])
-        .arg(&list)
-        .arg(&src)
-        .arg(&ruled));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(listing(&ruled), ["a", "a/b", "a/b/one"]);
-    // So on a pull over SFTP, whose listing applies the list and the rules.
-    let ruled = work.path().join("ruled-sftp");
     std::fs::create_dir(&ruled).unwrap();
-    let out = run(fastcp(&sshd, bin())
-        .args(["-r", "--sftp", "--exclude", "top", "--exclude", "/src/c/"])
-        .arg("--files-from")
-        .arg(&list)
-        .arg(remote(&sshd, &src))
-        .arg(&ruled));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(listing(&ruled.join("src")), ["a", "a/b", "a/b/one"]);
+    let with_rules = |mut cmd: Command| {
+        cmd.arg("-r").args(rules).arg("--files-from").arg(&list);
+        cmd
+    };
+    let mut copies = Vec::new();
+    let mut local = with_rules(Command::new(BIN));
+    local.arg(&src).arg(ruled.join("local"));
+    copies.push(("local", local));
+    let mut push = with_rules(fastcp(&sshd, bin()));
+    push.arg(&src).arg(remote(&sshd, &ruled.join("push")));
+    copies.push(("push", push));
+    for transport in ["--transport=ssh", "--transport=tcp", "--sftp"] {
+        let mut pull = with_rules(fastcp(&sshd, bin()));
+        pull.arg(transport)
+            .arg(remote(&sshd, &src))
+            .arg(ruled.join(transport));
+        copies.push((transport, pull));
+    }
+    for (how, mut cmd) in copies {
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{how}: {}", stderr(&out));
+        assert_eq!(listing(&ruled.join(how)), ["a", "a/b", "a/b/one"], "{how}");
+    }
 }
 
 /// The copy reported the listed path its source lacks, and ended with exit code 1.
