@@ -723,6 +723,96 @@ fn walk_names(root: &Path) -> Vec<String> {
     out
 }
 
+/// With -H and --skip-unchanged, a dry run lists a hard link the copy makes again: one the
+/// destination broke (its name is a file of its own there, alike in size and time), or one
+/// the source moved to another file; and nothing once the links are in place.
+/// Locally and pulled (judged on this side); the counts are the copy's.
+#[test]
+fn hard_link_dry_runs_list_the_links_a_rerun_makes_again() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"one", 0o644);
+    std::fs::hard_link(src.join("f"), src.join("g")).unwrap();
+    write(&src.join("h"), b"two", 0o644);
+    // `h` alike in size and time to `f`: the quick check cannot tell them apart.
+    same_mtime(&src.join("f"), &src.join("h"));
+    let dst = work.path().join("dst");
+    let flags = ["-r", "-p", "-H", "--skip-unchanged"];
+    let out = run(Command::new(BIN).args(flags).arg(src.join(".")).arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let copies = |dry: bool| {
+        let mut local = Command::new(BIN);
+        let mut pull = fastcp(&sshd, bin());
+        pull.arg("--transport=tcp");
+        let mut cmds = [
+            ("local", local.arg(src.join("."))),
+            ("pull", pull.arg(remote(&sshd, &src.join(".")))),
+        ];
+        for (_, cmd) in &mut cmds {
+            cmd.args(flags).arg("--json").arg(&dst);
+            if dry {
+                cmd.arg("-n");
+            }
+        }
+        cmds.map(|(how, cmd)| (how, ok_json(cmd)))
+    };
+    let listed = |v: &serde_json::Value| -> Vec<String> {
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let counts = |v: &serde_json::Value| {
+        (
+            v["files"].as_u64(),
+            v["files_skipped"].as_u64(),
+            v["bytes"].as_u64(),
+        )
+    };
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), Vec::<String>::new(), "{how}: in place");
+    }
+    // The destination's link broken: `g` a copy of its own, alike in size and time.
+    std::fs::copy(dst.join("g"), work.path().join("g")).unwrap();
+    same_mtime(&dst.join("g"), &work.path().join("g"));
+    std::fs::rename(work.path().join("g"), dst.join("g")).unwrap();
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), ["g"], "{how}: broken");
+        assert_eq!(counts(&v), (Some(1), Some(3), Some(0)), "{how}");
+    }
+    let copied = copies(false);
+    assert_eq!(
+        counts(&copied[0].1),
+        (Some(1), Some(3), Some(0)),
+        "the copy's counts"
+    );
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    assert_eq!(ino(&dst.join("g")), ino(&dst.join("f")));
+    // The source's link moved: `h` is now another name of `g` (which the quick check
+    // skips, alike to the destination's `g`), so `h` is linked to `g` again.
+    std::fs::remove_file(src.join("g")).unwrap();
+    std::fs::hard_link(src.join("h"), src.join("g")).unwrap();
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), ["h"], "{how}: moved");
+    }
+    copies(false);
+    assert_eq!(ino(&dst.join("h")), ino(&dst.join("g")));
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), Vec::<String>::new(), "{how}: in place again");
+    }
+}
+
+/// Gives `to` the modification time of `from`.
+fn same_mtime(from: &Path, to: &Path) {
+    let t = std::fs::metadata(from).unwrap().modified().unwrap();
+    let file = std::fs::File::options().write(true).open(to).unwrap();
+    file.set_modified(t).unwrap();
+}
+
 /// With -H, a dry run counts a file's bytes once, as the copy then sends them, whatever its
 /// other names: locally, pushed and pulled, and on a rerun that makes a name again.
 #[test]
