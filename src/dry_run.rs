@@ -1005,7 +1005,15 @@ async fn judged_remotely(
     let sending = async {
         let mut out = bytes::BytesMut::new();
         for (i, entry) in done.listing.iter().enumerate() {
-            fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
+            let frame = match &entry.first {
+                // Another name (-H), which a server of version 14 judges as a link.
+                Some(first) if version >= 14 => Frame::HardLink(fastcp_proto::HardLink {
+                    path: entry.path.clone(),
+                    target: first.clone(),
+                }),
+                _ => listing_frame(entry, i as u64),
+            };
+            fastcp_proto::encode(&frame, &mut out);
             if out.len() >= 64 << 10 {
                 reader.send_bytes(&out.split()).await?;
             }
@@ -1073,21 +1081,34 @@ async fn judged_remotely(
     let report = &mut done.report;
     let mut kept = Vec::with_capacity(done.listing.len());
     let mut dirs_in_place = 0;
+    // The files the quick check skips: another name of one counts as skipped too, in
+    // place or made again, as the copy counts it.
+    let mut files_skipped = HashSet::new();
     for (i, entry) in std::mem::take(&mut done.listing).into_iter().enumerate() {
-        if skipped.contains(&(i as u64)) {
+        let skip = skipped.contains(&(i as u64));
+        if entry
+            .first
+            .as_ref()
+            .is_some_and(|f| files_skipped.contains(f))
+        {
+            report.files_skipped += 1;
+        } else if skip {
             // A file the quick check skips, or a folder or link already in place (a folder
             // still counted, as the copy counts every folder it is sent).
             match &entry.kind {
-                EntryKind::File { size } => {
+                EntryKind::File { size } if !entry.another_name => {
                     report.files_skipped += 1;
                     report.bytes_skipped += size;
+                    files_skipped.insert(entry.path.clone());
                 }
+                EntryKind::File { .. } => report.files_skipped += 1,
                 EntryKind::Dir => dirs_in_place += 1,
                 _ => {}
             }
-            continue;
         }
-        kept.push(entry);
+        if !skip {
+            kept.push(entry);
+        }
     }
     report.local = Summary {
         errors: report.local.errors,
@@ -1197,11 +1218,43 @@ async fn read_listing<S: AsyncRead + Unpin>(
             return Ok((listing, ids));
         }
         let name = frame.name();
-        let Some((id, entry)) = listed_from(frame) else {
-            return Err(Error::UnexpectedFrame {
-                expected: "a listing",
-                got: name,
-            });
+        let (id, entry) = match frame {
+            // Another name of a file listed before it (-H, a client of version 14).
+            Frame::HardLink(h) => {
+                if fastcp_proto::path::validate(&h.target).is_err() {
+                    return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
+                        frame: "dry run",
+                        what: "a hard link's file is not a safe relative path",
+                    }));
+                }
+                let path = Bytes::copy_from_slice(&h.path);
+                let (_, file) = listed_from(Frame::File(FileEntry {
+                    id: 0,
+                    path,
+                    size: 0,
+                    meta: Meta::default(),
+                }))
+                .expect("a File frame is a listing's");
+                let first = Some(Bytes::copy_from_slice(&h.target));
+                let another_name = true;
+                (
+                    None,
+                    Listed {
+                        first,
+                        another_name,
+                        ..file
+                    },
+                )
+            }
+            frame => match listed_from(frame) {
+                Some(listed) => listed,
+                None => {
+                    return Err(Error::UnexpectedFrame {
+                        expected: "a listing",
+                        got: name,
+                    });
+                }
+            },
         };
         if fastcp_proto::path::validate(&entry.path).is_err() {
             return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {

@@ -726,7 +726,7 @@ fn walk_names(root: &Path) -> Vec<String> {
 /// With -H and --skip-unchanged, a dry run lists a hard link the copy makes again: one the
 /// destination broke (its name is a file of its own there, alike in size and time), or one
 /// the source moved to another file; and nothing once the links are in place.
-/// Locally and pulled (judged on this side); the counts are the copy's.
+/// Locally, pulled and pushed (judged on the receiving side); the counts are the copy's.
 #[test]
 fn hard_link_dry_runs_list_the_links_a_rerun_makes_again() {
     let sshd = Sshd::start().unwrap();
@@ -744,19 +744,30 @@ fn hard_link_dry_runs_list_the_links_a_rerun_makes_again() {
     assert!(out.status.success(), "{}", stderr(&out));
     let copies = |dry: bool| {
         let mut local = Command::new(BIN);
+        local.arg(src.join(".")).arg(&dst);
         let mut pull = fastcp(&sshd, bin());
-        pull.arg("--transport=tcp");
-        let mut cmds = [
-            ("local", local.arg(src.join("."))),
-            ("pull", pull.arg(remote(&sshd, &src.join(".")))),
-        ];
+        pull.arg("--transport=tcp")
+            .arg(remote(&sshd, &src.join(".")))
+            .arg(&dst);
+        let mut push = fastcp(&sshd, bin());
+        push.arg("--transport=tcp")
+            .arg(src.join("."))
+            .arg(remote(&sshd, &dst));
+        let mut cmds = [("local", local), ("pull", pull), ("push", push)];
         for (_, cmd) in &mut cmds {
-            cmd.args(flags).arg("--json").arg(&dst);
+            cmd.args(flags).arg("--json");
             if dry {
                 cmd.arg("-n");
             }
         }
-        cmds.map(|(how, cmd)| (how, ok_json(cmd)))
+        // A copy itself runs once.
+        let cmds = match dry {
+            true => &mut cmds[..],
+            false => &mut cmds[..1],
+        };
+        cmds.iter_mut()
+            .map(|(how, cmd)| (*how, ok_json(cmd)))
+            .collect::<Vec<_>>()
     };
     let listed = |v: &serde_json::Value| -> Vec<String> {
         v["entries"]
