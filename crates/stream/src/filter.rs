@@ -127,6 +127,9 @@ struct Rule {
     double_star_first: bool,
     /// It ends with `***`: `dir/***` matches `dir` itself too.
     triple_star_last: bool,
+    /// A `*` then a plain end (`*.o`, `*~`): it matches a name ending in that end, tested
+    /// without the wildcard matcher.
+    star_suffix: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for Filter {
@@ -393,6 +396,15 @@ impl Filter {
             )));
         }
         let double_star = wild && pattern.windows(2).any(|w| w == b"**");
+        let star_suffix = match pattern.split_first() {
+            Some((b'*', rest))
+                if slashes == 0
+                    && !rest.iter().any(|b| matches!(b, b'*' | b'?' | b'[' | b'\\')) =>
+            {
+                Some(rest.to_vec())
+            }
+            _ => None,
+        };
         self.rules.push(Rule {
             include,
             text: text.to_owned(),
@@ -404,6 +416,7 @@ impl Filter {
             double_star,
             double_star_first: double_star && !anchored && pattern.starts_with(b"**"),
             triple_star_last: double_star && pattern.ends_with(b"***"),
+            star_suffix,
         });
         Ok(())
     }
@@ -432,19 +445,31 @@ impl Rule {
                         || name[name.len() - self.pattern.len() - 1] == b'/')
             };
         }
-        let mut text = Vec::with_capacity(name.len() + 2);
-        if self.double_star_first {
-            // `**/x` matches `x` at the top too.
-            text.push(b'/');
+        if let Some(suffix) = &self.star_suffix {
+            // `*` never crosses `/`, and the name has none.
+            return name.ends_with(suffix);
         }
-        text.extend_from_slice(name);
-        if is_dir && self.triple_star_last {
-            // `dir/***` matches `dir` itself.
-            text.push(b'/');
-        }
+        // Copied only when the text gains a `/`, not for every rule and entry.
+        let owned;
+        let text = if self.double_star_first || (is_dir && self.triple_star_last) {
+            let mut text = Vec::with_capacity(name.len() + 2);
+            if self.double_star_first {
+                // `**/x` matches `x` at the top too.
+                text.push(b'/');
+            }
+            text.extend_from_slice(name);
+            if is_dir && self.triple_star_last {
+                // `dir/***` matches `dir` itself.
+                text.push(b'/');
+            }
+            owned = text;
+            &owned[..]
+        } else {
+            name
+        };
         let start = if !self.anchored && self.slashes > 0 && !self.double_star {
             // The last components, as many as the pattern has.
-            match last_components(&text, self.slashes + 1) {
+            match last_components(text, self.slashes + 1) {
                 Some(start) => start,
                 None => return false,
             }
@@ -778,6 +803,11 @@ mod tests {
             ("[[:digit:]x]", "x", false, true),
             ("[]]", "]", false, true),
             ("*", ".hidden", false, true),
+            ("*.o", ".o", false, true),
+            ("*.o", "x.o.c", false, false),
+            ("*~", "a/b~", false, true),
+            ("*.o/", "x.o", true, true),
+            ("*.o/", "x.o", false, false),
             ("*.c", "a/b/x.c", false, true),
             ("*/c", "a/b/c", true, true),
             ("*/c", "c", true, false),
