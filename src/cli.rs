@@ -753,11 +753,11 @@ async fn copy_with(
     feed.print_rest(&outcome.report.failures, outcome.report.failure_count);
     let code = exit::for_report(&outcome.report);
     if args.json {
-        print_json(&summary_json(&outcome, code, args.dry_run))?;
+        print_json(&summary_json(&outcome, code, args.dry_run, plan.contents()))?;
     } else if args.dry_run {
         let mut out = std::io::stdout().lock();
         for entry in &outcome.listing {
-            writeln!(out, "{}", listing_line(entry))?;
+            writeln!(out, "{}", listing_line(entry, plan.contents()))?;
         }
         out.flush()?;
     }
@@ -826,9 +826,10 @@ fn says_already(text: &str, cause: &str) -> bool {
 }
 
 /// One line of a dry run's listing: directories end with '/', links show their target, and
-/// what `--delete` would remove starts with "deleting ".
-fn listing_line(entry: &fastcp::Listed) -> String {
-    let path = escape(&entry.path);
+/// what `--delete` would remove starts with "deleting ". The path is where the entry lands
+/// beneath the destination ([`landing_path`]).
+fn listing_line(entry: &fastcp::Listed, contents: bool) -> String {
+    let path = escape(landing_path(&entry.path, contents));
     let line = match &entry.kind {
         EntryKind::Dir => format!("{path}/"),
         EntryKind::File { .. } | EntryKind::Special { .. } => path,
@@ -839,6 +840,20 @@ fn listing_line(entry: &fastcp::Listed) -> String {
         format!("deleting {line}")
     } else {
         line
+    }
+}
+
+/// A listed entry's path as the destination will have it: as listed (`src/a/x` for
+/// `fastcp -r src dest`, where it lands at `dest/src/a/x`), or, for a folder's contents
+/// (`src/.`, which go straight into the destination), without the source's name, the top
+/// itself being `.`: `a/x` for what lands at `dest/a/x`, as `rsync -n src/ dest` names it.
+fn landing_path(path: &[u8], contents: bool) -> &[u8] {
+    if !contents {
+        return path;
+    }
+    match path.iter().position(|&b| b == b'/') {
+        Some(i) => &path[i + 1..],
+        None => b".",
     }
 }
 
@@ -952,7 +967,12 @@ fn aborted_json(err: &anyhow::Error, feed: &progress::Feed) -> serde_json::Value
 }
 
 /// The `--json` summary; README.md documents the schema.
-fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serde_json::Value {
+fn summary_json(
+    outcome: &fastcp::Outcome,
+    exit_code: u8,
+    dry_run: bool,
+    contents: bool,
+) -> serde_json::Value {
     let secs = outcome.elapsed.as_secs_f64();
     // What arrived: a push counts from the receiver's final report, so that a file the
     // remote could not write is not counted as copied (a dry run writes nothing there).
@@ -994,7 +1014,7 @@ fn summary_json(outcome: &fastcp::Outcome, exit_code: u8, dry_run: bool) -> serd
                     EntryKind::Special { kind, .. } => (special_name(*kind), None, None),
                 };
                 json!({
-                    "path": escape(&e.path),
+                    "path": escape(landing_path(&e.path, contents)),
                     "kind": kind,
                     "size": size,
                     "target": target,

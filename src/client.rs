@@ -681,8 +681,9 @@ impl Plan {
 
     /// True when the one source names a folder's contents (`DIR/.`): they go straight into
     /// the target, as `cp -r DIR/. DEST` puts them, rather than in a folder of DIR's name
-    /// beneath it.
-    pub(crate) fn contents(&self) -> bool {
+    /// beneath it. A dry run's [`Listed`] paths then still start with DIR's name, which
+    /// the destination leaves out.
+    pub fn contents(&self) -> bool {
         self.sources.len() == 1 && names_contents(&self.sources[0])
     }
 

@@ -33,8 +33,10 @@ const DRY_RUN_WAIT: &str = "during a dry run, waiting on the peer (--timeout)";
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
-    /// Its path relative to the target, '/'-separated, starting with the source's name. Raw
-    /// bytes (they may come from the peer): escape them with [`crate::stream::escape`].
+    /// Its path relative to the target, '/'-separated, starting with the source's name; for
+    /// a folder's contents ([`Plan::contents`](crate::Plan::contents)) that name is not part
+    /// of where it lands (`src/a` lands at `dest/a`). Raw bytes (they may come from the
+    /// peer): escape them with [`crate::stream::escape`].
     pub path: Bytes,
     /// A directory, a file and its size, or a link and its target.
     pub kind: EntryKind,
@@ -50,6 +52,9 @@ pub struct Listed {
     /// With `-H`: another name of a file listed before it, whose bytes the copy sends once
     /// (it is counted as a file, with no bytes).
     pub another_name: bool,
+    /// With `-H`, for another name: the path the file was first listed under, where the
+    /// quick check judges whether the link is in place.
+    pub(crate) first: Option<Bytes>,
 }
 
 /// Walks the local sources: what a dry run of a local copy or a push lists. On a blocking
@@ -89,7 +94,7 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
     let mut report = Report::default();
     let mut walk = fastcp_stream::walk(&plan.local_sources(), &config);
     // With -H, the files with several names met so far.
-    let mut named = HashSet::new();
+    let mut named = std::collections::HashMap::new();
     loop {
         // A cancelled copy stops walking; its caller has returned already.
         if plan
@@ -112,8 +117,18 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
         let entry = readable(entry, config.follow_links);
         match entry {
             Ok(entry) => {
-                let another_name = plan.options.hard_links
-                    && entry.inode.is_some_and(|inode| !named.insert(inode));
+                let first = match entry.inode.filter(|_| plan.options.hard_links) {
+                    Some(inode) => match named.entry(inode) {
+                        std::collections::hash_map::Entry::Occupied(e) => {
+                            Some(Bytes::clone(e.get()))
+                        }
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(entry.wire.clone());
+                            None
+                        }
+                    },
+                    None => None,
+                };
                 let listed = Listed {
                     path: entry.wire,
                     kind: entry.kind,
@@ -123,7 +138,8 @@ fn walk_local(plan: &Plan, specials_refused: bool) -> (Vec<Listed>, Report) {
                     },
                     delete: false,
                     unentered: entry.unentered,
-                    another_name,
+                    another_name: first.is_some(),
+                    first,
                 };
                 count_listed(&mut report.local, &listed);
                 listing.push(listed);
@@ -198,7 +214,7 @@ pub(crate) async fn dry_run(
     let mut reader = FrameReader::new(control, session::MAX_FRAME);
     // With -H, the ids of the files listed so far: a server that knows further names lists
     // them with their file's id.
-    let mut ids = HashSet::new();
+    let mut ids = std::collections::HashMap::new();
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
@@ -227,10 +243,25 @@ pub(crate) async fn dry_run(
                 continue;
             }
             other if direction == Direction::Pull => match listed_from(other) {
-                Some((id, entry)) => Listed {
-                    another_name: plan.options.hard_links && id.is_some_and(|id| !ids.insert(id)),
-                    ..entry
-                },
+                Some((id, entry)) => {
+                    let first = match id.filter(|_| plan.options.hard_links) {
+                        Some(id) => match ids.entry(id) {
+                            std::collections::hash_map::Entry::Occupied(e) => {
+                                Some(Bytes::clone(e.get()))
+                            }
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(entry.path.clone());
+                                None
+                            }
+                        },
+                        None => None,
+                    };
+                    Listed {
+                        another_name: first.is_some(),
+                        first,
+                        ..entry
+                    }
+                }
                 None => {
                     return Err(Error::UnexpectedFrame {
                         expected: "a listing",
@@ -571,8 +602,30 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
     let mut deletions = Vec::new();
     let mut mirrored = Vec::new();
     let mut budget = fastcp_stream::DeleteBudget::new(j.max_delete);
+    // With -H, the files listed so far: another name of one is made again.
+    let mut listed_files = HashSet::new();
     for entry in listing {
         let path = local(&entry.path);
+        if let Some(first) = entry
+            .first
+            .as_ref()
+            .filter(|_| j.skip_unchanged && !j.checksum)
+        {
+            // Another name of a file (-H): as the copy does, made again when its file is
+            // sent, or when the destination's name is not yet another name of that file
+            // (the link was broken, or the source's links changed), else left in place.
+            let file_sent = listed_files.contains(first);
+            if file_sent || !reachable(&path) || !same_file(&path, &local(first)) {
+                kept.push(entry);
+            }
+            // Counted as the copy counts a link to a file the quick check skipped, in place
+            // or made again: skipped, with no bytes.
+            if !file_sent {
+                report.files_skipped += 1;
+            }
+            continue;
+        }
+
         let linked = |size| {
             !j.xattrs
                 && in_reference(&entry.path).is_some_and(|r| {
@@ -596,6 +649,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
                 report.bytes_skipped += size;
                 continue;
             }
+            listed_files.insert(entry.path.clone());
             kept.push(entry);
             continue;
         }
@@ -623,6 +677,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             dirs_in_place += u64::from(matches!(entry.kind, EntryKind::Dir));
             continue;
         }
+        listed_files.insert(entry.path.clone());
         kept.push(entry);
     }
     // In the order the copy's mirror takes the folders, whatever order they were listed in.
@@ -704,6 +759,16 @@ fn shares_another_mode(path: &Path, meta: &Meta) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| {
         m.nlink() > 1 && m.mode() & 0o7777 != meta.mode & fastcp_stream::SAFE_MODE_BITS
     })
+}
+
+/// Whether `a` and `b` are names of the same file (links not followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let id = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .map(|m| (m.dev(), m.ino()))
+            .ok()
+    };
+    id(a).is_some_and(|a| Some(a) == id(b))
 }
 
 /// A regular file at `path` with this size and modification time: the quick check skips it.
@@ -838,6 +903,7 @@ fn deleted(path: Vec<u8>, entry: &std::fs::DirEntry, m: &std::fs::Metadata) -> L
         delete: true,
         unentered: false,
         another_name: false,
+        first: None,
     }
 }
 
@@ -886,6 +952,7 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
         delete: false,
         unentered: false,
         another_name: false,
+        first: None,
     };
     Some(match frame {
         Frame::Dir(d) => (None, listed(d.path, EntryKind::Dir, d.meta)),
@@ -938,7 +1005,15 @@ async fn judged_remotely(
     let sending = async {
         let mut out = bytes::BytesMut::new();
         for (i, entry) in done.listing.iter().enumerate() {
-            fastcp_proto::encode(&listing_frame(entry, i as u64), &mut out);
+            let frame = match &entry.first {
+                // Another name (-H), which a server of version 14 judges as a link.
+                Some(first) if version >= 14 => Frame::HardLink(fastcp_proto::HardLink {
+                    path: entry.path.clone(),
+                    target: first.clone(),
+                }),
+                _ => listing_frame(entry, i as u64),
+            };
+            fastcp_proto::encode(&frame, &mut out);
             if out.len() >= 64 << 10 {
                 reader.send_bytes(&out.split()).await?;
             }
@@ -1006,21 +1081,34 @@ async fn judged_remotely(
     let report = &mut done.report;
     let mut kept = Vec::with_capacity(done.listing.len());
     let mut dirs_in_place = 0;
+    // The files the quick check skips: another name of one counts as skipped too, in
+    // place or made again, as the copy counts it.
+    let mut files_skipped = HashSet::new();
     for (i, entry) in std::mem::take(&mut done.listing).into_iter().enumerate() {
-        if skipped.contains(&(i as u64)) {
+        let skip = skipped.contains(&(i as u64));
+        if entry
+            .first
+            .as_ref()
+            .is_some_and(|f| files_skipped.contains(f))
+        {
+            report.files_skipped += 1;
+        } else if skip {
             // A file the quick check skips, or a folder or link already in place (a folder
             // still counted, as the copy counts every folder it is sent).
             match &entry.kind {
-                EntryKind::File { size } => {
+                EntryKind::File { size } if !entry.another_name => {
                     report.files_skipped += 1;
                     report.bytes_skipped += size;
+                    files_skipped.insert(entry.path.clone());
                 }
+                EntryKind::File { .. } => report.files_skipped += 1,
                 EntryKind::Dir => dirs_in_place += 1,
                 _ => {}
             }
-            continue;
         }
-        kept.push(entry);
+        if !skip {
+            kept.push(entry);
+        }
     }
     report.local = Summary {
         errors: report.local.errors,
@@ -1130,11 +1218,43 @@ async fn read_listing<S: AsyncRead + Unpin>(
             return Ok((listing, ids));
         }
         let name = frame.name();
-        let Some((id, entry)) = listed_from(frame) else {
-            return Err(Error::UnexpectedFrame {
-                expected: "a listing",
-                got: name,
-            });
+        let (id, entry) = match frame {
+            // Another name of a file listed before it (-H, a client of version 14).
+            Frame::HardLink(h) => {
+                if fastcp_proto::path::validate(&h.target).is_err() {
+                    return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {
+                        frame: "dry run",
+                        what: "a hard link's file is not a safe relative path",
+                    }));
+                }
+                let path = Bytes::copy_from_slice(&h.path);
+                let (_, file) = listed_from(Frame::File(FileEntry {
+                    id: 0,
+                    path,
+                    size: 0,
+                    meta: Meta::default(),
+                }))
+                .expect("a File frame is a listing's");
+                let first = Some(Bytes::copy_from_slice(&h.target));
+                let another_name = true;
+                (
+                    None,
+                    Listed {
+                        first,
+                        another_name,
+                        ..file
+                    },
+                )
+            }
+            frame => match listed_from(frame) {
+                Some(listed) => listed,
+                None => {
+                    return Err(Error::UnexpectedFrame {
+                        expected: "a listing",
+                        got: name,
+                    });
+                }
+            },
         };
         if fastcp_proto::path::validate(&entry.path).is_err() {
             return Err(Error::Protocol(fastcp_proto::DecodeError::Invalid {

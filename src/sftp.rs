@@ -816,6 +816,7 @@ async fn list_remote(
         delete: false,
         unentered: false,
         another_name: false,
+        first: None,
     };
     // Files come as read jobs (one per small file, the first of a big one's ranges), the
     // rest as frames on the stream.

@@ -654,34 +654,47 @@ missing/file
     assert!(dst.join("src/e/unlisted").exists());
     assert!(dst.join("src/top").exists());
 
-    // A listed path that the rules leave out (itself, or a folder above it) is not missing.
-    std::fs::write(&list, "a/b/one\nc/d/four\ntop\n").unwrap();
+    // A listed path that the rules leave out is not missing, and no folder is made that
+    // would only lead to it: `c`, `c/d` and `e` are not made, as rsync makes none. As rsync's
+    // implied folders, a folder that leads to listed paths is not asked of the rules
+    // itself: `--exclude b/` does not keep `a/b/one` out. Alike locally, pushed and pulled
+    // (the list and the rules travel; over SFTP the listing applies them).
+    std::fs::write(&list, "a/b/one\nc/d/four\ne/six\ntop\n").unwrap();
+    let rules = [
+        "--exclude",
+        "top",
+        "--exclude",
+        "c/***",
+        "--exclude",
+        "b/",
+        "--exclude",
+        "six",
+    ];
     let ruled = work.path().join("ruled");
-    let out = run(Command::new(BIN)
-        .args([
-            "-r",
-            "--exclude",
-            "top",
-            "--exclude",
-            "/src/c/",
-            "--files-from",
-        ])
-        .arg(&list)
-        .arg(&src)
-        .arg(&ruled));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(listing(&ruled), ["a", "a/b", "a/b/one"]);
-    // So on a pull over SFTP, whose listing applies the list and the rules.
-    let ruled = work.path().join("ruled-sftp");
     std::fs::create_dir(&ruled).unwrap();
-    let out = run(fastcp(&sshd, bin())
-        .args(["-r", "--sftp", "--exclude", "top", "--exclude", "/src/c/"])
-        .arg("--files-from")
-        .arg(&list)
-        .arg(remote(&sshd, &src))
-        .arg(&ruled));
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(listing(&ruled.join("src")), ["a", "a/b", "a/b/one"]);
+    let with_rules = |mut cmd: Command| {
+        cmd.arg("-r").args(rules).arg("--files-from").arg(&list);
+        cmd
+    };
+    let mut copies = Vec::new();
+    let mut local = with_rules(Command::new(BIN));
+    local.arg(&src).arg(ruled.join("local"));
+    copies.push(("local", local));
+    let mut push = with_rules(fastcp(&sshd, bin()));
+    push.arg(&src).arg(remote(&sshd, &ruled.join("push")));
+    copies.push(("push", push));
+    for transport in ["--transport=ssh", "--transport=tcp", "--sftp"] {
+        let mut pull = with_rules(fastcp(&sshd, bin()));
+        pull.arg(transport)
+            .arg(remote(&sshd, &src))
+            .arg(ruled.join(transport));
+        copies.push((transport, pull));
+    }
+    for (how, mut cmd) in copies {
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{how}: {}", stderr(&out));
+        assert_eq!(listing(&ruled.join(how)), ["a", "a/b", "a/b/one"], "{how}");
+    }
 }
 
 /// The copy reported the listed path its source lacks, and ended with exit code 1.
@@ -708,6 +721,107 @@ fn walk_names(root: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// With -H and --skip-unchanged, a dry run lists a hard link the copy makes again: one the
+/// destination broke (its name is a file of its own there, alike in size and time), or one
+/// the source moved to another file; and nothing once the links are in place.
+/// Locally, pulled and pushed (judged on the receiving side); the counts are the copy's.
+#[test]
+fn hard_link_dry_runs_list_the_links_a_rerun_makes_again() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"one", 0o644);
+    std::fs::hard_link(src.join("f"), src.join("g")).unwrap();
+    write(&src.join("h"), b"two", 0o644);
+    // `h` alike in size and time to `f`: the quick check cannot tell them apart.
+    same_mtime(&src.join("f"), &src.join("h"));
+    let dst = work.path().join("dst");
+    let flags = ["-r", "-p", "-H", "--skip-unchanged"];
+    let out = run(Command::new(BIN).args(flags).arg(src.join(".")).arg(&dst));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let copies = |dry: bool| {
+        let mut local = Command::new(BIN);
+        local.arg(src.join(".")).arg(&dst);
+        let mut pull = fastcp(&sshd, bin());
+        pull.arg("--transport=tcp")
+            .arg(remote(&sshd, &src.join(".")))
+            .arg(&dst);
+        let mut push = fastcp(&sshd, bin());
+        push.arg("--transport=tcp")
+            .arg(src.join("."))
+            .arg(remote(&sshd, &dst));
+        let mut cmds = [("local", local), ("pull", pull), ("push", push)];
+        for (_, cmd) in &mut cmds {
+            cmd.args(flags).arg("--json");
+            if dry {
+                cmd.arg("-n");
+            }
+        }
+        // A copy itself runs once.
+        let cmds = match dry {
+            true => &mut cmds[..],
+            false => &mut cmds[..1],
+        };
+        cmds.iter_mut()
+            .map(|(how, cmd)| (*how, ok_json(cmd)))
+            .collect::<Vec<_>>()
+    };
+    let listed = |v: &serde_json::Value| -> Vec<String> {
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let counts = |v: &serde_json::Value| {
+        (
+            v["files"].as_u64(),
+            v["files_skipped"].as_u64(),
+            v["bytes"].as_u64(),
+        )
+    };
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), Vec::<String>::new(), "{how}: in place");
+    }
+    // The destination's link broken: `g` a copy of its own, alike in size and time.
+    std::fs::copy(dst.join("g"), work.path().join("g")).unwrap();
+    same_mtime(&dst.join("g"), &work.path().join("g"));
+    std::fs::rename(work.path().join("g"), dst.join("g")).unwrap();
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), ["g"], "{how}: broken");
+        assert_eq!(counts(&v), (Some(1), Some(3), Some(0)), "{how}");
+    }
+    let copied = copies(false);
+    assert_eq!(
+        counts(&copied[0].1),
+        (Some(1), Some(3), Some(0)),
+        "the copy's counts"
+    );
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    assert_eq!(ino(&dst.join("g")), ino(&dst.join("f")));
+    // The source's link moved: `h` is now another name of `g` (which the quick check
+    // skips, alike to the destination's `g`), so `h` is linked to `g` again.
+    std::fs::remove_file(src.join("g")).unwrap();
+    std::fs::hard_link(src.join("h"), src.join("g")).unwrap();
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), ["h"], "{how}: moved");
+    }
+    copies(false);
+    assert_eq!(ino(&dst.join("h")), ino(&dst.join("g")));
+    for (how, v) in copies(true) {
+        assert_eq!(listed(&v), Vec::<String>::new(), "{how}: in place again");
+    }
+}
+
+/// Gives `to` the modification time of `from`.
+fn same_mtime(from: &Path, to: &Path) {
+    let t = std::fs::metadata(from).unwrap().modified().unwrap();
+    let file = std::fs::File::options().write(true).open(to).unwrap();
+    file.set_modified(t).unwrap();
 }
 
 /// With -H, a dry run counts a file's bytes once, as the copy then sends them, whatever its
@@ -1193,6 +1307,69 @@ fn a_dry_run_of_a_rerun_lists_only_what_would_change() {
     everywhere("src/moved -> a/b/f\n");
 }
 
+/// A dry run of a folder's contents (`src/.`) names each entry where it lands, beneath the
+/// destination, as `rsync -n src/ dst` does: `a/y` and `deleting a/x` for `dst/a/y` and
+/// `dst/a/x`, the top itself `./`, not `src/a/x`. Alike for a local copy, a pull and a push,
+/// in the lines and in `--json`.
+#[test]
+fn a_dry_run_of_a_folders_contents_names_paths_as_they_land() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    write(&src.join("a/y"), b"y", 0o644);
+    let dst = work.path().join("dst");
+    std::fs::create_dir_all(dst.join("a/sub")).unwrap();
+    write(&dst.join("a/x"), b"x", 0o644);
+    write(&dst.join("a/sub/z"), b"z", 0o644);
+    write(&dst.join("k"), b"k", 0o644);
+    let contents = src.join(".");
+    let want = "./\na/\na/y\ndeleting k\ndeleting a/sub/z\ndeleting a/sub/\ndeleting a/x\n";
+    let check = |mut cmd: Command, how: &str| {
+        let mut json_cmd = Command::new(cmd.get_program());
+        json_cmd.args(cmd.get_args()).arg("--json");
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => json_cmd.env(k, v),
+                None => json_cmd.env_remove(k),
+            };
+        }
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{how}: {}", stderr(&out));
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{how}");
+        let v = json(&run(&mut json_cmd));
+        let paths: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [".", "a", "a/y", "k", "a/sub/z", "a/sub", "a/x"],
+            "{how}"
+        );
+    };
+    let local = || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["-n", "-r", "--delete"]).arg(&contents).arg(&dst);
+        cmd
+    };
+    check(local(), "local");
+    let mut pull = fastcp(&sshd, bin());
+    pull.args(["-n", "-r", "--delete"])
+        .arg(remote(&sshd, &contents))
+        .arg(&dst);
+    check(pull, "pull");
+    for transport in ["ssh", "tcp"] {
+        let mut push = fastcp(&sshd, bin());
+        push.args(["-n", "-r", "--delete", "--transport", transport])
+            .arg(&contents)
+            .arg(remote(&sshd, &dst));
+        check(push, transport);
+    }
+}
+
 /// A destination named on the command line that is a symlink to a folder is followed by the
 /// copy, and by its dry run: `-n --delete` into it lists the extras at its top as well as
 /// those below, locally, pulled and pushed, and the copy then removes just those.
@@ -1224,7 +1401,7 @@ fn dry_run_into_a_symlinked_destination_lists_what_the_copy_deletes() {
         v.sort();
         v
     };
-    let want = ["deleting src/sub/extra", "deleting src/top-extra"];
+    let want = ["deleting sub/extra", "deleting top-extra"];
     let local = deleting(Command::new(BIN).arg(&contents).arg(&link));
     assert_eq!(local, want, "local");
     let pulled = deleting(
@@ -1585,7 +1762,7 @@ fn link_dest_never_changes_the_reference_and_compares_whole_seconds_with_sftp_ti
         (Some(1), Some(1)),
         "-n: {dry:#}"
     );
-    assert_eq!(dry["entries"][0]["path"], "src/f", "-n: {dry:#}");
+    assert_eq!(dry["entries"][0]["path"], "f", "-n: {dry:#}");
     let v = copy();
     assert_eq!(
         (v["files"].as_u64(), v["files_skipped"].as_u64()),
@@ -2104,7 +2281,7 @@ fn a_dry_run_deletes_nothing_when_a_source_file_cannot_be_read() {
                     .iter()
                     .map(|e| e["path"].as_str().unwrap())
                     .collect();
-                assert_eq!(listed, ["src", "src/a"], "{what}: {summary}");
+                assert_eq!(listed, [".", "a"], "{what}: {summary}");
             }
             assert!(dst.join("x").exists(), "{what}");
         }
@@ -2145,7 +2322,7 @@ fn delete_keeps_a_folder_holding_what_the_rules_exclude() {
             assert!(dst.join("xd/deep/f").exists(), "{what}");
             if dry_run {
                 let deleting = deleting(&summary);
-                assert_eq!(deleting, ["src/x"], "{what}: {summary}");
+                assert_eq!(deleting, ["x"], "{what}: {summary}");
             } else {
                 assert!(!dst.join("x").exists(), "{what}");
             }
@@ -2192,14 +2369,7 @@ fn delete_excluded_removes_what_the_rules_exclude() {
                 let deleting = deleting(&summary);
                 assert_eq!(
                     deleting,
-                    [
-                        "src/cache/old",
-                        "src/cache",
-                        "src/skip.o",
-                        "src/x",
-                        "src/xd/keep.o",
-                        "src/xd"
-                    ],
+                    ["cache/old", "cache", "skip.o", "x", "xd/keep.o", "xd"],
                     "{what}: {summary}"
                 );
                 assert!(dst.join("xd/keep.o").exists(), "{what}");

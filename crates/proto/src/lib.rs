@@ -64,8 +64,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// [`flags::UPDATE`], which leave more files as they are; version 12 adds the request flag
 /// [`flags::MAX_DELETE`], a limit on what a mirror removes; version 13 reads the filter
 /// lines as rsync 3 does (its wildcards and quoting, and for a folder's contents the paths
-/// beneath it).
-pub const PROTOCOL_VERSION: u16 = 13;
+/// beneath it); version 14 lists another name of a file (`-H`) in a push's dry run as a
+/// [`HardLink`], so that the receiving side judges whether that link is in place.
+pub const PROTOCOL_VERSION: u16 = 14;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// Bytes of the frame header: a one-byte kind and a four-byte big-endian payload length.

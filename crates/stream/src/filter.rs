@@ -55,26 +55,53 @@ pub struct Filter {
 /// A list of files in place of a walk (rsync's `--files-from`).
 #[derive(Debug, Default)]
 struct Only {
-    /// The listed paths, relative to a source's top.
-    listed: std::collections::HashSet<Vec<u8>>,
+    /// The listed paths, relative to a source's top, in order.
+    listed: std::collections::BTreeSet<Vec<u8>>,
     /// Their parent directories.
     parents: std::collections::HashSet<Vec<u8>>,
 }
 
+/// Where an entry stands with a [`Filter::files_from`] list.
+enum Place<'a> {
+    /// Listed, beneath a listed directory, or a source's top: the rules decide.
+    Listed,
+    /// A directory that only leads to listed paths (rsync's implied directory), at `rel`
+    /// beneath the source's top.
+    Leading(&'a [u8]),
+    /// Neither: left out.
+    Outside,
+}
+
 impl Only {
-    /// Whether the entry at `wire` (its first component is the source's top) is listed,
-    /// leads to a listed path, or lies beneath a listed directory.
-    fn allows(&self, wire: &[u8], is_dir: bool) -> bool {
+    /// Where the entry at `wire` (its first component is the source's top) stands.
+    fn place<'a>(&self, wire: &'a [u8], is_dir: bool) -> Place<'a> {
         let Some(i) = wire.iter().position(|&b| b == b'/') else {
-            return true;
+            return Place::Listed;
         };
         let rel = &wire[i + 1..];
-        if self.listed.contains(rel) || (is_dir && self.parents.contains(rel)) {
-            return true;
+        if self.listed.contains(rel)
+            || rel
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'/' && self.listed.contains(&rel[..i]))
+        {
+            return Place::Listed;
         }
-        rel.iter()
-            .enumerate()
-            .any(|(i, &b)| b == b'/' && self.listed.contains(&rel[..i]))
+        if is_dir && self.parents.contains(rel) {
+            return Place::Leading(rel);
+        }
+        Place::Outside
+    }
+
+    /// The listed paths beneath the directory at `rel`, each with whether it is known to be
+    /// a directory (it leads to further listed paths).
+    fn beneath<'a>(&'a self, rel: &[u8]) -> impl Iterator<Item = (&'a [u8], bool)> + 'a {
+        let mut prefix = rel.to_vec();
+        prefix.push(b'/');
+        self.listed
+            .range(prefix.clone()..)
+            .take_while(move |p| p.starts_with(&prefix))
+            .map(|p| (&p[..], self.parents.contains(p)))
     }
 }
 
@@ -100,6 +127,9 @@ struct Rule {
     double_star_first: bool,
     /// It ends with `***`: `dir/***` matches `dir` itself too.
     triple_star_last: bool,
+    /// A `*` then a plain end (`*.o`, `*~`): it matches a name ending in that end, tested
+    /// without the wildcard matcher.
+    star_suffix: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for Filter {
@@ -192,7 +222,8 @@ impl Filter {
 
     /// Copies only the listed paths (rsync's `--files-from`): each is relative to a source's
     /// top (`d/f` for `SRC/d/f`), `/`-separated; a listed directory brings what is beneath
-    /// it (with recursion), and the directories that lead to a listed path are made. Like a
+    /// it (with recursion), and the directories that lead to a listed path are made when the
+    /// rules let it through (see [`Filter::allows`]). Like a
     /// predicate it runs on the sending side only, so it is for local sources. Blank lines
     /// and a leading `./` or `/` are ignored.
     ///
@@ -247,10 +278,7 @@ impl Filter {
     /// The paths of the [`Filter::files_from`] list, sorted, as the protocol carries them;
     /// `None` without a list.
     pub fn listed(&self) -> Option<Vec<Vec<u8>>> {
-        let only = self.only.as_ref()?;
-        let mut v: Vec<Vec<u8>> = only.listed.iter().cloned().collect();
-        v.sort_unstable();
-        Some(v)
+        Some(self.only.as_ref()?.listed.iter().cloned().collect())
     }
 
     /// The [`Filter::files_from`] list alone, without the rules or the predicate; `None`
@@ -279,23 +307,58 @@ impl Filter {
     }
 
     /// Whether the entry at `wire` (a directory or not) is copied.
+    ///
+    /// With a [`Filter::files_from`] list, a directory that only leads to listed paths is
+    /// not asked of the rules, as rsync does not ask them of its implied directories: it is
+    /// copied when one of the listed paths beneath it is (one the rules let through as a
+    /// file or as a directory), so that no empty folder leads to what the rules leave out.
+    ///
+    /// ```
+    /// let mut f = fastcp_stream::Filter::default().files_from(["a/b/x.o", "c/y"]);
+    /// f.exclude("*.o").unwrap();
+    /// f.exclude("c/").unwrap();
+    /// assert!(!f.allows(b"src/a", true));
+    /// assert!(!f.allows(b"src/a/b", true));
+    /// assert!(f.allows(b"src/c", true));
+    /// assert!(f.allows(b"src/c/y", false));
+    /// ```
     pub fn allows(&self, wire: &[u8], is_dir: bool) -> bool {
-        if let Some(only) = &self.only
-            && !only.allows(wire, is_dir)
-        {
-            return false;
-        }
+        let decided = match self.only.as_deref().map(|o| (o, o.place(wire, is_dir))) {
+            Some((_, Place::Outside)) => return false,
+            Some((only, Place::Leading(rel))) => {
+                let top = &wire[..wire.len() - rel.len()];
+                let copied = |(listed, dir): (&[u8], bool)| {
+                    let path = [top, listed].concat();
+                    [true, false]
+                        .into_iter()
+                        .filter(|&as_dir| as_dir || !dir)
+                        .any(|as_dir| self.ruled(&path, as_dir).unwrap_or(true))
+                };
+                if !only.beneath(rel).any(copied) {
+                    return false;
+                }
+                None
+            }
+            _ => self.ruled(wire, is_dir),
+        };
+        decided.unwrap_or_else(|| {
+            self.predicate
+                .as_ref()
+                .is_none_or(|keep| keep(wire, is_dir))
+        })
+    }
+
+    /// What the first rule that matches the entry at `wire` says; `None` when none does.
+    fn ruled(&self, wire: &[u8], is_dir: bool) -> Option<bool> {
         let path = match wire.iter().position(|&b| b == b'/') {
             Some(i) if self.rooted_in_source => &wire[i + 1..],
             None if self.rooted_in_source => &[][..],
             _ => wire,
         };
-        if let Some(rule) = self.rules.iter().find(|r| r.matches(path, is_dir)) {
-            return rule.include;
-        }
-        self.predicate
-            .as_ref()
-            .is_none_or(|keep| keep(wire, is_dir))
+        self.rules
+            .iter()
+            .find(|r| r.matches(path, is_dir))
+            .map(|r| r.include)
     }
 
     /// Adds one rule as rsync reads an `--include` (`include`) or `--exclude` option: a
@@ -333,6 +396,15 @@ impl Filter {
             )));
         }
         let double_star = wild && pattern.windows(2).any(|w| w == b"**");
+        let star_suffix = match pattern.split_first() {
+            Some((b'*', rest))
+                if slashes == 0
+                    && !rest.iter().any(|b| matches!(b, b'*' | b'?' | b'[' | b'\\')) =>
+            {
+                Some(rest.to_vec())
+            }
+            _ => None,
+        };
         self.rules.push(Rule {
             include,
             text: text.to_owned(),
@@ -344,6 +416,7 @@ impl Filter {
             double_star,
             double_star_first: double_star && !anchored && pattern.starts_with(b"**"),
             triple_star_last: double_star && pattern.ends_with(b"***"),
+            star_suffix,
         });
         Ok(())
     }
@@ -372,19 +445,31 @@ impl Rule {
                         || name[name.len() - self.pattern.len() - 1] == b'/')
             };
         }
-        let mut text = Vec::with_capacity(name.len() + 2);
-        if self.double_star_first {
-            // `**/x` matches `x` at the top too.
-            text.push(b'/');
+        if let Some(suffix) = &self.star_suffix {
+            // `*` never crosses `/`, and the name has none.
+            return name.ends_with(suffix);
         }
-        text.extend_from_slice(name);
-        if is_dir && self.triple_star_last {
-            // `dir/***` matches `dir` itself.
-            text.push(b'/');
-        }
+        // Copied only when the text gains a `/`, not for every rule and entry.
+        let owned;
+        let text = if self.double_star_first || (is_dir && self.triple_star_last) {
+            let mut text = Vec::with_capacity(name.len() + 2);
+            if self.double_star_first {
+                // `**/x` matches `x` at the top too.
+                text.push(b'/');
+            }
+            text.extend_from_slice(name);
+            if is_dir && self.triple_star_last {
+                // `dir/***` matches `dir` itself.
+                text.push(b'/');
+            }
+            owned = text;
+            &owned[..]
+        } else {
+            name
+        };
         let start = if !self.anchored && self.slashes > 0 && !self.double_star {
             // The last components, as many as the pattern has.
-            match last_components(&text, self.slashes + 1) {
+            match last_components(text, self.slashes + 1) {
                 Some(start) => start,
                 None => return false,
             }
@@ -718,6 +803,11 @@ mod tests {
             ("[[:digit:]x]", "x", false, true),
             ("[]]", "]", false, true),
             ("*", ".hidden", false, true),
+            ("*.o", ".o", false, true),
+            ("*.o", "x.o.c", false, false),
+            ("*~", "a/b~", false, true),
+            ("*.o/", "x.o", true, true),
+            ("*.o/", "x.o", false, false),
             ("*.c", "a/b/x.c", false, true),
             ("*/c", "a/b/c", true, true),
             ("*/c", "c", true, false),
