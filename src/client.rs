@@ -2492,7 +2492,7 @@ where
             return Ok(done);
         }
         Job::DryRun => {
-            dry_run(plan, direction, data, &progress, &mut done).await?;
+            dry_run(plan, direction, agreed.version, data, &progress, &mut done).await?;
             done.data_time = data_started.elapsed();
             return Ok(done);
         }

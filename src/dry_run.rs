@@ -203,6 +203,7 @@ pub(crate) fn count(summary: &mut Summary, kind: &EntryKind) {
 pub(crate) async fn dry_run(
     plan: &Plan,
     direction: Direction,
+    version: u16,
     data: Vec<BoxStream>,
     progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
@@ -218,7 +219,7 @@ pub(crate) async fn dry_run(
     if direction == Direction::Push {
         (done.listing, done.report) = list_local(plan, false).await;
         if Judge::of(plan).any() {
-            return judged_remotely(plan, &mut reader, progress, done).await;
+            return judged_remotely(plan, version, &mut reader, progress, done).await;
         }
     }
     loop {
@@ -990,12 +991,14 @@ fn listed_from(frame: Frame) -> Option<(Option<u64>, Listed)> {
     })
 }
 
-/// A push's dry run judged on the server (protocol version 6, checked by the caller): this side sends its listing
-/// (each `File` numbered by its place in it) and a `Done`; the server answers
+/// A push's dry run judged on the server (protocol version 6, checked by the caller; `version`
+/// is the one agreed): this side sends its listing (each `File` numbered by its place in it)
+/// and a `Done`; the server answers
 /// `Answer { send: false }` for each file its quick check would skip, lists what `--delete`
 /// would remove, and ends with `Done`.
 async fn judged_remotely(
     plan: &Plan,
+    version: u16,
     reader: &mut FrameReader<BoxStream>,
     progress: &fastcp_stream::Progress,
     done: &mut SessionDone,
