@@ -12,7 +12,7 @@ use fastcp_stream::{Failure, WalkConfig, escape};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::compress;
+use crate::compress::{self, Compression};
 use crate::dry_run::{Listed, dry_run, list_local};
 use crate::limit::{Limited, RateLimit};
 use crate::location::{Location, RemotePath};
@@ -35,6 +35,55 @@ pub enum TransportChoice {
     Ssh,
     /// Raw TCP data streams sealed with fastcp's AEAD; fail if they cannot connect.
     Tcp,
+}
+
+/// The transport that carried a copy's data ([`Outcome::transport`]): what the
+/// [`TransportChoice`] came to. `Display` and [`as_str`](Self::as_str) give the word the
+/// `fastcp` command's `--json` output and messages use.
+///
+/// ```
+/// use fastcp::TransportUsed;
+///
+/// assert_eq!(TransportUsed::Tcp.as_str(), "tcp");
+/// assert_eq!(TransportUsed::TcpThenSsh.to_string(), "tcp+ssh");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportUsed {
+    /// None: a copy within this machine ("local").
+    Local,
+    /// SSH channels ("ssh").
+    Ssh,
+    /// Sealed TCP data streams ("tcp").
+    Tcp,
+    /// SFTP, where no fastcp could run on the remote host, or when asked for ("sftp").
+    Sftp,
+    /// A copy between two remote hosts: sealed TCP from the source host, SSH channels to
+    /// the target ("tcp+ssh"). Where both hosts took the same transport, it is that one.
+    TcpThenSsh,
+    /// A copy between two remote hosts: SSH channels from the source host, sealed TCP to
+    /// the target ("ssh+tcp").
+    SshThenTcp,
+}
+
+impl TransportUsed {
+    /// Its word: "local", "ssh", "tcp", "sftp", "tcp+ssh" or "ssh+tcp".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportUsed::Local => "local",
+            TransportUsed::Ssh => "ssh",
+            TransportUsed::Tcp => "tcp",
+            TransportUsed::Sftp => "sftp",
+            TransportUsed::TcpThenSsh => "tcp+ssh",
+            TransportUsed::SshThenTcp => "ssh+tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What to copy and how. The defaults copy like `scp` without flags.
@@ -429,16 +478,16 @@ pub struct Outcome {
     /// what was written for a local copy or a pull, but what was sent for a push, where what
     /// arrived (less the files the remote side could not write) is `report.peer`.
     pub report: Report,
-    /// "local", "ssh", "tcp" or "sftp".
-    pub transport: &'static str,
+    /// The transport that carried the data.
+    pub transport: TransportUsed,
     /// The data streams used.
     pub streams: usize,
     /// The AEAD suite sealing the data, where fastcp seals it itself.
     pub cipher: Option<fastcp_crypto::CipherSuite>,
     /// The library running that suite on this side.
     pub provider: Option<Provider>,
-    /// The compression the data streams used, if any ("zstd").
-    pub compression: Option<&'static str>,
+    /// The compression the data streams used, if any.
+    pub compression: Option<Compression>,
     /// The remote side's software string, such as "fastcp 0.1.0", for a remote copy. It came
     /// from the peer: escape it before printing.
     pub remote_software: Option<String>,
@@ -1041,7 +1090,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     let streams = plan.options.streams.unwrap_or(2).max(1) as usize;
     let mut outcome = Outcome {
         report: Report::default(),
-        transport: "local",
+        transport: TransportUsed::Local,
         streams,
         cipher: None,
         provider: None,
@@ -1345,7 +1394,7 @@ pub struct SessionDone {
     /// The library that ran `cipher` on this side.
     pub provider: Option<Provider>,
     /// The compression the data streams used, if any.
-    pub compression: Option<&'static str>,
+    pub compression: Option<Compression>,
     /// The server's software string, from its hello (escape it before printing).
     pub remote_software: String,
     /// For a dry run, what would be copied.
@@ -1359,7 +1408,7 @@ impl SessionDone {
     /// [`Outcome::arrived`]).
     pub(crate) fn into_outcome(
         self,
-        transport: &'static str,
+        transport: TransportUsed,
         started: Instant,
         peer_wrote: bool,
     ) -> Outcome {
@@ -2362,7 +2411,7 @@ where
         streams: n,
         cipher: choice.map(|c| c.suite),
         provider: choice.map(|c| c.provider),
-        compression: (compression == compress::ZSTD).then_some("zstd"),
+        compression: (compression == compress::ZSTD).then_some(Compression::Zstd),
         remote_software: agreed.peer.software.clone(),
         listing: Vec::new(),
         data_time: Duration::ZERO,
@@ -2502,8 +2551,8 @@ pub struct Probe {
     pub cipher: fastcp_crypto::Choice,
     /// The compression ids the server accepts.
     pub compression: Vec<u8>,
-    /// The transport a copy with these options tries first: "tcp" or "ssh".
-    pub transport: &'static str,
+    /// The transport a copy with these options tries first: TCP or SSH.
+    pub transport: TransportUsed,
     /// Where sealed TCP data streams would connect, when the host is reached directly.
     pub tcp_address: Option<IpAddr>,
 }
@@ -2553,7 +2602,11 @@ pub async fn probe(
         remote_cpu,
         cipher: fastcp_crypto::choose(local_cpu, remote_cpu, options.cipher),
         compression: agreed.peer.compression,
-        transport: if tcp_address.is_some() { "tcp" } else { "ssh" },
+        transport: if tcp_address.is_some() {
+            TransportUsed::Tcp
+        } else {
+            TransportUsed::Ssh
+        },
         tcp_address,
     })
 }
@@ -2566,8 +2619,8 @@ pub struct Measurement {
     pub bytes: u64,
     /// From the first byte sent to the server's count.
     pub elapsed: Duration,
-    /// The transport that carried them: "tcp" or "ssh".
-    pub transport: &'static str,
+    /// The transport that carried them: TCP or SSH.
+    pub transport: TransportUsed,
     /// Data streams used.
     pub streams: usize,
     /// The AEAD suite, for TCP.

@@ -65,8 +65,8 @@ mod wire;
 
 pub use client::{
     CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, DEFAULT_TIMEOUT, MAX_SSH_STREAMS,
-    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote,
-    measure, probe, run_session,
+    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, TransportUsed,
+    copy_local, copy_remote, measure, probe, run_session,
 };
 pub use dry_run::Listed;
 pub use error::{Error, ErrorKind, Fault, exit};

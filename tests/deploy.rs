@@ -396,7 +396,7 @@ fn a_program_that_embeds_fastcp_is_never_uploaded() {
     let outcome =
         fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
             .unwrap();
-    assert_eq!(outcome.transport, "sftp");
+    assert_eq!(outcome.transport, fastcp::TransportUsed::Sftp);
     assert_eq!(fs::read(&dst).unwrap(), b"embedded");
     let cached = if cache.exists() {
         walkdir(&cache)
@@ -480,7 +480,7 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
         let outcome =
             fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
                 .unwrap();
-        assert_ne!(outcome.transport, "sftp", "{dst:?}");
+        assert_ne!(outcome.transport, fastcp::TransportUsed::Sftp, "{dst:?}");
         assert_eq!(fs::read(&dst).unwrap(), b"embedded");
         let binary = cached(&cache);
         assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());

@@ -8,7 +8,7 @@ mod common;
 
 use fastcp::{
     CancellationToken, CopyOptions, ErrorKind, Fault, Location, Plan, Progress, Session,
-    TransportChoice,
+    TransportChoice, TransportUsed,
 };
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
@@ -520,21 +520,30 @@ async fn one_session_runs_many_copies_over_one_login() {
             options.clone()
         ),
     );
-    assert_eq!((a.transport, b.transport), ("tcp", "tcp"));
+    assert_eq!(
+        (a.transport, b.transport),
+        (TransportUsed::Tcp, TransportUsed::Tcp)
+    );
     assert_same_tree(&srcs[1], &work.path().join("pushed1"), false);
     assert_same_tree(&srcs[2], &work.path().join("pushed2"), false);
     assert_eq!(logins(), 1, "four copies, one login");
 
-    // Two streams over SSH channels: one more connection, opened once.
+    // Two streams over SSH channels: one more connection, opened once; the second copy
+    // compressed.
     let over_ssh = options.clone().transport(TransportChoice::Ssh).streams(2);
-    for name in ["pushed3", "pushed4"] {
+    for (name, compress) in [("pushed3", false), ("pushed4", true)] {
         let outcome = copy(
             Location::Local(srcs[3].clone()),
             remote(&work.path().join(name)),
-            over_ssh.clone(),
+            over_ssh.clone().compress(compress),
         )
         .await;
-        assert_eq!((outcome.transport, outcome.streams), ("ssh", 2));
+        assert_eq!(
+            (outcome.transport, outcome.streams),
+            (TransportUsed::Ssh, 2)
+        );
+        let zstd = compress.then_some(fastcp::compress::Compression::Zstd);
+        assert_eq!(outcome.compression, zstd);
         assert_same_tree(&srcs[3], &work.path().join(name), false);
     }
     assert_eq!(logins(), 2);
