@@ -324,36 +324,31 @@ impl SshArgs {
             options.push(format!("Ciphers={c}"));
         }
         options.extend(self.ssh_options.iter().cloned());
-        fastcp::transport::SshOptions {
-            config_file: self.config.clone(),
-            port: self.port,
-            identity_files: self
-                .identity
-                .iter()
-                .filter(|file| {
-                    // `~` is for ssh_config's reading to expand.
-                    if file.as_os_str().as_encoded_bytes().starts_with(b"~") {
-                        return true;
-                    }
-                    let Err(e) = std::fs::metadata(file) else {
-                        return true;
-                    };
-                    let why = e.raw_os_error().map_or_else(
-                        || e.to_string(),
-                        |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
-                    );
-                    log.warn(|| format!("Identity file {} not accessible: {why}.", file.display()));
-                    false
-                })
-                .cloned()
-                .collect(),
-            // `-J a -J b` is `-J a,b`: the hops in the order given.
-            jump: (!self.jump.is_empty()).then(|| self.jump.join(",")),
-            options,
-            remote_path: self.remote_path.clone(),
-            ssh_program: self.ssh_program.clone(),
-            ..Default::default()
-        }
+        let identity_files = self.identity.iter().filter(|file| {
+            // `~` is for ssh_config's reading to expand.
+            if file.as_os_str().as_encoded_bytes().starts_with(b"~") {
+                return true;
+            }
+            let Err(e) = std::fs::metadata(file) else {
+                return true;
+            };
+            let why = e.raw_os_error().map_or_else(
+                || e.to_string(),
+                |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
+            );
+            log.warn(|| format!("Identity file {} not accessible: {why}.", file.display()));
+            false
+        });
+        let mut ssh = fastcp::transport::SshOptions::default()
+            .identity_files(identity_files)
+            .options(options);
+        ssh.config_file = self.config.clone();
+        ssh.port = self.port;
+        // `-J a -J b` is `-J a,b`: the hops in the order given.
+        ssh.jump = (!self.jump.is_empty()).then(|| self.jump.join(","));
+        ssh.remote_path = self.remote_path.clone();
+        ssh.ssh_program = self.ssh_program.clone();
+        ssh
     }
 }
 

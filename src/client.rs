@@ -25,7 +25,21 @@ use fastcp_transport::tcp::TcpConfig;
 use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
 use std::net::{IpAddr, SocketAddr};
 
-/// Which transport carries the data.
+/// Which transport carries the data. More choices may come, so the enum is
+/// `#[non_exhaustive]`: a `match` on it needs a `_` arm.
+///
+/// ```compile_fail,E0004
+/// use fastcp::TransportChoice;
+///
+/// fn word(choice: TransportChoice) -> &'static str {
+///     match choice {
+///         TransportChoice::Auto => "auto",
+///         TransportChoice::Ssh => "ssh",
+///         TransportChoice::Tcp => "tcp",
+///     }
+/// }
+/// ```
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportChoice {
     /// Raw TCP when the server's port is reachable, SSH channels otherwise.
@@ -1306,7 +1320,9 @@ pub const MAX_SSH_STREAMS: u16 = 16;
 /// Sealed TCP data streams unless `-j` says otherwise.
 pub const DEFAULT_TCP_STREAMS: u16 = 4;
 
-/// How a session's data streams reach the server.
+/// How a session's data streams reach the server. More ways may come, so the enum is
+/// `#[non_exhaustive]`: a `match` on it needs a `_` arm.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Only the control stream. [`run_session`] then opens no stream, and its `peers` may be
