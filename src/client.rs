@@ -1327,13 +1327,14 @@ pub const DEFAULT_TCP_STREAMS: u16 = 4;
 pub enum Mode {
     /// Only the control stream. [`run_session`] then opens no stream, and its `peers` may be
     /// empty: a server run in-process over a pipe, as here, or over a stream of one's own.
+    /// [`run_session_inline`] runs such a session with no `peers` at all.
     ///
     /// ```
     /// # #[tokio::main]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
     /// use fastcp::server::{ServerConfig, serve};
-    /// use fastcp::{CopyOptions, Location, Mode, Plan, Progress};
+    /// use fastcp::{CopyOptions, Location, Plan, Progress};
     ///
     /// let dir = tempfile::tempdir()?;
     /// std::fs::create_dir(dir.path().join("src"))?;
@@ -1345,9 +1346,8 @@ pub enum Mode {
     ///     Location::parse(&format!("in-process:{}", dir.path().join("dst").display())),
     ///     CopyOptions::default().recursive(true),
     /// )?;
-    /// let no_peers: &[fastcp::transport::SshSession] = &[];
     /// let progress = Arc::new(Progress::default());
-    /// let done = fastcp::run_session(&plan, client_end, Mode::Inline, no_peers, progress).await?;
+    /// let done = fastcp::run_session_inline(&plan, client_end, progress).await?;
     /// assert_eq!(done.report.local.files, 1);
     /// assert_eq!(server.await??.local.files, 1);
     /// assert_eq!(std::fs::read(dir.path().join("dst/a.txt"))?, b"hello");
@@ -1962,6 +1962,9 @@ fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
 /// [`Transport::open_stream`]. The plan's remote host is only a label here: `control` and
 /// `peers` are the connection.
 ///
+/// A session over `control` alone ([`Mode::Inline`]) needs no `peers`: [`run_session_inline`]
+/// runs it without naming a transport type for an empty list.
+///
 /// With [`CopyOptions::dry_run`] the session only lists what would be copied.
 /// [`CopyOptions::cancel`] stops it, as it stops [`Session::copy`](crate::Session::copy), and its last event is
 /// [`Event::Finished`](crate::Event::Finished) or [`Event::Aborted`](crate::Event::Aborted).
@@ -2051,6 +2054,45 @@ where
     let work = run_job(plan, control, mode, peers, progress.clone(), job);
     let done = stoppable(plan, &progress, work).await;
     report_end(&progress, done, |d| &d.report)
+}
+
+/// [`run_session`] in [`Mode::Inline`] with no peers: the whole session, data included, goes
+/// over `control`, a stream to a `fastcp server` of any kind (a pipe to
+/// [`server::serve`](crate::server::serve) in this process, a socket, an SSH channel of one's
+/// own).
+///
+/// ```
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use fastcp::{CopyOptions, Location, Plan, Progress};
+///
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let (client_end, server_end) = tokio::io::duplex(1 << 20);
+/// tokio::spawn(async move { fastcp::server::serve(server_end, &Default::default()).await });
+/// // The host name only labels the remote side: the pipe is the connection.
+/// let plan = Plan::new(
+///     vec![Location::Local(dir.path().join("a.txt"))],
+///     Location::parse(&format!("in-process:{}", dir.path().join("b.txt").display())),
+///     CopyOptions::default(),
+/// )?;
+/// let done = fastcp::run_session_inline(&plan, client_end, Arc::new(Progress::default())).await?;
+/// assert_eq!((done.streams, done.report.local.files), (1, 1));
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(()) }
+/// ```
+pub async fn run_session_inline<S>(
+    plan: &Plan,
+    control: S,
+    progress: Arc<Progress>,
+) -> Result<SessionDone, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    // No connection: any transport type serves for the empty list.
+    let no_peers: &[AnyTransport] = &[];
+    run_session(plan, control, Mode::Inline, no_peers, progress).await
 }
 
 async fn run_job<S, P>(
