@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use fastcp::server::{ServerConfig, serve};
-use fastcp::{CopyOptions, Location, Mode, Plan, Progress};
+use fastcp::{CopyOptions, Location, Plan, Progress};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,14 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Location::parse(&format!("in-process:{dst}")),
         CopyOptions::default().recursive(true),
     )?;
-    let done = fastcp::run_session::<_, fastcp::transport::SshSession>(
-        &plan,
-        client_end,
-        Mode::Inline,
-        &[],
-        Arc::new(Progress::default()),
-    )
-    .await?;
+    let done = fastcp::run_session_inline(&plan, client_end, Arc::new(Progress::default())).await?;
     let served = server.await??;
     println!(
         "sent {} files ({} bytes); the server wrote {} files",

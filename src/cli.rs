@@ -324,36 +324,31 @@ impl SshArgs {
             options.push(format!("Ciphers={c}"));
         }
         options.extend(self.ssh_options.iter().cloned());
-        fastcp::transport::SshOptions {
-            config_file: self.config.clone(),
-            port: self.port,
-            identity_files: self
-                .identity
-                .iter()
-                .filter(|file| {
-                    // `~` is for ssh_config's reading to expand.
-                    if file.as_os_str().as_encoded_bytes().starts_with(b"~") {
-                        return true;
-                    }
-                    let Err(e) = std::fs::metadata(file) else {
-                        return true;
-                    };
-                    let why = e.raw_os_error().map_or_else(
-                        || e.to_string(),
-                        |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
-                    );
-                    log.warn(|| format!("Identity file {} not accessible: {why}.", file.display()));
-                    false
-                })
-                .cloned()
-                .collect(),
-            // `-J a -J b` is `-J a,b`: the hops in the order given.
-            jump: (!self.jump.is_empty()).then(|| self.jump.join(",")),
-            options,
-            remote_path: self.remote_path.clone(),
-            ssh_program: self.ssh_program.clone(),
-            ..Default::default()
-        }
+        let identity_files = self.identity.iter().filter(|file| {
+            // `~` is for ssh_config's reading to expand.
+            if file.as_os_str().as_encoded_bytes().starts_with(b"~") {
+                return true;
+            }
+            let Err(e) = std::fs::metadata(file) else {
+                return true;
+            };
+            let why = e.raw_os_error().map_or_else(
+                || e.to_string(),
+                |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
+            );
+            log.warn(|| format!("Identity file {} not accessible: {why}.", file.display()));
+            false
+        });
+        let mut ssh = fastcp::transport::SshOptions::default()
+            .identity_files(identity_files)
+            .options(options);
+        ssh.config_file = self.config.clone();
+        ssh.port = self.port;
+        // `-J a -J b` is `-J a,b`: the hops in the order given.
+        ssh.jump = (!self.jump.is_empty()).then(|| self.jump.join(","));
+        ssh.remote_path = self.remote_path.clone();
+        ssh.ssh_program = self.ssh_program.clone();
+        ssh
     }
 }
 
@@ -993,10 +988,10 @@ fn summary_json(
         "files_deleted": outcome.report.local.deleted + outcome.report.peer.deleted,
         "seconds": secs,
         "throughput_bytes_per_sec": if secs > 0.0 { arrived.bytes as f64 / secs } else { 0.0 },
-        "transport": outcome.transport,
+        "transport": outcome.transport.as_str(),
         "cipher": outcome.cipher.map(|c| c.to_string()),
         "provider": outcome.provider.map(|p| p.to_string()),
-        "compression": outcome.compression,
+        "compression": outcome.compression.map(|c| c.as_str()),
         "streams": outcome.streams,
         "remote": outcome.remote_software.as_deref().map(|s| escape(s.as_bytes())),
         "error_count": outcome.report.failure_count,
@@ -1108,12 +1103,12 @@ async fn doctor(args: &DoctorArgs) -> anyhow::Result<u8> {
             "cipher": probe.cipher.suite.to_string(),
             "provider": probe.cipher.provider.to_string(),
             "cipher_reason": probe.cipher.reason.to_string(),
-            "transport": probe.transport,
+            "transport": probe.transport.as_str(),
             "throughput": measured.as_ref().map(|m| json!({
                 "bytes": m.bytes,
                 "seconds": m.elapsed.as_secs_f64(),
                 "bytes_per_sec": m.bytes_per_sec(),
-                "transport": m.transport,
+                "transport": m.transport.as_str(),
                 "streams": m.streams,
                 "cipher": m.cipher.map(|c| c.to_string()),
             })),

@@ -12,7 +12,7 @@ use fastcp_stream::{Failure, WalkConfig, escape};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::compress;
+use crate::compress::{self, Compression};
 use crate::dry_run::{Listed, dry_run, list_local};
 use crate::limit::{Limited, RateLimit};
 use crate::location::{Location, RemotePath};
@@ -25,7 +25,21 @@ use fastcp_transport::tcp::TcpConfig;
 use fastcp_transport::{self as transport, AnyTransport, SshOptions, Transport};
 use std::net::{IpAddr, SocketAddr};
 
-/// Which transport carries the data.
+/// Which transport carries the data. More choices may come, so the enum is
+/// `#[non_exhaustive]`: a `match` on it needs a `_` arm.
+///
+/// ```compile_fail,E0004
+/// use fastcp::TransportChoice;
+///
+/// fn word(choice: TransportChoice) -> &'static str {
+///     match choice {
+///         TransportChoice::Auto => "auto",
+///         TransportChoice::Ssh => "ssh",
+///         TransportChoice::Tcp => "tcp",
+///     }
+/// }
+/// ```
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportChoice {
     /// Raw TCP when the server's port is reachable, SSH channels otherwise.
@@ -35,6 +49,55 @@ pub enum TransportChoice {
     Ssh,
     /// Raw TCP data streams sealed with fastcp's AEAD; fail if they cannot connect.
     Tcp,
+}
+
+/// The transport that carried a copy's data ([`Outcome::transport`]): what the
+/// [`TransportChoice`] came to. `Display` and [`as_str`](Self::as_str) give the word the
+/// `fastcp` command's `--json` output and messages use.
+///
+/// ```
+/// use fastcp::TransportUsed;
+///
+/// assert_eq!(TransportUsed::Tcp.as_str(), "tcp");
+/// assert_eq!(TransportUsed::TcpThenSsh.to_string(), "tcp+ssh");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportUsed {
+    /// None: a copy within this machine ("local").
+    Local,
+    /// SSH channels ("ssh").
+    Ssh,
+    /// Sealed TCP data streams ("tcp").
+    Tcp,
+    /// SFTP, where no fastcp could run on the remote host, or when asked for ("sftp").
+    Sftp,
+    /// A copy between two remote hosts: sealed TCP from the source host, SSH channels to
+    /// the target ("tcp+ssh"). Where both hosts took the same transport, it is that one.
+    TcpThenSsh,
+    /// A copy between two remote hosts: SSH channels from the source host, sealed TCP to
+    /// the target ("ssh+tcp").
+    SshThenTcp,
+}
+
+impl TransportUsed {
+    /// Its word: "local", "ssh", "tcp", "sftp", "tcp+ssh" or "ssh+tcp".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportUsed::Local => "local",
+            TransportUsed::Ssh => "ssh",
+            TransportUsed::Tcp => "tcp",
+            TransportUsed::Sftp => "sftp",
+            TransportUsed::TcpThenSsh => "tcp+ssh",
+            TransportUsed::SshThenTcp => "ssh+tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What to copy and how. The defaults copy like `scp` without flags.
@@ -429,16 +492,16 @@ pub struct Outcome {
     /// what was written for a local copy or a pull, but what was sent for a push, where what
     /// arrived (less the files the remote side could not write) is `report.peer`.
     pub report: Report,
-    /// "local", "ssh", "tcp" or "sftp".
-    pub transport: &'static str,
+    /// The transport that carried the data.
+    pub transport: TransportUsed,
     /// The data streams used.
     pub streams: usize,
     /// The AEAD suite sealing the data, where fastcp seals it itself.
     pub cipher: Option<fastcp_crypto::CipherSuite>,
     /// The library running that suite on this side.
     pub provider: Option<Provider>,
-    /// The compression the data streams used, if any ("zstd").
-    pub compression: Option<&'static str>,
+    /// The compression the data streams used, if any.
+    pub compression: Option<Compression>,
     /// The remote side's software string, such as "fastcp 0.1.0", for a remote copy. It came
     /// from the peer: escape it before printing.
     pub remote_software: Option<String>,
@@ -1042,7 +1105,7 @@ async fn copy_local_now(plan: &Plan, progress: Arc<Progress>) -> Result<Outcome,
     let streams = plan.options.streams.unwrap_or(2).max(1) as usize;
     let mut outcome = Outcome {
         report: Report::default(),
-        transport: "local",
+        transport: TransportUsed::Local,
         streams,
         cipher: None,
         provider: None,
@@ -1262,18 +1325,21 @@ pub const MAX_SSH_STREAMS: u16 = 16;
 /// Sealed TCP data streams unless `-j` says otherwise.
 pub const DEFAULT_TCP_STREAMS: u16 = 4;
 
-/// How a session's data streams reach the server.
+/// How a session's data streams reach the server. More ways may come, so the enum is
+/// `#[non_exhaustive]`: a `match` on it needs a `_` arm.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Only the control stream. [`run_session`] then opens no stream, and its `peers` may be
     /// empty: a server run in-process over a pipe, as here, or over a stream of one's own.
+    /// [`run_session_inline`] runs such a session with no `peers` at all.
     ///
     /// ```
     /// # #[tokio::main]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
     /// use fastcp::server::{ServerConfig, serve};
-    /// use fastcp::{CopyOptions, Location, Mode, Plan, Progress};
+    /// use fastcp::{CopyOptions, Location, Plan, Progress};
     ///
     /// let dir = tempfile::tempdir()?;
     /// std::fs::create_dir(dir.path().join("src"))?;
@@ -1285,9 +1351,8 @@ pub enum Mode {
     ///     Location::parse(&format!("in-process:{}", dir.path().join("dst").display())),
     ///     CopyOptions::default().recursive(true),
     /// )?;
-    /// let no_peers: &[fastcp::transport::SshSession] = &[];
     /// let progress = Arc::new(Progress::default());
-    /// let done = fastcp::run_session(&plan, client_end, Mode::Inline, no_peers, progress).await?;
+    /// let done = fastcp::run_session_inline(&plan, client_end, progress).await?;
     /// assert_eq!(done.report.local.files, 1);
     /// assert_eq!(server.await??.local.files, 1);
     /// assert_eq!(std::fs::read(dir.path().join("dst/a.txt"))?, b"hello");
@@ -1350,7 +1415,7 @@ pub struct SessionDone {
     /// The library that ran `cipher` on this side.
     pub provider: Option<Provider>,
     /// The compression the data streams used, if any.
-    pub compression: Option<&'static str>,
+    pub compression: Option<Compression>,
     /// The server's software string, from its hello (escape it before printing).
     pub remote_software: String,
     /// For a dry run, what would be copied.
@@ -1364,7 +1429,7 @@ impl SessionDone {
     /// [`Outcome::arrived`]).
     pub(crate) fn into_outcome(
         self,
-        transport: &'static str,
+        transport: TransportUsed,
         started: Instant,
         peer_wrote: bool,
     ) -> Outcome {
@@ -2027,6 +2092,9 @@ fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
 /// [`Transport::open_stream`]. The plan's remote host is only a label here: `control` and
 /// `peers` are the connection.
 ///
+/// A session over `control` alone ([`Mode::Inline`]) needs no `peers`: [`run_session_inline`]
+/// runs it without naming a transport type for an empty list.
+///
 /// With [`CopyOptions::dry_run`] the session only lists what would be copied.
 /// [`CopyOptions::cancel`] stops it, as it stops [`Session::copy`](crate::Session::copy), and its last event is
 /// [`Event::Finished`](crate::Event::Finished) or [`Event::Aborted`](crate::Event::Aborted).
@@ -2116,6 +2184,45 @@ where
     let work = run_job(plan, control, mode, peers, progress.clone(), job);
     let done = stoppable(plan, &progress, work).await;
     report_end(&progress, done, |d| &d.report)
+}
+
+/// [`run_session`] in [`Mode::Inline`] with no peers: the whole session, data included, goes
+/// over `control`, a stream to a `fastcp server` of any kind (a pipe to
+/// [`server::serve`](crate::server::serve) in this process, a socket, an SSH channel of one's
+/// own).
+///
+/// ```
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use fastcp::{CopyOptions, Location, Plan, Progress};
+///
+/// let dir = tempfile::tempdir()?;
+/// std::fs::write(dir.path().join("a.txt"), b"hello")?;
+/// let (client_end, server_end) = tokio::io::duplex(1 << 20);
+/// tokio::spawn(async move { fastcp::server::serve(server_end, &Default::default()).await });
+/// // The host name only labels the remote side: the pipe is the connection.
+/// let plan = Plan::new(
+///     vec![Location::Local(dir.path().join("a.txt"))],
+///     Location::parse(&format!("in-process:{}", dir.path().join("b.txt").display())),
+///     CopyOptions::default(),
+/// )?;
+/// let done = fastcp::run_session_inline(&plan, client_end, Arc::new(Progress::default())).await?;
+/// assert_eq!((done.streams, done.report.local.files), (1, 1));
+/// assert_eq!(std::fs::read(dir.path().join("b.txt"))?, b"hello");
+/// # Ok(()) }
+/// ```
+pub async fn run_session_inline<S>(
+    plan: &Plan,
+    control: S,
+    progress: Arc<Progress>,
+) -> Result<SessionDone, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    // No connection: any transport type serves for the empty list.
+    let no_peers: &[AnyTransport] = &[];
+    run_session(plan, control, Mode::Inline, no_peers, progress).await
 }
 
 async fn run_job<S, P>(
@@ -2477,7 +2584,7 @@ where
         streams: n,
         cipher: choice.map(|c| c.suite),
         provider: choice.map(|c| c.provider),
-        compression: (compression == compress::ZSTD).then_some("zstd"),
+        compression: (compression == compress::ZSTD).then_some(Compression::Zstd),
         remote_software: agreed.peer.software.clone(),
         listing: Vec::new(),
         data_time: Duration::ZERO,
@@ -2617,8 +2724,8 @@ pub struct Probe {
     pub cipher: fastcp_crypto::Choice,
     /// The compression ids the server accepts.
     pub compression: Vec<u8>,
-    /// The transport a copy with these options tries first: "tcp" or "ssh".
-    pub transport: &'static str,
+    /// The transport a copy with these options tries first: TCP or SSH.
+    pub transport: TransportUsed,
     /// Where sealed TCP data streams would connect, when the host is reached directly.
     pub tcp_address: Option<IpAddr>,
 }
@@ -2668,7 +2775,11 @@ pub async fn probe(
         remote_cpu,
         cipher: fastcp_crypto::choose(local_cpu, remote_cpu, options.cipher),
         compression: agreed.peer.compression,
-        transport: if tcp_address.is_some() { "tcp" } else { "ssh" },
+        transport: if tcp_address.is_some() {
+            TransportUsed::Tcp
+        } else {
+            TransportUsed::Ssh
+        },
         tcp_address,
     })
 }
@@ -2681,8 +2792,8 @@ pub struct Measurement {
     pub bytes: u64,
     /// From the first byte sent to the server's count.
     pub elapsed: Duration,
-    /// The transport that carried them: "tcp" or "ssh".
-    pub transport: &'static str,
+    /// The transport that carried them: TCP or SSH.
+    pub transport: TransportUsed,
     /// Data streams used.
     pub streams: usize,
     /// The AEAD suite, for TCP.

@@ -40,6 +40,38 @@ pub const SUPPORTED: &[u8] = &[NONE, ZSTD];
 /// hostile peer can make each stream's decompressor allocate.
 const WINDOW_LOG_MAX: u32 = 23;
 
+/// A compression the data streams used (see [`Outcome::compression`](crate::Outcome::compression)).
+/// `Display` and [`as_str`](Self::as_str) give its name, as the `fastcp` command's `--json`
+/// output writes it.
+///
+/// ```
+/// use fastcp::compress::Compression;
+///
+/// assert_eq!(Compression::Zstd.as_str(), "zstd");
+/// assert_eq!(Compression::Zstd.to_string(), "zstd");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compression {
+    /// zstd, level 1 ("zstd").
+    Zstd,
+}
+
+impl Compression {
+    /// Its name: "zstd".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The name of a compression id, for messages.
 pub fn name(id: u8) -> &'static str {
     match id {

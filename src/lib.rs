@@ -9,8 +9,9 @@
 //!   `fastcp server` there, uploading it or going over [`sftp`] where it is missing);
 //!   [`Session`] logs in once for any number of such copies; [`blocking`] has both for
 //!   synchronous programs.
-//! - [`run_session`] drives a remote copy over a transport's control stream, and
-//!   [`server::serve`] is the remote side (`fastcp server`).
+//! - [`run_session`] drives a remote copy over a transport's control stream
+//!   ([`run_session_inline`] over that stream alone), and [`server::serve`] is the remote
+//!   side (`fastcp server`).
 //! - [`probe`] asks a remote host which fastcp it runs and what a copy would choose;
 //!   [`measure`] times the transport to it without touching a disk (`fastcp doctor`).
 //! - [`data::send`] and [`data::receive`] run the engine over a session's streams, sealing
@@ -65,8 +66,8 @@ mod wire;
 
 pub use client::{
     CopyOptions, DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, DEFAULT_TIMEOUT, MAX_SSH_STREAMS,
-    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, copy_local, copy_remote,
-    measure, probe, run_session,
+    Measurement, Mode, Outcome, Plan, Probe, SessionDone, TransportChoice, TransportUsed,
+    copy_local, copy_remote, measure, probe, run_session, run_session_inline,
 };
 pub use dry_run::Listed;
 pub use error::{Error, ErrorKind, Fault, exit};

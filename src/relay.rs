@@ -20,7 +20,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 
 use crate::client::{
-    Outcome, Plan, SessionDone, cancellable, stopped_answering, top_level_name, within_idle_limit,
+    Outcome, Plan, SessionDone, TransportUsed, cancellable, stopped_answering, top_level_name,
+    within_idle_limit,
 };
 use crate::location::{Location, RemotePath};
 use crate::transport::{SshOptions, Transport};
@@ -317,7 +318,7 @@ async fn attempt(
     plan: &Plan,
     link: &Arc<Link>,
     progress: Arc<Progress>,
-) -> Result<(SessionDone, &'static str), Error> {
+) -> Result<(SessionDone, TransportUsed), Error> {
     let half = |end, other: &Session| Half {
         end,
         link: link.clone(),
@@ -408,8 +409,8 @@ async fn attempt(
     let ((done_a, transport_a), (done_b, transport_b)) = halves.await?;
     let transport = match (transport_a, transport_b) {
         (a, b) if a == b => a,
-        ("tcp", _) => "tcp+ssh",
-        _ => "ssh+tcp",
+        (TransportUsed::Tcp, _) => TransportUsed::TcpThenSsh,
+        _ => TransportUsed::SshThenTcp,
     };
     let done = SessionDone {
         report,

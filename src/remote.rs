@@ -15,7 +15,8 @@ use fastcp_transport::{self as transport, AnyTransport, SshOptions, SshSession, 
 
 use crate::client::{
     DEFAULT_SSH_STREAMS, DEFAULT_TCP_STREAMS, Job, MAX_SSH_STREAMS, Mode, Outcome, Peers, Plan,
-    SessionDone, Started, TransportChoice, direct_address, session_over, stall_behind,
+    SessionDone, Started, TransportChoice, TransportUsed, direct_address, session_over,
+    stall_behind,
 };
 use crate::location::{Location, RemotePath};
 use crate::log::Log;
@@ -251,7 +252,7 @@ impl Session {
         &self,
         plan: &Plan,
         progress: Arc<Progress>,
-    ) -> Result<(SessionDone, &'static str), Error> {
+    ) -> Result<(SessionDone, TransportUsed), Error> {
         let half = plan.relay.as_ref().expect("a relay's plan");
         let log = &plan.options.log;
         let first: &[_] = &[self.first_connection()];
@@ -272,7 +273,7 @@ impl Session {
                     half.again();
                     Err(Error::Tcp(e))
                 }
-                started => relay_started(started?, "tcp"),
+                started => relay_started(started?, TransportUsed::Tcp),
             };
         }
         let wanted = plan
@@ -286,7 +287,7 @@ impl Session {
                 streams => Mode::Forwarded { streams },
             };
             let started = session_over(plan, peer, first, &self.ssh, mode, progress, job).await;
-            return relay_started(started?, "ssh");
+            return relay_started(started?, TransportUsed::Ssh);
         }
         let mode = match wanted {
             1 => Mode::Inline,
@@ -300,7 +301,7 @@ impl Session {
             half.again();
         }
         self.keep(peers.peers);
-        relay_started(started?, "ssh")
+        relay_started(started?, TransportUsed::Ssh)
     }
 
     /// Where a copy's sealed TCP streams go, if it takes them: the host's address as the
@@ -379,13 +380,13 @@ impl Session {
     }
 
     /// Chooses the transport and runs `job` in one session; returns what it did and the
-    /// transport that carried it ("tcp", "ssh" or "sftp").
+    /// transport that carried it (TCP, SSH or SFTP).
     pub(crate) async fn run(
         &self,
         plan: &Plan,
         progress: Arc<Progress>,
         job: Job,
-    ) -> Result<(SessionDone, &'static str), Error> {
+    ) -> Result<(SessionDone, TransportUsed), Error> {
         self.check_host(plan)?;
         let log = &plan.options.log;
         let first: &[_] = &[self.first_connection()];
@@ -397,7 +398,7 @@ impl Session {
                     done.map_err(|e| stall_behind(e, first, Mode::Inline, plan.options.timeout))?
                 }
             };
-            return Ok((done, "sftp"));
+            return Ok((done, TransportUsed::Sftp));
         }
         if job == Job::DryRun {
             let started = session_over(
@@ -411,7 +412,7 @@ impl Session {
             )
             .await?;
             return self
-                .over_sftp_if_needed(plan, peer, started, "ssh", progress)
+                .over_sftp_if_needed(plan, peer, started, TransportUsed::Ssh, progress)
                 .await;
         }
         if let Some(addr) = self.tcp_address(plan, peer).await? {
@@ -435,7 +436,7 @@ impl Session {
                 }
                 other => {
                     return self
-                        .over_sftp_if_needed(plan, peer, other?, "tcp", progress)
+                        .over_sftp_if_needed(plan, peer, other?, TransportUsed::Tcp, progress)
                         .await;
                 }
             }
@@ -485,7 +486,7 @@ impl Session {
                     }
                     other => {
                         return self
-                            .over_sftp_if_needed(plan, peer, other?, "ssh", progress)
+                            .over_sftp_if_needed(plan, peer, other?, TransportUsed::Ssh, progress)
                             .await;
                     }
                 }
@@ -555,7 +556,7 @@ impl Session {
             .await;
         }
         self.keep(peers.peers);
-        self.over_sftp_if_needed(plan, peer, started?, "ssh", progress)
+        self.over_sftp_if_needed(plan, peer, started?, TransportUsed::Ssh, progress)
             .await
     }
 
@@ -912,9 +913,9 @@ impl Session {
         plan: &Plan,
         peer: &AnyTransport,
         started: Started,
-        transport: &'static str,
+        transport: TransportUsed,
         progress: Arc<Progress>,
-    ) -> Result<(SessionDone, &'static str), Error> {
+    ) -> Result<(SessionDone, TransportUsed), Error> {
         match started {
             Started::Done(done) => Ok((*done, transport)),
             Started::Sftp(why) if plan.options.no_sftp_fallback => {
@@ -928,7 +929,7 @@ impl Session {
                     .log
                     .warn(|| format!("{why}: copying over SFTP"));
                 match crate::sftp::copy(plan, peer, &self.logins_failed, progress).await {
-                    Ok(done) => Ok((done, "sftp")),
+                    Ok(done) => Ok((done, TransportUsed::Sftp)),
                     Err(Error::RemoteCommand(no_sftp)) if no_sftp.starts_with(NO_SFTP) => {
                         Err(Error::RemoteCommand(format!(
                             "{why}; {no_sftp}. Install fastcp on the remote host, or allow it \
@@ -962,8 +963,8 @@ fn within_logins(mode: Mode, logins: u16) -> Mode {
 /// A session of a relay that ran, or why it could not: the host has no fastcp that can run.
 fn relay_started(
     started: Started,
-    transport: &'static str,
-) -> Result<(SessionDone, &'static str), Error> {
+    transport: TransportUsed,
+) -> Result<(SessionDone, TransportUsed), Error> {
     match started {
         Started::Done(done) => Ok((*done, transport)),
         Started::Sftp(why) => Err(Error::RemoteCommand(format!(

@@ -389,14 +389,11 @@ fn a_program_that_embeds_fastcp_is_never_uploaded() {
         fastcp::CopyOptions::default().deploy_from(work.path().join("no-dist")),
     )
     .unwrap();
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default().config_file(sshd.ssh_config());
     let outcome =
         fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
             .unwrap();
-    assert_eq!(outcome.transport, "sftp");
+    assert_eq!(outcome.transport, fastcp::TransportUsed::Sftp);
     assert_eq!(fs::read(&dst).unwrap(), b"embedded");
     let cached = if cache.exists() {
         walkdir(&cache)
@@ -464,10 +461,7 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
     fs::copy(BIN, dist.join(name)).unwrap();
     let src = work.path().join("f");
     fs::write(&src, b"embedded").unwrap();
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default().config_file(sshd.ssh_config());
     let mut inode = None;
     for dst in ["one", "two"] {
         let dst = work.path().join(dst);
@@ -480,7 +474,7 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
         let outcome =
             fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
                 .unwrap();
-        assert_ne!(outcome.transport, "sftp", "{dst:?}");
+        assert_ne!(outcome.transport, fastcp::TransportUsed::Sftp, "{dst:?}");
         assert_eq!(fs::read(&dst).unwrap(), b"embedded");
         let binary = cached(&cache);
         assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());

@@ -258,10 +258,7 @@ async fn pull(cfg: &Path, source: &str, dest: &Path) -> Result<fastcp::Outcome, 
         Location::Local(dest.to_path_buf()),
         CopyOptions::default().recursive(true).sftp(true).streams(2),
     )?;
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(cfg.to_path_buf()),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default().config_file(cfg.to_path_buf());
     fastcp::copy_remote(&plan, &ssh, Arc::new(fastcp::Progress::default())).await
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use fastcp::{
     CancellationToken, CopyOptions, ErrorKind, Fault, Location, Plan, Progress, Session,
-    TransportChoice,
+    TransportChoice, TransportUsed,
 };
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
@@ -115,10 +115,7 @@ fn an_unreachable_host_is_a_connect_error_on_the_network() {
         CopyOptions::default(),
     )
     .unwrap();
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(cfg),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default().config_file(cfg);
     let (progress, seen) = recording();
     let err = fastcp::blocking::copy_remote(&plan, &ssh, progress).unwrap_err();
     assert_eq!(
@@ -176,15 +173,13 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
                 answer.map(|a| format!("{a}\n"))
             }
         });
-        let ssh = fastcp::transport::SshOptions {
-            config_file: Some(cfg.clone()),
-            remote_path: Some(common::BIN.into()),
-            client: fastcp::transport::SshClientConfig {
+        let ssh = fastcp::transport::SshOptions::default()
+            .config_file(cfg.clone())
+            .remote_path(common::BIN)
+            .client(fastcp::transport::SshClientConfig {
                 prompt: Some(prompt),
                 ..Default::default()
-            },
-            ..Default::default()
-        };
+            });
         let plan = Plan::new(
             vec![Location::Local(src.clone())],
             on(&sshd, &work.path().join(name)),
@@ -245,15 +240,13 @@ fn a_prompt_answers_the_passphrase_in_place_of_the_terminal() {
                 Some(answer.to_owned())
             }
         });
-        let ssh = fastcp::transport::SshOptions {
-            config_file: Some(cfg.clone()),
-            remote_path: Some(common::BIN.into()),
-            client: fastcp::transport::SshClientConfig {
+        let ssh = fastcp::transport::SshOptions::default()
+            .config_file(cfg.clone())
+            .remote_path(common::BIN)
+            .client(fastcp::transport::SshClientConfig {
                 prompt: Some(prompt),
                 ..Default::default()
-            },
-            ..Default::default()
-        };
+            });
         let target = work.path().join(format!("host-{answer}"));
         let plan = Plan::new(
             vec![Location::Local(src.clone())],
@@ -444,11 +437,9 @@ fn recording() -> (Arc<Progress>, Seen) {
 
 /// SSH options for the test sshd, with the fastcp under test as the remote program.
 fn ssh_options(sshd: &Sshd) -> fastcp::transport::SshOptions {
-    fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        remote_path: Some(common::BIN.into()),
-        ..Default::default()
-    }
+    fastcp::transport::SshOptions::default()
+        .config_file(sshd.ssh_config())
+        .remote_path(common::BIN)
 }
 
 /// `path` on the test sshd's host.
@@ -520,21 +511,30 @@ async fn one_session_runs_many_copies_over_one_login() {
             options.clone()
         ),
     );
-    assert_eq!((a.transport, b.transport), ("tcp", "tcp"));
+    assert_eq!(
+        (a.transport, b.transport),
+        (TransportUsed::Tcp, TransportUsed::Tcp)
+    );
     assert_same_tree(&srcs[1], &work.path().join("pushed1"), false);
     assert_same_tree(&srcs[2], &work.path().join("pushed2"), false);
     assert_eq!(logins(), 1, "four copies, one login");
 
-    // Two streams over SSH channels: one more connection, opened once.
+    // Two streams over SSH channels: one more connection, opened once; the second copy
+    // compressed.
     let over_ssh = options.clone().transport(TransportChoice::Ssh).streams(2);
-    for name in ["pushed3", "pushed4"] {
+    for (name, compress) in [("pushed3", false), ("pushed4", true)] {
         let outcome = copy(
             Location::Local(srcs[3].clone()),
             remote(&work.path().join(name)),
-            over_ssh.clone(),
+            over_ssh.clone().compress(compress),
         )
         .await;
-        assert_eq!((outcome.transport, outcome.streams), ("ssh", 2));
+        assert_eq!(
+            (outcome.transport, outcome.streams),
+            (TransportUsed::Ssh, 2)
+        );
+        let zstd = compress.then_some(fastcp::compress::Compression::Zstd);
+        assert_eq!(outcome.compression, zstd);
         assert_same_tree(&srcs[3], &work.path().join(name), false);
     }
     assert_eq!(logins(), 2);
@@ -1432,18 +1432,12 @@ fn the_system_ssh_giving_up_is_a_typed_error_in_its_words() {
         CopyOptions::default(),
     )
     .unwrap();
-    let ssh = fastcp::transport::SshOptions {
-        ssh_program: Some(fastcp_testsupport::tools::require("ssh")),
-        ..ssh_options(&sshd)
-    };
+    let ssh = ssh_options(&sshd).ssh_program(fastcp_testsupport::tools::require("ssh"));
     let copy = |ssh: &fastcp::transport::SshOptions| {
         fastcp::blocking::copy_remote(&plan, ssh, Arc::new(Progress::default())).unwrap_err()
     };
 
-    let refused = fastcp::transport::SshOptions {
-        options: vec!["PubkeyAuthentication=no".into()],
-        ..ssh.clone()
-    };
+    let refused = ssh.clone().options(["PubkeyAuthentication=no"]);
     let err = copy(&refused);
     assert_eq!(
         (err.kind(), err.fault(), err.exit_code()),

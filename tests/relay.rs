@@ -625,11 +625,9 @@ fn the_library_relays_between_two_sessions_and_within_one() {
     let (src_dir, dst) = (hosts.dir("a"), hosts.dir("b"));
     let src = src_dir.join("tree");
     build_mixed(&src);
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(hosts.config.clone()),
-        remote_path: Some(BIN.into()),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default()
+        .config_file(hosts.config.clone())
+        .remote_path(BIN);
     let options = CopyOptions::default().recursive(true).preserve(true);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {

@@ -88,11 +88,9 @@ fn a_confined_client_copies_inside_its_folder_and_nowhere_else() {
             .follow_links(true),
     )
     .unwrap();
-    let ssh = fastcp::transport::SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        remote_path: Some(server.display().to_string()),
-        ..Default::default()
-    };
+    let ssh = fastcp::transport::SshOptions::default()
+        .config_file(sshd.ssh_config())
+        .remote_path(server.display().to_string());
     let progress = std::sync::Arc::new(fastcp::Progress::default());
     let err = fastcp::blocking::copy_remote(&plan, &ssh, progress).unwrap_err();
     assert!(

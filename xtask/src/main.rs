@@ -22,7 +22,7 @@
 //! - `cargo xtask sshd`: runs the benchmark sshd (and prints its ssh_config) until Enter.
 //! - `cargo xtask test [--no-install] [-- ARGS]`: installs what the test suite needs (OpenSSH's
 //!   server and client, tmux, strace, ...) when it is missing, then runs
-//!   `cargo test --workspace ARGS`.
+//!   `cargo test --workspace ARGS`, and without ARGS every example after it.
 //! - `cargo xtask dist [--targets LIST] [--out DIR]`: static (musl) release binaries for
 //!   x86_64 and aarch64 Linux, with their SHA-256 sums.
 
@@ -56,6 +56,7 @@ usage:
   cargo xtask test [--no-install] [-- ARGS]
                                    install what the tests need (apt-get, when missing and
                                    allowed), then run cargo test --workspace ARGS
+                                   (without ARGS, then every example)
   cargo xtask dist [--targets LIST] [--out DIR]
                                    static musl binaries (x86_64, aarch64) and SHA256SUMS in
                                    DIR (default target/dist)

@@ -62,12 +62,10 @@ async fn main() {
     }
 
     let sshd = Sshd::start().expect("start sshd");
-    let options = SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        options: vec!["IdentityAgent=none".into()],
-        client: client.clone(),
-        ..SshOptions::default()
-    };
+    let options = SshOptions::default()
+        .config_file(sshd.ssh_config())
+        .options(["IdentityAgent=none"])
+        .client(client.clone());
     if openssh {
         openssh_baseline(&sshd, bytes, &client.ciphers[0], push, runs);
         return;

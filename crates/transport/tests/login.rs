@@ -152,10 +152,7 @@ async fn tty_child_logs_in_four_times() {
     let Ok(cfg) = std::env::var("FASTCP_TEST_TTY_CONFIG") else {
         return;
     };
-    let o = SshOptions {
-        config_file: Some(cfg.into()),
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default().config_file(cfg);
     let first = SshSession::connect("t", &o).await.unwrap();
     // What was typed may be asked for again (a one-time code): fastcp then logs the extra
     // connections in before it starts the server.
@@ -210,10 +207,7 @@ async fn batch_mode_never_asks_for_a_password() {
     let (port, known, logins) = start_server(MethodKind::Password).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), port, &known, "  BatchMode yes\n");
-    let o = SshOptions {
-        config_file: Some(cfg),
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default().config_file(cfg);
     let e = SshSession::connect("t", &o).await.unwrap_err();
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     assert!(
@@ -224,11 +218,9 @@ async fn batch_mode_never_asks_for_a_password() {
     assert_eq!(logins.load(Ordering::SeqCst), 0);
 
     // PasswordAuthentication no: not even listed.
-    let o = SshOptions {
-        config_file: Some(dir.path().join("config")),
-        options: vec!["PasswordAuthentication=no".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(dir.path().join("config"))
+        .options(["PasswordAuthentication=no"]);
     let e = SshSession::connect("t", &o).await.unwrap_err();
     assert!(!e.to_string().contains("password"), "{e}");
 }
@@ -300,10 +292,7 @@ async fn a_server_silent_during_the_login_is_given_up_on() {
 
     // ServerAliveInterval and ServerAliveCountMax from ssh_config.
     let extra = "  BatchMode no\n  ServerAliveInterval 1\n  ServerAliveCountMax 2\n";
-    let o = SshOptions {
-        config_file: Some(config(dir.path(), port, &known, extra)),
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default().config_file(config(dir.path(), port, &known, extra));
     let e = login(o).await;
     assert!(
         matches!(e, Error::LoginTimeout { timeout, .. } if timeout == Duration::from_secs(2)),
@@ -316,10 +305,8 @@ async fn a_server_silent_during_the_login_is_given_up_on() {
     );
 
     // The program's own keepalives (the fastcp command sets them from --timeout).
-    let mut o = SshOptions {
-        config_file: Some(config(dir.path(), port, &known, "  BatchMode no\n")),
-        ..SshOptions::default()
-    };
+    let mut o =
+        SshOptions::default().config_file(config(dir.path(), port, &known, "  BatchMode no\n"));
     o.client.keepalive_interval = Some(Duration::from_secs(1));
     let e = login(o).await;
     assert!(matches!(e, Error::LoginTimeout { .. }), "{e:?}");

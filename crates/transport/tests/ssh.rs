@@ -13,11 +13,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Options for the fixture's host: its ssh_config, and no agent unless a test asks.
 fn opts(sshd: &Sshd) -> SshOptions {
-    SshOptions {
-        config_file: Some(sshd.ssh_config()),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    }
+    SshOptions::default()
+        .config_file(sshd.ssh_config())
+        .options(["IdentityAgent=none"])
 }
 
 /// A config for the fixture's host without an IdentityFile line, plus `extra` lines.
@@ -235,10 +233,7 @@ async fn agent_authentication() {
             agent.socket().display()
         ),
     );
-    let o = SshOptions {
-        config_file: Some(cfg.clone()),
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default().config_file(cfg.clone());
     let s = SshSession::connect("t", &o).await.unwrap();
     let mut p = s.exec("echo agent-ok").await.unwrap();
     let mut out = String::new();
@@ -246,11 +241,9 @@ async fn agent_authentication() {
     assert_eq!(out, "agent-ok\n");
 
     // Same config without the agent: refused, and the error says what was tried.
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let e = SshSession::connect("t", &o).await.unwrap_err();
     assert!(matches!(e, Error::Auth { .. }), "{e}");
     assert!(e.to_string().contains("missing_key (no such file)"), "{e}");
@@ -272,11 +265,9 @@ async fn wrong_user_key_is_refused() {
         dir.path(),
         &format!("  IdentityFile {}\n", key.display()),
     );
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let e = SshSession::connect("t", &o).await.unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, Error::Auth { .. }), "{msg}");
@@ -301,11 +292,9 @@ async fn encrypted_key_without_a_terminal_fails_cleanly() {
         dir.path(),
         &format!("  IdentityFile {}\n", key.display()),
     );
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let e = SshSession::connect("t", &o).await.unwrap_err();
     assert!(e.to_string().contains("encrypted"), "{e}");
 }
@@ -459,11 +448,9 @@ async fn proxy_jump_through_a_second_sshd() {
         ),
     )
     .unwrap();
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let s = SshSession::connect("via", &o).await.unwrap();
     let s2 = s.reconnect().await.unwrap();
     assert!(
@@ -496,11 +483,9 @@ async fn connect_timeout_against_a_port_that_never_answers() {
         ),
     )
     .unwrap();
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let res = tokio::time::timeout(Duration::from_secs(60), SshSession::connect("silent", &o))
         .await
         .expect("ConnectTimeout was not honoured");
@@ -613,11 +598,9 @@ async fn tty_child_connects_with_encrypted_key() {
     let Ok(cfg) = std::env::var("FASTCP_TEST_TTY_CONFIG") else {
         return;
     };
-    let o = SshOptions {
-        config_file: Some(cfg.into()),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let s = SshSession::connect("t", &o).await.unwrap();
     let mut p = s.exec("echo tty-key-ok").await.unwrap();
     let mut out = String::new();
@@ -695,11 +678,9 @@ async fn tty_child_connects_to_unknown_host() {
     let Ok(cfg) = std::env::var("FASTCP_TEST_TTY_CONFIG") else {
         return;
     };
-    let o = SshOptions {
-        config_file: Some(cfg.into()),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     SshSession::connect("t", &o).await.unwrap();
 }
 
@@ -789,12 +770,10 @@ async fn proxy_jump_through_two_hops() {
         ),
     )
     .unwrap();
-    let o = SshOptions {
-        config_file: Some(cfg),
-        jump: Some("hop1,hop2".into()),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .jump("hop1,hop2")
+        .options(["IdentityAgent=none"]);
     let s = SshSession::connect("target", &o).await.unwrap();
     let mut p = s.exec("echo two-hops").await.unwrap();
     let mut out = String::new();
@@ -859,11 +838,9 @@ async fn a_port_that_waits_for_the_client_to_speak_first_still_connects() {
             &kh.display().to_string(),
         );
     fs::write(&cfg, text).unwrap();
-    let o = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let o = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     // Bounded by the test, not by ConnectTimeout: a hang until then fails it too.
     let session = tokio::time::timeout(Duration::from_secs(10), SshSession::connect("t", &o))
         .await
@@ -886,10 +863,7 @@ async fn ssh_config_algorithm_lists_are_kept() {
     let key = sshd.client_key().display().to_string();
     let connect = async |line: &str| {
         let extra = format!("  IdentityFile {key}\n  {line}\n");
-        let o = SshOptions {
-            config_file: Some(config_with(&sshd, dir.path(), &extra)),
-            ..SshOptions::default()
-        };
+        let o = SshOptions::default().config_file(config_with(&sshd, dir.path(), &extra));
         SshSession::connect("t", &o).await
     };
     for (line, connects) in [
@@ -926,11 +900,9 @@ async fn pubkey_authentication_no_offers_no_key() {
     let key = sshd.client_key().display().to_string();
     for (value, logs_in) in [("no", false), ("unbound", true)] {
         let extra = format!("  IdentityFile {key}\n  PubkeyAuthentication {value}\n");
-        let o = SshOptions {
-            config_file: Some(config_with(&sshd, dir.path(), &extra)),
-            options: vec!["IdentityAgent=none".into()],
-            ..SshOptions::default()
-        };
+        let o = SshOptions::default()
+            .config_file(config_with(&sshd, dir.path(), &extra))
+            .options(["IdentityAgent=none"]);
         match SshSession::connect("t", &o).await {
             Ok(_) => assert!(logs_in, "{value}: logged in"),
             Err(Error::Auth { tried, .. }) => {
@@ -976,11 +948,9 @@ async fn a_lost_connection_ends_the_exit_status_and_stderr_wait() {
         );
     let cfg = dir.path().join("config");
     fs::write(&cfg, block).unwrap();
-    let options = SshOptions {
-        config_file: Some(cfg),
-        options: vec!["IdentityAgent=none".into()],
-        ..SshOptions::default()
-    };
+    let options = SshOptions::default()
+        .config_file(cfg)
+        .options(["IdentityAgent=none"]);
     let s = SshSession::connect(sshd.alias(), &options).await.unwrap();
     let mut p = s.exec("echo started; exec sleep 600").await.unwrap();
     let mut started = [0u8; 8];

@@ -111,6 +111,28 @@ impl AddressFamily {
 
 /// Everything needed to reach a destination: which ssh_config to read, the settings that
 /// override it (as ssh's command-line flags do), and fastcp's own knobs.
+///
+/// Build it from [`SshOptions::default`] (ssh_config alone decides, as a bare `ssh host`)
+/// with its builder methods, one per field, each named as the field it sets; new options
+/// arrive as new fields and methods, so the type is `#[non_exhaustive]`.
+///
+/// ```
+/// use fastcp_transport::SshOptions;
+///
+/// let ssh = SshOptions::default()
+///     .port(2222)
+///     .identity_files(["/etc/backup/id_ed25519"])
+///     .options(["BatchMode=yes", "ConnectTimeout=10"]);
+/// assert_eq!(ssh.port, Some(2222));
+/// assert_eq!(ssh.options, ["BatchMode=yes", "ConnectTimeout=10"]);
+/// ```
+///
+/// A struct expression does not compile outside this crate, even with `..Default::default()`:
+///
+/// ```compile_fail,E0639
+/// let ssh = fastcp_transport::SshOptions { port: Some(2222), ..Default::default() };
+/// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, Default)]
 pub struct SshOptions {
     /// ssh_config to read (`-F`); `None` reads `~/.ssh/config` and then
@@ -134,6 +156,71 @@ pub struct SshOptions {
     pub ssh_program: Option<PathBuf>,
     /// The built-in client's tuning (window, packet size, ciphers).
     pub client: SshClientConfig,
+}
+
+/// Builder methods, one per field.
+impl SshOptions {
+    /// Sets [`config_file`](SshOptions::config_file).
+    pub fn config_file(mut self, value: impl Into<PathBuf>) -> SshOptions {
+        self.config_file = Some(value.into());
+        self
+    }
+
+    /// Sets [`port`](SshOptions::port).
+    pub fn port(mut self, value: u16) -> SshOptions {
+        self.port = Some(value);
+        self
+    }
+
+    /// Sets [`user`](SshOptions::user).
+    pub fn user(mut self, value: impl Into<String>) -> SshOptions {
+        self.user = Some(value.into());
+        self
+    }
+
+    /// Sets [`identity_files`](SshOptions::identity_files).
+    pub fn identity_files<I>(mut self, value: I) -> SshOptions
+    where
+        I: IntoIterator,
+        I::Item: Into<PathBuf>,
+    {
+        self.identity_files = value.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets [`jump`](SshOptions::jump).
+    pub fn jump(mut self, value: impl Into<String>) -> SshOptions {
+        self.jump = Some(value.into());
+        self
+    }
+
+    /// Sets [`options`](SshOptions::options).
+    pub fn options<I>(mut self, value: I) -> SshOptions
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.options = value.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets [`remote_path`](SshOptions::remote_path).
+    pub fn remote_path(mut self, value: impl Into<String>) -> SshOptions {
+        self.remote_path = Some(value.into());
+        self
+    }
+
+    /// Sets [`ssh_program`](SshOptions::ssh_program).
+    pub fn ssh_program(mut self, value: impl Into<PathBuf>) -> SshOptions {
+        self.ssh_program = Some(value.into());
+        self
+    }
+
+    /// Sets [`client`](SshOptions::client).
+    pub fn client(mut self, value: SshClientConfig) -> SshOptions {
+        self.client = value;
+        self
+    }
 }
 
 /// One host's settings after ssh_config and overrides are applied.
