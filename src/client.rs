@@ -2071,6 +2071,15 @@ fn read_alike_before_13(rule: &str, contents: bool) -> bool {
             .any(|s| pattern.contains(s))
 }
 
+/// Whether `filter` has rules and a `--files-from` list with a path in a folder: the
+/// folders leading to it are judged as rsync's implied folders (protocol version 14).
+fn implies_folders_by_rules(filter: &fastcp_stream::Filter) -> bool {
+    !filter.rules().is_empty()
+        && filter
+            .listed()
+            .is_some_and(|listed| listed.iter().any(|p| p.contains(&b'/')))
+}
+
 /// The filter lines a request carries: the rules, then `= PATH` for each path of a
 /// `--files-from` list.
 fn filter_lines(filter: Option<&fastcp_stream::Filter>) -> Vec<Bytes> {
@@ -2423,6 +2432,22 @@ where
         };
         // Version 13 reads it as rsync does.
         return Err(too_old(&format!("the rule `{shown}`"), 13, &agreed));
+    }
+    // From version 14 the folders that lead to a `--files-from` list's paths are made for
+    // those paths, not asked of the rules; an older remote side that walks by the list and
+    // the rules (a pull) or spares by them (a push's mirror) makes, skips or removes them
+    // otherwise.
+    if agreed.version < 14
+        && (!pushes || request_flags & flags::DELETE != 0)
+        && request_filter
+            .as_deref()
+            .is_some_and(implies_folders_by_rules)
+    {
+        return Err(too_old(
+            "--files-from with include or exclude rules",
+            14,
+            &agreed,
+        ));
     }
     let filter_bytes: usize = filters.iter().map(|l| 4 + l.len()).sum();
     if filter_bytes > fastcp_proto::DEFAULT_MAX_FRAME as usize {

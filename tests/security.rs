@@ -362,6 +362,50 @@ fn an_older_server_is_not_given_rules_it_reads_otherwise() {
     }
 }
 
+/// Before protocol version 14, a remote side asked the rules of the folders that lead to a
+/// `--files-from` list's paths, and made them even when the rules leave those paths out: a
+/// pull it walks, or a push's mirror it spares by the list and the rules, is refused before
+/// the request goes when both are given and the list names a path in a folder; without
+/// rules, or with no such path, the older side reads the list alike.
+#[test]
+fn an_older_server_is_not_given_a_files_from_list_with_rules_it_reads_otherwise() {
+    let sshd = Sshd::start().unwrap();
+    for (listed, rule, push, refused) in [
+        ("a/b/x.o", Some("*.o"), false, true),
+        ("a/b/x.o", Some("*.o"), true, true),
+        ("a/b/x.o", None, false, false),
+        ("x.o", Some("*.o"), false, false),
+    ] {
+        let work = tempfile::tempdir().unwrap();
+        let server = scripted_server(work.path(), 13, &[]);
+        let list = work.path().join("list");
+        std::fs::write(&list, format!("{listed}\n")).unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir_all(src.join("a/b")).unwrap();
+        write(&src.join(listed), b"x", 0o644);
+        let mut cmd = fastcp(&sshd, &server);
+        cmd.args(["--transport", "ssh", "--timeout", "2", "-r", "--files-from"])
+            .arg(&list);
+        if let Some(rule) = rule {
+            cmd.args(["--exclude", rule]);
+        }
+        if push {
+            cmd.arg("--delete")
+                .arg(&src)
+                .arg(remote(&sshd, &work.path().join("dest")));
+        } else {
+            cmd.arg(remote(&sshd, &src)).arg(work.path().join("dest"));
+        }
+        let out = run(&mut cmd);
+        let err = stderr(&out);
+        let says = err.contains("needs protocol version 14 on the remote side");
+        assert_eq!(says, refused, "{listed} {rule:?} push {push}: {err}");
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{err}");
+        }
+    }
+}
+
 /// Names built for command injection (`;`, `$(...)`, backticks, quotes, spaces, a newline, a
 /// leading `-`) are data under every kind of login shell the remote user may have: bash, dash
 /// and tcsh. The remote has no fastcp, so each copy also goes through self-deploy's remote

@@ -65,7 +65,9 @@ pub const MAGIC: [u8; 8] = *b"FASTCP\r\n";
 /// [`flags::MAX_DELETE`], a limit on what a mirror removes; version 13 reads the filter
 /// lines as rsync 3 does (its wildcards and quoting, and for a folder's contents the paths
 /// beneath it); version 14 lists another name of a file (`-H`) in a push's dry run as a
-/// [`HardLink`], so that the receiving side judges whether that link is in place.
+/// [`HardLink`], so that the receiving side judges whether that link is in place, and
+/// judges the folders leading to a `--files-from` list's paths as rsync's implied folders
+/// (made for the paths the rules let through, not asked of the rules themselves).
 pub const PROTOCOL_VERSION: u16 = 14;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
