@@ -44,7 +44,8 @@ pub enum Error {
     /// [`no_deploy`](crate::CopyOptions::no_deploy)), a copy that meets such a remote
     /// program on the remote PATH runs this one there instead (see [`crate::deploy`]), and
     /// so does one that meets a fastcp with no protocol version in common
-    /// ([`HandshakeError::Incompatible`](fastcp_proto::HandshakeError::Incompatible)).
+    /// ([`HandshakeError::Incompatible`](fastcp_proto::HandshakeError::Incompatible)); not
+    /// a copy between two remote hosts, whose two sessions agreed on one version first.
     #[error(
         "{what} needs protocol version {needs} on the remote side, and the remote {peer} \
          speaks {speaks}: upgrade fastcp there"
