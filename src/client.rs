@@ -1896,6 +1896,9 @@ pub(crate) struct RemoteLines {
     prefix: Vec<u8>,
     /// The next byte begins a line.
     at_start: bool,
+    /// The last chunk ended in a CR, held back: an LF starting the next one ends the line,
+    /// as CR LF does; anything else shows it.
+    cr_held: bool,
 }
 
 impl RemoteLines {
@@ -1905,13 +1908,32 @@ impl RemoteLines {
         RemoteLines {
             prefix: format!("{}: ", host.unwrap_or("remote")).into_bytes(),
             at_start: true,
+            cr_held: false,
         }
     }
 
     /// `chunk`, the next bytes the remote wrote, with the host before each line that begins
     /// in it.
-    pub(crate) fn mark(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(chunk.len() + self.prefix.len());
+    pub(crate) fn mark(&mut self, mut chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(chunk.len() + self.prefix.len() + 4);
+        if std::mem::take(&mut self.cr_held) {
+            if std::mem::take(&mut self.at_start) {
+                out.extend_from_slice(&self.prefix);
+            }
+            match chunk.strip_prefix(b"\n") {
+                Some(rest) => {
+                    out.push(b'\n');
+                    self.at_start = true;
+                    chunk = rest;
+                }
+                None => out.extend_from_slice(b"\\x0d"),
+            }
+        }
+        // A CR that ends the chunk may be the first half of a CR LF.
+        if let Some(rest) = chunk.strip_suffix(b"\r") {
+            self.cr_held = true;
+            chunk = rest;
+        }
         for line in chunk.split_inclusive(|&b| b == b'\n') {
             if self.at_start {
                 out.extend_from_slice(&self.prefix);
@@ -2928,6 +2950,16 @@ mod tests {
         assert_eq!(
             RemoteLines::of(Some("nas")).mark(b"Timeout, server nas not responding.\r\nnext\r\n"),
             b"nas: Timeout, server nas not responding.\nnas: next\n"
+        );
+        // So does one whose CR and LF come in two chunks; a CR that no LF follows is shown.
+        let mut lines = RemoteLines::of(Some("nas"));
+        let shown: Vec<u8> = [&b"Timeout.\r"[..], b"\nnext\r", b"x\n", b"\r", b"\n"]
+            .into_iter()
+            .flat_map(|chunk| lines.mark(chunk))
+            .collect();
+        assert_eq!(
+            String::from_utf8(shown).unwrap(),
+            "nas: Timeout.\nnas: next\\x0dx\nnas: \n"
         );
     }
 
