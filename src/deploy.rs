@@ -323,7 +323,7 @@ fn remote_command(script: &str) -> String {
 fn inspect_script(name: &str) -> String {
     format!(
         "{CACHE} if [ -z \"$c\" ]; then echo \"unentered $n\"; exit 0; fi; \
-         above || {{ echo \"above $(stat -L -c \"%u %a\" \"$p\") $p\"; exit 0; }}; d=\"$c/fastcp/{name}\"; \
+         above || {{ echo \"above $(stat -L -c \"%u %a\" \"$p\" || echo ? ?) $p\"; exit 0; }}; d=\"$c/fastcp/{name}\"; \
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
@@ -348,6 +348,7 @@ fn parse_inspection(out: &str) -> Result<Remote, Error> {
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
         match key {
             "above" => {
+                // `UID MODE PATH`, or `? ? PATH` where it could not be read.
                 let mut it = value.splitn(3, ' ');
                 let (owner, mode, path) = (it.next(), it.next(), it.next());
                 return Err(Error::Unsupported(format!(
@@ -432,7 +433,9 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<String, Error
 /// place; prints `uploaded` and the folder, named without links.
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
-        "umask 077; {CACHE} [ -n \"$c\" ] || exit 1; d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+        "umask 077; {CACHE} [ -n \"$c\" ] || exit 1; \
+         above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; \
+         d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
          c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; \
          above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; \
          refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
