@@ -2058,13 +2058,21 @@ fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
     }
 }
 
-/// The error for a remote fastcp whose protocol version (`agreed`) is below `needs`, which
-/// `what` needs.
+/// The error for a remote fastcp whose protocol version (`agreed`) is below what `what`
+/// needs,
+/// `needs`. In a copy between two remote hosts, both sessions speak the lower of the two
+/// servers' versions: where this session's own server speaks `needs`, the one too old is the
+/// other host's, and the error says so rather than name this one.
 pub(crate) fn too_old(what: &str, needs: u16, agreed: &fastcp_proto::Negotiated) -> Error {
+    let peer = if agreed.peer.version >= needs {
+        "fastcp on the other host".to_owned()
+    } else {
+        escape(agreed.peer.software.as_bytes()).to_string()
+    };
     Error::PeerTooOld {
         what: what.to_owned(),
         needs,
-        peer: escape(agreed.peer.software.as_bytes()).to_string(),
+        peer,
         speaks: agreed.version,
     }
 }
@@ -2920,6 +2928,36 @@ mod tests {
         let built = CopyOptions::default().recursive(true).delete_excluded(true);
         assert!(built.delete);
         assert!(plan(built).is_ok());
+    }
+
+    /// A relay's session whose own server is new enough blames the other host's.
+    #[test]
+    fn too_old_names_the_host_that_is_too_old() {
+        let agreed = |own: u16, version: u16| fastcp_proto::Negotiated {
+            version,
+            max_frame: 1 << 20,
+            peer: fastcp_proto::Hello {
+                version: own,
+                min_version: 1,
+                cpu_features: 0,
+                ciphers: vec![1],
+                compression: vec![0],
+                max_frame: 1 << 20,
+                software: "fastcp 9.9".into(),
+            },
+        };
+        let said =
+            |own, version| super::too_old("--max-delete", 12, &agreed(own, version)).to_string();
+        assert_eq!(
+            said(11, 11),
+            "--max-delete needs protocol version 12 on the remote side, and the remote fastcp \
+             9.9 speaks 11: upgrade fastcp there"
+        );
+        assert!(
+            said(14, 11).contains("the remote fastcp on the other host speaks 11"),
+            "{}",
+            said(14, 11)
+        );
     }
 
     /// Each line the remote writes begins with its host, however its chunks cut it.
