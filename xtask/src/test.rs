@@ -8,6 +8,7 @@
 //! it), it then runs every example of the workspace ([`EXAMPLES`]) on a small tree, so that
 //! an example that panics or fails fails the command.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -213,8 +214,11 @@ fn run_example(package: &str, name: &str, program: &Path, args: &[String]) -> Re
     let log =
         std::env::temp_dir().join(format!("fastcp-example-{name}-{}.log", std::process::id()));
     let file = std::fs::File::create(&log)?;
+    // A process group of its own, so that a hung example goes with what it started (the
+    // sshd of `ssh_throughput`).
     let mut child = Command::new(program)
         .args(args)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)
@@ -225,6 +229,8 @@ fn run_example(package: &str, name: &str, program: &Path, args: &[String]) -> Re
             break Some(status);
         }
         if started.elapsed() > EXAMPLE_TIMEOUT {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.kill();
             let _ = child.wait();
             break None;
