@@ -24,7 +24,7 @@ use crate::client::{
     within_idle_limit,
 };
 use crate::location::{Location, RemotePath};
-use crate::transport::{SshOptions, Transport};
+use crate::transport::SshOptions;
 use crate::{BoxStream, Error, Progress, Session};
 
 /// Which end of a relay a session serves.
@@ -387,7 +387,7 @@ async fn attempt(
                 // A login whose server stopped answering SSH keepalives closed its streams.
                 e => [source, target]
                     .into_iter()
-                    .find_map(|s| Some((s, s.first_connection().stopped_answering()?)))
+                    .find_map(|s| Some((s, s.stopped_answering()?)))
                     .map_or(e, |(s, stopped)| {
                         stopped_answering(stopped, plan.options().timeout).on_host(s.destination())
                     }),

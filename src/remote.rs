@@ -379,6 +379,16 @@ impl Session {
         lock(&self.connections)[0].clone()
     }
 
+    /// Why one of this session's connections ended, when its server stopped answering SSH
+    /// keepalives (see [`Transport::stopped_answering`](transport::Transport::stopped_answering)):
+    /// the first connection's, else an extra stream's.
+    pub(crate) fn stopped_answering(&self) -> Option<transport::Error> {
+        use transport::Transport as _;
+        lock(&self.connections)
+            .iter()
+            .find_map(|c| c.stopped_answering())
+    }
+
     /// Chooses the transport and runs `job` in one session; returns what it did and the
     /// transport that carried it (TCP, SSH or SFTP).
     pub(crate) async fn run(
