@@ -1491,21 +1491,16 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     job: Job,
 ) -> Result<Started, Error> {
     // One round trip when fastcp is on the remote PATH or already deployed there.
-    let launched = ssh.remote_path.is_none()
-        && !plan.options.no_deploy
-        && first.remote_path().is_none()
-        && match crate::deploy::launcher() {
-            Some(launcher) => {
-                plan.options.log.info(|| {
-                    "remote program: the fastcp self-deploy cached there, else fastcp from the \
-                     remote PATH"
-                        .into()
-                });
-                first.set_launcher(Some(launcher));
-                true
-            }
-            None => false,
-        };
+    // Whether the remote program is the one self-deploy may put in place of another.
+    let deployable =
+        ssh.remote_path.is_none() && !plan.options.no_deploy && first.remote_path().is_none();
+    if deployable && let Some(launcher) = crate::deploy::launcher() {
+        plan.options.log.info(|| {
+            "remote program: the fastcp self-deploy cached there, else fastcp from the remote PATH"
+                .into()
+        });
+        first.set_launcher(Some(launcher));
+    }
     // The system ssh's exit status is the server's, or, before the server spoke, its own.
     let program = match first {
         AnyTransport::Program(p) => Some(p.program()),
@@ -1518,11 +1513,11 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
         // A fastcp on the remote PATH of a version that cannot serve this copy: this very
         // program runs there instead, from self-deploy's cache, where later copies find it
         // first. A relay's two sessions agreed on one version: it stays as it is.
-        Err(Attempt::Outdated(e)) if launched && job != Job::Relay => {
+        Err(Attempt::Outdated(e)) if deployable && job != Job::Relay => {
             plan.options.log.warn(|| {
                 format!(
-                    "{e}; meanwhile this fastcp runs there, uploaded into the user's cache \
-                     (self-deploy)"
+                    "{e}; meanwhile this fastcp runs there, from self-deploy's cache (or the \
+                     copy goes over SFTP where none can be uploaded)"
                 )
             });
             None

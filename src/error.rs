@@ -39,11 +39,13 @@ pub enum Error {
     #[error("{0}")]
     Unsupported(String),
     /// The remote fastcp is too old for what this copy asks: `what` needs protocol version
-    /// `needs` there, and it speaks `speaks`. Where this program may be uploaded (no
+    /// `needs` there, and it speaks `speaks`. Where self-deploy may act (no
     /// [`remote_path`](crate::transport::SshOptions::remote_path), no
     /// [`no_deploy`](crate::CopyOptions::no_deploy)), a copy that meets such a remote
-    /// program on the remote PATH runs this one there instead (see [`crate::deploy`]), and
-    /// so does one that meets a fastcp with no protocol version in common
+    /// program on the remote PATH runs this fastcp there instead, or where it cannot be
+    /// uploaded (a program that embeds the library and has no `cargo xtask dist` binary for
+    /// the remote) goes over SFTP (see [`crate::deploy`]); so does one that meets a fastcp
+    /// with no protocol version in common
     /// ([`HandshakeError::Incompatible`](fastcp_proto::HandshakeError::Incompatible)); not
     /// a copy between two remote hosts, whose two sessions agreed on one version first.
     #[error(

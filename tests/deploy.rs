@@ -617,3 +617,32 @@ fn a_newer_fastcp_with_no_version_in_common_is_passed_over_for_this_one() {
     assert_same_tree(&src, &pulled, false);
     assert_eq!(runs(&bin), 1);
 }
+
+/// A program that embeds fastcp meets an older fastcp on the remote PATH: with no binary of
+/// its own to upload (none in its dist folder), the copy goes over SFTP, as it does where the
+/// remote has no fastcp at all, rather than fail.
+#[test]
+fn a_program_that_embeds_fastcp_passes_over_an_older_remote_fastcp_for_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let bin = fastcp_of_versions(work.path(), 1, 3);
+    let sshd = sshd_with_path(&bin, &cache);
+    let src = work.path().join("f");
+    fs::write(&src, b"embedded").unwrap();
+    let dst = work.path().join("g");
+    let plan = fastcp::Plan::new(
+        vec![fastcp::Location::Local(src)],
+        fastcp::Location::parse(&remote(&sshd, &dst)),
+        fastcp::CopyOptions::default()
+            .skip_unchanged(true)
+            .deploy_from(work.path().join("no-dist")),
+    )
+    .unwrap();
+    let ssh = fastcp::transport::SshOptions::default().config_file(sshd.ssh_config());
+    let outcome =
+        fastcp::blocking::copy_remote(&plan, &ssh, std::sync::Arc::new(Default::default()))
+            .unwrap();
+    assert_eq!(outcome.transport, fastcp::TransportUsed::Sftp);
+    assert_eq!(fs::read(&dst).unwrap(), b"embedded");
+    assert_eq!(runs(&bin), 1);
+}
