@@ -2098,7 +2098,7 @@ fn read_alike_before_13(rule: &str, contents: bool) -> bool {
 
 /// Whether `filter` has rules and a `--files-from` list with a path in a folder: the
 /// folders leading to it are judged as rsync's implied folders (protocol version 14).
-fn implies_folders_by_rules(filter: &fastcp_stream::Filter) -> bool {
+pub(crate) fn implies_folders_by_rules(filter: &fastcp_stream::Filter) -> bool {
     !filter.rules().is_empty()
         && filter
             .listed()

@@ -560,6 +560,24 @@ where
         Ok(f) => f,
         Err(e) => return Err((Some(reader), e)),
     };
+    // A client older than version 14 walked by its `--files-from` list and rules asking the
+    // rules of the folders that lead to the listed paths: a mirror that spared by this side's
+    // reading (version 14, rsync's implied folders) could remove what it left out.
+    if request.direction == Direction::Push
+        && request.flags & flags::DELETE != 0
+        && agreed.version < 14
+        && filter
+            .as_deref()
+            .is_some_and(crate::client::implies_folders_by_rules)
+    {
+        let e = Error::Unsupported(format!(
+            "--delete with --files-from and include or exclude rules needs protocol version 14 \
+             on both ends, and the client {} speaks {}: upgrade fastcp on the client",
+            crate::stream::escape(agreed.peer.software.as_bytes()),
+            agreed.version
+        ));
+        return Err((Some(reader), e));
+    }
     // A pull's walk starts now, while the data streams join; the send takes what it found.
     let send_config = (request.direction == Direction::Pull).then(|| {
         let mut cfg = send_config(&request, agreed, filter.clone());
@@ -1206,6 +1224,84 @@ mod tests {
         let mut got = Vec::new();
         control.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"first frames, then more");
+    }
+
+    /// A client older than version 14 that pushes with `--delete`, a `--files-from` list with
+    /// a path in a folder and rules is refused: it walked asking the rules of the folders that
+    /// lead to the listed paths, and a mirror that spared by this side's reading could remove
+    /// what it left out. A client of version 14 gets past that check.
+    #[tokio::test]
+    async fn an_older_client_mirroring_a_list_with_rules_is_refused() {
+        use fastcp_proto::{Frame, Hello, Request, TransportKind, encode};
+        let dest = tempfile::tempdir().unwrap();
+        for (version, refused) in [(13, true), (14, false)] {
+            let (mut client, server) = tokio::io::duplex(1 << 20);
+            let config = ServerConfig {
+                setup_timeout: Some(Duration::from_secs(5)),
+                ..ServerConfig::default()
+            };
+            let serving = tokio::spawn(async move { serve(server, &config).await });
+            let mut wire = bytes::BytesMut::new();
+            encode(
+                &Frame::Hello(Hello {
+                    version,
+                    min_version: 1,
+                    cpu_features: 0,
+                    ciphers: vec![1, 2, 3],
+                    compression: vec![0],
+                    max_frame: fastcp_proto::DEFAULT_MAX_FRAME,
+                    software: "fastcp old".into(),
+                }),
+                &mut wire,
+            );
+            encode(
+                &Frame::Request(Request {
+                    direction: Direction::Push,
+                    paths: vec![Bytes::from(dest.path().display().to_string())],
+                    flags: flags::RECURSIVE
+                        | flags::DELETE
+                        | flags::FILTERS
+                        | flags::FILES_FROM
+                        | flags::TARGET_IS_DIR,
+                    streams: 1,
+                    transport: TransportKind::Inline,
+                    cipher: 0,
+                    compression: 0,
+                    client_random: [1; 32],
+                    tcp_ports: (0, 0),
+                    filters: vec![Bytes::from_static(b"- b/"), Bytes::from_static(b"= a/b/x")],
+                    link_dest: None,
+                    max_delete: None,
+                }),
+                &mut wire,
+            );
+            client.write_all(&wire).await.unwrap();
+            // What the server answers is drained; it ends the session either way once the
+            // client goes (a client of version 14 would go on to send its files).
+            let draining = async {
+                let mut got = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut got))
+                    .await;
+                drop(client);
+                got
+            };
+            let said = String::from_utf8_lossy(&draining.await).into_owned();
+            let ended = tokio::time::timeout(Duration::from_secs(10), serving)
+                .await
+                .unwrap()
+                .unwrap();
+            let upgrade = "upgrade fastcp on the client";
+            if refused {
+                let err = ended.unwrap_err().to_string();
+                assert!(err.contains(upgrade), "{err}");
+                assert!(said.contains(upgrade), "{said}");
+            } else {
+                assert!(!said.contains(upgrade), "{said}");
+                if let Err(e) = ended {
+                    assert!(!e.to_string().contains(upgrade), "{e}");
+                }
+            }
+        }
     }
 
     /// A client that closes stream 0 while the streams join ends the wait.
