@@ -605,9 +605,10 @@ fn a_newer_fastcp_with_no_version_in_common_is_passed_over_for_this_one() {
     let src = work.path().join("src");
     build_tiny(&src, 20);
 
+    // Through the system ssh, which also carries the upload.
     let pulled = work.path().join("pulled");
     let out = run(fastcp_plain(&sshd)
-        .args(["-r"])
+        .args(["-r", "--ssh-program", "ssh"])
         .arg(remote(&sshd, &src))
         .arg(&pulled));
     assert!(out.status.success(), "{}", stderr(&out));
@@ -615,6 +616,17 @@ fn a_newer_fastcp_with_no_version_in_common_is_passed_over_for_this_one() {
     assert!(said.contains("this side is older"), "{said}");
     assert!(said.contains("meanwhile this fastcp runs there"), "{said}");
     assert_same_tree(&src, &pulled, false);
+    assert_eq!(runs(&bin), 1);
+
+    // The built-in client then finds this fastcp in the cache first.
+    let pushed = work.path().join("pushed");
+    let out = run(fastcp_plain(&sshd)
+        .args(["-r"])
+        .arg(&src)
+        .arg(remote(&sshd, &pushed)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("older"), "{}", stderr(&out));
+    assert_same_tree(&src, &pushed, false);
     assert_eq!(runs(&bin), 1);
 }
 
