@@ -1662,6 +1662,11 @@ async fn try_session<P: Peers + ?Sized>(
     // trust) before the server could speak: what it said is the error, not a line on stderr.
     let ssh_gave_up = matches!(&session, Err(e) if closed_early(e))
         && matches!(&status, Ok(s) if s.code() == Some(255));
+    // The system ssh gave up mid-copy (a stream closed, ssh exited 255): why may be on its
+    // stderr.
+    let ssh_ended = program.is_some()
+        && matches!(&session, Err(e) if e.kind() == crate::ErrorKind::Connect)
+        && matches!(&status, Ok(s) if s.code() == Some(255));
     // Whether the server said anything at all: until it does, the ssh program's status may
     // be its own (a program that is no ssh, one that could not start).
     let spoke = verdict.borrow().is_some();
@@ -1744,9 +1749,16 @@ async fn try_session<P: Peers + ?Sized>(
         first
     });
     match tokio::time::timeout(stderr_patience, stderr).await {
-        Ok(Ok(said)) if ssh_gave_up && !said.trim_ascii().is_empty() => Err(Attempt::Failed(
+        Ok(Ok((said, _))) if ssh_gave_up && !said.trim_ascii().is_empty() => Err(Attempt::Failed(
             Error::SystemSsh(String::from_utf8_lossy(said.trim_ascii()).into_owned()),
         )),
+        // The system ssh gave up on a server that stopped answering its keepalives: a
+        // stall, as the built-in client reports one, not a stream that closed.
+        Ok(Ok((_, true))) if ssh_ended => Err(Attempt::Failed(Error::Timeout(
+            "while copying: the other side or the network stopped answering: no reply to the \
+             system ssh's keepalives (ServerAliveInterval x ServerAliveCountMax)"
+                .into(),
+        ))),
         _ => attempt,
     }
 }
@@ -1816,18 +1828,23 @@ fn closed_early(err: &Error) -> bool {
     }
 }
 
+/// What the system ssh says when its ServerAliveInterval keepalives went unanswered
+/// (OpenSSH's "Timeout, server HOST not responding.") before it exits 255.
+const SSH_KEEPALIVES_UNANSWERED: &[u8] = b"Timeout, server ";
+
 /// Forwards the remote program's stderr to ours once `verdict` says to (`Some(true)`), each
 /// line marked with the host it came from (`lines`); until then it is held, and with
 /// `Some(false)` it goes to the debug log only, and is returned whole. Once the copy is
 /// cancelled (Ctrl-C), what the server says of the client going away goes to the debug log
-/// too.
+/// too. Also returns whether what was forwarded holds the system ssh's own word that its
+/// keepalives went unanswered ([`SSH_KEEPALIVES_UNANSWERED`]).
 async fn held_stderr(
     mut stderr: transport::Stderr,
     mut lines: RemoteLines,
     mut verdict: watch::Receiver<Option<bool>>,
     log: crate::Log,
     cancel: Option<tokio_util::sync::CancellationToken>,
-) -> Vec<u8> {
+) -> (Vec<u8>, bool) {
     let mut held = Vec::new();
     let mut ended = false;
     let show = loop {
@@ -1852,7 +1869,7 @@ async fn held_stderr(
                 held.extend_from_slice(&chunk);
             }
         }
-        return held;
+        return (held, false);
     }
     let mut out = tokio::io::stderr();
     let _ = out.write_all(&lines.mark(&held)).await;
@@ -1865,6 +1882,7 @@ async fn held_stderr(
     };
     let mut cancelled = std::pin::pin!(cancelled);
     let mut shown = true;
+    let mut unanswered = false;
     loop {
         let chunk = tokio::select! {
             chunk = stderr.recv() => chunk,
@@ -1874,13 +1892,16 @@ async fn held_stderr(
             }
         };
         let Some(chunk) = chunk else { break };
+        unanswered |= chunk
+            .windows(SSH_KEEPALIVES_UNANSWERED.len())
+            .any(|w| w == SSH_KEEPALIVES_UNANSWERED);
         if !shown {
             log.debug(|| format!("the server said: {}", escape(chunk.trim_ascii())));
         } else if out.write_all(&lines.mark(&chunk)).await.is_err() || out.flush().await.is_err() {
             shown = false;
         }
     }
-    held
+    (held, unanswered)
 }
 
 /// The remote program's stderr as this side shows it: each line begins with the host it came

@@ -1092,6 +1092,29 @@ fn server_alive_interval_notices_a_stalled_connection() {
     );
 }
 
+/// Through the system ssh, its own ServerAlive keepalives notice the stall, and ssh gives up
+/// ("Timeout, server … not responding.", exit 255): that is reported as a stall too, not as
+/// a stream that closed.
+#[test]
+fn the_system_ssh_noticing_a_stall_by_its_keepalives_is_a_stall() {
+    cut_push(
+        Fault::Stall,
+        2_000_000,
+        &[
+            "--ssh-program",
+            "ssh",
+            "--timeout",
+            "0",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ],
+        "the other side or the network stopped answering: no reply to the system ssh's \
+         keepalives (ServerAliveInterval x ServerAliveCountMax)",
+    );
+}
+
 /// Under `--timeout` the copy's idle limit and the SSH keepalives it sets notice a stall at
 /// about the same time: whichever does, the error is the stall's, naming `--timeout`. A low
 /// `--bwlimit` keeps the copy writing into its buffers for a while after the stall, so the
