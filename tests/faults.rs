@@ -9,7 +9,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -362,31 +362,39 @@ fn a_stalled_ssh_connection_ends_the_copy_within_the_timeout() {
     );
 }
 
+/// Copies a 24 MiB file over SFTP, pulled or pushed (`pull`), with `extra` options, through
+/// a relay that stalls after 4 MB; returns the exit code, what fastcp said, and the
+/// destination folder (in `work`).
+fn stalled_sftp_copy(work: &Path, pull: bool, extra: &[&str]) -> (Option<i32>, String, PathBuf) {
+    let sshd = Sshd::start().unwrap();
+    let src = work.join("big");
+    write(&src, &pseudo_random(24 << 20, 6), 0o644);
+    let dst = work.join("dst");
+    std::fs::create_dir(&dst).unwrap();
+    let port = if pull {
+        relay_both(sshd.port(), 4_000_000, Fault::Stall)
+    } else {
+        relay(sshd.port(), 4_000_000, Fault::Stall)
+    };
+    let cfg = through(&sshd, work, port);
+    let (from, to) = if pull {
+        (remote(&sshd, &src), dst.display().to_string())
+    } else {
+        (src.display().to_string(), remote(&sshd, &dst))
+    };
+    let args = sftp_args(&cfg, extra, &from, &to);
+    let (code, err) = run_bounded(&args, Duration::from_secs(60));
+    (code, err, dst)
+}
+
 /// Over SFTP too a stalled connection ends the copy within `--timeout`, both ways: the
 /// copy's idle limit notices, however long each SFTP request may wait behind a slow link.
 /// A pull leaves nothing on this side; a push nothing under the final name.
 #[test]
 fn a_stalled_sftp_copy_ends_within_the_timeout() {
     for pull in [false, true] {
-        let sshd = Sshd::start().unwrap();
         let work = tempfile::tempdir().unwrap();
-        let src = work.path().join("big");
-        write(&src, &pseudo_random(24 << 20, 6), 0o644);
-        let dst = work.path().join("dst");
-        std::fs::create_dir(&dst).unwrap();
-        let port = if pull {
-            relay_both(sshd.port(), 4_000_000, Fault::Stall)
-        } else {
-            relay(sshd.port(), 4_000_000, Fault::Stall)
-        };
-        let cfg = through(&sshd, work.path(), port);
-        let (from, to) = if pull {
-            (remote(&sshd, &src), dst.display().to_string())
-        } else {
-            (src.display().to_string(), remote(&sshd, &dst))
-        };
-        let args = sftp_args(&cfg, &["-j", "1", "--timeout", "3"], &from, &to);
-        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        let (code, err, dst) = stalled_sftp_copy(work.path(), pull, &["-j", "1", "--timeout", "3"]);
         assert_eq!(code, Some(3), "pull {pull}: {err}");
         assert!(err.contains("no data moved for 3 s"), "pull {pull}: {err}");
         assert!(
@@ -404,23 +412,7 @@ fn a_stalled_sftp_copy_ends_within_the_timeout() {
 #[test]
 fn a_stalled_sftp_copy_noticed_by_keepalives_is_a_stall() {
     for pull in [false, true] {
-        let sshd = Sshd::start().unwrap();
         let work = tempfile::tempdir().unwrap();
-        let src = work.path().join("big");
-        write(&src, &pseudo_random(24 << 20, 6), 0o644);
-        let dst = work.path().join("dst");
-        std::fs::create_dir(&dst).unwrap();
-        let port = if pull {
-            relay_both(sshd.port(), 4_000_000, Fault::Stall)
-        } else {
-            relay(sshd.port(), 4_000_000, Fault::Stall)
-        };
-        let cfg = through(&sshd, work.path(), port);
-        let (from, to) = if pull {
-            (remote(&sshd, &src), dst.display().to_string())
-        } else {
-            (src.display().to_string(), remote(&sshd, &dst))
-        };
         let extra = [
             "-j",
             "1",
@@ -431,8 +423,7 @@ fn a_stalled_sftp_copy_noticed_by_keepalives_is_a_stall() {
             "-o",
             "ServerAliveCountMax=2",
         ];
-        let args = sftp_args(&cfg, &extra, &from, &to);
-        let (code, err) = run_bounded(&args, Duration::from_secs(60));
+        let (code, err, dst) = stalled_sftp_copy(work.path(), pull, &extra);
         assert_eq!(code, Some(3), "pull {pull}: {err}");
         assert!(
             err.contains(

@@ -414,19 +414,7 @@ fn signalled(host: &str, signal: &str, timeout: &str) -> (Output, PathBuf) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Data flows once the receiver's temp file has some of it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let flowing = || {
-        std::fs::read_dir(&dst)
-            .unwrap()
-            .filter_map(Result::ok)
-            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
-    };
-    while !flowing() {
-        assert!(Instant::now() < deadline, "no data arrived");
-        assert!(child.try_wait().unwrap().is_none(), "fastcp ended early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_data(&mut child, &dst);
     for pid in hosts.pids(host) {
         let _ = Command::new("kill")
             .args([signal, &pid.to_string()])
@@ -488,18 +476,7 @@ fn signal_login(host: &str, signal: &str, args: &[&str]) -> (Output, bool) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let flowing = || {
-        std::fs::read_dir(&dst)
-            .unwrap()
-            .filter_map(Result::ok)
-            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
-    };
-    while !flowing() {
-        assert!(Instant::now() < deadline, "no data arrived");
-        assert!(child.try_wait().unwrap().is_none(), "fastcp ended early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_data(&mut child, &dst);
     let mut logins = Vec::new();
     for pid in hosts.pids(host) {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -880,5 +857,22 @@ fn every_verbose_line_names_its_host() {
                 "{verbose} {transport}: a line that names no host: {line}\n{said}"
             );
         }
+    }
+}
+
+/// Waits (a minute at most) until data flows: the receiver's temp file in `dst` has some of
+/// it, while `child` still runs.
+fn wait_for_data(child: &mut std::process::Child, dst: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let flowing = || {
+        std::fs::read_dir(dst)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+    };
+    while !flowing() {
+        assert!(Instant::now() < deadline, "no data arrived");
+        assert!(child.try_wait().unwrap().is_none(), "fastcp ended early");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
