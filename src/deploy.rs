@@ -434,10 +434,9 @@ async fn upload(session: &AnyTransport, binary: &Binary) -> Result<String, Error
 fn upload_script(name: &str, hash: &str) -> String {
     format!(
         "umask 077; {CACHE} [ -n \"$c\" ] || exit 1; \
-         above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; \
-         d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
-         c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; \
-         above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; \
+         safe_above() {{ above || {{ echo \"refusing the cache folder $c: the folder $p above it could be changed by other users\" >&2; exit 1; }}; }}; \
+         safe_above; d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
+         c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; safe_above; \
          refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || refuse; case \"$2\" in *[2367]?|*[2367]) refuse;; esac; done; \
