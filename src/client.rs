@@ -1512,7 +1512,9 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
         Err(Attempt::SftpOnly(said)) => return Ok(Started::Sftp(sftp_only(&said))),
         // A fastcp on the remote PATH of a version that cannot serve this copy: this very
         // program runs there instead, from self-deploy's cache, where later copies find it
-        // first. A relay's two sessions agreed on one version: it stays as it is.
+        // first. A relay's two sessions agreed on one version: the relay notes which host's
+        // fastcp is outdated, and deploys there once both sessions are over (see
+        // `relay::run`).
         Err(Attempt::Outdated(e)) if deployable && job != Job::Relay => {
             plan.options.log.warn(|| {
                 format!(
@@ -1522,7 +1524,12 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
             });
             None
         }
-        Err(Attempt::Outdated(e)) => return Err(e),
+        Err(Attempt::Outdated(e)) => {
+            return Err(match plan.relay.as_ref().filter(|_| job == Job::Relay) {
+                Some(half) => half.outdated(e),
+                None => e,
+            });
+        }
         Err(Attempt::Missing(e)) => Some(e),
     };
     let log = &plan.options.log;
@@ -2078,7 +2085,8 @@ fn filter_flags(filter: Option<&fastcp_stream::Filter>) -> u32 {
 /// needs,
 /// `needs`. In a copy between two remote hosts, both sessions speak the lower of the two
 /// servers' versions: where this session's own server speaks `needs`, the one too old is the
-/// other host's, and the error says so rather than name this one.
+/// other host's, and the error says so rather than name this one (the relay then names that
+/// host: see [`Half::outdated`](crate::relay::Half::outdated)).
 pub(crate) fn too_old(what: &str, needs: u16, agreed: &fastcp_proto::Negotiated) -> Error {
     let peer = if agreed.peer.version >= needs {
         "fastcp on the other host".to_owned()

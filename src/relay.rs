@@ -9,6 +9,10 @@
 //! of data streams (the fewer), and whether file content is hashed (not only when every
 //! stream of both sessions authenticates each byte end to end). Each picks its own
 //! transport and compression. See [`Session::relay`](crate::Session::relay).
+//!
+//! A host whose fastcp is of a protocol version that cannot serve the copy (too old for an
+//! option asked for, or with no version in common) gets this fastcp uploaded by self-deploy,
+//! as a copy with this machine does, once per host, and the relay is tried again.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -41,6 +45,13 @@ impl End {
         match self {
             End::Source => 0,
             End::Target => 1,
+        }
+    }
+
+    fn other(self) -> End {
+        match self {
+            End::Source => End::Target,
+            End::Target => End::Source,
         }
     }
 }
@@ -83,6 +94,9 @@ struct Link {
     /// A session learned something (a TCP port out of reach, logins refused) that makes a
     /// second try of the whole relay take another way.
     again: AtomicBool,
+    /// Each end's host (as [`End::index`] orders them) has a fastcp of a protocol version
+    /// that cannot serve the copy (see [`Half::outdated`]).
+    outdated: [AtomicBool; 2],
 }
 
 impl std::fmt::Debug for Link {
@@ -165,6 +179,34 @@ impl Half {
     pub(crate) fn again(&self) {
         self.link.again.store(true, Relaxed);
     }
+
+    /// Notes which host's fastcp `err`, a version gap this session met (an option too new
+    /// for the version both sessions agreed on, or no version in common with its server),
+    /// found outdated: this session's own, or, when its server speaks the version the option
+    /// needs (as [`too_old`](crate::client::too_old) tells), the other host's, which the
+    /// error then names.
+    pub(crate) fn outdated(&self, err: Error) -> Error {
+        let own = lock(&self.link.offers)[self.end.index()];
+        let (end, err) = match err {
+            Error::PeerTooOld {
+                what,
+                needs,
+                speaks,
+                ..
+            } if own.is_some_and(|o| o.version >= needs) => (
+                self.end.other(),
+                Error::PeerTooOld {
+                    what,
+                    needs,
+                    peer: format!("fastcp on {}", self.other),
+                    speaks,
+                },
+            ),
+            err => (self.end, err),
+        };
+        self.link.outdated[end.index()].store(true, Relaxed);
+        err
+    }
 }
 
 impl Link {
@@ -237,7 +279,8 @@ pub(crate) async fn copy(
         .await
 }
 
-/// How many times a relay is tried when a session learned a better way on the way.
+/// How many times a relay is tried when a session learned a better way on the way (besides
+/// the tries after self-deploy replaced an outdated fastcp, at most one per host).
 const TRIES: usize = 3;
 
 /// Runs `plan` from `source`'s host to `target`'s (see [`Session::relay`]).
@@ -265,6 +308,20 @@ pub(crate) async fn run(
         };
         let link = Arc::new(Link::default());
         match attempt(source, target, plan, &link, progress.clone()).await {
+            // A host's fastcp cannot serve the copy: this one runs there instead, where it
+            // may (as with a copy to that host alone), and the relay is tried again.
+            Err(e) if link.outdated.iter().any(|o| o.load(Relaxed)) => {
+                let mut deployed = false;
+                for (session, outdated) in [source, target].into_iter().zip(&link.outdated) {
+                    if outdated.load(Relaxed) {
+                        deployed |= session.deploy_in_place_of_outdated(plan, &e).await?;
+                    }
+                }
+                if !deployed {
+                    return Err(e);
+                }
+                tries -= 1;
+            }
             Err(_) if link.again.load(Relaxed) && tries < TRIES => {
                 plan.options
                     .log

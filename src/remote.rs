@@ -149,7 +149,11 @@ impl Session {
     ///
     /// The two sessions agree on one protocol version (the lower of the two servers'), as
     /// many data streams and, unless both carry every byte sealed from end to end, hashed
-    /// file content; each picks its own transport and compression. A failure or a cut on
+    /// file content; each picks its own transport and compression. A host whose fastcp
+    /// cannot serve the copy (too old for an option asked for, or with no version in common)
+    /// gets this fastcp from self-deploy, as for a copy with that host alone, and the relay
+    /// is tried again (not with [`CopyOptions::no_deploy`] or a remote program named in
+    /// [`SshOptions::remote_path`]: the copy then fails). A failure or a cut on
     /// either side ends both at once, with an error ([`Error::Host`]) naming the host it
     /// came from; `--timeout` ([`CopyOptions::timeout`]) watches both, and
     /// [`CopyOptions::cancel`] stops both. Not with a dry run, `--sftp`, `--shard` or a
@@ -302,6 +306,43 @@ impl Session {
         }
         self.keep(peers.peers);
         relay_started(started?, TransportUsed::Ssh)
+    }
+
+    /// Uploads this fastcp to this session's host (see [`crate::deploy`]) and runs it there
+    /// from now on, in place of the fastcp that a relay `plan` found there of a protocol
+    /// version that cannot serve it (`outdated` says why), as a copy with this machine does;
+    /// whether it did. Not when the remote program is named (`--remote-path`), nor with
+    /// `--no-deploy`, nor where a deployed one runs already (once per host), nor where none
+    /// can be uploaded (said with a warning).
+    pub(crate) async fn deploy_in_place_of_outdated(
+        &self,
+        plan: &Plan,
+        outdated: &Error,
+    ) -> Result<bool, Error> {
+        let peer = self.first_connection();
+        if self.ssh.remote_path.is_some() || plan.options.no_deploy || peer.remote_path().is_some()
+        {
+            return Ok(false);
+        }
+        let host = &self.destination;
+        plan.options.log.warn(|| {
+            format!("{outdated}; meanwhile this fastcp runs on {host}, from self-deploy's cache")
+        });
+        let options = crate::deploy::DeployOptions {
+            dist_dir: plan.options.deploy_from.clone(),
+        };
+        let log = plan.options.log.for_host(host);
+        match crate::deploy::deploy(&peer, &options, &log).await {
+            Ok(deployed) => {
+                peer.set_remote_path(Some(deployed.path));
+                Ok(true)
+            }
+            Err(Error::Unsupported(why)) => {
+                log.warn(|| why);
+                Ok(false)
+            }
+            Err(e) => Err(e.on_host(host)),
+        }
     }
 
     /// Where a copy's sealed TCP streams go, if it takes them: the host's address as the

@@ -593,6 +593,117 @@ fn an_older_fastcp_on_the_remote_path_is_passed_over_for_this_one() {
     }
 }
 
+/// A copy between two remote hosts, one of them with a fastcp on its PATH too old for
+/// `--skip-unchanged` (it speaks protocol version 3), the other with this fastcp: on the old
+/// one's host (the sources' when `old_is_source`), this fastcp is uploaded into the cache,
+/// with a warning that says why, and the relay is tried again and arrives whole. A later relay
+/// runs the cached one there first and uploads nothing. With `--no-deploy`, or the remote
+/// program named with `--remote-path` (which starts each host's own), the copy fails, naming
+/// the old host, as a copy with that host alone does.
+fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
+    let work = tempfile::tempdir().unwrap();
+    let old_bin = fastcp_of_versions(&work.path().join("old"), 1, 3);
+    let new_bin = work.path().join("new-bin");
+    fs::create_dir(&new_bin).unwrap();
+    script(&new_bin, "fastcp", &format!("exec '{BIN}' \"$@\""));
+    // Each host's PATH has its own fastcp, and so does the program `--remote-path` names.
+    let per_host = script(
+        work.path(),
+        "fastcp-of-the-host",
+        "exec \"$BIN_DIR/fastcp\" \"$@\"",
+    );
+    let host = |bin: &Path, cache: &str| {
+        let path = PathBuf::from(format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()));
+        let cache = work.path().join(cache);
+        let vars = [
+            ("XDG_CACHE_HOME", &*cache),
+            ("PATH", &path),
+            ("BIN_DIR", bin),
+        ];
+        (Sshd::start_with_env(&vars).unwrap(), cache)
+    };
+    let (old, old_cache) = host(&old_bin, "old-cache");
+    let (new, _) = host(&new_bin, "new-cache");
+    let config = work.path().join("ssh_config");
+    fs::write(
+        &config,
+        format!("{}{}", old.host_block("oldhost"), new.host_block("newhost")),
+    )
+    .unwrap();
+    let (from, to) = if old_is_source {
+        ("oldhost", "newhost")
+    } else {
+        ("newhost", "oldhost")
+    };
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+    let dst = work.path().join("dst");
+    let relay = |extra: &[&str]| {
+        run(Command::new(BIN)
+            .arg("-F")
+            .arg(&config)
+            .args(["-v", "-r", "--skip-unchanged", "--json"])
+            .args(extra)
+            .arg(format!("{from}:{}/.", src.display()))
+            .arg(format!("{to}:{}", dst.display()))
+            .env_remove("SSH_AUTH_SOCK"))
+    };
+
+    let per_host = per_host.display().to_string();
+    for extra in [&["--no-deploy"][..], &["--remote-path", &per_host]] {
+        let out = relay(extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        let said = stderr(&out);
+        // Said by either host's session: by the old one's, or by the other's, naming it.
+        let named = said.lines().any(|line| {
+            line.contains("needs protocol version 4 on the remote side")
+                && (line.starts_with("fastcp: oldhost: ")
+                    && line.contains("the remote fastcp 0.0.3 speaks 3: upgrade fastcp there")
+                    || line.contains("the remote fastcp on oldhost speaks 3: upgrade fastcp there"))
+        });
+        assert!(named, "{extra:?}: {said}");
+        assert!(!said.contains("uploading"), "{extra:?}: {said}");
+        assert!(!dst.exists() && !old_cache.join("fastcp").exists());
+    }
+    assert_eq!(runs(&old_bin), 2);
+
+    let out = relay(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("speaks 3: upgrade fastcp there"), "{said}");
+    assert!(
+        said.contains("meanwhile this fastcp runs on oldhost, from self-deploy's cache"),
+        "{said}"
+    );
+    assert!(said.contains("oldhost: uploading"), "{said}");
+    assert!(!said.contains("newhost: uploading"), "{said}");
+    assert_same_tree(&src, &dst, false);
+    assert_eq!(runs(&old_bin), 3);
+    assert_eq!(
+        fs::read(cached(&old_cache)).unwrap(),
+        fs::read(BIN).unwrap()
+    );
+
+    // The cached one runs first: the old one is not started, nothing is uploaded.
+    let out = relay(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(!said.contains("0.0.3"), "{said}");
+    assert!(!said.contains("uploading"), "{said}");
+    assert_eq!(json(&out)["files_skipped"], 20, "{said}");
+    assert_eq!(runs(&old_bin), 3);
+}
+
+#[test]
+fn a_relay_from_a_host_with_an_older_fastcp_deploys_this_one_there() {
+    a_relay_passes_over_an_older_fastcp(true);
+}
+
+#[test]
+fn a_relay_to_a_host_with_an_older_fastcp_deploys_this_one_there() {
+    a_relay_passes_over_an_older_fastcp(false);
+}
+
 /// A newer fastcp on the remote PATH that no longer speaks any of this one's protocol
 /// versions: this fastcp runs there instead, and the copy is whole.
 #[test]
