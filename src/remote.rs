@@ -326,7 +326,9 @@ impl Session {
         }
         let host = &self.destination;
         plan.options.log.warn(|| {
-            format!("{outdated}; meanwhile this fastcp runs on {host}, from self-deploy's cache")
+            format!(
+                "{outdated}; meanwhile this fastcp is to run on {host}, from self-deploy's cache"
+            )
         });
         let options = crate::deploy::DeployOptions {
             dist_dir: plan.options.deploy_from.clone(),
@@ -338,7 +340,7 @@ impl Session {
                 Ok(true)
             }
             Err(Error::Unsupported(why)) => {
-                log.warn(|| why);
+                log.warn(|| format!("this fastcp cannot run there: {why}"));
                 Ok(false)
             }
             Err(e) => Err(e.on_host(host)),

@@ -672,7 +672,7 @@ fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
     let said = stderr(&out);
     assert!(said.contains("speaks 3: upgrade fastcp there"), "{said}");
     assert!(
-        said.contains("meanwhile this fastcp runs on oldhost, from self-deploy's cache"),
+        said.contains("meanwhile this fastcp is to run on oldhost, from self-deploy's cache"),
         "{said}"
     );
     assert!(said.contains("oldhost: uploading"), "{said}");
