@@ -600,21 +600,16 @@ fn an_older_fastcp_on_the_remote_path_is_passed_over_for_this_one() {
 /// runs the cached one there first and uploads nothing. With `--no-deploy`, or the remote
 /// program named with `--remote-path` (which starts each host's own), the copy fails, naming
 /// the old host, as a copy with that host alone does.
-fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
-    let work = tempfile::tempdir().unwrap();
-    let old_bin = fastcp_of_versions(&work.path().join("old"), 1, 3);
-    let new_bin = work.path().join("new-bin");
+/// Two hosts for a relay under `work`: `oldhost`, whose PATH has `old_bin`'s fastcp, and
+/// `newhost`, whose PATH has this build's; each with a cache of its own (the old host's is
+/// returned) and both in the returned ssh_config. The sshds stop when dropped.
+fn relay_hosts(work: &Path, old_bin: &Path) -> (Sshd, PathBuf, Sshd, PathBuf) {
+    let new_bin = work.join("new-bin");
     fs::create_dir(&new_bin).unwrap();
     script(&new_bin, "fastcp", &format!("exec '{BIN}' \"$@\""));
-    // Each host's PATH has its own fastcp, and so does the program `--remote-path` names.
-    let per_host = script(
-        work.path(),
-        "fastcp-of-the-host",
-        "exec \"$BIN_DIR/fastcp\" \"$@\"",
-    );
     let host = |bin: &Path, cache: &str| {
         let path = PathBuf::from(format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()));
-        let cache = work.path().join(cache);
+        let cache = work.join(cache);
         let vars = [
             ("XDG_CACHE_HOME", &*cache),
             ("PATH", &path),
@@ -622,14 +617,27 @@ fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
         ];
         (Sshd::start_with_env(&vars).unwrap(), cache)
     };
-    let (old, old_cache) = host(&old_bin, "old-cache");
+    let (old, old_cache) = host(old_bin, "old-cache");
     let (new, _) = host(&new_bin, "new-cache");
-    let config = work.path().join("ssh_config");
+    let config = work.join("ssh_config");
     fs::write(
         &config,
         format!("{}{}", old.host_block("oldhost"), new.host_block("newhost")),
     )
     .unwrap();
+    (old, old_cache, new, config)
+}
+
+fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
+    let work = tempfile::tempdir().unwrap();
+    let old_bin = fastcp_of_versions(&work.path().join("old"), 1, 3);
+    // Each host's PATH has its own fastcp, and so does the program `--remote-path` names.
+    let per_host = script(
+        work.path(),
+        "fastcp-of-the-host",
+        "exec \"$BIN_DIR/fastcp\" \"$@\"",
+    );
+    let (_old, old_cache, _new, config) = relay_hosts(work.path(), &old_bin);
     let (from, to) = if old_is_source {
         ("oldhost", "newhost")
     } else {
@@ -702,6 +710,40 @@ fn a_relay_from_a_host_with_an_older_fastcp_deploys_this_one_there() {
 #[test]
 fn a_relay_to_a_host_with_an_older_fastcp_deploys_this_one_there() {
     a_relay_passes_over_an_older_fastcp(false);
+}
+
+/// A relay to a host whose fastcp is newer and shares no protocol version with this one:
+/// this fastcp runs there instead, and the copy is whole.
+#[test]
+fn a_relay_to_a_host_with_no_version_in_common_deploys_this_one_there() {
+    let work = tempfile::tempdir().unwrap();
+    let newest = fastcp::proto::PROTOCOL_VERSION;
+    let far_bin = fastcp_of_versions(&work.path().join("far"), newest + 50, newest + 60);
+    let (_far, far_cache, _new, config) = relay_hosts(work.path(), &far_bin);
+    let src = work.path().join("src");
+    build_tiny(&src, 20);
+    let dst = work.path().join("dst");
+    let out = run(Command::new(BIN)
+        .arg("-F")
+        .arg(&config)
+        .args(["-v", "-r"])
+        .arg(format!("newhost:{}/.", src.display()))
+        .arg(format!("oldhost:{}", dst.display()))
+        .env_remove("SSH_AUTH_SOCK"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("this side is older"), "{said}");
+    assert!(
+        said.contains("meanwhile this fastcp is to run on oldhost"),
+        "{said}"
+    );
+    assert!(said.contains("oldhost: uploading"), "{said}");
+    assert_same_tree(&src, &dst, false);
+    assert_eq!(runs(&far_bin), 1);
+    assert_eq!(
+        fs::read(cached(&far_cache)).unwrap(),
+        fs::read(BIN).unwrap()
+    );
 }
 
 /// A newer fastcp on the remote PATH that no longer speaks any of this one's protocol
