@@ -1494,7 +1494,10 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
     // Whether the remote program is the one self-deploy may put in place of another.
     let deployable =
         ssh.remote_path.is_none() && !plan.options.no_deploy && first.remote_path().is_none();
-    if deployable && let Some(launcher) = crate::deploy::launcher() {
+    let dist = crate::deploy::DeployOptions {
+        dist_dir: plan.options.deploy_from.clone(),
+    };
+    if deployable && let Some(launcher) = crate::deploy::launcher(&dist) {
         plan.options.log.info(|| {
             "remote program: the fastcp self-deploy cached there, else fastcp from the remote PATH"
                 .into()
@@ -1546,10 +1549,7 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
         log.info(|| "fastcp is not on the remote host's PATH: deploying it".into());
     }
     let peer = first;
-    let options = crate::deploy::DeployOptions {
-        dist_dir: plan.options.deploy_from.clone(),
-    };
-    let deployed = match crate::deploy::deploy(peer, &options, log).await {
+    let deployed = match crate::deploy::deploy(peer, &dist, log).await {
         Ok(deployed) => deployed,
         Err(Error::Unsupported(why)) => return Ok(Started::Sftp(why)),
         Err(e) => return Err(e),

@@ -196,27 +196,89 @@ fn serves() -> bool {
 }
 
 /// The command that starts the server on a host in one round trip, in place of `fastcp
-/// server`: the binary an earlier self-deploy of this very binary cached there, when the
-/// cache folders pass the checks [`deploy`] makes (the user's own, writable by nobody else)
-/// and the binary's SHA-256 is this one's, else `fastcp` from the remote PATH; else it exits
-/// with 127, as a missing program does, and [`deploy`] takes over. The cached binary comes
-/// first because it is there only when an earlier copy found no fastcp on the PATH that
-/// could serve it (none, or one of a protocol version too old or too new). `None` when this
-/// program's binary cannot be read, or is not a fastcp server ([`this_binary_serves`]).
-pub fn launcher() -> Option<String> {
-    if !serves() {
-        return None;
-    }
-    static NAME_AND_HASH: std::sync::OnceLock<Option<(String, String)>> =
-        std::sync::OnceLock::new();
-    let (name, hash) = NAME_AND_HASH
-        .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
-            let binary = Binary::load(&exe).ok()?;
-            Some((binary.cache_name(), binary.sha256))
+/// server`: a binary an earlier self-deploy cached there, when the cache folders pass the
+/// checks [`deploy`] makes (the user's own, writable by nobody else) and the binary's
+/// SHA-256 is the one expected, else `fastcp` from the remote PATH; else it exits with 127,
+/// as a missing program does, and [`deploy`] takes over. The binaries looked for are those
+/// [`deploy`] would upload: this very binary (when it is a fastcp server:
+/// [`this_binary_serves`]) and the static binaries of `cargo xtask dist` found through
+/// `options` (for a host of another architecture, or for a program that embeds fastcp),
+/// each known by the hash `SHA256SUMS` gives it (or its own, where the file has none). A
+/// cached binary comes first because it is there only when an earlier copy found no fastcp
+/// on the PATH that could serve it (none, or one of a protocol version too old or too new).
+/// `None` when there is no such binary.
+pub fn launcher(options: &DeployOptions) -> Option<String> {
+    static OWN: std::sync::OnceLock<Option<(String, String)>> = std::sync::OnceLock::new();
+    let own = serves()
+        .then(|| {
+            OWN.get_or_init(|| {
+                let exe = std::env::current_exe().ok()?;
+                let binary = Binary::load(&exe).ok()?;
+                Some((binary.cache_name(), binary.sha256))
+            })
+            .clone()
         })
-        .as_ref()?;
-    Some(remote_command(&launch_script(name, hash)))
+        .flatten();
+    let mut binaries: Vec<(String, String)> = own.into_iter().collect();
+    for known in dist_binaries(options) {
+        if !binaries.contains(&known) {
+            binaries.push(known);
+        }
+    }
+    (!binaries.is_empty()).then(|| remote_command(&launch_script(&binaries)))
+}
+
+/// The folder of `cargo xtask dist` output that `options` name: theirs,
+/// `$FASTCP_DIST_DIR`, or `dist/` beside this program.
+fn dist_dir(options: &DeployOptions) -> Option<PathBuf> {
+    options
+        .dist_dir
+        .clone()
+        .or_else(|| std::env::var_os("FASTCP_DIST_DIR").map(PathBuf::from))
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|p| p.join("dist")))
+        })
+}
+
+/// The name of the static binary `cargo xtask dist` builds for `arch`.
+fn dist_name(arch: &str) -> String {
+    format!(
+        "fastcp-{}-{arch}-unknown-linux-musl",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The cache name and SHA-256 of each static binary in the dist folder (see [`launcher`]).
+fn dist_binaries(options: &DeployOptions) -> Vec<(String, String)> {
+    let Some(dir) = dist_dir(options) else {
+        return Vec::new();
+    };
+    let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap_or_default();
+    ["x86_64", "aarch64"]
+        .into_iter()
+        .filter_map(|arch| {
+            let name = dist_name(arch);
+            let path = dir.join(&name);
+            if !path.is_file() {
+                return None;
+            }
+            let listed = sums.lines().find_map(|l| {
+                let (h, n) = l.split_once("  ")?;
+                let h = h.trim();
+                // Only hex digits go into the remote command line.
+                (n.trim() == name && h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .then(|| h.to_ascii_lowercase())
+            });
+            let sha256 = match listed {
+                Some(h) => h,
+                None => Binary::load(&path).ok()?.sha256,
+            };
+            let cache_name = format!("{}-{}", env!("CARGO_PKG_VERSION"), &sha256[..16]);
+            Some((cache_name, sha256))
+        })
+        .collect()
 }
 
 /// The start of every deploy script: `c` is the cache, `$XDG_CACHE_HOME` when it is an
@@ -235,17 +297,25 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
      set -- $(stat -L -c \"%u %a\" \"$p\"); case \"$1\" in 0|\"$u\") ;; *) return 1;; esac; \
      case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; done; };";
 
-/// See [`launcher`]. Fixed text but for `name` and `hash` (the version and hex digits).
-fn launch_script(name: &str, hash: &str) -> String {
+/// See [`launcher`]. Fixed text but for each binary's cache name and hash (the version and
+/// hex digits): `cached NAME HASH` checks one, and leaves its folder in `d` (and the hash
+/// expected in `e`).
+fn launch_script(binaries: &[(String, String)]) -> String {
+    let tries: String = binaries
+        .iter()
+        .map(|(name, hash)| {
+            format!("if cached {name} {hash}; then exec \"$d/fastcp\" server; fi; ")
+        })
+        .collect();
     format!(
-        "{CACHE} d=\"$c/fastcp/{name}\"; \
-         cached() {{ [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] && above || return 1; \
+        "{CACHE} \
+         cached() {{ d=\"$c/fastcp/$1\"; e=\"$2\"; [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] && above || return 1; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
          [ -d \"$f\" ] || return 1; set -- $(stat -L -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; done; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
-         [ \"$h\" = {hash} ]; }}; \
-         if cached; then exec \"$d/fastcp\" server; fi; \
+         [ \"$h\" = \"$e\" ]; }}; \
+         {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
     )
 }
@@ -522,21 +592,11 @@ impl LocalBinary {
         if runs_there && serves() {
             return Ok(self.binary);
         }
-        let dir = options
-            .dist_dir
-            .clone()
-            .or_else(|| std::env::var_os("FASTCP_DIST_DIR").map(PathBuf::from))
-            .or_else(|| {
-                std::env::current_exe()
-                    .ok()
-                    .and_then(|e| e.parent().map(|p| p.join("dist")))
-            });
-        let name = format!(
-            "fastcp-{}-{}-unknown-linux-musl",
-            env!("CARGO_PKG_VERSION"),
-            remote.arch
-        );
-        let Some(path) = dir.map(|d| d.join(&name)).filter(|p| p.is_file()) else {
+        let name = dist_name(&remote.arch);
+        let Some(path) = dist_dir(options)
+            .map(|d| d.join(&name))
+            .filter(|p| p.is_file())
+        else {
             return Err(Error::Unsupported(format!(
                 "{} ({} {}{}), and no {name} was found to upload: build it with `cargo xtask \
                  dist` and name its folder with --deploy-from DIR or FASTCP_DIST_DIR",
@@ -712,12 +772,25 @@ mod tests {
             std::fs::write(&on_path, "#!/bin/sh\necho \"from the PATH $1\"\n").unwrap();
             std::fs::set_permissions(&on_path, std::fs::Permissions::from_mode(0o755)).unwrap();
             let with_path = format!("{}:/usr/bin:/bin", bin.path().display());
-            let launch = || run_under(&shell, &launch_script(&name, &hash), home.path(), b"");
+            let launch = || {
+                run_under(
+                    &shell,
+                    &launch_script(&[(name.clone(), hash.clone())]),
+                    home.path(),
+                    b"",
+                )
+            };
             let launch_with_path = || {
-                let script = launch_script(&name, &hash);
+                let script = launch_script(&[(name.clone(), hash.clone())]);
                 run_with_path(&shell, &script, home.path(), b"", &with_path)
             };
-            for ran in [launch(), launch_with_path()] {
+            // Another binary looked for first (a dist binary not cached here) is passed by.
+            let absent = ("0.0.0-0000000000000000".to_owned(), "0".repeat(64));
+            let launch_second = || {
+                let script = launch_script(&[absent.clone(), (name.clone(), hash.clone())]);
+                run_under(&shell, &script, home.path(), b"")
+            };
+            for ran in [launch(), launch_with_path(), launch_second()] {
                 assert!(ran.status.success(), "{what}: {ran:?}");
                 assert!(String::from_utf8_lossy(&ran.stdout).contains("not really fastcp"));
             }
@@ -803,7 +876,13 @@ mod tests {
             )
             .unwrap();
             let path = format!("{}:/usr/bin:/bin", tools.display());
-            let ran = run_with_path(&shell, &launch_script(&name, &hash), &home, b"", &path);
+            let ran = run_with_path(
+                &shell,
+                &launch_script(&[(name.clone(), hash.clone())]),
+                &home,
+                b"",
+                &path,
+            );
             let said = String::from_utf8_lossy(&ran.stdout);
             assert_eq!(said, "checked\n", "{what}: {ran:?}");
         }
@@ -862,7 +941,14 @@ mod tests {
             assert!(inspect().is_ok(), "{what}");
             let good = run_under(&shell, &upload_script(&name, &hash), &home, &bytes);
             assert!(good.status.success(), "{what}: {good:?}");
-            let launch = || run_under(&shell, &launch_script(&name, &hash), &home, b"");
+            let launch = || {
+                run_under(
+                    &shell,
+                    &launch_script(&[(name.clone(), hash.clone())]),
+                    &home,
+                    b"",
+                )
+            };
             assert!(launch().status.success(), "{what}");
 
             set_mode(&shared, 0o777);

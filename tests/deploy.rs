@@ -444,12 +444,31 @@ fn a_login_shell_that_prints_fails_with_an_error_that_says_so() {
 
 /// A program that embeds fastcp deploys the `cargo xtask dist` binary it is given
 /// (`CopyOptions::deploy_from`): it is uploaded into its own cache folder and run from there,
-/// and the next copy finds it there and uploads nothing.
+/// and the next copy starts it from there at once, with no inspection of the host, and
+/// uploads nothing.
 #[test]
 fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("cache");
-    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    // The inspection runs `uname`; each run of it is counted.
+    let tools = work.path().join("tools");
+    fs::create_dir(&tools).unwrap();
+    let counted = tools.join("uname-runs");
+    script(
+        &tools,
+        "uname",
+        &format!(
+            "echo run >> '{}'; exec /usr/bin/uname \"$@\"",
+            counted.display()
+        ),
+    );
+    let path = PathBuf::from(format!("{}:/usr/local/bin:/usr/bin:/bin", tools.display()));
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &*cache), ("PATH", &path)]).unwrap();
+    let inspections = || {
+        fs::read_to_string(&counted)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
     // The fastcp command stands in for the static build: the remote host is this one.
     let dist = work.path().join("dist");
     fs::create_dir(&dist).unwrap();
@@ -463,6 +482,7 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
     fs::write(&src, b"embedded").unwrap();
     let ssh = fastcp::transport::SshOptions::default().config_file(sshd.ssh_config());
     let mut inode = None;
+    let mut inspected_before = None;
     for dst in ["one", "two"] {
         let dst = work.path().join(dst);
         let plan = fastcp::Plan::new(
@@ -480,6 +500,12 @@ fn a_program_that_embeds_fastcp_deploys_a_dist_binary_and_reuses_it() {
         assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());
         let now = fs::metadata(&binary).unwrap().ino();
         assert_eq!(*inode.get_or_insert(now), now, "{dst:?}: uploaded again");
+        let inspected = inspections();
+        match inspected_before {
+            None => assert!(inspected > 0, "{dst:?}: the first copy inspects the host"),
+            Some(before) => assert_eq!(inspected, before, "{dst:?}: inspected again"),
+        }
+        inspected_before = Some(inspected);
     }
 }
 
