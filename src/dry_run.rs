@@ -673,6 +673,9 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             }
             _ => {}
         }
+        if j.delete && !matches!(entry.kind, EntryKind::Dir) && path != dest {
+            in_the_way(j, &path, &entry.path, &mut budget, &mut deletions);
+        }
         if j.skip_unchanged && in_place(&path, &entry.kind) {
             // Not listed, but counted as the copy counts every folder it is sent.
             dirs_in_place += u64::from(matches!(entry.kind, EntryKind::Dir));
@@ -833,7 +836,7 @@ fn extras(
         {
             continue;
         }
-        found.push((entry.path(), deleted(path, &entry, &m)));
+        found.push((entry.path(), deleted(path, &entry.path(), &m)));
     }
     found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
     for (here, listed) in found {
@@ -845,6 +848,43 @@ fn extras(
         }
         out.push(listed);
     }
+}
+
+/// What `--delete` removes where a file or link of the copy lands at `path` (wire path
+/// `wire`): a folder with entries there, with all it holds, as the copy clears it out of
+/// the way (within `budget`), unless it holds what `--delete` keeps (what the rules
+/// exclude, another copy's temp file). An empty folder goes unlisted, as the copy removes
+/// it without counting it.
+fn in_the_way(
+    j: &Judge,
+    path: &Path,
+    wire: &[u8],
+    budget: &mut fastcp_stream::DeleteBudget,
+    out: &mut Vec<Listed>,
+) {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !m.is_dir() {
+        return;
+    }
+    let mut held = Vec::new();
+    everything_in(path, wire, &mut held);
+    let kept = |l: &Listed| {
+        let leaf = l.path.rsplit(|&b| b == b'/').next().unwrap_or(&l.path);
+        fastcp_stream::is_temp_name(leaf)
+            || j.filter
+                .as_deref()
+                .is_some_and(|f| !f.allows(&l.path, matches!(l.kind, EntryKind::Dir)))
+    };
+    if held.is_empty() || held.iter().any(kept) {
+        return;
+    }
+    if budget.is_limited() && !budget.take(held.len() as u64 + 1) {
+        return;
+    }
+    out.extend(held);
+    out.push(deleted(wire.to_vec(), path, &m));
 }
 
 /// Everything the folder at `dir` (wire path `wire`) holds, at any depth, as entries
@@ -859,7 +899,7 @@ fn everything_in(dir: &Path, wire: &[u8], out: &mut Vec<Listed>) {
         .filter_map(|entry| {
             let m = entry.metadata().ok()?;
             let path = joined(wire, entry.file_name().as_bytes());
-            Some((entry.path(), deleted(path, &entry, &m)))
+            Some((entry.path(), deleted(path, &entry.path(), &m)))
         })
         .collect();
     found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
@@ -880,12 +920,13 @@ fn joined(wire: &[u8], name: &[u8]) -> Vec<u8> {
     path
 }
 
-/// The destination's `entry` (metadata `m`, not followed), listed as removed at `path`.
-fn deleted(path: Vec<u8>, entry: &std::fs::DirEntry, m: &std::fs::Metadata) -> Listed {
+/// The destination's entry at `here` (metadata `m`, not followed), listed as removed at
+/// `path`.
+fn deleted(path: Vec<u8>, here: &Path, m: &std::fs::Metadata) -> Listed {
     let kind = if m.is_dir() {
         EntryKind::Dir
     } else if m.file_type().is_symlink() {
-        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        let target = std::fs::read_link(here).unwrap_or_default();
         EntryKind::Symlink {
             target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
         }

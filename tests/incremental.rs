@@ -2472,3 +2472,77 @@ fn max_delete_takes_the_same_extras_in_every_run_and_its_dry_run() {
         }
     }
 }
+
+/// A folder with entries where the source now has a file is removed by `--delete`, with what
+/// it holds, to make way for the file: that counts against `--max-delete` as the mirror's
+/// extras do (`0` keeps the folder, and the file is not copied), and a dry run lists it,
+/// with the copy's count. Locally, pushed and pulled over TCP and SSH, and pulled over SFTP
+/// (a push over SFTP refuses `-n` with `--delete`).
+#[test]
+fn a_folder_a_file_replaces_counts_against_max_delete_and_in_a_dry_run() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("c"), b"now a file", 0o644);
+    write(&src.join("keep"), b"keep", 0o644);
+    let cases: [(&[&str], bool); 4] = [
+        (&["--max-delete", "0"], false),
+        (&[], true),
+        (&["--max-delete", "2"], true),
+        (&[], false),
+    ];
+    for (way, extra) in WAYS {
+        if way == "push sftp" {
+            continue;
+        }
+        for (limit, dry_run) in cases {
+            let what = format!("{way} {limit:?} -n {dry_run}");
+            let dst = work.path().join("dst");
+            seed_old(&dst, &["c/a", "c/b", "keep"]);
+            let (from, to) = ends(&sshd, way, &src, &dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete"])
+                .args(limit)
+                .args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            let summary = json(&out);
+            let limited = !limit.is_empty();
+            let removed = if limited { 0 } else { 3 };
+            assert_eq!(summary["files_deleted"], removed, "{what}: {summary}");
+            if dry_run {
+                let mut deleting = deleting(&summary);
+                deleting.sort();
+                let want: &[&str] = if limited { &[] } else { &["c", "c/a", "c/b"] };
+                assert_eq!(deleting, want, "{what}: {summary}");
+            }
+            if limited {
+                assert_ne!(out.status.code(), Some(0), "{what}: {said}");
+                assert!(
+                    said.contains(&format!(
+                        "--max-delete {} stopped the mirror: 3 entries",
+                        limit[1]
+                    )),
+                    "{what}: {said}"
+                );
+            } else {
+                assert_eq!(out.status.code(), Some(0), "{what}: {said}");
+            }
+            let c = std::fs::symlink_metadata(dst.join("c")).unwrap();
+            if dry_run || limited {
+                assert!(c.is_dir(), "{what}");
+                assert_eq!(std::fs::read(dst.join("c/a")).unwrap(), b"old", "{what}");
+            } else {
+                assert_eq!(
+                    std::fs::read(dst.join("c")).unwrap(),
+                    b"now a file",
+                    "{what}"
+                );
+            }
+        }
+    }
+}

@@ -481,8 +481,9 @@ impl Resolver {
 /// Clears a folder out of the way of the file or link `local` (in `parent`, as `name`) is to
 /// become: an empty one always (as rsync), one with entries only under `--delete`, and only
 /// when nothing in it is excluded by the rules or another copy's temp or partial file (as
-/// `--delete` keeps those); removed through handles, never following a link. Never the
-/// destination named on the command line. Whether the way is clear.
+/// `--delete` keeps those) and within `--max-delete`; removed through handles, never
+/// following a link. Never the destination named on the command line. Whether the way is
+/// clear.
 fn clear_dir_in_the_way(
     shared: &Shared,
     parent: &OwnedFd,
@@ -508,6 +509,12 @@ fn clear_dir_in_the_way(
             if crate::mirror::holds_any(parent, name, wire, &kept) != Ok(false) {
                 return false;
             }
+            // It counts against `--max-delete`, as the mirror's extras do.
+            let mut budget = lock(&shared.delete_budget);
+            if budget.is_limited() && !budget.take(crate::mirror::entries(parent, name)) {
+                return false;
+            }
+            drop(budget);
             match crate::mirror::remove(parent, name, &shared.progress, 0) {
                 Ok(n) => {
                     shared.written.deleted.fetch_add(n, Relaxed);
