@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use fastcp_proto::{
-    DirEntry, Direction, ErrorCode, FileEntry, Frame, Meta, Summary, SymlinkEntry, flags,
+    DirEntry, Direction, ErrorCode, FileEntry, Frame, Meta, SpecialKind, Summary, SymlinkEntry,
+    flags,
 };
 use fastcp_stream::{EntryKind, Failure, Report, Side, WalkConfig};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -676,7 +677,7 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
         if j.delete && !matches!(entry.kind, EntryKind::Dir) && path != dest {
             in_the_way(j, &path, &entry.path, &mut budget, &mut deletions);
         }
-        if j.skip_unchanged && in_place(&path, &entry.kind) {
+        if j.skip_unchanged && in_place(&path, &entry, j.preserve) {
             // Not listed, but counted as the copy counts every folder it is sent.
             dirs_in_place += u64::from(matches!(entry.kind, EntryKind::Dir));
             continue;
@@ -787,12 +788,32 @@ fn unchanged(path: &Path, size: u64, meta: &Meta, rules: &fastcp_stream::SkipRul
     })
 }
 
-/// Whether the destination already has a folder or link at `path` as the quick check would
-/// leave it: a real folder for a folder, a link to the same target for a link. A rerun makes
-/// nothing new of either (it brings their attributes in line, as it does a skipped file's),
-/// so a dry run does not list them, as rsync lists only what it would transfer.
-fn in_place(path: &Path, kind: &EntryKind) -> bool {
-    match kind {
+/// Whether the destination already has a folder, link or special file at `path` as the
+/// quick check would leave it: a real folder for a folder, a link to the same target for a
+/// link, the same kind of special file (device number, and with `preserve` mode and
+/// modification time) for a named pipe, socket or device node. A rerun makes nothing new of
+/// folders and links (it brings their attributes in line, as it does a skipped file's), nor
+/// of special files in line, so a dry run does not list them, as rsync lists only what it
+/// would transfer.
+fn in_place(path: &Path, entry: &Listed, preserve: bool) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    match &entry.kind {
+        EntryKind::Special { kind, rdev } => std::fs::symlink_metadata(path).is_ok_and(|m| {
+            let t = m.file_type();
+            let same_kind = match kind {
+                SpecialKind::Fifo => t.is_fifo(),
+                SpecialKind::Socket => t.is_socket(),
+                SpecialKind::CharDevice => t.is_char_device(),
+                SpecialKind::BlockDevice => t.is_block_device(),
+            };
+            let meta = &entry.meta;
+            same_kind
+                && m.rdev() == *rdev
+                && (!preserve
+                    || (m.mode() & 0o7777 == meta.mode & fastcp_stream::SAFE_MODE_BITS
+                        && m.mtime() == meta.mtime
+                        && m.mtime_nsec() == i64::from(meta.mtime_nsec)))
+        }),
         EntryKind::Dir => std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()),
         EntryKind::Symlink { target } => {
             std::fs::read_link(path).is_ok_and(|t| t.as_os_str().as_bytes() == &target[..])

@@ -2546,3 +2546,62 @@ fn a_folder_a_file_replaces_counts_against_max_delete_and_in_a_dry_run() {
         }
     }
 }
+
+/// A rerun leaves a symbolic link and a named pipe that are already in line as they are (no
+/// new inode, nothing counted), with `-X` and `-A` too (neither keeps attributes), and its
+/// dry run lists neither. Locally, pushed and pulled over TCP and SSH.
+#[test]
+fn a_rerun_leaves_links_and_named_pipes_in_line_as_they_are() {
+    use std::os::unix::fs::MetadataExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    std::os::unix::fs::symlink("f", src.join("link")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
+    let inodes = |dst: &Path| -> Vec<u64> {
+        ["link", "pipe"]
+            .iter()
+            .map(|n| std::fs::symlink_metadata(dst.join(n)).unwrap().ino())
+            .collect()
+    };
+    for (way, extra) in WAYS {
+        if way.ends_with("sftp") {
+            continue;
+        }
+        for flags in [&["-a"][..], &["-a", "-X", "-A"], &["-r", "--specials"]] {
+            let what = format!("{way} {flags:?}");
+            let dst = work.path().join("dst");
+            let _ = std::fs::remove_dir_all(&dst);
+            std::fs::create_dir(&dst).unwrap();
+            let copy = |more: &[&str]| {
+                let (from, to) = ends(&sshd, way, &src, &dst);
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["--json", "--skip-unchanged"])
+                    .args(flags)
+                    .args(extra)
+                    .args(more)
+                    .arg(from)
+                    .arg(to);
+                ok_json(&mut cmd)
+            };
+            let first = copy(&[]);
+            assert_eq!(first["files"], 2, "{what}: {first}");
+            let before = inodes(&dst);
+            let dry = copy(&["-n"]);
+            assert_eq!(dry["entries"], serde_json::json!([]), "{what}: {dry}");
+            let again = copy(&[]);
+            assert_eq!(again["files"], 0, "{what}: {again}");
+            assert_eq!(again["symlinks"], 0, "{what}: {again}");
+            assert_eq!(inodes(&dst), before, "{what}");
+        }
+    }
+}

@@ -1795,7 +1795,38 @@ impl Writer {
             Some(t) => (st.st_mtime, st.st_mtime_nsec as u32) == (t.mtime, t.mtime_nsec),
             None => true,
         };
-        time_kept && attrs.is_none_or(|a| self.ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
+        time_kept && attrs.is_none_or(|a| self.owner_in_line(a, st.st_uid, st.st_gid))
+    }
+
+    /// Whether an entry owned by `uid`:`gid` that keeps no extended attributes (a symbolic
+    /// link, a named pipe, a socket, a device node: see [`Target::Link`]) has the owner and
+    /// group `attrs` ask for.
+    fn owner_in_line(&mut self, attrs: &Attrs, uid: u32, gid: u32) -> bool {
+        let (want_uid, want_gid) = self.ids.wanted(attrs, &self.shared.config.attrs);
+        want_uid.is_none_or(|u| u == uid) && want_gid.is_none_or(|g| g == gid)
+    }
+
+    /// Whether `parent`/`name` is already the named pipe, socket or device node `kind`
+    /// (`rdev`) with the mode and times (when kept) and the owner `attrs` ask for.
+    fn same_special(
+        &mut self,
+        parent: &OwnedFd,
+        name: &[u8],
+        file_type: FileType,
+        rdev: u64,
+        meta: &Meta,
+        attrs: Option<&Attrs>,
+    ) -> bool {
+        let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return false;
+        };
+        let config = &self.shared.config;
+        let in_line = FileType::from_raw_mode(st.st_mode) == file_type
+            && st.st_rdev == rdev
+            && (!config.preserve
+                || (st.st_mode & 0o7777 == meta.mode & SAFE_MODE_BITS
+                    && (st.st_mtime, st.st_mtime_nsec as u32) == (meta.mtime, meta.mtime_nsec)));
+        in_line && attrs.is_none_or(|a| self.owner_in_line(a, st.st_uid, st.st_gid))
     }
 
     fn symlink(
@@ -1943,6 +1974,12 @@ impl Writer {
             SpecialKind::CharDevice => FileType::CharacterDevice,
             SpecialKind::BlockDevice => FileType::BlockDevice,
         };
+        // A rerun leaves one that is already in line as it is, as it leaves a link.
+        if shared.config.skip_unchanged
+            && self.same_special(&parent, name, file_type, rdev, &meta, attrs.as_deref())
+        {
+            return;
+        }
         let temp = loop {
             let temp = temp_name(name);
             match rustix::fs::mknodat(
