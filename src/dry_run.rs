@@ -175,7 +175,20 @@ fn readable(
             }
         }
         Ok(entry) => Ok(entry),
-        Err(e) => Err((e, Bytes::new())),
+        Err(e) => {
+            // Named by its path, as the sender names it: `--delete` spares what the walk
+            // skipped on purpose (a named pipe without `--specials`).
+            let path = match &e {
+                fastcp_stream::Error::Io { path, .. }
+                | fastcp_stream::Error::Unsupported { path, .. }
+                | fastcp_stream::Error::SourceChanged { path }
+                | fastcp_stream::Error::SourceVanished { path } => {
+                    Bytes::copy_from_slice(path.as_os_str().as_bytes())
+                }
+                _ => Bytes::new(),
+            };
+            Err((e, path))
+        }
     }
 }
 

@@ -1658,6 +1658,9 @@ struct Mirror {
     /// The folders sent without their contents (mount points `-x` does not enter), whose
     /// extras are left alone.
     unentered: HashSet<Bytes>,
+    /// The sender's entries it skipped on purpose (a FIFO, a device), named by its local
+    /// paths: the destination's entries of those names are kept.
+    skipped: Vec<fastcp_stream::Failure>,
     blocked: bool,
 }
 
@@ -2021,8 +2024,13 @@ impl Apply {
                     // sender could not read blocks `--delete`.
                     if let Some(m) = &self.mirror {
                         let mut m = lock(m);
-                        if e.code == ErrorCode::Unsupported {
-                            m.sent.insert(Bytes::copy_from_slice(&e.path));
+                        if e.code == ErrorCode::Unsupported && !e.path.is_empty() {
+                            m.skipped.push(fastcp_stream::Failure::new(
+                                fastcp_stream::Side::Sender,
+                                Bytes::copy_from_slice(&e.path),
+                                e.code,
+                                String::new(),
+                            ));
                         } else {
                             m.blocked = true;
                         }
@@ -2343,8 +2351,10 @@ impl Apply {
             sent,
             mut dirs,
             unentered,
+            skipped,
             blocked,
         } = std::mem::take(&mut *lock(m));
+        let spared = fastcp_stream::Spared::of(&skipped).unwrap_or_default();
         dirs.retain(|d| !unentered.contains(d));
         dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
         if blocked {
@@ -2364,7 +2374,7 @@ impl Apply {
             Some(_) => 1,
             None => SESSION_REQUESTS * n,
         };
-        let (sent, filter, budget) = (&sent, &filter, &budget);
+        let (sent, spared, filter, budget) = (&sent, &spared, &filter, &budget);
         let mirrored = futures_util::stream::iter(dirs.into_iter().enumerate().map(Ok))
             .try_for_each_concurrent(at_once, |(i, dir)| async move {
                 let sftp = &self.sftp[i % n];
@@ -2423,7 +2433,10 @@ impl Apply {
                         continue;
                     }
                     let is_dir = file_type(&attrs) == S_IFDIR;
-                    if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
+                    if sent.contains(&wire)
+                        || spared.spares(&wire)
+                        || filter.is_some_and(|f| !f.allows(&wire, is_dir))
+                    {
                         continue;
                     }
                     // A folder holding what the rules exclude stays, whole.

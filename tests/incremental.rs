@@ -2605,3 +2605,53 @@ fn a_rerun_leaves_links_and_named_pipes_in_line_as_they_are() {
         }
     }
 }
+
+/// `--delete` keeps the destination's entry of the name of what the sender skipped on
+/// purpose (a named pipe, without `--specials`), mirrors the rest, and its dry run says the
+/// same. Locally, pushed and pulled over TCP, SSH and SFTP (a push over SFTP refuses `-n`
+/// with `--delete`).
+#[test]
+fn delete_keeps_what_the_sender_skipped_on_purpose_and_a_dry_run_agrees() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("p"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for (way, extra) in WAYS {
+        for dry_run in [true, false] {
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} -n {dry_run}");
+            let dst = work.path().join("dst");
+            seed_old(&dst, &["a", "p", "extra"]);
+            let (from, to) = ends(&sshd, way, &src, &dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete"]).args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            let summary = json(&out);
+            assert_eq!(out.status.code(), Some(1), "{what}: {said}");
+            assert!(!said.contains("nothing was deleted"), "{what}: {said}");
+            assert_eq!(summary["files_deleted"], 1, "{what}: {summary}");
+            if dry_run {
+                assert_eq!(deleting(&summary), ["extra"], "{what}: {summary}");
+                assert!(dst.join("extra").exists(), "{what}");
+            } else {
+                assert!(!dst.join("extra").exists(), "{what}");
+            }
+            assert_eq!(std::fs::read(dst.join("p")).unwrap(), b"old", "{what}");
+        }
+    }
+}
