@@ -1661,6 +1661,9 @@ struct Mirror {
     /// The sender's entries it skipped on purpose (a FIFO, a device), named by its local
     /// paths: the destination's entries of those names are kept.
     skipped: Vec<fastcp_stream::Failure>,
+    /// What `--max-delete` still lets go: the folders cleared out of the way of a file or
+    /// link during the copy take from it before the mirror does.
+    budget: fastcp_stream::DeleteBudget,
     blocked: bool,
 }
 
@@ -1732,7 +1735,12 @@ async fn push(
         open_files: (0..n)
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
-        mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
+        mirror: plan.options.delete.then(|| {
+            Mutex::new(Mirror {
+                budget: fastcp_stream::DeleteBudget::new(plan.options.max_delete),
+                ..Mirror::default()
+            })
+        }),
         filter: plan.spared(),
         progress: progress.clone(),
         root_real,
@@ -2249,6 +2257,24 @@ impl Apply {
             Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
             Err(_) => return Ok(Some(false)),
         }
+        // It counts against `--max-delete`, as the mirror's extras do.
+        if let Some(m) = &self.mirror
+            && lock(m).budget.is_limited()
+        {
+            let held = AtomicU64::new(0);
+            let counting = |_: &str, _: &[u8], _: bool| {
+                held.fetch_add(1, Ordering::SeqCst);
+                false
+            };
+            match holds_any(sftp, target, wire, &counting).await {
+                Ok(_) => {}
+                Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
+                Err(_) => return Ok(Some(false)),
+            }
+            if !lock(m).budget.take(held.load(Ordering::SeqCst) + 1) {
+                return Ok(Some(false));
+            }
+        }
         match remove_tree(sftp, target.to_string(), true, &self.progress).await {
             Ok(n) => {
                 lock(&self.done).deleted += n;
@@ -2352,6 +2378,7 @@ impl Apply {
             mut dirs,
             unentered,
             skipped,
+            budget,
             blocked,
         } = std::mem::take(&mut *lock(m));
         let spared = fastcp_stream::Spared::of(&skipped).unwrap_or_default();
@@ -2369,7 +2396,7 @@ impl Apply {
         // it holds and each in name order, as fastcp's own receiver takes them, so that the
         // limit takes the same.
         let n = self.sftp.len();
-        let budget = Mutex::new(fastcp_stream::DeleteBudget::new(max_delete));
+        let budget = Mutex::new(budget);
         let at_once = match max_delete {
             Some(_) => 1,
             None => SESSION_REQUESTS * n,
