@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use fastcp_proto::{
-    DirEntry, Direction, ErrorCode, FileEntry, Frame, Meta, Summary, SymlinkEntry, flags,
+    DirEntry, Direction, ErrorCode, FileEntry, Frame, Meta, SpecialKind, Summary, SymlinkEntry,
+    flags,
 };
 use fastcp_stream::{EntryKind, Failure, Report, Side, WalkConfig};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -174,7 +175,20 @@ fn readable(
             }
         }
         Ok(entry) => Ok(entry),
-        Err(e) => Err((e, Bytes::new())),
+        Err(e) => {
+            // Named by its path, as the sender names it: `--delete` spares what the walk
+            // skipped on purpose (a named pipe without `--specials`).
+            let path = match &e {
+                fastcp_stream::Error::Io { path, .. }
+                | fastcp_stream::Error::Unsupported { path, .. }
+                | fastcp_stream::Error::SourceChanged { path }
+                | fastcp_stream::Error::SourceVanished { path } => {
+                    Bytes::copy_from_slice(path.as_os_str().as_bytes())
+                }
+                _ => Bytes::new(),
+            };
+            Err((e, path))
+        }
     }
 }
 
@@ -673,7 +687,10 @@ fn judge(j: &Judge, dest: &Path, listing: Vec<Listed>, report: &mut Report) -> V
             }
             _ => {}
         }
-        if j.skip_unchanged && in_place(&path, &entry.kind) {
+        if j.delete && !matches!(entry.kind, EntryKind::Dir) && path != dest {
+            in_the_way(j, &path, &entry.path, &mut budget, &mut deletions);
+        }
+        if j.skip_unchanged && in_place(&path, &entry, j.preserve) {
             // Not listed, but counted as the copy counts every folder it is sent.
             dirs_in_place += u64::from(matches!(entry.kind, EntryKind::Dir));
             continue;
@@ -784,12 +801,32 @@ fn unchanged(path: &Path, size: u64, meta: &Meta, rules: &fastcp_stream::SkipRul
     })
 }
 
-/// Whether the destination already has a folder or link at `path` as the quick check would
-/// leave it: a real folder for a folder, a link to the same target for a link. A rerun makes
-/// nothing new of either (it brings their attributes in line, as it does a skipped file's),
-/// so a dry run does not list them, as rsync lists only what it would transfer.
-fn in_place(path: &Path, kind: &EntryKind) -> bool {
-    match kind {
+/// Whether the destination already has a folder, link or special file at `path` as the
+/// quick check would leave it: a real folder for a folder, a link to the same target for a
+/// link, the same kind of special file (device number, and with `preserve` mode and
+/// modification time) for a named pipe, socket or device node. A rerun makes nothing new of
+/// folders and links (it brings their attributes in line, as it does a skipped file's), nor
+/// of special files in line, so a dry run does not list them, as rsync lists only what it
+/// would transfer.
+fn in_place(path: &Path, entry: &Listed, preserve: bool) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    match &entry.kind {
+        EntryKind::Special { kind, rdev } => std::fs::symlink_metadata(path).is_ok_and(|m| {
+            let t = m.file_type();
+            let same_kind = match kind {
+                SpecialKind::Fifo => t.is_fifo(),
+                SpecialKind::Socket => t.is_socket(),
+                SpecialKind::CharDevice => t.is_char_device(),
+                SpecialKind::BlockDevice => t.is_block_device(),
+            };
+            let meta = &entry.meta;
+            same_kind
+                && m.rdev() == *rdev
+                && (!preserve
+                    || (m.mode() & 0o7777 == meta.mode & fastcp_stream::SAFE_MODE_BITS
+                        && m.mtime() == meta.mtime
+                        && m.mtime_nsec() == i64::from(meta.mtime_nsec)))
+        }),
         EntryKind::Dir => std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()),
         EntryKind::Symlink { target } => {
             std::fs::read_link(path).is_ok_and(|t| t.as_os_str().as_bytes() == &target[..])
@@ -833,7 +870,7 @@ fn extras(
         {
             continue;
         }
-        found.push((entry.path(), deleted(path, &entry, &m)));
+        found.push((entry.path(), deleted(path, &entry.path(), &m)));
     }
     found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
     for (here, listed) in found {
@@ -845,6 +882,43 @@ fn extras(
         }
         out.push(listed);
     }
+}
+
+/// What `--delete` removes where a file or link of the copy lands at `path` (wire path
+/// `wire`): a folder with entries there, with all it holds, as the copy clears it out of
+/// the way (within `budget`), unless it holds what `--delete` keeps (what the rules
+/// exclude, another copy's temp file). An empty folder goes unlisted, as the copy removes
+/// it without counting it.
+fn in_the_way(
+    j: &Judge,
+    path: &Path,
+    wire: &[u8],
+    budget: &mut fastcp_stream::DeleteBudget,
+    out: &mut Vec<Listed>,
+) {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !m.is_dir() {
+        return;
+    }
+    let mut held = Vec::new();
+    everything_in(path, wire, &mut held);
+    let kept = |l: &Listed| {
+        let leaf = l.path.rsplit(|&b| b == b'/').next().unwrap_or(&l.path);
+        fastcp_stream::is_temp_name(leaf)
+            || j.filter
+                .as_deref()
+                .is_some_and(|f| !f.allows(&l.path, matches!(l.kind, EntryKind::Dir)))
+    };
+    if held.is_empty() || held.iter().any(kept) {
+        return;
+    }
+    if budget.is_limited() && !budget.take(held.len() as u64 + 1) {
+        return;
+    }
+    out.extend(held);
+    out.push(deleted(wire.to_vec(), path, &m));
 }
 
 /// Everything the folder at `dir` (wire path `wire`) holds, at any depth, as entries
@@ -859,7 +933,7 @@ fn everything_in(dir: &Path, wire: &[u8], out: &mut Vec<Listed>) {
         .filter_map(|entry| {
             let m = entry.metadata().ok()?;
             let path = joined(wire, entry.file_name().as_bytes());
-            Some((entry.path(), deleted(path, &entry, &m)))
+            Some((entry.path(), deleted(path, &entry.path(), &m)))
         })
         .collect();
     found.sort_by(|a, b| a.1.path.cmp(&b.1.path));
@@ -880,12 +954,13 @@ fn joined(wire: &[u8], name: &[u8]) -> Vec<u8> {
     path
 }
 
-/// The destination's `entry` (metadata `m`, not followed), listed as removed at `path`.
-fn deleted(path: Vec<u8>, entry: &std::fs::DirEntry, m: &std::fs::Metadata) -> Listed {
+/// The destination's entry at `here` (metadata `m`, not followed), listed as removed at
+/// `path`.
+fn deleted(path: Vec<u8>, here: &Path, m: &std::fs::Metadata) -> Listed {
     let kind = if m.is_dir() {
         EntryKind::Dir
     } else if m.file_type().is_symlink() {
-        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        let target = std::fs::read_link(here).unwrap_or_default();
         EntryKind::Symlink {
             target: Bytes::copy_from_slice(target.as_os_str().as_bytes()),
         }

@@ -1658,6 +1658,12 @@ struct Mirror {
     /// The folders sent without their contents (mount points `-x` does not enter), whose
     /// extras are left alone.
     unentered: HashSet<Bytes>,
+    /// The sender's entries it skipped on purpose (a FIFO, a device), named by its local
+    /// paths: the destination's entries of those names are kept.
+    skipped: Vec<fastcp_stream::Failure>,
+    /// What `--max-delete` still lets go: the folders cleared out of the way of a file or
+    /// link during the copy take from it before the mirror does.
+    budget: fastcp_stream::DeleteBudget,
     blocked: bool,
 }
 
@@ -1729,7 +1735,12 @@ async fn push(
         open_files: (0..n)
             .map(|_| Arc::new(Semaphore::new(PUSH_FILES_IN_FLIGHT)))
             .collect(),
-        mirror: plan.options.delete.then(|| Mutex::new(Mirror::default())),
+        mirror: plan.options.delete.then(|| {
+            Mutex::new(Mirror {
+                budget: fastcp_stream::DeleteBudget::new(plan.options.max_delete),
+                ..Mirror::default()
+            })
+        }),
         filter: plan.spared(),
         progress: progress.clone(),
         root_real,
@@ -2021,8 +2032,13 @@ impl Apply {
                     // sender could not read blocks `--delete`.
                     if let Some(m) = &self.mirror {
                         let mut m = lock(m);
-                        if e.code == ErrorCode::Unsupported {
-                            m.sent.insert(Bytes::copy_from_slice(&e.path));
+                        if e.code == ErrorCode::Unsupported && !e.path.is_empty() {
+                            m.skipped.push(fastcp_stream::Failure::new(
+                                fastcp_stream::Side::Sender,
+                                Bytes::copy_from_slice(&e.path),
+                                e.code,
+                                String::new(),
+                            ));
                         } else {
                             m.blocked = true;
                         }
@@ -2241,6 +2257,24 @@ impl Apply {
             Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
             Err(_) => return Ok(Some(false)),
         }
+        // It counts against `--max-delete`, as the mirror's extras do.
+        if let Some(m) = &self.mirror
+            && lock(m).budget.is_limited()
+        {
+            let held = AtomicU64::new(0);
+            let counting = |_: &str, _: &[u8], _: bool| {
+                held.fetch_add(1, Ordering::SeqCst);
+                false
+            };
+            match holds_any(sftp, target, wire, &counting).await {
+                Ok(_) => {}
+                Err(e) if is_session_failure(&e) => return Err(fatal("listing a folder", e)),
+                Err(_) => return Ok(Some(false)),
+            }
+            if !lock(m).budget.take(held.load(Ordering::SeqCst) + 1) {
+                return Ok(Some(false));
+            }
+        }
         match remove_tree(sftp, target.to_string(), true, &self.progress).await {
             Ok(n) => {
                 lock(&self.done).deleted += n;
@@ -2343,8 +2377,11 @@ impl Apply {
             sent,
             mut dirs,
             unentered,
+            skipped,
+            budget,
             blocked,
         } = std::mem::take(&mut *lock(m));
+        let spared = fastcp_stream::Spared::of(&skipped).unwrap_or_default();
         dirs.retain(|d| !unentered.contains(d));
         dirs.sort_by(|a, b| fastcp_stream::mirror_order(a, b));
         if blocked {
@@ -2359,12 +2396,12 @@ impl Apply {
         // it holds and each in name order, as fastcp's own receiver takes them, so that the
         // limit takes the same.
         let n = self.sftp.len();
-        let budget = Mutex::new(fastcp_stream::DeleteBudget::new(max_delete));
+        let budget = Mutex::new(budget);
         let at_once = match max_delete {
             Some(_) => 1,
             None => SESSION_REQUESTS * n,
         };
-        let (sent, filter, budget) = (&sent, &filter, &budget);
+        let (sent, spared, filter, budget) = (&sent, &spared, &filter, &budget);
         let mirrored = futures_util::stream::iter(dirs.into_iter().enumerate().map(Ok))
             .try_for_each_concurrent(at_once, |(i, dir)| async move {
                 let sftp = &self.sftp[i % n];
@@ -2423,7 +2460,10 @@ impl Apply {
                         continue;
                     }
                     let is_dir = file_type(&attrs) == S_IFDIR;
-                    if sent.contains(&wire) || filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
+                    if sent.contains(&wire)
+                        || spared.spares(&wire)
+                        || filter.is_some_and(|f| !f.allows(&wire, is_dir))
+                    {
                         continue;
                     }
                     // A folder holding what the rules exclude stays, whole.

@@ -2472,3 +2472,186 @@ fn max_delete_takes_the_same_extras_in_every_run_and_its_dry_run() {
         }
     }
 }
+
+/// A folder with entries where the source now has a file is removed by `--delete`, with what
+/// it holds, to make way for the file: that counts against `--max-delete` as the mirror's
+/// extras do (`0` keeps the folder, and the file is not copied), and a dry run lists it,
+/// with the copy's count. Locally, pushed and pulled over TCP, SSH and SFTP (a push over
+/// SFTP refuses `-n` with `--delete`).
+#[test]
+fn a_folder_a_file_replaces_counts_against_max_delete_and_in_a_dry_run() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("c"), b"now a file", 0o644);
+    write(&src.join("keep"), b"keep", 0o644);
+    let cases: [(&[&str], bool); 4] = [
+        (&["--max-delete", "0"], false),
+        (&[], true),
+        (&["--max-delete", "2"], true),
+        (&[], false),
+    ];
+    for (way, extra) in WAYS {
+        for (limit, dry_run) in cases {
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} {limit:?} -n {dry_run}");
+            let dst = work.path().join("dst");
+            seed_old(&dst, &["c/a", "c/b", "keep"]);
+            let (from, to) = ends(&sshd, way, &src, &dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete"])
+                .args(limit)
+                .args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            let summary = json(&out);
+            let limited = !limit.is_empty();
+            let removed = if limited { 0 } else { 3 };
+            assert_eq!(summary["files_deleted"], removed, "{what}: {summary}");
+            if dry_run {
+                let mut deleting = deleting(&summary);
+                deleting.sort();
+                let want: &[&str] = if limited { &[] } else { &["c", "c/a", "c/b"] };
+                assert_eq!(deleting, want, "{what}: {summary}");
+            }
+            if limited {
+                assert_ne!(out.status.code(), Some(0), "{what}: {said}");
+                assert!(
+                    said.contains(&format!(
+                        "--max-delete {} stopped the mirror: 3 entries",
+                        limit[1]
+                    )),
+                    "{what}: {said}"
+                );
+            } else {
+                assert_eq!(out.status.code(), Some(0), "{what}: {said}");
+            }
+            let c = std::fs::symlink_metadata(dst.join("c")).unwrap();
+            if dry_run || limited {
+                assert!(c.is_dir(), "{what}");
+                assert_eq!(std::fs::read(dst.join("c/a")).unwrap(), b"old", "{what}");
+            } else {
+                assert_eq!(
+                    std::fs::read(dst.join("c")).unwrap(),
+                    b"now a file",
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+/// A rerun leaves a symbolic link and a named pipe that are already in line as they are (no
+/// new inode, nothing counted), with `-X` and `-A` too (neither keeps attributes), and its
+/// dry run lists neither. Locally, pushed and pulled over TCP and SSH.
+#[test]
+fn a_rerun_leaves_links_and_named_pipes_in_line_as_they_are() {
+    use std::os::unix::fs::MetadataExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    std::os::unix::fs::symlink("f", src.join("link")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
+    let inodes = |dst: &Path| -> Vec<u64> {
+        ["link", "pipe"]
+            .iter()
+            .map(|n| std::fs::symlink_metadata(dst.join(n)).unwrap().ino())
+            .collect()
+    };
+    for (way, extra) in WAYS {
+        if way.ends_with("sftp") {
+            continue;
+        }
+        for flags in [&["-a"][..], &["-a", "-X", "-A"], &["-r", "--specials"]] {
+            let what = format!("{way} {flags:?}");
+            let dst = work.path().join("dst");
+            let _ = std::fs::remove_dir_all(&dst);
+            std::fs::create_dir(&dst).unwrap();
+            let copy = |more: &[&str]| {
+                let (from, to) = ends(&sshd, way, &src, &dst);
+                let mut cmd = fastcp(&sshd, bin());
+                cmd.args(["--json", "--skip-unchanged"])
+                    .args(flags)
+                    .args(extra)
+                    .args(more)
+                    .arg(from)
+                    .arg(to);
+                ok_json(&mut cmd)
+            };
+            let first = copy(&[]);
+            assert_eq!(first["files"], 2, "{what}: {first}");
+            let before = inodes(&dst);
+            let dry = copy(&["-n"]);
+            assert_eq!(dry["entries"], serde_json::json!([]), "{what}: {dry}");
+            let again = copy(&[]);
+            assert_eq!(again["files"], 0, "{what}: {again}");
+            assert_eq!(again["symlinks"], 0, "{what}: {again}");
+            assert_eq!(inodes(&dst), before, "{what}");
+        }
+    }
+}
+
+/// `--delete` keeps the destination's entry of the name of what the sender skipped on
+/// purpose (a named pipe, without `--specials`), mirrors the rest, and its dry run says the
+/// same. Locally, pushed and pulled over TCP, SSH and SFTP (a push over SFTP refuses `-n`
+/// with `--delete`).
+#[test]
+fn delete_keeps_what_the_sender_skipped_on_purpose_and_a_dry_run_agrees() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("a"), b"a", 0o644);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("p"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for (way, extra) in WAYS {
+        for dry_run in [true, false] {
+            if dry_run && way == "push sftp" {
+                continue;
+            }
+            let what = format!("{way} -n {dry_run}");
+            let dst = work.path().join("dst");
+            seed_old(&dst, &["a", "p", "extra"]);
+            let (from, to) = ends(&sshd, way, &src, &dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["-r", "--json", "--delete"]).args(extra);
+            if dry_run {
+                cmd.arg("-n");
+            }
+            let out = run(cmd.arg(from).arg(to));
+            let said = stderr(&out);
+            let summary = json(&out);
+            assert_eq!(out.status.code(), Some(1), "{what}: {said}");
+            assert!(!said.contains("nothing was deleted"), "{what}: {said}");
+            assert_eq!(summary["files_deleted"], 1, "{what}: {summary}");
+            if dry_run {
+                assert_eq!(deleting(&summary), ["extra"], "{what}: {summary}");
+                assert!(dst.join("extra").exists(), "{what}");
+            } else {
+                assert!(!dst.join("extra").exists(), "{what}");
+            }
+            assert_eq!(std::fs::read(dst.join("p")).unwrap(), b"old", "{what}");
+        }
+    }
+}

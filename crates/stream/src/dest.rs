@@ -481,8 +481,9 @@ impl Resolver {
 /// Clears a folder out of the way of the file or link `local` (in `parent`, as `name`) is to
 /// become: an empty one always (as rsync), one with entries only under `--delete`, and only
 /// when nothing in it is excluded by the rules or another copy's temp or partial file (as
-/// `--delete` keeps those); removed through handles, never following a link. Never the
-/// destination named on the command line. Whether the way is clear.
+/// `--delete` keeps those) and within `--max-delete`; removed through handles, never
+/// following a link. Never the destination named on the command line. Whether the way is
+/// clear.
 fn clear_dir_in_the_way(
     shared: &Shared,
     parent: &OwnedFd,
@@ -508,6 +509,12 @@ fn clear_dir_in_the_way(
             if crate::mirror::holds_any(parent, name, wire, &kept) != Ok(false) {
                 return false;
             }
+            // It counts against `--max-delete`, as the mirror's extras do.
+            let mut budget = lock(&shared.delete_budget);
+            if budget.is_limited() && !budget.take(crate::mirror::entries(parent, name)) {
+                return false;
+            }
+            drop(budget);
             match crate::mirror::remove(parent, name, &shared.progress, 0) {
                 Ok(n) => {
                     shared.written.deleted.fetch_add(n, Relaxed);
@@ -1788,7 +1795,38 @@ impl Writer {
             Some(t) => (st.st_mtime, st.st_mtime_nsec as u32) == (t.mtime, t.mtime_nsec),
             None => true,
         };
-        time_kept && attrs.is_none_or(|a| self.ids.in_line(a, &config.attrs, st.st_uid, st.st_gid))
+        time_kept && attrs.is_none_or(|a| self.owner_in_line(a, st.st_uid, st.st_gid))
+    }
+
+    /// Whether an entry owned by `uid`:`gid` that keeps no extended attributes (a symbolic
+    /// link, a named pipe, a socket, a device node: see [`Target::Link`]) has the owner and
+    /// group `attrs` ask for.
+    fn owner_in_line(&mut self, attrs: &Attrs, uid: u32, gid: u32) -> bool {
+        let (want_uid, want_gid) = self.ids.wanted(attrs, &self.shared.config.attrs);
+        want_uid.is_none_or(|u| u == uid) && want_gid.is_none_or(|g| g == gid)
+    }
+
+    /// Whether `parent`/`name` is already the named pipe, socket or device node `kind`
+    /// (`rdev`) with the mode and times (when kept) and the owner `attrs` ask for.
+    fn same_special(
+        &mut self,
+        parent: &OwnedFd,
+        name: &[u8],
+        file_type: FileType,
+        rdev: u64,
+        meta: &Meta,
+        attrs: Option<&Attrs>,
+    ) -> bool {
+        let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return false;
+        };
+        let config = &self.shared.config;
+        let in_line = FileType::from_raw_mode(st.st_mode) == file_type
+            && st.st_rdev == rdev
+            && (!config.preserve
+                || (st.st_mode & 0o7777 == meta.mode & SAFE_MODE_BITS
+                    && (st.st_mtime, st.st_mtime_nsec as u32) == (meta.mtime, meta.mtime_nsec)));
+        in_line && attrs.is_none_or(|a| self.owner_in_line(a, st.st_uid, st.st_gid))
     }
 
     fn symlink(
@@ -1936,6 +1974,12 @@ impl Writer {
             SpecialKind::CharDevice => FileType::CharacterDevice,
             SpecialKind::BlockDevice => FileType::BlockDevice,
         };
+        // A rerun leaves one that is already in line as it is, as it leaves a link.
+        if shared.config.skip_unchanged
+            && self.same_special(&parent, name, file_type, rdev, &meta, attrs.as_deref())
+        {
+            return;
+        }
         let temp = loop {
             let temp = temp_name(name);
             match rustix::fs::mknodat(

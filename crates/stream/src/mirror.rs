@@ -52,16 +52,27 @@ impl Spared {
             if !alone || f.path.is_empty() {
                 return None;
             }
+            // A local path names a folder's contents `src/./x`; its wire path is `src/x`.
             spared
                 .0
-                .insert(String::from_utf8_lossy(&f.path).into_owned());
+                .insert(String::from_utf8_lossy(&f.path).replace("/./", "/"));
         }
         Some(spared)
     }
 
-    /// Whether the entry at wire path `path` is left alone.
+    /// Whether the entry at wire path `path` is left alone. An SFTP pull names a failure
+    /// by its wire path; a fastcp sender by its local path, which ends with the wire path
+    /// (`/data/src/p`, or `/data/src/./p` for a folder's contents, for `src/p`).
     pub fn spares(&self, path: &[u8]) -> bool {
-        !self.0.is_empty() && self.0.contains(&*String::from_utf8_lossy(path))
+        if self.0.is_empty() {
+            return false;
+        }
+        let path = String::from_utf8_lossy(path);
+        if self.0.contains(&*path) {
+            return true;
+        }
+        let tail = format!("/{path}");
+        self.0.iter().any(|failed| failed.ends_with(&tail))
     }
 }
 

@@ -156,7 +156,8 @@ pub struct ReceiveConfig {
     /// not read would look missing. Default: false.
     pub delete: bool,
     /// With `delete`: remove at most this many entries (rsync's `--max-delete`; a directory
-    /// counts with everything in it). What the limit leaves is reported as one failure with
+    /// counts with everything in it, and so does a folder cleared out of the way of a file or
+    /// link). What the limit leaves is reported as one failure with
     /// [`ErrorCode::DeleteLimit`](fastcp_proto::ErrorCode::DeleteLimit); see
     /// [`DeleteBudget`](crate::DeleteBudget). Default: `None`, no limit.
     pub max_delete: Option<u64>,
@@ -482,6 +483,9 @@ pub(crate) struct Shared {
     pub(crate) dir_cache: usize,
     /// With `link_dest`: the reference folder, opened.
     pub(crate) reference: Option<Arc<OwnedFd>>,
+    /// With `delete`: what `max_delete` still lets go, shared by the folders a file or link
+    /// takes the place of during the copy and the mirror after it.
+    pub(crate) delete_budget: Mutex<crate::DeleteBudget>,
 }
 
 impl Shared {
@@ -1712,6 +1716,7 @@ where
         // The writers' and the quick check's resolvers run at once.
         dir_cache: dest::dir_cache_size(config.writer_threads.max(1) + crate::probe::threads()),
         reference,
+        delete_budget: Mutex::new(crate::DeleteBudget::new(config.max_delete)),
     });
     dest::reserve_fds();
     let _busy = (config.version >= 7).then(|| {
@@ -1837,7 +1842,6 @@ where
             crate::mirror::Spared::of(&f.failures).filter(|_| complete)
         };
         let del_shared = shared.clone();
-        let max_delete = config.max_delete;
         deleted = tokio::task::spawn_blocking(move || {
             let shared = del_shared;
             let Some(spared) = spared else {
@@ -1855,7 +1859,8 @@ where
                 dirs.sort_by(|a, b| crate::mirror_order(a, b));
                 (dirs, std::mem::take(&mut t.sent))
             };
-            let mut budget = crate::DeleteBudget::new(max_delete);
+            // What the folders cleared out of the way took is spent.
+            let mut budget = *lock(&shared.delete_budget);
             let n = crate::mirror::delete_extras(&shared, &dirs, &sent, &spared, &mut budget);
             if let Some(message) = budget.message() {
                 shared.mirror_failed(fastcp_proto::ErrorCode::DeleteLimit, message);
