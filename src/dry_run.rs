@@ -763,11 +763,12 @@ fn lexical(path: &Path) -> PathBuf {
 /// either has none finer: `--link-dest` links it, as the receiver does.
 fn same_to_the_second(path: &Path, size: u64, meta: &Meta) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| {
-        let ns = m.mtime_nsec();
         m.is_file()
             && m.len() == size
-            && m.mtime() == meta.mtime
-            && (ns == i64::from(meta.mtime_nsec) || ns == 0 || meta.mtime_nsec == 0)
+            && fastcp_stream::same_mtime(
+                (m.mtime(), m.mtime_nsec() as u32),
+                (meta.mtime, meta.mtime_nsec),
+            )
     })
 }
 
@@ -792,12 +793,14 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// A regular file at `path` with this size and modification time: the quick check skips it.
 fn unchanged(path: &Path, size: u64, meta: &Meta, rules: &fastcp_stream::SkipRules) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| {
-        let theirs = (m.mtime(), m.mtime_nsec());
-        let ours = (meta.mtime, i64::from(meta.mtime_nsec));
+        let theirs = (m.mtime(), m.mtime_nsec() as u32);
+        let ours = (meta.mtime, meta.mtime_nsec);
         // As the receiver judges: what `--ignore-existing` and `--update` leave, first.
         rules.existing
             || (rules.newer && theirs > ours)
-            || (m.is_file() && m.len() == size && (rules.size_only || theirs == ours))
+            || (m.is_file()
+                && m.len() == size
+                && (rules.size_only || fastcp_stream::same_mtime(theirs, ours)))
     })
 }
 

@@ -9,7 +9,7 @@ use std::process::Command;
 use common::*;
 use fastcp_testsupport::Sshd;
 use fastcp_testsupport::tree::{
-    assert_same_tree, build_tiny, pseudo_random, scan, set_times, write,
+    assert_same_tree, build_tiny, pseudo_random, scan, set_mtime, set_times, write,
 };
 
 /// The paths a dry run's `--json` summary lists as deleted.
@@ -2652,6 +2652,57 @@ fn delete_keeps_what_the_sender_skipped_on_purpose_and_a_dry_run_agrees() {
                 assert!(!dst.join("extra").exists(), "{what}");
             }
             assert_eq!(std::fs::read(dst.join("p")).unwrap(), b"old", "{what}");
+        }
+    }
+}
+
+/// A destination whose files have the source's times to the second only (as a copy over
+/// SFTP leaves them, or a file system without finer ones) is unchanged to `--skip-unchanged`:
+/// nothing is sent again, and the times are brought in line to the nanosecond.
+#[test]
+fn times_to_the_second_at_the_destination_are_unchanged_to_the_quick_check() {
+    use std::os::unix::fs::MetadataExt;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let sec = 1_700_000_000;
+    for name in ["a", "b"] {
+        write(&src.join(name), name.as_bytes(), 0o644);
+        set_mtime(&src.join(name), sec, 123_456_789);
+    }
+    for (way, extra) in WAYS {
+        if way.ends_with("sftp") {
+            continue;
+        }
+        let dst = work.path().join("dst");
+        let _ = std::fs::remove_dir_all(&dst);
+        let copy = |more: &[&str]| {
+            let (from, to) = ends(&sshd, way, &src, &dst);
+            let mut cmd = fastcp(&sshd, bin());
+            cmd.args(["--json", "-r", "-p"])
+                .args(extra)
+                .args(more)
+                .arg(from)
+                .arg(to);
+            ok_json(&mut cmd)
+        };
+        copy(&[]);
+        for name in ["a", "b"] {
+            set_mtime(&dst.join(name), sec, 0);
+        }
+        let dry = copy(&["-n", "--skip-unchanged"]);
+        assert_eq!(dry["entries"], serde_json::json!([]), "{way}: {dry}");
+        let again = copy(&["--skip-unchanged"]);
+        assert_eq!(again["files"], 0, "{way}: {again}");
+        assert_eq!(again["files_skipped"], 2, "{way}: {again}");
+        for name in ["a", "b"] {
+            let m = std::fs::metadata(dst.join(name)).unwrap();
+            assert_eq!(
+                (m.mtime(), m.mtime_nsec()),
+                (sec, 123_456_789),
+                "{way}: {name}"
+            );
         }
     }
 }

@@ -99,6 +99,7 @@ pub use pipe::{
     ByteReader, ByteWriter, PipeReader, PipeSource, PipeWriter, ReadInto, WriteFrom, frame_pipe,
     receiver_pipe,
 };
+pub use probe::same_mtime;
 pub use progress::{Counted, Progress, Snapshot};
 pub use receive::{
     DEFAULT_MAX_ENTRIES, DEFAULT_RECEIVE_IN_FLIGHT, DEFAULT_WRITER_THREADS, ReceiveConfig,

@@ -62,6 +62,22 @@ fn attrs_bytes(a: &Attrs) -> usize {
             .sum::<usize>()
 }
 
+/// Whether two modification times (seconds, nanoseconds) are the same for the quick check:
+/// to the nanosecond, or to the second where either has none finer (a file copied over SFTP,
+/// whose times are whole seconds, or from a file system that keeps no finer ones), so that
+/// one night's copy over SFTP does not make the next night's over fastcp send everything.
+///
+/// ```
+/// use fastcp_stream::same_mtime;
+/// assert!(same_mtime((1_700_000_000, 250), (1_700_000_000, 250)));
+/// assert!(same_mtime((1_700_000_000, 0), (1_700_000_000, 250)));
+/// assert!(!same_mtime((1_700_000_000, 100), (1_700_000_000, 250)));
+/// assert!(!same_mtime((1_700_000_001, 0), (1_700_000_000, 0)));
+/// ```
+pub fn same_mtime(a: (i64, u32), b: (i64, u32)) -> bool {
+    a.0 == b.0 && (a.1 == b.1 || a.1 == 0 || b.1 == 0)
+}
+
 /// How many threads answer probes: stats of a cold disk overlap, and a warm one's cost CPU.
 pub(crate) fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))
@@ -300,8 +316,10 @@ impl Prober {
         } else {
             let same_time = st.as_ref().is_some_and(|st| {
                 size_only
-                    || (st.st_mtime, i128::from(st.st_mtime_nsec))
-                        == (p.mtime, i128::from(p.mtime_nsec))
+                    || same_mtime(
+                        (st.st_mtime, st.st_mtime_nsec as u32),
+                        (p.mtime, p.mtime_nsec),
+                    )
             });
             (!same_time, None)
         };
@@ -443,12 +461,11 @@ impl Prober {
         let Ok(st) = rustix::fs::statat(&*from, &ref_name[..], AtFlags::SYMLINK_NOFOLLOW) else {
             return false;
         };
-        // Times to the second where either side has none finer: a reference made over
-        // SFTP, or a copy over it, links as rsync links them.
-        let same_time = st.st_mtime == p.mtime
-            && (st.st_mtime_nsec as u32 == p.mtime_nsec
-                || st.st_mtime_nsec == 0
-                || p.mtime_nsec == 0);
+        // A reference made over SFTP, or a copy over it, links as rsync links them.
+        let same_time = same_mtime(
+            (st.st_mtime, st.st_mtime_nsec as u32),
+            (p.mtime, p.mtime_nsec),
+        );
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
             || st.st_size as u64 != p.size
             || !same_time
