@@ -654,6 +654,24 @@ fn relay_hosts(work: &Path, old_bin: &Path) -> (Sshd, PathBuf, Sshd, PathBuf) {
     (old, old_cache, new, config)
 }
 
+/// The command that relays the contents of `src` on host `from` to `dst` on host `to`
+/// (aliases in `config`), with `args`, and no agent.
+fn relay_command(
+    config: &Path,
+    args: &[&str],
+    (from, src): (&str, &Path),
+    (to, dst): (&str, &Path),
+) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-F")
+        .arg(config)
+        .args(args)
+        .arg(format!("{from}:{}/.", src.display()))
+        .arg(format!("{to}:{}", dst.display()))
+        .env_remove("SSH_AUTH_SOCK");
+    cmd
+}
+
 fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
     let work = tempfile::tempdir().unwrap();
     let old_bin = fastcp_of_versions(&work.path().join("old"), 1, 3);
@@ -673,14 +691,8 @@ fn a_relay_passes_over_an_older_fastcp(old_is_source: bool) {
     build_tiny(&src, 20);
     let dst = work.path().join("dst");
     let relay = |extra: &[&str]| {
-        run(Command::new(BIN)
-            .arg("-F")
-            .arg(&config)
-            .args(["-v", "-r", "--skip-unchanged", "--json"])
-            .args(extra)
-            .arg(format!("{from}:{}/.", src.display()))
-            .arg(format!("{to}:{}", dst.display()))
-            .env_remove("SSH_AUTH_SOCK"))
+        let args = [&["-v", "-r", "--skip-unchanged", "--json"][..], extra].concat();
+        run(&mut relay_command(&config, &args, (from, &src), (to, &dst)))
     };
 
     let per_host = per_host.display().to_string();
@@ -749,13 +761,12 @@ fn a_relay_to_a_host_with_no_version_in_common_deploys_this_one_there() {
     let src = work.path().join("src");
     build_tiny(&src, 20);
     let dst = work.path().join("dst");
-    let out = run(Command::new(BIN)
-        .arg("-F")
-        .arg(&config)
-        .args(["-v", "-r"])
-        .arg(format!("newhost:{}/.", src.display()))
-        .arg(format!("oldhost:{}", dst.display()))
-        .env_remove("SSH_AUTH_SOCK"));
+    let out = run(&mut relay_command(
+        &config,
+        &["-v", "-r"],
+        ("newhost", &src),
+        ("oldhost", &dst),
+    ));
     assert!(out.status.success(), "{}", stderr(&out));
     let said = stderr(&out);
     assert!(said.contains("this side is older"), "{said}");

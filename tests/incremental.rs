@@ -2059,6 +2059,21 @@ fn ends(sshd: &Sshd, way: &str, src: &Path, dst: &Path) -> (String, String) {
     }
 }
 
+/// The command that copies the contents of `src` to `dst` the way `way` goes (see [`WAYS`]),
+/// with `extra` (the way's own options) and `args`.
+fn copy_way(
+    sshd: &Sshd,
+    (way, extra): (&str, &[&str]),
+    args: &[&str],
+    src: &Path,
+    dst: &Path,
+) -> Command {
+    let (from, to) = ends(sshd, way, src, dst);
+    let mut cmd = fastcp(sshd, bin());
+    cmd.args(args).args(extra).arg(from).arg(to);
+    cmd
+}
+
 /// Empties `dst` and fills it with `files` (paths beneath it), each holding "old".
 fn seed_old(dst: &Path, files: &[&str]) {
     let _ = std::fs::remove_dir_all(dst);
@@ -2500,15 +2515,9 @@ fn a_folder_a_file_replaces_counts_against_max_delete_and_in_a_dry_run() {
             let what = format!("{way} {limit:?} -n {dry_run}");
             let dst = work.path().join("dst");
             seed_old(&dst, &["c/a", "c/b", "keep"]);
-            let (from, to) = ends(&sshd, way, &src, &dst);
-            let mut cmd = fastcp(&sshd, bin());
-            cmd.args(["-r", "--json", "--delete"])
-                .args(limit)
-                .args(extra);
-            if dry_run {
-                cmd.arg("-n");
-            }
-            let out = run(cmd.arg(from).arg(to));
+            let dry: &[&str] = if dry_run { &["-n"] } else { &[] };
+            let args = [&["-r", "--json", "--delete"][..], limit, dry].concat();
+            let out = run(&mut copy_way(&sshd, (way, extra), &args, &src, &dst));
             let said = stderr(&out);
             let summary = json(&out);
             let limited = !limit.is_empty();
@@ -2583,15 +2592,8 @@ fn a_rerun_leaves_links_and_named_pipes_in_line_as_they_are() {
             let _ = std::fs::remove_dir_all(&dst);
             std::fs::create_dir(&dst).unwrap();
             let copy = |more: &[&str]| {
-                let (from, to) = ends(&sshd, way, &src, &dst);
-                let mut cmd = fastcp(&sshd, bin());
-                cmd.args(["--json", "--skip-unchanged"])
-                    .args(flags)
-                    .args(extra)
-                    .args(more)
-                    .arg(from)
-                    .arg(to);
-                ok_json(&mut cmd)
+                let args = [&["--json", "--skip-unchanged"][..], flags, more].concat();
+                ok_json(&mut copy_way(&sshd, (way, extra), &args, &src, &dst))
             };
             let first = copy(&[]);
             assert_eq!(first["files"], 2, "{what}: {first}");
@@ -2633,13 +2635,9 @@ fn delete_keeps_what_the_sender_skipped_on_purpose_and_a_dry_run_agrees() {
             let what = format!("{way} -n {dry_run}");
             let dst = work.path().join("dst");
             seed_old(&dst, &["a", "p", "extra"]);
-            let (from, to) = ends(&sshd, way, &src, &dst);
-            let mut cmd = fastcp(&sshd, bin());
-            cmd.args(["-r", "--json", "--delete"]).args(extra);
-            if dry_run {
-                cmd.arg("-n");
-            }
-            let out = run(cmd.arg(from).arg(to));
+            let dry: &[&str] = if dry_run { &["-n"] } else { &[] };
+            let args = [&["-r", "--json", "--delete"][..], dry].concat();
+            let out = run(&mut copy_way(&sshd, (way, extra), &args, &src, &dst));
             let said = stderr(&out);
             let summary = json(&out);
             assert_eq!(out.status.code(), Some(1), "{what}: {said}");
@@ -2678,14 +2676,8 @@ fn times_to_the_second_at_the_destination_are_unchanged_to_the_quick_check() {
         let dst = work.path().join("dst");
         let _ = std::fs::remove_dir_all(&dst);
         let copy = |more: &[&str]| {
-            let (from, to) = ends(&sshd, way, &src, &dst);
-            let mut cmd = fastcp(&sshd, bin());
-            cmd.args(["--json", "-r", "-p"])
-                .args(extra)
-                .args(more)
-                .arg(from)
-                .arg(to);
-            ok_json(&mut cmd)
+            let args = [&["--json", "-r", "-p"][..], more].concat();
+            ok_json(&mut copy_way(&sshd, (way, extra), &args, &src, &dst))
         };
         copy(&[]);
         for name in ["a", "b"] {
