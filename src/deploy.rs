@@ -264,19 +264,14 @@ fn dist_binaries(options: &DeployOptions) -> Vec<(String, String)> {
             if !path.is_file() {
                 return None;
             }
-            let listed = sums.lines().find_map(|l| {
-                let (h, n) = l.split_once("  ")?;
-                let h = h.trim();
-                // Only hex digits go into the remote command line.
-                (n.trim() == name && h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .then(|| h.to_ascii_lowercase())
-            });
+            // Only hex digits go into the remote command line.
+            let listed = listed_sha256(&sums, &name)
+                .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
             let sha256 = match listed {
-                Some(h) => h,
+                Some(h) => h.to_ascii_lowercase(),
                 None => Binary::load(&path).ok()?.sha256,
             };
-            let cache_name = format!("{}-{}", env!("CARGO_PKG_VERSION"), &sha256[..16]);
-            Some((cache_name, sha256))
+            Some((cache_name(&sha256), sha256))
         })
         .collect()
 }
@@ -537,9 +532,9 @@ impl Binary {
         })
     }
 
-    /// The cache folder's name: the version and the hash's first 16 digits.
+    /// The cache folder's name: see [`cache_name`].
     fn cache_name(&self) -> String {
-        format!("{}-{}", env!("CARGO_PKG_VERSION"), &self.sha256[..16])
+        cache_name(&self.sha256)
     }
 }
 
@@ -627,10 +622,7 @@ fn check_listed(path: &Path, sha256: &str) -> Result<(), Error> {
         return Ok(());
     };
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    match sums.lines().find_map(|l| {
-        let (h, n) = l.split_once("  ")?;
-        (n.trim() == name).then_some(h.trim())
-    }) {
+    match listed_sha256(&sums, name) {
         Some(h) if h.eq_ignore_ascii_case(sha256) => Ok(()),
         Some(h) => Err(Error::Deploy(format!(
             "{} does not match its SHA256SUMS entry ({h}); rebuild it with `cargo xtask dist`",
@@ -638,6 +630,20 @@ fn check_listed(path: &Path, sha256: &str) -> Result<(), Error> {
         ))),
         None => Ok(()),
     }
+}
+
+/// The hash a `SHA256SUMS` file's text (`HASH  NAME` lines) gives `name`.
+fn listed_sha256<'a>(sums: &'a str, name: &str) -> Option<&'a str> {
+    sums.lines().find_map(|l| {
+        let (h, n) = l.split_once("  ")?;
+        (n.trim() == name).then_some(h.trim())
+    })
+}
+
+/// The cache folder's name for a binary of this version with this SHA-256 (hex): the
+/// version and the hash's first 16 digits.
+fn cache_name(sha256: &str) -> String {
+    format!("{}-{}", env!("CARGO_PKG_VERSION"), &sha256[..16])
 }
 
 /// Whether an ELF file has no program interpreter (statically linked, static-pie included).
