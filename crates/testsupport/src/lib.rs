@@ -39,7 +39,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running OpenSSH sshd on 127.0.0.1, killed on drop.
+/// A running OpenSSH sshd on 127.0.0.1, killed on drop. Its sessions run the user's login
+/// shell without the user's startup files (`~/.bashrc`), except under
+/// [`Sshd::start_with_login_shell`], whose shell reads those of an empty home of its own.
 #[derive(Debug)]
 pub struct Sshd {
     dir: tempfile::TempDir,
@@ -171,6 +173,9 @@ impl Sshd {
         keygen(&d.join("id_ed25519"))?;
         fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys"))?;
         let mut extra = extra.to_owned();
+        if login_shell.is_none() {
+            quiet_startup_files(&mut extra);
+        }
         let host_ca_line = if host_cert {
             keygen(&d.join("host_ca"))?;
             let out = Command::new(tools::locate("ssh-keygen")?)
@@ -458,6 +463,22 @@ fn ensure_privsep_dir() -> io::Result<()> {
 
 fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Keeps the user's shell startup files out of the sessions: bash, run by sshd, reads
+/// `~/.bashrc` even for a command, unless `SHLVL` says it is nested. Whatever that file
+/// prints or breaks (a tool's setup racing between concurrent logins, say) is the machine's,
+/// not the copy's. Adds `SHLVL=1` to `extra`'s `SetEnv` line, or adds that line.
+fn quiet_startup_files(extra: &mut String) {
+    let mut lines: Vec<String> = extra.lines().map(str::to_owned).collect();
+    match lines
+        .iter_mut()
+        .find(|l| l.to_ascii_lowercase().starts_with("setenv "))
+    {
+        Some(line) => line.push_str(" SHLVL=1"),
+        None => lines.push("SetEnv SHLVL=1".to_owned()),
+    }
+    *extra = lines.iter().map(|l| format!("{l}\n")).collect();
 }
 
 /// sshd's `SetEnv` line for `vars`; none for no vars.
