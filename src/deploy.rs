@@ -8,8 +8,8 @@
 //! `${XDG_CACHE_HOME:-$HOME/.cache}/fastcp/<version>-<sha256 prefix>/fastcp` (a relative
 //! `XDG_CACHE_HOME` is ignored, as the XDG spec says), and runs that one. A later copy finds
 //! it and uploads nothing: its first command ([`launcher`]) tries that cached binary (after
-//! the same folder checks and with its hash checked), then `fastcp` on the remote PATH, so it
-//! costs no extra round trip.
+//! the same folder checks, and with its hash checked, or the stamp that stands for it), then
+//! `fastcp` on the remote PATH, so it costs no extra round trip.
 //!
 //! - **What goes**: the binary that runs here when it is a fastcp server (the `fastcp`
 //!   command, or a program that says so with [`this_binary_serves`]) and it can run there (a
@@ -198,8 +198,9 @@ fn serves() -> bool {
 /// The command that starts the server on a host in one round trip, in place of `fastcp
 /// server`: a binary an earlier self-deploy cached there, when the cache folders pass the
 /// checks [`deploy`] makes (the user's own, writable by nobody else) and the binary's
-/// SHA-256 is the one expected, else `fastcp` from the remote PATH; else it exits with 127,
-/// as a missing program does, and [`deploy`] takes over. The binaries looked for are those
+/// SHA-256 is the one expected (hashed once, then known by a stamp of its inode, size and
+/// times written beside it), else `fastcp` from the remote PATH; else it exits with 127, as
+/// a missing program does, and [`deploy`] takes over. The binaries looked for are those
 /// [`deploy`] would upload: this very binary (when it is a fastcp server:
 /// [`this_binary_serves`]) and the static binaries of `cargo xtask dist` found through
 /// `options` (for a host of another architecture, or for a program that embeds fastcp),
@@ -208,24 +209,39 @@ fn serves() -> bool {
 /// on the PATH that could serve it (none, or one of a protocol version too old or too new).
 /// `None` when there is no such binary.
 pub fn launcher(options: &DeployOptions) -> Option<String> {
-    static OWN: std::sync::OnceLock<Option<(String, String)>> = std::sync::OnceLock::new();
-    let own = serves()
-        .then(|| {
-            OWN.get_or_init(|| {
-                let exe = std::env::current_exe().ok()?;
-                let binary = Binary::load(&exe).ok()?;
-                Some((binary.cache_name(), binary.sha256))
-            })
-            .clone()
-        })
-        .flatten();
-    let mut binaries: Vec<(String, String)> = own.into_iter().collect();
+    let mut binaries: Vec<(String, String)> = this_binary().into_iter().collect();
     for known in dist_binaries(options) {
         if !binaries.contains(&known) {
             binaries.push(known);
         }
     }
     (!binaries.is_empty()).then(|| remote_command(&launch_script(&binaries)))
+}
+
+/// This binary's cache name and SHA-256, once a process.
+static THIS_BINARY: std::sync::OnceLock<Option<(String, String)>> = std::sync::OnceLock::new();
+
+/// This binary's cache name and SHA-256 when it serves (see [`this_binary_serves`]): what
+/// [`launcher`] looks for in the remote cache first.
+fn this_binary() -> Option<(String, String)> {
+    if !serves() {
+        return None;
+    }
+    THIS_BINARY
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            let binary = Binary::load(&exe).ok()?;
+            Some((binary.cache_name(), binary.sha256))
+        })
+        .clone()
+}
+
+/// Starts hashing this binary for [`launcher`] on a thread of its own, so that a login
+/// (which takes longer than hashing a 20 MB binary) hides the time it takes.
+pub(crate) fn hash_this_binary_soon() {
+    if serves() && THIS_BINARY.get().is_none() {
+        std::thread::spawn(this_binary);
+    }
 }
 
 /// The folder of `cargo xtask dist` output that `options` name: theirs,
@@ -293,8 +309,16 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
      case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; done; };";
 
 /// See [`launcher`]. Fixed text but for each binary's cache name and hash (the version and
-/// hex digits): `cached NAME HASH` checks one, and leaves its folder in `d` (and the hash
-/// expected in `e`).
+/// hex digits): `cached NAME HASH` checks one, and leaves its folder in `d`.
+///
+/// The three cache folders and the binary are judged by one `stat`. The binary's SHA-256 is
+/// checked the first time; then a stamp beside it (`stamp`: the binary's device, inode,
+/// size, modification and change times, and the hash) stands for the hash while those are
+/// unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
+/// or the stamp in those folders, and any change to the binary's bytes moves its change time,
+/// which nobody can set back. A binary others may write is hashed every time, and a stamp is
+/// written only once the binary's change time is a second in the past (its second is over),
+/// so that a change later in that same second cannot go unseen.
 fn launch_script(binaries: &[(String, String)]) -> String {
     let tries: String = binaries
         .iter()
@@ -305,11 +329,16 @@ fn launch_script(binaries: &[(String, String)]) -> String {
     format!(
         "{CACHE} \
          cached() {{ d=\"$c/fastcp/$1\"; e=\"$2\"; [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] && above || return 1; \
-         for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         [ -d \"$f\" ] || return 1; set -- $(stat -L -c \"%u %a\" \"$f\"); \
-         [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; done; \
+         for f in \"$c\" \"$c/fastcp\" \"$d\"; do [ -d \"$f\" ] || return 1; done; \
+         set -- $(stat -L -c \"%u %a %d %i %s %Y %Z\" \"$c\" \"$c/fastcp\" \"$d\" \"$d/fastcp\" 2>/dev/null); \
+         [ $# = 28 ] || return 1; \
+         for f in 1 2 3; do [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
+         s=; case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; \
+         if [ -n \"$s\" ] && {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
-         [ \"$h\" = \"$e\" ]; }}; \
+         [ \"$h\" = \"$e\" ] || return 1; \
+         if [ -n \"$s\" ] && [ \"$7\" -lt \"$(date +%s)\" ]; then \
+         {{ echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\"; }} 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
          {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
     )
@@ -976,6 +1005,111 @@ mod tests {
             );
             assert!(!cached.exists(), "{what}");
         }
+    }
+
+    /// The launcher hashes a cached binary once, then trusts the stamp it wrote beside it
+    /// while the binary's inode, size and times are unchanged: a change in place that keeps
+    /// the size and sets the modification time back still moves the change time, and the
+    /// binary is hashed again and refused. A binary others may write is hashed every time.
+    #[test]
+    fn a_stamp_stands_for_the_hash_until_the_binary_changes() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let bytes = b"#!/bin/sh\necho stamped\n".repeat(100);
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        let home = tempfile::tempdir().unwrap();
+        let sh = fastcp_testsupport::tools::require("sh");
+        let up = run_under(&sh, &upload_script(&name, &hash), home.path(), &bytes);
+        assert!(up.status.success(), "{up:?}");
+        let binary = home.path().join(".cache/fastcp").join(&name).join("fastcp");
+        let stamp = binary.with_file_name("stamp");
+        // Each run of a hash tool leaves a line.
+        let tools = tempfile::tempdir().unwrap();
+        let hashed = tools.path().join("runs");
+        for tool in ["openssl", "sha256sum", "shasum"] {
+            let wrapper = tools.path().join(tool);
+            std::fs::write(
+                &wrapper,
+                format!(
+                    "#!/bin/sh\necho {tool} >> '{}'\nexec /usr/bin/{tool} \"$@\"\n",
+                    hashed.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let hashes = || {
+            std::fs::read_to_string(&hashed)
+                .map(|s| s.lines().count())
+                .unwrap_or(0)
+        };
+        let path = format!("{}:/usr/bin:/bin", tools.path().display());
+        let launch = || {
+            let script = launch_script(&[(name.clone(), hash.clone())]);
+            run_with_path(&sh, &script, home.path(), b"", &path)
+        };
+        let runs = |out: std::process::Output| {
+            assert!(out.status.success(), "{out:?}");
+            assert!(String::from_utf8_lossy(&out.stdout).starts_with("stamped"));
+        };
+        // No stamp is written within the second the binary last changed.
+        let past_its_second = || {
+            let changed = std::fs::metadata(&binary).unwrap().ctime();
+            for _ in 0..40 {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64;
+                if now > changed {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("the clock did not pass the binary's change time");
+        };
+        past_its_second();
+        runs(launch());
+        let first = hashes();
+        assert!(first > 0, "the first start hashes the binary");
+        assert!(stamp.exists(), "and stamps it");
+        runs(launch());
+        runs(launch());
+        assert_eq!(hashes(), first, "a stamped binary is not hashed again");
+
+        // Changed in place: same inode and size, the modification time set back.
+        let mtime = std::fs::metadata(&binary).unwrap().modified().unwrap();
+        let mut tampered = bytes.clone();
+        tampered[10..17].copy_from_slice(b"tamper ");
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&binary)
+                .unwrap();
+            f.seek(std::io::SeekFrom::Start(0)).unwrap();
+            f.write_all(&tampered).unwrap();
+            f.set_modified(mtime).unwrap();
+        }
+        let refused = launch();
+        assert_eq!(refused.status.code(), Some(127), "{refused:?}");
+        assert!(refused.stdout.is_empty(), "{refused:?}");
+        assert!(hashes() > first, "a changed binary is hashed again");
+
+        // Put back (a new change time), stamped again, then opened to others' writes.
+        std::fs::write(&binary, &bytes).unwrap();
+        past_its_second();
+        runs(launch());
+        let stamped = hashes();
+        runs(launch());
+        assert_eq!(hashes(), stamped);
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o720)).unwrap();
+        runs(launch());
+        runs(launch());
+        assert_eq!(
+            hashes(),
+            stamped + 2,
+            "a binary others may write is hashed each time"
+        );
     }
 
     #[test]

@@ -104,6 +104,9 @@ impl Session {
             Some(user) => format!("{user}@{}", remote.host),
             None => remote.host.clone(),
         };
+        if ssh.remote_path.is_none() && !options.no_deploy {
+            crate::deploy::hash_this_binary_soon();
+        }
         let peer = connect(&destination, &ssh, &options.log)
             .await
             .map_err(|e| match (e, handshake_limit) {
