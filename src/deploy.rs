@@ -316,9 +316,9 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
 /// size, modification and change times, and the hash) stands for the hash while those are
 /// unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
 /// or the stamp in those folders, and any change to the binary's bytes moves its change time,
-/// which nobody can set back. A binary others may write is hashed every time, and a stamp is
-/// written only once the binary's change time is a second in the past (its second is over),
-/// so that a change later in that same second cannot go unseen.
+/// which nobody can set back. A binary not the user's own, or one others may write, is hashed
+/// every time, and a stamp is written only once the binary's change time is a second in the
+/// past (its second is over), so that a change later in that same second cannot go unseen.
 fn launch_script(binaries: &[(String, String)]) -> String {
     let tries: String = binaries
         .iter()
@@ -333,7 +333,7 @@ fn launch_script(binaries: &[(String, String)]) -> String {
          set -- $(stat -L -c \"%u %a %d %i %s %Y %Z\" \"$c\" \"$c/fastcp\" \"$d\" \"$d/fastcp\" 2>/dev/null); \
          [ $# = 28 ] || return 1; \
          for f in 1 2 3; do [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
-         s=; case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; \
+         s=; [ \"$1\" = \"$u\" ] && case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; \
          if [ -n \"$s\" ] && {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = \"$e\" ] || return 1; \
@@ -1110,6 +1110,18 @@ mod tests {
             stamped + 2,
             "a binary others may write is hashed each time"
         );
+        // And one that is not the user's own (where the test may give it away: as root).
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if std::os::unix::fs::chown(&binary, Some(65534), None).is_ok() {
+            past_its_second();
+            runs(launch());
+            runs(launch());
+            assert_eq!(
+                hashes(),
+                stamped + 4,
+                "a binary of another is hashed each time"
+            );
+        }
     }
 
     #[test]
