@@ -311,10 +311,11 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
 /// See [`launcher`]. Fixed text but for each binary's cache name and hash (the version and
 /// hex digits): `cached NAME HASH` checks one, and leaves its folder in `d`.
 ///
-/// The three cache folders and the binary are judged by one `stat`. The binary's SHA-256 is
-/// checked the first time; then a stamp beside it (`stamp`: the binary's device, inode,
-/// size, modification and change times, and the hash) stands for the hash while those are
-/// unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
+/// The binary, the three cache folders and the folders above them (judged as `above` judges
+/// them) take one `stat`: each process started costs a start a few milliseconds. The
+/// binary's SHA-256 is checked the first time; then a stamp beside it (`stamp`: the binary's
+/// device, inode, size, modification and change times, and the hash) stands for the hash
+/// while those are unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
 /// or the stamp in those folders, and any change to the binary's bytes moves its change time,
 /// which nobody can set back. A binary not the user's own, or one others may write, is hashed
 /// every time, and a stamp is written only once the binary's change time is a second in the
@@ -328,16 +329,19 @@ fn launch_script(binaries: &[(String, String)]) -> String {
         .collect();
     format!(
         "{CACHE} \
-         cached() {{ d=\"$c/fastcp/$1\"; e=\"$2\"; [ -n \"$c\" ] && [ -f \"$d/fastcp\" ] && above || return 1; \
+         cached() {{ d=\"$c/fastcp/$1\"; e=\"$2\"; case \"$c\" in /*) ;; *) return 1;; esac; [ -f \"$d/fastcp\" ] || return 1; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do [ -d \"$f\" ] || return 1; done; \
-         set -- $(stat -L -c \"%u %a %d %i %s %Y %Z\" \"$c\" \"$c/fastcp\" \"$d\" \"$d/fastcp\" 2>/dev/null); \
-         [ $# = 28 ] || return 1; \
+         set -- \"$d/fastcp\" \"$c\" \"$c/fastcp\" \"$d\"; p=\"$c\"; \
+         until [ \"$p\" = / ]; do p=\"${{p%/*}}\"; [ -n \"$p\" ] || p=/; set -- \"$@\" \"$p\"; done; \
+         n=$#; set -- $(stat -L -c \"%u %a %d %i %s %Y %Z\" \"$@\" 2>/dev/null); [ $# = $((n * 7)) ] || return 1; \
+         s=; z=\"$7\"; [ \"$1\" = \"$u\" ] && case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; shift 7; \
          for f in 1 2 3; do [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
-         s=; [ \"$1\" = \"$u\" ] && case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; \
+         while [ $# -gt 0 ]; do case \"$1\" in 0|\"$u\") ;; *) return 1;; esac; \
+         case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
          if [ -n \"$s\" ] && {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = \"$e\" ] || return 1; \
-         if [ -n \"$s\" ] && [ \"$7\" -lt \"$(date +%s)\" ]; then \
+         if [ -n \"$s\" ] && [ \"$z\" -lt \"$(date +%s)\" ]; then \
          {{ echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\"; }} 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
          {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
@@ -986,6 +990,15 @@ mod tests {
             };
             assert!(launch().status.success(), "{what}");
 
+            // One owned by someone else (where the test may give it away: as root).
+            set_mode(&shared, 0o755);
+            if std::os::unix::fs::chown(&shared, Some(65534), None).is_ok() {
+                assert!(inspect().is_err(), "{what}");
+                let refused = launch();
+                assert_eq!(refused.status.code(), Some(127), "{what}: {refused:?}");
+                std::os::unix::fs::chown(&shared, Some(0), None).unwrap();
+                assert!(launch().status.success(), "{what}");
+            }
             set_mode(&shared, 0o777);
             let err = inspect().unwrap_err();
             let said = err.to_string();
