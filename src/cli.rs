@@ -40,6 +40,9 @@ Exit codes:
     args_override_self = true,
     override_usage = "fastcp [OPTIONS] SOURCE... TARGET\n       fastcp <COMMAND>",
     after_help = EXIT_CODES,
+    // `-h` is rsync's --human-readable beside operands (`-avh`); alone it is the help, as
+    // with rsync (see `main`).
+    disable_help_flag = true,
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -222,6 +225,13 @@ pub struct Args {
     /// Print a JSON summary on stdout when done (see README.md for the schema).
     #[arg(long, help_heading = "Output")]
     pub json: bool,
+    /// rsync's --human-readable, as in -avh: accepted, with nothing to do (sizes are shown
+    /// so already). Alone, -h prints this help.
+    #[arg(short = 'h', help_heading = "Output")]
+    pub human_readable: bool,
+    /// Print help (-h alone: a summary).
+    #[arg(long = "help", action = ArgAction::HelpLong)]
+    help: Option<bool>,
 }
 
 /// How the data travels; shared by copies and `fastcp doctor`.
@@ -471,9 +481,29 @@ fn version_text() -> &'static str {
     Box::leak(text.into_boxed_str())
 }
 
-/// The clap definition, for completions and the man page.
+/// The clap definition, for parsing, completions and the man page. `-h` beside operands is
+/// rsync's flag, so clap's own help flag is off (for the subcommands too: it is a global
+/// setting), and each subcommand is given `-h`/`--help` again.
 pub fn command() -> clap::Command {
-    Args::command()
+    fn with_help(command: clap::Command) -> clap::Command {
+        command.mut_subcommands(|sub| {
+            let help = clap::Arg::new("help")
+                .short('h')
+                .long("help")
+                .action(ArgAction::Help)
+                .help("Print help");
+            with_help(sub.arg(help))
+        })
+    }
+    with_help(Args::command())
+}
+
+/// The command line, parsed.
+pub fn parse() -> Result<Args, clap::Error> {
+    use clap::FromArgMatches;
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    Args::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
 }
 
 /// A [`Log`] that prints on stderr through `output`: warnings unless `quiet`, steps at `-v`,

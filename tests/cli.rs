@@ -160,6 +160,45 @@ fn usage_errors_exit_2() {
         .stdout(predicate::str::is_empty());
 }
 
+/// rsync's `-h` (`--human-readable`), as in `-avh`, is taken beside operands: the copy is
+/// made (fastcp's sizes are human-readable already). Alone, `-h` is the help, as with rsync.
+#[test]
+fn dash_h_with_operands_copies_and_alone_is_the_help() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("src")).unwrap();
+    write(&work.path().join("src/a"), b"a", 0o644);
+    fastcp()
+        .args(["-avh", "src/.", "dest"])
+        .current_dir(work.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage").not());
+    assert_eq!(std::fs::read(work.path().join("dest/a")).unwrap(), b"a");
+    fastcp()
+        .args(["-h", "src", "dest2"])
+        .arg("-r")
+        .current_dir(work.path())
+        .assert()
+        .success();
+    assert_eq!(std::fs::read(work.path().join("dest2/a")).unwrap(), b"a");
+    fastcp()
+        .arg("-h")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp"));
+    fastcp()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp"));
+    // The commands keep their -h.
+    fastcp()
+        .args(["doctor", "-h"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp doctor"));
+}
+
 /// As scp's, `-P` takes a TCP service name (`ssh`) as well as a number, and refuses others.
 #[test]
 fn dash_p_takes_a_service_name() {
