@@ -481,6 +481,69 @@ fn version_text() -> &'static str {
     Box::leak(text.into_boxed_str())
 }
 
+/// What to use instead of an rsync or scp flag that fastcp does not take; `flag` as clap
+/// names it (`-z`, `--rsync-path`).
+fn alternative_to(flag: &str) -> Option<&'static str> {
+    Some(match flag {
+        "-z" | "--compress" => "rsync's -z is -C here (zstd; worth it on slow links only)",
+        "-e" | "--rsh" => {
+            "give ssh's settings as scp takes them: -S PROGRAM (the ssh program), -P PORT, \
+             -i KEY, -o OPTION, -F CONFIG"
+        }
+        "--partial" | "--partial-dir" | "--append" | "--append-verify" => {
+            "--resume keeps a stopped copy's partial files and sends only what they lack"
+        }
+        "--inplace" => {
+            "every file is written to a temporary name and renamed over its target once \
+             whole and checked; leave out --inplace"
+        }
+        "--rsync-path" => "--remote-path PATH names the fastcp program on the remote host",
+        "-R" | "--relative" => {
+            "neither scp's -R (copy from the source host) nor rsync's -R (--relative) is \
+             taken; between two remote hosts fastcp copies through this machine, as scp's -3"
+        }
+        _ => return None,
+    })
+}
+
+/// `err`, a usage error clap found, with what to use instead when it is about an rsync or
+/// scp flag that fastcp does not take or reads otherwise (rsync's `-P` is scp's port here).
+/// Such an error suggests no look-alike flag of fastcp's (`--inplace` is not `--include`).
+pub fn with_alternative(err: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let tip = |text: &'static str| ContextValue::StyledStrs(vec![text.into()]);
+    match err.kind() {
+        ErrorKind::UnknownArgument => {
+            let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+            let Some(alternative) = alternative_to(flag) else {
+                return err;
+            };
+            let mut said = clap::Error::new(ErrorKind::UnknownArgument).with_cmd(&command());
+            said.insert(
+                ContextKind::InvalidArg,
+                ContextValue::String(flag.to_owned()),
+            );
+            said.insert(ContextKind::Suggested, tip(alternative));
+            if let Some(usage) = err.get(ContextKind::Usage) {
+                said.insert(ContextKind::Usage, usage.clone());
+            }
+            said
+        }
+        ErrorKind::ValueValidation if arg.starts_with("-P ") => {
+            let mut err = err;
+            err.insert(
+                ContextKind::Suggested,
+                tip("-P is scp's port; rsync's -P (--partial --progress) is --resume --progress"),
+            );
+            err
+        }
+        _ => err,
+    }
+}
+
 /// The clap definition, for parsing, completions and the man page. `-h` beside operands is
 /// rsync's flag, so clap's own help flag is off (for the subcommands too: it is a global
 /// setting), and each subcommand is given `-h`/`--help` again.
@@ -676,10 +739,16 @@ async fn copy_with(
     let (dest, sources) = match args.operands.split_last() {
         Some((dest, sources)) if !sources.is_empty() => (dest, sources),
         _ => {
-            return Err(fastcp::Error::Usage(
-                "a source and a target are needed: fastcp SOURCE... TARGET".into(),
-            )
-            .into());
+            let mut text = "a source and a target are needed: fastcp SOURCE... TARGET".to_owned();
+            // rsync's `-avc src/ dest`: scp's -c took the source for a cipher.
+            if let Some(cipher) = &args.ssh.ssh_cipher
+                && std::path::Path::new(cipher).exists()
+            {
+                text += &format!(
+                    " (-c is scp's cipher, and took {cipher:?}; rsync's -c is --checksum)"
+                );
+            }
+            return Err(fastcp::Error::Usage(text).into());
         }
     };
     let log = stderr_log(output, args.quiet, args.verbose);

@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         let _ = cli::command().print_help();
         return ExitCode::SUCCESS;
     }
-    let args = match cli::parse() {
+    let args = match cli::parse().map_err(cli::with_alternative) {
         Ok(args) => args,
         Err(e) => {
             use clap::error::ErrorKind as K;

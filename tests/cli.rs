@@ -199,6 +199,45 @@ fn dash_h_with_operands_copies_and_alone_is_the_help() {
         .stdout(predicate::str::contains("Usage: fastcp doctor"));
 }
 
+/// The rsync and scp flags fastcp does not take are refused with a usage error that names
+/// what to use instead, and no misleading look-alike (`--inplace` is not `--include`).
+#[test]
+fn rsync_and_scp_flags_fastcp_lacks_name_the_alternative() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("src")).unwrap();
+    write(&work.path().join("src/a"), b"a", 0o644);
+    let cases: &[(&[&str], &str)] = &[
+        (&["-avz"], "-C"),
+        (&["--compress"], "-C"),
+        (&["-e", "ssh -p 2222"], "-S PROGRAM"),
+        (&["--rsh=ssh"], "-S PROGRAM"),
+        (&["--partial"], "--resume"),
+        (&["--append-verify"], "--resume"),
+        (&["--inplace"], "renamed"),
+        (&["--rsync-path=/opt/bin/rsync"], "--remote-path"),
+        (&["-R"], "-3"),
+        (&["-avP"], "--resume --progress"),
+    ];
+    for (flags, alternative) in cases {
+        fastcp()
+            .args(*flags)
+            .args(["src/.", "dest"])
+            .current_dir(work.path())
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(*alternative))
+            .stderr(predicate::str::contains("similar argument").not());
+    }
+    // rsync's -c is --checksum; scp's takes the next operand for a cipher.
+    fastcp()
+        .args(["-avc", "src/.", "dest"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--checksum"));
+    assert!(!work.path().join("dest").exists());
+}
+
 /// As scp's, `-P` takes a TCP service name (`ssh`) as well as a number, and refuses others.
 #[test]
 fn dash_p_takes_a_service_name() {
