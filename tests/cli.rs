@@ -160,6 +160,25 @@ fn usage_errors_exit_2() {
         .stdout(predicate::str::is_empty());
 }
 
+/// Several sources onto a target that is not there: refused before anything is written, as
+/// by `cp` and `scp -O`, with an error that says why a folder was needed, whichever way the
+/// copy goes (SFTP's says so too).
+#[test]
+fn several_sources_onto_a_missing_target_say_why_a_folder_is_needed() {
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"a", 0o644);
+    write(&work.path().join("b"), b"b", 0o644);
+    fastcp()
+        .args(["a", "b", "missing"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "missing: not a directory (several sources, or a trailing '/', need one)",
+        ));
+    assert!(!work.path().join("missing").exists());
+}
+
 /// rsync's `-h` (`--human-readable`), as in `-avh`, is taken beside operands: the copy is
 /// made (fastcp's sizes are human-readable already). Alone, `-h` is the help, as with rsync.
 #[test]
