@@ -40,6 +40,9 @@ Exit codes:
     args_override_self = true,
     override_usage = "fastcp [OPTIONS] SOURCE... TARGET\n       fastcp <COMMAND>",
     after_help = EXIT_CODES,
+    // `-h` is rsync's --human-readable beside operands (`-avh`); alone it is the help, as
+    // with rsync (see `main`).
+    disable_help_flag = true,
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -222,6 +225,13 @@ pub struct Args {
     /// Print a JSON summary on stdout when done (see README.md for the schema).
     #[arg(long, help_heading = "Output")]
     pub json: bool,
+    /// rsync's --human-readable, as in -avh: accepted, with nothing to do (sizes are shown
+    /// so already). Alone, -h prints this help.
+    #[arg(short = 'h', help_heading = "Output")]
+    pub human_readable: bool,
+    /// Print help (-h alone: a summary).
+    #[arg(long = "help", action = ArgAction::HelpLong)]
+    help: Option<bool>,
 }
 
 /// How the data travels; shared by copies and `fastcp doctor`.
@@ -471,9 +481,92 @@ fn version_text() -> &'static str {
     Box::leak(text.into_boxed_str())
 }
 
-/// The clap definition, for completions and the man page.
+/// What to use instead of an rsync or scp flag that fastcp does not take; `flag` as clap
+/// names it (`-z`, `--rsync-path`).
+fn alternative_to(flag: &str) -> Option<&'static str> {
+    Some(match flag {
+        "-z" | "--compress" => "rsync's -z is -C here (zstd; worth it on slow links only)",
+        "-e" | "--rsh" => {
+            "give ssh's settings as scp takes them: -S PROGRAM (the ssh program), -P PORT, \
+             -i KEY, -o OPTION, -F CONFIG"
+        }
+        "--partial" | "--partial-dir" | "--append" | "--append-verify" => {
+            "--resume keeps a stopped copy's partial files and sends only what they lack"
+        }
+        "--inplace" => {
+            "every file is written to a temporary name and renamed over its target once \
+             whole and checked; leave out --inplace"
+        }
+        "--rsync-path" => "--remote-path PATH names the fastcp program on the remote host",
+        "-R" | "--relative" => {
+            "neither scp's -R (copy from the source host) nor rsync's -R (--relative) is \
+             taken; between two remote hosts fastcp copies through this machine, as scp's -3"
+        }
+        _ => return None,
+    })
+}
+
+/// `err`, a usage error clap found, with what to use instead when it is about an rsync or
+/// scp flag that fastcp does not take or reads otherwise (rsync's `-P` is scp's port here).
+/// Such an error suggests no look-alike flag of fastcp's (`--inplace` is not `--include`).
+pub fn with_alternative(err: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let tip = |text: &'static str| ContextValue::StyledStrs(vec![text.into()]);
+    match err.kind() {
+        ErrorKind::UnknownArgument => {
+            let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+            let Some(alternative) = alternative_to(flag) else {
+                return err;
+            };
+            let mut said = clap::Error::new(ErrorKind::UnknownArgument).with_cmd(&command());
+            said.insert(
+                ContextKind::InvalidArg,
+                ContextValue::String(flag.to_owned()),
+            );
+            said.insert(ContextKind::Suggested, tip(alternative));
+            if let Some(usage) = err.get(ContextKind::Usage) {
+                said.insert(ContextKind::Usage, usage.clone());
+            }
+            said
+        }
+        ErrorKind::ValueValidation if arg.starts_with("-P ") => {
+            let mut err = err;
+            err.insert(
+                ContextKind::Suggested,
+                tip("-P is scp's port; rsync's -P (--partial --progress) is --resume --progress"),
+            );
+            err
+        }
+        _ => err,
+    }
+}
+
+/// The clap definition, for parsing, completions and the man page. `-h` beside operands is
+/// rsync's flag, so clap's own help flag is off (for the subcommands too: it is a global
+/// setting), and each subcommand is given `-h`/`--help` again.
 pub fn command() -> clap::Command {
-    Args::command()
+    fn with_help(command: clap::Command) -> clap::Command {
+        command.mut_subcommands(|sub| {
+            let help = clap::Arg::new("help")
+                .short('h')
+                .long("help")
+                .action(ArgAction::Help)
+                .help("Print help");
+            with_help(sub.arg(help))
+        })
+    }
+    with_help(Args::command())
+}
+
+/// The command line, parsed.
+pub fn parse() -> Result<Args, clap::Error> {
+    use clap::FromArgMatches;
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    Args::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
 }
 
 /// A [`Log`] that prints on stderr through `output`: warnings unless `quiet`, steps at `-v`,
@@ -646,10 +739,16 @@ async fn copy_with(
     let (dest, sources) = match args.operands.split_last() {
         Some((dest, sources)) if !sources.is_empty() => (dest, sources),
         _ => {
-            return Err(fastcp::Error::Usage(
-                "a source and a target are needed: fastcp SOURCE... TARGET".into(),
-            )
-            .into());
+            let mut text = "a source and a target are needed: fastcp SOURCE... TARGET".to_owned();
+            // rsync's `-avc src/ dest`: scp's -c took the source for a cipher.
+            if let Some(cipher) = &args.ssh.ssh_cipher
+                && std::path::Path::new(cipher).exists()
+            {
+                text += &format!(
+                    " (-c is scp's cipher, and took {cipher:?}; rsync's -c is --checksum)"
+                );
+            }
+            return Err(fastcp::Error::Usage(text).into());
         }
     };
     let log = stderr_log(output, args.quiet, args.verbose);

@@ -1,6 +1,5 @@
 //! The `fastcp` command: scp's habits, fastcp's engine.
 
-use clap::Parser;
 use fastcp::exit;
 use std::io::Write;
 use std::process::ExitCode;
@@ -21,7 +20,12 @@ fn main() -> ExitCode {
     fastcp::deploy::this_binary_serves();
     // clap exits with 2 on a usage error, 0 for --help and --version; with --json, a usage
     // error also prints its JSON object.
-    let args = match cli::Args::try_parse() {
+    // `-h` alone is the help, as with rsync; beside operands it is rsync's --human-readable.
+    if std::env::args_os().skip(1).eq(["-h"]) {
+        let _ = cli::command().print_help();
+        return ExitCode::SUCCESS;
+    }
+    let args = match cli::parse().map_err(cli::with_alternative) {
         Ok(args) => args,
         Err(e) => {
             use clap::error::ErrorKind as K;

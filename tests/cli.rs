@@ -160,6 +160,103 @@ fn usage_errors_exit_2() {
         .stdout(predicate::str::is_empty());
 }
 
+/// Several sources onto a target that is not there: refused before anything is written, as
+/// by `cp` and `scp -O`, with an error that says why a folder was needed, whichever way the
+/// copy goes (SFTP's says so too).
+#[test]
+fn several_sources_onto_a_missing_target_say_why_a_folder_is_needed() {
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"a", 0o644);
+    write(&work.path().join("b"), b"b", 0o644);
+    fastcp()
+        .args(["a", "b", "missing"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "missing: not a directory (several sources, or a trailing '/', need one)",
+        ));
+    assert!(!work.path().join("missing").exists());
+}
+
+/// rsync's `-h` (`--human-readable`), as in `-avh`, is taken beside operands: the copy is
+/// made (fastcp's sizes are human-readable already). Alone, `-h` is the help, as with rsync.
+#[test]
+fn dash_h_with_operands_copies_and_alone_is_the_help() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("src")).unwrap();
+    write(&work.path().join("src/a"), b"a", 0o644);
+    fastcp()
+        .args(["-avh", "src/.", "dest"])
+        .current_dir(work.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage").not());
+    assert_eq!(std::fs::read(work.path().join("dest/a")).unwrap(), b"a");
+    fastcp()
+        .args(["-h", "src", "dest2"])
+        .arg("-r")
+        .current_dir(work.path())
+        .assert()
+        .success();
+    assert_eq!(std::fs::read(work.path().join("dest2/a")).unwrap(), b"a");
+    fastcp()
+        .arg("-h")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp"));
+    fastcp()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp"));
+    // The commands keep their -h.
+    fastcp()
+        .args(["doctor", "-h"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: fastcp doctor"));
+}
+
+/// The rsync and scp flags fastcp does not take are refused with a usage error that names
+/// what to use instead, and no misleading look-alike (`--inplace` is not `--include`).
+#[test]
+fn rsync_and_scp_flags_fastcp_lacks_name_the_alternative() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("src")).unwrap();
+    write(&work.path().join("src/a"), b"a", 0o644);
+    let cases: &[(&[&str], &str)] = &[
+        (&["-avz"], "-C"),
+        (&["--compress"], "-C"),
+        (&["-e", "ssh -p 2222"], "-S PROGRAM"),
+        (&["--rsh=ssh"], "-S PROGRAM"),
+        (&["--partial"], "--resume"),
+        (&["--append-verify"], "--resume"),
+        (&["--inplace"], "renamed"),
+        (&["--rsync-path=/opt/bin/rsync"], "--remote-path"),
+        (&["-R"], "-3"),
+        (&["-avP"], "--resume --progress"),
+    ];
+    for (flags, alternative) in cases {
+        fastcp()
+            .args(*flags)
+            .args(["src/.", "dest"])
+            .current_dir(work.path())
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(*alternative))
+            .stderr(predicate::str::contains("similar argument").not());
+    }
+    // rsync's -c is --checksum; scp's takes the next operand for a cipher.
+    fastcp()
+        .args(["-avc", "src/.", "dest"])
+        .current_dir(work.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--checksum"));
+    assert!(!work.path().join("dest").exists());
+}
+
 /// As scp's, `-P` takes a TCP service name (`ssh`) as well as a number, and refuses others.
 #[test]
 fn dash_p_takes_a_service_name() {

@@ -1502,10 +1502,11 @@ fn file_not_replaced(dest: &Path) -> Error {
     }
 }
 
-/// The error for a destination that must be a directory and is not one.
+/// The error for a destination that must be a directory and is not one, saying why it must
+/// (as the SFTP path says it).
 pub(crate) fn not_a_directory(dest: &Path) -> Error {
     Error::InvalidArgument(format!(
-        "{}: not a directory",
+        "{}: not a directory (several sources, or a trailing '/', need one)",
         escape(dest.as_os_str().as_encoded_bytes())
     ))
 }
