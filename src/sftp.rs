@@ -2445,6 +2445,12 @@ impl Apply {
                         self.failed(&wire, (ErrorCode::Unsupported, why.into()));
                         continue;
                     }
+                    let is_dir = file_type(&attrs) == S_IFDIR;
+                    // What the copy sent stays, whatever its name: a source file may be named
+                    // like a work file.
+                    if sent.contains(&wire) || spared.spares(&wire) {
+                        continue;
+                    }
                     if fastcp_stream::is_work_file(name.as_bytes()) {
                         // The partial file of a file the source no longer has (none there, or
                         // a folder or a link in its place) goes, uncounted, as the receiver's
@@ -2459,11 +2465,7 @@ impl Apply {
                         }
                         continue;
                     }
-                    let is_dir = file_type(&attrs) == S_IFDIR;
-                    if sent.contains(&wire)
-                        || spared.spares(&wire)
-                        || filter.is_some_and(|f| !f.allows(&wire, is_dir))
-                    {
+                    if filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
                     }
                     // A folder holding what the rules exclude stays, whole.
