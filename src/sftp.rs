@@ -1979,7 +1979,10 @@ impl Apply {
                             Some(hasher) => this.content_hash(sftp, hasher, &p).await,
                             None => this.quick_check(sftp, &p).await,
                         };
-                        let offer = match send && this.resume {
+                        // With `--checksum`, a file the remote holds at the same size is
+                        // sent after all when the hashes differ: its partial file is offered
+                        // as for a file it lacks.
+                        let offer = match (send || hash.is_some()) && this.resume {
                             true => this.partial_offer(&p).await,
                             false => None,
                         };
@@ -3678,7 +3681,9 @@ async fn read_answers(
         match frame {
             Frame::Partial(p) => partial = Some(p),
             Frame::Answer(a) => {
-                let offer = partial.take().filter(|p| p.id == a.id && a.send);
+                // With `--checksum`, a file the receiver holds at the same size may be sent
+                // after all, with the partial file it offered.
+                let offer = partial.take().filter(|p| p.id == a.id);
                 let _ = answers.send((a, offer.map(Arc::new)));
             }
             _ => {}
@@ -3826,10 +3831,10 @@ impl Emit {
                     }
                 },
                 _ = probing.listed.wait(), if probing.listed.get().is_none() => continue,
-                Some((reads, differs)) = comparing.next() => {
+                Some((reads, differs, offer)) = comparing.next() => {
                     probing.window.add_permits(1);
                     if differs {
-                        self.release(reads, None, &jobs).await?;
+                        self.release(reads, offer, &jobs).await?;
                     }
                     continue;
                 }
@@ -3848,13 +3853,14 @@ impl Emit {
                     comparing.push(async move {
                         let (remote, size) = match reads.1.first() {
                             Some(job) => (job.remote.clone(), job.size),
-                            None => return (reads, true),
+                            None => return (reads, true, offer),
                         };
                         let ours = match pending {
                             Some(pending) => pending.wait().await,
                             None => hasher.hash(&remote, size).await,
                         };
-                        (reads, ours != Some(theirs))
+                        // Sent after all, it keeps what its partial file holds.
+                        (reads, ours != Some(theirs), offer)
                     });
                 }
                 _ => probing.window.add_permits(1),
