@@ -2747,3 +2747,74 @@ fn checksum_with_resume_continues_a_changed_file_from_its_partial_file() {
         }
     }
 }
+
+/// A symlink or named pipe that a killed copy left under a temp name (killed between making
+/// it and renaming it into place; a push over SFTP, with round trips between the two, leaves
+/// them most) cannot be locked as a temp file is: the next copy into its folder removes it
+/// once it was made 10 s or more before that copy began, as it removes a temp file, by the
+/// sweep before it writes there and by `--delete`'s mirror when it writes nothing. Locally,
+/// pushed and pulled over fastcp, and pulled over SFTP (fastcp's own receiver).
+#[test]
+fn a_temp_link_or_pipe_a_killed_copy_left_goes_with_a_later_copy() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    std::os::unix::fs::symlink("f", src.join("link")).unwrap();
+    let ways: Vec<_> = WAYS.iter().filter(|(w, _)| *w != "push sftp").collect();
+    let leave = |dst: &Path| {
+        std::os::unix::fs::symlink("f", dst.join(".link.fastcp-0badc0de")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dst.join(".pipe.fastcp-0badcafe"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    };
+    for way in &ways {
+        let name = way.0.replace(' ', "-");
+        let swept = work.path().join(format!("swept-{name}"));
+        let mirrored = work.path().join(format!("mirrored-{name}"));
+        std::fs::create_dir(&swept).unwrap();
+        std::fs::create_dir(&mirrored).unwrap();
+        ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p"],
+            &src,
+            &mirrored,
+        ));
+        leave(&swept);
+        leave(&mirrored);
+    }
+    // Their ctime says when they were made, and nothing sets it back: wait until it is old.
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    for way in &ways {
+        let name = way.0.replace(' ', "-");
+        let swept = work.path().join(format!("swept-{name}"));
+        let mirrored = work.path().join(format!("mirrored-{name}"));
+        ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p"],
+            &src,
+            &swept,
+        ));
+        let v = ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p", "--skip-unchanged", "--delete"],
+            &src,
+            &mirrored,
+        ));
+        assert_eq!(v["files_skipped"], 1, "{name}: {v}");
+        for dst in [&swept, &mirrored] {
+            let mut left = walk_names(dst);
+            left.sort();
+            assert_eq!(left, ["f", "link"], "{name}: {}", dst.display());
+        }
+    }
+}
