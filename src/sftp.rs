@@ -1979,7 +1979,10 @@ impl Apply {
                             Some(hasher) => this.content_hash(sftp, hasher, &p).await,
                             None => this.quick_check(sftp, &p).await,
                         };
-                        let offer = match send && this.resume {
+                        // With `--checksum`, a file the remote holds at the same size is
+                        // sent after all when the hashes differ: its partial file is offered
+                        // as for a file it lacks.
+                        let offer = match (send || hash.is_some()) && this.resume {
                             true => this.partial_offer(&p).await,
                             false => None,
                         };
@@ -2445,6 +2448,12 @@ impl Apply {
                         self.failed(&wire, (ErrorCode::Unsupported, why.into()));
                         continue;
                     }
+                    let is_dir = file_type(&attrs) == S_IFDIR;
+                    // What the copy sent stays, whatever its name: a source file may be named
+                    // like a work file.
+                    if sent.contains(&wire) || spared.spares(&wire) {
+                        continue;
+                    }
                     if fastcp_stream::is_work_file(name.as_bytes()) {
                         // The partial file of a file the source no longer has (none there, or
                         // a folder or a link in its place) goes, uncounted, as the receiver's
@@ -2459,11 +2468,7 @@ impl Apply {
                         }
                         continue;
                     }
-                    let is_dir = file_type(&attrs) == S_IFDIR;
-                    if sent.contains(&wire)
-                        || spared.spares(&wire)
-                        || filter.is_some_and(|f| !f.allows(&wire, is_dir))
-                    {
+                    if filter.is_some_and(|f| !f.allows(&wire, is_dir)) {
                         continue;
                     }
                     // A folder holding what the rules exclude stays, whole.
@@ -3676,7 +3681,9 @@ async fn read_answers(
         match frame {
             Frame::Partial(p) => partial = Some(p),
             Frame::Answer(a) => {
-                let offer = partial.take().filter(|p| p.id == a.id && a.send);
+                // With `--checksum`, a file the receiver holds at the same size may be sent
+                // after all, with the partial file it offered.
+                let offer = partial.take().filter(|p| p.id == a.id);
                 let _ = answers.send((a, offer.map(Arc::new)));
             }
             _ => {}
@@ -3824,10 +3831,10 @@ impl Emit {
                     }
                 },
                 _ = probing.listed.wait(), if probing.listed.get().is_none() => continue,
-                Some((reads, differs)) = comparing.next() => {
+                Some((reads, differs, offer)) = comparing.next() => {
                     probing.window.add_permits(1);
                     if differs {
-                        self.release(reads, None, &jobs).await?;
+                        self.release(reads, offer, &jobs).await?;
                     }
                     continue;
                 }
@@ -3846,13 +3853,14 @@ impl Emit {
                     comparing.push(async move {
                         let (remote, size) = match reads.1.first() {
                             Some(job) => (job.remote.clone(), job.size),
-                            None => return (reads, true),
+                            None => return (reads, true, offer),
                         };
                         let ours = match pending {
                             Some(pending) => pending.wait().await,
                             None => hasher.hash(&remote, size).await,
                         };
-                        (reads, ours != Some(theirs))
+                        // Sent after all, it keeps what its partial file holds.
+                        (reads, ours != Some(theirs), offer)
                     });
                 }
                 _ => probing.window.add_permits(1),

@@ -2698,3 +2698,123 @@ fn times_to_the_second_at_the_destination_are_unchanged_to_the_quick_check() {
         }
     }
 }
+
+/// A nightly `--checksum --resume` copy that was cut while it replaced a big file: the next
+/// night finds last night's file at the same size and a partial file of the new one beside
+/// it. The hashes differ, so the file is sent, and it continues from the partial file as
+/// it would with the quick check; a file whose hashes match is skipped and its partial file,
+/// of no more use, goes. Locally, pushed and pulled over TCP and SSH, and pushed over SFTP
+/// (a pull over SFTP keeps a record of what arrived instead, which only a stopped copy
+/// writes).
+#[test]
+fn checksum_with_resume_continues_a_changed_file_from_its_partial_file() {
+    const MIB: usize = 1 << 20;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let new = pseudo_random(6 * MIB, 1);
+    let same = pseudo_random(6 * MIB, 2);
+    write(&src.join("big"), &new, 0o644);
+    write(&src.join("same"), &same, 0o644);
+    for way in WAYS.iter().filter(|(w, _)| *w != "pull sftp") {
+        let dst = work.path().join(way.0.replace(' ', "-"));
+        std::fs::create_dir(&dst).unwrap();
+        // Last night's file, the first 3 MiB of tonight's that arrived before the cut, and
+        // a stale partial file beside a file that is whole.
+        write(&dst.join("big"), &pseudo_random(6 * MIB, 3), 0o644);
+        write(&dst.join(".big.fastcp-partial"), &new[..3 * MIB], 0o600);
+        write(&dst.join("same"), &same, 0o644);
+        write(&dst.join(".same.fastcp-partial"), &same[..2 * MIB], 0o600);
+        let v = ok_json(&mut copy_way(
+            &sshd,
+            *way,
+            &["--json", "-r", "--checksum", "--resume"],
+            &src,
+            &dst,
+        ));
+        let name = way.0;
+        assert!(
+            std::fs::read(dst.join("big")).unwrap() == new,
+            "{name}: {v}"
+        );
+        assert_eq!(v["files_skipped"], 1, "{name}: {v}");
+        assert_eq!(v["bytes_resumed"].as_u64(), Some(3 << 20), "{name}: {v}");
+        assert_eq!(v["bytes_sent"].as_u64(), Some(3 << 20), "{name}: {v}");
+        assert!(!dst.join(".big.fastcp-partial").exists(), "{name}");
+        if name != "push sftp" {
+            assert!(!dst.join(".same.fastcp-partial").exists(), "{name}");
+        }
+    }
+}
+
+/// A symlink or named pipe that a killed copy left under a temp name (killed between making
+/// it and renaming it into place; a push over SFTP, with round trips between the two, leaves
+/// them most) cannot be locked as a temp file is: the next copy into its folder removes it
+/// once it was made 10 s or more before that copy began, as it removes a temp file, by the
+/// sweep before it writes there and by `--delete`'s mirror when it writes nothing. Locally,
+/// pushed and pulled over fastcp, and pulled over SFTP (fastcp's own receiver).
+#[test]
+fn a_temp_link_or_pipe_a_killed_copy_left_goes_with_a_later_copy() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write(&src.join("f"), b"f", 0o644);
+    std::os::unix::fs::symlink("f", src.join("link")).unwrap();
+    let ways: Vec<_> = WAYS.iter().filter(|(w, _)| *w != "push sftp").collect();
+    let leave = |dst: &Path| {
+        std::os::unix::fs::symlink("f", dst.join(".link.fastcp-0badc0de")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dst.join(".pipe.fastcp-0badcafe"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    };
+    for way in &ways {
+        let name = way.0.replace(' ', "-");
+        let swept = work.path().join(format!("swept-{name}"));
+        let mirrored = work.path().join(format!("mirrored-{name}"));
+        std::fs::create_dir(&swept).unwrap();
+        std::fs::create_dir(&mirrored).unwrap();
+        ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p"],
+            &src,
+            &mirrored,
+        ));
+        leave(&swept);
+        leave(&mirrored);
+    }
+    // Their ctime says when they were made, and nothing sets it back: wait until it is old.
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    for way in &ways {
+        let name = way.0.replace(' ', "-");
+        let swept = work.path().join(format!("swept-{name}"));
+        let mirrored = work.path().join(format!("mirrored-{name}"));
+        ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p"],
+            &src,
+            &swept,
+        ));
+        let v = ok_json(&mut copy_way(
+            &sshd,
+            **way,
+            &["--json", "-r", "-p", "--skip-unchanged", "--delete"],
+            &src,
+            &mirrored,
+        ));
+        assert_eq!(v["files_skipped"], 1, "{name}: {v}");
+        for dst in [&swept, &mirrored] {
+            let mut left = walk_names(dst);
+            left.sort();
+            assert_eq!(left, ["f", "link"], "{name}: {}", dst.display());
+        }
+    }
+}

@@ -1216,6 +1216,51 @@ fn a_push_over_sftp_with_delete_mirrors_beneath_the_destination_only() {
     }
 }
 
+/// A source file named like a partial file (`.notes.fastcp-partial`, with no `notes` beside
+/// it) or a temp file is the user's: a push over SFTP with `--delete` copies it and keeps
+/// it, as fastcp's own receiver does, and a rerun finds it in place.
+#[test]
+fn a_push_over_sftp_with_delete_keeps_a_source_file_named_like_a_work_file() {
+    let work = tempfile::tempdir().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    write(&src.join("sub/.notes.fastcp-partial"), b"mine", 0o644);
+    write(&src.join("sub/.notes.fastcp-0badc0de"), b"mine too", 0o644);
+    write(&src.join("sub/plain"), b"plain", 0o644);
+    whole_seconds(&src);
+    let dst = work.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let copy = || {
+        run(plain(&sshd)
+            .args([
+                "--sftp",
+                "-r",
+                "-p",
+                "--delete",
+                "--skip-unchanged",
+                "--json",
+            ])
+            .arg(format!("{}/.", src.display()))
+            .arg(remote(&sshd, &dst)))
+    };
+    for night in ["first", "second"] {
+        let out = copy();
+        assert!(out.status.success(), "{night}: {}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["files_deleted"], 0, "{night}: {v}");
+        assert_eq!(
+            fs::read(dst.join("sub/.notes.fastcp-partial"))
+                .ok()
+                .as_deref(),
+            Some(&b"mine"[..]),
+            "{night}: {v}"
+        );
+        assert_same_tree(&src, &dst, true);
+    }
+    assert_eq!(json(&copy())["files_skipped"], 3);
+}
+
 /// A folder of the copy swapped for a symlink while the push runs: `--delete` finds that it
 /// no longer resolves to itself and deletes nothing through it.
 #[test]

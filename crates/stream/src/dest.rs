@@ -648,7 +648,9 @@ fn sweep(dir: &OwnedFd, started: std::time::SystemTime, users: impl Fn(&[u8]) ->
 
 /// Removes `name` from `dir` if it is a temp file a killed copy left: a temp name, a
 /// regular file last written [`STALE_AFTER`] or more before `started`, that no process
-/// holds a lock on. Whether it was removed.
+/// holds a lock on, or a symlink or special file made (its ctime, which `-p` does not set
+/// back) that long before: those cannot be locked, and a live copy renames them a moment
+/// after making them. Whether it was removed.
 pub(crate) fn remove_if_stale(dir: &OwnedFd, name: &[u8], started: std::time::SystemTime) -> bool {
     if !is_temp_name(name) {
         return false;
@@ -657,6 +659,17 @@ pub(crate) fn remove_if_stale(dir: &OwnedFd, name: &[u8], started: std::time::Sy
         .checked_sub(STALE_AFTER)
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as i128);
+    let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+        return false;
+    };
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Directory => return false,
+        _ => {
+            let made = i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec);
+            return made < before && rustix::fs::unlinkat(dir, name, AtFlags::empty()).is_ok();
+        }
+    }
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let Ok(fd) = rustix::fs::openat(dir, name, flags, Mode::empty()) else {
         return false;

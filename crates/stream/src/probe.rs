@@ -363,7 +363,10 @@ impl Prober {
         if !send {
             self.shared.probe_skipped(p.path.clone(), p.size);
             // The file is whole: a partial file an earlier copy kept for it is of no more use.
+            // With `checksum` only the sender knows, comparing hashes: it is offered below,
+            // and goes at the end if the sender skips the file.
             if resume
+                && !checksum
                 && p.size > resume::PARTIAL_MIN
                 && let Some((dir, name)) = self.probed_dir(&p)
             {
@@ -375,12 +378,21 @@ impl Prober {
             send,
             hash,
         });
-        if send && resume && p.size > resume::PARTIAL_MIN {
+        // With `checksum`, a file the destination holds at the same size is sent after all
+        // when the hashes differ: its partial file is offered as for a file it lacks.
+        if (send || checksum) && resume && p.size > resume::PARTIAL_MIN {
             // The sender takes a partial file's hashes for the answer that comes next:
             // nothing else of the probe threads' goes back between them.
             let turn = self.turn.clone();
             let _turn = lock(&turn);
             if let Some((fd, offer)) = self.partial_offer(&p) {
+                if !send && let Some((dir, name)) = self.probed_dir(&p) {
+                    self.shared.hold_whole_partial(
+                        p.path.clone(),
+                        dir,
+                        resume::partial_name(&name),
+                    );
+                }
                 // Its `Partial` frames are sent: the offer is held for the `File` entry.
                 self.shared.hold_offer(p.path.clone(), fd, offer);
                 // Fails only when the reply stream is gone, and then the session is over.

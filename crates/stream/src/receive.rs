@@ -449,6 +449,10 @@ struct Table {
     /// With `resume`: the partial files offered to the sender, held (locked) until their
     /// `File` entry comes, with what was offered: path -> (file, offer).
     offers: HashMap<Bytes, (OwnedFd, crate::resume::Offer)>,
+    /// With `checksum` and `resume`: the partial files offered for files the destination
+    /// holds at the same size, which go if the sender skips them (the file is whole):
+    /// path -> (folder, partial file's name).
+    whole_partials: HashMap<Bytes, (Arc<OwnedFd>, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -536,6 +540,12 @@ impl Shared {
     /// and what was offered from it, until its `File` entry comes.
     pub(crate) fn hold_offer(&self, wire: Bytes, fd: OwnedFd, offer: crate::resume::Offer) {
         lock(&self.table).offers.insert(wire, (fd, offer));
+    }
+
+    /// With `checksum` and `resume`: the partial file `name` in `dir`, offered for `wire`,
+    /// whose file the destination holds at the same size; see [`drop_whole_partials`].
+    pub(crate) fn hold_whole_partial(&self, wire: Bytes, dir: Arc<OwnedFd>, name: Vec<u8>) {
+        lock(&self.table).whole_partials.insert(wire, (dir, name));
     }
 
     /// With `resume`: the partial file offered for `wire`'s probe, held, and what was
@@ -1795,7 +1805,10 @@ where
         }
     });
     match outcome {
-        Ok(()) => refresh_skipped(&shared, &writer_txs).await,
+        Ok(()) => {
+            drop_whole_partials(&shared);
+            refresh_skipped(&shared, &writer_txs).await
+        }
         Err(e) => shared.abort.trigger(e),
     }
     drop(writer_txs);
@@ -1922,6 +1935,29 @@ where
         }
     }
     Ok(report)
+}
+
+/// With `checksum` and `resume`, once every stream has ended: the partial files of the files
+/// the sender skipped (their hashes matched) go, as the quick check removes those of files
+/// it finds whole.
+fn drop_whole_partials(shared: &Shared) {
+    let whole: Vec<_> = {
+        let t = &mut *lock(&shared.table);
+        let partials = std::mem::take(&mut t.whole_partials);
+        let (skipped, offers) = (&t.maybe_skipped, &mut t.offers);
+        partials
+            .into_iter()
+            .filter(|(wire, _)| skipped.contains_key(wire))
+            .map(|(wire, partial)| {
+                // Released, so that it can be taken and removed.
+                offers.remove(&wire);
+                partial
+            })
+            .collect()
+    };
+    for (dir, name) in whole {
+        crate::resume::remove_unheld_partial(&dir, &name);
+    }
 }
 
 /// With `checksum`, once every stream has ended: the files the sender skipped take its mode

@@ -818,7 +818,9 @@ async fn read_replies<R: AsyncRead + Unpin>(
                     }
                 }
                 Frame::Answer(a) if answers.is_some() => {
-                    let offer = partial.take().filter(|p| p.id == a.id && a.send);
+                    // With `checksum`, a file the receiver holds at the same size may be
+                    // sent after all, with the partial file it offered.
+                    let offer = partial.take().filter(|p| p.id == a.id);
                     // The producer may be gone already (a stopped transfer): nothing to do.
                     let at = Instant::now();
                     let _ = answers.as_ref().map(|tx| tx.send((a, offer, at)));
