@@ -318,8 +318,9 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
 /// while those are unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
 /// or the stamp in those folders, and any change to the binary's bytes moves its change time,
 /// which nobody can set back. A binary not the user's own, or one others may write, is hashed
-/// every time, and a stamp is written only once the binary's change time is a second in the
-/// past (its second is over), so that a change later in that same second cannot go unseen.
+/// every time, and a stamp is written only when the binary's change time was more than a
+/// second past when the hash began (the clock is read before the binary is), so that a change
+/// after the hash read the binary has a later change time, even one a clock tick behind.
 fn launch_script(binaries: &[(String, String)]) -> String {
     let tries: String = binaries
         .iter()
@@ -339,9 +340,10 @@ fn launch_script(binaries: &[(String, String)]) -> String {
          while [ $# -gt 0 ]; do case \"$1\" in 0|\"$u\") ;; *) return 1;; esac; \
          case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
          if [ -n \"$s\" ] && {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
+         w=$(date +%s); [ \"$w\" -gt 1 ] 2>/dev/null || w=1; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = \"$e\" ] || return 1; \
-         if [ -n \"$s\" ] && [ \"$z\" -lt \"$(date +%s)\" ]; then \
+         if [ -n \"$s\" ] && [ \"$z\" -lt $((w - 1)) ]; then \
          {{ echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\"; }} 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
          {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
@@ -1065,15 +1067,15 @@ mod tests {
             assert!(out.status.success(), "{out:?}");
             assert!(String::from_utf8_lossy(&out.stdout).starts_with("stamped"));
         };
-        // No stamp is written within the second the binary last changed.
+        // No stamp is written within the second the binary last changed, nor the next.
         let past_its_second = || {
             let changed = std::fs::metadata(&binary).unwrap().ctime();
-            for _ in 0..40 {
+            for _ in 0..80 {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap()
                     .as_secs() as i64;
-                if now > changed {
+                if now > changed + 1 {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -1135,6 +1137,73 @@ mod tests {
                 "a binary of another is hashed each time"
             );
         }
+    }
+
+    /// No stamp stands for a hash that a change made while it was taken could have missed:
+    /// the clock is read before the binary is hashed, and a stamp is written only when the
+    /// binary last changed more than a second before that. Here the hash takes ten seconds
+    /// (a `date` that says so once a hash tool has run).
+    #[test]
+    fn a_stamp_is_written_only_when_the_hash_began_after_the_change() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let bytes = b"#!/bin/sh\necho stamped\n".to_vec();
+        let hash = sha256_hex(&bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        let home = tempfile::tempdir().unwrap();
+        let sh = fastcp_testsupport::tools::require("sh");
+        let up = run_under(&sh, &upload_script(&name, &hash), home.path(), &bytes);
+        assert!(up.status.success(), "{up:?}");
+        let binary = home.path().join(".cache/fastcp").join(&name).join("fastcp");
+        let stamp = binary.with_file_name("stamp");
+        let changed = std::fs::metadata(&binary).unwrap().ctime();
+        let tools = tempfile::tempdir().unwrap();
+        let hashed = tools.path().join("runs");
+        let script = |body: &str| format!("#!/bin/sh\n{body}\n");
+        for tool in ["openssl", "sha256sum", "shasum"] {
+            let body = format!(
+                "echo x >> '{}'\nexec /usr/bin/{tool} \"$@\"",
+                hashed.display()
+            );
+            std::fs::write(tools.path().join(tool), script(&body)).unwrap();
+        }
+        let date = tools.path().join("date");
+        let path = format!("{}:/usr/bin:/bin", tools.path().display());
+        let launch = |before: i64| {
+            let _ = std::fs::remove_file(&hashed);
+            let body = format!(
+                "[ -s '{}' ] && echo {} || echo {before}",
+                hashed.display(),
+                before + 10
+            );
+            std::fs::write(&date, script(&body)).unwrap();
+            for tool in ["openssl", "sha256sum", "shasum", "date"] {
+                let mode = std::fs::Permissions::from_mode(0o755);
+                std::fs::set_permissions(tools.path().join(tool), mode).unwrap();
+            }
+            let out = run_with_path(
+                &sh,
+                &launch_script(&[(name.clone(), hash.clone())]),
+                home.path(),
+                b"",
+                &path,
+            );
+            assert!(out.status.success(), "{out:?}");
+        };
+        // The hash began in the second of the change, or the next (a change time may be a
+        // clock tick behind): no stamp.
+        launch(changed);
+        assert!(
+            !stamp.exists(),
+            "a hash begun in the second of the change is stamped"
+        );
+        launch(changed + 1);
+        assert!(
+            !stamp.exists(),
+            "a hash begun a tick after the change is stamped"
+        );
+        // Begun later: stamped.
+        launch(changed + 2);
+        assert!(stamp.exists());
     }
 
     #[test]

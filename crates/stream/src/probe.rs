@@ -399,6 +399,12 @@ impl Prober {
                 let _ = self.shared.replies.blocking_send(vec![answer]);
                 return Ok(None);
             }
+            // With `checksum`, a partial file that offers nothing (shorter than a block, or
+            // its record of another version) is of no use whether the sender skips the file
+            // or sends it after all (from scratch): it goes, as the quick check removes it.
+            if !send && let Some((dir, name)) = self.probed_dir(&p) {
+                dest::remove_stale_partial(&dir, &name);
+            }
         }
         Ok(Some(answer))
     }
@@ -656,10 +662,21 @@ mod tests {
 
     /// [`copy`], with `--resume` if asked.
     async fn copy_with(tree: &Path, dst: &Path, resume: bool) -> Result<Report, crate::Error> {
+        copy_checking(tree, dst, resume, false).await
+    }
+
+    /// [`copy_with`], with `--checksum` in place of the quick check if asked.
+    async fn copy_checking(
+        tree: &Path,
+        dst: &Path,
+        resume: bool,
+        checksum: bool,
+    ) -> Result<Report, crate::Error> {
         let send_config = SendConfig {
             recursive: true,
             preserve: true,
             skip_unchanged: true,
+            checksum,
             resume,
             ..Default::default()
         };
@@ -667,6 +684,7 @@ mod tests {
             recursive: true,
             preserve: true,
             skip_unchanged: true,
+            checksum,
             resume,
             ..Default::default()
         };
@@ -713,6 +731,31 @@ mod tests {
         for c in changed {
             let got = std::fs::read_to_string(dst.path().join("t").join(c)).unwrap();
             assert_eq!(got, format!("changed {c}"));
+        }
+    }
+
+    /// With `--checksum` and `--resume`, a partial file too short to offer a block goes when
+    /// the file it was for is found whole, as with the quick check: offered nothing, it was
+    /// kept for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partial_file_that_offers_nothing_goes_with_checksum() {
+        const SIZE: usize = (crate::resume::PARTIAL_MIN + (1 << 20)) as usize;
+        let src = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let tree = src.path().join("t");
+        let to = dst.path().join("t");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::create_dir_all(&to).unwrap();
+        let big: Vec<u8> = (0..SIZE).map(|i| (i * 7) as u8).collect();
+        std::fs::write(tree.join("big"), &big).unwrap();
+        std::fs::write(to.join("big"), &big).unwrap();
+        let partial = crate::resume::partial_name(b"big");
+        let partial = to.join(std::ffi::OsStr::from_bytes(&partial));
+        for held in [0, 1000] {
+            std::fs::write(&partial, &big[..held]).unwrap();
+            let report = copy_checking(&tree, dst.path(), true, true).await.unwrap();
+            assert_eq!(report.files_skipped, 1, "{report:?}");
+            assert!(!partial.exists(), "a partial file of {held} bytes is kept");
         }
     }
 
