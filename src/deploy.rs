@@ -23,12 +23,13 @@
 //! - **Checked first**: the remote's `uname -sm` must be Linux on x86_64 or aarch64.
 //! - **Safely**: the cache folders are made private (umask 077), and refused when someone
 //!   else owns them or others can write to them, or when a folder above them could be
-//!   changed by someone else (see [`launcher`]) (a symlink is judged by the folder it leads
-//!   to, and that folder, named without links, is the one used and run from, so that a link
-//!   changed after the checks leads nothing astray). The upload goes to a temporary name, its
-//!   SHA-256 is checked on the remote against the local file's before it is renamed into
-//!   place, and a cached binary whose hash does not match is replaced, with a warning,
-//!   never run.
+//!   changed by someone else (see [`launcher`]) (a symlink to the cache is judged by the
+//!   folder it leads to, and that folder, named without links, is the one used and run from,
+//!   so that a link changed after the checks leads nothing astray; a symlink inside the cache,
+//!   for its `fastcp` folder or the version's, is refused). The upload goes to a temporary
+//!   name, its SHA-256 is checked on the remote against the local file's before it is renamed
+//!   into place, and a cached binary whose hash does not match, or that someone else owns or
+//!   others may write (or a symlink in its place), is replaced, with a warning, never run.
 //! - **No path from the user** reaches the remote shell: the scripts are fixed, POSIX `sh`,
 //!   started with `exec sh -c '…'` so that any login shell (bash, dash, csh, fish) hands them
 //!   to `sh` unchanged; what they interpolate is the version and a hex hash.
@@ -89,6 +90,8 @@ struct Remote {
     dir: String,
     /// The SHA-256 of the binary cached there, if any.
     cached: Option<String>,
+    /// Owner uid and octal mode of that binary (of a symlink itself, if it is one).
+    binary: Option<(u32, u32)>,
     /// `glibc 2.36` from `getconf GNU_LIBC_VERSION`, as (2, 36).
     glibc: Option<(u32, u32)>,
     uid: u32,
@@ -124,7 +127,21 @@ pub async fn deploy(
         refuse_unsafe_folders(&remote)?;
     }
     let path = format!("{}/fastcp", remote.dir);
+    // Only the user may change what is run: a binary someone else owns or may write (or a
+    // symlink) could be swapped between any check and its start.
+    let safe = remote
+        .binary
+        .is_some_and(|(owner, mode)| owner == remote.uid && mode & 0o022 == 0);
     match &remote.cached {
+        Some(hash) if *hash == binary.sha256 && !safe => log.warn(|| {
+            format!(
+                "replacing {path} on the remote host: it must be the user's own and writable \
+                 by nobody else (owner and mode: {})",
+                remote
+                    .binary
+                    .map_or("unknown".into(), |(o, m)| format!("uid {o}, {m:03o}"))
+            )
+        }),
         Some(hash) if *hash == binary.sha256 => {
             log.info(|| format!("using the fastcp cached at {path} on the remote host"));
             return Ok(Deployed {
@@ -312,15 +329,18 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
 /// hex digits): `cached NAME HASH` checks one, and leaves its folder in `d`.
 ///
 /// The binary, the three cache folders and the folders above them (judged as `above` judges
-/// them) take one `stat`: each process started costs a start a few milliseconds. The
-/// binary's SHA-256 is checked the first time; then a stamp beside it (`stamp`: the binary's
-/// device, inode, size, modification and change times, and the hash) stands for the hash
-/// while those are unchanged, so that a start reads no 20 MB. Only the user (or root) can change the binary
-/// or the stamp in those folders, and any change to the binary's bytes moves its change time,
-/// which nobody can set back. A binary not the user's own, or one others may write, is hashed
-/// every time, and a stamp is written only when the binary's change time was more than a
-/// second past when the hash began (the clock is read before the binary is), so that a change
-/// after the hash read the binary has a later change time, even one a clock tick behind.
+/// them) take one `stat`: each process started costs a start a few milliseconds. The cache
+/// is named without links, so a symlink shows only inside it, and is refused. The binary's
+/// SHA-256 is checked the first time; then a stamp beside it (`stamp`: the binary's device,
+/// inode, size, modification and change times, and the hash) stands for the hash while
+/// those are unchanged, so that a start reads no 20 MB. Only the user (or root) can change
+/// the binary or the stamp in those folders, and any change to the binary's bytes moves its
+/// change time, which nobody can set back. A binary not the user's own, or one others may
+/// write (or a symlink), is refused: it could be swapped between any check and its start;
+/// [`deploy`] replaces it. A stamp is written (private) only when the binary's change time
+/// was more than a second past when the hash began (the clock is read before the binary
+/// is), so that a change after the hash read the binary has a later change time, even one a
+/// clock tick behind.
 fn launch_script(binaries: &[(String, String)]) -> String {
     let tries: String = binaries
         .iter()
@@ -334,16 +354,16 @@ fn launch_script(binaries: &[(String, String)]) -> String {
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do [ -d \"$f\" ] || return 1; done; \
          set -- \"$d/fastcp\" \"$c\" \"$c/fastcp\" \"$d\"; p=\"$c\"; \
          until [ \"$p\" = / ]; do p=\"${{p%/*}}\"; [ -n \"$p\" ] || p=/; set -- \"$@\" \"$p\"; done; \
-         n=$#; set -- $(stat -L -c \"%u %a %d %i %s %Y %Z\" \"$@\" 2>/dev/null); [ $# = $((n * 7)) ] || return 1; \
-         s=; z=\"$7\"; [ \"$1\" = \"$u\" ] && case \"$2\" in *[2367]?|*[2367]) ;; *) s=\"$3 $4 $5 $6 $7 $e\";; esac; shift 7; \
+         n=$#; set -- $(stat -c \"%u %a %d %i %s %Y %Z\" \"$@\" 2>/dev/null); [ $# = $((n * 7)) ] || return 1; \
+         [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; s=\"$3 $4 $5 $6 $7 $e\"; z=\"$7\"; shift 7; \
          for f in 1 2 3; do [ \"$1\" = \"$u\" ] || return 1; case \"$2\" in *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
          while [ $# -gt 0 ]; do case \"$1\" in 0|\"$u\") ;; *) return 1;; esac; \
          case \"$2\" in [1357]???) ;; *[2367]?|*[2367]) return 1;; esac; shift 7; done; \
-         if [ -n \"$s\" ] && {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
+         if {{ read -r t < \"$d/stamp\"; }} 2>/dev/null && [ \"$t\" = \"$s\" ]; then return 0; fi; \
          w=$(date +%s); [ \"$w\" -gt 1 ] 2>/dev/null || w=1; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = \"$e\" ] || return 1; \
-         if [ -n \"$s\" ] && [ \"$z\" -lt $((w - 1)) ]; then \
+         if [ \"$z\" -lt $((w - 1)) ]; then umask 077; \
          {{ echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\"; }} 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
          {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
@@ -427,8 +447,8 @@ fn inspect_script(name: &str) -> String {
          echo \"os $(uname -s)\"; echo \"arch $(uname -m)\"; echo \"uid $(id -u)\"; \
          echo \"dir $d\"; echo \"libc $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          for f in \"$c\" \"$c/fastcp\" \"$d\"; do \
-         if [ -d \"$f\" ]; then echo \"folder $(stat -L -c \"%u %a\" \"$f\") $f\"; fi; done; \
-         if [ -f \"$d/fastcp\" ]; then \
+         if [ -d \"$f\" ]; then echo \"folder $(stat -c \"%u %a\" \"$f\") $f\"; fi; done; \
+         if [ -f \"$d/fastcp\" ]; then echo \"binary $(stat -c \"%u %a\" \"$d/fastcp\")\"; \
          echo \"cached $( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64)\"; \
          fi"
     )
@@ -440,6 +460,7 @@ fn parse_inspection(out: &str) -> Result<Remote, Error> {
         arch: String::new(),
         dir: String::new(),
         cached: None,
+        binary: None,
         glibc: None,
         uid: u32::MAX,
         folders: Vec::new(),
@@ -480,6 +501,12 @@ fn parse_inspection(out: &str) -> Result<Remote, Error> {
                 } else {
                     r.cached = Some("(unreadable)".into());
                 }
+            }
+            "binary" => {
+                let mut it = value.split(' ');
+                let owner = it.next().and_then(|v| v.parse().ok());
+                let mode = it.next().and_then(|v| u32::from_str_radix(v, 8).ok());
+                r.binary = Some(owner.zip(mode).unwrap_or((u32::MAX, 0o777)));
             }
             "folder" => {
                 let mut it = value.splitn(3, ' ');
@@ -538,7 +565,7 @@ fn upload_script(name: &str, hash: &str) -> String {
          safe_above; d=\"$c/fastcp/{name}\"; mkdir -p \"$d\" || exit 1; \
          c=$(cd -P -- \"$c\" && pwd -P) || exit 1; d=\"$c/fastcp/{name}\"; safe_above; \
          refuse() {{ echo \"refusing the cache folder $f: it must be owned by uid $u and writable by nobody else\" >&2; exit 1; }}; \
-         for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -L -c \"%u %a\" \"$f\"); \
+         for f in \"$c\" \"$c/fastcp\" \"$d\"; do set -- $(stat -c \"%u %a\" \"$f\"); \
          [ \"$1\" = \"$u\" ] || refuse; case \"$2\" in *[2367]?|*[2367]) refuse;; esac; done; \
          t=\"$d/.fastcp.$$.tmp\"; \
          if cat > \"$t\" && [ \"$( (openssl dgst -sha256 -r \"$t\" || sha256sum \"$t\" || shasum -a 256 \"$t\") 2>/dev/null | cut -c1-64)\" = {hash} ] \
@@ -1025,7 +1052,8 @@ mod tests {
     /// The launcher hashes a cached binary once, then trusts the stamp it wrote beside it
     /// while the binary's inode, size and times are unchanged: a change in place that keeps
     /// the size and sets the modification time back still moves the change time, and the
-    /// binary is hashed again and refused. A binary others may write is hashed every time.
+    /// binary is hashed again and refused. A binary others may write, or another's, or a
+    /// symlink, is refused, as is a symlink for its folder.
     #[test]
     fn a_stamp_stands_for_the_hash_until_the_binary_changes() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -1110,33 +1138,44 @@ mod tests {
         assert!(refused.stdout.is_empty(), "{refused:?}");
         assert!(hashes() > first, "a changed binary is hashed again");
 
-        // Put back (a new change time), stamped again, then opened to others' writes.
+        // Put back (a new change time), stamped again; then one others may write, one that
+        // is not the user's own (where the test may give it away: as root), and a symlink
+        // in its place are refused, stamp or not: any could be swapped before its start.
         std::fs::write(&binary, &bytes).unwrap();
         past_its_second();
         runs(launch());
         let stamped = hashes();
         runs(launch());
         assert_eq!(hashes(), stamped);
+        let refused = |why: &str| {
+            let out = launch();
+            assert_eq!(out.status.code(), Some(127), "{why}: {out:?}");
+            assert!(out.stdout.is_empty(), "{why}: {out:?}");
+        };
         std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o720)).unwrap();
-        runs(launch());
-        runs(launch());
-        assert_eq!(
-            hashes(),
-            stamped + 2,
-            "a binary others may write is hashed each time"
-        );
-        // And one that is not the user's own (where the test may give it away: as root).
-        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        refused("writable by the group");
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o700)).unwrap();
         if std::os::unix::fs::chown(&binary, Some(65534), None).is_ok() {
-            past_its_second();
-            runs(launch());
-            runs(launch());
-            assert_eq!(
-                hashes(),
-                stamped + 4,
-                "a binary of another is hashed each time"
-            );
+            refused("another's");
+            std::os::unix::fs::chown(&binary, Some(0), None).unwrap();
         }
+        let real = binary.with_file_name("real");
+        std::fs::rename(&binary, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &binary).unwrap();
+        refused("a symlink");
+        assert_eq!(hashes(), stamped, "each refused before any hash");
+        std::fs::rename(&real, &binary).unwrap();
+        runs(launch());
+        // A symlink for a folder inside the cache is refused too, by the launcher and by
+        // the inspection (a link to the whole cache is judged by where it leads).
+        let dir = binary.parent().unwrap().to_owned();
+        let moved = dir.with_file_name("moved");
+        std::fs::rename(&dir, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, &dir).unwrap();
+        refused("a symlink for its folder");
+        let out = run_under(&sh, &inspect_script(&name), home.path(), b"");
+        let remote = parse_inspection(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        assert!(refuse_unsafe_folders(&remote).is_err(), "{remote:?}");
     }
 
     /// No stamp stands for a hash that a change made while it was taken could have missed:
@@ -1225,6 +1264,11 @@ mod tests {
         assert_eq!(r.glibc, Some((2, 36)));
         assert_eq!(r.folders, [(1000, 0o700, "/home/u/.cache".into())]);
         assert_eq!(r.cached.as_deref(), Some("(unreadable)"));
+        assert_eq!(r.binary, None);
+        let r = parse_inspection(&format!("{out}binary 1000 700\n")).unwrap();
+        assert_eq!(r.binary, Some((1000, 0o700)));
+        let r = parse_inspection(&format!("{out}binary ? ?\n")).unwrap();
+        assert_eq!(r.binary, Some((u32::MAX, 0o777)));
         assert!(parse_inspection("os Linux\n").is_err());
         assert_eq!(parse_glibc("glibc 2.17"), Some((2, 17)));
         assert_eq!(parse_glibc(""), None);

@@ -169,6 +169,41 @@ fn a_tampered_cached_binary_is_replaced_and_never_run() {
     assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
 }
 
+/// A cached binary with the right hash that others may write is not run: anyone who may
+/// write it could swap it between any check and its start. The copy replaces it, with a
+/// warning, and runs the new one.
+#[test]
+fn a_cached_binary_others_may_write_is_replaced_not_run() {
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let sshd = Sshd::start_with_env(&[("XDG_CACHE_HOME", &cache)]).unwrap();
+    let src = work.path().join("file");
+    fs::write(&src, b"payload").unwrap();
+    let copy = |to: &str| {
+        run(fastcp_plain(&sshd)
+            .arg(&src)
+            .arg(remote(&sshd, &work.path().join(to))))
+    };
+    let out = copy("one");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let binary = cached(&cache);
+    let first = fs::metadata(&binary).unwrap().ino();
+    fs::set_permissions(&binary, fs::Permissions::from_mode(0o722)).unwrap();
+    let out = copy("two");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("replacing"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("writable by nobody else"),
+        "{}",
+        stderr(&out)
+    );
+    let now = fs::metadata(&binary).unwrap();
+    assert_ne!(now.ino(), first, "not replaced");
+    assert_eq!(now.permissions().mode() & 0o777, 0o700);
+    assert_eq!(fs::read(&binary).unwrap(), fs::read(BIN).unwrap());
+    assert_eq!(fs::read(work.path().join("two")).unwrap(), b"payload");
+}
+
 #[test]
 fn a_cache_folder_others_can_write_is_refused_and_sftp_copies() {
     let work = tempfile::tempdir().unwrap();
