@@ -1049,6 +1049,19 @@ mod tests {
         }
     }
 
+    /// A home of its own with `bytes` uploaded into its cache, as the upload script puts a
+    /// binary there: (the home, the cache name, the hash, the binary's path).
+    fn uploaded(bytes: &[u8]) -> (tempfile::TempDir, String, String, PathBuf) {
+        let hash = sha256_hex(bytes);
+        let name = format!("0.0.0-{}", &hash[..16]);
+        let home = tempfile::tempdir().unwrap();
+        let sh = fastcp_testsupport::tools::require("sh");
+        let up = run_under(&sh, &upload_script(&name, &hash), home.path(), bytes);
+        assert!(up.status.success(), "{up:?}");
+        let binary = home.path().join(".cache/fastcp").join(&name).join("fastcp");
+        (home, name, hash, binary)
+    }
+
     /// The launcher hashes a cached binary once, then trusts the stamp it wrote beside it
     /// while the binary's inode, size and times are unchanged: a change in place that keeps
     /// the size and sets the modification time back still moves the change time, and the
@@ -1058,13 +1071,8 @@ mod tests {
     fn a_stamp_stands_for_the_hash_until_the_binary_changes() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let bytes = b"#!/bin/sh\necho stamped\n".repeat(100);
-        let hash = sha256_hex(&bytes);
-        let name = format!("0.0.0-{}", &hash[..16]);
-        let home = tempfile::tempdir().unwrap();
+        let (home, name, hash, binary) = uploaded(&bytes);
         let sh = fastcp_testsupport::tools::require("sh");
-        let up = run_under(&sh, &upload_script(&name, &hash), home.path(), &bytes);
-        assert!(up.status.success(), "{up:?}");
-        let binary = home.path().join(".cache/fastcp").join(&name).join("fastcp");
         let stamp = binary.with_file_name("stamp");
         // Each run of a hash tool leaves a line.
         let tools = tempfile::tempdir().unwrap();
@@ -1186,13 +1194,8 @@ mod tests {
     fn a_stamp_is_written_only_when_the_hash_began_after_the_change() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let bytes = b"#!/bin/sh\necho stamped\n".to_vec();
-        let hash = sha256_hex(&bytes);
-        let name = format!("0.0.0-{}", &hash[..16]);
-        let home = tempfile::tempdir().unwrap();
+        let (home, name, hash, binary) = uploaded(&bytes);
         let sh = fastcp_testsupport::tools::require("sh");
-        let up = run_under(&sh, &upload_script(&name, &hash), home.path(), &bytes);
-        assert!(up.status.success(), "{up:?}");
-        let binary = home.path().join(".cache/fastcp").join(&name).join("fastcp");
         let stamp = binary.with_file_name("stamp");
         let changed = std::fs::metadata(&binary).unwrap().ctime();
         let tools = tempfile::tempdir().unwrap();
