@@ -337,10 +337,11 @@ const CACHE: &str = "c=\"$XDG_CACHE_HOME\"; case \"$c\" in /*) ;; *) c=\"$HOME/.
 /// the binary or the stamp in those folders, and any change to the binary's bytes moves its
 /// change time, which nobody can set back. A binary not the user's own, or one others may
 /// write (or a symlink), is refused: it could be swapped between any check and its start;
-/// [`deploy`] replaces it. A stamp is written (private) only when the binary's change time
-/// was more than a second past when the hash began (the clock is read before the binary
-/// is), so that a change after the hash read the binary has a later change time, even one a
-/// clock tick behind.
+/// [`deploy`] replaces it. A stamp is written (private: in a subshell whose umask is 077,
+/// leaving the server's as the login gave it) only when the binary's change time was more
+/// than a second past when the hash began (the clock is read before the binary is), so that
+/// a change after the hash read the binary has a later change time, even one a clock tick
+/// behind.
 fn launch_script(binaries: &[(String, String)]) -> String {
     let tries: String = binaries
         .iter()
@@ -363,8 +364,8 @@ fn launch_script(binaries: &[(String, String)]) -> String {
          w=$(date +%s); [ \"$w\" -gt 1 ] 2>/dev/null || w=1; \
          h=$( (openssl dgst -sha256 -r \"$d/fastcp\" || sha256sum \"$d/fastcp\" || shasum -a 256 \"$d/fastcp\") 2>/dev/null | cut -c1-64); \
          [ \"$h\" = \"$e\" ] || return 1; \
-         if [ \"$z\" -lt $((w - 1)) ]; then umask 077; \
-         {{ echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\"; }} 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
+         if [ \"$z\" -lt $((w - 1)) ]; then \
+         (umask 077; echo \"$s\" > \"$d/.stamp.$$\" && mv -f \"$d/.stamp.$$\" \"$d/stamp\") 2>/dev/null || rm -f \"$d/.stamp.$$\"; fi; }}; \
          {tries}\
          command -v fastcp >/dev/null 2>&1 && exec fastcp server; exit 127"
     )
@@ -1070,7 +1071,7 @@ mod tests {
     #[test]
     fn a_stamp_stands_for_the_hash_until_the_binary_changes() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let bytes = b"#!/bin/sh\necho stamped\n".repeat(100);
+        let bytes = b"#!/bin/sh\necho stamped $(umask)\n".repeat(100);
         let (home, name, hash, binary) = uploaded(&bytes);
         let sh = fastcp_testsupport::tools::require("sh");
         let stamp = binary.with_file_name("stamp");
@@ -1119,13 +1120,16 @@ mod tests {
             panic!("the clock did not pass the binary's change time");
         };
         past_its_second();
-        runs(launch());
+        let stamping = launch();
         let first = hashes();
         assert!(first > 0, "the first start hashes the binary");
         assert!(stamp.exists(), "and stamps it");
-        runs(launch());
+        let later = launch();
         runs(launch());
         assert_eq!(hashes(), first, "a stamped binary is not hashed again");
+        // The start that wrote the stamp runs the binary with the umask the login gave it.
+        assert_eq!(stamping.stdout, later.stdout, "{stamping:?} {later:?}");
+        runs(stamping);
 
         // Changed in place: same inode and size, the modification time set back.
         let mtime = std::fs::metadata(&binary).unwrap().modified().unwrap();
