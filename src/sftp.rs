@@ -1794,6 +1794,12 @@ async fn push(
                 }));
                 return Err(e);
             }
+            // `--checksum` skipped the files whose partial files were offered and not taken:
+            // whole, as their hashes said.
+            let whole: Vec<Bytes> = lock(&apply.offered).drain().map(|(wire, _)| wire).collect();
+            for wire in whole {
+                apply.drop_whole_partial(&wire).await;
+            }
             apply.refresh_skipped().await;
             apply.finish_dirs().await;
             let done = *lock(&apply.done);
@@ -1986,6 +1992,11 @@ impl Apply {
                             true => this.partial_offer(&p).await,
                             false => None,
                         };
+                        // The quick check found the file whole: its partial file is of no
+                        // more use.
+                        if !send && hash.is_none() && this.resume {
+                            this.drop_whole_partial(&p.path).await;
+                        }
                         // The sender takes a `Partial` for the `Answer` right behind it.
                         let _order = lock(&this.reply_order);
                         if let Some(partial) = offer {
@@ -3065,6 +3076,29 @@ impl Apply {
                 self.note_change(&file.wire);
                 let _ = sftp.raw.remove(path).await;
             }
+        }
+    }
+
+    /// With `--resume`: removes the partial file an earlier push kept beside `wire`'s target,
+    /// whose file the remote holds whole, as fastcp's receiver removes it. SFTP has no locks
+    /// to tell another live push's partial file by, so one last written less than
+    /// [`STALE_TEMP`] ago (by this machine's clock) stays. Best effort.
+    async fn drop_whole_partial(&self, wire: &[u8]) {
+        let Some(partial) = self.target(wire).ok().and_then(|t| partial_path(&t)) else {
+            return;
+        };
+        let sftp = &self.sftp[0];
+        let Ok(attrs) = sftp.raw.lstat(partial.clone()).await.map(|a| a.attrs) else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let stale = attrs
+            .mtime
+            .is_some_and(|t| u64::from(t) + STALE_TEMP.as_secs() < now);
+        if stale && file_type(&attrs) == S_IFREG {
+            let _ = sftp.raw.remove(partial).await;
         }
     }
 

@@ -2703,9 +2703,9 @@ fn times_to_the_second_at_the_destination_are_unchanged_to_the_quick_check() {
 /// night finds last night's file at the same size and a partial file of the new one beside
 /// it. The hashes differ, so the file is sent, and it continues from the partial file as
 /// it would with the quick check; a file whose hashes match is skipped and its partial file,
-/// of no more use, goes. Locally, pushed and pulled over TCP and SSH, and pushed over SFTP
-/// (a pull over SFTP keeps a record of what arrived instead, which only a stopped copy
-/// writes).
+/// of no more use, goes (over SFTP, a push takes only one last written minutes ago).
+/// Locally, pushed and pulled over TCP and SSH, and pushed over SFTP (a pull over SFTP keeps
+/// a record of what arrived instead, which only a stopped copy writes).
 #[test]
 fn checksum_with_resume_continues_a_changed_file_from_its_partial_file() {
     const MIB: usize = 1 << 20;
@@ -2726,6 +2726,9 @@ fn checksum_with_resume_continues_a_changed_file_from_its_partial_file() {
         write(&dst.join(".big.fastcp-partial"), &new[..3 * MIB], 0o600);
         write(&dst.join("same"), &same, 0o644);
         write(&dst.join(".same.fastcp-partial"), &same[..2 * MIB], 0o600);
+        // From an earlier night: a push over SFTP, which cannot tell another live copy's
+        // partial file by a lock, takes only those last written minutes ago.
+        set_back(&dst.join(".same.fastcp-partial"), 300);
         let v = ok_json(&mut copy_way(
             &sshd,
             *way,
@@ -2742,8 +2745,67 @@ fn checksum_with_resume_continues_a_changed_file_from_its_partial_file() {
         assert_eq!(v["bytes_resumed"].as_u64(), Some(3 << 20), "{name}: {v}");
         assert_eq!(v["bytes_sent"].as_u64(), Some(3 << 20), "{name}: {v}");
         assert!(!dst.join(".big.fastcp-partial").exists(), "{name}");
-        if name != "push sftp" {
-            assert!(!dst.join(".same.fastcp-partial").exists(), "{name}");
+        assert!(!dst.join(".same.fastcp-partial").exists(), "{name}");
+    }
+}
+
+/// Sets `path`'s modification time `secs` seconds back.
+fn set_back(path: &Path, secs: u64) {
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+}
+
+/// `--resume` without `--checksum`: a partial file an earlier copy kept beside a file the
+/// quick check finds whole is of no more use, and goes; every way. Over SFTP a push takes
+/// it only when it was last written minutes ago (no lock tells another live copy's), so a
+/// fresh one stays there.
+#[test]
+fn resume_removes_the_partial_file_of_a_file_that_is_whole() {
+    const MIB: usize = 1 << 20;
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let same = pseudo_random(6 * MIB, 2);
+    write(&src.join("same"), &same, 0o644);
+    for way in WAYS.iter() {
+        let name = way.0;
+        let dst = work.path().join(name.replace(' ', "-"));
+        std::fs::create_dir(&dst).unwrap();
+        ok_json(&mut copy_way(
+            &sshd,
+            *way,
+            &["--json", "-r", "-p"],
+            &src,
+            &dst,
+        ));
+        let partial = dst.join(".same.fastcp-partial");
+        write(&partial, &same[..2 * MIB], 0o600);
+        set_back(&partial, 300);
+        let v = ok_json(&mut copy_way(
+            &sshd,
+            *way,
+            &["--json", "-r", "--resume"],
+            &src,
+            &dst,
+        ));
+        assert_eq!(v["files_skipped"], 1, "{name}: {v}");
+        assert!(!partial.exists(), "{name}: {v}");
+        if name == "push sftp" {
+            write(&partial, &same[..2 * MIB], 0o600);
+            ok_json(&mut copy_way(
+                &sshd,
+                *way,
+                &["--json", "-r", "--resume"],
+                &src,
+                &dst,
+            ));
+            assert!(partial.exists(), "{name}: a fresh partial file stays");
         }
     }
 }
