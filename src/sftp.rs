@@ -1992,9 +1992,13 @@ impl Apply {
                             true => this.partial_offer(&p).await,
                             false => None,
                         };
-                        // The quick check found the file whole: its partial file is of no
-                        // more use.
-                        if !send && hash.is_none() && this.resume {
+                        // The quick check found the file whole: its partial file (only a
+                        // file that large has one) is of no more use.
+                        if !send
+                            && hash.is_none()
+                            && this.resume
+                            && p.size > fastcp_stream::PARTIAL_MIN
+                        {
                             this.drop_whole_partial(&p.path).await;
                         }
                         // The sender takes a `Partial` for the `Answer` right behind it.
