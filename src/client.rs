@@ -1492,11 +1492,8 @@ pub(crate) async fn session_over<P: Peers + ?Sized>(
 ) -> Result<Started, Error> {
     // One round trip when fastcp is on the remote PATH or already deployed there.
     // Whether the remote program is the one self-deploy may put in place of another.
-    let deployable =
-        ssh.remote_path.is_none() && !plan.options.no_deploy && first.remote_path().is_none();
-    let dist = crate::deploy::DeployOptions {
-        dist_dir: plan.options.deploy_from.clone(),
-    };
+    let deployable = crate::deploy::allowed(ssh, &plan.options, first);
+    let dist = crate::deploy::DeployOptions::of(&plan.options);
     if deployable && let Some(launcher) = crate::deploy::launcher(&dist) {
         plan.options.log.info(|| {
             "remote program: the fastcp self-deploy cached there, else fastcp from the remote PATH"

@@ -69,6 +69,25 @@ impl DeployOptions {
             dist_dir: Some(dir.into()),
         }
     }
+
+    /// The options a copy's [`CopyOptions::deploy_from`](crate::CopyOptions::deploy_from)
+    /// gives.
+    pub(crate) fn of(options: &crate::CopyOptions) -> DeployOptions {
+        DeployOptions {
+            dist_dir: options.deploy_from.clone(),
+        }
+    }
+}
+
+/// Whether self-deploy may put this fastcp in place of the remote program on `peer`: not
+/// with `--no-deploy`, nor when the remote program is named (`--remote-path`, or one that
+/// an earlier deploy set on the connection).
+pub(crate) fn allowed(
+    ssh: &fastcp_transport::SshOptions,
+    options: &crate::CopyOptions,
+    peer: &AnyTransport,
+) -> bool {
+    ssh.remote_path.is_none() && !options.no_deploy && peer.remote_path().is_none()
 }
 
 /// A fastcp binary ready on the remote host.

@@ -323,8 +323,7 @@ impl Session {
         outdated: &Error,
     ) -> Result<bool, Error> {
         let peer = self.first_connection();
-        if self.ssh.remote_path.is_some() || plan.options.no_deploy || peer.remote_path().is_some()
-        {
+        if !crate::deploy::allowed(&self.ssh, &plan.options, &peer) {
             return Ok(false);
         }
         let host = &self.destination;
@@ -333,9 +332,7 @@ impl Session {
                 "{outdated}; meanwhile this fastcp is to run on {host}, from self-deploy's cache"
             )
         });
-        let options = crate::deploy::DeployOptions {
-            dist_dir: plan.options.deploy_from.clone(),
-        };
+        let options = crate::deploy::DeployOptions::of(&plan.options);
         let log = plan.options.log.for_host(host);
         match crate::deploy::deploy(&peer, &options, &log).await {
             Ok(deployed) => {
