@@ -371,7 +371,6 @@ fn launch_script(binaries: &[(String, String)]) -> String {
     format!(
         "{CACHE} \
          cached() {{ d=\"$c/fastcp/$1\"; e=\"$2\"; case \"$c\" in /*) ;; *) return 1;; esac; [ -f \"$d/fastcp\" ] || return 1; \
-         for f in \"$c\" \"$c/fastcp\" \"$d\"; do [ -d \"$f\" ] || return 1; done; \
          set -- \"$d/fastcp\" \"$c\" \"$c/fastcp\" \"$d\"; p=\"$c\"; \
          until [ \"$p\" = / ]; do p=\"${{p%/*}}\"; [ -n \"$p\" ] || p=/; set -- \"$@\" \"$p\"; done; \
          n=$#; set -- $(stat -c \"%u %a %d %i %s %Y %Z\" \"$@\" 2>/dev/null); [ $# = $((n * 7)) ] || return 1; \
