@@ -147,7 +147,8 @@ async fn interrupted() -> &'static str {
 /// command already shows its connection steps).
 fn hint(err: &fastcp::Error, verbose: bool) -> Option<&'static str> {
     match err.exit_code() {
-        exit::USAGE => Some("see fastcp --help"),
+        // What the other end refused is not about this command's options.
+        exit::USAGE if !said_by_the_other_end(err) => Some("see fastcp --help"),
         exit::CONNECTION
             if !verbose
                 && !err.to_string().contains("--remote-path")
@@ -160,6 +161,15 @@ fn hint(err: &fastcp::Error, verbose: bool) -> Option<&'static str> {
              Run the copy again; if it recurs, check the network, memory and disks",
         ),
         _ => None,
+    }
+}
+
+/// Whether the error is what the other end reported, as "the other end stopped the copy".
+fn said_by_the_other_end(err: &fastcp::Error) -> bool {
+    match err {
+        fastcp::Error::Host { source, .. } => said_by_the_other_end(source),
+        fastcp::Error::Engine(fastcp::stream::Error::Remote { .. }) => true,
+        _ => false,
     }
 }
 

@@ -179,6 +179,30 @@ fn several_sources_onto_a_missing_target_say_why_a_folder_is_needed() {
     assert!(!work.path().join("missing").exists());
 }
 
+/// The same refusal from the other end (a push onto a remote target that is not there)
+/// says why, and adds no "see fastcp --help": the command's options were not the fault.
+#[test]
+fn several_sources_onto_a_missing_remote_target_say_why_without_the_help_hint() {
+    let sshd = Sshd::start().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    write(&work.path().join("a"), b"a", 0o644);
+    write(&work.path().join("b"), b"b", 0o644);
+    let missing = work.path().join("missing");
+    for transport in ["ssh", "tcp"] {
+        let out = remote_fastcp(&sshd)
+            .args(["--transport", transport, "a", "b"])
+            .arg(remote(&sshd, &missing))
+            .current_dir(work.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{transport}: {said}");
+        assert!(said.contains("need one)"), "{transport}: {said}");
+        assert!(!said.contains("--help"), "{transport}: {said}");
+        assert!(!missing.exists(), "{transport}");
+    }
+}
+
 /// rsync's `-h` (`--human-readable`), as in `-avh`, is taken beside operands: the copy is
 /// made (fastcp's sizes are human-readable already). Alone, `-h` is the help, as with rsync.
 #[test]
