@@ -127,8 +127,10 @@ pub const LOCAL_PIPE_BUFFER: usize = 256 << 10;
 /// network copy: [`send`] and [`receive`] in one process, over `streams` in-memory pipes.
 ///
 /// The pipes carry the protocol's encoded frames as shared buffers rather than as a byte
-/// stream: a file's content (in parts of 16 KiB or more) reaches the receiver as the very
-/// buffer the sender read it into, which takes two copies of every byte off a local copy.
+/// stream: the content of a file of 256 KiB or more reaches the receiver as the very
+/// buffers the sender read it into, which takes two copies of every byte off a local copy;
+/// smaller files come many to a buffer (one hand-over for many files), which the receiver
+/// copies once.
 /// The receiver still decodes every frame, checks every path and checks that every file
 /// arrived whole, each range once. With [`SendConfig::hash_content`] and
 /// [`ReceiveConfig::hash_content`] off on both sides (as fastcp's own local copy sets them) it
