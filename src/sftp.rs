@@ -281,16 +281,20 @@ async fn sessions(
                             }
                         };
                         let stream = ssh.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
-                        let sftp = Sftp::open(limited(Box::new(stream)), timeout).await?;
+                        let sftp = match Sftp::open(limited(Box::new(stream)), timeout).await {
+                            Ok(sftp) => sftp,
+                            Err(e) => return Err(connection_lost_or(e, &ssh).await),
+                        };
                         Ok::<_, Error>(Some((ssh, Arc::new(sftp))))
                     })
                     .collect()
             };
             let first = async {
                 let stream = first.open_subsystem("sftp").await.map_err(serves_no_sftp)?;
-                Ok(Arc::new(
-                    Sftp::open(limited(Box::new(stream)), timeout).await?,
-                ))
+                match Sftp::open(limited(Box::new(stream)), timeout).await {
+                    Ok(sftp) => Ok(Arc::new(sftp)),
+                    Err(e) => Err(connection_lost_or(e, first).await),
+                }
             };
             let (first, extra) = match small_pull {
                 None => tokio::try_join!(first, at_once(extra(n - 1)))?,
@@ -517,6 +521,29 @@ async fn last_words(stderr: &mut fastcp_transport::ssh::Stderr) -> Option<String
         let said: String = said.lines().collect::<Vec<_>>().join("; ");
         said.chars().take(300).collect()
     })
+}
+
+/// `e`, or, where it says the remote host serves no SFTP but the SSH connection itself has
+/// ended (a cut as the session started, not a host without an SFTP server), that.
+async fn connection_lost_or(e: Error, ssh: &SshSession) -> Error {
+    match &e {
+        Error::RemoteCommand(said) if said.starts_with(NO_SFTP) => {}
+        _ => return e,
+    }
+    // The connection's end reaches its handle just after the channel's.
+    let closed = tokio::time::timeout(Duration::from_millis(500), async {
+        while !ssh.is_closed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok();
+    match closed {
+        true => {
+            Error::ConnectionClosed("the SSH connection closed as the SFTP session started".into())
+        }
+        false => e,
+    }
 }
 
 /// The error for a remote host where no SFTP session starts, saying `why`.

@@ -1,6 +1,7 @@
 //! A hostile SFTP server, which OpenSSH's `sftp-server` cannot play: it lists names that
 //! climb out of the folder, and sends more bytes than a file has. A pull over SFTP must
-//! write nothing outside its destination and keep nothing the server made up.
+//! write nothing outside its destination and keep nothing the server made up. It also ends
+//! the connection, or only the channel, just as it grants the SFTP subsystem.
 //!
 //! The server is an in-process russh server with a russh-sftp handler serving a made-up
 //! tree; the client is the library, as the `fastcp` command uses it.
@@ -149,6 +150,9 @@ impl russh_sftp::server::Handler for Hostile {
 #[derive(Clone, Default)]
 struct Server {
     channels: Arc<Mutex<HashMap<ChannelId, Channel<Msg>>>>,
+    /// The login name, which picks a fault: `cut` ends the connection once the SFTP
+    /// subsystem is granted, `quit` ends only its channel; any other serves the made-up tree.
+    user: String,
 }
 
 impl russh::server::Handler for Server {
@@ -156,9 +160,10 @@ impl russh::server::Handler for Server {
 
     async fn auth_publickey(
         &mut self,
-        _user: &str,
+        user: &str,
         _key: russh::server::VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
+        self.user = user.to_owned();
         Ok(Auth::Accept)
     }
 
@@ -183,7 +188,14 @@ impl russh::server::Handler for Server {
         match channel {
             Some(channel) if name == "sftp" => {
                 session.channel_success(id)?;
-                russh_sftp::server::run(channel.into_stream(), Hostile::default()).await;
+                match self.user.as_str() {
+                    "cut" => session.disconnect(russh::Disconnect::ByApplication, "cut", "")?,
+                    "quit" => {
+                        session.eof(id)?;
+                        session.close(id)?;
+                    }
+                    _ => russh_sftp::server::run(channel.into_stream(), Hostile::default()).await,
+                }
             }
             _ => session.channel_failure(id)?,
         }
@@ -248,9 +260,18 @@ async fn start(dir: &Path) -> std::path::PathBuf {
 }
 
 async fn pull(cfg: &Path, source: &str, dest: &Path) -> Result<fastcp::Outcome, fastcp::Error> {
+    pull_as(cfg, None, source, dest).await
+}
+
+async fn pull_as(
+    cfg: &Path,
+    user: Option<&str>,
+    source: &str,
+    dest: &Path,
+) -> Result<fastcp::Outcome, fastcp::Error> {
     let plan = Plan::new(
         vec![Location::Remote(RemotePath {
-            user: None,
+            user: user.map(str::to_owned),
             host: "hostile".into(),
             port: None,
             path: source.into(),
@@ -295,4 +316,26 @@ async fn a_hostile_sftp_server_cannot_write_outside_the_destination_or_make_up_b
         .cloned()
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+/// An SFTP session that ends as it starts says why: the connection cut then is a lost
+/// connection (the connection exit code), not a host without SFTP; a server that granted
+/// SFTP and then ended its channel, the connection still up, serves none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_cut_as_sftp_starts_is_a_lost_connection_not_a_host_without_sftp() {
+    let work = tempfile::tempdir().unwrap();
+    let cfg = start(work.path()).await;
+    let dest = work.path().join("dest");
+    fs::create_dir_all(&dest).unwrap();
+
+    let err = pull_as(&cfg, Some("cut"), "liar", &dest).await.unwrap_err();
+    assert_eq!(err.exit_code(), fastcp::exit::CONNECTION, "{err}");
+    assert_eq!(err.kind(), fastcp::ErrorKind::Connect, "{err}");
+    assert!(!err.to_string().contains("serves no SFTP"), "{err}");
+
+    let err = pull_as(&cfg, Some("quit"), "liar", &dest)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("serves no SFTP"), "{err}");
+    assert!(scan(&dest).is_empty(), "{:?}", scan(&dest).keys());
 }

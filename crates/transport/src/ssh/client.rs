@@ -623,6 +623,12 @@ impl SshSession {
         unreachable!("the loop returns on the last host")
     }
 
+    /// Whether the SSH connection has ended (closed by either side, cut, or stopped
+    /// answering its keepalives).
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
     /// Opens another connection to the same host (through the same jump connection, if
     /// any), authenticating as this one did without asking again for a passphrase.
     pub async fn reconnect(&self) -> Result<SshSession, Error> {
