@@ -538,11 +538,10 @@ async fn connection_lost_or(e: Error, ssh: &SshSession) -> Error {
     })
     .await
     .is_ok();
-    match closed {
-        true => {
-            Error::ConnectionClosed("the SSH connection closed as the SFTP session started".into())
-        }
-        false => e,
+    if closed {
+        Error::ConnectionClosed("the SSH connection closed as the SFTP session started".into())
+    } else {
+        e
     }
 }
 

@@ -92,8 +92,8 @@ pub trait WriteFrom: Send + 'static {
     /// small parts into a buffer of its own but seals or writes a big one where it lies;
     /// false for one whose reader takes each file's part as it is but copies a part that
     /// holds many frames, where that copy would cost more than a message a file (for the
-    /// in-process pipes of a local copy it costs less). The engine gathers only when every writer takes it, and only
-    /// when its checksums need no pass over the content.
+    /// in-process pipes of a local copy it costs less). The engine gathers only when every
+    /// writer takes it, and only when its checksums need no pass over the content.
     fn takes_gathered(&self) -> bool {
         true
     }
