@@ -29,7 +29,7 @@ t() {
     e=$(date +%s.%N)
     printf '%.3f' "$(echo "$e - $s" | bc)"
 }
-f() { t "$B" -q -r -F "$CFG" "${U[@]}" --remote-path "$B" "$@"; }
+f() { t "$B" -q -r -F "$CFG" ${U[@]+"${U[@]}"} --remote-path "$B" "$@"; }
 for r in $(seq "$R"); do
     line="round $r local=$(t "$B" -q -r "$TREE" "$W/loc")"
     rm -rf "$W/loc"
