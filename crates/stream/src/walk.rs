@@ -460,7 +460,12 @@ impl Walk {
         let follow = self.config.follow_links || top;
         let lmeta = match listed {
             Some(m) => m,
-            None => fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?,
+            // Listed, then gone before its stat: a source that changed, as one gone before
+            // its read is (a top-level source that is not there is not found).
+            None => fs::symlink_metadata(&path).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound if !top => Error::SourceVanished { path: path.clone() },
+                _ => Error::io(&path, e),
+            })?,
         };
         let meta = if follow && lmeta.file_type().is_symlink() {
             match fs::metadata(&path) {
@@ -542,12 +547,12 @@ impl Walk {
                 // listed paths beneath it are not said to be missing from the source).
                 Err(e) => {
                     self.forget_listed_beneath(&wire);
-                    self.pending = Some(Error::io(&path, e));
+                    self.pending = Some(vanished_or(&path, e));
                 }
             }
             EntryKind::Dir
         } else if ft.is_symlink() {
-            let target = fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
+            let target = fs::read_link(&path).map_err(|e| vanished_or(&path, e))?;
             let target = target.into_os_string().into_vec();
             if target.len() > MAX_PATH {
                 return Err(Error::Unsupported {
@@ -633,6 +638,16 @@ fn list(dir: &Path) -> io::Result<Vec<(OsString, Option<Metadata>)>> {
     }
     names.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     Ok(names)
+}
+
+/// The error for `path`, found by its stat and then gone (`e` not found) or unreadable.
+fn vanished_or(path: &Path, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::NotFound => Error::SourceVanished {
+            path: path.to_path_buf(),
+        },
+        _ => Error::io(path, e),
+    }
 }
 
 /// Mode bits, mtime and atime of a file's metadata.
@@ -732,6 +747,55 @@ mod tests {
             ahead.clone().take(&sources, &config).is_none(),
             "taken twice"
         );
+    }
+
+    /// An entry listed and then gone before its stat, or a folder or link gone after its
+    /// stat, is a source that vanished (an exit code of its own), not an I/O failure; a
+    /// top-level source that is not there is not found.
+    #[test]
+    fn an_entry_gone_between_its_listing_and_its_stat_vanished() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("top");
+        fs::create_dir(&top).unwrap();
+        let mut w = walk(std::slice::from_ref(&top), &WalkConfig::new(true, false));
+        let gone = top.join("gone");
+        let err = w
+            .visit(gone.clone(), b"top/gone".to_vec(), false, None)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::SourceVanished { ref path } if *path == gone),
+            "{err}"
+        );
+        let err = w.visit(gone, b"gone".to_vec(), true, None).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+
+        // A folder whose stat was taken, removed before it is listed: sent, its contents
+        // reported as vanished.
+        let sub = top.join("sub");
+        fs::create_dir(&sub).unwrap();
+        let listed = fs::symlink_metadata(&sub).unwrap();
+        fs::remove_dir(&sub).unwrap();
+        let entry = w.visit(sub.clone(), b"top/sub".to_vec(), false, Some(listed));
+        assert!(matches!(
+            entry,
+            Ok(Some(Entry {
+                kind: EntryKind::Dir,
+                ..
+            }))
+        ));
+        let pending = w.pending.take().unwrap();
+        assert!(matches!(pending, Error::SourceVanished { .. }), "{pending}");
+        w.stack.clear();
+
+        // A symbolic link whose stat was taken, removed before its target is read.
+        let link = top.join("link");
+        std::os::unix::fs::symlink("t", &link).unwrap();
+        let listed = fs::symlink_metadata(&link).unwrap();
+        fs::remove_file(&link).unwrap();
+        let err = w
+            .visit(link, b"top/link".to_vec(), false, Some(listed))
+            .unwrap_err();
+        assert!(matches!(err, Error::SourceVanished { .. }), "{err}");
     }
 
     /// A walk ahead whose thread ended without its last batch ends with an error entry.
