@@ -4440,7 +4440,14 @@ impl Emit {
             .raw
             .open(job.remote.clone(), OpenFlags::READ, FileAttributes::empty())
             .await
-            .map_err(read_failure)?
+            .map_err(|e| match &e {
+                // Listed, then gone before it was opened: a source that changed.
+                SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile => Ok((
+                    ErrorCode::SourceChanged,
+                    "file vanished before it could be read; not copied".into(),
+                )),
+                _ => read_failure(e),
+            })?
             .handle;
         let result = async {
             let (start, end) = job.range;

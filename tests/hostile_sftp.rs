@@ -1,7 +1,8 @@
 //! A hostile SFTP server, which OpenSSH's `sftp-server` cannot play: it lists names that
 //! climb out of the folder, and sends more bytes than a file has. A pull over SFTP must
-//! write nothing outside its destination and keep nothing the server made up. It also ends
-//! the connection, or only the channel, just as it grants the SFTP subsystem.
+//! write nothing outside its destination and keep nothing the server made up. It also lists
+//! a file that is gone when opened, and ends the connection, or only the channel, just as it
+//! grants the SFTP subsystem.
 //!
 //! The server is an in-process russh server with a russh-sftp handler serving a made-up
 //! tree; the client is the library, as the `fastcp` command uses it.
@@ -35,6 +36,7 @@ fn listing(path: &str) -> Option<Vec<(&'static str, FileAttributes)>> {
     match path {
         "climb" => Some(vec![("good", file(4)), ("../../escape", file(4))]),
         "liar" => Some(vec![("short", file(4))]),
+        "ghost" => Some(vec![("gone", file(4))]),
         _ => None,
     }
 }
@@ -115,6 +117,10 @@ impl russh_sftp::server::Handler for Hostile {
         _flags: OpenFlags,
         _attrs: FileAttributes,
     ) -> Result<Handle, StatusCode> {
+        // A file listed, and gone by the time it is opened.
+        if path.ends_with("ghost/gone") {
+            return Err(StatusCode::NoSuchFile);
+        }
         attrs_of(&path).ok_or(StatusCode::NoSuchFile)?;
         Ok(Handle { id, handle: path })
     }
@@ -316,6 +322,19 @@ async fn a_hostile_sftp_server_cannot_write_outside_the_destination_or_make_up_b
         .cloned()
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+
+    // A file listed and gone before it is opened vanished: a source that changed (exit
+    // code 5, as rsync's 24), not a failure to read.
+    let outcome = pull(&cfg, "ghost", &dest).await.unwrap();
+    let failures = &outcome.report.failures;
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(
+        failures[0].code,
+        fastcp::proto::ErrorCode::SourceChanged,
+        "{failures:?}"
+    );
+    assert!(failures[0].message.contains("vanished"), "{failures:?}");
+    assert!(!dest.join("ghost/gone").exists());
 }
 
 /// An SFTP session that ends as it starts says why: the connection cut then is a lost
