@@ -462,9 +462,12 @@ impl Walk {
             Some(m) => m,
             // Listed, then gone before its stat: a source that changed, as one gone before
             // its read is (a top-level source that is not there is not found).
-            None => fs::symlink_metadata(&path).map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound if !top => Error::SourceVanished { path: path.clone() },
-                _ => Error::io(&path, e),
+            None => fs::symlink_metadata(&path).map_err(|e| {
+                if top {
+                    Error::io(&path, e)
+                } else {
+                    vanished_or(&path, e)
+                }
             })?,
         };
         let meta = if follow && lmeta.file_type().is_symlink() {
@@ -785,7 +788,6 @@ mod tests {
         ));
         let pending = w.pending.take().unwrap();
         assert!(matches!(pending, Error::SourceVanished { .. }), "{pending}");
-        w.stack.clear();
 
         // A symbolic link whose stat was taken, removed before its target is read.
         let link = top.join("link");
