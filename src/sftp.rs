@@ -4340,12 +4340,14 @@ impl Emit {
         remote: &str,
     ) -> Result<Listing, Result<(ErrorCode, String), Error>> {
         let sftp = &self.sftp[s];
-        let to_failure = |e: SftpError| {
-            if is_session_failure(&e) {
-                Err(fatal("listing a directory", e))
-            } else {
-                Ok((code(&e), format!("cannot list it: {}", said(&e))))
-            }
+        let to_failure = |e: SftpError| match &e {
+            _ if is_session_failure(&e) => Err(fatal("listing a directory", e)),
+            // Seen as a folder, then gone before it was listed: a source that changed.
+            SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile => Ok((
+                ErrorCode::SourceChanged,
+                "folder vanished before it could be listed; its contents were not copied".into(),
+            )),
+            _ => Ok((code(&e), format!("cannot list it: {}", said(&e)))),
         };
         let mut entries = list_dir(sftp, remote).await.map_err(to_failure)?;
         let mut looped = Vec::new();

@@ -1,7 +1,7 @@
 //! A hostile SFTP server, which OpenSSH's `sftp-server` cannot play: it lists names that
 //! climb out of the folder, and sends more bytes than a file has. A pull over SFTP must
 //! write nothing outside its destination and keep nothing the server made up. It also lists
-//! a file that is gone when opened, and ends the connection, or only the channel, just as it
+//! a file and a folder that are gone when opened, and ends the connection, or only the channel, just as it
 //! grants the SFTP subsystem.
 //!
 //! The server is an in-process russh server with a russh-sftp handler serving a made-up
@@ -33,10 +33,15 @@ fn listing(path: &str) -> Option<Vec<(&'static str, FileAttributes)>> {
         atime: Some(1_700_000_000),
         ..FileAttributes::empty()
     };
+    let folder = || FileAttributes {
+        permissions: Some(0o040755),
+        mtime: Some(1_700_000_000),
+        ..FileAttributes::empty()
+    };
     match path {
         "climb" => Some(vec![("good", file(4)), ("../../escape", file(4))]),
         "liar" => Some(vec![("short", file(4))]),
-        "ghost" => Some(vec![("gone", file(4))]),
+        "ghost" => Some(vec![("gone", file(4)), ("gonedir", folder())]),
         _ => None,
     }
 }
@@ -323,17 +328,21 @@ async fn a_hostile_sftp_server_cannot_write_outside_the_destination_or_make_up_b
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 
-    // A file listed and gone before it is opened vanished: a source that changed (exit
-    // code 5, as rsync's 24), not a failure to read.
+    // A file listed and gone before it is opened, and a folder listed and gone before it
+    // is listed itself, vanished: sources that changed (exit code 5, as rsync's 24), not
+    // failures to read.
     let outcome = pull(&cfg, "ghost", &dest).await.unwrap();
     let failures = &outcome.report.failures;
-    assert_eq!(failures.len(), 1, "{failures:?}");
-    assert_eq!(
-        failures[0].code,
-        fastcp::proto::ErrorCode::SourceChanged,
-        "{failures:?}"
-    );
-    assert!(failures[0].message.contains("vanished"), "{failures:?}");
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    for failure in failures {
+        let code = failure.code;
+        assert_eq!(
+            code,
+            fastcp::proto::ErrorCode::SourceChanged,
+            "{failures:?}"
+        );
+        assert!(failure.message.contains("vanished"), "{failures:?}");
+    }
     assert!(!dest.join("ghost/gone").exists());
 }
 
