@@ -1,8 +1,8 @@
 //! A hostile SFTP server, which OpenSSH's `sftp-server` cannot play: it lists names that
 //! climb out of the folder, and sends more bytes than a file has. A pull over SFTP must
 //! write nothing outside its destination and keep nothing the server made up. It also lists
-//! a file and a folder that are gone when opened, and ends the connection, or only the channel, just as it
-//! grants the SFTP subsystem.
+//! a file and a folder that are gone when opened, and ends the connection, or only the
+//! channel, just as it grants the SFTP subsystem.
 //!
 //! The server is an in-process russh server with a russh-sftp handler serving a made-up
 //! tree; the client is the library, as the `fastcp` command uses it.
