@@ -1967,11 +1967,9 @@ fn open_source(path: &Path, follow: bool) -> Result<(OwnedFd, u64, Meta, u64), E
     if !follow {
         flags |= OFlags::NOFOLLOW;
     }
-    let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| match e {
-        // The walk saw it a moment ago.
-        rustix::io::Errno::NOENT => Error::SourceVanished { path: path.into() },
-        e => Error::io(path, e.into()),
-    })?;
+    // The walk saw it a moment ago: gone now, it vanished.
+    let fd = rustix::fs::open(path, flags, Mode::empty())
+        .map_err(|e| crate::walk::vanished_or(path, e.into()))?;
     let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(path, e.into()))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(Error::SourceChanged { path: path.into() });

@@ -644,7 +644,7 @@ fn list(dir: &Path) -> io::Result<Vec<(OsString, Option<Metadata>)>> {
 }
 
 /// The error for `path`, found by its stat and then gone (`e` not found) or unreadable.
-fn vanished_or(path: &Path, e: io::Error) -> Error {
+pub(crate) fn vanished_or(path: &Path, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::NotFound => Error::SourceVanished {
             path: path.to_path_buf(),
