@@ -4340,14 +4340,16 @@ impl Emit {
         remote: &str,
     ) -> Result<Listing, Result<(ErrorCode, String), Error>> {
         let sftp = &self.sftp[s];
-        let to_failure = |e: SftpError| match &e {
-            _ if is_session_failure(&e) => Err(fatal("listing a directory", e)),
-            // Seen as a folder, then gone before it was listed: a source that changed.
-            SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile => Ok((
-                ErrorCode::SourceChanged,
-                "folder vanished before it could be listed; its contents were not copied".into(),
-            )),
-            _ => Ok((code(&e), format!("cannot list it: {}", said(&e)))),
+        let to_failure = |e: SftpError| {
+            if is_session_failure(&e) {
+                Err(fatal("listing a directory", e))
+            } else if code(&e) == ErrorCode::NotFound {
+                // Seen as a folder, then gone before it was listed: a source that changed.
+                let why = "folder vanished before it could be listed; its contents were not copied";
+                Ok((ErrorCode::SourceChanged, why.into()))
+            } else {
+                Ok((code(&e), format!("cannot list it: {}", said(&e))))
+            }
         };
         let mut entries = list_dir(sftp, remote).await.map_err(to_failure)?;
         let mut looped = Vec::new();
@@ -4442,13 +4444,14 @@ impl Emit {
             .raw
             .open(job.remote.clone(), OpenFlags::READ, FileAttributes::empty())
             .await
-            .map_err(|e| match &e {
-                // Listed, then gone before it was opened: a source that changed.
-                SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile => Ok((
-                    ErrorCode::SourceChanged,
-                    "file vanished before it could be read; not copied".into(),
-                )),
-                _ => read_failure(e),
+            .map_err(|e| {
+                if code(&e) == ErrorCode::NotFound {
+                    // Listed, then gone before it was opened: a source that changed.
+                    let why = "file vanished before it could be read; not copied";
+                    Ok((ErrorCode::SourceChanged, why.into()))
+                } else {
+                    read_failure(e)
+                }
             })?
             .handle;
         let result = async {
