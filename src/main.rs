@@ -15,6 +15,9 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// How long a copy may take to stop after SIGINT, SIGTERM or SIGHUP before it is dropped.
 const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How long a copy that failed waits for a signal that may have failed it (see `main`).
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
 fn main() -> ExitCode {
     // This binary is `fastcp server` too: self-deploy may upload it.
     fastcp::deploy::this_binary_serves();
@@ -80,12 +83,25 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         let run = cli::run(args, cancel.clone());
-        tokio::pin!(run);
-        let signal = tokio::select! {
-            r = &mut run => return r,
-            signal = interrupted() => signal,
+        let signalled = interrupted();
+        tokio::pin!(run, signalled);
+        let (signal, ended) = tokio::select! {
+            biased;
+            signal = &mut signalled => (signal, false),
+            r = &mut run => match r {
+                // A copy that failed as a signal came was interrupted: a terminal's Ctrl-C
+                // or a service manager's SIGTERM reaches the whole process group, and the
+                // ssh it killed may fail the copy before this process sees its own.
+                Err(e) if copying => {
+                    match tokio::time::timeout(SIGNAL_GRACE, &mut signalled).await {
+                        Ok(signal) => (signal, true),
+                        Err(_) => return Err(e),
+                    }
+                }
+                r => return r,
+            },
         };
-        if copying {
+        if copying && !ended {
             // A copy stops through its token, so it ends as any cancelled copy does: its
             // last event is `Aborted` (and --json prints how far it got), its temp files are
             // gone. A second signal, or a copy that does not stop in time, drops it.
